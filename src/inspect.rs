@@ -1,0 +1,88 @@
+//! `replay-ingest inspect FILE...`: what the recording core makes of raw Kafka message values.
+//!
+//! One JSON object per file and line: `{"file", "ok": true, …extracted fields}` for a valid
+//! message, `{"file", "ok": false, "reason", "detail"}` for invalid input.
+
+use serde::Serialize;
+
+use crate::recording::{self, BodyEncoding, Extracted, InvalidRecording, Limits, Processed, RowKind};
+
+#[derive(Serialize)]
+struct Valid<'a> {
+    file: &'a str,
+    ok: bool,
+    replay_id: &'a str,
+    org_id: u64,
+    project_id: u64,
+    key_id: Option<u64>,
+    received: u64,
+    segment_id: u64,
+    retention_days: u16,
+    blob_key: &'a str,
+    blob_bytes: usize,
+    body_encoding: BodyEncoding,
+    compressed_bytes: usize,
+    uncompressed_bytes: usize,
+    #[serde(flatten)]
+    extracted: &'a Extracted,
+    rows: RowCounts,
+    analytics_events: Vec<String>,
+}
+
+#[derive(Serialize, Default)]
+struct RowCounts {
+    segment: usize,
+    click: usize,
+    tap: usize,
+}
+
+#[derive(Serialize)]
+struct Invalid<'a> {
+    file: &'a str,
+    ok: bool,
+    reason: &'static str,
+    detail: &'a str,
+}
+
+/// The report line for one file's processing result.
+pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> String {
+    let line = match result {
+        Ok(p) => {
+            let mut rows = RowCounts::default();
+            for row in &p.rows {
+                match row.kind {
+                    RowKind::Segment => rows.segment += 1,
+                    RowKind::Click => rows.click += 1,
+                    RowKind::Tap => rows.tap += 1,
+                }
+            }
+            serde_json::to_string(&Valid {
+                file,
+                ok: true,
+                replay_id: &p.replay_id,
+                org_id: p.org_id,
+                project_id: p.project_id,
+                key_id: p.key_id,
+                received: p.received,
+                segment_id: p.segment_id,
+                retention_days: p.retention_days,
+                blob_key: &p.blob.key,
+                blob_bytes: p.blob.bytes.len(),
+                body_encoding: p.body_encoding,
+                compressed_bytes: p.compressed_bytes,
+                uncompressed_bytes: p.uncompressed_bytes,
+                extracted: &p.extracted,
+                rows,
+                analytics_events: p.events.iter().map(|e| format!("{}:{}", e.topic().as_str(), e.kind())).collect(),
+            })
+        }
+        Err(e) => serde_json::to_string(&Invalid { file, ok: false, reason: e.reason.as_str(), detail: &e.detail }),
+    };
+    // Only strings, numbers, maps and sequences: serialisation cannot fail.
+    line.unwrap_or_default()
+}
+
+/// Processes one message value and renders its report line.
+pub fn inspect(file: &str, value: &[u8], limits: &Limits) -> String {
+    report_line(file, &recording::process(value, limits))
+}

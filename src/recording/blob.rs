@@ -1,0 +1,98 @@
+//! The segment blob stored in GCS (SPEC §5.1).
+//!
+//! Key: `{retention_days}/{project_id}/{replay_id}/{segment_id}` — deterministic, so rewriting a
+//! redelivered segment is idempotent. Bytes: always a zlib stream.
+//! - no video, zlib body: the body exactly as received (no recompression);
+//! - no video, raw/gzip/zstd body: zlib of the rrweb JSON;
+//! - video present: zlib of `0x01 | u32 BE video length | video | rrweb JSON`;
+//! - video field present but empty: zlib of `0x00 | rrweb JSON`.
+
+use std::io::Write;
+
+use flate2::Compression;
+use flate2::write::ZlibEncoder;
+
+use super::payload::{BodyEncoding, Payload};
+
+/// Pack marker: rrweb JSON only.
+const PACK_RRWEB: u8 = 0x00;
+/// Pack marker: video followed by rrweb JSON.
+const PACK_VIDEO: u8 = 0x01;
+
+/// One object to upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blob {
+    pub key: String,
+    pub bytes: Vec<u8>,
+}
+
+pub fn key(retention_days: u16, project_id: u64, replay_id: &str, segment_id: u64) -> String {
+    format!("{retention_days}/{project_id}/{replay_id}/{segment_id}")
+}
+
+/// Builds the stored bytes from the received payload and its decompressed JSON.
+pub fn bytes(payload: &Payload<'_>, json: &[u8], video: Option<&[u8]>) -> Vec<u8> {
+    match video {
+        None if payload.encoding == BodyEncoding::Zlib => payload.body.to_vec(),
+        None => zlib(&[json]),
+        Some([]) => zlib(&[&[PACK_RRWEB], json]),
+        Some(video) => {
+            // Upstream limits a message to 15 MB, so the length always fits in a u32.
+            let len = u32::try_from(video.len()).unwrap_or(u32::MAX).to_be_bytes();
+            zlib(&[&[PACK_VIDEO], &len, video, json])
+        }
+    }
+}
+
+fn zlib(parts: &[&[u8]]) -> Vec<u8> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut encoder = ZlibEncoder::new(Vec::with_capacity(total / 4 + 64), Compression::default());
+    for part in parts {
+        // Writing into a Vec cannot fail.
+        let _ = encoder.write_all(part);
+    }
+    encoder.finish().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn inflate(bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        flate2::read::ZlibDecoder::new(bytes).read_to_end(&mut out).unwrap();
+        out
+    }
+
+    const JSON: &[u8] = b"[{\"type\":0,\"data\":{},\"timestamp\":1}]";
+
+    #[test]
+    fn the_key_is_retention_project_replay_segment() {
+        assert_eq!(key(90, 42, "6aa0d45db9b94b989501ce3be4daf802", 3), "90/42/6aa0d45db9b94b989501ce3be4daf802/3");
+    }
+
+    #[test]
+    fn a_zlib_body_is_stored_exactly_as_received() {
+        let body = b"\x78\x9c not recompressed";
+        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body };
+        assert_eq!(bytes(&payload, JSON, None), body);
+    }
+
+    #[test]
+    fn other_bodies_are_stored_as_zlib_of_the_json() {
+        for encoding in [BodyEncoding::Raw, BodyEncoding::Gzip, BodyEncoding::Zstd] {
+            let payload = Payload { segment_id: 0, encoding, body: b"ignored" };
+            assert_eq!(inflate(&bytes(&payload, JSON, None)), JSON, "{encoding:?}");
+        }
+    }
+
+    #[test]
+    fn video_is_packed_with_its_big_endian_length_before_the_json() {
+        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: b"x" };
+        let packed = inflate(&bytes(&payload, JSON, Some(b"VIDEO")));
+        assert_eq!(packed, [&[0x01, 0, 0, 0, 5][..], b"VIDEO", JSON].concat());
+        let packed = inflate(&bytes(&payload, JSON, Some(b"")));
+        assert_eq!(packed, [&[0x00][..], JSON].concat());
+    }
+}

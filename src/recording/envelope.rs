@@ -1,0 +1,249 @@
+//! The Kafka message value: a msgpack map with string keys (SPEC §2).
+//!
+//! ```text
+//! { "type": "replay_recording_not_chunked", "replay_id": "<32 hex>", "key_id": int|nil,
+//!   "org_id": uint, "project_id": uint, "received": uint (unix s), "retention_days": uint16,
+//!   "payload": bin, "replay_event": bin|nil, "replay_video": bin|nil, "version": int,
+//!   "relay_snuba_publish_disabled": bool, ...unknown keys ignored }
+//! ```
+//! Byte fields are borrowed from the message: decoding copies nothing large.
+
+use serde::Deserialize;
+
+use super::error::{InvalidRecording, Reason};
+
+/// The only message type this service accepts.
+pub const RECORDING_TYPE: &str = "replay_recording_not_chunked";
+
+/// Retention applied when the message says 0 or nothing.
+pub const DEFAULT_RETENTION_DAYS: u16 = 30;
+
+/// A validated message value. Borrows its byte fields from the raw Kafka value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope<'a> {
+    /// 32 lowercase hex characters (a UUID without dashes).
+    pub replay_id: &'a str,
+    /// DSN key id; reported in billing outcomes.
+    pub key_id: Option<u64>,
+    pub org_id: u64,
+    pub project_id: u64,
+    /// Unix seconds when the edge received the segment.
+    pub received: u64,
+    /// Days the blob and rows are kept; selects the blob key prefix and the row partition.
+    pub retention_days: u16,
+    /// `{"segment_id":N}\n<body>`.
+    pub payload: &'a [u8],
+    /// Optional JSON describing the replay (urls, user, sdk, …).
+    pub replay_event: Option<&'a [u8]>,
+    /// Optional raw video bytes (mobile SDKs).
+    pub replay_video: Option<&'a [u8]>,
+    pub version: i64,
+    /// When true the edge did not publish the replay event, so this service writes its row.
+    pub relay_snuba_publish_disabled: bool,
+}
+
+/// Wire shape: everything optional so that a missing field gets its own `reason`.
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<&'a str>,
+    #[serde(borrow)]
+    replay_id: Option<&'a str>,
+    key_id: Option<u64>,
+    org_id: Option<u64>,
+    project_id: Option<u64>,
+    received: Option<u64>,
+    retention_days: Option<u16>,
+    #[serde(borrow, with = "serde_bytes", default)]
+    payload: Option<&'a [u8]>,
+    #[serde(borrow, with = "serde_bytes", default)]
+    replay_event: Option<&'a [u8]>,
+    #[serde(borrow, with = "serde_bytes", default)]
+    replay_video: Option<&'a [u8]>,
+    version: Option<i64>,
+    relay_snuba_publish_disabled: Option<bool>,
+}
+
+/// Decodes and validates the msgpack map.
+pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
+    // rmp-serde would also accept an array (positional struct); the contract is a map.
+    match value.first() {
+        Some(0x80..=0x8f | 0xde | 0xdf) => {}
+        Some(marker) => {
+            return Err(InvalidRecording::new(
+                Reason::InvalidMsgpack,
+                format_args!("value is not a msgpack map (first byte 0x{marker:02x})"),
+            ));
+        }
+        None => return Err(InvalidRecording::new(Reason::InvalidMsgpack, "empty message value")),
+    }
+    let wire: Wire<'_> = rmp_serde::from_slice(value)
+        .map_err(|e| InvalidRecording::new(Reason::InvalidMsgpack, e))?;
+
+    match wire.kind {
+        Some(RECORDING_TYPE) => {}
+        Some(other) => {
+            return Err(InvalidRecording::new(
+                Reason::WrongType,
+                format_args!("type is {other:?}, expected {RECORDING_TYPE:?}"),
+            ));
+        }
+        None => return Err(InvalidRecording::new(Reason::WrongType, "type is missing")),
+    }
+    let replay_id = required(wire.replay_id, "replay_id")?;
+    if !is_replay_id(replay_id) {
+        return Err(InvalidRecording::new(
+            Reason::InvalidReplayId,
+            format_args!("replay_id {replay_id:?} is not 32 lowercase hex characters"),
+        ));
+    }
+    Ok(Envelope {
+        replay_id,
+        key_id: wire.key_id,
+        org_id: required(wire.org_id, "org_id")?,
+        project_id: required(wire.project_id, "project_id")?,
+        received: required(wire.received, "received")?,
+        retention_days: match wire.retention_days {
+            None | Some(0) => DEFAULT_RETENTION_DAYS,
+            Some(days) => days,
+        },
+        payload: required(wire.payload, "payload")?,
+        replay_event: wire.replay_event,
+        replay_video: wire.replay_video,
+        version: wire.version.unwrap_or(0),
+        relay_snuba_publish_disabled: wire.relay_snuba_publish_disabled.unwrap_or(false),
+    })
+}
+
+fn required<T>(field: Option<T>, name: &str) -> Result<T, InvalidRecording> {
+    field.ok_or_else(|| InvalidRecording::new(Reason::MissingField, format_args!("{name} is missing")))
+}
+
+fn is_replay_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use serde::Serialize;
+
+    /// A well-formed message value, for tests across the crate.
+    #[derive(Serialize, Clone)]
+    pub(crate) struct TestMessage {
+        #[serde(rename = "type")]
+        pub kind: &'static str,
+        pub replay_id: String,
+        pub key_id: Option<u64>,
+        pub org_id: u64,
+        pub project_id: u64,
+        pub received: u64,
+        pub retention_days: u16,
+        #[serde(with = "serde_bytes")]
+        pub payload: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        pub replay_event: Option<Vec<u8>>,
+        #[serde(with = "serde_bytes")]
+        pub replay_video: Option<Vec<u8>>,
+        pub version: i64,
+        pub relay_snuba_publish_disabled: bool,
+    }
+
+    impl TestMessage {
+        pub(crate) fn new(payload: Vec<u8>) -> Self {
+            TestMessage {
+                kind: RECORDING_TYPE,
+                replay_id: "6aa0d45db9b94b989501ce3be4daf802".into(),
+                key_id: Some(7),
+                org_id: 1,
+                project_id: 42,
+                received: 1_796_012_448,
+                retention_days: 90,
+                payload,
+                replay_event: None,
+                replay_video: None,
+                version: 0,
+                relay_snuba_publish_disabled: false,
+            }
+        }
+
+        pub(crate) fn encode(&self) -> Vec<u8> {
+            rmp_serde::to_vec_named(self).unwrap()
+        }
+    }
+
+    fn reason(value: &[u8]) -> Reason {
+        decode(value).unwrap_err().reason
+    }
+
+    #[test]
+    fn decodes_every_field_and_borrows_the_payload() {
+        let msg = TestMessage::new(b"{\"segment_id\":0}\n[]".to_vec());
+        let bytes = msg.encode();
+        let env = decode(&bytes).unwrap();
+        assert_eq!(env.replay_id, msg.replay_id);
+        assert_eq!((env.org_id, env.project_id, env.key_id), (1, 42, Some(7)));
+        assert_eq!((env.received, env.retention_days), (1_796_012_448, 90));
+        assert_eq!(env.payload, msg.payload.as_slice());
+        assert!(bytes.as_ptr_range().contains(&env.payload.as_ptr()));
+    }
+
+    #[test]
+    fn unknown_keys_are_ignored() {
+        #[derive(Serialize)]
+        struct WithExtra {
+            #[serde(flatten)]
+            msg: TestMessage,
+            something_new: Vec<u32>,
+        }
+        let bytes = rmp_serde::to_vec_named(&WithExtra {
+            msg: TestMessage::new(b"{\"segment_id\":0}\n[]".to_vec()),
+            something_new: vec![1, 2],
+        })
+        .unwrap();
+        assert!(decode(&bytes).is_ok());
+    }
+
+    #[test]
+    fn zero_or_missing_retention_means_thirty_days() {
+        let mut msg = TestMessage::new(b"x".to_vec());
+        msg.retention_days = 0;
+        assert_eq!(decode(&msg.encode()).unwrap().retention_days, 30);
+    }
+
+    #[test]
+    fn a_msgpack_array_is_not_a_message() {
+        let bytes = rmp_serde::to_vec(&TestMessage::new(b"x".to_vec())).unwrap();
+        assert_eq!(reason(&bytes), Reason::InvalidMsgpack);
+        assert_eq!(reason(b""), Reason::InvalidMsgpack);
+        assert_eq!(reason(&[0x81, 0xa1]), Reason::InvalidMsgpack);
+    }
+
+    #[test]
+    fn the_type_must_be_replay_recording_not_chunked() {
+        let mut msg = TestMessage::new(b"x".to_vec());
+        msg.kind = "replay_recording";
+        assert_eq!(reason(&msg.encode()), Reason::WrongType);
+    }
+
+    #[test]
+    fn replay_ids_must_be_32_lowercase_hex() {
+        for bad in ["6AA0D45DB9B94B989501CE3BE4DAF802", "6aa0d45d-b9b9-4b98-9501-ce3be4daf802", "xyz", ""] {
+            let mut msg = TestMessage::new(b"x".to_vec());
+            msg.replay_id = bad.into();
+            assert_eq!(reason(&msg.encode()), Reason::InvalidReplayId, "{bad}");
+        }
+    }
+
+    #[test]
+    fn missing_tenant_ids_are_named() {
+        let bytes = rmp_serde::to_vec_named(&serde_json::json!({
+            "type": RECORDING_TYPE,
+            "replay_id": "6aa0d45db9b94b989501ce3be4daf802",
+            "project_id": 1, "received": 1, "payload": serde_bytes::Bytes::new(b"x"),
+        }))
+        .unwrap();
+        let err = decode(&bytes).unwrap_err();
+        assert_eq!((err.reason, err.detail.as_str()), (Reason::MissingField, "org_id is missing"));
+    }
+}

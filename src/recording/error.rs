@@ -1,0 +1,119 @@
+//! `InvalidRecording`: the one error type for bad input.
+//!
+//! Bad input is never retried: the message goes to the dead-letter topic with its `reason`, is
+//! counted by that reason, and its offset is committed. `Reason` is a small closed set so it can be
+//! used as a metric tag; `detail` is free text for humans (logs, DLQ header).
+
+use std::fmt;
+
+/// Why a message value was rejected. The string forms are stable: metrics, DLQ headers and
+/// dashboards use them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// The value is not a msgpack map, or a field has the wrong msgpack type.
+    InvalidMsgpack,
+    /// A required field (`replay_id`, `org_id`, `project_id`, `received`, `payload`) is absent.
+    MissingField,
+    /// `type` is absent or not `replay_recording_not_chunked`.
+    WrongType,
+    /// `replay_id` is not 32 lowercase hex characters.
+    InvalidReplayId,
+    /// The payload has no `\n` separating the JSON header from the body.
+    MissingHeader,
+    /// The header line is not JSON with a non-negative integer `segment_id`.
+    InvalidHeader,
+    /// The body is corrupt (bad compressed stream) or is not a JSON array.
+    InvalidBody,
+    /// The compressed stream ends before its end marker.
+    TruncatedBody,
+    /// The body decompresses to more than the configured cap.
+    TooLarge,
+    /// `replay_event` is present but is not a JSON object of the expected shape.
+    InvalidReplayEvent,
+}
+
+impl Reason {
+    /// Every reason, for metric pre-registration and documentation.
+    pub const ALL: [Reason; 10] = [
+        Reason::InvalidMsgpack,
+        Reason::MissingField,
+        Reason::WrongType,
+        Reason::InvalidReplayId,
+        Reason::MissingHeader,
+        Reason::InvalidHeader,
+        Reason::InvalidBody,
+        Reason::TruncatedBody,
+        Reason::TooLarge,
+        Reason::InvalidReplayEvent,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::InvalidMsgpack => "invalid_msgpack",
+            Reason::MissingField => "missing_field",
+            Reason::WrongType => "wrong_type",
+            Reason::InvalidReplayId => "invalid_replay_id",
+            Reason::MissingHeader => "missing_header",
+            Reason::InvalidHeader => "invalid_header",
+            Reason::InvalidBody => "invalid_body",
+            Reason::TruncatedBody => "truncated_body",
+            Reason::TooLarge => "too_large",
+            Reason::InvalidReplayEvent => "invalid_replay_event",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A message value that can never be processed, whatever is retried.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {detail}")]
+pub struct InvalidRecording {
+    pub reason: Reason,
+    /// Human-readable explanation, bounded in length (it travels in a Kafka header).
+    pub detail: String,
+}
+
+/// Longest `detail` kept; input-derived text (e.g. a parser error quoting the input) is cut here.
+const MAX_DETAIL_BYTES: usize = 512;
+
+impl InvalidRecording {
+    pub fn new(reason: Reason, detail: impl fmt::Display) -> Self {
+        let mut detail = detail.to_string();
+        if detail.len() > MAX_DETAIL_BYTES {
+            let mut end = MAX_DETAIL_BYTES;
+            while !detail.is_char_boundary(end) {
+                end -= 1;
+            }
+            detail.truncate(end);
+            detail.push('…');
+        }
+        InvalidRecording { reason, detail }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reason_strings_are_unique_snake_case() {
+        let names: std::collections::BTreeSet<_> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), Reason::ALL.len());
+        for name in names {
+            assert!(name.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{name}");
+        }
+    }
+
+    #[test]
+    fn long_details_are_cut_on_a_char_boundary() {
+        let err = InvalidRecording::new(Reason::InvalidBody, "é".repeat(1000));
+        assert!(err.detail.len() <= MAX_DETAIL_BYTES + '…'.len_utf8());
+        assert!(err.detail.ends_with('…'));
+        assert_eq!(err.to_string().split(':').next(), Some("invalid_body"));
+    }
+}

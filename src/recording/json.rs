@@ -1,0 +1,273 @@
+//! Lenient building blocks for reading SDK-produced JSON with sonic-rs.
+//!
+//! SDKs send fields with surprising types (a number where a string was expected, `null`
+//! anywhere). These types accept *any* JSON value without failing, so a single odd field never
+//! turns a whole event — let alone a whole segment — into an error.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+/// Any JSON value, kept only when it is a string; borrowed from the input when unescaped.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Text<'a>(pub Option<Cow<'a, str>>);
+
+/// Any JSON value, kept only when it is a finite number.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Num(pub Option<f64>);
+
+impl<'a> Text<'a> {
+    pub fn as_str(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+}
+
+impl Num {
+    /// The value as a non-negative integer, when it is one exactly.
+    pub fn as_u64(self) -> Option<u64> {
+        self.0.filter(|v| *v >= 0.0 && v.fract() == 0.0 && *v <= u64::MAX as f64).map(|v| v as u64)
+    }
+}
+
+/// Consumes any value; `keep` decides what a scalar becomes.
+struct Lenient<T>(std::marker::PhantomData<T>);
+
+macro_rules! ignore_compound {
+    () => {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Default::default())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(Default::default())
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    };
+}
+
+impl<'de> Visitor<'de> for Lenient<Text<'de>> {
+    type Value = Text<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Text(Some(Cow::Borrowed(v))))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Text(Some(Cow::Owned(v.to_owned()))))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Text(Some(Cow::Owned(v))))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Text(None))
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Text(None))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Text(None))
+    }
+    ignore_compound!();
+}
+
+impl<'de> Visitor<'de> for Lenient<Num> {
+    type Value = Num;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Num(Some(v as f64)))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Num(Some(v as f64)))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(Num(Some(v).filter(|v| v.is_finite())))
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Num(None))
+    }
+    ignore_compound!();
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Lenient::<Text<'de>>(std::marker::PhantomData))
+    }
+}
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Lenient::<Num>(std::marker::PhantomData))
+    }
+}
+
+/// Any JSON value: the strings of an array, or nothing.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct TextList<'a>(pub Vec<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for TextList<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Lenient::<TextList<'de>>(std::marker::PhantomData))
+    }
+}
+
+impl<'de> Visitor<'de> for Lenient<TextList<'de>> {
+    type Value = TextList<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Text(item)) = seq.next_element::<Text<'de>>()? {
+            items.extend(item);
+        }
+        Ok(TextList(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(TextList::default())
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(TextList::default())
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(TextList::default())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(TextList::default())
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(TextList::default())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(TextList::default())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(TextList::default())
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(TextList::default())
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// An object parsed as `T`, or `T::default()` when the value is not an object. `T`'s own fields
+/// should be lenient too, so that nothing inside can fail.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Object<T>(pub T);
+
+impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Lenient::<Object<T>>(std::marker::PhantomData))
+    }
+}
+
+impl<'de, T: Deserialize<'de> + Default> Visitor<'de> for Lenient<Object<T>> {
+    type Value = Object<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Object)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Object::default())
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Object::default())
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Object::default())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Object::default())
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Object::default())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Object::default())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Object::default())
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Object::default())
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// Parses `raw` as `T`, or `None` when it does not fit (the caller counts a malformed event).
+pub fn parse<'a, T: Deserialize<'a>>(raw: &'a str) -> Option<T> {
+    sonic_rs::from_str(raw).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize)]
+    struct Probe<'a> {
+        #[serde(borrow, default)]
+        text: Text<'a>,
+        #[serde(default)]
+        num: Num,
+    }
+
+    fn probe(json: &str) -> (Option<String>, Option<f64>) {
+        let p: Probe = sonic_rs::from_str(json).unwrap();
+        (p.text.0.map(Cow::into_owned), p.num.0)
+    }
+
+    #[test]
+    fn text_keeps_strings_and_ignores_every_other_type() {
+        assert_eq!(probe(r#"{"text":"a\"b"}"#).0.as_deref(), Some("a\"b"));
+        for other in ["1", "-1", "1.5", "true", "null", "[1,[2]]", r#"{"x":{"y":1}}"#] {
+            assert_eq!(probe(&format!(r#"{{"text":{other},"num":2}}"#)), (None, Some(2.0)), "{other}");
+        }
+    }
+
+    #[test]
+    fn num_keeps_numbers_and_ignores_every_other_type() {
+        assert_eq!(probe(r#"{"num":1796012448.69}"#).1, Some(1_796_012_448.69));
+        assert_eq!(probe(r#"{"num":-3}"#).1, Some(-3.0));
+        for other in [r#""5""#, "true", "null", "[5]", r#"{"n":5}"#] {
+            assert_eq!(probe(&format!(r#"{{"num":{other},"text":"t"}}"#)), (Some("t".into()), None), "{other}");
+        }
+    }
+
+    #[test]
+    fn integers_are_exact_only_when_whole_and_non_negative() {
+        assert_eq!(Num(Some(7.0)).as_u64(), Some(7));
+        assert_eq!(Num(Some(7.5)).as_u64(), None);
+        assert_eq!(Num(Some(-1.0)).as_u64(), None);
+    }
+}

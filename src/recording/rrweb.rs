@@ -1,0 +1,822 @@
+//! rrweb event extraction (SPEC §4): one streaming pass over the decompressed JSON array.
+//!
+//! ```text
+//! [{"type":2,"data":{…full snapshot, MBs…},"timestamp":1700000000000},
+//!  {"type":3,"data":{"source":0,…},"timestamp":…},
+//!  {"type":5,"timestamp":…,"data":{"tag":"breadcrumb","payload":{"category":"ui.click",…}}}, …]
+//! ```
+//! Each event's `data` is captured as an unparsed slice (sonic-rs skips it with SIMD); only the
+//! small parts that matter — incremental `source`, Meta `href`, custom events — are parsed further.
+//! Snapshots and mutations are never materialised. An event that is not an object, lacks a numeric
+//! `type`/`timestamp`, or whose custom payload has the wrong shape is counted in `invalid_events`
+//! and skipped; only a JSON syntax error (or a non-array body) fails the segment.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use sonic_rs::{JsonValueTrait, LazyValue};
+
+use super::json::{Num, Text, parse};
+
+/// Longest list kept per segment for navigations, requests, multi-clicks, hydration errors,
+/// web vitals and URLs. Bounds memory on hostile input; real segments (5 s of activity) hold far
+/// fewer.
+pub const MAX_LIST_ITEMS: usize = 1000;
+
+/// Most distinct keys kept in an input-keyed count map; further keys are counted under `other`.
+pub const MAX_DISTINCT_KEYS: usize = 64;
+
+/// Per-segment caps on the rows produced (SPEC §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowLimits {
+    pub max_clicks: usize,
+    pub max_taps: usize,
+}
+
+impl Default for RowLimits {
+    fn default() -> Self {
+        RowLimits { max_clicks: 20, max_taps: 20 }
+    }
+}
+
+const EVENT_TYPES: [&str; 7] = ["DomContentLoaded", "Load", "FullSnapshot", "IncrementalSnapshot", "Meta", "Custom", "Plugin"];
+const INCREMENTAL_SOURCES: [&str; 17] = [
+    "Mutation",
+    "MouseMove",
+    "MouseInteraction",
+    "Scroll",
+    "ViewportResize",
+    "Input",
+    "TouchMove",
+    "MediaInteraction",
+    "StyleSheetRule",
+    "CanvasMutation",
+    "Font",
+    "Log",
+    "Drag",
+    "StyleDeclaration",
+    "Selection",
+    "AdoptedStyleSheet",
+    "CustomElement",
+];
+const UNKNOWN: &str = "Unknown";
+
+/// Counts by a key taken from the input, with a bounded number of distinct keys.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Counts(BTreeMap<String, u64>);
+
+impl Counts {
+    pub fn add(&mut self, key: &str) {
+        if let Some(n) = self.0.get_mut(key) {
+            *n += 1;
+        } else if self.0.len() < MAX_DISTINCT_KEYS {
+            self.0.insert(key.to_owned(), 1);
+        } else {
+            *self.0.entry("other".to_owned()).or_default() += 1;
+        }
+    }
+
+    pub fn get(&self, key: &str) -> u64 {
+        self.0.get(key).copied().unwrap_or(0)
+    }
+}
+
+/// Counts by a fixed set of names (rrweb enums); serialised as a name → count map without zeros.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedCounts<const N: usize> {
+    names: &'static [&'static str; N],
+    counts: [u64; N],
+    unknown: u64,
+}
+
+impl<const N: usize> NamedCounts<N> {
+    const fn new(names: &'static [&'static str; N]) -> Self {
+        NamedCounts { names, counts: [0; N], unknown: 0 }
+    }
+
+    fn add(&mut self, index: u64) {
+        match usize::try_from(index).ok().and_then(|i| self.counts.get_mut(i)) {
+            Some(n) => *n += 1,
+            None => self.unknown += 1,
+        }
+    }
+
+    /// Count for a name, e.g. `get("FullSnapshot")`.
+    pub fn get(&self, name: &str) -> u64 {
+        if name == UNKNOWN {
+            return self.unknown;
+        }
+        self.names.iter().position(|n| *n == name).and_then(|i| self.counts.get(i)).copied().unwrap_or(0)
+    }
+}
+
+impl<const N: usize> Serialize for NamedCounts<N> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for (name, count) in self.names.iter().zip(self.counts).filter(|(_, c)| *c > 0) {
+            map.serialize_entry(name, &count)?;
+        }
+        if self.unknown > 0 {
+            map.serialize_entry(UNKNOWN, &self.unknown)?;
+        }
+        map.end()
+    }
+}
+
+/// A click, slow click, dead click or rage click on a DOM node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Click {
+    /// Seconds since the epoch, as sent by the SDK.
+    pub timestamp: f64,
+    pub node_id: u64,
+    /// Element tag name (≤ 32 chars).
+    pub tag: String,
+    /// `id` attribute (≤ 64 chars).
+    pub id: String,
+    /// First 10 classes of the `class` attribute.
+    pub classes: Vec<String>,
+    /// Visible text (≤ 1024 chars).
+    pub text: String,
+    pub role: String,
+    pub alt: String,
+    pub aria_label: String,
+    pub title: String,
+    pub testid: String,
+    /// `data-sentry-component`, the framework component name.
+    pub component_name: String,
+    /// CSS selector of the node (`payload.message`).
+    pub selector: String,
+    /// Page the click happened on: the breadcrumb's own `url`, else the last Meta/navigation URL.
+    pub url: String,
+    pub is_dead: bool,
+    pub is_rage: bool,
+}
+
+/// A tap on a mobile view (`ui.tap`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Tap {
+    /// Seconds since the epoch.
+    pub timestamp: f64,
+    pub message: String,
+    pub view_class: String,
+    pub view_id: String,
+}
+
+/// A `ui.multiClick` breadcrumb: several quick clicks on one node that did react.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MultiClick {
+    pub timestamp_ms: u64,
+    pub node_id: Option<u64>,
+    pub selector: String,
+    pub click_count: u64,
+}
+
+/// A navigation: a `navigation.*` performance span or a `navigation` breadcrumb.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Navigation {
+    pub timestamp_ms: u64,
+    /// Span op (`navigation.navigate`, `navigation.push`, …) or `navigation` for a breadcrumb.
+    pub op: String,
+    pub from: Option<String>,
+    pub to: String,
+}
+
+/// A `resource.fetch` / `resource.xhr` span. Absent sizes are `None`, never 0.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Request {
+    pub timestamp_ms: u64,
+    pub op: String,
+    pub url: String,
+    pub method: Option<String>,
+    pub status_code: Option<u64>,
+    pub request_size: Option<u64>,
+    pub response_size: Option<u64>,
+}
+
+/// A `replay.hydrate-error` breadcrumb.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HydrationError {
+    pub timestamp_ms: u64,
+    pub url: Option<String>,
+}
+
+/// A `web-vital` span (LCP, CLS, INP, …).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WebVital {
+    pub timestamp_ms: u64,
+    /// The span description, e.g. `largest-contentful-paint`.
+    pub name: String,
+    pub value: Option<f64>,
+    pub rating: Option<String>,
+}
+
+/// Everything extracted from one segment's events.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Extracted {
+    /// Well-formed events.
+    pub events: u64,
+    /// Events skipped because they were malformed.
+    pub invalid_events: u64,
+    pub events_by_type: NamedCounts<7>,
+    pub incremental_by_source: NamedCounts<17>,
+    pub custom_by_tag: Counts,
+    pub breadcrumbs_by_category: Counts,
+    pub spans_by_op: Counts,
+    /// Click rows, at most `RowLimits::max_clicks`.
+    pub clicks: Vec<Click>,
+    /// Tap rows, at most `RowLimits::max_taps`.
+    pub taps: Vec<Tap>,
+    pub multi_clicks: Vec<MultiClick>,
+    pub navigations: Vec<Navigation>,
+    pub requests: Vec<Request>,
+    /// Console breadcrumbs by `level`, exactly as sent.
+    pub console: Counts,
+    pub hydration_errors: Vec<HydrationError>,
+    pub web_vitals: Vec<WebVital>,
+    /// Pages visited: Meta `href`s and navigation span URLs, first-seen order, no duplicates.
+    pub urls: Vec<String>,
+    pub first_timestamp_ms: Option<u64>,
+    pub last_timestamp_ms: Option<u64>,
+}
+
+impl Default for Extracted {
+    fn default() -> Self {
+        Extracted {
+            events: 0,
+            invalid_events: 0,
+            events_by_type: NamedCounts::new(&EVENT_TYPES),
+            incremental_by_source: NamedCounts::new(&INCREMENTAL_SOURCES),
+            custom_by_tag: Counts::default(),
+            breadcrumbs_by_category: Counts::default(),
+            spans_by_op: Counts::default(),
+            clicks: Vec::new(),
+            taps: Vec::new(),
+            multi_clicks: Vec::new(),
+            navigations: Vec::new(),
+            requests: Vec::new(),
+            console: Counts::default(),
+            hydration_errors: Vec::new(),
+            web_vitals: Vec::new(),
+            urls: Vec::new(),
+            first_timestamp_ms: None,
+            last_timestamp_ms: None,
+        }
+    }
+}
+
+impl Extracted {
+    /// Adds a URL unless already present or the list is full.
+    pub fn add_url(&mut self, url: &str) {
+        if !url.is_empty() && self.urls.len() < MAX_LIST_ITEMS && !self.urls.iter().any(|u| u == url) {
+            self.urls.push(url.to_owned());
+        }
+    }
+
+    pub fn rage_clicks(&self) -> impl Iterator<Item = &Click> {
+        self.clicks.iter().filter(|c| c.is_rage)
+    }
+}
+
+/// Why the event array as a whole could not be read.
+#[derive(Debug)]
+pub struct NotAnEventArray(pub String);
+
+impl fmt::Display for NotAnEventArray {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Scans a JSON array of rrweb events.
+pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, NotAnEventArray> {
+    let mut extractor = Extractor { out: Extracted::default(), limits, current_url: None };
+    let mut de = sonic_rs::Deserializer::from_slice(json);
+    EventsSeed(&mut extractor).deserialize(&mut de).map_err(|e| NotAnEventArray(e.to_string()))?;
+    de.end().map_err(|e| NotAnEventArray(e.to_string()))?;
+    Ok(extractor.out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming the array
+// ---------------------------------------------------------------------------------------------
+
+struct EventsSeed<'x>(&'x mut Extractor);
+
+impl<'de> DeserializeSeed<'de> for EventsSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EventsSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON array of rrweb events")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(event) = seq.next_element::<RawEvent<'de>>()? {
+            match event {
+                RawEvent::Object { kind, timestamp, data } => self.0.event(kind, timestamp, data),
+                RawEvent::NotAnObject => self.0.out.invalid_events += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One array element with its `data` left unparsed.
+enum RawEvent<'a> {
+    Object { kind: Num, timestamp: Num, data: Option<LazyValue<'a>> },
+    NotAnObject,
+}
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
+enum EventField {
+    Type,
+    Timestamp,
+    Data,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> Deserialize<'de> for RawEvent<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RawEventVisitor)
+    }
+}
+
+struct RawEventVisitor;
+
+impl<'de> Visitor<'de> for RawEventVisitor {
+    type Value = RawEvent<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an rrweb event")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut kind, mut timestamp, mut data) = (Num(None), Num(None), None);
+        while let Some(field) = map.next_key::<EventField>()? {
+            match field {
+                EventField::Type => kind = map.next_value()?,
+                EventField::Timestamp => timestamp = map.next_value()?,
+                EventField::Data => data = Some(map.next_value::<LazyValue<'de>>()?),
+                EventField::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(RawEvent::Object { kind, timestamp, data })
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(RawEvent::NotAnObject)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(RawEvent::NotAnObject)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(RawEvent::NotAnObject)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(RawEvent::NotAnObject)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(RawEvent::NotAnObject)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(RawEvent::NotAnObject)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(RawEvent::NotAnObject)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Classifying events
+// ---------------------------------------------------------------------------------------------
+
+/// rrweb `timestamp` is milliseconds; SDK spans and some custom events carry seconds. Anything
+/// below 10^11 (a date in 1973 as ms, in 5138 as s) is taken as seconds.
+fn to_millis(timestamp: f64) -> Option<u64> {
+    let ms = if timestamp < 1e11 { timestamp * 1000.0 } else { timestamp };
+    (ms.is_finite() && ms >= 0.0 && ms < u64::MAX as f64).then(|| ms as u64)
+}
+
+fn truncate(s: &str, max_chars: usize) -> String {
+    match s.char_indices().nth(max_chars) {
+        Some((end, _)) => s[..end].to_owned(),
+        None => s.to_owned(),
+    }
+}
+
+fn owned(text: &Text<'_>) -> String {
+    text.as_str().unwrap_or_default().to_owned()
+}
+
+fn push_bounded<T>(list: &mut Vec<T>, item: T) {
+    if list.len() < MAX_LIST_ITEMS {
+        list.push(item);
+    }
+}
+
+struct Extractor {
+    out: Extracted,
+    limits: RowLimits,
+    /// The page the recording is on, from the last Meta event or navigation span seen.
+    current_url: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct CustomData<'a> {
+    #[serde(borrow, default)]
+    tag: Text<'a>,
+    #[serde(borrow)]
+    payload: Option<LazyValue<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Breadcrumb<'a> {
+    #[serde(borrow, default)]
+    category: Text<'a>,
+    #[serde(borrow, default)]
+    message: Text<'a>,
+    #[serde(default)]
+    timestamp: Num,
+    #[serde(borrow, default)]
+    level: Text<'a>,
+    #[serde(borrow)]
+    data: Option<LazyValue<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Span<'a> {
+    #[serde(borrow, default)]
+    op: Text<'a>,
+    #[serde(borrow, default)]
+    description: Text<'a>,
+    #[serde(default)]
+    start_timestamp: Num,
+    #[serde(borrow)]
+    data: Option<LazyValue<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ClickData<'a> {
+    #[serde(borrow)]
+    node: Option<Node<'a>>,
+    #[serde(borrow, default)]
+    url: Text<'a>,
+    #[serde(default)]
+    time_after_click_ms: Num,
+    #[serde(borrow, default)]
+    end_reason: Text<'a>,
+    #[serde(default)]
+    click_count: Num,
+    #[serde(default)]
+    node_id: Num,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Node<'a> {
+    #[serde(default)]
+    id: Num,
+    #[serde(borrow, default)]
+    tag_name: Text<'a>,
+    #[serde(borrow, default)]
+    text_content: Text<'a>,
+    #[serde(borrow, default)]
+    attributes: Attributes<'a>,
+}
+
+/// The node attributes the SDK reports (it renames `data-testid` to `testId`).
+#[derive(Deserialize, Default)]
+struct Attributes<'a> {
+    #[serde(borrow, default)]
+    id: Text<'a>,
+    #[serde(borrow, default)]
+    class: Text<'a>,
+    #[serde(borrow, default)]
+    role: Text<'a>,
+    #[serde(borrow, default)]
+    alt: Text<'a>,
+    #[serde(borrow, default, rename = "aria-label")]
+    aria_label: Text<'a>,
+    #[serde(borrow, default)]
+    title: Text<'a>,
+    #[serde(borrow, default, rename = "testId", alias = "data-testid")]
+    testid: Text<'a>,
+    #[serde(borrow, default, rename = "data-sentry-component")]
+    component_name: Text<'a>,
+}
+
+#[derive(Deserialize, Default)]
+struct TapData<'a> {
+    #[serde(borrow, default, rename = "view.class")]
+    view_class: Text<'a>,
+    #[serde(borrow, default, rename = "view.id")]
+    view_id: Text<'a>,
+}
+
+#[derive(Deserialize, Default)]
+struct NavigationData<'a> {
+    #[serde(borrow, default)]
+    from: Text<'a>,
+    #[serde(borrow, default)]
+    to: Text<'a>,
+}
+
+#[derive(Deserialize, Default)]
+struct UrlData<'a> {
+    #[serde(borrow, default)]
+    url: Text<'a>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RequestData<'a> {
+    #[serde(borrow, default)]
+    method: Text<'a>,
+    #[serde(default)]
+    status_code: Num,
+    #[serde(default)]
+    request_body_size: Num,
+    #[serde(default)]
+    response_body_size: Num,
+    request: Option<BodySize>,
+    response: Option<BodySize>,
+}
+
+/// `data.request` / `data.response`: only the size; bodies and headers are skipped.
+#[derive(Deserialize, Default)]
+struct BodySize {
+    #[serde(default)]
+    size: Num,
+}
+
+#[derive(Deserialize, Default)]
+struct VitalData<'a> {
+    #[serde(default)]
+    value: Num,
+    #[serde(borrow, default)]
+    rating: Text<'a>,
+}
+
+/// Parses optional `data`; absent data is the default, present but malformed is `None`.
+fn parse_data<'a, T: Deserialize<'a> + Default>(data: &'a Option<LazyValue<'_>>) -> Option<T> {
+    match data {
+        None => Some(T::default()),
+        Some(raw) => parse(raw.as_raw_str()),
+    }
+}
+
+/// Breadcrumb categories classified as clicks by SPEC §4.
+const DEAD_CLICK_TAGS: [&str; 3] = ["a", "button", "input"];
+const DEAD_CLICK_MIN_MS: f64 = 7000.0;
+const RAGE_CLICK_MIN_COUNT: f64 = 5.0;
+
+impl Extractor {
+    fn event(&mut self, kind: Num, timestamp: Num, data: Option<LazyValue<'_>>) {
+        let (Some(kind), Some(ts_ms)) = (kind.as_u64(), timestamp.0.and_then(to_millis)) else {
+            self.out.invalid_events += 1;
+            return;
+        };
+        let valid = match kind {
+            3 => self.incremental(data.as_ref()),
+            4 => self.meta(data.as_ref()),
+            5 => self.custom(data.as_ref(), ts_ms),
+            _ => true,
+        };
+        if !valid {
+            self.out.invalid_events += 1;
+            return;
+        }
+        self.out.events += 1;
+        self.out.events_by_type.add(kind);
+        let out = &mut self.out;
+        out.first_timestamp_ms = Some(out.first_timestamp_ms.map_or(ts_ms, |t| t.min(ts_ms)));
+        out.last_timestamp_ms = Some(out.last_timestamp_ms.map_or(ts_ms, |t| t.max(ts_ms)));
+    }
+
+    fn incremental(&mut self, data: Option<&LazyValue<'_>>) -> bool {
+        // `source` is the first key rrweb writes: `get` finds it without scanning the mutation.
+        let source = data.and_then(|d| sonic_rs::get(d.as_raw_str(), ["source"]).ok()).and_then(|s| s.as_u64());
+        match source {
+            Some(source) => {
+                self.out.incremental_by_source.add(source);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn meta(&mut self, data: Option<&LazyValue<'_>>) -> bool {
+        let Some(data) = data.and_then(|d| parse::<UrlHref>(d.as_raw_str())) else {
+            return false;
+        };
+        if let Some(href) = data.href.as_str() {
+            self.out.add_url(href);
+            self.current_url = Some(href.to_owned());
+        }
+        true
+    }
+
+    fn custom(&mut self, data: Option<&LazyValue<'_>>, ts_ms: u64) -> bool {
+        let Some(custom) = data.and_then(|d| parse::<CustomData>(d.as_raw_str())) else {
+            return false;
+        };
+        let Some(tag) = custom.tag.as_str() else {
+            return false;
+        };
+        self.out.custom_by_tag.add(tag);
+        let payload = custom.payload.as_ref().map(|p| p.as_raw_str());
+        match tag {
+            "breadcrumb" => payload.and_then(parse::<Breadcrumb>).is_some_and(|b| self.breadcrumb(b, ts_ms)),
+            "performanceSpan" => payload.and_then(parse::<Span>).is_some_and(|s| self.span(s, ts_ms)),
+            _ => true,
+        }
+    }
+
+    fn breadcrumb(&mut self, crumb: Breadcrumb<'_>, event_ms: u64) -> bool {
+        let Some(category) = crumb.category.as_str() else {
+            return false;
+        };
+        self.out.breadcrumbs_by_category.add(category);
+        let ts_seconds = crumb.timestamp.0.unwrap_or(event_ms as f64 / 1000.0);
+        let ts_ms = to_millis(ts_seconds).unwrap_or(event_ms);
+        match category {
+            "ui.click" | "ui.slowClickDetected" => match parse_data::<ClickData>(&crumb.data) {
+                Some(data) => {
+                    self.click(&crumb, data, ts_seconds, category == "ui.slowClickDetected");
+                    true
+                }
+                None => false,
+            },
+            "ui.multiClick" => match parse_data::<ClickData>(&crumb.data) {
+                Some(data) => {
+                    let node_id = data.node.as_ref().and_then(|n| n.id.as_u64()).or(data.node_id.as_u64());
+                    let click_count = data.click_count.as_u64().unwrap_or(0);
+                    push_bounded(
+                        &mut self.out.multi_clicks,
+                        MultiClick { timestamp_ms: ts_ms, node_id, selector: owned(&crumb.message), click_count },
+                    );
+                    true
+                }
+                None => false,
+            },
+            "ui.tap" => match parse_data::<TapData>(&crumb.data) {
+                Some(data) => {
+                    if self.out.taps.len() < self.limits.max_taps {
+                        self.out.taps.push(Tap {
+                            timestamp: ts_seconds,
+                            message: owned(&crumb.message),
+                            view_class: owned(&data.view_class),
+                            view_id: owned(&data.view_id),
+                        });
+                    }
+                    true
+                }
+                None => false,
+            },
+            "navigation" => match parse_data::<NavigationData>(&crumb.data) {
+                Some(data) => {
+                    if let Some(to) = data.to.as_str() {
+                        push_bounded(
+                            &mut self.out.navigations,
+                            Navigation {
+                                timestamp_ms: ts_ms,
+                                op: category.to_owned(),
+                                from: data.from.as_str().map(str::to_owned),
+                                to: to.to_owned(),
+                            },
+                        );
+                    }
+                    true
+                }
+                None => false,
+            },
+            "console" => {
+                self.out.console.add(crumb.level.as_str().unwrap_or("none"));
+                true
+            }
+            "replay.hydrate-error" => match parse_data::<UrlData>(&crumb.data) {
+                Some(data) => {
+                    let url = data.url.as_str().map(str::to_owned).or_else(|| self.current_url.clone());
+                    push_bounded(&mut self.out.hydration_errors, HydrationError { timestamp_ms: ts_ms, url });
+                    true
+                }
+                None => false,
+            },
+            _ => true,
+        }
+    }
+
+    fn click(&mut self, crumb: &Breadcrumb<'_>, data: ClickData<'_>, timestamp: f64, slow: bool) {
+        let Some(node) = data.node else { return };
+        let Some(node_id) = node.id.as_u64() else { return };
+        if self.out.clicks.len() >= self.limits.max_clicks {
+            return;
+        }
+        let tag = node.tag_name.as_str().unwrap_or_default().to_ascii_lowercase();
+        let is_dead = slow
+            && data.end_reason.as_str() == Some("timeout")
+            && DEAD_CLICK_TAGS.contains(&tag.as_str())
+            && data.time_after_click_ms.0.is_some_and(|ms| ms >= DEAD_CLICK_MIN_MS);
+        let is_rage = is_dead && data.click_count.0.is_some_and(|n| n >= RAGE_CLICK_MIN_COUNT);
+        let attrs = &node.attributes;
+        let cut = |text: &Text<'_>, max: usize| truncate(text.as_str().unwrap_or_default(), max);
+        self.out.clicks.push(Click {
+            timestamp,
+            node_id,
+            tag: truncate(&tag, 32),
+            id: cut(&attrs.id, 64),
+            classes: attrs.class.as_str().unwrap_or_default().split_whitespace().take(10).map(str::to_owned).collect(),
+            text: cut(&node.text_content, 1024),
+            role: cut(&attrs.role, 32),
+            alt: cut(&attrs.alt, 64),
+            aria_label: cut(&attrs.aria_label, 64),
+            title: cut(&attrs.title, 64),
+            testid: cut(&attrs.testid, 64),
+            component_name: cut(&attrs.component_name, 64),
+            selector: owned(&crumb.message),
+            url: data.url.as_str().map(str::to_owned).or_else(|| self.current_url.clone()).unwrap_or_default(),
+            is_dead,
+            is_rage,
+        });
+    }
+
+    fn span(&mut self, span: Span<'_>, event_ms: u64) -> bool {
+        let Some(op) = span.op.as_str() else {
+            return false;
+        };
+        self.out.spans_by_op.add(op);
+        let ts_ms = span.start_timestamp.0.and_then(to_millis).unwrap_or(event_ms);
+        let description = span.description.as_str().unwrap_or_default();
+        if op.starts_with("navigation.") {
+            self.out.add_url(description);
+            self.current_url = Some(description.to_owned());
+            push_bounded(
+                &mut self.out.navigations,
+                Navigation { timestamp_ms: ts_ms, op: op.to_owned(), from: None, to: description.to_owned() },
+            );
+            return true;
+        }
+        match op {
+            "resource.fetch" | "resource.xhr" => {
+                let Some(data) = parse_data::<RequestData>(&span.data) else {
+                    return false;
+                };
+                let size = |direct: Num, nested: &Option<BodySize>| direct.as_u64().or_else(|| nested.as_ref().and_then(|n| n.size.as_u64()));
+                push_bounded(
+                    &mut self.out.requests,
+                    Request {
+                        timestamp_ms: ts_ms,
+                        op: op.to_owned(),
+                        url: description.to_owned(),
+                        method: data.method.as_str().map(str::to_owned),
+                        status_code: data.status_code.as_u64(),
+                        request_size: size(data.request_body_size, &data.request),
+                        response_size: size(data.response_body_size, &data.response),
+                    },
+                );
+                true
+            }
+            "web-vital" => {
+                let Some(data) = parse_data::<VitalData>(&span.data) else {
+                    return false;
+                };
+                push_bounded(
+                    &mut self.out.web_vitals,
+                    WebVital {
+                        timestamp_ms: ts_ms,
+                        name: description.to_owned(),
+                        value: data.value.0,
+                        rating: data.rating.as_str().map(str::to_owned),
+                    },
+                );
+                true
+            }
+            _ => true,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct UrlHref<'a> {
+    #[serde(borrow, default)]
+    href: Text<'a>,
+}
