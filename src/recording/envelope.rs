@@ -237,11 +237,23 @@ pub(crate) mod tests {
 
     #[test]
     fn missing_tenant_ids_are_named() {
-        let bytes = rmp_serde::to_vec_named(&serde_json::json!({
-            "type": RECORDING_TYPE,
-            "replay_id": "6aa0d45db9b94b989501ce3be4daf802",
-            "project_id": 1, "received": 1, "payload": serde_bytes::Bytes::new(b"x"),
-        }))
+        #[derive(Serialize)]
+        struct NoOrg {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            replay_id: &'static str,
+            project_id: u64,
+            received: u64,
+            #[serde(with = "serde_bytes")]
+            payload: Vec<u8>,
+        }
+        let bytes = rmp_serde::to_vec_named(&NoOrg {
+            kind: RECORDING_TYPE,
+            replay_id: "6aa0d45db9b94b989501ce3be4daf802",
+            project_id: 1,
+            received: 1,
+            payload: b"x".to_vec(),
+        })
         .unwrap();
         let err = decode(&bytes).unwrap_err();
         assert_eq!((err.reason, err.detail.as_str()), (Reason::MissingField, "org_id is missing"));

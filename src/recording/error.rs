@@ -83,7 +83,8 @@ const MAX_DETAIL_BYTES: usize = 512;
 
 impl InvalidRecording {
     pub fn new(reason: Reason, detail: impl fmt::Display) -> Self {
-        let mut detail = detail.to_string();
+        // One line: parser errors quote the input over several lines.
+        let mut detail = detail.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
         if detail.len() > MAX_DETAIL_BYTES {
             let mut end = MAX_DETAIL_BYTES;
             while !detail.is_char_boundary(end) {
@@ -115,5 +116,11 @@ mod tests {
         assert!(err.detail.len() <= MAX_DETAIL_BYTES + '…'.len_utf8());
         assert!(err.detail.ends_with('…'));
         assert_eq!(err.to_string().split(':').next(), Some("invalid_body"));
+    }
+
+    #[test]
+    fn details_are_a_single_line() {
+        let err = InvalidRecording::new(Reason::InvalidBody, "EOF at line 1\n\n\t\"urls\": [\n\t..^");
+        assert_eq!(err.detail, "EOF at line 1 \"urls\": [ ..^");
     }
 }

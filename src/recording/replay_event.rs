@@ -202,6 +202,10 @@ fn uuids(list: TextList<'_>) -> Vec<Uuid> {
 
 /// Parses the replay event document.
 pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
+    // A derived struct would also accept a positional array.
+    if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(InvalidRecording::new(Reason::InvalidReplayEvent, "replay_event is not a JSON object"));
+    }
     let wire: Wire<'_> = sonic_rs::from_slice(json)
         .map_err(|e| InvalidRecording::new(Reason::InvalidReplayEvent, format_args!("replay_event is not a JSON object: {e}")))?;
     let contexts = wire.contexts.0;

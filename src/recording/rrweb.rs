@@ -820,3 +820,280 @@ struct UrlHref<'a> {
     #[serde(borrow, default)]
     href: Text<'a>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TS: u64 = 1_796_012_448_000;
+
+    fn extract_events(events: &[String]) -> Extracted {
+        extract(format!("[{}]", events.join(",")).as_bytes(), RowLimits::default()).unwrap()
+    }
+
+    fn breadcrumb(category: &str, extra: &str) -> String {
+        format!(
+            r#"{{"type":5,"timestamp":{TS},"data":{{"tag":"breadcrumb","payload":{{"timestamp":1796012448.69,"type":"default","category":"{category}"{extra}}}}}}}"#
+        )
+    }
+
+    fn span(op: &str, description: &str, data: &str) -> String {
+        format!(
+            r#"{{"type":5,"timestamp":1796012448.5,"data":{{"tag":"performanceSpan","payload":{{"op":"{op}","description":"{description}","startTimestamp":1796012448.5,"endTimestamp":1796012449.0,"data":{data}}}}}}}"#
+        )
+    }
+
+    fn slow_click(tag: &str, end_reason: &str, after_ms: u32, count: u32) -> String {
+        breadcrumb(
+            "ui.slowClickDetected",
+            &format!(
+                r#","message":"body > {tag}","data":{{"node":{{"id":14,"tagName":"{tag}","textContent":"Save","attributes":{{}}}},"url":"https://shop/","timeAfterClickMs":{after_ms},"endReason":"{end_reason}","clickCount":{count}}}"#
+            ),
+        )
+    }
+
+    fn click_with_node(node: &str) -> String {
+        breadcrumb("ui.click", &format!(r#","message":"div > button","data":{{"nodeId":3,"node":{node}}}"#))
+    }
+
+    #[test]
+    fn events_are_counted_by_type_and_incremental_source() {
+        let x = extract_events(&[
+            format!(r#"{{"type":2,"data":{{"node":{{"type":0,"childNodes":[]}}}},"timestamp":{TS}}}"#),
+            format!(r#"{{"type":3,"data":{{"source":0,"adds":[]}},"timestamp":{TS}}}"#),
+            format!(r#"{{"type":3,"data":{{"source":1,"positions":[]}},"timestamp":{TS}}}"#),
+            format!(r#"{{"type":3,"data":{{"source":1,"positions":[]}},"timestamp":{TS}}}"#),
+            format!(r#"{{"type":9,"data":{{}},"timestamp":{TS}}}"#),
+        ]);
+        assert_eq!(x.events, 5);
+        assert_eq!((x.events_by_type.get("FullSnapshot"), x.events_by_type.get("IncrementalSnapshot")), (1, 3));
+        assert_eq!(x.events_by_type.get("Unknown"), 1);
+        assert_eq!((x.incremental_by_source.get("Mutation"), x.incremental_by_source.get("MouseMove")), (1, 2));
+    }
+
+    #[test]
+    fn data_before_type_is_classified_the_same() {
+        let x = extract_events(&[format!(r#"{{"data":{{"source":3}},"timestamp":{TS},"type":3}}"#)]);
+        assert_eq!(x.incremental_by_source.get("Scroll"), 1);
+    }
+
+    #[test]
+    fn a_ui_click_is_a_click_row_that_is_neither_dead_nor_rage() {
+        let x = extract_events(&[click_with_node(r#"{"id":3,"tagName":"BUTTON","textContent":"Buy","attributes":{"id":"buy","class":"btn  primary","role":"button","alt":"a","aria-label":"Buy now","title":"t","testId":"buy-btn","data-sentry-component":"BuyButton"}}"#)]);
+        let click = &x.clicks[0];
+        assert_eq!((click.node_id, click.tag.as_str(), click.id.as_str()), (3, "button", "buy"));
+        assert_eq!(click.classes, ["btn", "primary"]);
+        assert_eq!((click.text.as_str(), click.role.as_str(), click.alt.as_str()), ("Buy", "button", "a"));
+        assert_eq!((click.aria_label.as_str(), click.title.as_str()), ("Buy now", "t"));
+        assert_eq!((click.testid.as_str(), click.component_name.as_str()), ("buy-btn", "BuyButton"));
+        assert_eq!((click.selector.as_str(), click.timestamp), ("div > button", 1_796_012_448.69));
+        assert!(!click.is_dead && !click.is_rage);
+    }
+
+    #[test]
+    fn data_testid_is_accepted_as_well_as_the_sdks_test_id() {
+        let x = extract_events(&[click_with_node(r#"{"id":3,"tagName":"a","attributes":{"data-testid":"nav"}}"#)]);
+        assert_eq!(x.clicks[0].testid, "nav");
+    }
+
+    #[test]
+    fn a_slow_click_on_a_button_after_seven_seconds_is_dead() {
+        let click = &extract_events(&[slow_click("button", "timeout", 7000, 1)]).clicks[0];
+        assert!(click.is_dead && !click.is_rage);
+        assert_eq!(click.url, "https://shop/");
+    }
+
+    #[test]
+    fn rage_click_needs_five_clicks_and_a_timeout() {
+        assert!(extract_events(&[slow_click("a", "timeout", 7000, 5)]).clicks[0].is_rage);
+        assert!(!extract_events(&[slow_click("a", "timeout", 7000, 4)]).clicks[0].is_rage);
+        let not_timeout = &extract_events(&[slow_click("a", "mutation", 7000, 9)]).clicks[0];
+        assert!(!not_timeout.is_rage && !not_timeout.is_dead);
+    }
+
+    #[test]
+    fn a_slow_click_is_dead_only_on_links_buttons_and_inputs() {
+        for tag in ["a", "button", "input"] {
+            assert!(extract_events(&[slow_click(tag, "timeout", 7000, 1)]).clicks[0].is_dead, "{tag}");
+        }
+        let div = &extract_events(&[slow_click("div", "timeout", 9000, 9)]).clicks[0];
+        assert!(!div.is_dead && !div.is_rage, "a slow click on a div is only slow");
+    }
+
+    #[test]
+    fn a_slow_click_under_seven_seconds_is_not_dead() {
+        let click = &extract_events(&[slow_click("button", "timeout", 6999, 6)]).clicks[0];
+        assert!(!click.is_dead && !click.is_rage);
+    }
+
+    #[test]
+    fn clicks_without_a_node_or_with_a_negative_id_are_skipped() {
+        let x = extract_events(&[
+            breadcrumb("ui.click", r#","data":{"nodeId":3}"#),
+            click_with_node(r#"{"id":-1,"tagName":"button"}"#),
+        ]);
+        assert!(x.clicks.is_empty());
+        assert_eq!((x.events, x.invalid_events), (2, 0), "the breadcrumbs themselves are well-formed");
+    }
+
+    #[test]
+    fn click_fields_are_truncated_to_their_column_limits() {
+        let long = "x".repeat(2000);
+        let classes = (0..15).map(|i| format!("c{i}")).collect::<Vec<_>>().join(" ");
+        let node = format!(
+            r#"{{"id":1,"tagName":"{long}","textContent":"{long}","attributes":{{"id":"{long}","class":"{classes}","role":"{long}","alt":"{long}","aria-label":"{long}","title":"{long}","testId":"{long}","data-sentry-component":"{long}"}}}}"#
+        );
+        let c = &extract_events(&[click_with_node(&node)]).clicks[0];
+        assert_eq!((c.tag.len(), c.id.len(), c.text.len(), c.role.len()), (32, 64, 1024, 32));
+        for field in [&c.alt, &c.aria_label, &c.title, &c.testid, &c.component_name] {
+            assert_eq!(field.len(), 64);
+        }
+        assert_eq!(c.classes.len(), 10);
+    }
+
+    #[test]
+    fn truncation_counts_characters_not_bytes() {
+        assert_eq!(truncate("ééé", 2), "éé");
+        assert_eq!(truncate("ab", 5), "ab");
+    }
+
+    #[test]
+    fn at_most_the_configured_number_of_clicks_and_taps_are_kept() {
+        let clicks: Vec<String> = (0..25).map(|_| click_with_node(r#"{"id":1,"tagName":"a"}"#)).collect();
+        let taps: Vec<String> = (0..25).map(|_| breadcrumb("ui.tap", r#","message":"t","data":{"view.id":"v"}"#)).collect();
+        let x = extract_events(&[clicks, taps].concat());
+        assert_eq!((x.clicks.len(), x.taps.len()), (20, 20));
+        let json = format!("[{}]", vec![click_with_node(r#"{"id":1,"tagName":"a"}"#); 5].join(","));
+        assert_eq!(extract(json.as_bytes(), RowLimits { max_clicks: 3, max_taps: 0 }).unwrap().clicks.len(), 3);
+    }
+
+    #[test]
+    fn taps_keep_message_view_class_and_view_id() {
+        let x = extract_events(&[breadcrumb(
+            "ui.tap",
+            r#","message":"Checkout","data":{"view.class":"android.widget.Button","view.id":"checkout"}"#,
+        )]);
+        assert_eq!(
+            x.taps,
+            [Tap {
+                timestamp: 1_796_012_448.69,
+                message: "Checkout".into(),
+                view_class: "android.widget.Button".into(),
+                view_id: "checkout".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn multi_clicks_keep_their_click_count() {
+        let x = extract_events(&[breadcrumb(
+            "ui.multiClick",
+            r#","message":"button#add","data":{"node":{"id":21,"tagName":"button"},"clickCount":4,"metric":true}"#,
+        )]);
+        assert_eq!(x.multi_clicks[0].click_count, 4);
+        assert_eq!(x.multi_clicks[0].node_id, Some(21));
+        assert!(x.clicks.is_empty(), "a multi-click is not a click row");
+    }
+
+    #[test]
+    fn fetch_and_xhr_spans_become_requests_with_sizes_from_either_field() {
+        let x = extract_events(&[
+            span("resource.fetch", "/api/a", r#"{"method":"POST","statusCode":201,"requestBodySize":10,"responseBodySize":20}"#),
+            span("resource.xhr", "/api/b", r#"{"method":"GET","statusCode":200,"request":{"size":5,"body":"…"},"response":{"size":323,"headers":{}}}"#),
+            span("resource.fetch", "/api/c", r#"{"method":"GET","statusCode":404}"#),
+            span("resource.script", "/app.js", r#"{"size":1}"#),
+        ]);
+        let sizes: Vec<_> = x.requests.iter().map(|r| (r.url.as_str(), r.request_size, r.response_size)).collect();
+        assert_eq!(sizes, [("/api/a", Some(10), Some(20)), ("/api/b", Some(5), Some(323)), ("/api/c", None, None)]);
+        assert_eq!((x.requests[0].method.as_deref(), x.requests[0].status_code), (Some("POST"), Some(201)));
+        assert_eq!(x.spans_by_op.get("resource.script"), 1);
+    }
+
+    #[test]
+    fn console_breadcrumbs_are_counted_by_level_as_sent() {
+        let x = extract_events(&[
+            breadcrumb("console", r#","level":"warning""#),
+            breadcrumb("console", r#","level":"warning""#),
+            breadcrumb("console", r#","level":"error""#),
+            breadcrumb("console", r#","level":"Fatal""#),
+        ]);
+        assert_eq!((x.console.get("warning"), x.console.get("error"), x.console.get("Fatal")), (2, 1, 1));
+    }
+
+    #[test]
+    fn navigation_spans_and_breadcrumbs_are_navigations_and_span_urls_are_visited() {
+        let x = extract_events(&[
+            format!(r#"{{"type":4,"data":{{"href":"https://shop/","width":1,"height":1}},"timestamp":{TS}}}"#),
+            span("navigation.push", "https://shop/cart", "{}"),
+            breadcrumb("navigation", r#","data":{"from":"/","to":"/cart"}"#),
+            span("navigation.navigate", "https://shop/", "{}"),
+        ]);
+        let navs: Vec<_> = x.navigations.iter().map(|n| (n.op.as_str(), n.from.as_deref(), n.to.as_str())).collect();
+        assert_eq!(
+            navs,
+            [("navigation.push", None, "https://shop/cart"), ("navigation", Some("/"), "/cart"), ("navigation.navigate", None, "https://shop/")]
+        );
+        assert_eq!(x.urls, ["https://shop/", "https://shop/cart"], "deduplicated, first-seen order");
+    }
+
+    #[test]
+    fn a_click_without_its_own_url_takes_the_current_page() {
+        let x = extract_events(&[
+            format!(r#"{{"type":4,"data":{{"href":"https://shop/p/1"}},"timestamp":{TS}}}"#),
+            click_with_node(r#"{"id":1,"tagName":"a"}"#),
+        ]);
+        assert_eq!(x.clicks[0].url, "https://shop/p/1");
+    }
+
+    #[test]
+    fn hydration_errors_are_collected_with_their_url() {
+        let x = extract_events(&[breadcrumb("replay.hydrate-error", r#","data":{"url":"https://shop/"}"#)]);
+        assert_eq!(x.hydration_errors, [HydrationError { timestamp_ms: 1_796_012_448_690, url: Some("https://shop/".into()) }]);
+    }
+
+    #[test]
+    fn web_vitals_keep_name_value_and_rating() {
+        let x = extract_events(&[span("web-vital", "largest-contentful-paint", r#"{"value":208,"rating":"good","nodeIds":[11]}"#)]);
+        assert_eq!(x.web_vitals[0].name, "largest-contentful-paint");
+        assert_eq!((x.web_vitals[0].value, x.web_vitals[0].rating.as_deref()), (Some(208.0), Some("good")));
+    }
+
+    #[test]
+    fn timestamps_in_seconds_and_milliseconds_are_normalised_to_milliseconds() {
+        let x = extract_events(&[
+            format!(r#"{{"type":0,"data":{{}},"timestamp":{}}}"#, TS + 5000),
+            span("memory", "memory", "{}"),
+        ]);
+        assert_eq!((x.first_timestamp_ms, x.last_timestamp_ms), (Some(1_796_012_448_500), Some(TS + 5000)));
+    }
+
+    #[test]
+    fn a_malformed_event_is_counted_and_skipped_without_failing_the_segment() {
+        let x = extract_events(&[
+            "7".into(),
+            "[1,2]".into(),
+            r#"{"type":"2","timestamp":1}"#.into(),
+            r#"{"type":2}"#.into(),
+            r#"{"type":3,"data":{"positions":[]},"timestamp":1}"#.into(),
+            r#"{"type":5,"timestamp":1,"data":{"tag":"breadcrumb","payload":{"category":["ui.click"]}}}"#.into(),
+            r#"{"type":5,"timestamp":1,"data":"not an object"}"#.into(),
+            format!(r#"{{"type":1,"data":{{}},"timestamp":{TS}}}"#),
+        ]);
+        assert_eq!((x.events, x.invalid_events), (1, 7));
+    }
+
+    #[test]
+    fn a_body_that_is_not_a_json_array_fails() {
+        for body in [&b"{}"[..], b"[{\"type\":1", b"[] trailing", b"\"x\""] {
+            assert!(extract(body, RowLimits::default()).is_err(), "{}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn input_keyed_counts_are_bounded() {
+        let events: Vec<String> = (0..MAX_DISTINCT_KEYS + 10).map(|i| breadcrumb(&format!("cat.{i}"), "")).collect();
+        let x = extract_events(&events);
+        assert_eq!(x.breadcrumbs_by_category.0.len(), MAX_DISTINCT_KEYS + 1);
+        assert_eq!(x.breadcrumbs_by_category.get("other"), 10);
+    }
+}

@@ -1,0 +1,45 @@
+//! The `inspect` command as a user runs it.
+
+use std::process::Command;
+
+fn inspect(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_replay-ingest")).arg("inspect").args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap()
+}
+
+#[test]
+fn prints_one_json_line_per_file_in_argument_order_and_exits_zero_with_invalid_files() {
+    let out = inspect(&["fixtures/synthetic/wrong-type.msgpack", "fixtures/segments/console-0.msgpack", "fixtures/synthetic/zlib-bomb.msgpack"]);
+    assert!(out.status.success());
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!((lines[0]["ok"].as_bool(), lines[0]["reason"].as_str()), (Some(false), Some("wrong_type")));
+    assert_eq!((lines[1]["ok"].as_bool(), lines[1]["segment_id"].as_u64()), (Some(true), Some(0)));
+    assert_eq!(lines[2]["reason"].as_str(), Some("too_large"));
+}
+
+#[test]
+fn an_unreadable_file_is_reported_and_fails_the_command_after_the_others_print() {
+    let out = inspect(&["fixtures/does-not-exist.msgpack", "fixtures/segments/console-1.msgpack"]);
+    assert!(!out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 1);
+    assert!(String::from_utf8(out.stderr).unwrap().contains("does-not-exist.msgpack"));
+}
+
+#[test]
+fn no_files_is_a_usage_error() {
+    let out = inspect(&[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn limits_can_be_set_from_the_environment() {
+    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .args(["inspect", "fixtures/segments/large-dom-0.msgpack"])
+        .env("REPLAY_INGEST_MAX_DECOMPRESSED_BYTES", "1000000")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(line["reason"].as_str(), Some("too_large"));
+}
