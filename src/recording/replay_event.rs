@@ -206,7 +206,9 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(InvalidRecording::new(Reason::InvalidReplayEvent, "replay_event is not a JSON object"));
     }
-    let wire: Wire<'_> = sonic_rs::from_slice(json)
+    let json = simdutf8::basic::from_utf8(json)
+        .map_err(|_| InvalidRecording::new(Reason::InvalidReplayEvent, "replay_event is not valid UTF-8"))?;
+    let wire: Wire<'_> = sonic_rs::from_str(json)
         .map_err(|e| InvalidRecording::new(Reason::InvalidReplayEvent, format_args!("replay_event is not a JSON object: {e}")))?;
     let contexts = wire.contexts.0;
     Ok(ReplayEvent {
@@ -281,7 +283,7 @@ mod tests {
 
     #[test]
     fn a_document_that_is_not_an_object_is_invalid() {
-        for doc in [&b"[1]"[..], b"not json", b"", b"{\"urls\":["] {
+        for doc in [&b"[1]"[..], b"not json", b"", b"{\"urls\":[", b"{\"release\":\"\xc3\"}"] {
             assert_eq!(parse(doc).unwrap_err().reason, Reason::InvalidReplayEvent);
         }
     }

@@ -293,8 +293,11 @@ impl fmt::Display for NotAnEventArray {
 
 /// Scans a JSON array of rrweb events.
 pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, NotAnEventArray> {
+    // sonic-rs skips values without validating UTF-8, and slices handed out as `&str` must be
+    // valid: check the whole body once, with SIMD, up front.
+    let json = simdutf8::basic::from_utf8(json).map_err(|_| NotAnEventArray("body is not valid UTF-8".into()))?;
     let mut extractor = Extractor { out: Extracted::default(), limits, current_url: None };
-    let mut de = sonic_rs::Deserializer::from_slice(json);
+    let mut de = sonic_rs::Deserializer::from_str(json);
     EventsSeed(&mut extractor).deserialize(&mut de).map_err(|e| NotAnEventArray(e.to_string()))?;
     de.end().map_err(|e| NotAnEventArray(e.to_string()))?;
     Ok(extractor.out)
@@ -1084,7 +1087,7 @@ mod tests {
 
     #[test]
     fn a_body_that_is_not_a_json_array_fails() {
-        for body in [&b"{}"[..], b"[{\"type\":1", b"[] trailing", b"\"x\""] {
+        for body in [&b"{}"[..], b"[{\"type\":1", b"[] trailing", b"\"x\"", b"[\"\xff\"]"] {
             assert!(extract(body, RowLimits::default()).is_err(), "{}", String::from_utf8_lossy(body));
         }
     }
