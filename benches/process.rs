@@ -1,1 +1,76 @@
-fn main() {}
+//! Per-message throughput of the recording core on the recorded fixture mix, in MB/s of
+//! decompressed rrweb JSON on one core, next to baselines on the same data:
+//! - `inflate_only`: decompression alone (the floor any implementation pays);
+//! - `inflate_sonic_value`: decompression + a full sonic-rs DOM parse;
+//! - `inflate_serde_json_value`: decompression + a full `serde_json::Value` parse;
+//! - `process`: the whole per-message function (msgpack, header, inflate, UTF-8 check, rrweb scan,
+//!   rows, events, blob).
+//!
+//! Run: `cargo bench --bench process`.
+
+use std::hint::black_box;
+use std::path::Path;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use replay_ingest::recording::{self, Limits, envelope, payload};
+
+struct Fixture {
+    value: Vec<u8>,
+}
+
+fn fixtures() -> Vec<Fixture> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/segments");
+    let mut paths: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    paths.into_iter().map(|p| Fixture { value: std::fs::read(p).unwrap() }).collect()
+}
+
+fn inflate(value: &[u8]) -> Vec<u8> {
+    let env = envelope::decode(value).unwrap();
+    let split = payload::split(env.payload).unwrap();
+    payload::decompress(&split, usize::MAX).unwrap()
+}
+
+fn bench(c: &mut Criterion) {
+    let fixtures = fixtures();
+    let json_bytes: u64 = fixtures.iter().map(|f| inflate(&f.value).len() as u64).sum();
+    let limits = Limits::default();
+
+    let mut group = c.benchmark_group("fixture_mix");
+    group.throughput(Throughput::Bytes(json_bytes));
+    group.sample_size(30);
+    group.bench_function("inflate_only", |b| {
+        b.iter(|| {
+            for f in &fixtures {
+                black_box(inflate(&f.value));
+            }
+        })
+    });
+    group.bench_function("inflate_sonic_value", |b| {
+        b.iter(|| {
+            for f in &fixtures {
+                let json = inflate(&f.value);
+                black_box(sonic_rs::from_slice::<sonic_rs::Value>(&json).unwrap());
+            }
+        })
+    });
+    group.bench_function("inflate_serde_json_value", |b| {
+        b.iter(|| {
+            for f in &fixtures {
+                let json = inflate(&f.value);
+                black_box(serde_json::from_slice::<serde_json::Value>(&json).unwrap());
+            }
+        })
+    });
+    group.bench_function("process", |b| {
+        b.iter(|| {
+            for f in &fixtures {
+                black_box(recording::process(&f.value, &limits).unwrap());
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

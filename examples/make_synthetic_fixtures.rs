@@ -85,11 +85,17 @@ fn main() {
     write("bad-msgpack", &full[..full.len() / 3]);
     write("not-a-map", &rmp_serde::to_vec(&base).unwrap());
     write("wrong-type", &encode(&Message { kind: "replay_recording".into(), ..base.clone() }));
-    write("bad-replay-id", &encode(&Message { replay_id: "d9923410-7707-4a45-2fb7-80b1bacaf6d0".into(), ..base.clone() }));
+    write(
+        "bad-replay-id",
+        &encode(&Message { replay_id: "d9923410-7707-4a45-2fb7-80b1bacaf6d0".into(), ..base.clone() }),
+    );
     write("invalid-replay-event", &encode(&Message { replay_event: Some(b"{\"urls\": [".to_vec()), ..base.clone() }));
 
     // Invalid payloads.
-    write("missing-header", &encode(&Message { payload: b"[{\"type\":0,\"data\":{},\"timestamp\":1}]".to_vec(), ..base.clone() }));
+    write(
+        "missing-header",
+        &encode(&Message { payload: b"[{\"type\":0,\"data\":{},\"timestamp\":1}]".to_vec(), ..base.clone() }),
+    );
     write("malformed-header", &encode(&base.with_payload("{\"segment_id\":\"zero\"}", &zlib(&json))));
     let mut corrupt = zlib(&json);
     let mid = corrupt.len() / 2;

@@ -96,7 +96,11 @@ fn raw_gzip_and_zstd_bodies_extract_like_the_zlib_original_and_store_zlib() {
         assert_eq!(p.uncompressed_bytes, original.uncompressed_bytes, "{name}");
         assert_eq!(p.blob.bytes[0], 0x78, "{name}: stored as zlib");
         let stored = recording::payload::decompress(
-            &recording::payload::Payload { segment_id: 0, encoding: recording::BodyEncoding::Zlib, body: &p.blob.bytes },
+            &recording::payload::Payload {
+                segment_id: 0,
+                encoding: recording::BodyEncoding::Zlib,
+                body: &p.blob.bytes,
+            },
             usize::MAX,
         )
         .unwrap();
@@ -191,7 +195,10 @@ fn the_network_recording_has_requests_with_known_sizes_and_navigations() {
     );
     let second = valid("network-1");
     let ops: Vec<_> = second.extracted.navigations.iter().map(|n| n.op.as_str()).collect();
-    assert!(ops.contains(&"navigation.push") && ops.contains(&"navigation") && ops.contains(&"navigation.navigate"), "{ops:?}");
+    assert!(
+        ops.contains(&"navigation.push") && ops.contains(&"navigation") && ops.contains(&"navigation.navigate"),
+        "{ops:?}"
+    );
     assert!(second.extracted.urls.iter().any(|u| u.ends_with("/network-2.html?tab=settings")));
 }
 
@@ -227,7 +234,12 @@ fn segment_zero_bills_one_replay_and_proposes_a_first_replay() {
     assert_eq!((outcome.org_id, outcome.project_id, outcome.key_id), (1, 42, Some(7)));
     assert_eq!(outcome.event_id, p.replay_id);
     assert!(p.events.iter().any(|e| matches!(e, AnalyticsEvent::FirstReplay(_))));
-    assert!(valid("console-1").events.iter().all(|e| !matches!(e, AnalyticsEvent::Outcome(_) | AnalyticsEvent::FirstReplay(_))));
+    assert!(
+        valid("console-1")
+            .events
+            .iter()
+            .all(|e| !matches!(e, AnalyticsEvent::Outcome(_) | AnalyticsEvent::FirstReplay(_)))
+    );
 }
 
 #[test]

@@ -3,12 +3,21 @@
 use std::process::Command;
 
 fn inspect(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_replay-ingest")).arg("inspect").args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .arg("inspect")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
 }
 
 #[test]
 fn prints_one_json_line_per_file_in_argument_order_and_exits_zero_with_invalid_files() {
-    let out = inspect(&["fixtures/synthetic/wrong-type.msgpack", "fixtures/segments/console-0.msgpack", "fixtures/synthetic/zlib-bomb.msgpack"]);
+    let out = inspect(&[
+        "fixtures/synthetic/wrong-type.msgpack",
+        "fixtures/segments/console-0.msgpack",
+        "fixtures/synthetic/zlib-bomb.msgpack",
+    ]);
     assert!(out.status.success());
     let lines: Vec<serde_json::Value> =
         String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();

@@ -10,10 +10,16 @@ fn limits() -> Limits {
 
 fn seed_fixtures() -> Vec<Vec<u8>> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
-    ["segments/interactions-0", "segments/rage-click-1", "segments/network-0", "synthetic/mobile-taps-video", "synthetic/raw-json-body"]
-        .iter()
-        .map(|name| std::fs::read(dir.join(format!("{name}.msgpack"))).unwrap())
-        .collect()
+    [
+        "segments/interactions-0",
+        "segments/rage-click-1",
+        "segments/network-0",
+        "synthetic/mobile-taps-video",
+        "synthetic/raw-json-body",
+    ]
+    .iter()
+    .map(|name| std::fs::read(dir.join(format!("{name}.msgpack"))).unwrap())
+    .collect()
 }
 
 /// A valid message value around an arbitrary payload.
@@ -43,10 +49,39 @@ fn message(payload: &[u8]) -> Vec<u8> {
 /// JSON-ish text built from rrweb-like fragments, to reach deep into the extractor.
 fn rrweb_like() -> impl Strategy<Value = String> {
     let fragment = prop::sample::select(vec![
-        "{", "}", "[", "]", ",", ":", "\"type\"", "\"data\"", "\"timestamp\"", "\"tag\"", "\"breadcrumb\"",
-        "\"payload\"", "\"category\"", "\"ui.click\"", "\"ui.slowClickDetected\"", "\"node\"", "\"id\"", "5", "3",
-        "-1", "1.5e3", "1796012448690", "null", "true", "\"performanceSpan\"", "\"op\"", "\"resource.fetch\"",
-        "\"source\"", "\"\\u00e9\\\"\"", "\"attributes\"", "\"tagName\"", "\"a\"", "\"clickCount\"",
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        ":",
+        "\"type\"",
+        "\"data\"",
+        "\"timestamp\"",
+        "\"tag\"",
+        "\"breadcrumb\"",
+        "\"payload\"",
+        "\"category\"",
+        "\"ui.click\"",
+        "\"ui.slowClickDetected\"",
+        "\"node\"",
+        "\"id\"",
+        "5",
+        "3",
+        "-1",
+        "1.5e3",
+        "1796012448690",
+        "null",
+        "true",
+        "\"performanceSpan\"",
+        "\"op\"",
+        "\"resource.fetch\"",
+        "\"source\"",
+        "\"\\u00e9\\\"\"",
+        "\"attributes\"",
+        "\"tagName\"",
+        "\"a\"",
+        "\"clickCount\"",
     ]);
     prop::collection::vec(fragment, 0..80).prop_map(|parts| parts.concat())
 }

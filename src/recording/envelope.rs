@@ -77,8 +77,7 @@ pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
         }
         None => return Err(InvalidRecording::new(Reason::InvalidMsgpack, "empty message value")),
     }
-    let wire: Wire<'_> = rmp_serde::from_slice(value)
-        .map_err(|e| InvalidRecording::new(Reason::InvalidMsgpack, e))?;
+    let wire: Wire<'_> = rmp_serde::from_slice(value).map_err(|e| InvalidRecording::new(Reason::InvalidMsgpack, e))?;
 
     match wire.kind {
         Some(RECORDING_TYPE) => {}

@@ -19,6 +19,7 @@ pub mod payload;
 pub mod replay_event;
 pub mod rows;
 pub mod rrweb;
+mod scan;
 
 pub use blob::Blob;
 pub use envelope::Envelope;
@@ -87,8 +88,9 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
     let env = envelope::decode(value)?;
     let payload = payload::split(env.payload)?;
     let json = payload::decompress(&payload, limits.max_decompressed_bytes)?;
-    let mut extracted = rrweb::extract(&json, limits.rows)
-        .map_err(|e| InvalidRecording::new(Reason::InvalidBody, format_args!("body is not a JSON array of events: {e}")))?;
+    let mut extracted = rrweb::extract(&json, limits.rows).map_err(|e| {
+        InvalidRecording::new(Reason::InvalidBody, format_args!("body is not a JSON array of events: {e}"))
+    })?;
     let replay_event = env.replay_event.map(replay_event::parse).transpose()?;
     if let Some(event) = &replay_event {
         for url in &event.urls {

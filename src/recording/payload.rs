@@ -38,7 +38,9 @@ impl BodyEncoding {
             [0x1f, 0x8b, ..] => Ok(BodyEncoding::Gzip),
             [0x28, 0xb5, 0x2f, 0xfd, ..] => Ok(BodyEncoding::Zstd),
             // CMF byte: deflate with a window of at most 32 KiB, and a valid FCHECK.
-            [cmf, flg, ..] if cmf & 0x0f == 8 && cmf >> 4 <= 7 && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0 => {
+            [cmf, flg, ..]
+                if cmf & 0x0f == 8 && cmf >> 4 <= 7 && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0 =>
+            {
                 Ok(BodyEncoding::Zlib)
             }
             _ if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') => Ok(BodyEncoding::Raw),
@@ -76,7 +78,10 @@ pub fn split(payload: &[u8]) -> Result<Payload<'_>, InvalidRecording> {
     let header: Header = serde_json::from_slice(header).map_err(|e| {
         InvalidRecording::new(
             Reason::InvalidHeader,
-            format_args!("header {:?} is not {{\"segment_id\": <non-negative integer>}}: {e}", String::from_utf8_lossy(&header[..header.len().min(64)])),
+            format_args!(
+                "header {:?} is not {{\"segment_id\": <non-negative integer>}}: {e}",
+                String::from_utf8_lossy(header.get(..64).unwrap_or(header))
+            ),
         )
     })?;
     Ok(Payload { segment_id: header.segment_id, encoding: BodyEncoding::detect(body)?, body })
@@ -114,7 +119,7 @@ fn inflate_zlib(input: &[u8], cap: usize) -> Result<Vec<u8>, InvalidRecording> {
     loop {
         if out.len() == out.capacity() {
             // Grow geometrically, up to one byte past the cap so that overflow is detected.
-            let room = (cap + 1).saturating_sub(out.len());
+            let room = cap.saturating_add(1).saturating_sub(out.len());
             out.reserve_exact(out.len().max(4096).min(room).max(1));
         }
         let (in_before, out_before) = (inflater.total_in(), out.len());
@@ -144,7 +149,9 @@ fn read_capped(decoder: impl Read, compressed: usize, cap: usize) -> Result<Vec<
     let mut out = Vec::with_capacity(initial_capacity(compressed, cap));
     let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
     decoder.take(limit).read_to_end(&mut out).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => InvalidRecording::new(Reason::TruncatedBody, format_args!("stream ends early: {e}")),
+        io::ErrorKind::UnexpectedEof => {
+            InvalidRecording::new(Reason::TruncatedBody, format_args!("stream ends early: {e}"))
+        }
         _ => InvalidRecording::new(Reason::InvalidBody, e),
     })?;
     if out.len() > cap {
@@ -229,6 +236,14 @@ mod tests {
             let payload = Payload { segment_id: 0, encoding, body: cut };
             assert_eq!(decompress(&payload, 10 << 20).unwrap_err().reason, Reason::TruncatedBody, "{encoding:?}");
         }
+    }
+
+    #[test]
+    fn an_unbounded_cap_still_grows_the_output_geometrically() {
+        let big = vec![b'x'; 4 << 20];
+        let compressed = zlib(&big);
+        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &compressed };
+        assert_eq!(decompress(&payload, usize::MAX).unwrap().len(), big.len());
     }
 
     #[test]

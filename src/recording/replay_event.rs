@@ -208,8 +208,9 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     }
     let json = simdutf8::basic::from_utf8(json)
         .map_err(|_| InvalidRecording::new(Reason::InvalidReplayEvent, "replay_event is not valid UTF-8"))?;
-    let wire: Wire<'_> = sonic_rs::from_str(json)
-        .map_err(|e| InvalidRecording::new(Reason::InvalidReplayEvent, format_args!("replay_event is not a JSON object: {e}")))?;
+    let wire: Wire<'_> = sonic_rs::from_str(json).map_err(|e| {
+        InvalidRecording::new(Reason::InvalidReplayEvent, format_args!("replay_event is not a JSON object: {e}"))
+    })?;
     let contexts = wire.contexts.0;
     Ok(ReplayEvent {
         timestamp: wire.timestamp.0,

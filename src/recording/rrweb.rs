@@ -12,13 +12,12 @@
 //! and skipped; only a JSON syntax error (or a non-array body) fails the segment.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use sonic_rs::{JsonValueTrait, LazyValue};
+use sonic_rs::LazyValue;
 
 use super::json::{Num, Text, parse};
+use super::scan::{self, Scanner, SyntaxError};
 
 /// Longest list kept per segment for navigations, requests, multi-clicks, hydration errors,
 /// web vitals and URLs. Bounds memory on hostile input; real segments (5 s of activity) hold far
@@ -41,7 +40,8 @@ impl Default for RowLimits {
     }
 }
 
-const EVENT_TYPES: [&str; 7] = ["DomContentLoaded", "Load", "FullSnapshot", "IncrementalSnapshot", "Meta", "Custom", "Plugin"];
+const EVENT_TYPES: [&str; 7] =
+    ["DomContentLoaded", "Load", "FullSnapshot", "IncrementalSnapshot", "Meta", "Custom", "Plugin"];
 const INCREMENTAL_SOURCES: [&str; 17] = [
     "Mutation",
     "MouseMove",
@@ -281,129 +281,44 @@ impl Extracted {
     }
 }
 
-/// Why the event array as a whole could not be read.
-#[derive(Debug)]
-pub struct NotAnEventArray(pub String);
-
-impl fmt::Display for NotAnEventArray {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Scans a JSON array of rrweb events.
-pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, NotAnEventArray> {
-    // sonic-rs skips values without validating UTF-8, and slices handed out as `&str` must be
-    // valid: check the whole body once, with SIMD, up front.
-    let json = simdutf8::basic::from_utf8(json).map_err(|_| NotAnEventArray("body is not valid UTF-8".into()))?;
+/// Scans a JSON array of rrweb events. Fails only when the body is not a JSON array (or not UTF-8);
+/// a malformed element is counted in `invalid_events`.
+pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError> {
+    let json = simdutf8::compat::from_utf8(json)
+        .map_err(|e| SyntaxError { offset: e.valid_up_to(), expected: "valid UTF-8" })?;
     let mut extractor = Extractor { out: Extracted::default(), limits, current_url: None };
-    let mut de = sonic_rs::Deserializer::from_str(json);
-    EventsSeed(&mut extractor).deserialize(&mut de).map_err(|e| NotAnEventArray(e.to_string()))?;
-    de.end().map_err(|e| NotAnEventArray(e.to_string()))?;
+    let mut scanner = Scanner::new(json);
+    scanner.begin_array()?;
+    let mut first = true;
+    while scanner.next_element(first)? {
+        first = false;
+        if !scanner.at_object() {
+            scanner.value()?;
+            extractor.out.invalid_events += 1;
+            continue;
+        }
+        let (mut kind, mut timestamp, mut data) = (None, None, None);
+        scanner.begin_object()?;
+        let mut first_key = true;
+        while let Some(key) = scanner.next_key(first_key)? {
+            first_key = false;
+            let value = scanner.value()?;
+            match key {
+                "type" => kind = Some(value),
+                "timestamp" => timestamp = Some(value),
+                "data" => data = Some(value),
+                _ => {}
+            }
+        }
+        extractor.event(number(kind), number(timestamp), data);
+    }
+    scanner.end()?;
     Ok(extractor.out)
 }
 
-// ---------------------------------------------------------------------------------------------
-// Streaming the array
-// ---------------------------------------------------------------------------------------------
-
-struct EventsSeed<'x>(&'x mut Extractor);
-
-impl<'de> DeserializeSeed<'de> for EventsSeed<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for EventsSeed<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON array of rrweb events")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while let Some(event) = seq.next_element::<RawEvent<'de>>()? {
-            match event {
-                RawEvent::Object { kind, timestamp, data } => self.0.event(kind, timestamp, data),
-                RawEvent::NotAnObject => self.0.out.invalid_events += 1,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// One array element with its `data` left unparsed.
-enum RawEvent<'a> {
-    Object { kind: Num, timestamp: Num, data: Option<LazyValue<'a>> },
-    NotAnObject,
-}
-
-#[derive(Deserialize)]
-#[serde(field_identifier, rename_all = "lowercase")]
-enum EventField {
-    Type,
-    Timestamp,
-    Data,
-    #[serde(other)]
-    Other,
-}
-
-impl<'de> Deserialize<'de> for RawEvent<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(RawEventVisitor)
-    }
-}
-
-struct RawEventVisitor;
-
-impl<'de> Visitor<'de> for RawEventVisitor {
-    type Value = RawEvent<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an rrweb event")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut kind, mut timestamp, mut data) = (Num(None), Num(None), None);
-        while let Some(field) = map.next_key::<EventField>()? {
-            match field {
-                EventField::Type => kind = map.next_value()?,
-                EventField::Timestamp => timestamp = map.next_value()?,
-                EventField::Data => data = Some(map.next_value::<LazyValue<'de>>()?),
-                EventField::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(RawEvent::Object { kind, timestamp, data })
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(RawEvent::NotAnObject)
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(RawEvent::NotAnObject)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(RawEvent::NotAnObject)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(RawEvent::NotAnObject)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(RawEvent::NotAnObject)
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(RawEvent::NotAnObject)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(RawEvent::NotAnObject)
-    }
+/// A raw scalar as a number; strings, literals and containers are not numbers.
+fn number(raw: Option<&str>) -> Option<f64> {
+    raw.and_then(|r| r.parse::<f64>().ok()).filter(|v| v.is_finite())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -414,12 +329,12 @@ impl<'de> Visitor<'de> for RawEventVisitor {
 /// below 10^11 (a date in 1973 as ms, in 5138 as s) is taken as seconds.
 fn to_millis(timestamp: f64) -> Option<u64> {
     let ms = if timestamp < 1e11 { timestamp * 1000.0 } else { timestamp };
-    (ms.is_finite() && ms >= 0.0 && ms < u64::MAX as f64).then(|| ms as u64)
+    (ms.is_finite() && ms >= 0.0 && ms < u64::MAX as f64).then_some(ms as u64)
 }
 
 fn truncate(s: &str, max_chars: usize) -> String {
     match s.char_indices().nth(max_chars) {
-        Some((end, _)) => s[..end].to_owned(),
+        Some((end, _)) => s.get(..end).unwrap_or(s).to_owned(),
         None => s.to_owned(),
     }
 }
@@ -593,15 +508,15 @@ const DEAD_CLICK_MIN_MS: f64 = 7000.0;
 const RAGE_CLICK_MIN_COUNT: f64 = 5.0;
 
 impl Extractor {
-    fn event(&mut self, kind: Num, timestamp: Num, data: Option<LazyValue<'_>>) {
-        let (Some(kind), Some(ts_ms)) = (kind.as_u64(), timestamp.0.and_then(to_millis)) else {
+    fn event(&mut self, kind: Option<f64>, timestamp: Option<f64>, data: Option<&str>) {
+        let (Some(kind), Some(ts_ms)) = (Num(kind).as_u64(), timestamp.and_then(to_millis)) else {
             self.out.invalid_events += 1;
             return;
         };
         let valid = match kind {
-            3 => self.incremental(data.as_ref()),
-            4 => self.meta(data.as_ref()),
-            5 => self.custom(data.as_ref(), ts_ms),
+            3 => self.incremental(data),
+            4 => self.meta(data),
+            5 => self.custom(data, ts_ms),
             _ => true,
         };
         if !valid {
@@ -615,10 +530,9 @@ impl Extractor {
         out.last_timestamp_ms = Some(out.last_timestamp_ms.map_or(ts_ms, |t| t.max(ts_ms)));
     }
 
-    fn incremental(&mut self, data: Option<&LazyValue<'_>>) -> bool {
-        // `source` is the first key rrweb writes: `get` finds it without scanning the mutation.
-        let source = data.and_then(|d| sonic_rs::get(d.as_raw_str(), ["source"]).ok()).and_then(|s| s.as_u64());
-        match source {
+    fn incremental(&mut self, data: Option<&str>) -> bool {
+        // `source` is the first key rrweb writes: the scan stops there, before the mutation.
+        match data.and_then(|d| scan::field(d, "source")).and_then(|s| s.parse::<u64>().ok()) {
             Some(source) => {
                 self.out.incremental_by_source.add(source);
                 true
@@ -627,8 +541,8 @@ impl Extractor {
         }
     }
 
-    fn meta(&mut self, data: Option<&LazyValue<'_>>) -> bool {
-        let Some(data) = data.and_then(|d| parse::<UrlHref>(d.as_raw_str())) else {
+    fn meta(&mut self, data: Option<&str>) -> bool {
+        let Some(data) = data.and_then(parse::<UrlHref>) else {
             return false;
         };
         if let Some(href) = data.href.as_str() {
@@ -638,8 +552,8 @@ impl Extractor {
         true
     }
 
-    fn custom(&mut self, data: Option<&LazyValue<'_>>, ts_ms: u64) -> bool {
-        let Some(custom) = data.and_then(|d| parse::<CustomData>(d.as_raw_str())) else {
+    fn custom(&mut self, data: Option<&str>, ts_ms: u64) -> bool {
+        let Some(custom) = data.and_then(parse::<CustomData>) else {
             return false;
         };
         let Some(tag) = custom.tag.as_str() else {
@@ -783,7 +697,9 @@ impl Extractor {
                 let Some(data) = parse_data::<RequestData>(&span.data) else {
                     return false;
                 };
-                let size = |direct: Num, nested: &Option<BodySize>| direct.as_u64().or_else(|| nested.as_ref().and_then(|n| n.size.as_u64()));
+                let size = |direct: Num, nested: &Option<BodySize>| {
+                    direct.as_u64().or_else(|| nested.as_ref().and_then(|n| n.size.as_u64()))
+                };
                 push_bounded(
                     &mut self.out.requests,
                     Request {
@@ -882,7 +798,9 @@ mod tests {
 
     #[test]
     fn a_ui_click_is_a_click_row_that_is_neither_dead_nor_rage() {
-        let x = extract_events(&[click_with_node(r#"{"id":3,"tagName":"BUTTON","textContent":"Buy","attributes":{"id":"buy","class":"btn  primary","role":"button","alt":"a","aria-label":"Buy now","title":"t","testId":"buy-btn","data-sentry-component":"BuyButton"}}"#)]);
+        let x = extract_events(&[click_with_node(
+            r#"{"id":3,"tagName":"BUTTON","textContent":"Buy","attributes":{"id":"buy","class":"btn  primary","role":"button","alt":"a","aria-label":"Buy now","title":"t","testId":"buy-btn","data-sentry-component":"BuyButton"}}"#,
+        )]);
         let click = &x.clicks[0];
         assert_eq!((click.node_id, click.tag.as_str(), click.id.as_str()), (3, "button", "buy"));
         assert_eq!(click.classes, ["btn", "primary"]);
@@ -963,7 +881,8 @@ mod tests {
     #[test]
     fn at_most_the_configured_number_of_clicks_and_taps_are_kept() {
         let clicks: Vec<String> = (0..25).map(|_| click_with_node(r#"{"id":1,"tagName":"a"}"#)).collect();
-        let taps: Vec<String> = (0..25).map(|_| breadcrumb("ui.tap", r#","message":"t","data":{"view.id":"v"}"#)).collect();
+        let taps: Vec<String> =
+            (0..25).map(|_| breadcrumb("ui.tap", r#","message":"t","data":{"view.id":"v"}"#)).collect();
         let x = extract_events(&[clicks, taps].concat());
         assert_eq!((x.clicks.len(), x.taps.len()), (20, 20));
         let json = format!("[{}]", vec![click_with_node(r#"{"id":1,"tagName":"a"}"#); 5].join(","));
@@ -1001,8 +920,16 @@ mod tests {
     #[test]
     fn fetch_and_xhr_spans_become_requests_with_sizes_from_either_field() {
         let x = extract_events(&[
-            span("resource.fetch", "/api/a", r#"{"method":"POST","statusCode":201,"requestBodySize":10,"responseBodySize":20}"#),
-            span("resource.xhr", "/api/b", r#"{"method":"GET","statusCode":200,"request":{"size":5,"body":"…"},"response":{"size":323,"headers":{}}}"#),
+            span(
+                "resource.fetch",
+                "/api/a",
+                r#"{"method":"POST","statusCode":201,"requestBodySize":10,"responseBodySize":20}"#,
+            ),
+            span(
+                "resource.xhr",
+                "/api/b",
+                r#"{"method":"GET","statusCode":200,"request":{"size":5,"body":"…"},"response":{"size":323,"headers":{}}}"#,
+            ),
             span("resource.fetch", "/api/c", r#"{"method":"GET","statusCode":404}"#),
             span("resource.script", "/app.js", r#"{"size":1}"#),
         ]);
@@ -1034,7 +961,11 @@ mod tests {
         let navs: Vec<_> = x.navigations.iter().map(|n| (n.op.as_str(), n.from.as_deref(), n.to.as_str())).collect();
         assert_eq!(
             navs,
-            [("navigation.push", None, "https://shop/cart"), ("navigation", Some("/"), "/cart"), ("navigation.navigate", None, "https://shop/")]
+            [
+                ("navigation.push", None, "https://shop/cart"),
+                ("navigation", Some("/"), "/cart"),
+                ("navigation.navigate", None, "https://shop/")
+            ]
         );
         assert_eq!(x.urls, ["https://shop/", "https://shop/cart"], "deduplicated, first-seen order");
     }
@@ -1051,12 +982,19 @@ mod tests {
     #[test]
     fn hydration_errors_are_collected_with_their_url() {
         let x = extract_events(&[breadcrumb("replay.hydrate-error", r#","data":{"url":"https://shop/"}"#)]);
-        assert_eq!(x.hydration_errors, [HydrationError { timestamp_ms: 1_796_012_448_690, url: Some("https://shop/".into()) }]);
+        assert_eq!(
+            x.hydration_errors,
+            [HydrationError { timestamp_ms: 1_796_012_448_690, url: Some("https://shop/".into()) }]
+        );
     }
 
     #[test]
     fn web_vitals_keep_name_value_and_rating() {
-        let x = extract_events(&[span("web-vital", "largest-contentful-paint", r#"{"value":208,"rating":"good","nodeIds":[11]}"#)]);
+        let x = extract_events(&[span(
+            "web-vital",
+            "largest-contentful-paint",
+            r#"{"value":208,"rating":"good","nodeIds":[11]}"#,
+        )]);
         assert_eq!(x.web_vitals[0].name, "largest-contentful-paint");
         assert_eq!((x.web_vitals[0].value, x.web_vitals[0].rating.as_deref()), (Some(208.0), Some("good")));
     }

@@ -1,0 +1,487 @@
+//! A structural JSON scanner for the hot path: walks the rrweb event array and each event's
+//! top-level keys, and skips everything else — full snapshots, mutations — at memory speed.
+//!
+//! What is checked where:
+//! - the array and each event object (`[`, `{`, keys, `:`, `,`, `}`, `]`, scalar tokens): full
+//!   JSON syntax; a violation is a syntax error and fails the segment;
+//! - a skipped container value (an event's `data`): *structure* only — strings are terminated
+//!   (escapes honoured) and brackets balance. Its tokens are not re-validated one by one: that is
+//!   what makes the scan several times faster than a validating parse, and the zlib stream's
+//!   Adler-32 already guards the bytes against corruption. Values this service reads (custom
+//!   events, Meta) are parsed again with a validating parser.
+//!
+//! Containers are skipped 64 bytes at a time: per block, bitmasks of quotes, backslashes and
+//! brackets (SSE2 on x86_64, a byte loop elsewhere), escaped quotes removed, in-string bytes found
+//! with a prefix XOR, and the bracket depth tracked by popcount — bit by bit only in the block
+//! where the container may close.
+
+use std::fmt;
+
+/// Where and why the input is not (structurally) JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyntaxError {
+    pub offset: usize,
+    pub expected: &'static str,
+}
+
+impl fmt::Display for SyntaxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "expected {} at byte {}", self.expected, self.offset)
+    }
+}
+
+const BLOCK: usize = 64;
+
+/// Bitmasks over one 64-byte block: bit `i` describes byte `i`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Masks {
+    quote: u64,
+    backslash: u64,
+    open: u64,
+    close: u64,
+}
+
+/// `{` and `[` (and `}` and `]`) differ only in bit 0x20.
+const OPEN_FOLDED: u8 = b'{';
+const CLOSE_FOLDED: u8 = b'}';
+
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn masks_scalar(block: &[u8; BLOCK]) -> Masks {
+    let mut m = Masks { quote: 0, backslash: 0, open: 0, close: 0 };
+    for (i, &b) in block.iter().enumerate() {
+        let bit = 1u64 << i;
+        match b {
+            b'"' => m.quote |= bit,
+            b'\\' => m.backslash |= bit,
+            b'{' | b'[' => m.open |= bit,
+            b'}' | b']' => m.close |= bit,
+            _ => {}
+        }
+    }
+    m
+}
+
+#[cfg(target_arch = "x86_64")]
+fn masks(block: &[u8; BLOCK]) -> Masks {
+    // SAFETY: SSE2 is part of the x86_64 baseline: every x86_64 CPU has it.
+    unsafe { masks_sse2(block) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+fn masks_sse2(block: &[u8; BLOCK]) -> Masks {
+    use std::arch::x86_64::{__m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8};
+    let quote = _mm_set1_epi8(b'"' as i8);
+    let backslash = _mm_set1_epi8(b'\\' as i8);
+    let fold = _mm_set1_epi8(0x20);
+    let open = _mm_set1_epi8(OPEN_FOLDED as i8);
+    let close = _mm_set1_epi8(CLOSE_FOLDED as i8);
+    let mut m = Masks { quote: 0, backslash: 0, open: 0, close: 0 };
+    for (lane, chunk) in block.chunks_exact(16).enumerate() {
+        // SAFETY: `chunk` is exactly 16 readable bytes; `loadu` has no alignment requirement.
+        let v = unsafe { _mm_loadu_si128(chunk.as_ptr().cast::<__m128i>()) };
+        let folded = _mm_or_si128(v, fold);
+        let shift = lane * 16;
+        m.quote |= u64::from(_mm_movemask_epi8(_mm_cmpeq_epi8(v, quote)) as u16) << shift;
+        m.backslash |= u64::from(_mm_movemask_epi8(_mm_cmpeq_epi8(v, backslash)) as u16) << shift;
+        m.open |= u64::from(_mm_movemask_epi8(_mm_cmpeq_epi8(folded, open)) as u16) << shift;
+        m.close |= u64::from(_mm_movemask_epi8(_mm_cmpeq_epi8(folded, close)) as u16) << shift;
+    }
+    m
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn masks(block: &[u8; BLOCK]) -> Masks {
+    masks_scalar(block)
+}
+
+/// Bits of characters escaped by a preceding odd run of backslashes; `carry` is 1 when the
+/// previous block ended in such a run.
+fn escaped(backslash: u64, carry: &mut u64) -> u64 {
+    const EVEN: u64 = 0x5555_5555_5555_5555;
+    let backslash = backslash & !*carry;
+    let follows_escape = (backslash << 1) | *carry;
+    let odd_starts = backslash & !EVEN & !follows_escape;
+    let (even_run_ends, overflow) = odd_starts.overflowing_add(backslash);
+    *carry = u64::from(overflow);
+    (EVEN ^ (even_run_ends << 1)) & follows_escape
+}
+
+/// Bit `i` set when an odd number of bits `0..=i` are set: the bytes inside a string (opening
+/// quote included, closing quote excluded).
+fn prefix_xor(mut x: u64) -> u64 {
+    for shift in [1, 2, 4, 8, 16, 32] {
+        x ^= x << shift;
+    }
+    x
+}
+
+/// Skips the container (`{…}` or `[…]`) opening at `json[start]`; returns the offset just past it.
+fn skip_container(json: &[u8], start: usize) -> Result<usize, SyntaxError> {
+    let mut depth: u64 = 0;
+    let mut escape_carry = 0u64;
+    let mut string_carry = 0u64;
+    let mut pos = start;
+    while pos < json.len() {
+        let rest = json.get(pos..).unwrap_or_default();
+        let block: [u8; BLOCK] = match rest.get(..BLOCK) {
+            Some(full) => full.try_into().unwrap_or([b' '; BLOCK]),
+            None => {
+                let mut padded = [b' '; BLOCK];
+                padded.get_mut(..rest.len()).unwrap_or_default().copy_from_slice(rest);
+                padded
+            }
+        };
+        let m = masks(&block);
+        let quotes = m.quote & !escaped(m.backslash, &mut escape_carry);
+        let in_string = prefix_xor(quotes) ^ string_carry;
+        string_carry = ((in_string as i64) >> 63) as u64;
+        let open = m.open & !in_string;
+        let close = m.close & !in_string;
+        if depth > u64::from(close.count_ones()) {
+            depth = depth + u64::from(open.count_ones()) - u64::from(close.count_ones());
+        } else {
+            let mut brackets = open | close;
+            while brackets != 0 {
+                let bit = brackets.trailing_zeros();
+                brackets &= brackets - 1;
+                if open & (1 << bit) != 0 {
+                    depth += 1;
+                } else {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Ok(pos + bit as usize + 1);
+                    }
+                }
+            }
+        }
+        pos += BLOCK;
+    }
+    Err(SyntaxError { offset: json.len(), expected: "the end of an object or array" })
+}
+
+/// A cursor over JSON text with full syntax checks for the parts it walks.
+pub struct Scanner<'a> {
+    json: &'a str,
+    pos: usize,
+}
+
+impl<'a> Scanner<'a> {
+    pub fn new(json: &'a str) -> Self {
+        Scanner { json, pos: 0 }
+    }
+
+    fn bytes(&self) -> &'a [u8] {
+        self.json.as_bytes()
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.bytes().get(self.pos).copied()
+    }
+
+    fn error<T>(&self, expected: &'static str) -> Result<T, SyntaxError> {
+        Err(SyntaxError { offset: self.pos, expected })
+    }
+
+    fn skip_ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+            self.pos += 1;
+        }
+    }
+
+    fn slice(&self, start: usize) -> &'a str {
+        self.json.get(start..self.pos).unwrap_or_default()
+    }
+
+    /// Consumes `byte` after optional whitespace.
+    fn eat(&mut self, byte: u8) -> bool {
+        self.skip_ws();
+        if self.peek() == Some(byte) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Ensures nothing but whitespace is left.
+    pub fn end(&mut self) -> Result<(), SyntaxError> {
+        self.skip_ws();
+        if self.pos == self.json.len() { Ok(()) } else { self.error("the end of the input") }
+    }
+
+    /// A string's raw contents (escapes left as is), validating its escapes.
+    fn string(&mut self) -> Result<&'a str, SyntaxError> {
+        if self.peek() != Some(b'"') {
+            return self.error("a string");
+        }
+        let start = self.pos + 1;
+        let mut i = start;
+        loop {
+            let rest = self.bytes().get(i..).unwrap_or_default();
+            let Some(at) = memchr::memchr2(b'"', b'\\', rest) else {
+                self.pos = self.json.len();
+                return self.error("the end of a string");
+            };
+            i += at;
+            if self.bytes().get(i) == Some(&b'"') {
+                self.pos = i + 1;
+                return Ok(self.json.get(start..i).unwrap_or_default());
+            }
+            match self.bytes().get(i + 1) {
+                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+                Some(b'u') if self.bytes().get(i + 2..i + 6).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) => {
+                    i += 6
+                }
+                _ => {
+                    self.pos = i;
+                    return self.error("a valid escape sequence");
+                }
+            }
+        }
+    }
+
+    /// A number or literal token, validated.
+    fn scalar(&mut self) -> Result<&'a str, SyntaxError> {
+        let start = self.pos;
+        while matches!(self.peek(), Some(b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z' | b'+' | b'-' | b'.')) {
+            self.pos += 1;
+        }
+        let token = self.slice(start);
+        let valid = matches!(token, "true" | "false" | "null") || is_json_number(token);
+        if valid {
+            Ok(token)
+        } else {
+            self.pos = start;
+            self.error("a JSON value")
+        }
+    }
+
+    /// Skips one value (after whitespace) and returns its raw text.
+    pub fn value(&mut self) -> Result<&'a str, SyntaxError> {
+        self.skip_ws();
+        let start = self.pos;
+        match self.peek() {
+            Some(b'{' | b'[') => {
+                self.pos = skip_container(self.bytes(), start)?;
+                Ok(self.slice(start))
+            }
+            Some(b'"') => {
+                self.string()?;
+                Ok(self.slice(start))
+            }
+            Some(_) => self.scalar(),
+            None => self.error("a JSON value"),
+        }
+    }
+
+    /// Enters an array; then call `next_element` until it returns `false`.
+    pub fn begin_array(&mut self) -> Result<(), SyntaxError> {
+        if self.eat(b'[') { Ok(()) } else { self.error("'['") }
+    }
+
+    /// Moves to the next element of the current array; `false` after its `]`.
+    pub fn next_element(&mut self, first: bool) -> Result<bool, SyntaxError> {
+        if self.eat(b']') {
+            return Ok(false);
+        }
+        if !first && !self.eat(b',') {
+            return self.error("',' or ']'");
+        }
+        self.skip_ws();
+        if self.peek().is_none() { self.error("an array element") } else { Ok(true) }
+    }
+
+    /// Whether the next value (after whitespace) is an object.
+    pub fn at_object(&mut self) -> bool {
+        self.skip_ws();
+        self.peek() == Some(b'{')
+    }
+
+    /// Enters an object; then call `next_key` until it returns `None`.
+    pub fn begin_object(&mut self) -> Result<(), SyntaxError> {
+        if self.eat(b'{') { Ok(()) } else { self.error("'{'") }
+    }
+
+    /// The next key (raw) of the current object, with the `:` consumed; `None` after its `}`.
+    pub fn next_key(&mut self, first: bool) -> Result<Option<&'a str>, SyntaxError> {
+        if self.eat(b'}') {
+            return Ok(None);
+        }
+        if !first && !self.eat(b',') {
+            return self.error("',' or '}'");
+        }
+        self.skip_ws();
+        let key = self.string()?;
+        if !self.eat(b':') {
+            return self.error("':'");
+        }
+        Ok(Some(key))
+    }
+}
+
+/// RFC 8259 number grammar: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+fn is_json_number(token: &str) -> bool {
+    let b = token.as_bytes();
+    let mut i = usize::from(b.first() == Some(&b'-'));
+    let digits = |i: &mut usize| {
+        let start = *i;
+        while b.get(*i).is_some_and(u8::is_ascii_digit) {
+            *i += 1;
+        }
+        *i - start
+    };
+    match b.get(i) {
+        Some(b'0') => i += 1,
+        Some(b'1'..=b'9') => {
+            digits(&mut i);
+        }
+        _ => return false,
+    }
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    i == b.len()
+}
+
+/// The raw value of `key` in the object `json`, scanning only until it is found. `None` when
+/// `json` is not an object or lacks the key.
+pub fn field<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let mut scanner = Scanner::new(json);
+    scanner.begin_object().ok()?;
+    let mut first = true;
+    while let Some(k) = scanner.next_key(first).ok()? {
+        first = false;
+        let value = scanner.value().ok()?;
+        if k == key {
+            return Some(value);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn skip(json: &str) -> Result<&str, SyntaxError> {
+        Scanner::new(json).value()
+    }
+
+    #[test]
+    fn containers_end_at_their_matching_bracket_whatever_the_strings_hold() {
+        for json in [
+            r#"{}"#,
+            r#"[1,[2,[3]],{"a":"]}"}]"#,
+            r#"{"a":"\"}","b":"\\","c":"\\\"]"}"#,
+            r#"{"css":".x{color:red}[data-a]{}","t":"\\\\\\\""}"#,
+        ] {
+            let padded = format!("{json} ,[9]");
+            assert_eq!(skip(&padded).unwrap(), json);
+        }
+    }
+
+    #[test]
+    fn containers_spanning_many_blocks_and_escapes_across_block_edges_are_skipped() {
+        for pad in 0..130 {
+            let text = format!("{}\\\\\\\"]{}", "x".repeat(pad), "y".repeat(pad % 7));
+            let json = format!(r#"[{{"a":"{text}","b":[{{"c":"}}"}}]}}, "{text}"]"#);
+            assert_eq!(skip(&format!("{json}]]")).unwrap(), json, "pad {pad}");
+        }
+    }
+
+    #[test]
+    fn unbalanced_or_unterminated_containers_are_errors() {
+        for json in ["[", "{\"a\":[1,2}", "[\"]", "{\"a\":\"\\\"}", "[[[]]"] {
+            assert!(skip(json).is_err(), "{json}");
+        }
+    }
+
+    #[test]
+    fn scalars_are_validated() {
+        for ok in ["0", "-0.5", "1e9", "1796012448.69", "true", "null", "\"a\\u00e9\""] {
+            assert_eq!(skip(ok).unwrap(), ok);
+        }
+        for bad in ["01", "1.", "+1", "tru", "nul", "\"\\x\"", "\"open", "-", "1e", ".5"] {
+            assert!(skip(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn field_finds_a_key_without_scanning_past_it() {
+        assert_eq!(field(r#"{"source":0,"adds":[{"x":"#, "source"), Some("0"));
+        assert_eq!(field(r#"{"a":{"source":1},"source":2}"#, "source"), Some("2"));
+        assert_eq!(field(r#"[{"source":1}]"#, "source"), None);
+        assert_eq!(field(r#"{"a":1}"#, "source"), None);
+    }
+
+    #[test]
+    fn object_and_array_walks_check_punctuation() {
+        let mut s = Scanner::new(r#"[{"a" 1}]"#);
+        s.begin_array().unwrap();
+        assert!(s.next_element(true).unwrap());
+        s.begin_object().unwrap();
+        assert!(s.next_key(true).is_err());
+        let mut s = Scanner::new("[1 2]");
+        s.begin_array().unwrap();
+        assert!(s.next_element(true).unwrap());
+        s.value().unwrap();
+        assert!(s.next_element(false).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn simd_and_scalar_masks_agree(bytes in prop::collection::vec(
+            prop::sample::select(vec![b'"', b'\\', b'{', b'}', b'[', b']', b'a', b' ', 0x5b, 0x7b, 0xff, 0x00]),
+            BLOCK,
+        )) {
+            let block: [u8; BLOCK] = bytes.try_into().unwrap();
+            prop_assert_eq!(masks(&block), masks_scalar(&block));
+        }
+
+        /// On valid JSON the skip ends exactly where a validating parser says the value ends.
+        #[test]
+        fn skipping_agrees_with_serde_json_on_valid_json(value in json_value(), tail in "[ ,\\]}]{0,3}") {
+            let text = serde_json::to_string(&value).unwrap();
+            let input = format!("{text}{tail}");
+            prop_assert_eq!(skip(&input).unwrap(), text.as_str());
+        }
+
+        /// On arbitrary text the scanner returns (never panics) and, when it accepts a container,
+        /// the accepted text has balanced brackets outside strings.
+        #[test]
+        fn arbitrary_text_never_panics(text in "[\\[\\]{}\"\\\\a:, 0-9]{0,300}") {
+            let _ = skip(&text);
+            let _ = field(&text, "a");
+        }
+    }
+
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            "[a-z\"\\\\\\[\\]{}é\u{1F600} ]{0,80}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(6, 200, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(serde_json::Value::from),
+                prop::collection::btree_map("[a-z\"\\\\]{0,6}", inner, 0..8)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+}
