@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Re-records fixtures/segments with the real @sentry/browser SDK in headless Debian Chromium,
+# then regenerates fixtures/synthetic from them. Needs network access to npm and Debian.
+# Usage: scripts/record-fixtures.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v chromium >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+(cd fixtures/record && npm ci --no-audit --no-fund && rm -f ../segments/*.msgpack && node record.mjs)
+cargo run --locked --quiet --example make_synthetic_fixtures
+echo "Review the changes, then: INSTA_UPDATE=always cargo test --test fixtures"
