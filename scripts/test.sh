@@ -13,4 +13,10 @@ step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --locked --all-targets -- -D warnings
 
 step "cargo test"
-cargo test --locked --all-targets
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --locked --all-targets 2>&1 | tee "$log"
+
+# One closing line over all test binaries (cargo prints one "test result" line per binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "\ntests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$log"
