@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// Any JSON value, kept only when it is a string; borrowed from the input when unescaped.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -30,33 +30,59 @@ impl Num {
     }
 }
 
-/// Consumes any value; `keep` decides what a scalar becomes.
+/// Consumes any value; the visitor impls decide what each kind of value becomes.
 struct Lenient<T>(std::marker::PhantomData<T>);
 
-macro_rules! ignore_compound {
-    () => {
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
+/// Visitor methods that consume a value of the named kinds and yield `Self::Value::default()`.
+/// Kinds: `seq`, `map`, `str`, `numbers`, `bool`, `null` (`null` also unwraps `Some`).
+macro_rules! default_for {
+    ($($kind:ident),* $(,)?) => { $(default_for!(@ $kind);)* };
+    (@seq) => {
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
             Ok(Default::default())
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    };
+    (@map) => {
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
             Ok(Default::default())
         }
-        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+    };
+    (@str) => {
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
             Ok(Default::default())
         }
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+    };
+    (@numbers) => {
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
             Ok(Default::default())
         }
-        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
             Ok(Default::default())
         }
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+    };
+    (@bool) => {
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+    };
+    (@null) => {
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
             d.deserialize_any(self)
         }
     };
 }
+pub(crate) use default_for;
 
 impl<'de> Visitor<'de> for Lenient<Text<'de>> {
     type Value = Text<'de>;
@@ -74,16 +100,7 @@ impl<'de> Visitor<'de> for Lenient<Text<'de>> {
     fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
         Ok(Text(Some(Cow::Owned(v))))
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Text(None))
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Text(None))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Text(None))
-    }
-    ignore_compound!();
+    default_for!(numbers, bool, null, seq, map);
 }
 
 impl<'de> Visitor<'de> for Lenient<Num> {
@@ -102,10 +119,7 @@ impl<'de> Visitor<'de> for Lenient<Num> {
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
         Ok(Num(Some(v).filter(|v| v.is_finite())))
     }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(Num(None))
-    }
-    ignore_compound!();
+    default_for!(str, bool, null, seq, map);
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
@@ -144,34 +158,7 @@ impl<'de> Visitor<'de> for Lenient<TextList<'de>> {
         }
         Ok(TextList(items))
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(TextList::default())
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(TextList::default())
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(TextList::default())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(TextList::default())
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(TextList::default())
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(TextList::default())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(TextList::default())
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(TextList::default())
-    }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
+    default_for!(str, numbers, bool, null, map);
 }
 
 /// An object parsed as `T`, or `T::default()` when the value is not an object. `T`'s own fields
@@ -195,34 +182,7 @@ impl<'de, T: Deserialize<'de> + Default> Visitor<'de> for Lenient<Object<T>> {
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
         T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Object)
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Object::default())
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(Object::default())
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Object::default())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Object::default())
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Object::default())
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Object::default())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Object::default())
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Object::default())
-    }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
+    default_for!(seq, str, numbers, bool, null);
 }
 
 /// Parses `raw` as `T`, or `None` when it does not fit (the caller counts a malformed event).

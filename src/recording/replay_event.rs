@@ -14,11 +14,11 @@ use std::borrow::Cow;
 use std::fmt;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use uuid::Uuid;
 
 use super::error::{InvalidRecording, Reason};
-use super::json::{Num, Object, Text, TextList};
+use super::json::{Num, Object, Text, TextList, default_for};
 
 /// The replay event's fields this service stores, owned.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -169,24 +169,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Tags<'a> {
                 }
                 Ok(Tags(tags))
             }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Tags::default())
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Tags::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Tags::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Tags::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Tags::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Tags::default())
-            }
+            default_for!(str, numbers, bool, null);
         }
         d.deserialize_any(TagsVisitor)
     }
