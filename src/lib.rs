@@ -2,8 +2,16 @@
 //! arrival, buffers the results and flushes blobs, rows, events and metrics.
 //!
 //! Layout follows the data flow:
+//! - [`kafka`]: consumer polling thread, rebalance callbacks, producers, the `produce` command;
 //! - [`recording`]: the pure per-message core (decode, decompress, extract, build outputs);
-//! - [`inspect`]: the `inspect` command's report of what the core makes of a message.
+//! - [`pipeline`]: consume → process → buffer → flush → commit;
+//! - [`sink`]: where a flushed batch goes;
+//! - [`config`], [`health`], [`inspect`]: configuration, probes and status, the `inspect` report.
 
+pub mod config;
+pub mod health;
 pub mod inspect;
+pub mod kafka;
+pub mod pipeline;
 pub mod recording;
+pub mod sink;

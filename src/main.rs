@@ -1,14 +1,23 @@
-//! The `replay-ingest` command line.
+//! The `replay-ingest` command line: `consume` (the service), `produce` (load), `inspect`.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use clap::{Args, Parser, Subcommand};
+use anyhow::Context;
+use clap::{Parser, Subcommand};
 use rayon::prelude::*;
+use rdkafka::producer::FutureProducer;
+use tracing::{error, info};
 
+use replay_ingest::config::{BlobSinkKind, ConsumeArgs, KafkaArgs, LimitArgs, producer_properties};
+use replay_ingest::health::{self, Status};
 use replay_ingest::inspect;
-use replay_ingest::recording::{DEFAULT_MAX_DECOMPRESSED_BYTES, Limits, RowLimits};
+use replay_ingest::kafka::{client_config, load};
+use replay_ingest::pipeline::{self, flush::Sinks};
+use replay_ingest::recording::Limits;
+use replay_ingest::sink::{Sink, dlq::DlqSink, filesystem::FilesystemBlobSink, null::NullSink};
 
 #[derive(Parser)]
 #[command(version, about = "Ingests session-replay recording segments.")]
@@ -19,6 +28,22 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the service: consume, process, buffer, flush, commit. Exits 0 after a clean drain on
+    /// SIGTERM/SIGINT, non-zero when a flush cannot complete (nothing past it is committed).
+    Consume(Box<ConsumeArgs>),
+    /// Publish message values (fixture files) to a topic, each copy with a fresh replay id, and
+    /// print a JSON summary (messages, bytes, seconds, last offset per partition).
+    Produce {
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        #[arg(long, env = "REPLAY_INGEST_TOPIC", default_value = "ingest-replay-recordings")]
+        topic: String,
+        /// Messages to publish, cycling through the files.
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Print, one JSON line per file, what the service extracts from raw Kafka message values
     /// (msgpack). Invalid messages are reported with their reason; the exit code is non-zero only
     /// when a file cannot be read.
@@ -31,34 +56,92 @@ enum Command {
     },
 }
 
-/// Per-message processing limits.
-#[derive(Args, Clone, Copy)]
-struct LimitArgs {
-    /// Largest decompressed segment body, in bytes. Larger bodies are rejected as `too_large`
-    /// (never truncated). Bounds the memory one message can take while it is processed.
-    #[arg(long, env = "REPLAY_INGEST_MAX_DECOMPRESSED_BYTES", default_value_t = DEFAULT_MAX_DECOMPRESSED_BYTES)]
-    max_decompressed_bytes: usize,
-    /// Most click rows written per segment; further clicks are counted but not stored.
-    #[arg(long, env = "REPLAY_INGEST_MAX_CLICKS_PER_SEGMENT", default_value_t = RowLimits::default().max_clicks)]
-    max_clicks_per_segment: usize,
-    /// Most tap rows written per segment.
-    #[arg(long, env = "REPLAY_INGEST_MAX_TAPS_PER_SEGMENT", default_value_t = RowLimits::default().max_taps)]
-    max_taps_per_segment: usize,
-}
-
-impl From<LimitArgs> for Limits {
-    fn from(args: LimitArgs) -> Self {
-        Limits {
-            max_decompressed_bytes: args.max_decompressed_bytes,
-            rows: RowLimits { max_clicks: args.max_clicks_per_segment, max_taps: args.max_taps_per_segment },
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Inspect { files, limits } = &cli.command {
+        return run_inspect(files, &(*limits).into());
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Consume(args) => run_consume(*args).await,
+            Command::Produce { kafka, topic, count, files } => run_produce(&kafka, &topic, count, &files).await,
+            Command::Inspect { .. } => Ok(()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::FAILURE
         }
     }
 }
 
-fn main() -> ExitCode {
-    match Cli::parse().command {
-        Command::Inspect { files, limits } => run_inspect(&files, &limits.into()),
+fn producer(kafka: &KafkaArgs, max_message_bytes: usize) -> anyhow::Result<FutureProducer> {
+    client_config(&kafka.brokers, &producer_properties(max_message_bytes), &kafka.properties)
+        .create()
+        .context("creating the Kafka producer")
+}
+
+async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
+    args.validate().map_err(anyhow::Error::msg)?;
+    let blobs: Box<dyn Sink> = match args.blob_sink {
+        BlobSinkKind::Null => Box::new(NullSink),
+        BlobSinkKind::Filesystem => Box::new(
+            FilesystemBlobSink::new(&args.blob_dir)
+                .with_context(|| format!("blob directory {}", args.blob_dir.display()))?,
+        ),
+    };
+    let dlq = DlqSink::new(producer(&args.kafka, args.max_message_bytes)?, &args.dlq_topic);
+    let sinks = Sinks { stages: vec![vec![blobs, Box::new(dlq)]] };
+
+    let status = Arc::new(Status::default());
+    let listener = tokio::net::TcpListener::bind(args.http_listen)
+        .await
+        .with_context(|| format!("binding the health endpoint on {}", args.http_listen))?;
+    info!(listen = %args.http_listen, topic = %args.topic, group = %args.group_id, "starting");
+    tokio::spawn(health::serve(listener, status.clone()));
+    pipeline::consume(&args, sinks, status, shutdown_signal()).await?;
+    info!("stopped cleanly");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
     }
+}
+
+async fn run_produce(kafka: &KafkaArgs, topic: &str, count: u64, files: &[PathBuf]) -> anyhow::Result<()> {
+    let values = files
+        .iter()
+        .map(|f| std::fs::read(f).with_context(|| format!("reading {}", f.display())))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let max = values.iter().map(Vec::len).max().unwrap_or(0);
+    let report = load::produce(&producer(kafka, max)?, topic, &values, count).await?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
 }
 
 fn run_inspect(files: &[PathBuf], limits: &Limits) -> ExitCode {

@@ -1,0 +1,255 @@
+//! The one typed configuration: CLI flags, each also a `REPLAY_INGEST_*` environment variable.
+//! Every knob says its trade-off in `--help`; `validate` rejects combinations that cannot work.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::pipeline::buffer::BufferLimits;
+use crate::pipeline::flush::RetryPolicy;
+use crate::recording::{DEFAULT_MAX_DECOMPRESSED_BYTES, Limits, RowLimits};
+
+/// Per-message processing limits.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct LimitArgs {
+    /// Largest decompressed segment body, in bytes. Larger bodies are rejected as `too_large`
+    /// (never truncated). Bounds the memory one message can take while it is processed.
+    #[arg(long, env = "REPLAY_INGEST_MAX_DECOMPRESSED_BYTES", default_value_t = DEFAULT_MAX_DECOMPRESSED_BYTES)]
+    pub max_decompressed_bytes: usize,
+    /// Most click rows written per segment; further clicks are counted but not stored.
+    #[arg(long, env = "REPLAY_INGEST_MAX_CLICKS_PER_SEGMENT", default_value_t = RowLimits::default().max_clicks)]
+    pub max_clicks_per_segment: usize,
+    /// Most tap rows written per segment.
+    #[arg(long, env = "REPLAY_INGEST_MAX_TAPS_PER_SEGMENT", default_value_t = RowLimits::default().max_taps)]
+    pub max_taps_per_segment: usize,
+}
+
+impl From<LimitArgs> for Limits {
+    fn from(args: LimitArgs) -> Self {
+        Limits {
+            max_decompressed_bytes: args.max_decompressed_bytes,
+            rows: RowLimits { max_clicks: args.max_clicks_per_segment, max_taps: args.max_taps_per_segment },
+        }
+    }
+}
+
+/// Kafka connection settings shared by the consumer and producers.
+#[derive(Args, Debug, Clone)]
+pub struct KafkaArgs {
+    /// Bootstrap brokers, comma-separated `host:port`.
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    /// Extra librdkafka properties `key=value`, applied last (override any default here). Repeat
+    /// the flag, or separate with commas in the environment variable.
+    #[arg(long = "kafka-property", env = "REPLAY_INGEST_KAFKA_PROPERTIES", value_parser = parse_property, value_delimiter = ',')]
+    pub properties: Vec<(String, String)>,
+}
+
+fn parse_property(s: &str) -> Result<(String, String), String> {
+    let (key, value) = s.split_once('=').ok_or_else(|| format!("{s:?} is not key=value"))?;
+    Ok((key.trim().to_owned(), value.trim().to_owned()))
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlobSinkKind {
+    /// Store nothing (benchmark the pipeline alone).
+    Null,
+    /// Files under `--blob-dir` (local runs and tests).
+    Filesystem,
+}
+
+/// `replay-ingest consume`.
+#[derive(Args, Debug, Clone)]
+pub struct ConsumeArgs {
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Topic of recording segments.
+    #[arg(long, env = "REPLAY_INGEST_TOPIC", default_value = "ingest-replay-recordings")]
+    pub topic: String,
+    /// Consumer group. Scale out by running more members than 1, up to the partition count.
+    #[arg(long, env = "REPLAY_INGEST_GROUP_ID", default_value = "replay-ingest")]
+    pub group_id: String,
+    /// Dead-letter topic for invalid messages (original bytes plus `reason`/`detail` headers).
+    #[arg(long, env = "REPLAY_INGEST_DLQ_TOPIC", default_value = "ingest-replay-recordings-dlq")]
+    pub dlq_topic: String,
+    /// Group session timeout. Lower detects dead members sooner; too low causes spurious
+    /// rebalances under load. Must exceed `--drain-deadline-ms`.
+    #[arg(long, env = "REPLAY_INGEST_SESSION_TIMEOUT_MS", default_value_t = 30_000)]
+    pub session_timeout_ms: u64,
+    /// librdkafka prefetch per consumer, KiB (`queued.max.messages.kbytes`). Higher smooths
+    /// throughput; it adds directly to peak memory.
+    #[arg(long, env = "REPLAY_INGEST_PREFETCH_KBYTES", default_value_t = 32 * 1024)]
+    pub prefetch_kbytes: u64,
+    /// Largest fetch response, bytes (`fetch.max.bytes`). Must hold the largest message (15 MB
+    /// upstream).
+    #[arg(long, env = "REPLAY_INGEST_FETCH_MAX_BYTES", default_value_t = 32 * 1024 * 1024)]
+    pub fetch_max_bytes: u64,
+    /// Largest message accepted upstream, bytes; the buffer must hold at least one.
+    #[arg(long, env = "REPLAY_INGEST_MAX_MESSAGE_BYTES", default_value_t = 15_000_000)]
+    pub max_message_bytes: usize,
+
+    /// Flush when the buffer holds this many messages. Larger batches mean fewer, bigger writes.
+    #[arg(long, env = "REPLAY_INGEST_BUFFER_MAX_MESSAGES", default_value_t = 1000)]
+    pub buffer_max_messages: usize,
+    /// Memory budget for buffered data (mostly blobs), bytes: the open buffer plus the batches
+    /// being flushed. The open buffer closes at budget ÷ (max-flushes-in-flight + 1); with a
+    /// backlog, RSS stays near this plus librdkafka's prefetch.
+    #[arg(long, env = "REPLAY_INGEST_BUFFER_MAX_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub buffer_max_bytes: usize,
+    /// Flush a buffer whose first message is this old, ms. Bounds end-to-end latency (and how
+    /// much is redelivered after a crash).
+    #[arg(long, env = "REPLAY_INGEST_BUFFER_MAX_AGE_MS", default_value_t = 5_000)]
+    pub buffer_max_age_ms: u64,
+    /// Flushes that may run at once while the next buffer fills. More overlaps slow sinks; each
+    /// holds a full buffer in memory.
+    #[arg(long, env = "REPLAY_INGEST_MAX_FLUSHES_IN_FLIGHT", default_value_t = 1)]
+    pub max_flushes_in_flight: usize,
+    /// Threads that decompress and parse messages (0 = one per CPU).
+    #[arg(long, env = "REPLAY_INGEST_PROCESSING_THREADS", default_value_t = 0)]
+    pub processing_threads: usize,
+
+    /// Attempts per sink per flush before the service stops (non-zero exit, nothing committed).
+    #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_ATTEMPTS", default_value_t = 10)]
+    pub flush_max_attempts: u32,
+    /// First retry backoff, ms; doubles per attempt, full jitter.
+    #[arg(long, env = "REPLAY_INGEST_FLUSH_INITIAL_BACKOFF_MS", default_value_t = 200)]
+    pub flush_initial_backoff_ms: u64,
+    /// Longest retry backoff, ms.
+    #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_BACKOFF_MS", default_value_t = 10_000)]
+    pub flush_max_backoff_ms: u64,
+    /// Time allowed to flush and commit on shutdown or partition revoke, ms. Must be below the
+    /// session timeout and the pod's termination grace period.
+    #[arg(long, env = "REPLAY_INGEST_DRAIN_DEADLINE_MS", default_value_t = 20_000)]
+    pub drain_deadline_ms: u64,
+
+    /// Where blobs go.
+    #[arg(long, env = "REPLAY_INGEST_BLOB_SINK", value_enum, default_value_t = BlobSinkKind::Filesystem)]
+    pub blob_sink: BlobSinkKind,
+    /// Directory for the filesystem blob sink.
+    #[arg(long, env = "REPLAY_INGEST_BLOB_DIR", default_value = "blobs")]
+    pub blob_dir: PathBuf,
+
+    /// Address of the health and status endpoint (`/health/live`, `/health/ready`, `/status`).
+    #[arg(long, env = "REPLAY_INGEST_HTTP_LISTEN", default_value = "127.0.0.1:8080")]
+    pub http_listen: SocketAddr,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+impl ConsumeArgs {
+    /// Rejects settings that cannot work together.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.drain_deadline_ms >= self.session_timeout_ms {
+            return Err(format!(
+                "--drain-deadline-ms ({}) must be below --session-timeout-ms ({}): a drain that outlives the session loses the partitions mid-commit",
+                self.drain_deadline_ms, self.session_timeout_ms
+            ));
+        }
+        if self.buffer_max_messages == 0 || self.max_flushes_in_flight == 0 || self.flush_max_attempts == 0 {
+            return Err(
+                "--buffer-max-messages, --max-flushes-in-flight and --flush-max-attempts must be at least 1".into()
+            );
+        }
+        if self.buffer_limits().max_bytes < self.max_message_bytes {
+            return Err(format!(
+                "--buffer-max-bytes ({}) ÷ (--max-flushes-in-flight + 1) must hold one message of --max-message-bytes ({})",
+                self.buffer_max_bytes, self.max_message_bytes
+            ));
+        }
+        if (self.fetch_max_bytes as usize) < self.max_message_bytes {
+            return Err(format!(
+                "--fetch-max-bytes ({}) must hold a message of --max-message-bytes",
+                self.fetch_max_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn buffer_limits(&self) -> BufferLimits {
+        BufferLimits {
+            max_messages: self.buffer_max_messages,
+            max_bytes: self.buffer_max_bytes / (self.max_flushes_in_flight + 1),
+            max_age: Duration::from_millis(self.buffer_max_age_ms),
+        }
+    }
+
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: self.flush_max_attempts,
+            initial_backoff: Duration::from_millis(self.flush_initial_backoff_ms),
+            max_backoff: Duration::from_millis(self.flush_max_backoff_ms),
+        }
+    }
+
+    pub fn drain_deadline(&self) -> Duration {
+        Duration::from_millis(self.drain_deadline_ms)
+    }
+
+    /// Consumer properties: manual commits only, bounded prefetch, eager rebalancing.
+    pub fn consumer_properties(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("group.id", self.group_id.clone()),
+            ("enable.auto.commit", "false".into()),
+            ("enable.auto.offset.store", "false".into()),
+            ("auto.offset.reset", "earliest".into()),
+            ("session.timeout.ms", self.session_timeout_ms.to_string()),
+            ("queued.max.messages.kbytes", self.prefetch_kbytes.to_string()),
+            ("fetch.max.bytes", self.fetch_max_bytes.to_string()),
+            ("max.partition.fetch.bytes", self.fetch_max_bytes.min(16 * 1024 * 1024).to_string()),
+            ("partition.assignment.strategy", "range".into()),
+        ]
+    }
+}
+
+/// Producer properties for the dead-letter and event topics: fully acknowledged writes.
+pub fn producer_properties(max_message_bytes: usize) -> Vec<(&'static str, String)> {
+    vec![
+        ("acks", "all".into()),
+        ("message.max.bytes", (max_message_bytes + 1024 * 1024).to_string()),
+        ("message.timeout.ms", "30000".into()),
+        ("linger.ms", "5".into()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ConsumeArgs,
+    }
+
+    fn parse(extra: &[&str]) -> ConsumeArgs {
+        Cli::try_parse_from(std::iter::once("x").chain(extra.iter().copied())).unwrap().args
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(parse(&[]).validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_drain_deadline_beyond_the_session_timeout_is_rejected() {
+        let err = parse(&["--drain-deadline-ms", "30000", "--session-timeout-ms", "30000"]).validate().unwrap_err();
+        assert!(err.contains("--drain-deadline-ms"), "{err}");
+    }
+
+    #[test]
+    fn a_buffer_smaller_than_one_message_is_rejected() {
+        let err = parse(&["--buffer-max-bytes", "20000000"]).validate().unwrap_err();
+        assert!(err.contains("--buffer-max-bytes"), "{err}");
+    }
+
+    #[test]
+    fn kafka_properties_pass_through_as_key_value_pairs() {
+        let args = parse(&["--kafka-property", "client.id=a", "--kafka-property", "debug = cgrp"]);
+        assert_eq!(args.kafka.properties, [("client.id".into(), "a".into()), ("debug".into(), "cgrp".into())]);
+        assert!(Cli::try_parse_from(["x", "--kafka-property", "novalue"]).is_err());
+    }
+}

@@ -1,0 +1,142 @@
+//! Health and status over HTTP, for Kubernetes probes and for people.
+//!
+//! - `GET /health/live`: 200 while the pipeline loop's heartbeat is fresh (it beats at least once
+//!   a second, even when idle), else 503 — a wedged loop gets the pod restarted.
+//! - `GET /health/ready`: 200 while partitions are assigned and the service is not draining.
+//! - `GET /status`: JSON snapshot — buffer fill, flushes in flight, paused, counters, committed
+//!   offsets per partition.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use serde::Serialize;
+
+/// A heartbeat older than this makes the liveness probe fail.
+pub const LIVENESS_STALE_AFTER: Duration = Duration::from_secs(30);
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Shared, lock-free (but for the commit map) view of the pipeline's state.
+#[derive(Debug, Default)]
+pub struct Status {
+    pub assigned: AtomicBool,
+    pub draining: AtomicBool,
+    pub paused: AtomicBool,
+    heartbeat_ms: AtomicU64,
+    pub buffer_messages: AtomicUsize,
+    pub buffer_bytes: AtomicUsize,
+    pub flushes_in_flight: AtomicUsize,
+    pub consumed: AtomicU64,
+    pub invalid: AtomicU64,
+    pub flushed: AtomicU64,
+    pub pauses: AtomicU64,
+    pub rebalances: AtomicU64,
+    committed: Mutex<BTreeMap<i32, i64>>,
+}
+
+#[derive(Serialize)]
+struct Snapshot {
+    ready: bool,
+    live: bool,
+    assigned: bool,
+    draining: bool,
+    paused: bool,
+    buffer_messages: usize,
+    buffer_bytes: usize,
+    flushes_in_flight: usize,
+    consumed: u64,
+    invalid: u64,
+    flushed: u64,
+    pauses: u64,
+    rebalances: u64,
+    /// Partition → next offset to read, as last committed by this process.
+    committed: BTreeMap<i32, i64>,
+}
+
+impl Status {
+    pub fn beat(&self) {
+        self.heartbeat_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    pub fn live(&self) -> bool {
+        now_ms().saturating_sub(self.heartbeat_ms.load(Ordering::Relaxed)) < LIVENESS_STALE_AFTER.as_millis() as u64
+    }
+
+    pub fn ready(&self) -> bool {
+        self.assigned.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn record_commit(&self, positions: &[(i32, i64)]) {
+        let mut committed = self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        committed.extend(positions.iter().copied());
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Snapshot {
+            ready: self.ready(),
+            live: self.live(),
+            assigned: self.assigned.load(Ordering::Relaxed),
+            draining: self.draining.load(Ordering::Relaxed),
+            paused: self.paused.load(Ordering::Relaxed),
+            buffer_messages: self.buffer_messages.load(Ordering::Relaxed),
+            buffer_bytes: self.buffer_bytes.load(Ordering::Relaxed),
+            flushes_in_flight: self.flushes_in_flight.load(Ordering::Relaxed),
+            consumed: load(&self.consumed),
+            invalid: load(&self.invalid),
+            flushed: load(&self.flushed),
+            pauses: load(&self.pauses),
+            rebalances: load(&self.rebalances),
+            committed: self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone(),
+        }
+    }
+}
+
+fn code(ok: bool) -> StatusCode {
+    if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+}
+
+pub fn router(status: Arc<Status>) -> Router {
+    Router::new()
+        .route("/health/live", get(|State(s): State<Arc<Status>>| async move { code(s.live()) }))
+        .route("/health/ready", get(|State(s): State<Arc<Status>>| async move { code(s.ready()) }))
+        .route("/status", get(|State(s): State<Arc<Status>>| async move { axum::Json(s.snapshot()) }))
+        .with_state(status)
+}
+
+/// Serves the endpoints on `listener` until the process exits.
+pub async fn serve(listener: tokio::net::TcpListener, status: Arc<Status>) -> std::io::Result<()> {
+    axum::serve(listener, router(status)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_needs_an_assignment_and_no_drain() {
+        let s = Status::default();
+        assert!(!s.ready());
+        s.assigned.store(true, Ordering::Relaxed);
+        assert!(s.ready());
+        s.draining.store(true, Ordering::Relaxed);
+        assert!(!s.ready());
+    }
+
+    #[test]
+    fn live_needs_a_recent_heartbeat() {
+        let s = Status::default();
+        assert!(!s.live());
+        s.beat();
+        assert!(s.live());
+    }
+}

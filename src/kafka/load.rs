@@ -1,0 +1,112 @@
+//! `replay-ingest produce`: publishes message values (fixture files) to a topic, as the edge relay
+//! would — for tests, the demo and load runs. Each copy gets a fresh random `replay_id` so every
+//! produced segment is distinct; values that are not msgpack maps with a `replay_id` (hostile
+//! fixtures) are sent unchanged.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use rand::RngExt;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use serde::Serialize;
+
+/// Deliveries awaited at once; bounds the producer's memory on large runs.
+const WINDOW: usize = 5_000;
+
+/// What a produce run delivered.
+#[derive(Debug, Default, Serialize)]
+pub struct Produced {
+    pub messages: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// Partition → offset of the last message delivered there.
+    pub last_offsets: BTreeMap<i32, i64>,
+    /// Every delivered message: (partition, offset, replay_id or "" when unchanged).
+    #[serde(skip)]
+    pub deliveries: Vec<(i32, i64, String)>,
+}
+
+/// `value` with its `replay_id` replaced, when it is a msgpack map that has one.
+pub fn with_replay_id(value: &[u8], replay_id: &str) -> Option<Vec<u8>> {
+    let mut decoded = rmpv::decode::read_value(&mut &value[..]).ok()?;
+    let map = match &mut decoded {
+        rmpv::Value::Map(map) => map,
+        _ => return None,
+    };
+    let slot = map.iter_mut().find(|(k, _)| k.as_str() == Some("replay_id"))?;
+    slot.1 = rmpv::Value::from(replay_id);
+    let mut out = Vec::with_capacity(value.len());
+    rmpv::encode::write_value(&mut out, &decoded).ok()?;
+    Some(out)
+}
+
+pub fn random_replay_id() -> String {
+    format!("{:032x}", rand::rng().random::<u128>())
+}
+
+/// Publishes `count` messages cycling through `values`, awaiting every delivery.
+pub async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    values: &[Vec<u8>],
+    count: u64,
+) -> Result<Produced, KafkaError> {
+    let mut report = Produced::default();
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while sent < count {
+        let window = (count - sent).min(WINDOW as u64);
+        let mut pending = Vec::with_capacity(window as usize);
+        for i in sent..sent + window {
+            let Some(original) = values.get((i % values.len() as u64) as usize) else { break };
+            let replay_id = random_replay_id();
+            let (value, id) = match with_replay_id(original, &replay_id) {
+                Some(value) => (value, replay_id),
+                None => (original.clone(), String::new()),
+            };
+            report.bytes += value.len() as u64;
+            pending.push(async move {
+                let record = FutureRecord::<(), [u8]>::to(topic).payload(&value);
+                (producer.send(record, Duration::from_secs(30)).await, id)
+            });
+        }
+        for (delivery, id) in join_all(pending).await {
+            let delivered = delivery.map_err(|(e, _)| e)?;
+            report.messages += 1;
+            report.last_offsets.insert(delivered.partition, delivered.offset);
+            report.deliveries.push((delivered.partition, delivered.offset, id));
+        }
+        sent += window;
+    }
+    producer.flush(Duration::from_secs(30))?;
+    report.seconds = start.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording;
+
+    #[test]
+    fn replay_ids_are_rewritten_and_everything_else_kept() {
+        let original =
+            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/segments/console-0.msgpack")).unwrap();
+        let id = random_replay_id();
+        let rewritten = with_replay_id(&original, &id).unwrap();
+        let (a, b) = (
+            recording::process(&original, &Default::default()).unwrap(),
+            recording::process(&rewritten, &Default::default()).unwrap(),
+        );
+        assert_eq!(b.replay_id, id);
+        assert_eq!((a.extracted, a.blob.bytes), (b.extracted, b.blob.bytes));
+    }
+
+    #[test]
+    fn values_without_a_replay_id_map_are_left_alone() {
+        assert_eq!(with_replay_id(b"\x93\x01\x02\x03", "x"), None);
+        assert_eq!(with_replay_id(b"garbage", "x"), None);
+    }
+}

@@ -1,0 +1,59 @@
+//! Kafka plumbing: client configuration, the consumer's polling thread and rebalance callbacks,
+//! producer error classification, and the `produce` load command.
+
+pub mod consumer;
+pub mod load;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+use crate::sink::Retry;
+
+/// A librdkafka configuration with the brokers and pass-through properties applied last, so an
+/// operator can override any default.
+pub fn client_config(brokers: &str, defaults: &[(&str, String)], overrides: &[(String, String)]) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers);
+    for (key, value) in defaults {
+        config.set(*key, value);
+    }
+    for (key, value) in overrides {
+        config.set(key, value);
+    }
+    config
+}
+
+/// Retry classification for producer errors: the message itself is unacceptable → fatal;
+/// anything about the broker, network or queues → retryable.
+pub fn classify_producer_error(error: &KafkaError) -> Retry {
+    match error.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::MessageBatchTooLarge
+            | RDKafkaErrorCode::InvalidMessage
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed,
+        ) => Retry::Fatal,
+        _ => Retry::Retryable,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oversized_or_unauthorised_messages_are_not_retried_and_broker_trouble_is() {
+        let fatal = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        assert_eq!(classify_producer_error(&fatal), Retry::Fatal);
+        let auth = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+        assert_eq!(classify_producer_error(&auth), Retry::Fatal);
+        for code in
+            [RDKafkaErrorCode::QueueFull, RDKafkaErrorCode::MessageTimedOut, RDKafkaErrorCode::BrokerTransportFailure]
+        {
+            assert_eq!(classify_producer_error(&KafkaError::MessageProduction(code)), Retry::Retryable, "{code:?}");
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The commit frontier: per partition, the offset below which every message's outputs are
+//! durable. Messages are tracked in arrival order (offsets increase within a partition); flushes
+//! may complete in any order; the frontier only moves over a contiguous run of completed offsets.
+
+use std::collections::{BTreeMap, VecDeque};
+
+#[derive(Debug, Default)]
+struct Partition {
+    /// Tracked offsets in arrival order, with whether each is durable.
+    pending: VecDeque<(i64, bool)>,
+    /// Next offset to commit (last contiguous durable offset + 1), if it moved since reported.
+    advanced: Option<i64>,
+}
+
+#[derive(Debug, Default)]
+pub struct Frontier {
+    partitions: BTreeMap<i32, Partition>,
+}
+
+impl Frontier {
+    /// A message entered the buffer.
+    pub fn track(&mut self, partition: i32, offset: i64) {
+        self.partitions.entry(partition).or_default().pending.push_back((offset, false));
+    }
+
+    /// A message's outputs are durable.
+    pub fn complete(&mut self, partition: i32, offset: i64) {
+        let Some(p) = self.partitions.get_mut(&partition) else { return };
+        if let Ok(i) = p.pending.binary_search_by_key(&offset, |&(o, _)| o)
+            && let Some(slot) = p.pending.get_mut(i)
+        {
+            slot.1 = true;
+        }
+        while let Some(&(offset, true)) = p.pending.front() {
+            p.pending.pop_front();
+            p.advanced = Some(offset + 1);
+        }
+    }
+
+    /// `(partition, next offset)` for every partition whose frontier moved since the last call.
+    pub fn take_advanced(&mut self) -> Vec<(i32, i64)> {
+        self.partitions.iter_mut().filter_map(|(&id, p)| p.advanced.take().map(|offset| (id, offset))).collect()
+    }
+
+    /// Messages tracked but not yet durable.
+    pub fn pending(&self) -> usize {
+        self.partitions.values().map(|p| p.pending.len()).sum()
+    }
+
+    /// Forgets everything: the assignment was revoked after a drain.
+    pub fn clear(&mut self) {
+        self.partitions.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commits_only_up_to_the_first_message_not_yet_durable() {
+        let mut f = Frontier::default();
+        for offset in 10..15 {
+            f.track(0, offset);
+        }
+        f.complete(0, 12);
+        f.complete(0, 13);
+        assert_eq!(f.take_advanced(), [], "10 and 11 are not durable yet");
+        f.complete(0, 10);
+        assert_eq!(f.take_advanced(), [(0, 11)]);
+        f.complete(0, 11);
+        assert_eq!(f.take_advanced(), [(0, 14)], "11, 12, 13 done: next to read is 14");
+        assert_eq!(f.pending(), 1);
+        assert_eq!(f.take_advanced(), [], "reported once");
+    }
+
+    #[test]
+    fn partitions_advance_independently() {
+        let mut f = Frontier::default();
+        f.track(0, 5);
+        f.track(1, 7);
+        f.track(0, 6);
+        f.complete(1, 7);
+        f.complete(0, 6);
+        assert_eq!(f.take_advanced(), [(1, 8)]);
+        f.complete(0, 5);
+        assert_eq!(f.take_advanced(), [(0, 7)]);
+    }
+
+    #[test]
+    fn gaps_between_offsets_do_not_block_the_frontier() {
+        let mut f = Frontier::default();
+        f.track(0, 100);
+        f.track(0, 250);
+        f.complete(0, 100);
+        f.complete(0, 250);
+        assert_eq!(f.take_advanced(), [(0, 251)]);
+    }
+
+    #[test]
+    fn unknown_completions_are_ignored_and_clear_forgets_everything() {
+        let mut f = Frontier::default();
+        f.complete(3, 1);
+        f.track(0, 1);
+        f.clear();
+        assert_eq!((f.pending(), f.take_advanced()), (0, vec![]));
+    }
+}

@@ -1,0 +1,346 @@
+//! The pipeline, in data-flow order:
+//!
+//! ```text
+//! consume ──▶ process ──▶ buffer ──▶ flush ──▶ commit
+//! (polling    (rayon pool, (bounded:   (blocking pool,   (per partition, up to the
+//!  thread,     in parallel; messages,   sinks stage by    contiguous durable frontier)
+//!  bounded     arrival order bytes,     stage, retried)
+//!  channel)    restored)    age)
+//! ```
+//!
+//! One task owns all state (buffer, frontier, in-flight work) and reacts to whatever happens
+//! next — a polled message, a processed one, a finished flush, the buffer's age deadline, a
+//! rebalance, shutdown — so there are no locks and every transition is in this file. While a
+//! flush runs the next buffer fills; when the buffer is full and no flush slot is free the
+//! assigned partitions are paused until a flush completes. Shutdown and partition revocation
+//! share one drain: process what was polled, flush everything, commit synchronously.
+
+pub mod buffer;
+pub mod flush;
+pub mod frontier;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, OwnedMessage};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::config::ConsumeArgs;
+use crate::health::Status;
+use crate::kafka::client_config;
+use crate::kafka::consumer::{IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, spawn_poller};
+use crate::recording::{self, Limits};
+use crate::sink::{Entry, InvalidMessage, Outcome, SinkError};
+use buffer::{Buffer, CloseReason, should_pause};
+use flush::{FlushReport, RetryPolicy, Sinks};
+use frontier::Frontier;
+
+/// Messages between the polling thread and the pipeline. Each may be up to 15 MB: the bound
+/// keeps the hand-off small next to librdkafka's own (bounded) prefetch.
+const POLLED_CHANNEL_CAPACITY: usize = 64;
+
+/// Why the pipeline stopped other than by a clean shutdown. Nothing past the failure was
+/// committed: a restart redelivers it.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("flush failed, nothing of it committed: {0}")]
+    Flush(SinkError),
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error("drain did not finish within {0:?}")]
+    DrainDeadline(Duration),
+    #[error("a processing or flush task died: {0}")]
+    TaskDied(String),
+    #[error("the Kafka polling thread stopped")]
+    PollerGone,
+}
+
+/// A finished flush, as the owning task learns of it.
+struct Flushed {
+    offsets: Vec<(i32, i64)>,
+    reason: CloseReason,
+    result: Result<FlushReport, SinkError>,
+}
+
+/// Consumes `args.topic` until `shutdown` resolves, then drains and returns.
+pub async fn consume(
+    args: &ConsumeArgs,
+    sinks: Sinks,
+    status: Arc<Status>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), PipelineError> {
+    let (polled_tx, polled_rx) = mpsc::channel(POLLED_CHANNEL_CAPACITY);
+    let context = IngestContext::new(polled_tx.clone(), args.drain_deadline());
+    let consumer: Arc<IngestConsumer> = Arc::new(
+        client_config(&args.kafka.brokers, &args.consumer_properties(), &args.kafka.properties)
+            .create_with_context(context)?,
+    );
+    consumer.subscribe(&[&args.topic])?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = spawn_poller(consumer.clone(), polled_tx, stop.clone());
+
+    let threads = match args.processing_threads {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        n => n,
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("process-{i}"))
+        .build()
+        .map_err(|e| PipelineError::TaskDied(e.to_string()))?;
+
+    let pipeline = Pipeline {
+        topic: args.topic.clone(),
+        consumer: consumer.clone(),
+        polled: polled_rx,
+        pool: Arc::new(pool),
+        limits: args.limits.into(),
+        max_processing: threads * 2,
+        processing: FuturesOrdered::new(),
+        buffer: Buffer::new(args.buffer_limits()),
+        frontier: Frontier::default(),
+        flushes: JoinSet::new(),
+        max_flushes: args.max_flushes_in_flight,
+        sinks: Arc::new(sinks),
+        retry: args.retry_policy(),
+        drain_deadline: args.drain_deadline(),
+        status,
+        paused: false,
+    };
+    let result = pipeline.run(shutdown).await;
+    stop.store(true, Ordering::Release);
+    // The pipeline (and its receiver) is gone, so the poller cannot block on a full channel.
+    // Closing the consumer runs the revoke callback, which blocks: off the async runtime.
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = poller.join();
+        drop(consumer);
+    })
+    .await;
+    result
+}
+
+struct Pipeline {
+    topic: String,
+    consumer: Arc<IngestConsumer>,
+    polled: mpsc::Receiver<Polled>,
+    pool: Arc<rayon::ThreadPool>,
+    limits: Limits,
+    /// Messages being processed, in arrival order.
+    processing: FuturesOrdered<oneshot::Receiver<(Entry, usize)>>,
+    max_processing: usize,
+    buffer: Buffer,
+    frontier: Frontier,
+    flushes: JoinSet<Flushed>,
+    max_flushes: usize,
+    sinks: Arc<Sinks>,
+    retry: RetryPolicy,
+    drain_deadline: Duration,
+    status: Arc<Status>,
+    paused: bool,
+}
+
+impl Pipeline {
+    async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), PipelineError> {
+        tokio::pin!(shutdown);
+        let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            self.status.beat();
+            let age_deadline = self.buffer.deadline().map(tokio::time::Instant::from_std);
+            tokio::select! {
+                biased;
+                () = &mut shutdown => {
+                    info!("shutdown requested: draining");
+                    return self.drain().await;
+                }
+                Some(flushed) = self.flushes.join_next() => {
+                    let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;
+                    self.flushed(flushed, CommitMode::Async)?;
+                }
+                Some(processed) = self.processing.next() => {
+                    self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
+                }
+                polled = self.polled.recv(), if self.processing.len() < self.max_processing => match polled {
+                    Some(Polled::Message(message)) => self.process(message),
+                    Some(Polled::Assigned(partitions)) => self.assigned(&partitions)?,
+                    Some(Polled::Revoke { done }) => {
+                        self.drain().await?;
+                        self.frontier.clear();
+                        self.paused = false;
+                        self.status.assigned.store(false, Ordering::Relaxed);
+                        self.status.rebalances.fetch_add(1, Ordering::Relaxed);
+                        let _ = done.send(());
+                    }
+                    None => return Err(PipelineError::PollerGone),
+                },
+                () = tokio::time::sleep_until(age_deadline.unwrap_or_else(tokio::time::Instant::now)), if age_deadline.is_some() => {}
+                _ = heartbeat.tick() => {}
+            }
+            self.start_flushes(Instant::now());
+            self.backpressure()?;
+        }
+    }
+
+    /// consume → process: decompress and parse on the pool.
+    fn process(&mut self, message: OwnedMessage) {
+        self.status.consumed.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let (limits, topic) = (self.limits, self.topic.clone());
+        self.pool.spawn(move || {
+            let _ = tx.send(to_entry(message, &limits, topic));
+        });
+        self.processing.push_back(rx);
+    }
+
+    /// process → buffer.
+    fn buffered(&mut self, (entry, bytes): (Entry, usize)) {
+        if matches!(entry.outcome, Outcome::Invalid(_)) {
+            self.status.invalid.fetch_add(1, Ordering::Relaxed);
+        }
+        self.frontier.track(entry.partition, entry.offset);
+        self.buffer.push(entry, bytes, Instant::now());
+        self.publish_buffer();
+    }
+
+    /// buffer → flush, while a flush slot is free and the buffer wants closing.
+    fn start_flushes(&mut self, now: Instant) {
+        if self.flushes.len() < self.max_flushes
+            && let Some(reason) = self.buffer.close_reason(now)
+        {
+            self.start_flush(reason);
+        }
+    }
+
+    fn start_flush(&mut self, reason: CloseReason) {
+        let batch = self.buffer.take();
+        self.publish_buffer();
+        let offsets: Vec<(i32, i64)> = batch.entries.iter().map(|e| (e.partition, e.offset)).collect();
+        debug!(messages = offsets.len(), reason = reason.as_str(), "flush started");
+        let (sinks, retry) = (self.sinks.clone(), self.retry);
+        self.flushes.spawn_blocking(move || {
+            let result = flush::flush(&batch, &sinks, &retry);
+            Flushed { offsets, reason, result }
+        });
+        self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
+    }
+
+    /// flush → commit.
+    fn flushed(&mut self, flushed: Flushed, mode: CommitMode) -> Result<(), PipelineError> {
+        self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
+        let report = flushed.result.map_err(PipelineError::Flush)?;
+        debug!(messages = flushed.offsets.len(), reason = flushed.reason.as_str(), sinks = ?report.sinks, "flush done");
+        self.status.flushed.fetch_add(flushed.offsets.len() as u64, Ordering::Relaxed);
+        for (partition, offset) in flushed.offsets {
+            self.frontier.complete(partition, offset);
+        }
+        self.commit(mode);
+        Ok(())
+    }
+
+    fn commit(&mut self, mode: CommitMode) {
+        let positions = self.frontier.take_advanced();
+        if positions.is_empty() {
+            return;
+        }
+        match self.consumer.commit(&commit_list(&self.topic, &positions), mode) {
+            Ok(()) => self.status.record_commit(&positions),
+            // Not fatal: the next commit covers these offsets; at worst they are redelivered.
+            Err(error) => warn!(%error, ?positions, "offset commit failed"),
+        }
+    }
+
+    /// Pauses intake when the buffer is full and no flush can start; resumes when one can.
+    fn backpressure(&mut self) -> Result<(), PipelineError> {
+        let pause = should_pause(self.buffer.is_full(), self.flushes.len(), self.max_flushes);
+        if pause == self.paused {
+            return Ok(());
+        }
+        let assignment = self.consumer.assignment()?;
+        if pause {
+            self.consumer.pause(&assignment)?;
+            self.status.pauses.fetch_add(1, Ordering::Relaxed);
+            info!(
+                buffer_messages = self.buffer.len(),
+                buffer_bytes = self.buffer.bytes(),
+                "buffer full: partitions paused"
+            );
+        } else {
+            self.consumer.resume(&assignment)?;
+            info!("flush done: partitions resumed");
+        }
+        self.paused = pause;
+        self.status.paused.store(pause, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn assigned(&mut self, partitions: &[i32]) -> Result<(), PipelineError> {
+        if self.paused {
+            self.consumer.pause(&self.consumer.assignment()?)?;
+        }
+        self.status.assigned.store(!partitions.is_empty(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Shutdown and revocation: everything polled so far is processed, flushed and committed.
+    async fn drain(&mut self) -> Result<(), PipelineError> {
+        self.status.draining.store(true, Ordering::Relaxed);
+        let deadline = self.drain_deadline;
+        let result = tokio::time::timeout(deadline, self.drain_inner()).await;
+        self.status.draining.store(false, Ordering::Relaxed);
+        result.map_err(|_| PipelineError::DrainDeadline(deadline))?
+    }
+
+    async fn drain_inner(&mut self) -> Result<(), PipelineError> {
+        while let Some(processed) = self.processing.next().await {
+            self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
+        }
+        loop {
+            if !self.buffer.is_empty() && self.flushes.len() < self.max_flushes {
+                self.start_flush(CloseReason::Drain);
+            }
+            match self.flushes.join_next().await {
+                Some(flushed) => {
+                    let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;
+                    self.flushed(flushed, CommitMode::Sync)?;
+                }
+                None if self.buffer.is_empty() => break,
+                None => {}
+            }
+        }
+        info!(pending = self.frontier.pending(), "drained");
+        Ok(())
+    }
+
+    fn publish_buffer(&self) {
+        self.status.buffer_messages.store(self.buffer.len(), Ordering::Relaxed);
+        self.status.buffer_bytes.store(self.buffer.bytes(), Ordering::Relaxed);
+    }
+}
+
+/// Runs the recording core on one message; an invalid one keeps its bytes for the dead-letter
+/// topic. Returns the entry and the bytes it holds.
+fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, usize) {
+    let (partition, offset) = (message.partition(), message.offset());
+    let value = message.payload().unwrap_or_default();
+    match recording::process(value, limits) {
+        Ok(processed) => {
+            let bytes = processed.memory_bytes();
+            (Entry { partition, offset, outcome: Outcome::Valid(Box::new(processed)) }, bytes)
+        }
+        Err(error) => {
+            warn!(partition, offset, reason = error.reason.as_str(), detail = %error.detail, "invalid message: to the dead-letter topic");
+            let (key, timestamp) = key_and_timestamp(&message);
+            let value = value.to_vec();
+            let bytes = value.len();
+            let invalid = InvalidMessage { error, value, key, topic, timestamp };
+            (Entry { partition, offset, outcome: Outcome::Invalid(Box::new(invalid)) }, bytes)
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Blobs as files: `{root}/{blob key}`, written to a temporary name, fsynced and renamed, so a
+//! crash never leaves a partial blob under its final name and a rewrite replaces it atomically.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use super::{Batch, Retry, Sink, SinkError};
+
+pub struct FilesystemBlobSink {
+    root: PathBuf,
+}
+
+impl FilesystemBlobSink {
+    pub fn new(root: impl Into<PathBuf>) -> io::Result<Self> {
+        let root = root.into();
+        fs::create_dir_all(&root)?;
+        Ok(FilesystemBlobSink { root })
+    }
+
+    fn write_one(&self, key: &str, bytes: &[u8]) -> io::Result<()> {
+        let path = self.root.join(key);
+        let dir = path.parent().unwrap_or(&self.root);
+        fs::create_dir_all(dir)?;
+        let tmp = temp_name(&path);
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        fs::File::open(dir)?.sync_all()
+    }
+}
+
+fn temp_name(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+impl Sink for FilesystemBlobSink {
+    fn name(&self) -> &'static str {
+        "blobs"
+    }
+
+    fn write(&self, batch: &Batch) -> Result<(), SinkError> {
+        for processed in batch.valid() {
+            self.write_one(&processed.blob.key, &processed.blob.bytes).map_err(|e| {
+                // A full disk or a permission problem may clear up; keep retrying within the policy.
+                SinkError::new(self.name(), Retry::Retryable, format_args!("{}: {e}", processed.blob.key))
+            })?;
+        }
+        Ok(())
+    }
+}
