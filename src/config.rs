@@ -196,6 +196,8 @@ impl ConsumeArgs {
             ("enable.auto.offset.store", "false".into()),
             ("auto.offset.reset", "earliest".into()),
             ("session.timeout.ms", self.session_timeout_ms.to_string()),
+            // At least three heartbeats per session (librdkafka's 3 s default outlives short sessions).
+            ("heartbeat.interval.ms", (self.session_timeout_ms / 3).clamp(100, 3000).to_string()),
             ("queued.max.messages.kbytes", self.prefetch_kbytes.to_string()),
             ("fetch.max.bytes", self.fetch_max_bytes.to_string()),
             ("max.partition.fetch.bytes", self.fetch_max_bytes.min(16 * 1024 * 1024).to_string()),

@@ -139,7 +139,7 @@ async fn run_produce(kafka: &KafkaArgs, topic: &str, count: u64, files: &[PathBu
         .map(|f| std::fs::read(f).with_context(|| format!("reading {}", f.display())))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let max = values.iter().map(Vec::len).max().unwrap_or(0);
-    let report = load::produce(&producer(kafka, max)?, topic, &values, count).await?;
+    let report = load::produce(&producer(kafka, max)?, topic, count, |i| load::fixture_copy(&values, i)).await?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

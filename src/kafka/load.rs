@@ -23,7 +23,7 @@ pub struct Produced {
     pub seconds: f64,
     /// Partition → offset of the last message delivered there.
     pub last_offsets: BTreeMap<i32, i64>,
-    /// Every delivered message: (partition, offset, replay_id or "" when unchanged).
+    /// Every delivered message: (partition, offset, label — the replay id for fixture copies).
     #[serde(skip)]
     pub deliveries: Vec<(i32, i64, String)>,
 }
@@ -46,12 +46,26 @@ pub fn random_replay_id() -> String {
     format!("{:032x}", rand::rng().random::<u128>())
 }
 
-/// Publishes `count` messages cycling through `values`, awaiting every delivery.
+/// `count` values cycling through `files`, each with a fresh replay id where it has one. Returns
+/// the value and its replay id ("" when unchanged).
+pub fn fixture_copy(files: &[Vec<u8>], i: u64) -> (Vec<u8>, String) {
+    let Some(original) = files.get((i % files.len().max(1) as u64) as usize) else {
+        return (Vec::new(), String::new());
+    };
+    let replay_id = random_replay_id();
+    match with_replay_id(original, &replay_id) {
+        Some(value) => (value, replay_id),
+        None => (original.clone(), String::new()),
+    }
+}
+
+/// Publishes `count` values made by `value(i)` (returning the value and a label kept in the
+/// report), awaiting every delivery.
 pub async fn produce(
     producer: &FutureProducer,
     topic: &str,
-    values: &[Vec<u8>],
     count: u64,
+    value: impl Fn(u64) -> (Vec<u8>, String),
 ) -> Result<Produced, KafkaError> {
     let mut report = Produced::default();
     let start = Instant::now();
@@ -60,23 +74,18 @@ pub async fn produce(
         let window = (count - sent).min(WINDOW as u64);
         let mut pending = Vec::with_capacity(window as usize);
         for i in sent..sent + window {
-            let Some(original) = values.get((i % values.len() as u64) as usize) else { break };
-            let replay_id = random_replay_id();
-            let (value, id) = match with_replay_id(original, &replay_id) {
-                Some(value) => (value, replay_id),
-                None => (original.clone(), String::new()),
-            };
+            let (value, label) = value(i);
             report.bytes += value.len() as u64;
             pending.push(async move {
                 let record = FutureRecord::<(), [u8]>::to(topic).payload(&value);
-                (producer.send(record, Duration::from_secs(30)).await, id)
+                (producer.send(record, Duration::from_secs(30)).await, label)
             });
         }
-        for (delivery, id) in join_all(pending).await {
+        for (delivery, label) in join_all(pending).await {
             let delivered = delivery.map_err(|(e, _)| e)?;
             report.messages += 1;
             report.last_offsets.insert(delivered.partition, delivered.offset);
-            report.deliveries.push((delivered.partition, delivered.offset, id));
+            report.deliveries.push((delivered.partition, delivered.offset, label));
         }
         sent += window;
     }

@@ -44,8 +44,10 @@ use flush::{FlushReport, RetryPolicy, Sinks};
 use frontier::Frontier;
 
 /// Messages between the polling thread and the pipeline. Each may be up to 15 MB: the bound
-/// keeps the hand-off small next to librdkafka's own (bounded) prefetch.
-const POLLED_CHANNEL_CAPACITY: usize = 64;
+/// keeps the hand-off small next to librdkafka's own (bounded) prefetch. While intake is paused
+/// the pipeline stops reading it, so a full buffer grows by at most the messages already being
+/// processed.
+const POLLED_CHANNEL_CAPACITY: usize = 16;
 
 /// Why the pipeline stopped other than by a clean shutdown. Nothing past the failure was
 /// committed: a restart redelivers it.
@@ -167,7 +169,7 @@ impl Pipeline {
                 Some(processed) = self.processing.next() => {
                     self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
                 }
-                polled = self.polled.recv(), if self.processing.len() < self.max_processing => match polled {
+                polled = self.polled.recv(), if !self.paused && self.processing.len() < self.max_processing => match polled {
                     Some(Polled::Message(message)) => self.process(message),
                     Some(Polled::Assigned(partitions)) => self.assigned(&partitions)?,
                     Some(Polled::Revoke { done }) => {
@@ -335,7 +337,8 @@ fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, us
             (Entry { partition, offset, outcome: Outcome::Valid(Box::new(processed)) }, bytes)
         }
         Err(error) => {
-            warn!(partition, offset, reason = error.reason.as_str(), detail = %error.detail, "invalid message: to the dead-letter topic");
+            // Expected bad input: counted and dead-lettered; DEBUG so a burst cannot flood the logs.
+            debug!(partition, offset, reason = error.reason.as_str(), detail = %error.detail, "invalid message: to the dead-letter topic");
             let (key, timestamp) = key_and_timestamp(&message);
             let value = value.to_vec();
             let bytes = value.len();

@@ -1,0 +1,312 @@
+//! Shared helpers for tests against the real local broker that `scripts/stack.sh up` starts
+//! (`REPLAY_INGEST_TEST_BROKERS`). Every test makes its own topics and consumer group.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Offset, TopicPartitionList};
+use replay_ingest::kafka::load::{self, Produced};
+use replay_ingest::recording::{self, Limits};
+
+pub fn brokers() -> String {
+    std::env::var("REPLAY_INGEST_TEST_BROKERS")
+        .expect("REPLAY_INGEST_TEST_BROKERS is not set: start the local stack with `scripts/stack.sh up` and source its stack.env (scripts/test.sh does both)")
+}
+
+/// A name no other test (or earlier run against the same broker) uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", &load::random_replay_id()[..12])
+}
+
+pub async fn create_topic(name: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().expect("admin client");
+    let results = admin
+        .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .await
+        .expect("create_topics");
+    for result in results {
+        result.unwrap_or_else(|(topic, code)| panic!("creating {topic}: {code:?}"));
+    }
+}
+
+pub fn producer() -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("acks", "all")
+        .set("message.max.bytes", "16000000")
+        .create()
+        .expect("producer")
+}
+
+pub fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+/// Every fixture (recorded and synthetic), sorted.
+pub fn all_fixtures() -> Vec<Vec<u8>> {
+    let mut paths: Vec<PathBuf> = ["segments", "synthetic"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(fixture_dir().join(d)).unwrap().map(|e| e.unwrap().path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "msgpack"))
+        .collect();
+    paths.sort();
+    paths.iter().map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+/// What the service must produce for one message: a blob key, or a DLQ reason.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Expected {
+    Blob(String),
+    Dlq(&'static str),
+}
+
+/// A copy of fixture `i` (fresh replay id) and what it must become.
+pub fn expected_copy(fixtures: &[Vec<u8>], i: u64) -> (Vec<u8>, Expected) {
+    let (value, _) = load::fixture_copy(fixtures, i);
+    let expected = match recording::process(&value, &Limits::default()) {
+        Ok(p) => Expected::Blob(p.blob.key),
+        Err(e) => Expected::Dlq(e.reason.as_str()),
+    };
+    (value, expected)
+}
+
+/// One produced message and what it must become.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Sent {
+    pub partition: i32,
+    pub offset: i64,
+    pub expected: Expected,
+}
+
+/// Produces `count` fixture copies; returns the delivery report and every message's fate.
+pub async fn produce_fixtures(topic: &str, fixtures: &[Vec<u8>], count: u64) -> (Produced, Vec<Sent>) {
+    let copies: Vec<(Vec<u8>, Expected)> = (0..count).map(|i| expected_copy(fixtures, i)).collect();
+    let report = load::produce(&producer(), topic, count, |i| (copies[i as usize].0.clone(), String::new()))
+        .await
+        .expect("produce");
+    // Deliveries come back in production order.
+    let sent = report
+        .deliveries
+        .iter()
+        .zip(copies)
+        .map(|(&(partition, offset, _), (_, expected))| Sent { partition, offset, expected })
+        .collect();
+    (report, sent)
+}
+
+/// Offsets the group has committed, per partition.
+pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    let consumer: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", brokers()).set("group.id", group).create().expect("consumer");
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(topic, p);
+    }
+    let committed = consumer.committed_offsets(list, Duration::from_secs(10)).expect("committed offsets");
+    committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `last delivered offset + 1` per partition: where the committed offsets must end up.
+pub fn expected_commits(report: &Produced) -> BTreeMap<i32, i64> {
+    report.last_offsets.iter().map(|(&p, &o)| (p, o + 1)).collect()
+}
+
+/// Dead-lettered messages as `(original partition, original offset, reason)`, read from the
+/// start of `topic` until at least `count` arrived and then nothing more for a second.
+pub fn read_dlq(topic: &str, count: usize, timeout: Duration) -> Vec<(i32, i64, String)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", unique("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .expect("reader");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    let mut last_seen = Instant::now();
+    while Instant::now() < deadline && (out.len() < count || last_seen.elapsed() < Duration::from_secs(1)) {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            last_seen = Instant::now();
+            let header = |key: &str| {
+                m.headers()
+                    .and_then(|h| h.iter().find(|h| h.key == key))
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default()
+            };
+            assert!(!header("detail").is_empty(), "every DLQ message says why");
+            assert!(!m.payload().unwrap_or_default().is_empty() || header("reason") == "invalid_msgpack");
+            out.push((
+                header("original_partition").parse().unwrap(),
+                header("original_offset").parse().unwrap(),
+                header("reason"),
+            ));
+        }
+    }
+    out
+}
+
+/// Blob keys the service must write and DLQ entries it must publish.
+pub fn outcomes(sent: &[Sent]) -> (BTreeSet<String>, BTreeSet<(i32, i64, String)>) {
+    let mut blobs = BTreeSet::new();
+    let mut dead = BTreeSet::new();
+    for s in sent {
+        match &s.expected {
+            Expected::Blob(key) => {
+                blobs.insert(key.clone());
+            }
+            Expected::Dlq(reason) => {
+                dead.insert((s.partition, s.offset, reason.to_string()));
+            }
+        }
+    }
+    (blobs, dead)
+}
+
+/// Every file under `dir`, as paths relative to it.
+pub fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                out.push(path.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Polls `condition` every 100 ms until it holds or `timeout` passes.
+pub async fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The service as a child process, as operators run it.
+pub struct Service {
+    pub child: Child,
+    pub port: u16,
+}
+
+/// Flags for a test run: fast group joins, short buffers.
+pub fn service_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: u16) -> Vec<String> {
+    [
+        "consume",
+        "--brokers",
+        &brokers(),
+        "--topic",
+        topic,
+        "--dlq-topic",
+        dlq,
+        "--group-id",
+        group,
+        "--blob-dir",
+        &blob_dir.to_string_lossy(),
+        "--http-listen",
+        &format!("127.0.0.1:{port}"),
+        "--session-timeout-ms",
+        "2000",
+        "--drain-deadline-ms",
+        "1500",
+        "--buffer-max-age-ms",
+        "200",
+        "--buffer-max-bytes",
+        "64000000",
+        "--max-message-bytes",
+        "16000000",
+        "--flush-initial-backoff-ms",
+        "20",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+impl Service {
+    pub fn start(args: &[String]) -> Service {
+        let port = args.iter().position(|a| a == "--http-listen").and_then(|i| args.get(i + 1)).unwrap();
+        let port = port.rsplit(':').next().unwrap().parse().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            // REPLAY_INGEST_TEST_LOGS=1 shows the service's logs.
+            .stderr(if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .expect("start the service");
+        Service { child, port }
+    }
+
+    /// `/status` as JSON, or `None` while the endpoint is not up.
+    pub fn status(&self) -> Option<serde_json::Value> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        stream.write_all(b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        serde_json::from_str(response.split("\r\n\r\n").nth(1)?).ok()
+    }
+
+    pub fn committed(&self) -> BTreeMap<i32, i64> {
+        self.status()
+            .and_then(|s| serde_json::from_value::<BTreeMap<String, i64>>(s["committed"].clone()).ok())
+            .map(|m| m.into_iter().map(|(k, v)| (k.parse().unwrap(), v)).collect())
+            .unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit code.
+    pub fn terminate(mut self) -> Option<i32> {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        self.child.wait().ok()?.code()
+    }
+
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,162 @@
+//! The pipeline in-process against the real broker, with sinks that are slow or failing: the
+//! buffer bounds intake (partitions pause, then resume), and a flush that cannot complete stops
+//! the service without committing.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use clap::Parser;
+use common::*;
+use replay_ingest::config::ConsumeArgs;
+use replay_ingest::health::Status;
+use replay_ingest::pipeline::{self, PipelineError, flush::Sinks};
+use replay_ingest::sink::{Batch, Retry, Sink, SinkError};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ConsumeArgs,
+}
+
+fn args(topic: &str, group: &str, extra: &[&str]) -> ConsumeArgs {
+    let dir = std::env::temp_dir();
+    let mut argv = service_args(topic, &unique("dlq"), group, &dir, free_port());
+    argv.remove(0); // "consume"
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    let args = Cli::try_parse_from(std::iter::once("test".to_string()).chain(argv)).unwrap().args;
+    args.validate().unwrap();
+    args
+}
+
+/// Takes `delay` per write, and counts writes and the messages they carried.
+struct SlowSink {
+    delay: Duration,
+    writes: Arc<AtomicUsize>,
+    messages: Arc<AtomicUsize>,
+}
+
+impl Sink for SlowSink {
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+    fn write(&self, batch: &Batch) -> Result<(), SinkError> {
+        std::thread::sleep(self.delay);
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.messages.fetch_add(batch.entries.len(), Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Always fails with `retry`, counting attempts.
+struct FailingSink {
+    retry: Retry,
+    attempts: Arc<AtomicUsize>,
+}
+
+impl Sink for FailingSink {
+    fn name(&self) -> &'static str {
+        "failing"
+    }
+    fn write(&self, _: &Batch) -> Result<(), SinkError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        Err(SinkError::new("failing", self.retry, "the sink is down"))
+    }
+}
+
+fn small_valid_fixtures() -> Vec<Vec<u8>> {
+    all_fixtures()
+        .into_iter()
+        .filter(|f| f.len() < 100_000 && replay_ingest::recording::process(f, &Default::default()).is_ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_completes() {
+    let (topic, group) = (unique("rec"), unique("group"));
+    create_topic(&topic, 2).await;
+    let (report, _) = produce_fixtures(&topic, &small_valid_fixtures(), 40).await;
+
+    let (writes, messages) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let sink = SlowSink { delay: Duration::from_secs(2), writes: writes.clone(), messages: messages.clone() };
+    let args = args(&topic, &group, &["--buffer-max-messages", "8", "--max-flushes-in-flight", "1"]);
+    let status = Arc::new(Status::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = tokio::spawn({
+        let status = status.clone();
+        async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            pipeline::consume(&args, Sinks { stages: vec![vec![Box::new(sink)]] }, status, shutdown).await
+        }
+    });
+
+    // While the first flush sleeps, the next buffer fills to its limit, then intake pauses.
+    wait_for("intake paused behind the slow flush", Duration::from_secs(60), || status.paused.load(Ordering::SeqCst))
+        .await;
+    assert_eq!(status.flushes_in_flight.load(Ordering::SeqCst), 1);
+    assert!(status.buffer_messages.load(Ordering::SeqCst) >= 8, "the next buffer filled while the flush ran");
+    assert_eq!(writes.load(Ordering::SeqCst), 0, "paused before the first slow write finished");
+
+    // The buffer never grows past its limit plus the messages that were already being processed.
+    let processing_slots = 2 * std::thread::available_parallelism().unwrap().get();
+    let target = expected_commits(&report);
+    let mut largest = 0;
+    wait_for("everything flushed and committed", Duration::from_secs(90), || {
+        largest = largest.max(status.buffer_messages.load(Ordering::SeqCst));
+        committed(&group, &topic, 2) == target
+    })
+    .await;
+    assert!(largest <= 8 + processing_slots, "buffer held {largest} messages");
+    assert!(writes.load(Ordering::SeqCst) >= 40 / (8 + processing_slots), "flushed in bounded batches");
+    assert!(status.pauses.load(Ordering::SeqCst) >= 1);
+    assert!(!status.paused.load(Ordering::SeqCst), "resumed once flushes caught up");
+    assert_eq!(messages.load(Ordering::SeqCst), 40);
+
+    stop.send(()).unwrap();
+    service.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
+    let (topic, group) = (unique("rec"), unique("group"));
+    create_topic(&topic, 1).await;
+    produce_fixtures(&topic, &small_valid_fixtures(), 5).await;
+
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let sink = FailingSink { retry: Retry::Retryable, attempts: attempts.clone() };
+    let args = args(&topic, &group, &["--flush-max-attempts", "3", "--flush-max-backoff-ms", "50"]);
+    let never = std::future::pending::<()>();
+    let result =
+        pipeline::consume(&args, Sinks { stages: vec![vec![Box::new(sink)]] }, Arc::new(Status::default()), never)
+            .await;
+
+    assert!(matches!(result, Err(PipelineError::Flush(ref e)) if e.sink == "failing"), "{result:?}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 3, "retried up to the configured attempts");
+    assert!(committed(&group, &topic, 1).is_empty(), "nothing committed past a failed flush");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fatal_sink_error_is_not_retried() {
+    let (topic, group) = (unique("rec"), unique("group"));
+    create_topic(&topic, 1).await;
+    produce_fixtures(&topic, &small_valid_fixtures(), 2).await;
+
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let sink = FailingSink { retry: Retry::Fatal, attempts: attempts.clone() };
+    let args = args(&topic, &group, &[]);
+    let result = pipeline::consume(
+        &args,
+        Sinks { stages: vec![vec![Box::new(sink)]] },
+        Arc::new(Status::default()),
+        std::future::pending(),
+    )
+    .await;
+
+    assert!(matches!(result, Err(PipelineError::Flush(_))), "{result:?}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    assert!(committed(&group, &topic, 1).is_empty());
+}
