@@ -80,7 +80,7 @@ pub struct ConsumeArgs {
     pub session_timeout_ms: u64,
     /// librdkafka prefetch per consumer, KiB (`queued.max.messages.kbytes`). Higher smooths
     /// throughput; it adds directly to peak memory.
-    #[arg(long, env = "REPLAY_INGEST_PREFETCH_KBYTES", default_value_t = 32 * 1024)]
+    #[arg(long, env = "REPLAY_INGEST_PREFETCH_KBYTES", default_value_t = 64 * 1024)]
     pub prefetch_kbytes: u64,
     /// Largest fetch response, bytes (`fetch.max.bytes`). Must hold the largest message (15 MB
     /// upstream).

@@ -49,6 +49,13 @@ use frontier::Frontier;
 /// processed.
 const POLLED_CHANNEL_CAPACITY: usize = 16;
 
+/// Messages being processed or waiting for an earlier one to finish (arrival order is kept).
+/// A wide window keeps every core busy behind one large segment at the head.
+const PROCESSING_WINDOW_MESSAGES: usize = 64;
+
+/// Bytes of message values in that window: bounds its memory whatever the message sizes.
+const PROCESSING_WINDOW_BYTES: usize = 64 * 1024 * 1024;
+
 /// Why the pipeline stopped other than by a clean shutdown. Nothing past the failure was
 /// committed: a restart redelivers it.
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +112,7 @@ pub async fn consume(
         polled: polled_rx,
         pool: Arc::new(pool),
         limits: args.limits.into(),
-        max_processing: threads * 2,
+        processing_bytes: 0,
         processing: FuturesOrdered::new(),
         buffer: Buffer::new(args.buffer_limits()),
         frontier: Frontier::default(),
@@ -135,9 +142,10 @@ struct Pipeline {
     polled: mpsc::Receiver<Polled>,
     pool: Arc<rayon::ThreadPool>,
     limits: Limits,
-    /// Messages being processed, in arrival order.
-    processing: FuturesOrdered<oneshot::Receiver<(Entry, usize)>>,
-    max_processing: usize,
+    /// Messages being processed, in arrival order, with their value sizes.
+    processing: FuturesOrdered<oneshot::Receiver<(Entry, usize, usize)>>,
+    /// Sum of the value sizes in `processing`.
+    processing_bytes: usize,
     buffer: Buffer,
     frontier: Frontier,
     flushes: JoinSet<Flushed>,
@@ -169,7 +177,7 @@ impl Pipeline {
                 Some(processed) = self.processing.next() => {
                     self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
                 }
-                polled = self.polled.recv(), if !self.paused && self.processing.len() < self.max_processing => match polled {
+                polled = self.polled.recv(), if !self.paused && self.window_open() => match polled {
                     Some(Polled::Message(message)) => self.process(message),
                     Some(Polled::Assigned(partitions)) => self.assigned(&partitions)?,
                     Some(Polled::Revoke { done }) => {
@@ -190,19 +198,27 @@ impl Pipeline {
         }
     }
 
+    fn window_open(&self) -> bool {
+        self.processing.len() < PROCESSING_WINDOW_MESSAGES && self.processing_bytes < PROCESSING_WINDOW_BYTES
+    }
+
     /// consume → process: decompress and parse on the pool.
     fn process(&mut self, message: OwnedMessage) {
         self.status.consumed.fetch_add(1, Ordering::Relaxed);
+        let size = message.payload().map_or(0, <[u8]>::len);
+        self.processing_bytes += size;
         let (tx, rx) = oneshot::channel();
         let (limits, topic) = (self.limits, self.topic.clone());
         self.pool.spawn(move || {
-            let _ = tx.send(to_entry(message, &limits, topic));
+            let (entry, bytes) = to_entry(message, &limits, topic);
+            let _ = tx.send((entry, bytes, size));
         });
         self.processing.push_back(rx);
     }
 
     /// process → buffer.
-    fn buffered(&mut self, (entry, bytes): (Entry, usize)) {
+    fn buffered(&mut self, (entry, bytes, size): (Entry, usize, usize)) {
+        self.processing_bytes -= size;
         if matches!(entry.outcome, Outcome::Invalid(_)) {
             self.status.invalid.fetch_add(1, Ordering::Relaxed);
         }

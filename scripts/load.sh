@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# End-to-end load run on the local broker: publishes COUNT copies of the recorded fixture mix,
+# then measures (1) a bare rdkafka consumer reading them and (2) the service with the null sink
+# processing them, from a backlog far larger than its buffer. Prints throughput and peak RSS.
+# Usage: scripts/load.sh [COUNT] [BUFFER_MAX_BYTES]      (defaults 10000, 64 MiB)
+#   LOAD_FIXTURES="fixtures/segments/console-*.msgpack" scripts/load.sh   picks the message mix
+set -euo pipefail
+cd "$(dirname "$0")/.."
+COUNT=${1:-10000}
+BUFFER=${2:-67108864}
+
+export REPLAY_INGEST_STACK_DIR=${REPLAY_INGEST_STACK_DIR:-$(mktemp -d /tmp/replay-ingest-load.XXXXXX)}
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+export REPLAY_INGEST_KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-$(free_port)}
+trap 'scripts/stack.sh down >/dev/null' EXIT
+scripts/stack.sh up >/dev/null
+# shellcheck disable=SC1091
+source "$REPLAY_INGEST_STACK_DIR/stack.env"
+cargo build --locked --release --quiet --bin replay-ingest --example bare_consume
+bin=target/release/replay-ingest
+topic=load-$RANDOM$RANDOM
+"$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 4 "$topic" >/dev/null
+"$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 1 "$topic-dlq" >/dev/null
+
+echo "producing $COUNT messages (${LOAD_FIXTURES:-recorded fixture mix}) to $topic"
+# shellcheck disable=SC2086
+produced=$("$bin" produce --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --count "$COUNT" ${LOAD_FIXTURES:-fixtures/segments/*.msgpack})
+bare=$(target/release/examples/bare_consume "$REPLAY_INGEST_TEST_BROKERS" "$topic" "$COUNT")
+
+port=$(free_port)
+"$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --dlq-topic "$topic-dlq" \
+  --group-id "load-$RANDOM" --blob-sink null --http-listen "127.0.0.1:$port" \
+  --buffer-max-bytes "$BUFFER" --max-message-bytes 16000000 --session-timeout-ms 6000 --drain-deadline-ms 5000 \
+  2>/dev/null &
+pid=$!
+python3 - "$port" "$pid" "$COUNT" "$produced" "$bare" "$BUFFER" <<'PY'
+import json, sys, time, urllib.request
+port, pid, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+produced, bare, buffer = json.loads(sys.argv[4]), json.loads(sys.argv[5]), int(sys.argv[6])
+def status():
+    try:
+        return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2))
+    except Exception:
+        return None
+def hwm():
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+start = None
+while True:
+    s = status()
+    if s and s["consumed"] > 0 and start is None:
+        start = time.monotonic()
+    if s and s["flushed"] >= count:
+        break
+    time.sleep(0.05)
+seconds = time.monotonic() - start
+mb = produced["bytes"] / 1e6
+bare_rate = bare["messages"] / bare["seconds"]
+rate = count / seconds
+print(f"{'':28} {'msgs/s':>10} {'MB/s':>8}")
+print(f"{'bare rdkafka consumer':28} {bare_rate:>10.0f} {bare['bytes'] / 1e6 / bare['seconds']:>8.1f}")
+print(f"{'pipeline, null sink':28} {rate:>10.0f} {mb / seconds:>8.1f}   ({rate / bare_rate:.2f}x bare)")
+print(f"peak RSS {hwm() / 2**20:.0f} MiB with --buffer-max-bytes {buffer / 2**20:.0f} MiB and a {mb:.0f} MB backlog")
+PY
+kill -TERM "$pid"
+wait "$pid"
