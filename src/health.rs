@@ -40,6 +40,7 @@ pub struct Status {
     pub flushed: AtomicU64,
     pub pauses: AtomicU64,
     pub rebalances: AtomicU64,
+    invalid_by_reason: Mutex<BTreeMap<&'static str, u64>>,
     committed: Mutex<BTreeMap<i32, i64>>,
 }
 
@@ -58,6 +59,7 @@ struct Snapshot {
     flushed: u64,
     pauses: u64,
     rebalances: u64,
+    invalid_by_reason: BTreeMap<&'static str, u64>,
     /// Partition → next offset to read, as last committed by this process.
     committed: BTreeMap<i32, i64>,
 }
@@ -75,9 +77,13 @@ impl Status {
         self.assigned.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
     }
 
+    pub fn record_invalid(&self, reason: &'static str) {
+        self.invalid.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.invalid_by_reason).entry(reason).or_default() += 1;
+    }
+
     pub fn record_commit(&self, positions: &[(i32, i64)]) {
-        let mut committed = self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        committed.extend(positions.iter().copied());
+        lock(&self.committed).extend(positions.iter().copied());
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -96,9 +102,15 @@ impl Status {
             flushed: load(&self.flushed),
             pauses: load(&self.pauses),
             rebalances: load(&self.rebalances),
-            committed: self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone(),
+            invalid_by_reason: lock(&self.invalid_by_reason).clone(),
+            committed: lock(&self.committed).clone(),
         }
     }
+}
+
+/// The maps hold plain counters: a panic elsewhere cannot leave them inconsistent.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn code(ok: bool) -> StatusCode {

@@ -12,6 +12,8 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Serialize;
 
+use crate::recording::envelope::is_replay_id;
+
 /// Deliveries awaited at once; bounds the producer's memory on large runs.
 const WINDOW: usize = 5_000;
 
@@ -28,7 +30,8 @@ pub struct Produced {
     pub deliveries: Vec<(i32, i64, String)>,
 }
 
-/// `value` with its `replay_id` replaced, when it is a msgpack map that has one.
+/// `value` with its `replay_id` replaced, when it is a msgpack map with a valid one (an invalid
+/// id stays, so a hostile fixture stays hostile).
 pub fn with_replay_id(value: &[u8], replay_id: &str) -> Option<Vec<u8>> {
     let mut decoded = rmpv::decode::read_value(&mut &value[..]).ok()?;
     let map = match &mut decoded {
@@ -36,6 +39,9 @@ pub fn with_replay_id(value: &[u8], replay_id: &str) -> Option<Vec<u8>> {
         _ => return None,
     };
     let slot = map.iter_mut().find(|(k, _)| k.as_str() == Some("replay_id"))?;
+    if !slot.1.as_str().is_some_and(is_replay_id) {
+        return None;
+    }
     slot.1 = rmpv::Value::from(replay_id);
     let mut out = Vec::with_capacity(value.len());
     rmpv::encode::write_value(&mut out, &decoded).ok()?;
@@ -114,8 +120,11 @@ mod tests {
     }
 
     #[test]
-    fn values_without_a_replay_id_map_are_left_alone() {
+    fn values_without_a_valid_replay_id_are_left_alone() {
         assert_eq!(with_replay_id(b"\x93\x01\x02\x03", "x"), None);
         assert_eq!(with_replay_id(b"garbage", "x"), None);
+        let bad =
+            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/synthetic/bad-replay-id.msgpack")).unwrap();
+        assert_eq!(with_replay_id(&bad, &random_replay_id()), None);
     }
 }

@@ -219,8 +219,8 @@ impl Pipeline {
     /// process → buffer.
     fn buffered(&mut self, (entry, bytes, size): (Entry, usize, usize)) {
         self.processing_bytes -= size;
-        if matches!(entry.outcome, Outcome::Invalid(_)) {
-            self.status.invalid.fetch_add(1, Ordering::Relaxed);
+        if let Outcome::Invalid(invalid) = &entry.outcome {
+            self.status.record_invalid(invalid.error.reason.as_str());
         }
         self.frontier.track(entry.partition, entry.offset);
         self.buffer.push(entry, bytes, Instant::now());

@@ -118,7 +118,8 @@ fn required<T>(field: Option<T>, name: &str) -> Result<T, InvalidRecording> {
     field.ok_or_else(|| InvalidRecording::new(Reason::MissingField, format_args!("{name} is missing")))
 }
 
-fn is_replay_id(id: &str) -> bool {
+/// 32 lowercase hex characters: a UUID without dashes.
+pub fn is_replay_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
