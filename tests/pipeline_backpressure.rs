@@ -77,7 +77,7 @@ fn small_valid_fixtures() -> Vec<Vec<u8>> {
 async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_completes() {
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 2).await;
-    let (report, _) = produce_fixtures(&topic, &small_valid_fixtures(), 40).await;
+    let (report, _) = produce_fixtures(&topic, &small_valid_fixtures(), 200).await;
 
     let (writes, messages) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let sink = SlowSink { delay: Duration::from_secs(2), writes: writes.clone(), messages: messages.clone() };
@@ -101,8 +101,8 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
     assert!(status.buffer_messages.load(Ordering::SeqCst) >= 8, "the next buffer filled while the flush ran");
     assert_eq!(writes.load(Ordering::SeqCst), 0, "paused before the first slow write finished");
 
-    // The buffer never grows past its limit plus the messages that were already being processed.
-    let processing_slots = 2 * std::thread::available_parallelism().unwrap().get();
+    // The buffer never grows past its limit plus the messages already in the processing window.
+    let processing_slots = pipeline::PROCESSING_WINDOW_MESSAGES;
     let target = expected_commits(&report);
     let mut largest = 0;
     wait_for("everything flushed and committed", Duration::from_secs(90), || {
@@ -111,10 +111,10 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
     })
     .await;
     assert!(largest <= 8 + processing_slots, "buffer held {largest} messages");
-    assert!(writes.load(Ordering::SeqCst) >= 40 / (8 + processing_slots), "flushed in bounded batches");
+    assert!(writes.load(Ordering::SeqCst) >= 200 / (8 + processing_slots), "flushed in bounded batches");
     assert!(status.pauses.load(Ordering::SeqCst) >= 1);
     assert!(!status.paused.load(Ordering::SeqCst), "resumed once flushes caught up");
-    assert_eq!(messages.load(Ordering::SeqCst), 40);
+    assert_eq!(messages.load(Ordering::SeqCst), 200);
 
     stop.send(()).unwrap();
     service.await.unwrap().unwrap();

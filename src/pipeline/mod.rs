@@ -51,10 +51,10 @@ const POLLED_CHANNEL_CAPACITY: usize = 16;
 
 /// Messages being processed or waiting for an earlier one to finish (arrival order is kept).
 /// A wide window keeps every core busy behind one large segment at the head.
-const PROCESSING_WINDOW_MESSAGES: usize = 64;
+pub const PROCESSING_WINDOW_MESSAGES: usize = 64;
 
 /// Bytes of message values in that window: bounds its memory whatever the message sizes.
-const PROCESSING_WINDOW_BYTES: usize = 64 * 1024 * 1024;
+pub const PROCESSING_WINDOW_BYTES: usize = 64 * 1024 * 1024;
 
 /// Why the pipeline stopped other than by a clean shutdown. Nothing past the failure was
 /// committed: a restart redelivers it.
