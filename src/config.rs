@@ -202,6 +202,8 @@ impl ConsumeArgs {
             ("fetch.max.bytes", self.fetch_max_bytes.to_string()),
             ("max.partition.fetch.bytes", self.fetch_max_bytes.min(16 * 1024 * 1024).to_string()),
             ("partition.assignment.strategy", "range".into()),
+            // Consumer lag per partition for the `consumer.lag` gauge.
+            ("statistics.interval.ms", "10000".into()),
         ]
     }
 }

@@ -12,6 +12,7 @@ pub mod config;
 pub mod health;
 pub mod inspect;
 pub mod kafka;
+pub mod metrics;
 pub mod pipeline;
 pub mod recording;
 pub mod sink;

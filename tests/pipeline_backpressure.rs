@@ -13,7 +13,7 @@ use common::*;
 use replay_ingest::config::ConsumeArgs;
 use replay_ingest::health::Status;
 use replay_ingest::pipeline::{self, PipelineError, flush::Sinks};
-use replay_ingest::sink::{Batch, Retry, Sink, SinkError};
+use replay_ingest::sink::{Batch, Retry, Sink, SinkError, Written};
 
 #[derive(Parser)]
 struct Cli {
@@ -42,11 +42,11 @@ impl Sink for SlowSink {
     fn name(&self) -> &'static str {
         "slow"
     }
-    fn write(&self, batch: &Batch) -> Result<(), SinkError> {
+    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
         std::thread::sleep(self.delay);
         self.writes.fetch_add(1, Ordering::SeqCst);
         self.messages.fetch_add(batch.entries.len(), Ordering::SeqCst);
-        Ok(())
+        Ok(Written::default())
     }
 }
 
@@ -60,7 +60,7 @@ impl Sink for FailingSink {
     fn name(&self) -> &'static str {
         "failing"
     }
-    fn write(&self, _: &Batch) -> Result<(), SinkError> {
+    fn write(&self, _: &Batch) -> Result<Written, SinkError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         Err(SinkError::new("failing", self.retry, "the sink is down"))
     }

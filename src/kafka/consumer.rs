@@ -43,7 +43,18 @@ impl IngestContext {
     }
 }
 
-impl ClientContext for IngestContext {}
+impl ClientContext for IngestContext {
+    /// librdkafka statistics (every `statistics.interval.ms`): consumer lag per partition.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        for topic in statistics.topics.values() {
+            for (&partition, stats) in &topic.partitions {
+                if partition >= 0 && stats.consumer_lag >= 0 {
+                    crate::metrics::lag(partition, stats.consumer_lag);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for IngestContext {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use rand::RngExt;
 use tracing::warn;
 
-use crate::sink::{Batch, Retry, Sink, SinkError};
+use crate::sink::{Batch, Retry, Sink, SinkError, Written};
 
 /// Sinks grouped into ordered stages.
 pub struct Sinks {
@@ -33,10 +33,20 @@ impl RetryPolicy {
     }
 }
 
-/// Per-sink timing of a successful flush.
+/// One sink's part in a successful flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SinkReport {
+    pub sink: &'static str,
+    /// Time spent, retries included.
+    pub took: Duration,
+    pub retries: u32,
+    pub written: Written,
+}
+
+/// Per-sink reports of a successful flush, in stage order.
 #[derive(Debug, Default)]
 pub struct FlushReport {
-    pub sinks: Vec<(&'static str, Duration, u32)>,
+    pub sinks: Vec<SinkReport>,
 }
 
 /// Writes `batch` through every stage. `Err` means a sink failed fatally or ran out of attempts:
@@ -61,23 +71,24 @@ pub fn flush(batch: &Batch, sinks: &Sinks, policy: &RetryPolicy) -> Result<Flush
     Ok(report)
 }
 
-fn write_with_retries(
-    sink: &dyn Sink,
-    batch: &Batch,
-    policy: &RetryPolicy,
-) -> Result<(&'static str, Duration, u32), SinkError> {
+fn write_with_retries(sink: &dyn Sink, batch: &Batch, policy: &RetryPolicy) -> Result<SinkReport, SinkError> {
     let start = Instant::now();
     let mut attempt = 1;
     loop {
         match sink.write(batch) {
-            Ok(()) => return Ok((sink.name(), start.elapsed(), attempt - 1)),
+            Ok(written) => {
+                return Ok(SinkReport { sink: sink.name(), took: start.elapsed(), retries: attempt - 1, written });
+            }
             Err(error) if error.retry == Retry::Retryable && attempt < policy.max_attempts => {
                 let pause = policy.backoff(attempt, rand::rng().random::<f64>());
                 warn!(sink = sink.name(), attempt, backoff_ms = pause.as_millis() as u64, %error, "sink write failed; retrying");
                 std::thread::sleep(pause);
                 attempt += 1;
             }
-            Err(error) => return Err(error),
+            Err(error) => {
+                crate::metrics::flush_failed(sink.name());
+                return Err(error);
+            }
         }
     }
 }
@@ -107,12 +118,12 @@ mod tests {
         fn name(&self) -> &'static str {
             self.name
         }
-        fn write(&self, _: &Batch) -> Result<(), SinkError> {
+        fn write(&self, _: &Batch) -> Result<Written, SinkError> {
             self.log.lock().unwrap().push(self.name);
             if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
                 Err(SinkError::new(self.name, self.retry, "boom"))
             } else {
-                Ok(())
+                Ok(Written { items: 1, bytes: 2 })
             }
         }
     }
@@ -150,9 +161,10 @@ mod tests {
         assert_eq!(log.iter().filter(|s| **s == "dlq").count(), 1);
         assert_eq!(log.last(), Some(&"rows"), "rows only after blobs succeeded: {log:?}");
         assert_eq!(
-            report.sinks.iter().map(|s| (s.0, s.2)).collect::<Vec<_>>(),
+            report.sinks.iter().map(|s| (s.sink, s.retries)).collect::<Vec<_>>(),
             [("blobs", 2), ("dlq", 0), ("rows", 0)]
         );
+        assert!(report.sinks.iter().all(|s| s.written == Written { items: 1, bytes: 2 }));
     }
 
     #[test]

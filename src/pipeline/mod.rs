@@ -19,6 +19,7 @@ pub mod buffer;
 pub mod flush;
 pub mod frontier;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +38,7 @@ use crate::config::ConsumeArgs;
 use crate::health::Status;
 use crate::kafka::client_config;
 use crate::kafka::consumer::{IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, spawn_poller};
+use crate::metrics;
 use crate::recording::{self, Limits};
 use crate::sink::{Entry, InvalidMessage, Outcome, SinkError};
 use buffer::{Buffer, CloseReason, should_pause};
@@ -76,6 +78,8 @@ pub enum PipelineError {
 struct Flushed {
     offsets: Vec<(i32, i64)>,
     reason: CloseReason,
+    valid: u64,
+    invalid_by_reason: BTreeMap<&'static str, u64>,
     result: Result<FlushReport, SinkError>,
 }
 
@@ -123,6 +127,7 @@ pub async fn consume(
         drain_deadline: args.drain_deadline(),
         status,
         paused: false,
+        paused_since: None,
     };
     let result = pipeline.run(shutdown).await;
     stop.store(true, Ordering::Release);
@@ -155,6 +160,8 @@ struct Pipeline {
     drain_deadline: Duration,
     status: Arc<Status>,
     paused: bool,
+    /// When intake was last paused, for the paused-time metric.
+    paused_since: Option<Instant>,
 }
 
 impl Pipeline {
@@ -186,6 +193,7 @@ impl Pipeline {
                         self.paused = false;
                         self.status.assigned.store(false, Ordering::Relaxed);
                         self.status.rebalances.fetch_add(1, Ordering::Relaxed);
+                        metrics::rebalanced();
                         let _ = done.send(());
                     }
                     None => return Err(PipelineError::PollerGone),
@@ -205,6 +213,7 @@ impl Pipeline {
     /// consume → process: decompress and parse on the pool.
     fn process(&mut self, message: OwnedMessage) {
         self.status.consumed.fetch_add(1, Ordering::Relaxed);
+        metrics::consumed();
         let size = message.payload().map_or(0, <[u8]>::len);
         self.processing_bytes += size;
         let (tx, rx) = oneshot::channel();
@@ -244,7 +253,12 @@ impl Pipeline {
         let (sinks, retry) = (self.sinks.clone(), self.retry);
         self.flushes.spawn_blocking(move || {
             let result = flush::flush(&batch, &sinks, &retry);
-            Flushed { offsets, reason, result }
+            let valid = batch.valid().count() as u64;
+            let mut invalid_by_reason = BTreeMap::new();
+            for (_, invalid) in batch.invalid() {
+                *invalid_by_reason.entry(invalid.error.reason.as_str()).or_default() += 1;
+            }
+            Flushed { offsets, reason, valid, invalid_by_reason, result }
         });
         self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
     }
@@ -254,6 +268,12 @@ impl Pipeline {
         self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
         let report = flushed.result.map_err(PipelineError::Flush)?;
         debug!(messages = flushed.offsets.len(), reason = flushed.reason.as_str(), sinks = ?report.sinks, "flush done");
+        metrics::flushed(
+            flushed.reason.as_str(),
+            flushed.valid,
+            flushed.invalid_by_reason.into_iter(),
+            report.sinks.iter().map(|s| (s.sink, s.took, s.retries, s.written)),
+        );
         self.status.flushed.fetch_add(flushed.offsets.len() as u64, Ordering::Relaxed);
         for (partition, offset) in flushed.offsets {
             self.frontier.complete(partition, offset);
@@ -268,7 +288,10 @@ impl Pipeline {
             return;
         }
         match self.consumer.commit(&commit_list(&self.topic, &positions), mode) {
-            Ok(()) => self.status.record_commit(&positions),
+            Ok(()) => {
+                metrics::committed();
+                self.status.record_commit(&positions);
+            }
             // Not fatal: the next commit covers these offsets; at worst they are redelivered.
             Err(error) => warn!(%error, ?positions, "offset commit failed"),
         }
@@ -283,6 +306,7 @@ impl Pipeline {
         let assignment = self.consumer.assignment()?;
         if pause {
             self.consumer.pause(&assignment)?;
+            self.paused_since = Some(Instant::now());
             self.status.pauses.fetch_add(1, Ordering::Relaxed);
             info!(
                 buffer_messages = self.buffer.len(),
@@ -291,6 +315,9 @@ impl Pipeline {
             );
         } else {
             self.consumer.resume(&assignment)?;
+            if let Some(since) = self.paused_since.take() {
+                metrics::paused_for(since.elapsed());
+            }
             info!("flush done: partitions resumed");
         }
         self.paused = pause;
@@ -339,6 +366,7 @@ impl Pipeline {
     fn publish_buffer(&self) {
         self.status.buffer_messages.store(self.buffer.len(), Ordering::Relaxed);
         self.status.buffer_bytes.store(self.buffer.bytes(), Ordering::Relaxed);
+        metrics::buffer(self.buffer.len(), self.buffer.bytes());
     }
 }
 
@@ -347,8 +375,16 @@ impl Pipeline {
 fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, usize) {
     let (partition, offset) = (message.partition(), message.offset());
     let value = message.payload().unwrap_or_default();
+    let start = Instant::now();
     match recording::process(value, limits) {
         Ok(processed) => {
+            let p = &processed;
+            metrics::processed_segment(
+                p.compressed_bytes,
+                p.uncompressed_bytes,
+                p.extracted.invalid_events,
+                start.elapsed(),
+            );
             let bytes = processed.memory_bytes();
             (Entry { partition, offset, outcome: Outcome::Valid(Box::new(processed)) }, bytes)
         }

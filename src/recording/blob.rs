@@ -19,11 +19,11 @@ const PACK_RRWEB: u8 = 0x00;
 /// Pack marker: video followed by rrweb JSON.
 const PACK_VIDEO: u8 = 0x01;
 
-/// One object to upload.
+/// One object to upload. `bytes` is reference-counted: uploads and retries share it, no copies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blob {
     pub key: String,
-    pub bytes: Vec<u8>,
+    pub bytes: bytes::Bytes,
 }
 
 pub fn key(retention_days: u16, project_id: u64, replay_id: &str, segment_id: u64) -> String {

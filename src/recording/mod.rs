@@ -120,7 +120,7 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
         uncompressed_bytes: json.len(),
         blob: Blob {
             key: blob::key(env.retention_days, env.project_id, env.replay_id, segment_id),
-            bytes: blob::bytes(&payload, &json, env.replay_video),
+            bytes: blob::bytes(&payload, &json, env.replay_video).into(),
         },
         extracted,
         rows,

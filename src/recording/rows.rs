@@ -6,29 +6,49 @@
 //! redelivered segment produces identical rows and the ReplacingMergeTree collapses them.
 
 use md5::{Digest, Md5};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::envelope::Envelope;
 use super::replay_event::ReplayEvent;
 use super::rrweb::{Click, Tap};
 
-/// What a row describes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// What a row describes. Stored as `Enum8('segment' = 0, 'click' = 1, 'tap' = 2)`, which
+/// RowBinary carries as its `u8` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum RowKind {
-    Segment,
-    Click,
-    Tap,
+    Segment = 0,
+    Click = 1,
+    Tap = 2,
 }
 
-/// One row of the `replays` table.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+impl Serialize for RowKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u8(*self as u8)
+    }
+}
+
+impl<'de> Deserialize<'de> for RowKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match u8::deserialize(deserializer)? {
+            0 => Ok(RowKind::Segment),
+            1 => Ok(RowKind::Click),
+            2 => Ok(RowKind::Tap),
+            other => Err(serde::de::Error::custom(format_args!("unknown row kind {other}"))),
+        }
+    }
+}
+
+/// One row of the `replays` table, fields in column order (RowBinary is positional).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clickhouse::Row)]
 pub struct ReplayRow {
     pub kind: RowKind,
     pub project_id: u64,
+    #[serde(with = "clickhouse::serde::uuid")]
     pub replay_id: Uuid,
     /// Deduplication key within `(project_id, day, replay_id)`.
+    #[serde(with = "clickhouse::serde::uuid")]
     pub event_hash: Uuid,
     /// Unix seconds (ClickHouse `DateTime`).
     pub timestamp: u32,
@@ -42,7 +62,9 @@ pub struct ReplayRow {
     pub release: String,
     pub dist: String,
     pub urls: Vec<String>,
+    #[serde(with = "clickhouse::serde::uuid_vec")]
     pub error_ids: Vec<Uuid>,
+    #[serde(with = "clickhouse::serde::uuid_vec")]
     pub trace_ids: Vec<Uuid>,
     pub user_id: String,
     pub user_name: String,

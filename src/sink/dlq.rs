@@ -8,7 +8,7 @@ use futures::future::join_all;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use super::{Batch, Retry, Sink, SinkError};
+use super::{Batch, Retry, Sink, SinkError, Written};
 use crate::kafka::classify_producer_error;
 
 pub struct DlqSink {
@@ -27,8 +27,9 @@ impl Sink for DlqSink {
         "dlq"
     }
 
-    fn write(&self, batch: &Batch) -> Result<(), SinkError> {
+    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
         let mut deliveries = Vec::new();
+        let mut written = Written::default();
         for (entry, message) in batch.invalid() {
             let partition = entry.partition.to_string();
             let offset = entry.offset.to_string();
@@ -49,9 +50,11 @@ impl Sink for DlqSink {
                 .send_result(record)
                 .map_err(|(e, _)| SinkError::new(self.name(), classify_producer_error(&e), e))?;
             deliveries.push(delivery);
+            written.items += 1;
+            written.bytes += message.value.len() as u64;
         }
         if deliveries.is_empty() {
-            return Ok(());
+            return Ok(written);
         }
         self.producer.poll(Duration::ZERO);
         for delivery in futures::executor::block_on(join_all(deliveries)) {
@@ -63,6 +66,6 @@ impl Sink for DlqSink {
                 }
             }
         }
-        Ok(())
+        Ok(written)
     }
 }

@@ -5,7 +5,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use super::{Batch, Retry, Sink, SinkError};
+use super::{Batch, Retry, Sink, SinkError, Written};
 
 pub struct FilesystemBlobSink {
     root: PathBuf,
@@ -42,13 +42,16 @@ impl Sink for FilesystemBlobSink {
         "blobs"
     }
 
-    fn write(&self, batch: &Batch) -> Result<(), SinkError> {
+    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
+        let mut written = Written::default();
         for processed in batch.valid() {
             self.write_one(&processed.blob.key, &processed.blob.bytes).map_err(|e| {
                 // A full disk or a permission problem may clear up; keep retrying within the policy.
                 SinkError::new(self.name(), Retry::Retryable, format_args!("{}: {e}", processed.blob.key))
             })?;
+            written.items += 1;
+            written.bytes += processed.blob.bytes.len() as u64;
         }
-        Ok(())
+        Ok(written)
     }
 }

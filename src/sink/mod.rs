@@ -6,12 +6,14 @@
 //! - [`null`]: accepts everything (benchmarks the pipeline alone);
 //! - [`dlq`]: invalid messages, with their original bytes, to the dead-letter topic.
 
+pub mod clickhouse;
 pub mod dlq;
 pub mod filesystem;
 pub mod null;
 
 use std::fmt;
 
+pub use crate::metrics::Written;
 use crate::recording::{InvalidRecording, Processed};
 
 /// One consumed message as the flush sees it.
@@ -91,7 +93,7 @@ pub trait Sink: Send + Sync {
     /// Short fixed name, used as a metric tag and in logs.
     fn name(&self) -> &'static str;
 
-    /// Writes what this sink stores from `batch`, durably, before returning. Idempotent: a retry
-    /// or a redelivered batch writes the same keys.
-    fn write(&self, batch: &Batch) -> Result<(), SinkError>;
+    /// Writes what this sink stores from `batch`, durably, before returning, and says how much.
+    /// Idempotent: a retry or a redelivered batch writes the same keys.
+    fn write(&self, batch: &Batch) -> Result<Written, SinkError>;
 }

@@ -1,0 +1,119 @@
+//! The metrics catalogue: every metric the service emits, with its type, unit and tags, in one
+//! place. Names are prefixed by the exporter (`--statsd-prefix`, default `replay_ingest`). Tags
+//! come from small fixed sets — `sink`, `reason`, `close_reason`, `partition` (a number) — never
+//! ids. Emitted per message only for size/time distributions, otherwise per batch.
+//!
+//! | name | type | unit | tags | meaning |
+//! |---|---|---|---|---|
+//! | `messages.consumed` | counter | messages | | polled from Kafka |
+//! | `messages.processed` | counter | messages | | valid, flushed |
+//! | `messages.invalid` | counter | messages | `reason` | dead-lettered, flushed |
+//! | `events.invalid` | counter | events | | malformed rrweb events skipped inside valid segments |
+//! | `segment.compressed_bytes` | distribution | bytes | | body as received |
+//! | `segment.uncompressed_bytes` | distribution | bytes | | rrweb JSON |
+//! | `process.duration_ms` | distribution | ms | | decode + decompress + extract, per message |
+//! | `buffer.messages` | gauge | messages | | open buffer |
+//! | `buffer.bytes` | gauge | bytes | | open buffer |
+//! | `flush.duration_ms` | distribution | ms | `sink` | one sink's write of one batch, retries included |
+//! | `flush.batch_messages` | distribution | messages | `close_reason` | batch size |
+//! | `flush.items` | counter | rows/blobs/events | `sink` | what a sink wrote |
+//! | `flush.bytes` | counter | bytes | `sink` | what a sink wrote |
+//! | `flush.retries` | counter | attempts | `sink` | failed attempts that were retried |
+//! | `flush.errors` | counter | batches | `sink` | flushes that failed for good (the service stops) |
+//! | `commits` | counter | commits | | offset commits |
+//! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure |
+//! | `consumer.rebalances` | counter | rebalances | | partition revocations drained |
+//! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics |
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+
+pub const MESSAGES_CONSUMED: &str = "messages.consumed";
+pub const MESSAGES_PROCESSED: &str = "messages.processed";
+pub const MESSAGES_INVALID: &str = "messages.invalid";
+pub const EVENTS_INVALID: &str = "events.invalid";
+pub const SEGMENT_COMPRESSED_BYTES: &str = "segment.compressed_bytes";
+pub const SEGMENT_UNCOMPRESSED_BYTES: &str = "segment.uncompressed_bytes";
+pub const PROCESS_DURATION_MS: &str = "process.duration_ms";
+pub const BUFFER_MESSAGES: &str = "buffer.messages";
+pub const BUFFER_BYTES: &str = "buffer.bytes";
+pub const FLUSH_DURATION_MS: &str = "flush.duration_ms";
+pub const FLUSH_BATCH_MESSAGES: &str = "flush.batch_messages";
+pub const FLUSH_ITEMS: &str = "flush.items";
+pub const FLUSH_BYTES: &str = "flush.bytes";
+pub const FLUSH_RETRIES: &str = "flush.retries";
+pub const FLUSH_ERRORS: &str = "flush.errors";
+pub const COMMITS: &str = "commits";
+pub const CONSUMER_PAUSED_MS: &str = "consumer.paused_ms";
+pub const CONSUMER_REBALANCES: &str = "consumer.rebalances";
+pub const CONSUMER_LAG: &str = "consumer.lag";
+
+/// What one sink wrote in one flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Written {
+    pub items: u64,
+    pub bytes: u64,
+}
+
+pub fn consumed() {
+    counter!(MESSAGES_CONSUMED).increment(1);
+}
+
+pub fn processed_segment(compressed: usize, uncompressed: usize, invalid_events: u64, took: Duration) {
+    histogram!(SEGMENT_COMPRESSED_BYTES).record(compressed as f64);
+    histogram!(SEGMENT_UNCOMPRESSED_BYTES).record(uncompressed as f64);
+    histogram!(PROCESS_DURATION_MS).record(took.as_secs_f64() * 1000.0);
+    if invalid_events > 0 {
+        counter!(EVENTS_INVALID).increment(invalid_events);
+    }
+}
+
+pub fn buffer(messages: usize, bytes: usize) {
+    gauge!(BUFFER_MESSAGES).set(messages as f64);
+    gauge!(BUFFER_BYTES).set(bytes as f64);
+}
+
+/// A batch is durable: its message counts, per-sink timings and volumes.
+pub fn flushed(
+    close_reason: &'static str,
+    valid: u64,
+    invalid_by_reason: impl Iterator<Item = (&'static str, u64)>,
+    sinks: impl Iterator<Item = (&'static str, Duration, u32, Written)>,
+) {
+    counter!(MESSAGES_PROCESSED).increment(valid);
+    let mut batch = valid;
+    for (reason, n) in invalid_by_reason {
+        counter!(MESSAGES_INVALID, "reason" => reason).increment(n);
+        batch += n;
+    }
+    histogram!(FLUSH_BATCH_MESSAGES, "close_reason" => close_reason).record(batch as f64);
+    for (sink, took, retries, written) in sinks {
+        histogram!(FLUSH_DURATION_MS, "sink" => sink).record(took.as_secs_f64() * 1000.0);
+        counter!(FLUSH_ITEMS, "sink" => sink).increment(written.items);
+        counter!(FLUSH_BYTES, "sink" => sink).increment(written.bytes);
+        if retries > 0 {
+            counter!(FLUSH_RETRIES, "sink" => sink).increment(u64::from(retries));
+        }
+    }
+}
+
+pub fn flush_failed(sink: &'static str) {
+    counter!(FLUSH_ERRORS, "sink" => sink).increment(1);
+}
+
+pub fn committed() {
+    counter!(COMMITS).increment(1);
+}
+
+pub fn paused_for(duration: Duration) {
+    counter!(CONSUMER_PAUSED_MS).increment(duration.as_millis() as u64);
+}
+
+pub fn rebalanced() {
+    counter!(CONSUMER_REBALANCES).increment(1);
+}
+
+pub fn lag(partition: i32, lag: i64) {
+    gauge!(CONSUMER_LAG, "partition" => partition.to_string()).set(lag as f64);
+}

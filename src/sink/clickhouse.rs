@@ -1,0 +1,260 @@
+//! Rows to ClickHouse: one `replays` table (ReplacingMergeTree) holding click, tap and segment
+//! rows, inserted with RowBinary over HTTP, one insert per batch (chunked at `chunk_rows`).
+//! Rows with the same key collapse; `segment_id` is the version, so a slow/dead/rage click
+//! reported in a later segment replaces the plain click of the same node and second.
+//!
+//! Settings make errors visible: `wait_end_of_query=1` (an error after the first bytes of a 200
+//! response would otherwise go unnoticed). The table is created by `migrate` for the server it
+//! finds: TTL only where the server supports it (19.6+), so the same code runs against the local
+//! 18.16 server and a current production one.
+
+use tokio::runtime::Handle;
+
+use super::{Batch, Retry, Sink, SinkError, Written};
+use crate::recording::ReplayRow;
+
+/// ClickHouse error codes that no retry can fix: the data or the schema is wrong.
+/// 16 NO_SUCH_COLUMN_IN_TABLE, 27 CANNOT_PARSE_INPUT_ASSERTION_FAILED, 33 CANNOT_READ_ALL_DATA,
+/// 36 BAD_ARGUMENTS, 43 ILLEGAL_TYPE_OF_ARGUMENT, 53 TYPE_MISMATCH, 60 UNKNOWN_TABLE,
+/// 62 SYNTAX_ERROR, 70 CANNOT_CONVERT_TYPE, 81 UNKNOWN_DATABASE, 117 INCORRECT_DATA,
+/// 192 UNKNOWN_USER, 516 AUTHENTICATION_FAILED.
+const FATAL_CODES: [u32; 13] = [16, 27, 33, 36, 43, 53, 60, 62, 70, 81, 117, 192, 516];
+
+/// Retry classification: deterministic data or schema errors are fatal; network trouble,
+/// timeouts, overload and other server errors are retried.
+pub fn classify(error: &clickhouse::error::Error) -> Retry {
+    use clickhouse::error::Error;
+    match error {
+        Error::BadResponse(message) => match error_code(message) {
+            Some(code) if FATAL_CODES.contains(&code) => Retry::Fatal,
+            _ => Retry::Retryable,
+        },
+        Error::Network(_) | Error::TimedOut | Error::Compression(_) | Error::Decompression(_) => Retry::Retryable,
+        Error::SchemaMismatch(_) | Error::InvalidParams(_) | Error::Unsupported(_) => Retry::Fatal,
+        _ => Retry::Retryable,
+    }
+}
+
+/// The `Code: N` ClickHouse puts in its error messages.
+fn error_code(message: &str) -> Option<u32> {
+    let rest = &message[message.find("Code: ")? + 6..];
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// A server version, e.g. `18.16.1` → (18, 16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ServerVersion(pub u32, pub u32);
+
+impl ServerVersion {
+    pub fn parse(version: &str) -> Option<Self> {
+        let mut parts = version.trim().split('.').map(|p| p.parse::<u32>().ok());
+        Some(ServerVersion(parts.next()??, parts.next()??))
+    }
+}
+
+/// What the server can do, probed at migration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerFeatures {
+    pub version: ServerVersion,
+    /// `cityHash64` accepts a `UUID` (18.16 does not: it hashes `toString(replay_id)` there).
+    pub hash_uuid: bool,
+}
+
+impl ServerFeatures {
+    /// Table TTL arrived in 19.6.
+    pub fn supports_ttl(self) -> bool {
+        self.version >= ServerVersion(19, 6)
+    }
+}
+
+/// `CREATE TABLE` for the replays table on a server with `features`. Columns are in `ReplayRow`
+/// order.
+pub fn create_table_sql(database: &str, table: &str, features: ServerFeatures) -> String {
+    let ttl = if features.supports_ttl() { "\nTTL timestamp + toIntervalDay(retention_days)" } else { "" };
+    let replay_hash = if features.hash_uuid { "cityHash64(replay_id)" } else { "cityHash64(toString(replay_id))" };
+    format!(
+        "CREATE TABLE IF NOT EXISTS {database}.{table} (
+    kind Enum8('segment' = 0, 'click' = 1, 'tap' = 2),
+    project_id UInt64,
+    replay_id UUID,
+    event_hash UUID,
+    timestamp DateTime,
+    retention_days UInt16,
+    segment_id UInt32,
+    replay_start_timestamp Nullable(DateTime),
+    replay_type String,
+    platform String,
+    environment String,
+    release String,
+    dist String,
+    urls Array(String),
+    error_ids Array(UUID),
+    trace_ids Array(UUID),
+    user_id String,
+    user_name String,
+    user_email String,
+    ip_address String,
+    os_name String,
+    os_version String,
+    browser_name String,
+    browser_version String,
+    device_name String,
+    device_brand String,
+    device_family String,
+    device_model String,
+    sdk_name String,
+    sdk_version String,
+    error_sample_rate Nullable(Float64),
+    session_sample_rate Nullable(Float64),
+    tags_key Array(String),
+    tags_value Array(String),
+    click_node_id UInt64,
+    click_tag String,
+    click_id String,
+    click_class Array(String),
+    click_text String,
+    click_role String,
+    click_alt String,
+    click_testid String,
+    click_aria_label String,
+    click_title String,
+    click_component_name String,
+    click_selector String,
+    click_url String,
+    click_is_dead UInt8,
+    click_is_rage UInt8,
+    tap_message String,
+    tap_view_class String,
+    tap_view_id String
+)
+ENGINE = ReplacingMergeTree(segment_id)
+PARTITION BY (retention_days, toMonday(timestamp))
+ORDER BY (project_id, toStartOfDay(timestamp), {replay_hash}, event_hash){ttl}
+SETTINGS index_granularity = 8192"
+    )
+}
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub struct ClickHouseConfig {
+    pub url: String,
+    pub database: String,
+    pub table: String,
+    pub user: String,
+    pub password: String,
+    /// Rows per INSERT; a batch with more rows is split.
+    pub chunk_rows: usize,
+}
+
+pub fn client(config: &ClickHouseConfig) -> clickhouse::Client {
+    clickhouse::Client::default()
+        .with_url(&config.url)
+        .with_user(&config.user)
+        .with_password(&config.password)
+        .with_database(&config.database)
+        .with_validation(false)
+        .with_setting("wait_end_of_query", "1")
+}
+
+/// Creates the database and table if missing, for what the server supports.
+pub async fn migrate(config: &ClickHouseConfig) -> Result<ServerFeatures, clickhouse::error::Error> {
+    // The database may not exist yet: connect to `default` for the probes and the DDL.
+    let client = client(config).with_database("default");
+    let version: String = client.query("SELECT version()").fetch_one().await?;
+    let version = ServerVersion::parse(&version).unwrap_or(ServerVersion(0, 0));
+    let hash_uuid =
+        client.query("SELECT cityHash64(toUUID('00000000-0000-0000-0000-000000000000'))").execute().await.is_ok();
+    let features = ServerFeatures { version, hash_uuid };
+    client.query(&format!("CREATE DATABASE IF NOT EXISTS {}", config.database)).execute().await?;
+    client.query(&create_table_sql(&config.database, &config.table, features)).execute().await?;
+    Ok(features)
+}
+
+pub struct ClickHouseSink {
+    client: clickhouse::Client,
+    table: String,
+    chunk_rows: usize,
+    runtime: Handle,
+}
+
+impl ClickHouseSink {
+    /// Must be created inside the async runtime the writes will use.
+    pub fn new(config: &ClickHouseConfig) -> Self {
+        ClickHouseSink {
+            client: client(config),
+            table: config.table.clone(),
+            chunk_rows: config.chunk_rows.max(1),
+            runtime: Handle::current(),
+        }
+    }
+
+    async fn insert(&self, rows: &[&ReplayRow]) -> Result<(), clickhouse::error::Error> {
+        let mut insert = self.client.insert::<ReplayRow>(&self.table).await?;
+        for row in rows {
+            insert.write(row).await?;
+        }
+        insert.end().await
+    }
+}
+
+impl Sink for ClickHouseSink {
+    fn name(&self) -> &'static str {
+        "clickhouse"
+    }
+
+    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
+        let rows: Vec<&ReplayRow> = batch.valid().flat_map(|p| p.rows.iter()).collect();
+        for chunk in rows.chunks(self.chunk_rows) {
+            self.runtime.block_on(self.insert(chunk)).map_err(|e| SinkError::new(self.name(), classify(&e), e))?;
+        }
+        Ok(Written { items: rows.len() as u64, bytes: 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clickhouse::error::Error;
+
+    #[test]
+    fn data_and_schema_errors_are_fatal_and_the_rest_retried() {
+        let cases = [
+            ("Code: 53, e.displayText() = DB::Exception: Type mismatch", Retry::Fatal),
+            ("Code: 27. DB::Exception: Cannot parse input", Retry::Fatal),
+            ("Code: 117, e.displayText() = DB::Exception: Incorrect data", Retry::Fatal),
+            ("Code: 60. DB::Exception: Table default.x doesn't exist", Retry::Fatal),
+            ("Code: 241. DB::Exception: Memory limit exceeded", Retry::Retryable),
+            ("Code: 252. DB::Exception: Too many parts", Retry::Retryable),
+            ("503 Service Unavailable", Retry::Retryable),
+        ];
+        for (message, expected) in cases {
+            assert_eq!(classify(&Error::BadResponse(message.into())), expected, "{message}");
+        }
+        assert_eq!(classify(&Error::TimedOut), Retry::Retryable);
+        assert_eq!(classify(&Error::SchemaMismatch("x".into())), Retry::Fatal);
+    }
+
+    const OLD: ServerFeatures = ServerFeatures { version: ServerVersion(18, 16), hash_uuid: false };
+
+    #[test]
+    fn ttl_and_uuid_hashing_are_used_only_where_the_server_supports_them() {
+        assert_eq!(ServerVersion::parse("18.16.1"), Some(ServerVersion(18, 16)));
+        let old = create_table_sql("db", "t", OLD);
+        assert!(!old.contains("TTL") && old.contains("cityHash64(toString(replay_id))"));
+        let new = ServerFeatures { version: ServerVersion::parse("24.8.4.13").unwrap(), hash_uuid: true };
+        let new = create_table_sql("db", "t", new);
+        assert!(new.contains("TTL timestamp") && new.contains("cityHash64(replay_id)"));
+    }
+
+    #[test]
+    fn the_table_lists_every_row_field_in_order() {
+        let sql = create_table_sql("db", "t", OLD);
+        let columns: Vec<&str> = sql
+            .lines()
+            .skip(1)
+            .take_while(|l| !l.starts_with(')'))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert_eq!(columns, <ReplayRow as clickhouse::Row>::COLUMN_NAMES);
+    }
+}
