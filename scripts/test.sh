@@ -20,6 +20,7 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 export REPLAY_INGEST_KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-$(free_port)}
 export REPLAY_INGEST_CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-$(free_port)}
 export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$(free_port)}
+export REPLAY_INGEST_GCS_PORT=${REPLAY_INGEST_GCS_PORT:-$(free_port)}
 log=$(mktemp)
 trap 'scripts/stack.sh down; rm -f "$log"' EXIT
 scripts/stack.sh up

@@ -9,6 +9,7 @@
 pub mod clickhouse;
 pub mod dlq;
 pub mod filesystem;
+pub mod gcs;
 pub mod null;
 
 use std::fmt;
