@@ -32,7 +32,8 @@ done
 
 port=$(free_port)
 echo "== starting the service (status on http://127.0.0.1:$port/status)"
-"$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" --blob-dir "$work/blobs" --http-listen "127.0.0.1:$port" \
+"$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" --blob-sink filesystem --blob-dir "$work/blobs" \
+  --rows-sink null --events-sink null --statsd-address "" --http-listen "127.0.0.1:$port" \
   --session-timeout-ms 6000 --drain-deadline-ms 5000 --buffer-max-age-ms 1000 2>"$work/service.log" &
 pid=$!
 

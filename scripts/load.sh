@@ -29,7 +29,8 @@ bare=$(target/release/examples/bare_consume "$REPLAY_INGEST_TEST_BROKERS" "$topi
 
 port=$(free_port)
 "$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --dlq-topic "$topic-dlq" \
-  --group-id "load-$RANDOM" --blob-sink null --http-listen "127.0.0.1:$port" \
+  --group-id "load-$RANDOM" --blob-sink null --rows-sink null --events-sink null --statsd-address "" \
+  --http-listen "127.0.0.1:$port" \
   --buffer-max-bytes "$BUFFER" --max-message-bytes 16000000 --session-timeout-ms 6000 --drain-deadline-ms 5000 \
   2>/dev/null &
 pid=$!

@@ -54,10 +54,121 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlobSinkKind {
-    /// Store nothing (benchmark the pipeline alone).
-    Null,
+    /// Google Cloud Storage, `--gcs-bucket`.
+    Gcs,
     /// Files under `--blob-dir` (local runs and tests).
     Filesystem,
+    /// Store nothing (benchmark the pipeline alone).
+    Null,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowsSinkKind {
+    /// The ClickHouse `replays` table.
+    Clickhouse,
+    /// Write no rows.
+    Null,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventsSinkKind {
+    /// Kafka topics `--outcomes-topic`, `--analytics-topic`, `--issues-topic`.
+    Kafka,
+    /// Publish no analytics events.
+    Null,
+}
+
+/// Google Cloud Storage.
+#[derive(Args, Debug, Clone)]
+pub struct GcsArgs {
+    /// Bucket for segment blobs (required with `--blob-sink gcs`).
+    #[arg(long, env = "REPLAY_INGEST_GCS_BUCKET")]
+    pub gcs_bucket: Option<String>,
+    /// Storage endpoint, for emulators (e.g. `http://127.0.0.1:4443`); production uses the default.
+    #[arg(long, env = "REPLAY_INGEST_GCS_ENDPOINT")]
+    pub gcs_endpoint: Option<String>,
+    /// Anonymous credentials (emulators). Otherwise application-default credentials: Workload
+    /// Identity, or the key file named by `GOOGLE_APPLICATION_CREDENTIALS`.
+    #[arg(long, env = "REPLAY_INGEST_GCS_ANONYMOUS")]
+    pub gcs_anonymous: bool,
+    /// Uploads in flight per flush. More hides latency; each holds a connection.
+    #[arg(long, env = "REPLAY_INGEST_GCS_UPLOAD_CONCURRENCY", default_value_t = 32)]
+    pub gcs_upload_concurrency: usize,
+}
+
+/// ClickHouse.
+#[derive(Args, Debug, Clone)]
+pub struct ClickHouseArgs {
+    /// HTTP interface URL.
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_URL", default_value = "http://127.0.0.1:8123")]
+    pub clickhouse_url: String,
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_DATABASE", default_value = "default")]
+    pub clickhouse_database: String,
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_TABLE", default_value = "replays")]
+    pub clickhouse_table: String,
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_USER", default_value = "default")]
+    pub clickhouse_user: String,
+    /// Password (environment only in production: it never belongs on a command line).
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD", hide_env_values = true)]
+    pub clickhouse_password: Option<String>,
+    /// File holding the password (a mounted Kubernetes Secret); wins over the variable.
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE")]
+    pub clickhouse_password_file: Option<PathBuf>,
+    /// Rows per INSERT; larger batches are split.
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_CHUNK_ROWS", default_value_t = 100_000)]
+    pub clickhouse_chunk_rows: usize,
+}
+
+impl ClickHouseArgs {
+    pub fn config(&self) -> std::io::Result<crate::sink::clickhouse::ClickHouseConfig> {
+        let password = match &self.clickhouse_password_file {
+            Some(file) => std::fs::read_to_string(file)?.trim_end().to_owned(),
+            None => self.clickhouse_password.clone().unwrap_or_default(),
+        };
+        Ok(crate::sink::clickhouse::ClickHouseConfig {
+            url: self.clickhouse_url.clone(),
+            database: self.clickhouse_database.clone(),
+            table: self.clickhouse_table.clone(),
+            user: self.clickhouse_user.clone(),
+            password,
+            chunk_rows: self.clickhouse_chunk_rows,
+        })
+    }
+}
+
+/// Analytics event topics.
+#[derive(Args, Debug, Clone)]
+pub struct EventsArgs {
+    /// Billing outcomes (segment 0 of every replay).
+    #[arg(long, env = "REPLAY_INGEST_OUTCOMES_TOPIC", default_value = "outcomes")]
+    pub outcomes_topic: String,
+    /// "First replay received" per project.
+    #[arg(long, env = "REPLAY_INGEST_ANALYTICS_TOPIC", default_value = "replay-analytics")]
+    pub analytics_topic: String,
+    /// Rage-click and hydration-error occurrences.
+    #[arg(long, env = "REPLAY_INGEST_ISSUES_TOPIC", default_value = "ingest-occurrences")]
+    pub issues_topic: String,
+    /// Projects remembered as already announced; older ones may be announced again.
+    #[arg(long, env = "REPLAY_INGEST_FIRST_REPLAY_CACHE_SIZE", default_value_t = 100_000)]
+    pub first_replay_cache_size: usize,
+}
+
+/// DogStatsD metrics.
+#[derive(Args, Debug, Clone)]
+pub struct MetricsArgs {
+    /// DogStatsD address: `host:port` (UDP) or `unixgram:///path`; empty disables metrics. In
+    /// Kubernetes point it at the node's agent (host IP or the agent's socket).
+    #[arg(long, env = "REPLAY_INGEST_STATSD_ADDRESS", default_value = "127.0.0.1:8125")]
+    pub statsd_address: String,
+    /// Prefix of every metric name.
+    #[arg(long, env = "REPLAY_INGEST_STATSD_PREFIX", default_value = "replay_ingest")]
+    pub statsd_prefix: String,
+    /// Tags on every metric, `key:value` (e.g. `env:prod`); keep them low-cardinality.
+    #[arg(long = "statsd-tag", env = "REPLAY_INGEST_STATSD_TAGS", value_delimiter = ',')]
+    pub statsd_tags: Vec<String>,
+    /// How often aggregated metrics are sent, ms.
+    #[arg(long, env = "REPLAY_INGEST_STATSD_FLUSH_INTERVAL_MS", default_value_t = 10_000)]
+    pub statsd_flush_interval_ms: u64,
 }
 
 /// `replay-ingest consume`.
@@ -125,11 +236,28 @@ pub struct ConsumeArgs {
     pub drain_deadline_ms: u64,
 
     /// Where blobs go.
-    #[arg(long, env = "REPLAY_INGEST_BLOB_SINK", value_enum, default_value_t = BlobSinkKind::Filesystem)]
+    #[arg(long, env = "REPLAY_INGEST_BLOB_SINK", value_enum, default_value_t = BlobSinkKind::Gcs)]
     pub blob_sink: BlobSinkKind,
     /// Directory for the filesystem blob sink.
     #[arg(long, env = "REPLAY_INGEST_BLOB_DIR", default_value = "blobs")]
     pub blob_dir: PathBuf,
+    #[command(flatten)]
+    pub gcs: GcsArgs,
+    /// Where rows go.
+    #[arg(long, env = "REPLAY_INGEST_ROWS_SINK", value_enum, default_value_t = RowsSinkKind::Clickhouse)]
+    pub rows_sink: RowsSinkKind,
+    #[command(flatten)]
+    pub clickhouse: ClickHouseArgs,
+    /// Create or migrate the ClickHouse table at start (otherwise run `replay-ingest migrate`).
+    #[arg(long, env = "REPLAY_INGEST_MIGRATE_ON_START")]
+    pub migrate_on_start: bool,
+    /// Where analytics events go.
+    #[arg(long, env = "REPLAY_INGEST_EVENTS_SINK", value_enum, default_value_t = EventsSinkKind::Kafka)]
+    pub events_sink: EventsSinkKind,
+    #[command(flatten)]
+    pub events: EventsArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
 
     /// Address of the health and status endpoint (`/health/live`, `/health/ready`, `/status`).
     #[arg(long, env = "REPLAY_INGEST_HTTP_LISTEN", default_value = "127.0.0.1:8080")]
@@ -158,6 +286,9 @@ impl ConsumeArgs {
                 "--buffer-max-bytes ({}) ÷ (--max-flushes-in-flight + 1) must hold one message of --max-message-bytes ({})",
                 self.buffer_max_bytes, self.max_message_bytes
             ));
+        }
+        if self.blob_sink == BlobSinkKind::Gcs && self.gcs.gcs_bucket.is_none() {
+            return Err("--blob-sink gcs needs --gcs-bucket (or REPLAY_INGEST_GCS_BUCKET)".into());
         }
         if (self.fetch_max_bytes as usize) < self.max_message_bytes {
             return Err(format!(
@@ -234,19 +365,22 @@ mod tests {
     }
 
     #[test]
-    fn the_defaults_are_valid() {
-        assert_eq!(parse(&[]).validate(), Ok(()));
+    fn the_defaults_are_valid_once_a_bucket_is_named() {
+        assert!(parse(&[]).validate().unwrap_err().contains("--gcs-bucket"));
+        assert_eq!(parse(&["--gcs-bucket", "replays"]).validate(), Ok(()));
     }
 
     #[test]
     fn a_drain_deadline_beyond_the_session_timeout_is_rejected() {
-        let err = parse(&["--drain-deadline-ms", "30000", "--session-timeout-ms", "30000"]).validate().unwrap_err();
+        let err = parse(&["--blob-sink", "null", "--drain-deadline-ms", "30000", "--session-timeout-ms", "30000"])
+            .validate()
+            .unwrap_err();
         assert!(err.contains("--drain-deadline-ms"), "{err}");
     }
 
     #[test]
     fn a_buffer_smaller_than_one_message_is_rejected() {
-        let err = parse(&["--buffer-max-bytes", "20000000"]).validate().unwrap_err();
+        let err = parse(&["--blob-sink", "null", "--buffer-max-bytes", "20000000"]).validate().unwrap_err();
         assert!(err.contains("--buffer-max-bytes"), "{err}");
     }
 

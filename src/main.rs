@@ -11,12 +11,17 @@ use rayon::prelude::*;
 use rdkafka::producer::FutureProducer;
 use tracing::{error, info};
 
-use replay_ingest::config::{BlobSinkKind, ConsumeArgs, KafkaArgs, LimitArgs, producer_properties};
+use replay_ingest::config::{
+    BlobSinkKind, ClickHouseArgs, ConsumeArgs, EventsSinkKind, KafkaArgs, LimitArgs, RowsSinkKind, producer_properties,
+};
 use replay_ingest::health::{self, Status};
 use replay_ingest::inspect;
 use replay_ingest::kafka::{client_config, load};
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::recording::Limits;
+use replay_ingest::sink::clickhouse::{self, ClickHouseSink};
+use replay_ingest::sink::events::{EventTopics, EventsSink};
+use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
 use replay_ingest::sink::{Sink, dlq::DlqSink, filesystem::FilesystemBlobSink, null::NullSink};
 
 #[derive(Parser)]
@@ -31,6 +36,8 @@ enum Command {
     /// Run the service: consume, process, buffer, flush, commit. Exits 0 after a clean drain on
     /// SIGTERM/SIGINT, non-zero when a flush cannot complete (nothing past it is committed).
     Consume(Box<ConsumeArgs>),
+    /// Create or migrate the ClickHouse table for the server's version, then exit.
+    Migrate(ClickHouseArgs),
     /// Publish message values (fixture files) to a topic, each copy with a fresh replay id, and
     /// print a JSON summary (messages, bytes, seconds, last offset per partition).
     Produce {
@@ -75,6 +82,12 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Consume(args) => run_consume(*args).await,
+            Command::Migrate(args) => {
+                let config = args.config().context("reading --clickhouse-password-file")?;
+                let features = clickhouse::migrate(&config).await.context("migrating ClickHouse")?;
+                info!(?features, database = %config.database, table = %config.table, "ClickHouse table ready");
+                Ok(())
+            }
             Command::Produce { kafka, topic, count, files } => run_produce(&kafka, &topic, count, &files).await,
             Command::Inspect { .. } => Ok(()),
         }
@@ -94,17 +107,55 @@ fn producer(kafka: &KafkaArgs, max_message_bytes: usize) -> anyhow::Result<Futur
         .context("creating the Kafka producer")
 }
 
-async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
-    args.validate().map_err(anyhow::Error::msg)?;
+/// The flush stages: blobs (and dead letters) first, so no row or event ever points at a missing
+/// blob; then rows and events in parallel. Metrics follow the flush.
+async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
     let blobs: Box<dyn Sink> = match args.blob_sink {
-        BlobSinkKind::Null => Box::new(NullSink),
+        BlobSinkKind::Gcs => {
+            let bucket = args.gcs.gcs_bucket.clone().context("--gcs-bucket is required with --blob-sink gcs")?;
+            let config = GcsConfig {
+                bucket,
+                endpoint: args.gcs.gcs_endpoint.clone(),
+                anonymous: args.gcs.gcs_anonymous,
+                concurrency: args.gcs.gcs_upload_concurrency,
+            };
+            Box::new(GcsSink::new(&config).await.context("creating the GCS client")?)
+        }
         BlobSinkKind::Filesystem => Box::new(
-            FilesystemBlobSink::new(&args.blob_dir)
-                .with_context(|| format!("blob directory {}", args.blob_dir.display()))?,
+            FilesystemBlobSink::new(&args.blob_dir).with_context(|| format!("blob directory {}", args.blob_dir.display()))?,
         ),
+        BlobSinkKind::Null => Box::new(NullSink),
     };
     let dlq = DlqSink::new(producer(&args.kafka, args.max_message_bytes)?, &args.dlq_topic);
-    let sinks = Sinks { stages: vec![vec![blobs, Box::new(dlq)]] };
+    let rows: Box<dyn Sink> = match args.rows_sink {
+        RowsSinkKind::Clickhouse => {
+            let config = args.clickhouse.config().context("reading --clickhouse-password-file")?;
+            if args.migrate_on_start {
+                let features = clickhouse::migrate(&config).await.context("migrating ClickHouse")?;
+                info!(?features, table = %config.table, "ClickHouse table ready");
+            }
+            Box::new(ClickHouseSink::new(&config))
+        }
+        RowsSinkKind::Null => Box::new(NullSink),
+    };
+    let events: Box<dyn Sink> = match args.events_sink {
+        EventsSinkKind::Kafka => {
+            let topics = EventTopics {
+                outcomes: args.events.outcomes_topic.clone(),
+                analytics: args.events.analytics_topic.clone(),
+                issues: args.events.issues_topic.clone(),
+            };
+            Box::new(EventsSink::new(producer(&args.kafka, args.max_message_bytes)?, topics, args.events.first_replay_cache_size))
+        }
+        EventsSinkKind::Null => Box::new(NullSink),
+    };
+    Ok(Sinks { stages: vec![vec![blobs, Box::new(dlq)], vec![rows, events]] })
+}
+
+async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
+    args.validate().map_err(anyhow::Error::msg)?;
+    replay_ingest::metrics::install(&args.metrics).map_err(anyhow::Error::msg).context("starting the DogStatsD exporter")?;
+    let sinks = sinks(&args).await?;
 
     let status = Arc::new(Status::default());
     let listener = tokio::net::TcpListener::bind(args.http_listen)

@@ -28,6 +28,34 @@
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
+use metrics_exporter_dogstatsd::DogStatsDBuilder;
+
+use crate::config::MetricsArgs;
+
+/// Installs the DogStatsD exporter as the global recorder; no-op with an empty address.
+pub fn install(args: &MetricsArgs) -> Result<(), String> {
+    if args.statsd_address.is_empty() {
+        return Ok(());
+    }
+    let labels = args
+        .statsd_tags
+        .iter()
+        .map(|tag| match tag.split_once(':') {
+            Some((key, value)) => Ok(metrics::Label::new(key.to_owned(), value.to_owned())),
+            None => Err(format!("--statsd-tag {tag:?} is not key:value")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    DogStatsDBuilder::default()
+        .with_remote_address(&args.statsd_address)
+        .map_err(|e| e.to_string())?
+        .set_global_prefix(&args.statsd_prefix)
+        .with_global_labels(labels)
+        .with_flush_interval(Duration::from_millis(args.statsd_flush_interval_ms))
+        .with_telemetry(false)
+        .send_histograms_as_distributions(true)
+        .install()
+        .map_err(|e| e.to_string())
+}
 
 pub const MESSAGES_CONSUMED: &str = "messages.consumed";
 pub const MESSAGES_PROCESSED: &str = "messages.processed";

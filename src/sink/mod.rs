@@ -8,6 +8,7 @@
 
 pub mod clickhouse;
 pub mod dlq;
+pub mod events;
 pub mod filesystem;
 pub mod gcs;
 pub mod null;

@@ -249,6 +249,14 @@ pub fn service_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: 
         "16000000",
         "--flush-initial-backoff-ms",
         "20",
+        "--blob-sink",
+        "filesystem",
+        "--rows-sink",
+        "null",
+        "--events-sink",
+        "null",
+        "--statsd-address",
+        "",
     ]
     .iter()
     .map(|s| s.to_string())
