@@ -3,6 +3,7 @@
 #   scripts/stack.sh up       install what is missing, start everything, write the env file
 #   scripts/stack.sh down     stop everything started here
 #   scripts/stack.sh status   what runs, where
+#   scripts/stack.sh stop|start kafka|clickhouse|gcs   one service, keeping its data (fault tests)
 # Idempotent. Installs go to $REPLAY_INGEST_CACHE (default ~/.cache/replay-ingest); runtime state
 # (pids, logs, env file) to $REPLAY_INGEST_STACK_DIR (default /tmp/replay-ingest-stack).
 # `source "$REPLAY_INGEST_STACK_DIR/stack.env"` exports REPLAY_INGEST_TEST_BROKERS.
@@ -75,7 +76,6 @@ start_clickhouse() {
   port_open "$CLICKHOUSE_PORT" && die "127.0.0.1:$CLICKHOUSE_PORT is taken by something else"
   # Data on tmpfs: fast, and gone with the machine.
   local data=/dev/shm/replay-ingest-clickhouse-$CLICKHOUSE_PORT conf=$STATE/clickhouse
-  rm -rf "$data"
   mkdir -p "$data" "$conf"
   cat >"$conf/config.xml" <<XML
 <yandex>
@@ -128,15 +128,18 @@ ENV
   status
 }
 
+stop() {
+  local name=$1
+  if running "$name"; then
+    kill "$(cat "$STATE/$name.pid")" 2>/dev/null || true
+    for _ in $(seq 1 100); do running "$name" || break; sleep 0.1; done
+    running "$name" && kill -9 "$(cat "$STATE/$name.pid")" 2>/dev/null || true
+  fi
+  rm -f "$STATE/$name.pid"
+}
+
 down() {
-  for name in kafka clickhouse gcs; do
-    if running "$name"; then
-      kill "$(cat "$STATE/$name.pid")" 2>/dev/null || true
-      for _ in $(seq 1 50); do running "$name" || break; sleep 0.1; done
-      running "$name" && kill -9 "$(cat "$STATE/$name.pid")" 2>/dev/null || true
-    fi
-    rm -f "$STATE/$name.pid"
-  done
+  for name in kafka clickhouse gcs; do stop "$name"; done
   rm -rf /dev/shm/replay-ingest-clickhouse-"$CLICKHOUSE_PORT"
   rm -f "$STATE/stack.env"
 }
@@ -151,5 +154,7 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) die "usage: scripts/stack.sh up|down|status" ;;
+  stop) stop "${2:?which service}" ;;
+  start) "start_${2:?which service}" ;;
+  *) die "usage: scripts/stack.sh up|down|status|stop NAME|start NAME" ;;
 esac

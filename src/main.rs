@@ -122,7 +122,8 @@ async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
             Box::new(GcsSink::new(&config).await.context("creating the GCS client")?)
         }
         BlobSinkKind::Filesystem => Box::new(
-            FilesystemBlobSink::new(&args.blob_dir).with_context(|| format!("blob directory {}", args.blob_dir.display()))?,
+            FilesystemBlobSink::new(&args.blob_dir)
+                .with_context(|| format!("blob directory {}", args.blob_dir.display()))?,
         ),
         BlobSinkKind::Null => Box::new(NullSink),
     };
@@ -145,7 +146,11 @@ async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
                 analytics: args.events.analytics_topic.clone(),
                 issues: args.events.issues_topic.clone(),
             };
-            Box::new(EventsSink::new(producer(&args.kafka, args.max_message_bytes)?, topics, args.events.first_replay_cache_size))
+            Box::new(EventsSink::new(
+                producer(&args.kafka, args.max_message_bytes)?,
+                topics,
+                args.events.first_replay_cache_size,
+            ))
         }
         EventsSinkKind::Null => Box::new(NullSink),
     };
@@ -154,7 +159,9 @@ async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
 
 async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
-    replay_ingest::metrics::install(&args.metrics).map_err(anyhow::Error::msg).context("starting the DogStatsD exporter")?;
+    replay_ingest::metrics::install(&args.metrics)
+        .map_err(anyhow::Error::msg)
+        .context("starting the DogStatsD exporter")?;
     let sinks = sinks(&args).await?;
 
     let status = Arc::new(Status::default());

@@ -3,32 +3,11 @@
 
 mod common;
 
-use google_cloud_storage::client::Storage;
+use common::{create_bucket, gcs_endpoint, read_object};
+
 use replay_ingest::recording::{self, Limits};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
 use replay_ingest::sink::{Batch, Entry, Outcome, Retry, Sink};
-
-fn endpoint() -> String {
-    std::env::var("REPLAY_INGEST_TEST_GCS_ENDPOINT")
-        .expect("REPLAY_INGEST_TEST_GCS_ENDPOINT is not set: run `scripts/stack.sh up` and source its stack.env")
-}
-
-/// Creates a bucket through the emulator's JSON API.
-fn create_bucket(name: &str) {
-    use std::io::{Read, Write};
-    let host = endpoint().trim_start_matches("http://").to_owned();
-    let body = format!("{{\"name\":\"{name}\"}}");
-    let mut stream = std::net::TcpStream::connect(&host).unwrap();
-    write!(
-        stream,
-        "POST /storage/v1/b?project=test HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"), "{response}");
-}
 
 /// Every valid fixture, each with its own replay id (several synthetic ones share a real
 /// segment's id, hence its key).
@@ -44,22 +23,7 @@ fn fixture_batch() -> Batch {
 }
 
 fn config(bucket: &str) -> GcsConfig {
-    GcsConfig { bucket: bucket.into(), endpoint: Some(endpoint()), anonymous: true, concurrency: 4 }
-}
-
-async fn read_object(bucket: &str, key: &str) -> Vec<u8> {
-    let client = Storage::builder()
-        .with_endpoint(endpoint())
-        .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
-        .build()
-        .await
-        .unwrap();
-    let mut response = client.read_object(format!("projects/_/buckets/{bucket}"), key).send().await.unwrap();
-    let mut contents = Vec::new();
-    while let Some(chunk) = response.next().await.transpose().unwrap() {
-        contents.extend_from_slice(&chunk);
-    }
-    contents
+    GcsConfig { bucket: bucket.into(), endpoint: Some(gcs_endpoint()), anonymous: true, concurrency: 4 }
 }
 
 #[tokio::test(flavor = "multi_thread")]

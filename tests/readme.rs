@@ -13,8 +13,11 @@ fn readme_documents_every_consume_flag_and_its_environment_variable() {
         .filter_map(|l| l.split([' ', '<']).next())
         .filter(|f| *f != "help")
         .collect();
-    let envs: Vec<&str> =
-        help.lines().filter_map(|l| l.trim().strip_prefix("[env: ")).filter_map(|l| l.split('=').next()).collect();
+    let envs: Vec<&str> = help
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("[env: "))
+        .filter_map(|l| l.split(['=', ']']).next())
+        .collect();
     assert!(flags.len() > 20 && flags.len() == envs.len(), "{flags:?} {envs:?}");
     for (flag, env) in flags.iter().zip(&envs) {
         let row = format!("| `--{flag}` | `{env}` |");

