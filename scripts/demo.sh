@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Demo, end to end on local infrastructure: starts the local Kafka broker (tansu), runs the
-# service, publishes every recorded real-SDK segment and every hostile/unusual synthetic message,
-# waits until all offsets are committed, shuts the service down (SIGTERM drain) and reports what
-# was stored and what was rejected — then stops everything it started.
+# Demo, end to end on local infrastructure: starts the local Kafka broker (tansu), ClickHouse and
+# the GCS emulator; runs the service with every real sink; publishes every recorded real-SDK
+# segment and every hostile/unusual synthetic message; waits until all offsets are committed;
+# shuts the service down (SIGTERM drain) and reports what landed where — then stops everything.
 # Usage: scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,47 +10,55 @@ cd "$(dirname "$0")/.."
 export REPLAY_INGEST_STACK_DIR=${REPLAY_INGEST_STACK_DIR:-$(mktemp -d /tmp/replay-ingest-demo.XXXXXX)}
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export REPLAY_INGEST_KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-$(free_port)}
+export REPLAY_INGEST_CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-$(free_port)}
+export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$(free_port)}
+export REPLAY_INGEST_GCS_PORT=${REPLAY_INGEST_GCS_PORT:-$(free_port)}
 work=$(mktemp -d /tmp/replay-ingest-demo-data.XXXXXX)
 pid=""
 cleanup() {
-  [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
   scripts/stack.sh down >/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-echo "== local stack"
+echo "== local stack: Kafka (tansu), ClickHouse, GCS emulator"
 scripts/stack.sh up
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
 echo "== building replay-ingest (release)"
 cargo build --locked --release --quiet --bin replay-ingest
 bin=target/release/replay-ingest
-for topic in ingest-replay-recordings:4 ingest-replay-recordings-dlq:1; do
+for topic in ingest-replay-recordings:4 ingest-replay-recordings-dlq:1 outcomes:1 replay-analytics:1 ingest-occurrences:1; do
   "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions "${topic#*:}" "${topic%:*}" >/dev/null
 done
+python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=demo', data=b'{\"name\":\"replays\"}', headers={'content-type': 'application/json'}))"
 
 port=$(free_port)
 echo "== starting the service (status on http://127.0.0.1:$port/status)"
-"$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" --blob-sink filesystem --blob-dir "$work/blobs" \
-  --rows-sink null --events-sink null --statsd-address "" --http-listen "127.0.0.1:$port" \
+"$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" \
+  --blob-sink gcs --gcs-bucket replays --gcs-endpoint "$REPLAY_INGEST_TEST_GCS_ENDPOINT" --gcs-anonymous \
+  --rows-sink clickhouse --clickhouse-url "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" --migrate-on-start \
+  --events-sink kafka --statsd-address "" --http-listen "127.0.0.1:$port" \
   --session-timeout-ms 6000 --drain-deadline-ms 5000 --buffer-max-age-ms 1000 2>"$work/service.log" &
 pid=$!
 
 files=(fixtures/segments/*.msgpack fixtures/synthetic/*.msgpack)
-echo "== publishing ${#files[@]} messages (${#files[@]} fixtures, each with a fresh replay id)"
+echo "== publishing ${#files[@]} messages (every fixture once, each with a fresh replay id)"
 produced=$("$bin" produce --brokers "$REPLAY_INGEST_TEST_BROKERS" --count "${#files[@]}" "${files[@]}")
 
-python3 - "$port" "$produced" "$work/blobs" <<'PY'
-import json, os, sys, time, urllib.request, zlib
-port, produced, blob_dir = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+python3 - "$port" "$produced" "$REPLAY_INGEST_TEST_GCS_ENDPOINT" "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" <<'PY'
+import json, sys, time, urllib.parse, urllib.request
+port, produced, gcs, clickhouse = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 target = {str(p): o + 1 for p, o in produced["last_offsets"].items()}
+def get(url):
+    return urllib.request.urlopen(url, timeout=5).read()
 def status():
     try:
-        return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2))
+        return json.loads(get(f"http://127.0.0.1:{port}/status"))
     except Exception:
         return None
-deadline, start, s = time.monotonic() + 120, None, None
+deadline, start, s = time.monotonic() + 180, None, None
 while time.monotonic() < deadline:
     s = status()
     if s and s["consumed"] and start is None:
@@ -62,17 +70,25 @@ else:
     sys.exit(f"timed out waiting for commits; last status: {s}")
 elapsed = time.monotonic() - start
 print(f"== committed {produced['messages']} messages on {len(target)} partitions in {elapsed:.2f} s: {s['committed']}")
-blobs = []
-for root, _, names in os.walk(blob_dir):
-    blobs += [os.path.join(root, n) for n in names]
-total = sum(os.path.getsize(b) for b in blobs)
-print(f"\nblobs stored: {len(blobs)} ({total / 1e6:.2f} MB, zlib) under {blob_dir}")
-for b in sorted(blobs)[:4]:
-    events = json.loads(zlib.decompress(open(b, "rb").read()))
-    print(f"  {os.path.relpath(b, blob_dir):<58} {os.path.getsize(b):>8} B  {len(events):>3} rrweb events")
-print(f"\ninvalid messages (dead-lettered with their original bytes): {s['invalid']}")
+
+objects = json.loads(get(f"{gcs}/storage/v1/b/replays/o")).get("items", [])
+print(f"\nGCS bucket 'replays': {len(objects)} blobs, {sum(int(o['size']) for o in objects) / 1e6:.2f} MB")
+for o in sorted(objects, key=lambda o: o["name"])[:4]:
+    print(f"  {o['name']:<50} {int(o['size']):>8} B")
+
+def query(sql):
+    return get(f"{clickhouse}/?query=" + urllib.parse.quote(sql)).decode().strip()
+print("\nClickHouse default.replays (after merging duplicates):")
+print("  " + query("SELECT kind, count() FROM default.replays FINAL GROUP BY kind ORDER BY kind FORMAT TSV").replace("\n", "\n  "))
+print("  dead clicks: " + query("SELECT count() FROM default.replays FINAL WHERE click_is_dead = 1")
+      + ", rage clicks: " + query("SELECT count() FROM default.replays FINAL WHERE click_is_rage = 1"))
+
+sinks = s["sinks"]
+print(f"\nanalytics events published (outcomes, first replay, rage-click / hydration-error occurrences): {sinks['events']['items']}")
+print(f"\ninvalid messages, dead-lettered with their original bytes: {s['invalid']}")
 for reason, n in sorted(s["invalid_by_reason"].items()):
     print(f"  {reason:<22} {n}")
+print("\ntime per sink: " + ", ".join(f"{k} {v['seconds'] * 1000:.0f} ms" for k, v in sorted(sinks.items())))
 PY
 echo
 echo "== SIGTERM: draining"

@@ -3,6 +3,7 @@
 # then measures (1) a bare rdkafka consumer reading them and (2) the service with the null sink
 # processing them, from a backlog far larger than its buffer. Prints throughput and peak RSS.
 # Usage: scripts/load.sh [COUNT] [BUFFER_MAX_BYTES]      (defaults 10000, 64 MiB)
+#   LOAD_SINKS=real scripts/load.sh   GCS emulator + ClickHouse + event topics instead of the null sink
 #   LOAD_FIXTURES="fixtures/segments/console-*.msgpack" scripts/load.sh   picks the message mix
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,9 @@ BUFFER=${2:-67108864}
 export REPLAY_INGEST_STACK_DIR=${REPLAY_INGEST_STACK_DIR:-$(mktemp -d /tmp/replay-ingest-load.XXXXXX)}
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export REPLAY_INGEST_KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-$(free_port)}
+export REPLAY_INGEST_CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-$(free_port)}
+export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$(free_port)}
+export REPLAY_INGEST_GCS_PORT=${REPLAY_INGEST_GCS_PORT:-$(free_port)}
 trap 'scripts/stack.sh down >/dev/null' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
@@ -28,13 +32,21 @@ produced=$("$bin" produce --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topi
 bare=$(target/release/examples/bare_consume "$REPLAY_INGEST_TEST_BROKERS" "$topic" "$COUNT")
 
 port=$(free_port)
+if [ "${LOAD_SINKS:-null}" = real ]; then
+  python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=load', data=b'{\"name\":\"$topic\"}', headers={'content-type': 'application/json'}))"
+  for t in outcomes analytics issues; do "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 1 "$topic-$t" >/dev/null; done
+  sinks=(--blob-sink gcs --gcs-bucket "$topic" --gcs-endpoint "$REPLAY_INGEST_TEST_GCS_ENDPOINT" --gcs-anonymous
+    --rows-sink clickhouse --clickhouse-url "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" --clickhouse-table "load_${topic//-/_}" --migrate-on-start
+    --events-sink kafka --outcomes-topic "$topic-outcomes" --analytics-topic "$topic-analytics" --issues-topic "$topic-issues")
+else
+  sinks=(--blob-sink null --rows-sink null --events-sink null)
+fi
 "$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --dlq-topic "$topic-dlq" \
-  --group-id "load-$RANDOM" --blob-sink null --rows-sink null --events-sink null --statsd-address "" \
-  --http-listen "127.0.0.1:$port" \
+  --group-id "load-$RANDOM" "${sinks[@]}" --statsd-address "" --http-listen "127.0.0.1:$port" \
   --buffer-max-bytes "$BUFFER" --max-message-bytes 16000000 --session-timeout-ms 6000 --drain-deadline-ms 5000 \
   2>/dev/null &
 pid=$!
-python3 - "$port" "$pid" "$COUNT" "$produced" "$bare" "$BUFFER" <<'PY'
+python3 - "$port" "$pid" "$COUNT" "$produced" "$bare" "$BUFFER" "${LOAD_SINKS:-null}" <<'PY'
 import json, sys, time, urllib.request
 port, pid, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 produced, bare, buffer = json.loads(sys.argv[4]), json.loads(sys.argv[5]), int(sys.argv[6])
@@ -61,7 +73,9 @@ bare_rate = bare["messages"] / bare["seconds"]
 rate = count / seconds
 print(f"{'':28} {'msgs/s':>10} {'MB/s':>8}")
 print(f"{'bare rdkafka consumer':28} {bare_rate:>10.0f} {bare['bytes'] / 1e6 / bare['seconds']:>8.1f}")
-print(f"{'pipeline, null sink':28} {rate:>10.0f} {mb / seconds:>8.1f}   ({rate / bare_rate:.2f}x bare)")
+print(f"{'pipeline, ' + sys.argv[7] + ' sinks':28} {rate:>10.0f} {mb / seconds:>8.1f}   ({rate / bare_rate:.2f}x bare)")
+final = status() or s
+print("time per sink (s, summed over flushes): " + ", ".join(f"{k} {v['seconds']:.2f}" for k, v in sorted(final["sinks"].items())))
 print(f"peak RSS {hwm() / 2**20:.0f} MiB with --buffer-max-bytes {buffer / 2**20:.0f} MiB and a {mb:.0f} MB backlog")
 PY
 kill -TERM "$pid"

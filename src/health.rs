@@ -41,7 +41,17 @@ pub struct Status {
     pub pauses: AtomicU64,
     pub rebalances: AtomicU64,
     invalid_by_reason: Mutex<BTreeMap<&'static str, u64>>,
+    /// Per sink since start: time spent writing (retries included) and what it wrote.
+    sinks: Mutex<BTreeMap<&'static str, SinkTotals>>,
     committed: Mutex<BTreeMap<i32, i64>>,
+}
+
+/// What one sink did since start.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct SinkTotals {
+    pub seconds: f64,
+    pub items: u64,
+    pub bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -60,6 +70,7 @@ struct Snapshot {
     pauses: u64,
     rebalances: u64,
     invalid_by_reason: BTreeMap<&'static str, u64>,
+    sinks: BTreeMap<&'static str, SinkTotals>,
     /// Partition → next offset to read, as last committed by this process.
     committed: BTreeMap<i32, i64>,
 }
@@ -80,6 +91,14 @@ impl Status {
     pub fn record_invalid(&self, reason: &'static str) {
         self.invalid.fetch_add(1, Ordering::Relaxed);
         *lock(&self.invalid_by_reason).entry(reason).or_default() += 1;
+    }
+
+    pub fn record_sink(&self, sink: &'static str, took: std::time::Duration, written: crate::metrics::Written) {
+        let mut sinks = lock(&self.sinks);
+        let totals = sinks.entry(sink).or_default();
+        totals.seconds += took.as_secs_f64();
+        totals.items += written.items;
+        totals.bytes += written.bytes;
     }
 
     pub fn record_commit(&self, positions: &[(i32, i64)]) {
@@ -103,6 +122,7 @@ impl Status {
             pauses: load(&self.pauses),
             rebalances: load(&self.rebalances),
             invalid_by_reason: lock(&self.invalid_by_reason).clone(),
+            sinks: lock(&self.sinks).clone(),
             committed: lock(&self.committed).clone(),
         }
     }

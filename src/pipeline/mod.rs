@@ -275,6 +275,9 @@ impl Pipeline {
             report.sinks.iter().map(|s| (s.sink, s.took, s.retries, s.written)),
         );
         self.status.flushed.fetch_add(flushed.offsets.len() as u64, Ordering::Relaxed);
+        for sink in &report.sinks {
+            self.status.record_sink(sink.sink, sink.took, sink.written);
+        }
         for (partition, offset) in flushed.offsets {
             self.frontier.complete(partition, offset);
         }
