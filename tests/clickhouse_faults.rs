@@ -1,0 +1,93 @@
+//! ClickHouse faults with the real service: the server stops mid-run and comes back 15 s later
+//! (retried, nothing committed in between, every segment stored); and a table whose column type
+//! is wrong (a fatal error: the service stops, non-zero, nothing committed). Its own test binary:
+//! stopping a shared server must not disturb other tests.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use replay_ingest::recording::{self, Limits, RowKind};
+
+const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
+
+/// The outage stops the shared server: these tests run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
+    let _serial = SERIAL.lock().await;
+    let names = Names::create().await;
+    let fixtures: Vec<Vec<u8>> = all_fixtures()
+        .into_iter()
+        .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::start(&names.args(free_port(), dir.path()));
+    let (first, _) = produce_fixtures(&names.topic, &fixtures, 10).await;
+    wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
+
+    stack(&["stop", "clickhouse"]);
+    let (second, _) = produce_fixtures(&names.topic, &fixtures, 10).await;
+    // Down for 15 s: the flush retries, and the broker's commits stay where they were.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        committed(&names.group, &names.topic, 2),
+        expected_commits(&first),
+        "nothing committed during the outage"
+    );
+    stack(&["start", "clickhouse"]);
+
+    let mut target = expected_commits(&first);
+    target.extend(expected_commits(&second));
+    wait_for("everything committed after the outage", JOIN_AND_FLUSH, || {
+        committed(&names.group, &names.topic, 2) == target
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+    let segments = clickhouse_rows(&names.table).await.iter().filter(|r| r.kind == RowKind::Segment).count();
+    assert_eq!(segments, 20, "every segment row stored once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_column_type_stops_the_service_cleanly_without_committing() {
+    let _serial = SERIAL.lock().await;
+    let names = Names::create().await;
+    let config = replay_ingest::sink::clickhouse::ClickHouseConfig {
+        url: clickhouse_url(),
+        database: "replay_ingest_e2e".into(),
+        table: names.table.clone(),
+        user: "default".into(),
+        password: String::new(),
+        chunk_rows: 1000,
+    };
+    replay_ingest::sink::clickhouse::migrate(&config).await.unwrap();
+    let client = replay_ingest::sink::clickhouse::client(&config);
+    client.query(&format!("ALTER TABLE {} MODIFY COLUMN replay_type UInt64", names.table)).execute().await.unwrap();
+    client.query(&format!("ALTER TABLE {} MODIFY COLUMN click_node_id Date", names.table)).execute().await.unwrap();
+
+    let fixtures: Vec<Vec<u8>> = all_fixtures()
+        .into_iter()
+        .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok())
+        .collect();
+    produce_fixtures(&names.topic, &fixtures, 5).await;
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> =
+        names.args(free_port(), dir.path()).into_iter().filter(|a| a != "--migrate-on-start").collect();
+    let mut service = Service::start(&args);
+    let exit = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + JOIN_AND_FLUSH;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = service.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    })
+    .await
+    .unwrap();
+    assert_eq!(exit, Some(1), "the service stops with a non-zero exit on a non-retryable error");
+    assert!(committed(&names.group, &names.topic, 2).is_empty(), "nothing committed past the failed flush");
+}
