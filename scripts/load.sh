@@ -10,12 +10,8 @@ cd "$(dirname "$0")/.."
 COUNT=${1:-10000}
 BUFFER=${2:-67108864}
 
-export REPLAY_INGEST_STACK_DIR=${REPLAY_INGEST_STACK_DIR:-$(mktemp -d /tmp/replay-ingest-load.XXXXXX)}
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-export REPLAY_INGEST_KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-$(free_port)}
-export REPLAY_INGEST_CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-$(free_port)}
-export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$(free_port)}
-export REPLAY_INGEST_GCS_PORT=${REPLAY_INGEST_GCS_PORT:-$(free_port)}
+# shellcheck source=scripts/lib/isolated-stack.sh
+source scripts/lib/isolated-stack.sh load
 trap 'scripts/stack.sh down >/dev/null' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091

@@ -14,13 +14,8 @@ step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --locked --all-targets -- -D warnings
 
 step "local stack (scripts/stack.sh up)"
-# A stack of its own (fresh state dir, free ports), so a developer's running stack is untouched.
-export REPLAY_INGEST_STACK_DIR=${REPLAY_INGEST_STACK_DIR:-$(mktemp -d /tmp/replay-ingest-test.XXXXXX)}
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-export REPLAY_INGEST_KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-$(free_port)}
-export REPLAY_INGEST_CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-$(free_port)}
-export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$(free_port)}
-export REPLAY_INGEST_GCS_PORT=${REPLAY_INGEST_GCS_PORT:-$(free_port)}
+# shellcheck source=scripts/lib/isolated-stack.sh
+source scripts/lib/isolated-stack.sh test
 log=$(mktemp)
 trap 'scripts/stack.sh down; rm -f "$log"' EXIT
 scripts/stack.sh up
