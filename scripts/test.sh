@@ -13,6 +13,15 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --locked --all-targets -- -D warnings
 
+step "helm chart: lint, render, validate (helm-python-sdk, kubernetes-validate)"
+cargo build --locked --quiet --bin replay-ingest
+venv=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}/chart-venv
+if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
+fi
+"$venv/bin/python" scripts/check-chart.py "${CARGO_TARGET_DIR:-target}/debug/replay-ingest"
+
 step "local stack (scripts/stack.sh up)"
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh test
