@@ -2,8 +2,12 @@
 # End-to-end load run on the local broker: publishes COUNT copies of the recorded fixture mix,
 # then measures (1) a bare rdkafka consumer reading them and (2) the service with the null sink
 # processing them, from a backlog far larger than its buffer. Prints throughput and peak RSS.
+# The buffer age is 200 ms here: with the 5 s default the last partial buffer would wait out its
+# age and dominate a short run.
 # Usage: scripts/load.sh [COUNT] [BUFFER_MAX_BYTES]      (defaults 10000, 64 MiB)
 #   LOAD_SINKS=real scripts/load.sh   GCS emulator + ClickHouse + event topics instead of the null sink
+#   LOAD_THREADS=N                     processing threads (default: one per CPU)
+#   LOAD_JSON=FILE                     also append the results as one JSON line to FILE
 #   LOAD_FIXTURES="fixtures/segments/console-*.msgpack" scripts/load.sh   picks the message mix
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,10 +43,12 @@ else
 fi
 "$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --dlq-topic "$topic-dlq" \
   --group-id "load-$RANDOM" "${sinks[@]}" --statsd-address "" --http-listen "127.0.0.1:$port" \
-  --buffer-max-bytes "$BUFFER" --max-message-bytes 16000000 --session-timeout-ms 6000 --drain-deadline-ms 5000 \
+  --processing-threads "${LOAD_THREADS:-0}" \
+  --buffer-max-bytes "$BUFFER" --session-timeout-ms 6000 --drain-deadline-ms 5000 \
+  --buffer-max-age-ms 200 \
   2>/dev/null &
 pid=$!
-python3 - "$port" "$pid" "$COUNT" "$produced" "$bare" "$BUFFER" "${LOAD_SINKS:-null}" <<'PY'
+python3 - "$port" "$pid" "$COUNT" "$produced" "$bare" "$BUFFER" "${LOAD_SINKS:-null}" "${LOAD_THREADS:-0}" "${LOAD_JSON:-}" <<'PY'
 import json, sys, time, urllib.request
 port, pid, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 produced, bare, buffer = json.loads(sys.argv[4]), json.loads(sys.argv[5]), int(sys.argv[6])
@@ -55,8 +61,11 @@ def hwm():
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
-start = None
+import os
+start, deadline = None, time.monotonic() + 900
 while True:
+    if not os.path.exists(f"/proc/{pid}") or time.monotonic() > deadline:
+        sys.exit("the service exited or stalled before processing the backlog (see its flags above)")
     s = status()
     if s and s["consumed"] > 0 and start is None:
         start = time.monotonic()
@@ -72,7 +81,17 @@ print(f"{'bare rdkafka consumer':28} {bare_rate:>10.0f} {bare['bytes'] / 1e6 / b
 print(f"{'pipeline, ' + sys.argv[7] + ' sinks':28} {rate:>10.0f} {mb / seconds:>8.1f}   ({rate / bare_rate:.2f}x bare)")
 final = status() or s
 print("time per sink (s, summed over flushes): " + ", ".join(f"{k} {v['seconds']:.2f}" for k, v in sorted(final["sinks"].items())))
-print(f"peak RSS {hwm() / 2**20:.0f} MiB with --buffer-max-bytes {buffer / 2**20:.0f} MiB and a {mb:.0f} MB backlog")
+print(f"backpressure pauses: {final['pauses']}")
+peak = hwm()
+print(f"peak RSS {peak / 2**20:.0f} MiB with --buffer-max-bytes {buffer / 2**20:.0f} MiB and a {mb:.0f} MB backlog")
+if sys.argv[9]:
+    with open(sys.argv[9], "a") as out:
+        out.write(json.dumps({
+            "sinks": sys.argv[7], "threads": int(sys.argv[8]), "buffer_bytes": buffer, "messages": count,
+            "backlog_mb": mb, "msgs_per_s": rate, "mb_per_s": mb / seconds,
+            "bare_msgs_per_s": bare_rate, "bare_mb_per_s": bare["bytes"] / 1e6 / bare["seconds"],
+            "peak_rss_mib": peak / 2**20, "pauses": final["pauses"], "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
+        }) + "\n")
 PY
 kill -TERM "$pid"
 wait "$pid"
