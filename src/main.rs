@@ -92,6 +92,9 @@ fn main() -> ExitCode {
             Command::Inspect { .. } => Ok(()),
         }
     });
+    // Work still running now (a consumer close stuck on an unreachable broker) must not hold up
+    // the exit: everything durable has been committed already.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

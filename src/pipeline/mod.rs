@@ -132,12 +132,16 @@ pub async fn consume(
     let result = pipeline.run(shutdown).await;
     stop.store(true, Ordering::Release);
     // The pipeline (and its receiver) is gone, so the poller cannot block on a full channel.
-    // Closing the consumer runs the revoke callback, which blocks: off the async runtime.
-    let _ = tokio::task::spawn_blocking(move || {
+    // Closing the consumer runs the revoke callback, which blocks: off the async runtime. Leaving
+    // the group needs the broker; if it is unreachable, do not outlive the drain deadline (the
+    // offsets are already committed, and the session expires on its own).
+    let close = tokio::task::spawn_blocking(move || {
         let _ = poller.join();
         drop(consumer);
-    })
-    .await;
+    });
+    if tokio::time::timeout(args.drain_deadline(), close).await.is_err() {
+        warn!("closing the Kafka consumer did not finish within the drain deadline; exiting anyway");
+    }
     result
 }
 
