@@ -16,7 +16,7 @@ struct Valid<'a> {
     project_id: u64,
     key_id: Option<u64>,
     received: u64,
-    segment_id: u64,
+    segment_id: u32,
     retention_days: u16,
     blob_key: &'a str,
     blob_bytes: usize,
@@ -26,6 +26,8 @@ struct Valid<'a> {
     #[serde(flatten)]
     extracted: &'a Extracted,
     rows: RowCounts,
+    /// What the segment holds while buffered (`Processed::memory_bytes`).
+    memory_bytes: usize,
     analytics_events: Vec<String>,
 }
 
@@ -49,7 +51,7 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
     let line = match result {
         Ok(p) => {
             let mut rows = RowCounts::default();
-            for row in &p.rows {
+            for row in &p.rows() {
                 match row.kind {
                     RowKind::Segment => rows.segment += 1,
                     RowKind::Click => rows.click += 1,
@@ -59,13 +61,13 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
             serde_json::to_string(&Valid {
                 file,
                 ok: true,
-                replay_id: &p.replay_id,
-                org_id: p.org_id,
-                project_id: p.project_id,
-                key_id: p.key_id,
-                received: p.received,
-                segment_id: p.segment_id,
-                retention_days: p.retention_days,
+                replay_id: &p.ids.replay_id,
+                org_id: p.ids.org_id,
+                project_id: p.ids.project_id,
+                key_id: p.ids.key_id,
+                received: p.ids.received,
+                segment_id: p.ids.segment_id,
+                retention_days: p.ids.retention_days,
                 blob_key: &p.blob.key,
                 blob_bytes: p.blob.bytes.len(),
                 body_encoding: p.body_encoding,
@@ -73,7 +75,8 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
                 uncompressed_bytes: p.uncompressed_bytes,
                 extracted: &p.extracted,
                 rows,
-                analytics_events: p.events.iter().map(|e| format!("{}:{}", e.topic().as_str(), e.kind())).collect(),
+                memory_bytes: p.memory_bytes(),
+                analytics_events: p.events().iter().map(|e| format!("{}:{}", e.topic().as_str(), e.kind())).collect(),
             })
         }
         Err(e) => serde_json::to_string(&Invalid { file, ok: false, reason: e.reason.as_str(), detail: &e.detail }),
@@ -84,5 +87,5 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
 
 /// Processes one message value and renders its report line.
 pub fn inspect(file: &str, value: &[u8], limits: &Limits) -> String {
-    report_line(file, &recording::process(value, limits))
+    report_line(file, &recording::process_guarded(value, limits))
 }

@@ -11,6 +11,8 @@
 //! | `events.invalid` | counter | events | | malformed rrweb events skipped inside valid segments |
 //! | `segment.compressed_bytes` | distribution | bytes | | body as received |
 //! | `segment.uncompressed_bytes` | distribution | bytes | | rrweb JSON |
+//! | `segment.memory_bytes` | distribution | bytes | | what a processed segment holds while buffered |
+//! | `segment.truncated` | counter | values | | values cut to a cap and list items left out (hostile or unusually large input; never fails a segment) |
 //! | `process.duration_ms` | distribution | ms | | decode + decompress + extract, per message |
 //! | `buffer.messages` | gauge | messages | | open buffer |
 //! | `buffer.bytes` | gauge | bytes | | open buffer |
@@ -63,6 +65,8 @@ pub const MESSAGES_INVALID: &str = "messages.invalid";
 pub const EVENTS_INVALID: &str = "events.invalid";
 pub const SEGMENT_COMPRESSED_BYTES: &str = "segment.compressed_bytes";
 pub const SEGMENT_UNCOMPRESSED_BYTES: &str = "segment.uncompressed_bytes";
+pub const SEGMENT_MEMORY_BYTES: &str = "segment.memory_bytes";
+pub const SEGMENT_TRUNCATED: &str = "segment.truncated";
 pub const PROCESS_DURATION_MS: &str = "process.duration_ms";
 pub const BUFFER_MESSAGES: &str = "buffer.messages";
 pub const BUFFER_BYTES: &str = "buffer.bytes";
@@ -88,12 +92,26 @@ pub fn consumed() {
     counter!(MESSAGES_CONSUMED).increment(1);
 }
 
-pub fn processed_segment(compressed: usize, uncompressed: usize, invalid_events: u64, took: Duration) {
-    histogram!(SEGMENT_COMPRESSED_BYTES).record(compressed as f64);
-    histogram!(SEGMENT_UNCOMPRESSED_BYTES).record(uncompressed as f64);
-    histogram!(PROCESS_DURATION_MS).record(took.as_secs_f64() * 1000.0);
-    if invalid_events > 0 {
-        counter!(EVENTS_INVALID).increment(invalid_events);
+/// What processing one valid segment cost and found.
+pub struct SegmentStats {
+    pub compressed: usize,
+    pub uncompressed: usize,
+    pub memory: usize,
+    pub invalid_events: u64,
+    pub truncated: u64,
+    pub took: Duration,
+}
+
+pub fn processed_segment(stats: &SegmentStats) {
+    histogram!(SEGMENT_COMPRESSED_BYTES).record(stats.compressed as f64);
+    histogram!(SEGMENT_UNCOMPRESSED_BYTES).record(stats.uncompressed as f64);
+    histogram!(SEGMENT_MEMORY_BYTES).record(stats.memory as f64);
+    histogram!(PROCESS_DURATION_MS).record(stats.took.as_secs_f64() * 1000.0);
+    if stats.invalid_events > 0 {
+        counter!(EVENTS_INVALID).increment(stats.invalid_events);
+    }
+    if stats.truncated > 0 {
+        counter!(SEGMENT_TRUNCATED).increment(stats.truncated);
     }
 }
 

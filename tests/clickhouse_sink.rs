@@ -32,7 +32,7 @@ fn fixture_batch() -> Batch {
 
 /// What the table holds after merging: per key, the row of the highest `segment_id`.
 fn expected_rows(batch: &Batch) -> Vec<ReplayRow> {
-    let mut rows: Vec<ReplayRow> = batch.valid().flat_map(|p| p.rows.iter().cloned()).collect();
+    let mut rows: Vec<ReplayRow> = batch.valid().flat_map(|p| p.rows()).collect();
     rows.sort_by_key(|r| (r.replay_id, r.event_hash, std::cmp::Reverse(r.segment_id)));
     rows.dedup_by_key(|r| (r.replay_id, r.event_hash));
     rows

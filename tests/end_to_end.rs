@@ -47,7 +47,7 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
     // Rows: per kind, after merging (a dead/rage click replaces the plain click of its node).
     let rows = clickhouse_rows(&names.table).await;
     let mut expected_rows: BTreeMap<(uuid::Uuid, uuid::Uuid), u32> = BTreeMap::new();
-    for row in valid.iter().flat_map(|p| p.rows.iter()) {
+    for row in valid.iter().flat_map(|p| p.rows()) {
         let slot = expected_rows.entry((row.replay_id, row.event_hash)).or_insert(row.segment_id);
         *slot = (*slot).max(row.segment_id);
     }
@@ -57,7 +57,7 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
     assert!(rows.iter().any(|r| r.click_is_rage) && rows.iter().any(|r| r.kind == RowKind::Tap));
 
     // Events: outcomes for every segment 0, one first-replay for the one project, occurrences.
-    let expected_events: Vec<&AnalyticsEvent> = valid.iter().flat_map(|p| p.events.iter()).collect();
+    let expected_events: Vec<AnalyticsEvent> = valid.iter().flat_map(|p| p.events()).collect();
     let count = |kind: &str| expected_events.iter().filter(|e| e.kind() == kind).count();
     let outcomes = read_json(&names.outcomes, count("outcome"));
     assert_eq!(outcomes.len(), count("outcome"));
@@ -102,7 +102,7 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
     assert_eq!(counters["replay_ingest.flush.items|sink:dlq"], invalid as f64);
     assert_eq!(
         counters["replay_ingest.flush.items|sink:clickhouse"],
-        valid.iter().map(|p| p.rows.len()).sum::<usize>() as f64
+        valid.iter().map(|p| p.rows().len()).sum::<usize>() as f64
     );
     assert!(counters["replay_ingest.commits"] >= 1.0);
     for distribution in [

@@ -51,9 +51,9 @@ fn every_recorded_segment_is_valid_and_fully_parsed() {
         let p = valid(&name);
         assert_eq!(p.extracted.invalid_events, 0, "{name}");
         assert!(p.extracted.events > 0, "{name}");
-        assert_eq!(p.blob.key, format!("90/42/{}/{}", p.replay_id, p.segment_id), "{name}");
+        assert_eq!(p.blob.key, format!("90/42/{}/{}", p.ids.replay_id, p.ids.segment_id), "{name}");
         assert_eq!(p.body_encoding.as_str(), "zlib", "{name}: the JS SDK sends zlib");
-        assert_eq!(p.rows.iter().filter(|r| r.kind == RowKind::Segment).count(), 1, "{name}");
+        assert_eq!(p.rows().iter().filter(|r| r.kind == RowKind::Segment).count(), 1, "{name}");
     }
 }
 
@@ -120,7 +120,8 @@ fn malformed_events_are_skipped_and_the_rest_of_the_segment_is_kept() {
 #[test]
 fn the_mobile_segment_yields_tap_rows_and_a_video_pack_blob() {
     let p = process("synthetic", "mobile-taps-video").unwrap();
-    let taps: Vec<_> = p.rows.iter().filter(|r| r.kind == RowKind::Tap).map(|r| r.tap_view_id.as_str()).collect();
+    let rows = p.rows();
+    let taps: Vec<_> = rows.iter().filter(|r| r.kind == RowKind::Tap).map(|r| r.tap_view_id.as_str()).collect();
     assert_eq!(taps, ["checkout_button", "back"]);
     let packed = recording::payload::decompress(
         &recording::payload::Payload { segment_id: 0, encoding: recording::BodyEncoding::Zlib, body: &p.blob.bytes },
@@ -130,7 +131,7 @@ fn the_mobile_segment_yields_tap_rows_and_a_video_pack_blob() {
     assert_eq!(packed[0], 0x01);
     assert_eq!(u32::from_be_bytes(packed[1..5].try_into().unwrap()), 4096);
     assert_eq!(packed.len(), 5 + 4096 + p.uncompressed_bytes);
-    let segment = p.rows.iter().find(|r| r.kind == RowKind::Segment).unwrap();
+    let segment = p.rows().into_iter().find(|r| r.kind == RowKind::Segment).unwrap();
     assert_eq!((segment.platform.as_str(), segment.device_model.as_str()), ("android", "Pixel 9"));
     assert_eq!(segment.tags_key, ["plan"]);
 }
@@ -170,8 +171,8 @@ fn the_rage_click_recording_reports_a_rage_click_and_an_issue_occurrence() {
     let rage: Vec<_> = p.extracted.rage_clicks().collect();
     assert_eq!(rage.len(), 1);
     assert_eq!((rage[0].tag.as_str(), rage[0].id.as_str()), ("a", "download"));
-    assert!(p.events.iter().any(|e| matches!(e, AnalyticsEvent::RageClick(r) if r.selector == rage[0].selector)));
-    let row = p.rows.iter().find(|r| r.kind == RowKind::Click).unwrap();
+    assert!(p.events().iter().any(|e| matches!(e, AnalyticsEvent::RageClick(r) if r.selector == rage[0].selector)));
+    let row = p.rows().into_iter().find(|r| r.kind == RowKind::Click).unwrap();
     assert!(row.click_is_dead && row.click_is_rage);
 }
 
@@ -183,7 +184,7 @@ fn the_network_recording_has_requests_with_known_sizes_and_navigations() {
         .extracted
         .requests
         .iter()
-        .map(|r| (r.op.as_str(), r.url.as_str(), r.method.as_deref(), r.status_code, r.request_size, r.response_size))
+        .map(|r| (r.op.as_str(), &*r.url, r.method.as_deref(), r.status_code, r.request_size, r.response_size))
         .collect();
     assert_eq!(
         requests,
@@ -209,8 +210,8 @@ fn the_console_recording_counts_levels_and_reports_the_hydration_error() {
         assert_eq!(p.extracted.console.get(level), 1, "{level}");
     }
     assert_eq!(p.extracted.hydration_errors.len(), 1);
-    assert!(p.events.iter().any(|e| matches!(e, AnalyticsEvent::HydrationError(_))));
-    let segment = p.rows.iter().find(|r| r.kind == RowKind::Segment).unwrap();
+    assert!(p.events().iter().any(|e| matches!(e, AnalyticsEvent::HydrationError(_))));
+    let segment = p.rows().into_iter().find(|r| r.kind == RowKind::Segment).unwrap();
     assert_eq!(segment.error_ids.len(), 2, "the captured hydration error and the uncaught TypeError");
 }
 
@@ -225,18 +226,18 @@ fn the_large_dom_recording_is_a_multi_megabyte_full_snapshot() {
 #[test]
 fn segment_zero_bills_one_replay_and_proposes_a_first_replay() {
     let p = valid("console-0");
-    let outcome = p.events.iter().find_map(|e| match e {
+    let outcome = p.events().into_iter().find_map(|e| match e {
         AnalyticsEvent::Outcome(o) => Some(o),
         _ => None,
     });
     let outcome = outcome.expect("segment 0 has an outcome");
     assert_eq!((outcome.outcome, outcome.category, outcome.quantity), (0, 7, 1));
     assert_eq!((outcome.org_id, outcome.project_id, outcome.key_id), (1, 42, Some(7)));
-    assert_eq!(outcome.event_id, p.replay_id);
-    assert!(p.events.iter().any(|e| matches!(e, AnalyticsEvent::FirstReplay(_))));
+    assert_eq!(outcome.event_id, p.ids.replay_id);
+    assert!(p.events().iter().any(|e| matches!(e, AnalyticsEvent::FirstReplay(_))));
     assert!(
         valid("console-1")
-            .events
+            .events()
             .iter()
             .all(|e| !matches!(e, AnalyticsEvent::Outcome(_) | AnalyticsEvent::FirstReplay(_)))
     );
@@ -246,8 +247,8 @@ fn segment_zero_bills_one_replay_and_proposes_a_first_replay() {
 fn reprocessing_a_message_produces_identical_rows_and_events() {
     for name in ["interactions-0", "rage-click-1", "console-0"] {
         let (a, b) = (valid(name), valid(name));
-        assert_eq!(a.rows, b.rows, "{name}");
-        assert_eq!(a.events, b.events, "{name}");
+        assert_eq!(a.rows(), b.rows(), "{name}");
+        assert_eq!(a.events(), b.events(), "{name}");
         assert_eq!(a.blob, b.blob, "{name}");
     }
 }

@@ -18,18 +18,17 @@ use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientContext, TopicPartitionList};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tracing::{info, warn};
 
 /// What the polling thread hands the pipeline, in order.
 pub enum Polled {
-    Message(OwnedMessage),
+    /// A message, with its share of the channel's byte budget (released when dropped).
+    Message(OwnedMessage, OwnedSemaphorePermit),
     /// Partitions newly assigned to this member.
     Assigned(Vec<i32>),
     /// The assignment is being revoked: drain, commit, then send on `done`.
-    Revoke {
-        done: std_mpsc::SyncSender<()>,
-    },
+    Revoke { done: std_mpsc::SyncSender<()> },
 }
 
 pub struct IngestContext {
@@ -80,19 +79,28 @@ impl ConsumerContext for IngestContext {
 
 pub type IngestConsumer = BaseConsumer<IngestContext>;
 
-/// Polls until `stop` is set, forwarding messages. Returns the thread handle.
+/// Polls until `stop` is set, forwarding messages; each first takes its size from `bytes` (all
+/// of it for a message larger than the whole budget), so the channel holds a bounded number of
+/// bytes. Closing `bytes` stops the thread. Returns the thread handle.
 pub fn spawn_poller(
     consumer: Arc<IngestConsumer>,
     events: mpsc::Sender<Polled>,
+    bytes: Arc<Semaphore>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
+    let budget = u32::try_from(bytes.available_permits()).unwrap_or(u32::MAX);
     thread::Builder::new()
         .name("kafka-poll".into())
         .spawn(move || {
             while !stop.load(Ordering::Acquire) {
                 match consumer.poll(Duration::from_millis(100)) {
                     Some(Ok(message)) => {
-                        if events.blocking_send(Polled::Message(message.detach())).is_err() {
+                        let size = message.payload().map_or(0, <[u8]>::len);
+                        let share = u32::try_from(size).unwrap_or(u32::MAX).clamp(1, budget.max(1));
+                        let Ok(permit) = futures::executor::block_on(bytes.clone().acquire_many_owned(share)) else {
+                            break;
+                        };
+                        if events.blocking_send(Polled::Message(message.detach(), permit)).is_err() {
                             break;
                         }
                     }

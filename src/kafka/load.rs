@@ -115,7 +115,7 @@ mod tests {
             recording::process(&original, &Default::default()).unwrap(),
             recording::process(&rewritten, &Default::default()).unwrap(),
         );
-        assert_eq!(b.replay_id, id);
+        assert_eq!(b.ids.replay_id, id);
         assert_eq!((a.extracted, a.blob.bytes), (b.extracted, b.blob.bytes));
     }
 

@@ -30,33 +30,46 @@ use futures::stream::FuturesOrdered;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
+use tokio::sync::Semaphore;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::ConsumeArgs;
 use crate::health::Status;
 use crate::kafka::client_config;
 use crate::kafka::consumer::{IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, spawn_poller};
 use crate::metrics;
-use crate::recording::{self, Limits};
+use crate::recording::{self, Limits, Reason};
 use crate::sink::{Entry, InvalidMessage, Outcome, SinkError};
 use buffer::{Buffer, CloseReason, should_pause};
 use flush::{FlushReport, RetryPolicy, Sinks};
 use frontier::Frontier;
 
-/// Messages between the polling thread and the pipeline. Each may be up to 15 MB: the bound
-/// keeps the hand-off small next to librdkafka's own (bounded) prefetch. While intake is paused
+/// Messages between the polling thread and the pipeline. Each may be up to 15 MB: the bounds
+/// keep the hand-off small next to librdkafka's own (bounded) prefetch. While intake is paused
 /// the pipeline stops reading it, so a full buffer grows by at most the messages already being
 /// processed.
 const POLLED_CHANNEL_CAPACITY: usize = 16;
+
+/// Bytes of message values in that channel (a larger message passes alone).
+pub const POLLED_CHANNEL_BYTES: usize = 32 * 1024 * 1024;
 
 /// Messages being processed or waiting for an earlier one to finish (arrival order is kept).
 /// A wide window keeps every core busy behind one large segment at the head.
 pub const PROCESSING_WINDOW_MESSAGES: usize = 64;
 
-/// Bytes of message values in that window: bounds its memory whatever the message sizes.
+/// Bytes the window may hold. Each message reserves what its processed form may hold at most
+/// ([`window_reservation`]) until it leaves the window, so outputs waiting behind a slow head are
+/// bounded too, not only the inputs.
 pub const PROCESSING_WINDOW_BYTES: usize = 64 * 1024 * 1024;
+
+/// What a message of `value_len` bytes reserves in the processing window: its value, plus what
+/// processing it may hold — a blob and replay event no larger than the value, and the extractor's
+/// capped lists and clicks (`recording::COST_BOUND_SLACK`).
+pub fn window_reservation(value_len: usize) -> usize {
+    value_len.saturating_mul(3).saturating_add(recording::COST_BOUND_SLACK)
+}
 
 /// Why the pipeline stopped other than by a clean shutdown. Nothing past the failure was
 /// committed: a restart redelivers it.
@@ -91,6 +104,7 @@ pub async fn consume(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), PipelineError> {
     let (polled_tx, polled_rx) = mpsc::channel(POLLED_CHANNEL_CAPACITY);
+    let polled_bytes = Arc::new(Semaphore::new(POLLED_CHANNEL_BYTES));
     let context = IngestContext::new(polled_tx.clone(), args.drain_deadline());
     let consumer: Arc<IngestConsumer> = Arc::new(
         client_config(&args.kafka.brokers, &args.consumer_properties(), &args.kafka.properties)
@@ -98,7 +112,7 @@ pub async fn consume(
     );
     consumer.subscribe(&[&args.topic])?;
     let stop = Arc::new(AtomicBool::new(false));
-    let poller = spawn_poller(consumer.clone(), polled_tx, stop.clone());
+    let poller = spawn_poller(consumer.clone(), polled_tx, polled_bytes.clone(), stop.clone());
 
     let threads = match args.processing_threads {
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -107,6 +121,9 @@ pub async fn consume(
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("process-{i}"))
+        // Processing catches its own panics; anything else that panics on the pool is logged
+        // (its result never arrives, and the pipeline stops with `TaskDied`) instead of aborting.
+        .panic_handler(|_| error!("a processing task panicked"))
         .build()
         .map_err(|e| PipelineError::TaskDied(e.to_string()))?;
 
@@ -131,6 +148,8 @@ pub async fn consume(
     };
     let result = pipeline.run(shutdown).await;
     stop.store(true, Ordering::Release);
+    // Wakes a poller waiting for channel bytes.
+    polled_bytes.close();
     // The pipeline (and its receiver) is gone, so the poller cannot block on a full channel.
     // Closing the consumer runs the revoke callback, which blocks: off the async runtime. Leaving
     // the group needs the broker; if it is unreachable, do not outlive the drain deadline (the
@@ -151,9 +170,9 @@ struct Pipeline {
     polled: mpsc::Receiver<Polled>,
     pool: Arc<rayon::ThreadPool>,
     limits: Limits,
-    /// Messages being processed, in arrival order, with their value sizes.
+    /// Messages being processed, in arrival order, with their window reservations.
     processing: FuturesOrdered<oneshot::Receiver<(Entry, usize, usize)>>,
-    /// Sum of the value sizes in `processing`.
+    /// Sum of the reservations in `processing`.
     processing_bytes: usize,
     buffer: Buffer,
     frontier: Frontier,
@@ -189,7 +208,7 @@ impl Pipeline {
                     self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
                 }
                 polled = self.polled.recv(), if !self.paused && self.window_open() => match polled {
-                    Some(Polled::Message(message)) => self.process(message),
+                    Some(Polled::Message(message, _bytes)) => self.process(message),
                     Some(Polled::Assigned(partitions)) => self.assigned(&partitions)?,
                     Some(Polled::Revoke { done }) => {
                         self.drain().await?;
@@ -218,7 +237,7 @@ impl Pipeline {
     fn process(&mut self, message: OwnedMessage) {
         self.status.consumed.fetch_add(1, Ordering::Relaxed);
         metrics::consumed();
-        let size = message.payload().map_or(0, <[u8]>::len);
+        let size = window_reservation(message.payload().map_or(0, <[u8]>::len));
         self.processing_bytes += size;
         let (tx, rx) = oneshot::channel();
         let (limits, topic) = (self.limits, self.topic.clone());
@@ -383,21 +402,28 @@ fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, us
     let (partition, offset) = (message.partition(), message.offset());
     let value = message.payload().unwrap_or_default();
     let start = Instant::now();
-    match recording::process(value, limits) {
+    match recording::process_guarded(value, limits) {
         Ok(processed) => {
-            let p = &processed;
-            metrics::processed_segment(
-                p.compressed_bytes,
-                p.uncompressed_bytes,
-                p.extracted.invalid_events,
-                start.elapsed(),
-            );
             let bytes = processed.memory_bytes();
+            metrics::processed_segment(&metrics::SegmentStats {
+                compressed: processed.compressed_bytes,
+                uncompressed: processed.uncompressed_bytes,
+                memory: bytes,
+                invalid_events: processed.extracted.invalid_events,
+                truncated: processed.truncations(),
+                took: start.elapsed(),
+            });
             (Entry { partition, offset, outcome: Outcome::Valid(Box::new(processed)) }, bytes)
         }
         Err(error) => {
-            // Expected bad input: counted and dead-lettered; DEBUG so a burst cannot flood the logs.
-            debug!(partition, offset, reason = error.reason.as_str(), detail = %error.detail, "invalid message: to the dead-letter topic");
+            if error.reason == Reason::InternalError {
+                // A bug, not bad input: someone must look. The message is kept on the DLQ.
+                let replay_id = recording::envelope::decode(value).map(|e| e.replay_id).unwrap_or("unknown");
+                error!(partition, offset, replay_id, detail = %error.detail, "processing failed: message dead-lettered as internal_error");
+            } else {
+                // Expected bad input: counted and dead-lettered; DEBUG so a burst cannot flood the logs.
+                debug!(partition, offset, reason = error.reason.as_str(), detail = %error.detail, "invalid message: to the dead-letter topic");
+            }
             let (key, timestamp) = key_and_timestamp(&message);
             let value = value.to_vec();
             let bytes = value.len();

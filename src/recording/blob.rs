@@ -2,16 +2,19 @@
 //!
 //! Key: `{retention_days}/{project_id}/{replay_id}/{segment_id}` — deterministic, so rewriting a
 //! redelivered segment is idempotent. Bytes: always a zlib stream.
-//! - no video, zlib body: the body exactly as received (no recompression);
+//! - no video, zlib body: the body exactly as received (no recompression) — unless the stream is
+//!   larger than the JSON it holds (only a crafted stream is: padding, empty blocks), which is
+//!   stored as zlib of the JSON instead, so a blob never outweighs its content;
 //! - no video, raw/gzip/zstd body: zlib of the rrweb JSON;
 //! - video present: zlib of `0x01 | u32 BE video length | video | rrweb JSON`;
 //! - video field present but empty: zlib of `0x00 | rrweb JSON`.
 
-use std::io::Write;
+use std::io::{self, Write};
 
 use flate2::Compression;
 use flate2::write::ZlibEncoder;
 
+use super::heap::heap_size;
 use super::payload::{BodyEncoding, Payload};
 
 /// Pack marker: rrweb JSON only.
@@ -26,32 +29,35 @@ pub struct Blob {
     pub bytes: bytes::Bytes,
 }
 
-pub fn key(retention_days: u16, project_id: u64, replay_id: &str, segment_id: u64) -> String {
+heap_size!(Blob { key, bytes });
+
+pub fn key(retention_days: u16, project_id: u64, replay_id: &str, segment_id: u32) -> String {
     format!("{retention_days}/{project_id}/{replay_id}/{segment_id}")
 }
 
-/// Builds the stored bytes from the received payload and its decompressed JSON.
-pub fn bytes(payload: &Payload<'_>, json: &[u8], video: Option<&[u8]>) -> Vec<u8> {
-    match video {
-        None if payload.encoding == BodyEncoding::Zlib => payload.body.to_vec(),
-        None => zlib(&[json]),
-        Some([]) => zlib(&[&[PACK_RRWEB], json]),
+/// Builds the stored bytes from the received payload and its decompressed JSON. Held as one
+/// exactly-sized allocation. Fails only if compressing into memory fails, which it cannot.
+pub fn bytes(payload: &Payload<'_>, json: &[u8], video: Option<&[u8]>) -> io::Result<bytes::Bytes> {
+    let stored = match video {
+        None if payload.encoding == BodyEncoding::Zlib && payload.body.len() <= json.len() => payload.body.to_vec(),
+        None => zlib(&[json])?,
+        Some([]) => zlib(&[&[PACK_RRWEB], json])?,
         Some(video) => {
-            // Upstream limits a message to 15 MB, so the length always fits in a u32.
-            let len = u32::try_from(video.len()).unwrap_or(u32::MAX).to_be_bytes();
-            zlib(&[&[PACK_VIDEO], &len, video, json])
+            let len = u32::try_from(video.len())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "video longer than 4 GiB"))?;
+            zlib(&[&[PACK_VIDEO], &len.to_be_bytes(), video, json])?
         }
-    }
+    };
+    Ok(bytes::Bytes::from(stored.into_boxed_slice()))
 }
 
-fn zlib(parts: &[&[u8]]) -> Vec<u8> {
+fn zlib(parts: &[&[u8]]) -> io::Result<Vec<u8>> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut encoder = ZlibEncoder::new(Vec::with_capacity(total / 4 + 64), Compression::default());
     for part in parts {
-        // Writing into a Vec cannot fail.
-        let _ = encoder.write_all(part);
+        encoder.write_all(part)?;
     }
-    encoder.finish().unwrap_or_default()
+    encoder.finish()
 }
 
 #[cfg(test)]
@@ -76,23 +82,30 @@ mod tests {
     fn a_zlib_body_is_stored_exactly_as_received() {
         let body = b"\x78\x9c not recompressed";
         let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body };
-        assert_eq!(bytes(&payload, JSON, None), body);
+        assert_eq!(bytes(&payload, JSON, None).unwrap(), &body[..]);
+    }
+
+    #[test]
+    fn a_zlib_body_larger_than_its_json_is_stored_as_zlib_of_the_json() {
+        let body = vec![0x78; JSON.len() + 1];
+        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &body };
+        assert_eq!(inflate(&bytes(&payload, JSON, None).unwrap()), JSON);
     }
 
     #[test]
     fn other_bodies_are_stored_as_zlib_of_the_json() {
         for encoding in [BodyEncoding::Raw, BodyEncoding::Gzip, BodyEncoding::Zstd] {
             let payload = Payload { segment_id: 0, encoding, body: b"ignored" };
-            assert_eq!(inflate(&bytes(&payload, JSON, None)), JSON, "{encoding:?}");
+            assert_eq!(inflate(&bytes(&payload, JSON, None).unwrap()), JSON, "{encoding:?}");
         }
     }
 
     #[test]
     fn video_is_packed_with_its_big_endian_length_before_the_json() {
         let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: b"x" };
-        let packed = inflate(&bytes(&payload, JSON, Some(b"VIDEO")));
+        let packed = inflate(&bytes(&payload, JSON, Some(b"VIDEO")).unwrap());
         assert_eq!(packed, [&[0x01, 0, 0, 0, 5][..], b"VIDEO", JSON].concat());
-        let packed = inflate(&bytes(&payload, JSON, Some(b"")));
+        let packed = inflate(&bytes(&payload, JSON, Some(b"")).unwrap());
         assert_eq!(packed, [&[0x00][..], JSON].concat());
     }
 }

@@ -23,6 +23,8 @@ pub const DEFAULT_RETENTION_DAYS: u16 = 30;
 pub struct Envelope<'a> {
     /// 32 lowercase hex characters (a UUID without dashes).
     pub replay_id: &'a str,
+    /// The same id, parsed.
+    pub replay_uuid: uuid::Uuid,
     /// DSN key id; reported in billing outcomes.
     pub key_id: Option<u64>,
     pub org_id: u64,
@@ -90,14 +92,15 @@ pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
         None => return Err(InvalidRecording::new(Reason::WrongType, "type is missing")),
     }
     let replay_id = required(wire.replay_id, "replay_id")?;
-    if !is_replay_id(replay_id) {
-        return Err(InvalidRecording::new(
+    let replay_uuid = uuid::Uuid::try_parse(replay_id).ok().filter(|_| is_replay_id(replay_id)).ok_or_else(|| {
+        InvalidRecording::new(
             Reason::InvalidReplayId,
             format_args!("replay_id {replay_id:?} is not 32 lowercase hex characters"),
-        ));
-    }
+        )
+    })?;
     Ok(Envelope {
         replay_id,
+        replay_uuid,
         key_id: wire.key_id,
         org_id: required(wire.org_id, "org_id")?,
         project_id: required(wire.project_id, "project_id")?,

@@ -30,11 +30,14 @@ pub enum Reason {
     TooLarge,
     /// `replay_event` is present but is not a JSON object of the expected shape.
     InvalidReplayEvent,
+    /// Processing failed in a way only a bug can explain (it panicked): the message is
+    /// dead-lettered so that ingestion goes on, and an error is logged.
+    InternalError,
 }
 
 impl Reason {
     /// Every reason, for metric pre-registration and documentation.
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::InvalidMsgpack,
         Reason::MissingField,
         Reason::WrongType,
@@ -45,6 +48,7 @@ impl Reason {
         Reason::TruncatedBody,
         Reason::TooLarge,
         Reason::InvalidReplayEvent,
+        Reason::InternalError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +63,7 @@ impl Reason {
             Reason::TruncatedBody => "truncated_body",
             Reason::TooLarge => "too_large",
             Reason::InvalidReplayEvent => "invalid_replay_event",
+            Reason::InternalError => "internal_error",
         }
     }
 }

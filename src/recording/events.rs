@@ -6,14 +6,21 @@
 //!   deduplicates it per project with a bounded cache.
 //! - `RageClick`, `HydrationError` (issues topic): occurrences to turn into issues.
 //!
-//! Every event carries a deterministic key so redelivery produces identical messages.
+//! Every event carries a deterministic key so redelivery produces identical messages. Events are
+//! built when the flush publishes them, not kept with the buffered segment. A segment yields at
+//! most `max_clicks` rage-click and `MAX_HYDRATION_ISSUES` hydration-error events, so a small
+//! message cannot fan out into megabytes of events.
 
 use serde::Serialize;
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::envelope::Envelope;
+use super::ids::SegmentIds;
 use super::rows::{click_event_hash, md5_uuid};
 use super::rrweb::Extracted;
+
+/// Hydration-error events per segment. Sentry groups every hydration error of a project into one
+/// issue, so occurrences past the first few add nothing a reader keeps.
+pub const MAX_HYDRATION_ISSUES: usize = 20;
 
 /// Outcome code for an accepted event.
 pub const OUTCOME_ACCEPTED: u8 = 0;
@@ -69,7 +76,7 @@ pub struct RageClick {
     pub org_id: u64,
     pub project_id: u64,
     pub replay_id: String,
-    pub segment_id: u64,
+    pub segment_id: u32,
     /// Seconds since the epoch.
     pub timestamp: f64,
     pub selector: String,
@@ -85,7 +92,7 @@ pub struct Hydration {
     pub org_id: u64,
     pub project_id: u64,
     pub replay_id: String,
-    pub segment_id: u64,
+    pub segment_id: u32,
     pub timestamp_ms: u64,
     pub url: Option<String>,
 }
@@ -130,13 +137,11 @@ impl AnalyticsEvent {
     }
 
     /// JSON message value. The outcome keeps the outcomes schema (no `type` field).
-    pub fn to_json(&self) -> Vec<u8> {
-        let encoded = match self {
+    pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+        match self {
             AnalyticsEvent::Outcome(o) => serde_json::to_vec(o),
             other => serde_json::to_vec(other),
-        };
-        // These structs contain only strings and numbers: serialisation cannot fail.
-        encoded.unwrap_or_default()
+        }
     }
 }
 
@@ -145,52 +150,52 @@ fn rfc3339(unix_seconds: u64) -> String {
 }
 
 /// The events one segment produces.
-pub fn build(env: &Envelope<'_>, segment_id: u64, extracted: &Extracted) -> Vec<AnalyticsEvent> {
+pub fn build(ids: &SegmentIds, extracted: &Extracted) -> Vec<AnalyticsEvent> {
     let mut events = Vec::new();
-    if segment_id == 0 {
+    if ids.segment_id == 0 {
         events.push(AnalyticsEvent::Outcome(Outcome {
-            timestamp: rfc3339(env.received),
-            org_id: env.org_id,
-            project_id: env.project_id,
-            key_id: env.key_id,
+            timestamp: rfc3339(ids.received),
+            org_id: ids.org_id,
+            project_id: ids.project_id,
+            key_id: ids.key_id,
             outcome: OUTCOME_ACCEPTED,
             reason: None,
-            event_id: env.replay_id.to_owned(),
+            event_id: ids.replay_id.clone(),
             category: CATEGORY_REPLAY,
             quantity: 1,
         }));
         events.push(AnalyticsEvent::FirstReplay(FirstReplay {
-            org_id: env.org_id,
-            project_id: env.project_id,
-            replay_id: env.replay_id.to_owned(),
-            received: env.received,
+            org_id: ids.org_id,
+            project_id: ids.project_id,
+            replay_id: ids.replay_id.clone(),
+            received: ids.received,
         }));
     }
     for click in extracted.rage_clicks() {
         events.push(AnalyticsEvent::RageClick(RageClick {
-            occurrence_id: click_event_hash(env.replay_id, click.timestamp, click.node_id).simple().to_string(),
-            org_id: env.org_id,
-            project_id: env.project_id,
-            replay_id: env.replay_id.to_owned(),
-            segment_id,
+            occurrence_id: click_event_hash(&ids.replay_id, click.timestamp, click.node_id).simple().to_string(),
+            org_id: ids.org_id,
+            project_id: ids.project_id,
+            replay_id: ids.replay_id.clone(),
+            segment_id: ids.segment_id,
             timestamp: click.timestamp,
             selector: click.selector.clone(),
             tag: click.tag.clone(),
             text: click.text.clone(),
             component_name: click.component_name.clone(),
-            url: click.url.clone(),
+            url: click.url.to_string(),
         }));
     }
-    for error in &extracted.hydration_errors {
-        let occurrence_id = md5_uuid(&format!("{}:hydration:{}", env.replay_id, error.timestamp_ms));
+    for error in extracted.hydration_errors.iter().take(MAX_HYDRATION_ISSUES) {
+        let occurrence_id = md5_uuid(&format!("{}:hydration:{}", ids.replay_id, error.timestamp_ms));
         events.push(AnalyticsEvent::HydrationError(Hydration {
             occurrence_id: occurrence_id.simple().to_string(),
-            org_id: env.org_id,
-            project_id: env.project_id,
-            replay_id: env.replay_id.to_owned(),
-            segment_id,
+            org_id: ids.org_id,
+            project_id: ids.project_id,
+            replay_id: ids.replay_id.clone(),
+            segment_id: ids.segment_id,
             timestamp_ms: error.timestamp_ms,
-            url: error.url.clone(),
+            url: error.url.as_deref().map(str::to_owned),
         }));
     }
     events

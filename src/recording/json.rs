@@ -134,9 +134,16 @@ impl<'de> Deserialize<'de> for Num {
     }
 }
 
-/// Any JSON value: the strings of an array, or nothing.
+/// Most strings a [`TextList`] keeps; the rest of the array is consumed and counted, not kept.
+pub const MAX_TEXT_LIST: usize = 1000;
+
+/// Any JSON value: the strings of an array (the first `MAX_TEXT_LIST`), or nothing.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct TextList<'a>(pub Vec<Cow<'a, str>>);
+pub struct TextList<'a>(pub Vec<Cow<'a, str>>, pub Skipped);
+
+/// Array elements consumed but not kept.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Skipped(pub u64);
 
 impl<'de: 'a, 'a> Deserialize<'de> for TextList<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -152,11 +159,15 @@ impl<'de> Visitor<'de> for Lenient<TextList<'de>> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut items = Vec::new();
+        let (mut items, mut skipped) = (Vec::new(), 0);
         while let Some(Text(item)) = seq.next_element::<Text<'de>>()? {
-            items.extend(item);
+            match item {
+                Some(item) if items.len() < MAX_TEXT_LIST => items.push(item),
+                Some(_) => skipped += 1,
+                None => {}
+            }
         }
-        Ok(TextList(items))
+        Ok(TextList(items, Skipped(skipped)))
     }
     default_for!(str, numbers, bool, null, map);
 }

@@ -14,6 +14,8 @@ pub mod blob;
 pub mod envelope;
 pub mod error;
 pub mod events;
+pub mod heap;
+pub mod ids;
 mod json;
 pub mod payload;
 pub mod replay_event;
@@ -21,16 +23,24 @@ pub mod rows;
 pub mod rrweb;
 mod scan;
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
 pub use blob::Blob;
 pub use envelope::Envelope;
 pub use error::{InvalidRecording, Reason};
 pub use events::{AnalyticsEvent, EventTopic};
+pub use heap::HeapSize;
+pub use ids::SegmentIds;
 pub use payload::BodyEncoding;
+pub use replay_event::ReplayEvent;
 pub use rows::{ReplayRow, RowKind};
 pub use rrweb::{Extracted, RowLimits};
 
 /// Default cap on a decompressed segment body (SPEC §3).
 pub const DEFAULT_MAX_DECOMPRESSED_BYTES: usize = 100 * 1024 * 1024;
+
+/// The constant part of the cost bound: what a segment may hold beyond twice its decoded input.
+pub const COST_BOUND_SLACK: usize = 1024 * 1024;
 
 /// Knobs of the per-message work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,40 +56,61 @@ impl Default for Limits {
     }
 }
 
-/// Everything one valid message produces.
+/// Everything one valid message produces and the flush needs. Rows and events are derived from
+/// it when they are written ([`Processed::rows`], [`Processed::events`]), so a buffered segment
+/// holds each extracted value once.
+///
+/// **Cost bound**: [`Processed::memory_bytes`] ≤ 2 × [`Processed::input_bytes`] + 1 MiB
+/// ([`Processed::cost_bound`]), whatever the input — enforced by the extractor's caps and shared
+/// URLs, tested on every fixture, on hostile inputs and by property tests.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Processed {
-    pub replay_id: String,
-    pub org_id: u64,
-    pub project_id: u64,
-    pub key_id: Option<u64>,
-    /// Unix seconds the edge received the segment.
-    pub received: u64,
-    pub retention_days: u16,
-    pub segment_id: u64,
+    pub ids: SegmentIds,
     pub body_encoding: BodyEncoding,
     /// Body bytes as received.
     pub compressed_bytes: usize,
     /// Decompressed rrweb JSON bytes.
     pub uncompressed_bytes: usize,
+    /// Decoded input: the rrweb JSON, the replay event and the video, in bytes.
+    pub input_bytes: usize,
     pub blob: Blob,
     pub extracted: Extracted,
-    pub rows: Vec<ReplayRow>,
-    pub events: Vec<AnalyticsEvent>,
+    /// The replay event, when the message carried one.
+    pub replay_event: Option<ReplayEvent>,
+    /// The edge did not publish the replay event (`relay_snuba_publish_disabled`), so its segment
+    /// row is this service's to write.
+    pub writes_segment_row: bool,
 }
 
+heap::heap_size!(Processed { ids, blob, extracted, replay_event });
+
 impl Processed {
-    /// Approximate heap bytes held, for buffer accounting: dominated by the blob.
+    /// Heap and inline bytes held while buffered, counted exactly (capacities, shared URLs
+    /// once): what `--buffer-max-bytes` is measured in.
     pub fn memory_bytes(&self) -> usize {
-        let strings: usize = self.extracted.urls.iter().map(String::len).sum();
-        std::mem::size_of::<Self>()
-            + self.blob.bytes.len()
-            + self.blob.key.len()
-            + strings
-            + self.rows.len() * (std::mem::size_of::<ReplayRow>() + 256)
-            + self.events.len() * 512
-            + self.extracted.clicks.len() * 512
-            + (self.extracted.requests.len() + self.extracted.navigations.len()) * 160
+        std::mem::size_of::<Self>() + self.heap_size()
+    }
+
+    /// The most [`Processed::memory_bytes`] may be for this input.
+    pub fn cost_bound(&self) -> usize {
+        self.input_bytes.saturating_mul(2).saturating_add(COST_BOUND_SLACK)
+    }
+
+    /// The ClickHouse rows of this segment, built now.
+    pub fn rows(&self) -> Vec<ReplayRow> {
+        let replay_event = self.replay_event.as_ref().filter(|_| self.writes_segment_row);
+        rows::build(&self.ids, replay_event, &self.extracted)
+    }
+
+    /// The analytics events of this segment, built now.
+    pub fn events(&self) -> Vec<AnalyticsEvent> {
+        events::build(&self.ids, &self.extracted)
+    }
+
+    /// Values cut and list items left out by the extraction caps.
+    pub fn truncations(&self) -> u64 {
+        let dropped = self.replay_event.as_ref().map_or(0, |e| e.dropped_items);
+        self.extracted.truncated_values + self.extracted.dropped_items + dropped
     }
 }
 
@@ -93,37 +124,46 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
     })?;
     let replay_event = env.replay_event.map(replay_event::parse).transpose()?;
     if let Some(event) = &replay_event {
-        for url in &event.urls {
-            extracted.add_url(url);
-        }
+        extracted.add_urls(&event.urls);
     }
-
-    let segment_id = payload.segment_id;
-    let mut rows: Vec<ReplayRow> = Vec::with_capacity(extracted.clicks.len() + extracted.taps.len() + 1);
-    if let Some(event) = replay_event.as_ref().filter(|_| env.relay_snuba_publish_disabled) {
-        rows.push(rows::segment_row(&env, segment_id, event));
-    }
-    rows.extend(extracted.clicks.iter().map(|c| rows::click_row(&env, segment_id, c)));
-    rows.extend(extracted.taps.iter().map(|t| rows::tap_row(&env, segment_id, t)));
-    let events = events::build(&env, segment_id, &extracted);
-
-    Ok(Processed {
+    let ids = SegmentIds {
         replay_id: env.replay_id.to_owned(),
+        replay_uuid: env.replay_uuid,
         org_id: env.org_id,
         project_id: env.project_id,
         key_id: env.key_id,
         received: env.received,
         retention_days: env.retention_days,
-        segment_id,
+        segment_id: payload.segment_id,
+    };
+    let blob = Blob {
+        key: blob::key(ids.retention_days, ids.project_id, &ids.replay_id, ids.segment_id),
+        bytes: blob::bytes(&payload, &json, env.replay_video)
+            .map_err(|e| InvalidRecording::new(Reason::InternalError, format_args!("building the blob failed: {e}")))?,
+    };
+    Ok(Processed {
+        ids,
         body_encoding: payload.encoding,
         compressed_bytes: payload.body.len(),
         uncompressed_bytes: json.len(),
-        blob: Blob {
-            key: blob::key(env.retention_days, env.project_id, env.replay_id, segment_id),
-            bytes: blob::bytes(&payload, &json, env.replay_video).into(),
-        },
+        input_bytes: json.len() + env.replay_event.map_or(0, <[u8]>::len) + env.replay_video.map_or(0, <[u8]>::len),
+        blob,
         extracted,
-        rows,
-        events,
+        replay_event,
+        writes_segment_row: env.relay_snuba_publish_disabled,
+    })
+}
+
+/// [`process`], with a panic — a bug, never bad input — turned into an `internal_error` rejection
+/// so that one message cannot take the process down. The panic itself is reported by the panic
+/// hook (message and location on stderr).
+pub fn process_guarded(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecording> {
+    catch_unwind(AssertUnwindSafe(|| process(value, limits))).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_owned());
+        Err(InvalidRecording::new(Reason::InternalError, format_args!("processing panicked: {message}")))
     })
 }

@@ -56,7 +56,9 @@ impl BodyEncoding {
 /// A payload split into its header and body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Payload<'a> {
-    pub segment_id: u64,
+    /// Blob keys and rows must agree on it, so a value that does not fit a `u32` (the row
+    /// column) is rejected rather than clamped.
+    pub segment_id: u32,
     pub encoding: BodyEncoding,
     /// The body exactly as received (compressed or raw).
     pub body: &'a [u8],
@@ -64,7 +66,7 @@ pub struct Payload<'a> {
 
 #[derive(Deserialize)]
 struct Header {
-    segment_id: u64,
+    segment_id: u32,
 }
 
 /// Splits and validates the header line and detects the body encoding.
@@ -79,7 +81,7 @@ pub fn split(payload: &[u8]) -> Result<Payload<'_>, InvalidRecording> {
         InvalidRecording::new(
             Reason::InvalidHeader,
             format_args!(
-                "header {:?} is not {{\"segment_id\": <non-negative integer>}}: {e}",
+                "header {:?} is not {{\"segment_id\": <integer 0..=4294967295>}}: {e}",
                 String::from_utf8_lossy(header.get(..64).unwrap_or(header))
             ),
         )
@@ -212,7 +214,15 @@ mod tests {
 
     #[test]
     fn the_header_needs_a_non_negative_integer_segment_id() {
-        for header in ["{}", "{\"segment_id\":-1}", "{\"segment_id\":\"1\"}", "{\"segment_id\":1.5}", "garbage", ""] {
+        for header in [
+            "{}",
+            "{\"segment_id\":-1}",
+            "{\"segment_id\":4294967296}",
+            "{\"segment_id\":\"1\"}",
+            "{\"segment_id\":1.5}",
+            "garbage",
+            "",
+        ] {
             let payload = format!("{header}\n[]");
             assert_eq!(split(payload.as_bytes()).unwrap_err().reason, Reason::InvalidHeader, "{header}");
         }

@@ -8,17 +8,29 @@
 //!  "contexts":{"browser":{…},"os":{…},"device":{…},"replay":{…}},"tags":{…} or [[k,v],…]}
 //! ```
 //! Fields are read leniently (a wrong-typed field becomes empty); only a document that is not a
-//! JSON object is invalid.
+//! JSON object, or nests deeper than `scan::MAX_NESTING`, is invalid. Lists are cut as Relay cuts
+//! them (`urls`, `error_ids`, `trace_ids`: 100 entries) and tags to `MAX_TAGS` pairs, so what is
+//! kept is at most the document's size plus a small constant.
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use uuid::Uuid;
 
 use super::error::{InvalidRecording, Reason};
+use super::heap::heap_size;
 use super::json::{Num, Object, Text, TextList, default_for};
+use super::rrweb::Url;
+use super::scan;
+
+/// Entries kept of `urls`, `error_ids` and `trace_ids`: Relay's own limit.
+pub const MAX_LIST_ENTRIES: usize = 100;
+
+/// Tag pairs kept.
+pub const MAX_TAGS: usize = 1000;
 
 /// The replay event's fields this service stores, owned.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -26,7 +38,8 @@ pub struct ReplayEvent {
     /// Seconds since the epoch.
     pub timestamp: Option<f64>,
     pub replay_start_timestamp: Option<f64>,
-    pub urls: Vec<String>,
+    /// Shared with the segment's visited URLs.
+    pub urls: Vec<Url>,
     /// Ids that are not UUIDs are dropped.
     pub error_ids: Vec<Uuid>,
     pub trace_ids: Vec<Uuid>,
@@ -53,7 +66,35 @@ pub struct ReplayEvent {
     pub session_sample_rate: Option<f64>,
     /// Tag pairs in the order sent.
     pub tags: Vec<(String, String)>,
+    /// List entries and tags left out by the limits above.
+    pub dropped_items: u64,
 }
+
+heap_size!(ReplayEvent {
+    urls,
+    error_ids,
+    trace_ids,
+    replay_type,
+    platform,
+    environment,
+    release,
+    dist,
+    sdk_name,
+    sdk_version,
+    user_id,
+    user_name,
+    user_email,
+    ip_address,
+    os_name,
+    os_version,
+    browser_name,
+    browser_version,
+    device_name,
+    device_brand,
+    device_family,
+    device_model,
+    tags,
+});
 
 #[derive(Deserialize)]
 struct Wire<'a> {
@@ -139,9 +180,20 @@ struct Contexts<'a> {
     replay: Object<ReplayContext>,
 }
 
-/// `tags` as an object `{k: v}` or as relay's array of pairs `[[k, v], …]`.
+/// `tags` as an object `{k: v}` or as relay's array of pairs `[[k, v], …]`: the first
+/// `MAX_TAGS` pairs, and how many more were sent.
 #[derive(Default)]
-struct Tags<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
+struct Tags<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>, u64);
+
+impl<'a> Tags<'a> {
+    fn push(&mut self, pair: (Cow<'a, str>, Cow<'a, str>)) {
+        if self.0.len() < MAX_TAGS {
+            self.0.push(pair);
+        } else {
+            self.1 += 1;
+        }
+    }
+}
 
 impl<'de: 'a, 'a> Deserialize<'de> for Tags<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -152,22 +204,24 @@ impl<'de: 'a, 'a> Deserialize<'de> for Tags<'a> {
                 f.write_str("tags")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut tags = Vec::new();
+                let mut tags = Tags::default();
                 while let Some((Text(k), Text(v))) = map.next_entry::<Text<'de>, Text<'de>>()? {
-                    tags.extend(k.zip(v));
+                    if let Some(pair) = k.zip(v) {
+                        tags.push(pair);
+                    }
                 }
-                Ok(Tags(tags))
+                Ok(tags)
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut tags = Vec::new();
-                while let Some(TextList(pair)) = seq.next_element::<TextList<'de>>()? {
+                let mut tags = Tags::default();
+                while let Some(TextList(pair, _)) = seq.next_element::<TextList<'de>>()? {
                     if let Ok([k, v]) = <[Cow<'de, str>; 2]>::try_from(pair)
                         && !k.is_empty()
                     {
                         tags.push((k, v));
                     }
                 }
-                Ok(Tags(tags))
+                Ok(tags)
             }
             default_for!(str, numbers, bool, null);
         }
@@ -179,8 +233,16 @@ fn string(text: Text<'_>) -> String {
     text.0.map(Cow::into_owned).unwrap_or_default()
 }
 
-fn uuids(list: TextList<'_>) -> Vec<Uuid> {
-    list.0.iter().filter_map(|id| Uuid::try_parse(id).ok()).collect()
+/// The first `MAX_LIST_ENTRIES` strings of a list, and how many were left out.
+fn first_entries<'a>(list: TextList<'a>) -> (impl Iterator<Item = Cow<'a, str>>, u64) {
+    let dropped = list.1.0 + list.0.len().saturating_sub(MAX_LIST_ENTRIES) as u64;
+    (list.0.into_iter().take(MAX_LIST_ENTRIES), dropped)
+}
+
+fn uuids(list: TextList<'_>, dropped: &mut u64) -> Vec<Uuid> {
+    let (ids, left_out) = first_entries(list);
+    *dropped += left_out;
+    ids.filter_map(|id| Uuid::try_parse(&id).ok()).collect()
 }
 
 /// Parses the replay event document.
@@ -191,16 +253,31 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     }
     let json = simdutf8::basic::from_utf8(json)
         .map_err(|_| InvalidRecording::new(Reason::InvalidReplayEvent, "replay_event is not valid UTF-8"))?;
+    // The parser recurses per level: a deeper document would overflow the stack.
+    if scan::nesting_exceeds(json.as_bytes(), scan::MAX_NESTING) {
+        return Err(InvalidRecording::new(
+            Reason::InvalidReplayEvent,
+            format_args!("replay_event nests deeper than {} levels", scan::MAX_NESTING),
+        ));
+    }
     let wire: Wire<'_> = sonic_rs::from_str(json).map_err(|e| {
         InvalidRecording::new(Reason::InvalidReplayEvent, format_args!("replay_event is not a JSON object: {e}"))
     })?;
     let contexts = wire.contexts.0;
+    let (urls, mut dropped_items) = first_entries(wire.urls);
+    let urls = urls.map(|url| Arc::from(url.as_ref())).collect();
+    let error_ids = uuids(wire.error_ids, &mut dropped_items);
+    let trace_ids = uuids(wire.trace_ids, &mut dropped_items);
+    dropped_items += wire.tags.1;
+    let mut tags: Vec<(String, String)> =
+        wire.tags.0.into_iter().map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+    tags.shrink_to_fit();
     Ok(ReplayEvent {
         timestamp: wire.timestamp.0,
         replay_start_timestamp: wire.replay_start_timestamp.0,
-        urls: wire.urls.0.into_iter().map(Cow::into_owned).collect(),
-        error_ids: uuids(wire.error_ids),
-        trace_ids: uuids(wire.trace_ids),
+        urls,
+        error_ids,
+        trace_ids,
         replay_type: string(wire.replay_type),
         platform: string(wire.platform),
         environment: string(wire.environment),
@@ -222,7 +299,8 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
         device_model: string(contexts.device.0.model),
         error_sample_rate: contexts.replay.0.error_sample_rate.0,
         session_sample_rate: contexts.replay.0.session_sample_rate.0,
-        tags: wire.tags.0.into_iter().map(|(k, v)| (k.into_owned(), v.into_owned())).collect(),
+        tags,
+        dropped_items,
     })
 }
 
@@ -244,7 +322,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(event.timestamp, Some(1_796_012_453.5));
-        assert_eq!(event.urls, ["https://a/", "https://b/"]);
+        assert_eq!(event.urls, [Url::from("https://a/"), Url::from("https://b/")]);
         assert_eq!(event.error_ids.len(), 1, "non-UUID ids are dropped");
         assert_eq!((event.sdk_name.as_str(), event.sdk_version.as_str()), ("sentry.javascript.browser", "11.12.0"));
         assert_eq!((event.user_id.as_str(), event.ip_address.as_str()), ("42", "127.0.0.1"));

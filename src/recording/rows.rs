@@ -9,9 +9,9 @@ use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::envelope::Envelope;
+use super::ids::SegmentIds;
 use super::replay_event::ReplayEvent;
-use super::rrweb::{Click, Tap};
+use super::rrweb::{Click, Extracted, Tap};
 
 /// What a row describes. Stored as `Enum8('segment' = 0, 'click' = 1, 'tap' = 2)`, which
 /// RowBinary carries as its `u8` value.
@@ -107,15 +107,15 @@ pub struct ReplayRow {
 }
 
 impl ReplayRow {
-    fn base(kind: RowKind, env: &Envelope<'_>, segment_id: u64, event_hash: Uuid, timestamp: u32) -> Self {
+    fn base(kind: RowKind, ids: &SegmentIds, event_hash: Uuid, timestamp: u32) -> Self {
         ReplayRow {
             kind,
-            project_id: env.project_id,
-            replay_id: replay_uuid(env.replay_id),
+            project_id: ids.project_id,
+            replay_id: ids.replay_uuid,
             event_hash,
             timestamp,
-            retention_days: env.retention_days,
-            segment_id: u32::try_from(segment_id).unwrap_or(u32::MAX),
+            retention_days: ids.retention_days,
+            segment_id: ids.segment_id,
             replay_start_timestamp: None,
             replay_type: String::new(),
             platform: String::new(),
@@ -165,11 +165,6 @@ impl ReplayRow {
     }
 }
 
-/// The replay id as a UUID. The envelope has validated it as 32 hex characters.
-fn replay_uuid(replay_id: &str) -> Uuid {
-    Uuid::try_parse(replay_id).unwrap_or(Uuid::nil())
-}
-
 /// UUID whose 16 bytes are the md5 of `input`.
 pub fn md5_uuid(input: &str) -> Uuid {
     Uuid::from_bytes(Md5::digest(input.as_bytes()).into())
@@ -191,12 +186,24 @@ pub fn tap_event_hash(replay_id: &str, timestamp: f64, view_id: &str) -> Uuid {
 }
 
 /// `md5("{replay_id}:segment:{segment_id}")`: one segment row per segment.
-pub fn segment_event_hash(replay_id: &str, segment_id: u64) -> Uuid {
+pub fn segment_event_hash(replay_id: &str, segment_id: u32) -> Uuid {
     md5_uuid(&format!("{replay_id}:segment:{segment_id}"))
 }
 
-pub fn click_row(env: &Envelope<'_>, segment_id: u64, click: &Click) -> ReplayRow {
-    let hash = click_event_hash(env.replay_id, click.timestamp, click.node_id);
+/// The rows of one segment: its segment row when `replay_event` is to be written, then one per
+/// click and one per tap. Built when the flush writes them, not kept: each row copies strings
+/// the extracted clicks already hold.
+pub fn build(ids: &SegmentIds, replay_event: Option<&ReplayEvent>, extracted: &Extracted) -> Vec<ReplayRow> {
+    let mut rows =
+        Vec::with_capacity(usize::from(replay_event.is_some()) + extracted.clicks.len() + extracted.taps.len());
+    rows.extend(replay_event.map(|event| segment_row(ids, event)));
+    rows.extend(extracted.clicks.iter().map(|c| click_row(ids, c)));
+    rows.extend(extracted.taps.iter().map(|t| tap_row(ids, t)));
+    rows
+}
+
+pub fn click_row(ids: &SegmentIds, click: &Click) -> ReplayRow {
+    let hash = click_event_hash(&ids.replay_id, click.timestamp, click.node_id);
     ReplayRow {
         click_node_id: click.node_id,
         click_tag: click.tag.clone(),
@@ -210,26 +217,26 @@ pub fn click_row(env: &Envelope<'_>, segment_id: u64, click: &Click) -> ReplayRo
         click_title: click.title.clone(),
         click_component_name: click.component_name.clone(),
         click_selector: click.selector.clone(),
-        click_url: click.url.clone(),
+        click_url: click.url.to_string(),
         click_is_dead: click.is_dead,
         click_is_rage: click.is_rage,
-        ..ReplayRow::base(RowKind::Click, env, segment_id, hash, seconds(click.timestamp))
+        ..ReplayRow::base(RowKind::Click, ids, hash, seconds(click.timestamp))
     }
 }
 
-pub fn tap_row(env: &Envelope<'_>, segment_id: u64, tap: &Tap) -> ReplayRow {
-    let hash = tap_event_hash(env.replay_id, tap.timestamp, &tap.view_id);
+pub fn tap_row(ids: &SegmentIds, tap: &Tap) -> ReplayRow {
+    let hash = tap_event_hash(&ids.replay_id, tap.timestamp, &tap.view_id);
     ReplayRow {
         tap_message: tap.message.clone(),
         tap_view_class: tap.view_class.clone(),
         tap_view_id: tap.view_id.clone(),
-        ..ReplayRow::base(RowKind::Tap, env, segment_id, hash, seconds(tap.timestamp))
+        ..ReplayRow::base(RowKind::Tap, ids, hash, seconds(tap.timestamp))
     }
 }
 
 /// The segment row; its timestamp is the event's, else the time the edge received it.
-pub fn segment_row(env: &Envelope<'_>, segment_id: u64, event: &ReplayEvent) -> ReplayRow {
-    let timestamp = event.timestamp.map_or(seconds(env.received as f64), seconds);
+pub fn segment_row(ids: &SegmentIds, event: &ReplayEvent) -> ReplayRow {
+    let timestamp = event.timestamp.map_or(seconds(ids.received as f64), seconds);
     let (tags_key, tags_value) = event.tags.iter().cloned().unzip();
     ReplayRow {
         replay_start_timestamp: event.replay_start_timestamp.map(seconds),
@@ -238,7 +245,7 @@ pub fn segment_row(env: &Envelope<'_>, segment_id: u64, event: &ReplayEvent) -> 
         environment: event.environment.clone(),
         release: event.release.clone(),
         dist: event.dist.clone(),
-        urls: event.urls.clone(),
+        urls: event.urls.iter().map(|url| url.to_string()).collect(),
         error_ids: event.error_ids.clone(),
         trace_ids: event.trace_ids.clone(),
         user_id: event.user_id.clone(),
@@ -259,7 +266,7 @@ pub fn segment_row(env: &Envelope<'_>, segment_id: u64, event: &ReplayEvent) -> 
         session_sample_rate: event.session_sample_rate,
         tags_key,
         tags_value,
-        ..ReplayRow::base(RowKind::Segment, env, segment_id, segment_event_hash(env.replay_id, segment_id), timestamp)
+        ..ReplayRow::base(RowKind::Segment, ids, segment_event_hash(&ids.replay_id, ids.segment_id), timestamp)
     }
 }
 

@@ -5,17 +5,27 @@
 //!  {"type":3,"data":{"source":0,…},"timestamp":…},
 //!  {"type":5,"timestamp":…,"data":{"tag":"breadcrumb","payload":{"category":"ui.click",…}}}, …]
 //! ```
-//! Each event's `data` is captured as an unparsed slice (sonic-rs skips it with SIMD); only the
+//! Each event's `data` is captured as an unparsed slice (the structural scanner skips it); only the
 //! small parts that matter — incremental `source`, Meta `href`, custom events — are parsed further.
 //! Snapshots and mutations are never materialised. An event that is not an object, lacks a numeric
-//! `type`/`timestamp`, or whose custom payload has the wrong shape is counted in `invalid_events`
-//! and skipped; only a JSON syntax error (or a non-array body) fails the segment.
+//! `type`/`timestamp`, nests deeper than [`scan::MAX_NESTING`], or whose custom payload has the
+//! wrong shape is counted in `invalid_events` and skipped; only a JSON syntax error (or a
+//! non-array body) fails the segment.
+//!
+//! **Cost bound.** Whatever the input, what this extracts is small next to it: every kept string
+//! is cut to a cap (`MAX_URL_BYTES`, `MAX_TEXT_BYTES`, `MAX_KEY_BYTES`, and Sentry's own column
+//! limits for click fields), lists hold at most `MAX_LIST_ITEMS` items and `MAX_LIST_BYTES` bytes
+//! together, and the page URL that clicks and hydration errors refer to is one shared allocation,
+//! never a copy per reference. A cap never fails the segment: cuts are counted in
+//! `truncated_values`, items left out in `dropped_items`.
 
-use std::collections::BTreeMap;
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sonic_rs::LazyValue;
 
+use super::heap::{HeapSize, heap_size};
 use super::json::{Num, Text, parse};
 use super::scan::{self, Scanner, SyntaxError};
 
@@ -24,8 +34,28 @@ use super::scan::{self, Scanner, SyntaxError};
 /// fewer.
 pub const MAX_LIST_ITEMS: usize = 1000;
 
+/// Bytes all those lists may hold together (items and their text); past it, items are dropped.
+pub const MAX_LIST_BYTES: usize = 512 * 1024;
+
 /// Most distinct keys kept in an input-keyed count map; further keys are counted under `other`.
 pub const MAX_DISTINCT_KEYS: usize = 64;
+
+/// Longest URL kept (page URLs, navigation targets, request URLs). Browsers accept far longer
+/// ones, but nothing reading these keeps more (Sentry's culprit keeps 200 characters).
+pub const MAX_URL_BYTES: usize = 8 * 1024;
+
+/// Longest free-text value kept where Sentry sets no limit: selectors, tap fields, span ops,
+/// methods, class names, web-vital names.
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+/// Longest key kept in an input-keyed count map (breadcrumb categories, span ops, tags, levels).
+pub const MAX_KEY_BYTES: usize = 128;
+
+/// Appended to a value cut by one of this module's caps (Sentry's own column limits cut silently).
+pub const TRUNCATION_MARKER: &str = "…";
+
+/// A URL shared by every output that refers to it.
+pub type Url = Arc<str>;
 
 /// Per-segment caps on the rows produced (SPEC §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,25 +93,72 @@ const INCREMENTAL_SOURCES: [&str; 17] = [
 ];
 const UNKNOWN: &str = "Unknown";
 
-/// Counts by a key taken from the input, with a bounded number of distinct keys.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
-pub struct Counts(BTreeMap<String, u64>);
+/// Counts by a key taken from the input, with a bounded number of distinct keys of bounded length.
+/// Kept sorted by key (serialised as a map in that order).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Counts(Vec<(Box<str>, u64)>);
 
 impl Counts {
-    pub fn add(&mut self, key: &str) {
-        if let Some(n) = self.0.get_mut(key) {
+    /// Counts `key` (cut to `MAX_KEY_BYTES`); returns whether it had to be cut.
+    pub fn add(&mut self, key: &str) -> bool {
+        let (key, cut) = cut_bytes(key, MAX_KEY_BYTES);
+        let key: &str = &key;
+        let slot = match self.0.binary_search_by(|(k, _)| (**k).cmp(key)) {
+            Ok(i) => Some(i),
+            Err(i) if self.0.len() < MAX_DISTINCT_KEYS => {
+                self.0.insert(i, (key.into(), 0));
+                Some(i)
+            }
+            Err(_) => None,
+        };
+        let slot = slot.unwrap_or_else(|| match self.0.binary_search_by(|(k, _)| (**k).cmp("other")) {
+            Ok(i) => i,
+            Err(i) => {
+                self.0.insert(i, ("other".into(), 0));
+                i
+            }
+        });
+        if let Some((_, n)) = self.0.get_mut(slot) {
             *n += 1;
-        } else if self.0.len() < MAX_DISTINCT_KEYS {
-            self.0.insert(key.to_owned(), 1);
-        } else {
-            *self.0.entry("other".to_owned()).or_default() += 1;
         }
+        cut
     }
 
     pub fn get(&self, key: &str) -> u64 {
-        self.0.get(key).copied().unwrap_or(0)
+        self.0.binary_search_by(|(k, _)| (**k).cmp(key)).ok().and_then(|i| self.0.get(i)).map_or(0, |(_, n)| *n)
     }
+
+    /// Distinct keys held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn shrink(&mut self) {
+        self.0.shrink_to_fit();
+    }
+}
+
+impl Serialize for Counts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, n)| (&**k, n)))
+    }
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, the marker included; and whether it
+/// was cut.
+pub fn cut_bytes(text: &str, max: usize) -> (std::borrow::Cow<'_, str>, bool) {
+    if text.len() <= max {
+        return (std::borrow::Cow::Borrowed(text), false);
+    }
+    let mut end = max.saturating_sub(TRUNCATION_MARKER.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    (std::borrow::Cow::Owned(format!("{}{TRUNCATION_MARKER}", text.get(..end).unwrap_or_default())), true)
 }
 
 /// Counts by a fixed set of names (rrweb enums); serialised as a name → count map without zeros.
@@ -137,7 +214,7 @@ pub struct Click {
     pub tag: String,
     /// `id` attribute (≤ 64 chars).
     pub id: String,
-    /// First 10 classes of the `class` attribute.
+    /// First 10 classes of the `class` attribute, each at most `MAX_TEXT_BYTES`.
     pub classes: Vec<String>,
     /// Visible text (≤ 1024 chars).
     pub text: String,
@@ -148,10 +225,11 @@ pub struct Click {
     pub testid: String,
     /// `data-sentry-component`, the framework component name.
     pub component_name: String,
-    /// CSS selector of the node (`payload.message`).
+    /// CSS selector of the node (`payload.message`), at most `MAX_TEXT_BYTES`.
     pub selector: String,
-    /// Page the click happened on: the breadcrumb's own `url`, else the last Meta/navigation URL.
-    pub url: String,
+    /// Page the click happened on: the breadcrumb's own `url`, else the last Meta/navigation URL
+    /// (shared, not copied); empty when neither is known.
+    pub url: Url,
     pub is_dead: bool,
     pub is_rage: bool,
 }
@@ -181,8 +259,9 @@ pub struct Navigation {
     pub timestamp_ms: u64,
     /// Span op (`navigation.navigate`, `navigation.push`, …) or `navigation` for a breadcrumb.
     pub op: String,
-    pub from: Option<String>,
-    pub to: String,
+    pub from: Option<Url>,
+    /// For a span, the same allocation as the page URL it moves to.
+    pub to: Url,
 }
 
 /// A `resource.fetch` / `resource.xhr` span. Absent sizes are `None`, never 0.
@@ -190,7 +269,7 @@ pub struct Navigation {
 pub struct Request {
     pub timestamp_ms: u64,
     pub op: String,
-    pub url: String,
+    pub url: Url,
     pub method: Option<String>,
     pub status_code: Option<u64>,
     pub request_size: Option<u64>,
@@ -201,7 +280,8 @@ pub struct Request {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HydrationError {
     pub timestamp_ms: u64,
-    pub url: Option<String>,
+    /// The breadcrumb's own `url`, else the current page (shared, not copied).
+    pub url: Option<Url>,
 }
 
 /// A `web-vital` span (LCP, CLS, INP, …).
@@ -238,9 +318,13 @@ pub struct Extracted {
     pub hydration_errors: Vec<HydrationError>,
     pub web_vitals: Vec<WebVital>,
     /// Pages visited: Meta `href`s and navigation span URLs, first-seen order, no duplicates.
-    pub urls: Vec<String>,
+    pub urls: Vec<Url>,
     pub first_timestamp_ms: Option<u64>,
     pub last_timestamp_ms: Option<u64>,
+    /// Values cut to a cap (this module's or Sentry's column limits).
+    pub truncated_values: u64,
+    /// List items left out because a list or the segment's list budget was full.
+    pub dropped_items: u64,
 }
 
 impl Default for Extracted {
@@ -264,16 +348,44 @@ impl Default for Extracted {
             urls: Vec::new(),
             first_timestamp_ms: None,
             last_timestamp_ms: None,
+            truncated_values: 0,
+            dropped_items: 0,
         }
     }
 }
 
 impl Extracted {
-    /// Adds a URL unless already present or the list is full.
-    pub fn add_url(&mut self, url: &str) {
-        if !url.is_empty() && self.urls.len() < MAX_LIST_ITEMS && !self.urls.iter().any(|u| u == url) {
-            self.urls.push(url.to_owned());
+    /// Appends the URLs not already listed (the replay event's), up to `MAX_LIST_ITEMS`.
+    pub fn add_urls<'a>(&mut self, urls: impl IntoIterator<Item = &'a Url>) {
+        let mut seen: HashSet<Url> = self.urls.iter().cloned().collect();
+        for url in urls {
+            if url.is_empty() || seen.contains(url) {
+                continue;
+            }
+            if self.urls.len() >= MAX_LIST_ITEMS {
+                self.dropped_items += 1;
+                continue;
+            }
+            seen.insert(url.clone());
+            self.urls.push(url.clone());
         }
+        self.urls.shrink_to_fit();
+    }
+
+    /// Gives back the spare capacity of every list, so what is held is what is counted.
+    fn shrink(&mut self) {
+        self.custom_by_tag.shrink();
+        self.breadcrumbs_by_category.shrink();
+        self.spans_by_op.shrink();
+        self.console.shrink();
+        self.clicks.shrink_to_fit();
+        self.taps.shrink_to_fit();
+        self.multi_clicks.shrink_to_fit();
+        self.navigations.shrink_to_fit();
+        self.requests.shrink_to_fit();
+        self.hydration_errors.shrink_to_fit();
+        self.web_vitals.shrink_to_fit();
+        self.urls.shrink_to_fit();
     }
 
     pub fn rage_clicks(&self) -> impl Iterator<Item = &Click> {
@@ -286,7 +398,8 @@ impl Extracted {
 pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError> {
     let json = simdutf8::compat::from_utf8(json)
         .map_err(|e| SyntaxError { offset: e.valid_up_to(), expected: "valid UTF-8" })?;
-    let mut extractor = Extractor { out: Extracted::default(), limits, current_url: None };
+    let mut extractor =
+        Extractor { out: Extracted::default(), limits, current_url: None, seen_urls: HashSet::new(), list_bytes: 0 };
     let mut scanner = Scanner::new(json);
     scanner.begin_array()?;
     let mut first = true;
@@ -297,7 +410,7 @@ pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError>
             extractor.out.invalid_events += 1;
             continue;
         }
-        let (mut kind, mut timestamp, mut data) = (None, None, None);
+        let (mut kind, mut timestamp, mut data, mut too_deep) = (None, None, None, false);
         scanner.begin_object()?;
         let mut first_key = true;
         while let Some(key) = scanner.next_key(first_key)? {
@@ -306,13 +419,17 @@ pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError>
             match key {
                 "type" => kind = Some(value),
                 "timestamp" => timestamp = Some(value),
-                "data" => data = Some(value),
+                "data" => {
+                    data = Some(value);
+                    too_deep = scanner.last_value_too_deep(value);
+                }
                 _ => {}
             }
         }
-        extractor.event(number(kind), number(timestamp), data);
+        extractor.event(number(kind), number(timestamp), data, too_deep);
     }
     scanner.end()?;
+    extractor.out.shrink();
     Ok(extractor.out)
 }
 
@@ -332,20 +449,21 @@ fn to_millis(timestamp: f64) -> Option<u64> {
     (ms.is_finite() && ms >= 0.0 && ms < u64::MAX as f64).then_some(ms as u64)
 }
 
-fn truncate(s: &str, max_chars: usize) -> String {
+/// The first `max_chars` characters (Python's `s[:max_chars]`, as Sentry cuts click fields), and
+/// whether anything was cut.
+fn truncate(s: &str, max_chars: usize) -> (String, bool) {
     match s.char_indices().nth(max_chars) {
-        Some((end, _)) => s.get(..end).unwrap_or(s).to_owned(),
-        None => s.to_owned(),
+        Some((end, _)) => (s.get(..end).unwrap_or(s).to_owned(), true),
+        None => (s.to_owned(), false),
     }
 }
 
-fn owned(text: &Text<'_>) -> String {
-    text.as_str().unwrap_or_default().to_owned()
-}
-
-fn push_bounded<T>(list: &mut Vec<T>, item: T) {
+/// Pushes onto a list unless it is full; the caller has admitted the item against the budget.
+fn push_bounded<T>(list: &mut Vec<T>, item: T, dropped: &mut u64) {
     if list.len() < MAX_LIST_ITEMS {
         list.push(item);
+    } else {
+        *dropped += 1;
     }
 }
 
@@ -353,7 +471,11 @@ struct Extractor {
     out: Extracted,
     limits: RowLimits,
     /// The page the recording is on, from the last Meta event or navigation span seen.
-    current_url: Option<String>,
+    current_url: Option<Url>,
+    /// `out.urls` as a set: deduplication in constant time per URL.
+    seen_urls: HashSet<Url>,
+    /// Bytes admitted into the lists so far (items and their text), against `MAX_LIST_BYTES`.
+    list_bytes: usize,
 }
 
 #[derive(Deserialize)]
@@ -508,13 +630,72 @@ const DEAD_CLICK_MIN_MS: f64 = 7000.0;
 const RAGE_CLICK_MIN_COUNT: f64 = 5.0;
 
 impl Extractor {
-    fn event(&mut self, kind: Option<f64>, timestamp: Option<f64>, data: Option<&str>) {
+    /// `text` cut to `max` bytes with the marker; cuts are counted.
+    fn capped(&mut self, text: &str, max: usize) -> String {
+        let (kept, cut) = cut_bytes(text, max);
+        self.out.truncated_values += u64::from(cut);
+        kept.into_owned()
+    }
+
+    /// Sentry's `s[:max_chars]` for a click column; cuts are counted.
+    fn column(&mut self, text: &Text<'_>, max_chars: usize) -> String {
+        let (kept, cut) = truncate(text.as_str().unwrap_or_default(), max_chars);
+        self.out.truncated_values += u64::from(cut);
+        kept
+    }
+
+    /// A URL cut to `MAX_URL_BYTES`: the page's own allocation when it is the current page.
+    fn url(&mut self, text: &str) -> Url {
+        let (kept, cut) = cut_bytes(text, MAX_URL_BYTES);
+        self.out.truncated_values += u64::from(cut);
+        match &self.current_url {
+            Some(current) if **current == *kept => current.clone(),
+            _ => Arc::from(kept.as_ref()),
+        }
+    }
+
+    /// Whether a list item of `size` bytes plus `text` bytes fits the segment's list budget;
+    /// counted as dropped when it does not.
+    fn admit<T>(&mut self, text: usize) -> bool {
+        let bytes = std::mem::size_of::<T>() + text;
+        if self.list_bytes + bytes > MAX_LIST_BYTES {
+            self.out.dropped_items += 1;
+            return false;
+        }
+        self.list_bytes += bytes;
+        true
+    }
+
+    /// Counts `key` in one of the input-keyed maps.
+    fn count(&mut self, map: fn(&mut Extracted) -> &mut Counts, key: &str) {
+        let cut = map(&mut self.out).add(key);
+        self.out.truncated_values += u64::from(cut);
+    }
+
+    /// The page the recording is now on; listed among the visited URLs once.
+    fn visit(&mut self, href: &str) -> Url {
+        let url = self.url(href);
+        self.current_url = Some(url.clone());
+        if !url.is_empty() && !self.seen_urls.contains(&url) {
+            if self.out.urls.len() < MAX_LIST_ITEMS && self.admit::<Url>(url.len()) {
+                self.seen_urls.insert(url.clone());
+                self.out.urls.push(url.clone());
+            } else if self.out.urls.len() >= MAX_LIST_ITEMS {
+                self.out.dropped_items += 1;
+            }
+        }
+        url
+    }
+
+    fn event(&mut self, kind: Option<f64>, timestamp: Option<f64>, data: Option<&str>, too_deep: bool) {
         let (Some(kind), Some(ts_ms)) = (Num(kind).as_u64(), timestamp.and_then(to_millis)) else {
             self.out.invalid_events += 1;
             return;
         };
         let valid = match kind {
             3 => self.incremental(data),
+            // These are parsed recursively: a value nested too deep would overflow the stack.
+            4 | 5 if too_deep => false,
             4 => self.meta(data),
             5 => self.custom(data, ts_ms),
             _ => true,
@@ -546,8 +727,7 @@ impl Extractor {
             return false;
         };
         if let Some(href) = data.href.as_str() {
-            self.out.add_url(href);
-            self.current_url = Some(href.to_owned());
+            self.visit(href);
         }
         true
     }
@@ -559,7 +739,7 @@ impl Extractor {
         let Some(tag) = custom.tag.as_str() else {
             return false;
         };
-        self.out.custom_by_tag.add(tag);
+        self.count(|o| &mut o.custom_by_tag, tag);
         let payload = custom.payload.as_ref().map(|p| p.as_raw_str());
         match tag {
             "breadcrumb" => payload.and_then(parse::<Breadcrumb>).is_some_and(|b| self.breadcrumb(b, ts_ms)),
@@ -572,13 +752,14 @@ impl Extractor {
         let Some(category) = crumb.category.as_str() else {
             return false;
         };
-        self.out.breadcrumbs_by_category.add(category);
+        self.count(|o| &mut o.breadcrumbs_by_category, category);
         let ts_seconds = crumb.timestamp.0.unwrap_or(event_ms as f64 / 1000.0);
         let ts_ms = to_millis(ts_seconds).unwrap_or(event_ms);
+        let message = crumb.message.as_str().unwrap_or_default();
         match category {
             "ui.click" | "ui.slowClickDetected" => match parse_data::<ClickData>(&crumb.data) {
                 Some(data) => {
-                    self.click(&crumb, data, ts_seconds, category == "ui.slowClickDetected");
+                    self.click(message, data, ts_seconds, category == "ui.slowClickDetected");
                     true
                 }
                 None => false,
@@ -587,10 +768,11 @@ impl Extractor {
                 Some(data) => {
                     let node_id = data.node.as_ref().and_then(|n| n.id.as_u64()).or(data.node_id.as_u64());
                     let click_count = data.click_count.as_u64().unwrap_or(0);
-                    push_bounded(
-                        &mut self.out.multi_clicks,
-                        MultiClick { timestamp_ms: ts_ms, node_id, selector: owned(&crumb.message), click_count },
-                    );
+                    if self.admit::<MultiClick>(message.len().min(MAX_TEXT_BYTES)) {
+                        let selector = self.capped(message, MAX_TEXT_BYTES);
+                        let item = MultiClick { timestamp_ms: ts_ms, node_id, selector, click_count };
+                        push_bounded(&mut self.out.multi_clicks, item, &mut self.out.dropped_items);
+                    }
                     true
                 }
                 None => false,
@@ -598,12 +780,13 @@ impl Extractor {
             "ui.tap" => match parse_data::<TapData>(&crumb.data) {
                 Some(data) => {
                     if self.out.taps.len() < self.limits.max_taps {
-                        self.out.taps.push(Tap {
+                        let tap = Tap {
                             timestamp: ts_seconds,
-                            message: owned(&crumb.message),
-                            view_class: owned(&data.view_class),
-                            view_id: owned(&data.view_id),
-                        });
+                            message: self.capped(message, MAX_TEXT_BYTES),
+                            view_class: self.capped(data.view_class.as_str().unwrap_or_default(), MAX_TEXT_BYTES),
+                            view_id: self.capped(data.view_id.as_str().unwrap_or_default(), MAX_TEXT_BYTES),
+                        };
+                        self.out.taps.push(tap);
                     }
                     true
                 }
@@ -612,28 +795,37 @@ impl Extractor {
             "navigation" => match parse_data::<NavigationData>(&crumb.data) {
                 Some(data) => {
                     if let Some(to) = data.to.as_str() {
-                        push_bounded(
-                            &mut self.out.navigations,
-                            Navigation {
+                        let from = data.from.as_str();
+                        let text = to.len().min(MAX_URL_BYTES) + from.map_or(0, |f| f.len().min(MAX_URL_BYTES));
+                        if self.admit::<Navigation>(text) {
+                            let item = Navigation {
                                 timestamp_ms: ts_ms,
                                 op: category.to_owned(),
-                                from: data.from.as_str().map(str::to_owned),
-                                to: to.to_owned(),
-                            },
-                        );
+                                from: from.map(|f| self.url(f)),
+                                to: self.url(to),
+                            };
+                            push_bounded(&mut self.out.navigations, item, &mut self.out.dropped_items);
+                        }
                     }
                     true
                 }
                 None => false,
             },
             "console" => {
-                self.out.console.add(crumb.level.as_str().unwrap_or("none"));
+                self.count(|o| &mut o.console, crumb.level.as_str().unwrap_or("none"));
                 true
             }
             "replay.hydrate-error" => match parse_data::<UrlData>(&crumb.data) {
                 Some(data) => {
-                    let url = data.url.as_str().map(str::to_owned).or_else(|| self.current_url.clone());
-                    push_bounded(&mut self.out.hydration_errors, HydrationError { timestamp_ms: ts_ms, url });
+                    let own = data.url.as_str();
+                    if self.admit::<HydrationError>(own.map_or(0, |u| u.len().min(MAX_URL_BYTES))) {
+                        let url = match own {
+                            Some(url) => Some(self.url(url)),
+                            None => self.current_url.clone(),
+                        };
+                        let item = HydrationError { timestamp_ms: ts_ms, url };
+                        push_bounded(&mut self.out.hydration_errors, item, &mut self.out.dropped_items);
+                    }
                     true
                 }
                 None => false,
@@ -642,54 +834,68 @@ impl Extractor {
         }
     }
 
-    fn click(&mut self, crumb: &Breadcrumb<'_>, data: ClickData<'_>, timestamp: f64, slow: bool) {
+    fn click(&mut self, selector: &str, data: ClickData<'_>, timestamp: f64, slow: bool) {
         let Some(node) = data.node else { return };
         let Some(node_id) = node.id.as_u64() else { return };
         if self.out.clicks.len() >= self.limits.max_clicks {
             return;
         }
-        let tag = node.tag_name.as_str().unwrap_or_default().to_ascii_lowercase();
+        let tag_name = node.tag_name.as_str().unwrap_or_default();
+        let (tag, cut) = truncate(tag_name, 32);
+        self.out.truncated_values += u64::from(cut);
+        let tag = tag.to_ascii_lowercase();
         let is_dead = slow
             && data.end_reason.as_str() == Some("timeout")
             && DEAD_CLICK_TAGS.contains(&tag.as_str())
             && data.time_after_click_ms.0.is_some_and(|ms| ms >= DEAD_CLICK_MIN_MS);
         let is_rage = is_dead && data.click_count.0.is_some_and(|n| n >= RAGE_CLICK_MIN_COUNT);
         let attrs = &node.attributes;
-        let cut = |text: &Text<'_>, max: usize| truncate(text.as_str().unwrap_or_default(), max);
-        self.out.clicks.push(Click {
+        let classes: Vec<String> = attrs
+            .class
+            .as_str()
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(10)
+            .map(|class| self.capped(class, MAX_TEXT_BYTES))
+            .collect();
+        let url = match data.url.as_str() {
+            Some(url) => self.url(url),
+            None => self.current_url.clone().unwrap_or_else(|| Arc::from("")),
+        };
+        let click = Click {
             timestamp,
             node_id,
-            tag: truncate(&tag, 32),
-            id: cut(&attrs.id, 64),
-            classes: attrs.class.as_str().unwrap_or_default().split_whitespace().take(10).map(str::to_owned).collect(),
-            text: cut(&node.text_content, 1024),
-            role: cut(&attrs.role, 32),
-            alt: cut(&attrs.alt, 64),
-            aria_label: cut(&attrs.aria_label, 64),
-            title: cut(&attrs.title, 64),
-            testid: cut(&attrs.testid, 64),
-            component_name: cut(&attrs.component_name, 64),
-            selector: owned(&crumb.message),
-            url: data.url.as_str().map(str::to_owned).or_else(|| self.current_url.clone()).unwrap_or_default(),
+            tag,
+            id: self.column(&attrs.id, 64),
+            classes,
+            text: self.column(&node.text_content, 1024),
+            role: self.column(&attrs.role, 32),
+            alt: self.column(&attrs.alt, 64),
+            aria_label: self.column(&attrs.aria_label, 64),
+            title: self.column(&attrs.title, 64),
+            testid: self.column(&attrs.testid, 64),
+            component_name: self.column(&attrs.component_name, 64),
+            selector: self.capped(selector, MAX_TEXT_BYTES),
+            url,
             is_dead,
             is_rage,
-        });
+        };
+        self.out.clicks.push(click);
     }
 
     fn span(&mut self, span: Span<'_>, event_ms: u64) -> bool {
         let Some(op) = span.op.as_str() else {
             return false;
         };
-        self.out.spans_by_op.add(op);
+        self.count(|o| &mut o.spans_by_op, op);
         let ts_ms = span.start_timestamp.0.and_then(to_millis).unwrap_or(event_ms);
         let description = span.description.as_str().unwrap_or_default();
         if op.starts_with("navigation.") {
-            self.out.add_url(description);
-            self.current_url = Some(description.to_owned());
-            push_bounded(
-                &mut self.out.navigations,
-                Navigation { timestamp_ms: ts_ms, op: op.to_owned(), from: None, to: description.to_owned() },
-            );
+            let to = self.visit(description);
+            if self.admit::<Navigation>(op.len().min(MAX_TEXT_BYTES)) {
+                let item = Navigation { timestamp_ms: ts_ms, op: self.capped(op, MAX_TEXT_BYTES), from: None, to };
+                push_bounded(&mut self.out.navigations, item, &mut self.out.dropped_items);
+            }
             return true;
         }
         match op {
@@ -700,39 +906,71 @@ impl Extractor {
                 let size = |direct: Num, nested: &Option<BodySize>| {
                     direct.as_u64().or_else(|| nested.as_ref().and_then(|n| n.size.as_u64()))
                 };
-                push_bounded(
-                    &mut self.out.requests,
-                    Request {
+                let method = data.method.as_str();
+                let text = description.len().min(MAX_URL_BYTES) + method.map_or(0, |m| m.len().min(MAX_TEXT_BYTES));
+                if self.admit::<Request>(text + op.len()) {
+                    let item = Request {
                         timestamp_ms: ts_ms,
                         op: op.to_owned(),
-                        url: description.to_owned(),
-                        method: data.method.as_str().map(str::to_owned),
+                        url: self.url(description),
+                        method: method.map(|m| self.capped(m, MAX_TEXT_BYTES)),
                         status_code: data.status_code.as_u64(),
                         request_size: size(data.request_body_size, &data.request),
                         response_size: size(data.response_body_size, &data.response),
-                    },
-                );
+                    };
+                    push_bounded(&mut self.out.requests, item, &mut self.out.dropped_items);
+                }
                 true
             }
             "web-vital" => {
                 let Some(data) = parse_data::<VitalData>(&span.data) else {
                     return false;
                 };
-                push_bounded(
-                    &mut self.out.web_vitals,
-                    WebVital {
+                let rating = data.rating.as_str();
+                let text = description.len().min(MAX_TEXT_BYTES) + rating.map_or(0, |r| r.len().min(MAX_TEXT_BYTES));
+                if self.admit::<WebVital>(text) {
+                    let item = WebVital {
                         timestamp_ms: ts_ms,
-                        name: description.to_owned(),
+                        name: self.capped(description, MAX_TEXT_BYTES),
                         value: data.value.0,
-                        rating: data.rating.as_str().map(str::to_owned),
-                    },
-                );
+                        rating: rating.map(|r| self.capped(r, MAX_TEXT_BYTES)),
+                    };
+                    push_bounded(&mut self.out.web_vitals, item, &mut self.out.dropped_items);
+                }
                 true
             }
             _ => true,
         }
     }
 }
+
+impl HeapSize for Counts {
+    fn heap_size(&self) -> usize {
+        self.0.heap_size()
+    }
+}
+
+heap_size!(Click { tag, id, classes, text, role, alt, aria_label, title, testid, component_name, selector, url });
+heap_size!(Tap { message, view_class, view_id });
+heap_size!(MultiClick { selector });
+heap_size!(Navigation { op, from, to });
+heap_size!(Request { op, url, method });
+heap_size!(HydrationError { url });
+heap_size!(WebVital { name, rating });
+heap_size!(Extracted {
+    custom_by_tag,
+    breadcrumbs_by_category,
+    spans_by_op,
+    clicks,
+    taps,
+    multi_clicks,
+    navigations,
+    requests,
+    console,
+    hydration_errors,
+    web_vitals,
+    urls,
+});
 
 #[derive(Deserialize)]
 struct UrlHref<'a> {
@@ -821,7 +1059,7 @@ mod tests {
     fn a_slow_click_on_a_button_after_seven_seconds_is_dead() {
         let click = &extract_events(&[slow_click("button", "timeout", 7000, 1)]).clicks[0];
         assert!(click.is_dead && !click.is_rage);
-        assert_eq!(click.url, "https://shop/");
+        assert_eq!(&*click.url, "https://shop/");
     }
 
     #[test]
@@ -874,8 +1112,8 @@ mod tests {
 
     #[test]
     fn truncation_counts_characters_not_bytes() {
-        assert_eq!(truncate("ééé", 2), "éé");
-        assert_eq!(truncate("ab", 5), "ab");
+        assert_eq!(truncate("ééé", 2), ("éé".to_owned(), true));
+        assert_eq!(truncate("ab", 5), ("ab".to_owned(), false));
     }
 
     #[test]
@@ -933,7 +1171,7 @@ mod tests {
             span("resource.fetch", "/api/c", r#"{"method":"GET","statusCode":404}"#),
             span("resource.script", "/app.js", r#"{"size":1}"#),
         ]);
-        let sizes: Vec<_> = x.requests.iter().map(|r| (r.url.as_str(), r.request_size, r.response_size)).collect();
+        let sizes: Vec<_> = x.requests.iter().map(|r| (&*r.url, r.request_size, r.response_size)).collect();
         assert_eq!(sizes, [("/api/a", Some(10), Some(20)), ("/api/b", Some(5), Some(323)), ("/api/c", None, None)]);
         assert_eq!((x.requests[0].method.as_deref(), x.requests[0].status_code), (Some("POST"), Some(201)));
         assert_eq!(x.spans_by_op.get("resource.script"), 1);
@@ -958,7 +1196,7 @@ mod tests {
             breadcrumb("navigation", r#","data":{"from":"/","to":"/cart"}"#),
             span("navigation.navigate", "https://shop/", "{}"),
         ]);
-        let navs: Vec<_> = x.navigations.iter().map(|n| (n.op.as_str(), n.from.as_deref(), n.to.as_str())).collect();
+        let navs: Vec<_> = x.navigations.iter().map(|n| (n.op.as_str(), n.from.as_deref(), &*n.to)).collect();
         assert_eq!(
             navs,
             [
@@ -967,7 +1205,11 @@ mod tests {
                 ("navigation.navigate", None, "https://shop/")
             ]
         );
-        assert_eq!(x.urls, ["https://shop/", "https://shop/cart"], "deduplicated, first-seen order");
+        assert_eq!(
+            x.urls,
+            [Url::from("https://shop/"), Url::from("https://shop/cart")],
+            "deduplicated, first-seen order"
+        );
     }
 
     #[test]
@@ -976,7 +1218,7 @@ mod tests {
             format!(r#"{{"type":4,"data":{{"href":"https://shop/p/1"}},"timestamp":{TS}}}"#),
             click_with_node(r#"{"id":1,"tagName":"a"}"#),
         ]);
-        assert_eq!(x.clicks[0].url, "https://shop/p/1");
+        assert_eq!(&*x.clicks[0].url, "https://shop/p/1");
     }
 
     #[test]

@@ -116,9 +116,17 @@ fn prefix_xor(mut x: u64) -> u64 {
     x
 }
 
-/// Skips the container (`{…}` or `[…]`) opening at `json[start]`; returns the offset just past it.
-fn skip_container(json: &[u8], start: usize) -> Result<usize, SyntaxError> {
+/// Deepest nesting a value handed to a recursive parser may have. Parsers recurse once per
+/// level; a crafted `[[[[…` a million levels deep would overflow the thread's stack, which aborts
+/// the process (no unwinding). 128 is serde_json's own limit; SDK payloads nest under 10.
+pub const MAX_NESTING: u64 = 128;
+
+/// Skips the container (`{…}` or `[…]`) opening at `json[start]`; returns the offset just past it
+/// and an upper bound of its nesting depth (at most 64 levels above the true depth; free to
+/// compute, so a caller re-checks exactly with [`nesting_exceeds`] only when it is too high).
+fn skip_container(json: &[u8], start: usize) -> Result<(usize, u64), SyntaxError> {
     let mut depth: u64 = 0;
+    let mut deepest: u64 = 0;
     let mut escape_carry = 0u64;
     let mut string_carry = 0u64;
     let mut pos = start;
@@ -138,8 +146,11 @@ fn skip_container(json: &[u8], start: usize) -> Result<usize, SyntaxError> {
         string_carry = ((in_string as i64) >> 63) as u64;
         let open = m.open & !in_string;
         let close = m.close & !in_string;
+        let opens = u64::from(open.count_ones());
         if depth > u64::from(close.count_ones()) {
-            depth = depth + u64::from(open.count_ones()) - u64::from(close.count_ones());
+            // The block cannot close the container; it cannot nest deeper than every open first.
+            deepest = deepest.max(depth + opens);
+            depth = depth + opens - u64::from(close.count_ones());
         } else {
             let mut brackets = open | close;
             while brackets != 0 {
@@ -147,10 +158,11 @@ fn skip_container(json: &[u8], start: usize) -> Result<usize, SyntaxError> {
                 brackets &= brackets - 1;
                 if open & (1 << bit) != 0 {
                     depth += 1;
+                    deepest = deepest.max(depth);
                 } else {
                     depth -= 1;
                     if depth == 0 {
-                        return Ok(pos + bit as usize + 1);
+                        return Ok((pos + bit as usize + 1, deepest));
                     }
                 }
             }
@@ -164,11 +176,19 @@ fn skip_container(json: &[u8], start: usize) -> Result<usize, SyntaxError> {
 pub struct Scanner<'a> {
     json: &'a str,
     pos: usize,
+    /// Upper bound of the nesting depth of the last value returned by [`Scanner::value`].
+    depth_bound: u64,
 }
 
 impl<'a> Scanner<'a> {
     pub fn new(json: &'a str) -> Self {
-        Scanner { json, pos: 0 }
+        Scanner { json, pos: 0, depth_bound: 0 }
+    }
+
+    /// Whether the last value returned by [`Scanner::value`] nests deeper than [`MAX_NESTING`]:
+    /// a cheap bound first, an exact count only when the bound is too high.
+    pub fn last_value_too_deep(&self, value: &str) -> bool {
+        self.depth_bound > MAX_NESTING && nesting_exceeds(value.as_bytes(), MAX_NESTING)
     }
 
     fn bytes(&self) -> &'a [u8] {
@@ -261,9 +281,10 @@ impl<'a> Scanner<'a> {
     pub fn value(&mut self) -> Result<&'a str, SyntaxError> {
         self.skip_ws();
         let start = self.pos;
+        self.depth_bound = 0;
         match self.peek() {
             Some(b'{' | b'[') => {
-                self.pos = skip_container(self.bytes(), start)?;
+                (self.pos, self.depth_bound) = skip_container(self.bytes(), start)?;
                 Ok(self.slice(start))
             }
             Some(b'"') => {
@@ -318,6 +339,36 @@ impl<'a> Scanner<'a> {
         }
         Ok(Some(key))
     }
+}
+
+/// Whether `json` nests objects and arrays more than `limit` levels deep (brackets inside
+/// strings do not count). A byte loop: for small values, or after a cheap bound was exceeded.
+pub fn nesting_exceeds(json: &[u8], limit: u64) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0u64, false, false);
+    for &byte in json {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// RFC 8259 number grammar: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
@@ -442,7 +493,38 @@ mod tests {
         assert!(s.next_element(false).is_err());
     }
 
+    #[test]
+    fn nesting_counts_brackets_outside_strings_only() {
+        assert!(!nesting_exceeds(br#"[[{"a":"[[[[\"[[["}]]"#, 3));
+        assert!(nesting_exceeds(br#"[[{"a":[]}]]"#, 3));
+        assert!(!nesting_exceeds(br#"[[{"a":[]}]]"#, 4));
+        let deep = format!("{}{}", "[".repeat(1_000_000), "]".repeat(1_000_000));
+        assert!(nesting_exceeds(deep.as_bytes(), MAX_NESTING));
+        let mut s = Scanner::new(&deep);
+        let value = s.value().unwrap();
+        assert!(s.last_value_too_deep(value), "a million levels are skipped, and flagged");
+    }
+
+    /// The depth of a JSON value: scalars 0, each container one more than its deepest child.
+    fn depth(value: &serde_json::Value) -> u64 {
+        match value {
+            serde_json::Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+            serde_json::Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
     proptest! {
+        /// The free bound never under-reports, and the exact check agrees with the true depth.
+        #[test]
+        fn the_depth_bound_is_never_below_the_true_depth(value in json_value(), limit in 0u64..8) {
+            let text = serde_json::to_string(&value).unwrap();
+            let mut s = Scanner::new(&text);
+            s.value().unwrap();
+            prop_assert!(s.depth_bound >= depth(&value));
+            prop_assert_eq!(nesting_exceeds(text.as_bytes(), limit), depth(&value) > limit);
+        }
+
         #[test]
         fn simd_and_scalar_masks_agree(bytes in prop::collection::vec(
             prop::sample::select(vec![b'"', b'\\', b'{', b'}', b'[', b']', b'a', b' ', 0x5b, 0x7b, 0xff, 0x00]),

@@ -188,12 +188,32 @@ impl ClickHouseSink {
         }
     }
 
-    async fn insert(&self, rows: &[&ReplayRow]) -> Result<(), clickhouse::error::Error> {
-        let mut insert = self.client.insert::<ReplayRow>(&self.table).await?;
-        for row in rows {
-            insert.write(row).await?;
+    /// Inserts the batch's rows, `chunk_rows` per INSERT. Rows are built one segment at a time
+    /// as they are written, so the batch never holds them all. Returns the number of rows.
+    async fn insert(&self, batch: &Batch) -> Result<u64, clickhouse::error::Error> {
+        let (mut written, mut in_chunk) = (0u64, 0usize);
+        let mut insert = None;
+        for processed in batch.valid() {
+            for row in processed.rows() {
+                if insert.is_none() {
+                    insert = Some(self.client.insert::<ReplayRow>(&self.table).await?);
+                }
+                if let Some(open) = insert.as_mut() {
+                    open.write(&row).await?;
+                }
+                (written, in_chunk) = (written + 1, in_chunk + 1);
+                if in_chunk == self.chunk_rows {
+                    if let Some(full) = insert.take() {
+                        full.end().await?;
+                    }
+                    in_chunk = 0;
+                }
+            }
         }
-        insert.end().await
+        if let Some(last) = insert {
+            last.end().await?;
+        }
+        Ok(written)
     }
 }
 
@@ -203,11 +223,9 @@ impl Sink for ClickHouseSink {
     }
 
     fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
-        let rows: Vec<&ReplayRow> = batch.valid().flat_map(|p| p.rows.iter()).collect();
-        for chunk in rows.chunks(self.chunk_rows) {
-            self.runtime.block_on(self.insert(chunk)).map_err(|e| SinkError::new(self.name(), classify(&e), e))?;
-        }
-        Ok(Written { items: rows.len() as u64, bytes: 0 })
+        let rows =
+            self.runtime.block_on(self.insert(batch)).map_err(|e| SinkError::new(self.name(), classify(&e), e))?;
+        Ok(Written { items: rows, bytes: 0 })
     }
 }
 

@@ -13,7 +13,7 @@ use futures::future::join_all;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::runtime::Handle;
 
-use super::{Batch, Sink, SinkError, Written};
+use super::{Batch, Retry, Sink, SinkError, Written};
 use crate::kafka::classify_producer_error;
 use crate::recording::{AnalyticsEvent, EventTopic};
 
@@ -87,46 +87,56 @@ impl Sink for EventsSink {
 
     fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
         let mut announced = Vec::new();
-        let events: Vec<&AnalyticsEvent> = {
-            let seen = self.seen();
-            batch
-                .valid()
-                .flat_map(|p| p.events.iter())
-                .filter(|event| match event {
-                    AnalyticsEvent::FirstReplay(first)
-                        if seen.contains(first.project_id) || announced.contains(&first.project_id) =>
-                    {
-                        false
-                    }
-                    AnalyticsEvent::FirstReplay(first) => {
-                        announced.push(first.project_id);
-                        true
-                    }
-                    _ => true,
-                })
-                .collect()
-        };
         let mut written = Written::default();
-        let mut deliveries = Vec::with_capacity(events.len());
-        for event in events {
-            let (key, value) = (event.key(), event.to_json());
-            written.items += 1;
-            written.bytes += value.len() as u64;
-            let topic = self.topics.name(event.topic());
-            let producer = &self.producer;
-            deliveries.push(async move {
-                let record = FutureRecord::to(topic).key(&key).payload(&value);
-                producer.send(record, Duration::from_secs(30)).await
-            });
+        let mut window = Vec::new();
+        let mut window_bytes = 0;
+        for processed in batch.valid() {
+            for event in processed.events() {
+                if let AnalyticsEvent::FirstReplay(first) = &event {
+                    if self.seen().contains(first.project_id) || announced.contains(&first.project_id) {
+                        continue;
+                    }
+                    announced.push(first.project_id);
+                }
+                let value = event.to_json().map_err(|e| SinkError::new(self.name(), Retry::Fatal, e))?;
+                written.items += 1;
+                written.bytes += value.len() as u64;
+                window_bytes += value.len();
+                let (topic, key) = (self.topics.name(event.topic()), event.key());
+                let producer = &self.producer;
+                window.push(async move {
+                    let record = FutureRecord::to(topic).key(&key).payload(&value);
+                    producer.send(record, Duration::from_secs(30)).await
+                });
+                // Built events are held until delivered: await them in windows, not all at once.
+                if window_bytes >= DELIVERY_WINDOW_BYTES {
+                    self.deliver(std::mem::take(&mut window))?;
+                    window_bytes = 0;
+                }
+            }
         }
-        for delivery in self.runtime.block_on(join_all(deliveries)) {
-            delivery.map_err(|(e, _)| SinkError::new(self.name(), classify_producer_error(&e), e))?;
-        }
+        self.deliver(window)?;
         let mut seen = self.seen();
         for project in announced {
             seen.insert(project);
         }
         Ok(written)
+    }
+}
+
+/// Bytes of event values awaiting delivery at once within one write.
+const DELIVERY_WINDOW_BYTES: usize = 8 * 1024 * 1024;
+
+impl EventsSink {
+    /// Waits for every delivery; the first failure is the write's error.
+    fn deliver<F, T>(&self, deliveries: Vec<F>) -> Result<(), SinkError>
+    where
+        F: std::future::Future<Output = Result<T, (rdkafka::error::KafkaError, rdkafka::message::OwnedMessage)>>,
+    {
+        for delivery in self.runtime.block_on(join_all(deliveries)) {
+            delivery.map_err(|(e, _)| SinkError::new("events", classify_producer_error(&e), e))?;
+        }
+        Ok(())
     }
 }
 
