@@ -2,6 +2,8 @@
 //! the real dead-letter producer. Run through `scripts/test.sh`, which starts the broker.
 
 mod common;
+#[path = "common/hostile.rs"]
+mod hostile;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -64,6 +66,51 @@ async fn a_restarted_service_resumes_after_its_commits_without_skipping_or_repea
     let (mut blobs, _) = outcomes(&first_sent);
     blobs.extend(outcomes(&second_sent).0);
     assert_eq!(files_under(dir.path()).into_iter().collect::<BTreeSet<_>>(), blobs);
+}
+
+/// The outage this guards against: one 6 KB message whose 5 MiB page URL was copied into 1 000
+/// hydration errors took the process past 24 GB, and every member that took the partition over
+/// died the same way. Now each crafted message is processed within its bound (or dead-lettered),
+/// the regular segment behind them is processed, the offsets reach the end, and the service's
+/// peak RSS stays far below what the old copies needed.
+#[tokio::test(flavor = "multi_thread")]
+async fn crafted_messages_cost_a_bounded_amount_and_the_next_message_follows() {
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    let crafted = ["href-x-hydration-errors", "href-x-clicks", "long-click-fields", "deep-nesting-events"];
+    let mut values: Vec<Vec<u8>> = hostile::all()
+        .into_iter()
+        .filter(|h| crafted.contains(&h.name) || h.invalid_reason.is_some())
+        .map(|h| h.value)
+        .collect();
+    let dead = values.len() - crafted.len();
+    let regular = std::fs::read(fixture_dir().join("segments/interactions-0.msgpack")).unwrap();
+    values.push(regular.clone());
+    let report = replay_ingest::kafka::load::produce(&producer(), &topic, values.len() as u64, |i| {
+        (values[i as usize].clone(), String::new())
+    })
+    .await
+    .expect("produce");
+
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
+    let pid = service.child.id();
+    wait_for("every message committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&report)).await;
+    let peak_rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:").map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap()))
+        .unwrap();
+    assert_eq!(service.terminate(), Some(0), "the service is still running and stops cleanly");
+
+    let regular_key = replay_ingest::recording::process(&regular, &Default::default()).unwrap().blob.key;
+    let written = files_under(dir.path());
+    assert!(written.contains(&regular_key), "the regular segment behind the crafted ones: {written:?}");
+    assert!(written.contains(&"30/2/0badc0de0badc0de0badc0de0badc0de/0".to_owned()), "{written:?}");
+    let reasons: BTreeSet<String> = read_dlq(&dlq, dead, Duration::from_secs(30)).into_iter().map(|d| d.2).collect();
+    assert_eq!(reasons, BTreeSet::from(["invalid_header".to_owned(), "invalid_replay_event".to_owned()]));
+    assert!(peak_rss_kib < 512 * 1024, "peak RSS {peak_rss_kib} KiB");
 }
 
 /// Merges produce reports: the last offset per partition over all of them.

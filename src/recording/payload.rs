@@ -104,9 +104,11 @@ pub fn decompress(payload: &Payload<'_>, cap: usize) -> Result<Vec<u8>, InvalidR
     }
 }
 
-/// Initial output allocation: segments typically compress 5–20×.
+/// Initial output allocation: segments typically compress 5–20×; the buffer grows geometrically
+/// from there. 4× bounds what a crafted stream that inflates to nothing (padding, empty blocks)
+/// makes us allocate up front to 4 × its own size.
 fn initial_capacity(compressed: usize, cap: usize) -> usize {
-    compressed.saturating_mul(8).clamp(4096, cap.max(1))
+    compressed.saturating_mul(4).clamp(4096, cap.max(1))
 }
 
 fn too_large(cap: usize) -> InvalidRecording {

@@ -1,0 +1,230 @@
+//! Crafted messages, each at most 15 MB on the wire, built to
+//! amplify memory or time — one value referenced many times, deep nesting, huge arrays of tiny
+//! events, many distinct URLs, many clicks/taps/navigations/requests, huge replay-event lists,
+//! long count keys, a padded zlib stream, an out-of-range segment id. Generated, not committed
+//! (30 MB): `tests/memory_bound.rs` asserts the cost bound and the outcome of each;
+//! `cargo run --release --example make_hostile_fixtures -- DIR` writes them as files, which
+//! `scripts/hostile-rss.sh` feeds to `replay-ingest inspect` for peak RSS and time.
+
+use std::io::Write;
+
+use flate2::Compression;
+use flate2::write::ZlibEncoder;
+use serde::Serialize;
+
+/// One crafted message value.
+pub struct Hostile {
+    pub name: &'static str,
+    pub value: Vec<u8>,
+    /// `None`: valid (processed within the cost bound); else the rejection reason.
+    pub invalid_reason: Option<&'static str>,
+}
+
+const REPLAY_ID: &str = "0badc0de0badc0de0badc0de0badc0de";
+const TS: u64 = 1_796_012_448_000;
+const MIB: usize = 1024 * 1024;
+
+#[derive(Serialize)]
+struct Message<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    replay_id: &'a str,
+    org_id: u64,
+    project_id: u64,
+    received: u64,
+    retention_days: u16,
+    #[serde(with = "serde_bytes")]
+    payload: &'a [u8],
+    #[serde(with = "serde_bytes")]
+    replay_event: Option<&'a [u8]>,
+    relay_snuba_publish_disabled: bool,
+}
+
+fn zlib(data: &[u8]) -> Vec<u8> {
+    let mut enc = ZlibEncoder::new(Vec::new(), Compression::fast());
+    enc.write_all(data).unwrap();
+    enc.finish().unwrap()
+}
+
+/// A message value around a compressed body and an optional replay event.
+fn message(segment_header: &str, body: &[u8], replay_event: Option<&[u8]>) -> Vec<u8> {
+    let payload = [segment_header.as_bytes(), b"\n", body].concat();
+    rmp_serde::to_vec_named(&Message {
+        kind: "replay_recording_not_chunked",
+        replay_id: REPLAY_ID,
+        org_id: 1,
+        project_id: 2,
+        received: TS / 1000,
+        retention_days: 30,
+        payload: &payload,
+        replay_event,
+        relay_snuba_publish_disabled: true,
+    })
+    .unwrap()
+}
+
+fn events(events: impl IntoIterator<Item = String>) -> Vec<u8> {
+    let mut out = b"[".to_vec();
+    for (i, event) in events.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(event.as_bytes());
+    }
+    out.push(b']');
+    out
+}
+
+fn meta(href: &str) -> String {
+    format!(r#"{{"type":4,"timestamp":{TS},"data":{{"href":"{href}","width":1,"height":1}}}}"#)
+}
+
+fn breadcrumb(category: &str, extra: &str) -> String {
+    format!(
+        r#"{{"type":5,"timestamp":{TS},"data":{{"tag":"breadcrumb","payload":{{"timestamp":1796012448.5,"type":"default","category":"{category}"{extra}}}}}}}"#
+    )
+}
+
+fn span(op: &str, description: &str, data: &str) -> String {
+    format!(
+        r#"{{"type":5,"timestamp":{TS},"data":{{"tag":"performanceSpan","payload":{{"op":"{op}","description":"{description}","startTimestamp":1796012448.5,"endTimestamp":1796012449.0,"data":{data}}}}}}}"#
+    )
+}
+
+/// A rage click (slow click that timed out after 5 clicks) on a node; `url` omitted when empty.
+fn rage_click(node: u64, selector: &str, class: &str, text: &str, url: &str) -> String {
+    let url = if url.is_empty() { String::new() } else { format!(r#","url":"{url}""#) };
+    breadcrumb(
+        "ui.slowClickDetected",
+        &format!(
+            r#","message":"{selector}","data":{{"node":{{"id":{node},"tagName":"button","textContent":"{text}","attributes":{{"class":"{class}"}}}}{url},"timeAfterClickMs":7000,"endReason":"timeout","clickCount":5}}"#
+        ),
+    )
+}
+
+fn nested(depth: usize) -> String {
+    format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+/// Every hostile message, with the outcome it must have.
+pub fn all() -> Vec<Hostile> {
+    let mut all = Vec::new();
+    let mut write = |name: &'static str, value: Vec<u8>, expected: Option<&'static str>| {
+        assert!(value.len() <= 15_000_000, "{name}: {} bytes", value.len());
+        all.push(Hostile { name, value, invalid_reason: expected });
+    };
+    let header = r#"{"segment_id":0}"#;
+    let replay_event = br#"{"type":"replay_event","timestamp":1796012449.0,"urls":[],"platform":"javascript"}"#;
+
+    // The reported outage: a 5 MiB page URL that 1 000 hydration errors refer to.
+    let href = format!("https://example.com/{}", "h".repeat(5 * MIB));
+    let body = events(
+        std::iter::once(meta(&href)).chain((0..1000).map(|_| breadcrumb("replay.hydrate-error", r#","data":{}"#))),
+    );
+    write("href-x-hydration-errors", message(header, &zlib(&body), Some(replay_event)), None);
+
+    // The same URL behind 1 000 rage clicks without their own url (20 become rows and events).
+    let body = events(
+        std::iter::once(meta(&href)).chain((0..1000).map(|i| rage_click(i, "button.buy", "btn primary", "Buy", ""))),
+    );
+    write("href-x-clicks", message(header, &zlib(&body), Some(replay_event)), None);
+
+    // 20 rage clicks whose selector, class names, text and url are 1 MiB each.
+    let long = "x".repeat(MIB);
+    let class = vec!["c".repeat(MIB / 10); 10].join(" ");
+    let body = events((0..20).map(|i| rage_click(i, &long, &class, &long, &format!("https://e/{long}"))));
+    write("long-click-fields", message(header, &zlib(&body), Some(replay_event)), None);
+
+    // A million levels of nesting where the parsers recurse: Meta data, breadcrumb data and
+    // category, span data. Each event is skipped; the segment is valid.
+    let deep = nested(1_000_000);
+    let body = events([
+        format!(r#"{{"type":4,"timestamp":{TS},"data":{{"href":{deep}}}}}"#),
+        breadcrumb("ui.click", &format!(r#","data":{{"node":{deep}}}"#)),
+        format!(r#"{{"type":5,"timestamp":{TS},"data":{{"tag":"breadcrumb","payload":{{"category":{deep}}}}}}}"#),
+        span("resource.fetch", "/api", &deep),
+        format!(r#"{{"type":2,"timestamp":{TS},"data":{{"node":{deep}}}}}"#),
+        meta("https://example.com/ok"),
+    ]);
+    write("deep-nesting-events", message(header, &zlib(&body), Some(replay_event)), None);
+
+    // The replay event nested a million levels deep: invalid_replay_event.
+    let deep_event = format!(r#"{{"urls":{deep}}}"#);
+    write(
+        "deep-nesting-replay-event",
+        message(header, &zlib(b"[]"), Some(deep_event.as_bytes())),
+        Some("invalid_replay_event"),
+    );
+
+    // 1.5 million tiny incremental events (87 MB of JSON).
+    let body = events((0..1_500_000).map(|i| format!(r#"{{"type":3,"timestamp":{},"data":{{"source":1}}}}"#, TS + i)));
+    write("tiny-events", message(header, &zlib(&body), Some(replay_event)), None);
+
+    // 10 000 distinct 7 KiB page URLs sharing their first 7 000 bytes: deduplication must stay
+    // linear, and the list within its byte budget.
+    let prefix = format!("https://example.com/{}", "p".repeat(7000));
+    let body = events((0..10_000).map(|i| meta(&format!("{prefix}/{i}"))));
+    write("many-distinct-urls", message(header, &zlib(&body), Some(replay_event)), None);
+
+    // 15 000 of every interaction the extractor keeps, each with a 1 KiB url.
+    let url = format!("https://example.com/{}", "u".repeat(1024));
+    let body = events((0..15_000).flat_map(|i| {
+        [
+            rage_click(i, "a.link", "x y", "t", &url),
+            breadcrumb("ui.tap", r#","message":"Checkout","data":{"view.class":"Button","view.id":"checkout"}"#),
+            breadcrumb("ui.multiClick", r#","message":"button#add","data":{"node":{"id":1},"clickCount":4}"#),
+            breadcrumb("navigation", &format!(r#","data":{{"from":"{url}","to":"{url}/{i}"}}"#)),
+            span("resource.fetch", &format!("{url}/api/{i}"), r#"{"method":"GET","statusCode":200}"#),
+            span("web-vital", "largest-contentful-paint", r#"{"value":2.5,"rating":"good"}"#),
+            breadcrumb("replay.hydrate-error", &format!(r#","data":{{"url":"{url}/{i}"}}"#)),
+            breadcrumb("console", r#","level":"error""#),
+        ]
+    }));
+    write("many-interactions", message(header, &zlib(&body), Some(replay_event)), None);
+
+    // A replay event with 200 000 urls, 100 000 error and trace ids and 300 000 tags.
+    let uuid = "2f045a65095a407da962d4ca1e905a53";
+    let replay_event_huge = format!(
+        r#"{{"type":"replay_event","urls":[{}],"error_ids":[{}],"trace_ids":[{}],"tags":{{{}}}}}"#,
+        (0..200_000).map(|i| format!(r#""/{i}""#)).collect::<Vec<_>>().join(","),
+        vec![format!(r#""{uuid}""#); 100_000].join(","),
+        vec![format!(r#""{uuid}""#); 100_000].join(","),
+        (0..300_000).map(|i| format!(r#""k{i}":"v""#)).collect::<Vec<_>>().join(","),
+    );
+    write("replay-event-huge-lists", message(header, &zlib(b"[]"), Some(replay_event_huge.as_bytes())), None);
+
+    // 70 distinct 128 KiB breadcrumb categories, span ops, custom tags and console levels.
+    let key = |i: usize| format!("{i}{}", "k".repeat(128 * 1024));
+    let body = events((0..70).flat_map(|i| {
+        [
+            breadcrumb(&key(i), ""),
+            span(&key(i), "d", "{}"),
+            format!(r#"{{"type":5,"timestamp":{TS},"data":{{"tag":"{}","payload":{{}}}}}}"#, key(i)),
+            breadcrumb("console", &format!(r#","level":"{}""#, key(i))),
+        ]
+    }));
+    write("long-count-keys", message(header, &zlib(&body), Some(replay_event)), None);
+
+    // A zlib stream padded with 2 million empty stored blocks around a 2-byte JSON body: 10 MB
+    // on the wire for nothing; the blob must not keep the padding.
+    let mut padded = vec![0x78, 0x01];
+    for _ in 0..2_000_000 {
+        padded.extend_from_slice(&[0x00, 0x00, 0x00, 0xff, 0xff]);
+    }
+    padded.extend_from_slice(&[0x01, 0x02, 0x00, 0xfd, 0xff, b'[', b']']);
+    padded.extend_from_slice(&adler32(b"[]").to_be_bytes());
+    write("zlib-padding", message(header, &padded, None), None);
+
+    // A segment id past u32: rows store a u32, so blob key and row could disagree.
+    write("segment-id-overflow", message(r#"{"segment_id":4294967296}"#, &zlib(b"[]"), None), Some("invalid_header"));
+    all
+}
+
+fn adler32(data: &[u8]) -> u32 {
+    let (mut a, mut b) = (1u32, 0u32);
+    for &byte in data {
+        a = (a + u32::from(byte)) % 65521;
+        b = (b + a) % 65521;
+    }
+    (b << 16) | a
+}

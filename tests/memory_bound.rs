@@ -1,0 +1,290 @@
+//! The cost bound, measured: a counting global allocator tracks, per thread, the bytes `process`
+//! leaves allocated (what a buffered segment holds) and the peak while it runs. For every
+//! recorded fixture, every hostile message and arbitrary event lists:
+//! - `memory_bytes()` tells the truth: at least what is held, at most 1.25 × that + 64 bytes;
+//! - what is held is within the cost bound, 2 × the decoded input + 1 MiB;
+//! - the peak while processing stays within 5 × the message + 3 × the decoded input + 8 MiB.
+
+#[path = "common/hostile.rs"]
+mod hostile;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::path::Path;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use replay_ingest::recording::{self, Limits, Processed};
+
+struct Counting;
+
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
+
+fn add(delta: isize) {
+    let _ = LIVE.try_with(|live| {
+        live.set(live.get() + delta);
+        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(live.get())));
+    });
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; only counters are updated.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            add(layout.size() as isize);
+        }
+        ptr
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let ptr = unsafe { System.alloc_zeroed(layout) };
+        if !ptr.is_null() {
+            add(layout.size() as isize);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        add(-(layout.size() as isize));
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        if !new.is_null() {
+            // Counted as a new block first, then the old one freed: the peak includes both.
+            add(new_size as isize);
+            add(-(layout.size() as isize));
+        }
+        new
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// What processing one value left allocated, and the peak above the starting point.
+struct Measured {
+    result: Result<Box<Processed>, recording::InvalidRecording>,
+    held: usize,
+    peak: usize,
+}
+
+fn measure(value: &[u8]) -> Measured {
+    let limits = Limits::default();
+    // Once unmeasured: lazily initialised statics are not the segment's.
+    drop(recording::process(value, &limits));
+    let start = LIVE.with(Cell::get);
+    PEAK.with(|peak| peak.set(start));
+    let result = recording::process(value, &limits).map(Box::new);
+    let held = LIVE.with(Cell::get) - start;
+    let peak = PEAK.with(Cell::get) - start;
+    Measured { result, held: held.max(0) as usize, peak: peak.max(0) as usize }
+}
+
+/// The accounting and bound assertions, for a valid message; returns it.
+fn assert_bounded(name: &str, value: &[u8]) -> Box<Processed> {
+    let m = measure(value);
+    let p = m.result.unwrap_or_else(|e| panic!("{name}: {e}"));
+    let estimate = p.memory_bytes();
+    assert!(estimate >= m.held, "{name}: memory_bytes {estimate} < {} actually held", m.held);
+    assert!(
+        estimate as f64 <= 1.25 * m.held as f64 + 64.0,
+        "{name}: memory_bytes {estimate} overstates {} actually held",
+        m.held
+    );
+    assert!(m.held <= p.cost_bound(), "{name}: holds {} > bound {} (input {})", m.held, p.cost_bound(), p.input_bytes);
+    // The decompression buffer starts at 4 × the compressed size and grows geometrically.
+    let peak_bound = 5 * value.len() + 3 * p.input_bytes + 8 * 1024 * 1024;
+    assert!(m.peak <= peak_bound, "{name}: peak {} > {peak_bound}", m.peak);
+    p
+}
+
+#[test]
+fn every_fixture_is_accounted_exactly_and_within_the_bound() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let mut valid = 0;
+    for dir in ["segments", "synthetic"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let value = std::fs::read(&path).unwrap();
+            if recording::process(&value, &Limits::default()).is_ok() {
+                assert_bounded(&path.display().to_string(), &value);
+                valid += 1;
+            }
+        }
+    }
+    assert!(valid >= 18, "only {valid} valid fixtures");
+}
+
+#[test]
+fn hostile_messages_are_processed_within_the_bound_or_rejected() {
+    for message in hostile::all() {
+        let name = message.name;
+        match message.invalid_reason {
+            Some(reason) => {
+                let m = measure(&message.value);
+                let error = m.result.err().unwrap_or_else(|| panic!("{name}: accepted"));
+                assert_eq!(error.reason.as_str(), reason, "{name}: {}", error.detail);
+                assert!(m.peak <= 5 * message.value.len() + (8 << 20), "{name}: peak {}", m.peak);
+            }
+            None => {
+                let p = assert_bounded(name, &message.value);
+                check_hostile_outcome(name, &p);
+            }
+        }
+    }
+}
+
+/// What each hostile message must come to, beyond the bound.
+fn check_hostile_outcome(name: &str, p: &Processed) {
+    let x = &p.extracted;
+    match name {
+        "href-x-hydration-errors" => {
+            assert_eq!(x.hydration_errors.len(), 1000);
+            let page = x.urls[0].clone();
+            assert!(page.len() <= 8 * 1024 && page.ends_with('…'), "the 5 MiB URL is cut with a marker");
+            assert!(x.hydration_errors.iter().all(|h| h.url.as_ref().is_some_and(|u| Arc::ptr_eq(u, &page))));
+            assert_eq!(p.events().len(), 2 + recording::events::MAX_HYDRATION_ISSUES);
+        }
+        "href-x-clicks" => {
+            assert_eq!((x.clicks.len(), p.rows().len()), (20, 21));
+            assert!(x.clicks.iter().all(|c| Arc::ptr_eq(&c.url, &x.urls[0])));
+        }
+        "long-click-fields" => {
+            let c = &x.clicks[0];
+            assert!(c.selector.len() <= 1024 && c.url.len() <= 8 * 1024 && c.text.chars().count() == 1024);
+            assert!(c.classes.iter().all(|class| class.len() <= 1024) && c.classes.len() == 10);
+            assert!(x.truncated_values >= 20 * 13);
+        }
+        "deep-nesting-events" => assert_eq!((x.events, x.invalid_events), (2, 4)),
+        "tiny-events" => assert_eq!(x.events, 1_500_000),
+        "many-distinct-urls" => {
+            let listed = x.urls.len() as u64;
+            assert!(listed * 7000 <= recording::rrweb::MAX_LIST_BYTES as u64, "{listed} URLs listed");
+            assert_eq!((listed + x.dropped_items, x.truncated_values), (10_000, 0));
+        }
+        "many-interactions" => {
+            assert_eq!((x.clicks.len(), x.taps.len()), (20, 20));
+            assert!(x.dropped_items > 0);
+            assert!(x.navigations.len() <= 1000 && x.requests.len() <= 1000 && x.multi_clicks.len() <= 1000);
+        }
+        "replay-event-huge-lists" => {
+            let event = p.replay_event.as_ref().unwrap();
+            assert_eq!((event.urls.len(), event.error_ids.len(), event.trace_ids.len()), (100, 100, 100));
+            assert_eq!(event.tags.len(), recording::replay_event::MAX_TAGS);
+            assert!(event.dropped_items >= 199_900 + 2 * 99_900 + 299_000);
+        }
+        "long-count-keys" => {
+            for counts in [&x.breadcrumbs_by_category, &x.spans_by_op, &x.custom_by_tag, &x.console] {
+                assert!(counts.len() <= recording::rrweb::MAX_DISTINCT_KEYS + 1);
+            }
+            assert!(x.truncated_values >= 4 * 70);
+        }
+        "zlib-padding" => assert!(p.blob.bytes.len() < 64, "the padding is not stored"),
+        other => panic!("no expectations for hostile message {other}"),
+    }
+}
+
+/// A valid message value around a raw JSON body.
+fn message(body: &[u8], replay_event: Option<&[u8]>) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct Message<'a> {
+        #[serde(rename = "type")]
+        kind: &'a str,
+        replay_id: &'a str,
+        org_id: u64,
+        project_id: u64,
+        received: u64,
+        #[serde(with = "serde_bytes")]
+        payload: &'a [u8],
+        #[serde(with = "serde_bytes")]
+        replay_event: Option<&'a [u8]>,
+        relay_snuba_publish_disabled: bool,
+    }
+    let payload = [&b"{\"segment_id\":0}\n"[..], body].concat();
+    rmp_serde::to_vec_named(&Message {
+        kind: "replay_recording_not_chunked",
+        replay_id: "6aa0d45db9b94b989501ce3be4daf802",
+        org_id: 1,
+        project_id: 2,
+        received: 3,
+        payload: &payload,
+        replay_event,
+        relay_snuba_publish_disabled: true,
+    })
+    .unwrap()
+}
+
+/// JSON string contents: short or long, ASCII or not, sometimes with escapes.
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z/.#:]{0,12}",
+        "[a-zé€😀\\\\\"]{0,40}".prop_map(|s| s.replace('\\', "\\\\").replace('"', "\\\"")),
+        (1usize..10_000).prop_map(|n| "u".repeat(n)),
+    ]
+}
+
+/// One rrweb event of a kind the extractor keeps something of.
+fn event() -> impl Strategy<Value = String> {
+    let ts = 1_796_012_448_000u64;
+    let crumb = move |category: &str, extra: String| {
+        format!(
+            r#"{{"type":5,"timestamp":{ts},"data":{{"tag":"breadcrumb","payload":{{"timestamp":1796012448.5,"category":"{category}"{extra}}}}}}}"#
+        )
+    };
+    let span = move |op: String, description: String, data: &str| {
+        format!(
+            r#"{{"type":5,"timestamp":{ts},"data":{{"tag":"performanceSpan","payload":{{"op":"{op}","description":"{description}","startTimestamp":1796012448.5,"data":{data}}}}}}}"#
+        )
+    };
+    prop_oneof![
+        text().prop_map(move |href| format!(r#"{{"type":4,"timestamp":{ts},"data":{{"href":"{href}"}}}}"#)),
+        (text(), text(), text(), any::<bool>(), 0u64..50).prop_map(move |(selector, class, url, has_url, node)| {
+            let url = if has_url { format!(r#","url":"{url}""#) } else { String::new() };
+            crumb(
+                "ui.slowClickDetected",
+                format!(
+                    r#","message":"{selector}","data":{{"node":{{"id":{node},"tagName":"a","textContent":"{class}","attributes":{{"class":"{class} b c"}}}}{url},"timeAfterClickMs":7000,"endReason":"timeout","clickCount":6}}"#
+                ),
+            )
+        }),
+        (text(), text()).prop_map(move |(message, view)| crumb(
+            "ui.tap",
+            format!(r#","message":"{message}","data":{{"view.id":"{view}","view.class":"{view}"}}"#)
+        )),
+        text().prop_map(move |selector| crumb("ui.multiClick", format!(r#","message":"{selector}","data":{{"clickCount":3}}"#))),
+        (text(), text()).prop_map(move |(from, to)| crumb("navigation", format!(r#","data":{{"from":"{from}","to":"{to}"}}"#))),
+        prop::option::of(text()).prop_map(move |url| crumb(
+            "replay.hydrate-error",
+            url.map_or(String::new(), |u| format!(r#","data":{{"url":"{u}"}}"#))
+        )),
+        text().prop_map(move |level| crumb("console", format!(r#","level":"{level}""#))),
+        text().prop_map(move |category| crumb(&category, String::new())),
+        text().prop_map(move |url| span("navigation.push".into(), url, "{}")),
+        (text(), text()).prop_map(move |(op, url)| span(format!("resource.{op}"), url, r#"{"method":"GET"}"#)),
+        text().prop_map(move |url| span("resource.fetch".into(), url, r#"{"method":"POST","statusCode":200}"#)),
+        (text(), text()).prop_map(move |(name, rating)| span("web-vital".into(), name, &format!(r#"{{"rating":"{rating}"}}"#))),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Arbitrary event lists never exceed the bound, and the accounting stays exact.
+    #[test]
+    fn arbitrary_event_lists_stay_within_the_bound(
+        events in prop::collection::vec(event(), 0..200),
+        repeat in 1usize..10,
+        urls in prop::collection::vec(text(), 0..50),
+    ) {
+        // Repeating the list multiplies references to the same pages and selectors.
+        let body = format!("[{}]", vec![events.join(","); repeat].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(","));
+        let replay_event = format!(r#"{{"urls":[{}],"tags":{{"a":"b"}}}}"#, urls.iter().map(|u| format!(r#""{u}""#)).collect::<Vec<_>>().join(","));
+        assert_bounded("arbitrary", &message(body.as_bytes(), Some(replay_event.as_bytes())));
+    }
+}
