@@ -81,8 +81,13 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
         }
         Err(e) => serde_json::to_string(&Invalid { file, ok: false, reason: e.reason.as_str(), detail: &e.detail }),
     };
-    // Only strings, numbers, maps and sequences: serialisation cannot fail.
-    line.unwrap_or_default()
+    // Only strings, numbers, maps and sequences: serialisation cannot fail; if it ever did, the
+    // line still says so rather than being empty.
+    line.unwrap_or_else(|e| {
+        let detail = format!("rendering the report failed: {e}");
+        let invalid = Invalid { file, ok: false, reason: recording::Reason::InternalError.as_str(), detail: &detail };
+        serde_json::to_string(&invalid).unwrap_or_else(|_| format!("{{\"ok\":false,\"detail\":{detail:?}}}"))
+    })
 }
 
 /// Processes one message value and renders its report line.

@@ -206,7 +206,9 @@ async fn run_produce(kafka: &KafkaArgs, topic: &str, count: u64, files: &[PathBu
 }
 
 fn run_inspect(files: &[PathBuf], limits: &Limits) -> ExitCode {
-    // Files are processed in parallel; lines are printed in argument order.
+    // Files are processed in parallel; lines are printed in argument order. Processing threads
+    // get the stack processing needs (the global pool is configured once, here).
+    let _ = rayon::ThreadPoolBuilder::new().stack_size(replay_ingest::recording::PROCESSING_STACK_BYTES).build_global();
     let lines: Vec<Result<String, String>> = files
         .par_iter()
         .map(|path| {

@@ -65,10 +65,10 @@ pub const PROCESSING_WINDOW_MESSAGES: usize = 64;
 pub const PROCESSING_WINDOW_BYTES: usize = 64 * 1024 * 1024;
 
 /// What a message of `value_len` bytes reserves in the processing window: its value, plus what
-/// processing it may hold — a blob and replay event no larger than the value, and the extractor's
-/// capped lists and clicks (`recording::COST_BOUND_SLACK`).
+/// processing it may hold — a blob and replay event no larger than about the value, and the
+/// extractor's capped clicks, taps, lists and counts (about 1.1 MiB at most, whatever the input).
 pub fn window_reservation(value_len: usize) -> usize {
-    value_len.saturating_mul(3).saturating_add(recording::COST_BOUND_SLACK)
+    value_len.saturating_mul(3).saturating_add(2 * 1024 * 1024)
 }
 
 /// Why the pipeline stopped other than by a clean shutdown. Nothing past the failure was
@@ -121,6 +121,7 @@ pub async fn consume(
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("process-{i}"))
+        .stack_size(recording::PROCESSING_STACK_BYTES)
         // Processing catches its own panics; anything else that panics on the pool is logged
         // (its result never arrives, and the pipeline stops with `TaskDied`) instead of aborting.
         .panic_handler(|_| error!("a processing task panicked"))

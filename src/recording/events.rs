@@ -203,7 +203,27 @@ pub fn build(ids: &SegmentIds, extracted: &Extracted) -> Vec<AnalyticsEvent> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::rrweb::HydrationError;
     use super::*;
+
+    #[test]
+    fn hydration_error_events_stop_at_their_per_segment_cap() {
+        let ids = SegmentIds {
+            replay_id: "6aa0d45db9b94b989501ce3be4daf802".into(),
+            replay_uuid: uuid::Uuid::nil(),
+            org_id: 1,
+            project_id: 2,
+            key_id: None,
+            received: 3,
+            retention_days: 30,
+            segment_id: 1,
+        };
+        let extracted = Extracted {
+            hydration_errors: (0..100).map(|i| HydrationError { timestamp_ms: i, url: None }).collect(),
+            ..Extracted::default()
+        };
+        assert_eq!(build(&ids, &extracted).len(), MAX_HYDRATION_ISSUES);
+    }
 
     #[test]
     fn outcome_timestamps_are_rfc3339_utc() {

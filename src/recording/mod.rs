@@ -39,6 +39,11 @@ pub use rrweb::{Extracted, RowLimits};
 /// Default cap on a decompressed segment body (SPEC §3).
 pub const DEFAULT_MAX_DECOMPRESSED_BYTES: usize = 100 * 1024 * 1024;
 
+/// Stack for threads that run [`process`]: parsing recurses once per nesting level, at most
+/// `scan::MAX_NESTING` levels (well under 100 KiB in release builds; unoptimised builds need a few
+/// MiB). Generous, and only reserved address space until touched.
+pub const PROCESSING_STACK_BYTES: usize = 16 * 1024 * 1024;
+
 /// The constant part of the cost bound: what a segment may hold beyond twice its decoded input.
 pub const COST_BOUND_SLACK: usize = 1024 * 1024;
 
@@ -158,7 +163,11 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
 /// so that one message cannot take the process down. The panic itself is reported by the panic
 /// hook (message and location on stderr).
 pub fn process_guarded(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecording> {
-    catch_unwind(AssertUnwindSafe(|| process(value, limits))).unwrap_or_else(|panic| {
+    guarded(|| process(value, limits))
+}
+
+fn guarded<T>(work: impl FnOnce() -> Result<T, InvalidRecording>) -> Result<T, InvalidRecording> {
+    catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|panic| {
         let message = panic
             .downcast_ref::<&str>()
             .map(|s| (*s).to_owned())
@@ -166,4 +175,19 @@ pub fn process_guarded(value: &[u8], limits: &Limits) -> Result<Processed, Inval
             .unwrap_or_else(|| "a panic without a message".to_owned());
         Err(InvalidRecording::new(Reason::InternalError, format_args!("processing panicked: {message}")))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_while_processing_becomes_an_internal_error_rejection() {
+        let result: Result<(), _> = guarded(|| panic!("index out of bounds"));
+        let error = result.unwrap_err();
+        assert_eq!(error.reason, Reason::InternalError);
+        assert_eq!(error.detail, "processing panicked: index out of bounds");
+        let formatted: Result<(), _> = guarded(|| panic!("{} items", 3));
+        assert_eq!(formatted.unwrap_err().detail, "processing panicked: 3 items");
+    }
 }

@@ -210,6 +210,11 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_segment_id_is_u32_max() {
+        assert_eq!(split(b"{\"segment_id\":4294967295}\n[]").unwrap().segment_id, u32::MAX);
+    }
+
+    #[test]
     fn a_payload_without_newline_has_no_header() {
         assert_eq!(split(b"{\"segment_id\":0}").unwrap_err().reason, Reason::MissingHeader);
     }

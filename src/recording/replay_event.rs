@@ -344,6 +344,30 @@ mod tests {
     }
 
     #[test]
+    fn lists_are_cut_as_relay_cuts_them_and_tags_to_their_cap() {
+        let urls: Vec<String> = (0..150).map(|i| format!(r#""/{i}""#)).collect();
+        let tags: Vec<String> = (0..MAX_TAGS + 5).map(|i| format!(r#"["k{i}","v"]"#)).collect();
+        let doc = format!(r#"{{"urls":[{}],"tags":[{}]}}"#, urls.join(","), tags.join(","));
+        let event = parse(doc.as_bytes()).unwrap();
+        assert_eq!((event.urls.len(), event.tags.len()), (MAX_LIST_ENTRIES, MAX_TAGS));
+        assert_eq!(event.dropped_items, 50 + 5);
+    }
+
+    #[test]
+    fn a_document_nested_deeper_than_the_parser_allows_is_invalid() {
+        let deep = format!(r#"{{"user":{}{}}}"#, "[".repeat(200), "]".repeat(200));
+        assert_eq!(parse(deep.as_bytes()).unwrap_err().reason, Reason::InvalidReplayEvent);
+        // Just within the limit: parsed, on a thread with the stack processing threads get
+        // (unoptimised test builds use far more stack per level than release builds).
+        let shallow = format!(r#"{{"user":{}{}}}"#, "[".repeat(127), "]".repeat(127));
+        let parsed = std::thread::Builder::new()
+            .stack_size(crate::recording::PROCESSING_STACK_BYTES)
+            .spawn(move || parse(shallow.as_bytes()).is_ok())
+            .unwrap();
+        assert!(parsed.join().unwrap());
+    }
+
+    #[test]
     fn a_document_that_is_not_an_object_is_invalid() {
         for doc in [&b"[1]"[..], b"not json", b"", b"{\"urls\":[", b"{\"release\":\"\xc3\"}"] {
             assert_eq!(parse(doc).unwrap_err().reason, Reason::InvalidReplayEvent);

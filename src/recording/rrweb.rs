@@ -1273,10 +1273,62 @@ mod tests {
     }
 
     #[test]
+    fn a_url_past_its_cap_is_cut_on_a_char_boundary_with_a_marker_and_counted() {
+        let href = format!("https://shop/{}", "é".repeat(MAX_URL_BYTES));
+        let x = extract_events(&[format!(r#"{{"type":4,"data":{{"href":"{href}"}},"timestamp":{TS}}}"#)]);
+        assert!(x.urls[0].len() <= MAX_URL_BYTES && x.urls[0].ends_with(TRUNCATION_MARKER));
+        assert!(href.starts_with(x.urls[0].trim_end_matches(TRUNCATION_MARKER)));
+        assert_eq!(x.truncated_values, 1);
+    }
+
+    #[test]
+    fn the_page_url_is_shared_by_every_click_and_hydration_error_that_refers_to_it() {
+        let mut events = vec![format!(r#"{{"type":4,"data":{{"href":"https://shop/p/1"}},"timestamp":{TS}}}"#)];
+        events.extend((0..5).map(|_| click_with_node(r#"{"id":1,"tagName":"a"}"#)));
+        events.extend((0..5).map(|_| breadcrumb("replay.hydrate-error", "")));
+        let x = extract_events(&events);
+        let page = &x.urls[0];
+        assert!(x.clicks.iter().all(|c| Arc::ptr_eq(&c.url, page)));
+        assert!(x.hydration_errors.iter().all(|h| h.url.as_ref().is_some_and(|u| Arc::ptr_eq(u, page))));
+        assert_eq!(Arc::strong_count(page), 11, "one allocation, eleven holders");
+    }
+
+    #[test]
+    fn lists_stop_at_their_byte_budget_and_count_what_they_leave_out() {
+        let url = "u".repeat(4000);
+        let events: Vec<String> = (0..400).map(|i| span("resource.fetch", &format!("{url}{i}"), "{}")).collect();
+        let x = extract_events(&events);
+        let kept = x.requests.len();
+        assert!(kept < 400 && kept * 4000 <= MAX_LIST_BYTES, "{kept} requests kept");
+        assert_eq!(kept as u64 + x.dropped_items, 400);
+    }
+
+    #[test]
+    fn count_keys_are_cut_to_their_cap() {
+        let long = "c".repeat(10 * MAX_KEY_BYTES);
+        let x = extract_events(&[breadcrumb(&long, "")]);
+        assert_eq!(x.breadcrumbs_by_category.len(), 1);
+        assert_eq!(x.breadcrumbs_by_category.get(&cut_bytes(&long, MAX_KEY_BYTES).0), 1);
+        assert_eq!(x.truncated_values, 1);
+    }
+
+    #[test]
+    fn events_nested_deeper_than_the_parsers_allow_are_skipped_not_parsed() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let x = extract_events(&[
+            format!(r#"{{"type":4,"data":{{"href":{deep}}},"timestamp":{TS}}}"#),
+            breadcrumb("ui.click", &format!(r#","data":{{"node":{deep}}}"#)),
+            format!(r#"{{"type":2,"data":{{"node":{deep}}},"timestamp":{TS}}}"#),
+            breadcrumb("ui.click", r#","data":{"node":[[[[[[[[1]]]]]]]]}"#),
+        ]);
+        assert_eq!((x.events, x.invalid_events), (2, 2), "snapshots are never parsed; shallow nesting is fine");
+    }
+
+    #[test]
     fn input_keyed_counts_are_bounded() {
         let events: Vec<String> = (0..MAX_DISTINCT_KEYS + 10).map(|i| breadcrumb(&format!("cat.{i}"), "")).collect();
         let x = extract_events(&events);
-        assert_eq!(x.breadcrumbs_by_category.0.len(), MAX_DISTINCT_KEYS + 1);
+        assert_eq!(x.breadcrumbs_by_category.len(), MAX_DISTINCT_KEYS + 1);
         assert_eq!(x.breadcrumbs_by_category.get("other"), 10);
     }
 }
