@@ -190,36 +190,6 @@ fn check_hostile_outcome(name: &str, p: &Processed) {
     }
 }
 
-/// A valid message value around a raw JSON body.
-fn message(body: &[u8], replay_event: Option<&[u8]>) -> Vec<u8> {
-    #[derive(serde::Serialize)]
-    struct Message<'a> {
-        #[serde(rename = "type")]
-        kind: &'a str,
-        replay_id: &'a str,
-        org_id: u64,
-        project_id: u64,
-        received: u64,
-        #[serde(with = "serde_bytes")]
-        payload: &'a [u8],
-        #[serde(with = "serde_bytes")]
-        replay_event: Option<&'a [u8]>,
-        relay_snuba_publish_disabled: bool,
-    }
-    let payload = [&b"{\"segment_id\":0}\n"[..], body].concat();
-    rmp_serde::to_vec_named(&Message {
-        kind: "replay_recording_not_chunked",
-        replay_id: "6aa0d45db9b94b989501ce3be4daf802",
-        org_id: 1,
-        project_id: 2,
-        received: 3,
-        payload: &payload,
-        replay_event,
-        relay_snuba_publish_disabled: true,
-    })
-    .unwrap()
-}
-
 /// JSON string contents: short or long, ASCII or not, sometimes with escapes.
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -285,6 +255,6 @@ proptest! {
         // Repeating the list multiplies references to the same pages and selectors.
         let body = format!("[{}]", vec![events.join(","); repeat].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(","));
         let replay_event = format!(r#"{{"urls":[{}],"tags":{{"a":"b"}}}}"#, urls.iter().map(|u| format!(r#""{u}""#)).collect::<Vec<_>>().join(","));
-        assert_bounded("arbitrary", &message(body.as_bytes(), Some(replay_event.as_bytes())));
+        assert_bounded("arbitrary", &hostile::message(r#"{"segment_id":0}"#, body.as_bytes(), Some(replay_event.as_bytes())));
     }
 }

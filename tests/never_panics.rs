@@ -1,6 +1,10 @@
 //! Property tests over the decode entry point: whatever the bytes, `process` returns — it never
 //! panics, and rejects with a classified reason.
 
+#[path = "common/hostile.rs"]
+#[allow(dead_code)]
+mod hostile;
+
 use proptest::prelude::*;
 use replay_ingest::recording::{self, Limits};
 
@@ -20,30 +24,6 @@ fn seed_fixtures() -> Vec<Vec<u8>> {
     .iter()
     .map(|name| std::fs::read(dir.join(format!("{name}.msgpack"))).unwrap())
     .collect()
-}
-
-/// A valid message value around an arbitrary payload.
-fn message(payload: &[u8]) -> Vec<u8> {
-    #[derive(serde::Serialize)]
-    struct Message<'a> {
-        #[serde(rename = "type")]
-        kind: &'a str,
-        replay_id: &'a str,
-        org_id: u64,
-        project_id: u64,
-        received: u64,
-        #[serde(with = "serde_bytes")]
-        payload: &'a [u8],
-    }
-    rmp_serde::to_vec_named(&Message {
-        kind: "replay_recording_not_chunked",
-        replay_id: "6aa0d45db9b94b989501ce3be4daf802",
-        org_id: 1,
-        project_id: 2,
-        received: 3,
-        payload,
-    })
-    .unwrap()
 }
 
 /// JSON-ish text built from rrweb-like fragments, to reach deep into the extractor.
@@ -96,14 +76,14 @@ proptest! {
 
     #[test]
     fn arbitrary_payloads_in_a_valid_envelope_never_panic(payload in prop::collection::vec(any::<u8>(), 0..2048)) {
-        let result = recording::process(&message(&payload), &limits());
+        let result = recording::process(&hostile::value(&payload, None), &limits());
         prop_assert!(result.is_ok() || !result.unwrap_err().detail.is_empty());
     }
 
     #[test]
     fn rrweb_like_bodies_never_panic(body in rrweb_like()) {
         let payload = format!("{{\"segment_id\":1}}\n[{body}]");
-        let _ = recording::process(&message(payload.as_bytes()), &limits());
+        let _ = recording::process(&hostile::value(payload.as_bytes(), None), &limits());
     }
 
     #[test]

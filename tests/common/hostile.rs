@@ -46,9 +46,13 @@ fn zlib(data: &[u8]) -> Vec<u8> {
     enc.finish().unwrap()
 }
 
-/// A message value around a compressed body and an optional replay event.
-fn message(segment_header: &str, body: &[u8], replay_event: Option<&[u8]>) -> Vec<u8> {
-    let payload = [segment_header.as_bytes(), b"\n", body].concat();
+/// A message value around a body (compressed or raw JSON) and an optional replay event.
+pub fn message(segment_header: &str, body: &[u8], replay_event: Option<&[u8]>) -> Vec<u8> {
+    value(&[segment_header.as_bytes(), b"\n", body].concat(), replay_event)
+}
+
+/// A valid message value around an arbitrary payload (header line included).
+pub fn value(payload: &[u8], replay_event: Option<&[u8]>) -> Vec<u8> {
     rmp_serde::to_vec_named(&Message {
         kind: "replay_recording_not_chunked",
         replay_id: REPLAY_ID,
@@ -56,7 +60,7 @@ fn message(segment_header: &str, body: &[u8], replay_event: Option<&[u8]>) -> Ve
         project_id: 2,
         received: TS / 1000,
         retention_days: 30,
-        payload: &payload,
+        payload,
         replay_event,
         relay_snuba_publish_disabled: true,
     })
