@@ -120,7 +120,8 @@ pub struct ClickHouseArgs {
 }
 
 impl ClickHouseArgs {
-    pub fn config(&self) -> std::io::Result<crate::sink::clickhouse::ClickHouseConfig> {
+    /// The sink's configuration; `timeout` bounds one write attempt.
+    pub fn config(&self, timeout: Duration) -> std::io::Result<crate::sink::clickhouse::ClickHouseConfig> {
         let password = match &self.clickhouse_password_file {
             Some(file) => std::fs::read_to_string(file)?.trim_end().to_owned(),
             None => self.clickhouse_password.clone().unwrap_or_default(),
@@ -132,6 +133,7 @@ impl ClickHouseArgs {
             user: self.clickhouse_user.clone(),
             password,
             chunk_rows: self.clickhouse_chunk_rows,
+            timeout,
         })
     }
 }
@@ -221,9 +223,20 @@ pub struct ConsumeArgs {
     #[arg(long, env = "REPLAY_INGEST_PROCESSING_THREADS", default_value_t = 0)]
     pub processing_threads: usize,
 
-    /// Attempts per sink per flush before the service stops (non-zero exit, nothing committed).
-    #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_ATTEMPTS", default_value_t = 10)]
+    /// Attempts per sink per flush before the service stops (non-zero exit, nothing committed);
+    /// 0 retries an outage without limit, intake paused, which is what a consumer should do: an
+    /// exit only turns an outage into a restart loop.
+    #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_ATTEMPTS", default_value_t = 0)]
     pub flush_max_attempts: u32,
+    /// Deadline of one sink request, ms: a GCS upload, a ClickHouse write attempt, a Kafka
+    /// delivery. Past it the attempt fails and is retried.
+    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", default_value_t = 30_000)]
+    pub sink_timeout_ms: u64,
+    /// Liveness fails when a flush goes this long without any sink attempt ending (a wedged
+    /// flush: the pod is restarted); a flush that keeps retrying is not wedged. Above the sink
+    /// timeout.
+    #[arg(long, env = "REPLAY_INGEST_FLUSH_STALL_TIMEOUT_MS", default_value_t = 300_000)]
+    pub flush_stall_timeout_ms: u64,
     /// First retry backoff, ms; doubles per attempt, full jitter.
     #[arg(long, env = "REPLAY_INGEST_FLUSH_INITIAL_BACKOFF_MS", default_value_t = 200)]
     pub flush_initial_backoff_ms: u64,
@@ -276,10 +289,16 @@ impl ConsumeArgs {
                 self.drain_deadline_ms, self.session_timeout_ms
             ));
         }
-        if self.buffer_max_messages == 0 || self.max_flushes_in_flight == 0 || self.flush_max_attempts == 0 {
+        if self.buffer_max_messages == 0 || self.max_flushes_in_flight == 0 || self.sink_timeout_ms == 0 {
             return Err(
-                "--buffer-max-messages, --max-flushes-in-flight and --flush-max-attempts must be at least 1".into()
+                "--buffer-max-messages, --max-flushes-in-flight and --sink-timeout-ms must be at least 1".into()
             );
+        }
+        if self.flush_stall_timeout_ms <= self.sink_timeout_ms {
+            return Err(format!(
+                "--flush-stall-timeout-ms ({}) must exceed --sink-timeout-ms ({}): an attempt that times out is progress, not a stall",
+                self.flush_stall_timeout_ms, self.sink_timeout_ms
+            ));
         }
         if self.buffer_limits().max_bytes < self.max_message_bytes {
             return Err(format!(
@@ -315,6 +334,14 @@ impl ConsumeArgs {
         }
     }
 
+    pub fn sink_timeout(&self) -> Duration {
+        Duration::from_millis(self.sink_timeout_ms)
+    }
+
+    pub fn flush_stall(&self) -> Duration {
+        Duration::from_millis(self.flush_stall_timeout_ms)
+    }
+
     pub fn drain_deadline(&self) -> Duration {
         Duration::from_millis(self.drain_deadline_ms)
     }
@@ -339,12 +366,13 @@ impl ConsumeArgs {
     }
 }
 
-/// Producer properties for the dead-letter and event topics: fully acknowledged writes.
-pub fn producer_properties(max_message_bytes: usize) -> Vec<(&'static str, String)> {
+/// Producer properties for the dead-letter and event topics: fully acknowledged writes, each
+/// delivery failing (and retried by the flush) past `timeout`.
+pub fn producer_properties(max_message_bytes: usize, timeout: Duration) -> Vec<(&'static str, String)> {
     vec![
         ("acks", "all".into()),
         ("message.max.bytes", (max_message_bytes + 1024 * 1024).to_string()),
-        ("message.timeout.ms", "30000".into()),
+        ("message.timeout.ms", timeout.as_millis().to_string()),
         ("linger.ms", "5".into()),
     ]
 }

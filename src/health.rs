@@ -1,10 +1,13 @@
 //! Health and status over HTTP, for Kubernetes probes and for people.
 //!
 //! - `GET /health/live`: 200 while the pipeline loop's heartbeat is fresh (it beats at least once
-//!   a second, even when idle), else 503 — a wedged loop gets the pod restarted.
+//!   a second, even when idle) and, while a flush is outstanding, some sink attempt has ended
+//!   within the stall timeout; else 503 — a wedged loop or a hung flush gets the pod restarted, a
+//!   flush that keeps retrying through an outage does not.
 //! - `GET /health/ready`: 200 while partitions are assigned and the service is not draining.
-//! - `GET /status`: JSON snapshot — buffer fill, flushes in flight, paused, counters, committed
-//!   offsets per partition.
+//! - `GET /status`: JSON snapshot — buffer fill, flushes in flight, paused, counters, sinks in an
+//!   outage (since when, attempts, last error), committed offsets per partition (as confirmed by
+//!   the broker).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,6 +24,9 @@ use serde::Serialize;
 /// A heartbeat older than this makes the liveness probe fail.
 pub const LIVENESS_STALE_AFTER: Duration = Duration::from_secs(30);
 
+/// Default for how long a flush may go without any sink attempt ending before liveness fails.
+pub const DEFAULT_FLUSH_STALL: Duration = Duration::from_secs(300);
+
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
@@ -32,6 +38,10 @@ pub struct Status {
     pub draining: AtomicBool,
     pub paused: AtomicBool,
     heartbeat_ms: AtomicU64,
+    /// When a sink attempt last ended (or a flush started), for the stall watchdog.
+    flush_progress_ms: AtomicU64,
+    /// 0: [`DEFAULT_FLUSH_STALL`].
+    flush_stall_ms: AtomicU64,
     pub buffer_messages: AtomicUsize,
     pub buffer_bytes: AtomicUsize,
     pub flushes_in_flight: AtomicUsize,
@@ -44,6 +54,17 @@ pub struct Status {
     /// Per sink since start: time spent writing (retries included) and what it wrote.
     sinks: Mutex<BTreeMap<&'static str, SinkTotals>>,
     committed: Mutex<BTreeMap<i32, i64>>,
+    /// Sinks whose last attempt failed, by name.
+    outages: Mutex<BTreeMap<&'static str, Outage>>,
+}
+
+/// A sink that is failing: since when, how often, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outage {
+    /// Unix ms of the first failed attempt of this outage.
+    pub since_ms: u64,
+    pub failed_attempts: u64,
+    pub last_error: String,
 }
 
 /// What one sink did since start.
@@ -71,7 +92,10 @@ struct Snapshot {
     rebalances: u64,
     invalid_by_reason: BTreeMap<&'static str, u64>,
     sinks: BTreeMap<&'static str, SinkTotals>,
-    /// Partition → next offset to read, as last committed by this process.
+    /// Sinks whose last attempt failed.
+    outages: BTreeMap<&'static str, Outage>,
+    /// Partition → next offset to read, as last committed by this process and confirmed by the
+    /// broker.
     committed: BTreeMap<i32, i64>,
 }
 
@@ -81,7 +105,43 @@ impl Status {
     }
 
     pub fn live(&self) -> bool {
-        now_ms().saturating_sub(self.heartbeat_ms.load(Ordering::Relaxed)) < LIVENESS_STALE_AFTER.as_millis() as u64
+        let now = now_ms();
+        let beating =
+            now.saturating_sub(self.heartbeat_ms.load(Ordering::Relaxed)) < LIVENESS_STALE_AFTER.as_millis() as u64;
+        let stall = match self.flush_stall_ms.load(Ordering::Relaxed) {
+            0 => DEFAULT_FLUSH_STALL.as_millis() as u64,
+            ms => ms,
+        };
+        let flushing = self.flushes_in_flight.load(Ordering::Relaxed) > 0;
+        let stalled = flushing && now.saturating_sub(self.flush_progress_ms.load(Ordering::Relaxed)) >= stall;
+        beating && !stalled
+    }
+
+    /// How long a flush may go without a sink attempt ending before liveness fails.
+    pub fn set_flush_stall(&self, stall: Duration) {
+        self.flush_stall_ms.store(stall.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// A flush started, or a sink attempt ended (either way): the flush is not wedged.
+    pub fn flush_progress(&self) {
+        self.flush_progress_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// A sink attempt failed: the sink is in an outage (since its first failure).
+    pub fn sink_failed(&self, sink: &'static str, error: &str) {
+        let mut outages = lock(&self.outages);
+        let outage = outages.entry(sink).or_insert_with(|| Outage {
+            since_ms: now_ms(),
+            failed_attempts: 0,
+            last_error: String::new(),
+        });
+        outage.failed_attempts += 1;
+        outage.last_error = error.chars().take(512).collect();
+    }
+
+    /// A sink attempt succeeded: its outage, if any, is over. Returns how long it lasted.
+    pub fn sink_recovered(&self, sink: &'static str) -> Option<Duration> {
+        lock(&self.outages).remove(sink).map(|o| Duration::from_millis(now_ms().saturating_sub(o.since_ms)))
     }
 
     pub fn ready(&self) -> bool {
@@ -105,6 +165,11 @@ impl Status {
         lock(&self.committed).extend(positions.iter().copied());
     }
 
+    /// What `/status` shows.
+    pub fn report(&self) -> serde_json::Value {
+        serde_json::to_value(self.snapshot()).unwrap_or_default()
+    }
+
     fn snapshot(&self) -> Snapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Snapshot {
@@ -123,6 +188,7 @@ impl Status {
             rebalances: load(&self.rebalances),
             invalid_by_reason: lock(&self.invalid_by_reason).clone(),
             sinks: lock(&self.sinks).clone(),
+            outages: lock(&self.outages).clone(),
             committed: lock(&self.committed).clone(),
         }
     }
@@ -141,7 +207,7 @@ pub fn router(status: Arc<Status>) -> Router {
     Router::new()
         .route("/health/live", get(|State(s): State<Arc<Status>>| async move { code(s.live()) }))
         .route("/health/ready", get(|State(s): State<Arc<Status>>| async move { code(s.ready()) }))
-        .route("/status", get(|State(s): State<Arc<Status>>| async move { axum::Json(s.snapshot()) }))
+        .route("/status", get(|State(s): State<Arc<Status>>| async move { axum::Json(s.report()) }))
         .with_state(status)
 }
 
@@ -170,5 +236,37 @@ mod tests {
         assert!(!s.live());
         s.beat();
         assert!(s.live());
+    }
+
+    #[test]
+    fn a_flush_without_progress_past_the_stall_timeout_is_not_live_and_a_retrying_one_is() {
+        let s = Status::default();
+        s.beat();
+        s.set_flush_stall(Duration::from_millis(50));
+        s.flushes_in_flight.store(1, Ordering::Relaxed);
+        s.flush_progress();
+        assert!(s.live(), "a flush that just made progress");
+        std::thread::sleep(Duration::from_millis(60));
+        s.beat();
+        assert!(!s.live(), "no sink attempt ended within the stall timeout");
+        s.sink_failed("gcs", "503");
+        s.flush_progress();
+        assert!(s.live(), "a failed attempt is progress: retrying is not wedged");
+        s.flushes_in_flight.store(0, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(60));
+        s.beat();
+        assert!(s.live(), "no flush outstanding, nothing to stall");
+    }
+
+    #[test]
+    fn an_outage_is_reported_from_its_first_failure_until_a_success() {
+        let s = Status::default();
+        s.sink_failed("clickhouse", "connection refused");
+        s.sink_failed("clickhouse", "Code: 210");
+        let snapshot = s.snapshot();
+        let outage = &snapshot.outages["clickhouse"];
+        assert_eq!((outage.failed_attempts, outage.last_error.as_str()), (2, "Code: 210"));
+        assert!(s.sink_recovered("clickhouse").is_some());
+        assert!(s.snapshot().outages.is_empty());
     }
 }

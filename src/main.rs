@@ -83,7 +83,9 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Consume(args) => run_consume(*args).await,
             Command::Migrate(args) => {
-                let config = args.config().context("reading --clickhouse-password-file")?;
+                // Migrations are DDL: no write-attempt deadline applies.
+                let config =
+                    args.config(std::time::Duration::from_secs(600)).context("reading --clickhouse-password-file")?;
                 let features = clickhouse::migrate(&config).await.context("migrating ClickHouse")?;
                 info!(?features, database = %config.database, table = %config.table, "ClickHouse table ready");
                 Ok(())
@@ -104,8 +106,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn producer(kafka: &KafkaArgs, max_message_bytes: usize) -> anyhow::Result<FutureProducer> {
-    client_config(&kafka.brokers, &producer_properties(max_message_bytes), &kafka.properties)
+fn producer(
+    kafka: &KafkaArgs,
+    max_message_bytes: usize,
+    timeout: std::time::Duration,
+) -> anyhow::Result<FutureProducer> {
+    client_config(&kafka.brokers, &producer_properties(max_message_bytes, timeout), &kafka.properties)
         .create()
         .context("creating the Kafka producer")
 }
@@ -121,6 +127,7 @@ async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
                 endpoint: args.gcs.gcs_endpoint.clone(),
                 anonymous: args.gcs.gcs_anonymous,
                 concurrency: args.gcs.gcs_upload_concurrency,
+                timeout: args.sink_timeout(),
             };
             Box::new(GcsSink::new(&config).await.context("creating the GCS client")?)
         }
@@ -130,14 +137,15 @@ async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
         ),
         BlobSinkKind::Null => Box::new(NullSink),
     };
-    let dlq = DlqSink::new(producer(&args.kafka, args.max_message_bytes)?, &args.dlq_topic);
+    let dlq = DlqSink::new(producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?, &args.dlq_topic);
     let rows: Box<dyn Sink> = match args.rows_sink {
         RowsSinkKind::Clickhouse => {
-            let config = args.clickhouse.config().context("reading --clickhouse-password-file")?;
+            let config = args.clickhouse.config(args.sink_timeout()).context("reading --clickhouse-password-file")?;
             if args.migrate_on_start {
                 let features = clickhouse::migrate(&config).await.context("migrating ClickHouse")?;
                 info!(?features, table = %config.table, "ClickHouse table ready");
             }
+            clickhouse::check_table(&config).await.map_err(anyhow::Error::msg).context("checking ClickHouse")?;
             Box::new(ClickHouseSink::new(&config))
         }
         RowsSinkKind::Null => Box::new(NullSink),
@@ -150,7 +158,7 @@ async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
                 issues: args.events.issues_topic.clone(),
             };
             Box::new(EventsSink::new(
-                producer(&args.kafka, args.max_message_bytes)?,
+                producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
                 topics,
                 args.events.first_replay_cache_size,
             ))
@@ -200,7 +208,8 @@ async fn run_produce(kafka: &KafkaArgs, topic: &str, count: u64, files: &[PathBu
         .map(|f| std::fs::read(f).with_context(|| format!("reading {}", f.display())))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let max = values.iter().map(Vec::len).max().unwrap_or(0);
-    let report = load::produce(&producer(kafka, max)?, topic, count, |i| load::fixture_copy(&values, i)).await?;
+    let producer = producer(kafka, max, std::time::Duration::from_secs(30))?;
+    let report = load::produce(&producer, topic, count, |i| load::fixture_copy(&values, i)).await?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

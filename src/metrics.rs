@@ -22,6 +22,7 @@
 //! | `flush.bytes` | counter | bytes | `sink` | what a sink wrote |
 //! | `flush.retries` | counter | attempts | `sink` | failed attempts that were retried |
 //! | `flush.errors` | counter | batches | `sink` | flushes that failed for good (the service stops) |
+//! | `sink.outage_ms` | gauge | ms | `sink` | how long the sink's current write has been failing (0 once it succeeds) |
 //! | `commits` | counter | commits | | offset commits |
 //! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure |
 //! | `consumer.rebalances` | counter | rebalances | | partition revocations drained |
@@ -76,6 +77,7 @@ pub const FLUSH_ITEMS: &str = "flush.items";
 pub const FLUSH_BYTES: &str = "flush.bytes";
 pub const FLUSH_RETRIES: &str = "flush.retries";
 pub const FLUSH_ERRORS: &str = "flush.errors";
+pub const SINK_OUTAGE_MS: &str = "sink.outage_ms";
 pub const COMMITS: &str = "commits";
 pub const CONSUMER_PAUSED_MS: &str = "consumer.paused_ms";
 pub const CONSUMER_REBALANCES: &str = "consumer.rebalances";
@@ -142,6 +144,11 @@ pub fn flushed(
             counter!(FLUSH_RETRIES, "sink" => sink).increment(u64::from(retries));
         }
     }
+}
+
+/// A sink's write has been failing for `failing_for` (zero: it recovered).
+pub fn outage(sink: &'static str, failing_for: Duration) {
+    gauge!(SINK_OUTAGE_MS, "sink" => sink).set(failing_for.as_millis() as f64);
 }
 
 pub fn flush_failed(sink: &'static str) {

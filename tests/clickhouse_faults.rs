@@ -61,6 +61,7 @@ async fn a_wrong_column_type_stops_the_service_cleanly_without_committing() {
         user: "default".into(),
         password: String::new(),
         chunk_rows: 1000,
+        timeout: std::time::Duration::from_secs(30),
     };
     replay_ingest::sink::clickhouse::migrate(&config).await.unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);

@@ -4,7 +4,7 @@
 mod common;
 
 use replay_ingest::recording::{self, Limits, ReplayRow, RowKind};
-use replay_ingest::sink::clickhouse::{ClickHouseConfig, ClickHouseSink, migrate};
+use replay_ingest::sink::clickhouse::{ClickHouseConfig, ClickHouseSink, check_table, migrate};
 use replay_ingest::sink::{Batch, Entry, Outcome, Retry, Sink};
 
 fn config(table: &str) -> ClickHouseConfig {
@@ -16,6 +16,7 @@ fn config(table: &str) -> ClickHouseConfig {
         user: "default".into(),
         password: String::new(),
         chunk_rows: 7,
+        timeout: std::time::Duration::from_secs(30),
     }
 }
 
@@ -105,4 +106,19 @@ async fn a_table_with_a_wrong_column_type_is_a_fatal_error() {
     let sink = ClickHouseSink::new(&config);
     let error = tokio::task::spawn_blocking(move || sink.write(&fixture_batch())).await.unwrap().unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_startup_check_names_a_missing_table_or_missing_columns_and_passes_a_migrated_one() {
+    let config = config(&common::unique("check").replace('-', "_"));
+    let missing = check_table(&config).await.unwrap_err();
+    assert!(missing.contains("does not exist") && missing.contains("migrate"), "{missing}");
+
+    migrate(&config).await.unwrap();
+    check_table(&config).await.unwrap();
+
+    let client = replay_ingest::sink::clickhouse::client(&config);
+    client.query(&format!("ALTER TABLE {} DROP COLUMN click_url", config.table)).execute().await.unwrap();
+    let lacking = check_table(&config).await.unwrap_err();
+    assert!(lacking.ends_with("lacks the columns click_url"), "{lacking}");
 }

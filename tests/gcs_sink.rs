@@ -23,7 +23,13 @@ fn fixture_batch() -> Batch {
 }
 
 fn config(bucket: &str) -> GcsConfig {
-    GcsConfig { bucket: bucket.into(), endpoint: Some(gcs_endpoint()), anonymous: true, concurrency: 4 }
+    GcsConfig {
+        bucket: bucket.into(),
+        endpoint: Some(gcs_endpoint()),
+        anonymous: true,
+        concurrency: 4,
+        timeout: std::time::Duration::from_secs(30),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -133,14 +133,16 @@ async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let args = service_args(&topic, &dlq, &group, dir.path(), free_port());
 
-    // Producing goes on in the background while the service is killed and restarted.
+    // Producing goes on in the background until every kill round is over, so that each round
+    // has messages to flush (a round that found nothing left would wait for a flush forever).
+    let rounds_over = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producing = {
-        let topic = topic.clone();
+        let (topic, rounds_over) = (topic.clone(), rounds_over.clone());
         tokio::spawn(async move {
             let fixtures = all_fixtures();
             let mut reports = Vec::new();
             let mut expected = Vec::new();
-            for _ in 0..8 {
+            while reports.len() < 8 || !rounds_over.load(std::sync::atomic::Ordering::SeqCst) {
                 let (report, wave) = produce_fixtures(&topic, &fixtures, 40).await;
                 reports.push(report);
                 expected.extend(wave);
@@ -159,6 +161,7 @@ async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(150 + 170 * round)).await;
         service.kill9();
     }
+    rounds_over.store(true, std::sync::atomic::Ordering::SeqCst);
     let (reports, expected) = producing.await.unwrap();
     let target = last_offsets(&reports);
 

@@ -1,44 +1,62 @@
 //! The consumer's polling thread.
 //!
 //! librdkafka wants `poll` called continuously (heartbeat of `max.poll.interval.ms`, rebalance
-//! callbacks). A dedicated thread polls and forwards owned messages over a bounded channel to the
-//! pipeline; the pipeline pauses partitions (not the thread) for backpressure. Rebalance callbacks
-//! run on this thread: on revoke it hands the pipeline a drain request *behind* every message
-//! already forwarded and waits — up to the drain deadline — until the pipeline has flushed and
-//! committed, then lets librdkafka release the partitions.
+//! callbacks). A dedicated thread polls and forwards owned messages over a bounded data channel
+//! to the pipeline; the pipeline pauses partitions (not the thread) for backpressure.
+//!
+//! Control — assignments and revocations — travels a separate, unbounded channel that the
+//! pipeline reads whatever its backpressure, so a revoke never waits behind data. Each
+//! revocation starts a new *generation*; every forwarded message carries the generation it was
+//! polled in, and the pipeline drops messages (and ignores flushes) of an earlier generation, so
+//! nothing is committed for partitions this member no longer owns. On revoke the thread waits —
+//! at most the drain deadline — for the pipeline to flush and commit, then lets librdkafka
+//! release the partitions.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::thread;
 use std::time::Duration;
 
 use rdkafka::Offset;
-use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tracing::{info, warn};
 
-/// What the polling thread hands the pipeline, in order.
-pub enum Polled {
-    /// A message, with its share of the channel's byte budget (released when dropped).
-    Message(OwnedMessage, OwnedSemaphorePermit),
+/// A polled message, with its share of the data channel's byte budget (released when dropped)
+/// and the generation it was polled in.
+pub struct Polled {
+    pub message: OwnedMessage,
+    pub bytes: OwnedSemaphorePermit,
+    pub generation: u64,
+}
+
+/// Rebalance events, on the control channel.
+pub enum Control {
     /// Partitions newly assigned to this member.
-    Assigned(Vec<i32>),
-    /// The assignment is being revoked: drain, commit, then send on `done`.
-    Revoke { done: std_mpsc::SyncSender<()> },
+    Assigned { partitions: Vec<i32>, generation: u64 },
+    /// The assignment is being revoked; messages of earlier generations are no longer ours.
+    /// Drain what can be made durable within the deadline, commit it, then send on `done`.
+    Revoke { generation: u64, done: std_mpsc::SyncSender<()> },
 }
 
 pub struct IngestContext {
-    events: mpsc::Sender<Polled>,
+    control: mpsc::UnboundedSender<Control>,
+    generation: Arc<AtomicU64>,
     drain_deadline: Duration,
 }
 
 impl IngestContext {
-    pub fn new(events: mpsc::Sender<Polled>, drain_deadline: Duration) -> Self {
-        IngestContext { events, drain_deadline }
+    pub fn new(control: mpsc::UnboundedSender<Control>, drain_deadline: Duration) -> Self {
+        IngestContext { control, generation: Arc::new(AtomicU64::new(0)), drain_deadline }
+    }
+
+    /// The generation counter, shared with the polling thread.
+    pub fn generation(&self) -> Arc<AtomicU64> {
+        self.generation.clone()
     }
 }
 
@@ -58,12 +76,13 @@ impl ClientContext for IngestContext {
 impl ConsumerContext for IngestContext {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
-            info!(partitions = partitions.count(), "partitions revoked: draining");
+            let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+            info!(partitions = partitions.count(), generation, "partitions revoked: draining");
             let (done, drained) = std_mpsc::sync_channel(1);
-            if self.events.blocking_send(Polled::Revoke { done }).is_ok()
-                && drained.recv_timeout(self.drain_deadline).is_err()
-            {
-                warn!(deadline_ms = self.drain_deadline.as_millis() as u64, "drain did not finish before the deadline");
+            // The pipeline bounds its own drain by the deadline; the margin covers the hand-over.
+            let wait = self.drain_deadline + Duration::from_secs(1);
+            if self.control.send(Control::Revoke { generation, done }).is_ok() && drained.recv_timeout(wait).is_err() {
+                warn!(deadline_ms = self.drain_deadline.as_millis() as u64, "drain did not answer before the deadline");
             }
         }
     }
@@ -71,23 +90,26 @@ impl ConsumerContext for IngestContext {
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
             let ids: Vec<i32> = partitions.elements().iter().map(|p| p.partition()).collect();
-            info!(partitions = ?ids, "partitions assigned");
-            let _ = self.events.blocking_send(Polled::Assigned(ids));
+            let generation = self.generation.load(Ordering::Acquire);
+            info!(partitions = ?ids, generation, "partitions assigned");
+            let _ = self.control.send(Control::Assigned { partitions: ids, generation });
         }
     }
 }
 
 pub type IngestConsumer = BaseConsumer<IngestContext>;
 
-/// Polls until `stop` is set, forwarding messages; each first takes its size from `bytes` (all
-/// of it for a message larger than the whole budget), so the channel holds a bounded number of
-/// bytes. Closing `bytes` stops the thread. Returns the thread handle.
+/// Polls until `stop` is set, forwarding messages tagged with the current generation; each first
+/// takes its size from `bytes` (all of it for a message larger than the whole budget), so the
+/// channel holds a bounded number of bytes. Closing `bytes` stops the thread. Returns the thread
+/// handle.
 pub fn spawn_poller(
     consumer: Arc<IngestConsumer>,
     events: mpsc::Sender<Polled>,
     bytes: Arc<Semaphore>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
+    let generation = consumer.context().generation();
     let budget = u32::try_from(bytes.available_permits()).unwrap_or(u32::MAX);
     thread::Builder::new()
         .name("kafka-poll".into())
@@ -100,7 +122,12 @@ pub fn spawn_poller(
                         let Ok(permit) = futures::executor::block_on(bytes.clone().acquire_many_owned(share)) else {
                             break;
                         };
-                        if events.blocking_send(Polled::Message(message.detach(), permit)).is_err() {
+                        let polled = Polled {
+                            message: message.detach(),
+                            bytes: permit,
+                            generation: generation.load(Ordering::Acquire),
+                        };
+                        if events.blocking_send(polled).is_err() {
                             break;
                         }
                     }

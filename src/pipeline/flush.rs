@@ -2,13 +2,18 @@
 //! capped, jittered exponential backoff. Runs on a blocking thread.
 //!
 //! Stages run in order (blobs before anything that points at them); the sinks of one stage run in
-//! parallel. A sink that succeeded is not written again when a sibling retries.
+//! parallel. A sink that succeeded is not written again when a sibling retries. A retryable
+//! failure (an outage) is retried without limit unless `--flush-max-attempts` sets one: the
+//! service rides out an outage with intake paused instead of exiting into a restart loop. Every
+//! attempt that ends is progress for the liveness watchdog; failures are reported as an outage
+//! of that sink (`/status`, `sink.outage_ms`) until it succeeds again.
 
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
 use tracing::warn;
 
+use crate::health::Status;
 use crate::sink::{Batch, Retry, Sink, SinkError, Written};
 
 /// Sinks grouped into ordered stages.
@@ -18,7 +23,7 @@ pub struct Sinks {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
-    /// Attempts per sink per flush, the first included.
+    /// Attempts per sink per flush, the first included; 0: unlimited.
     pub max_attempts: u32,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
@@ -51,13 +56,13 @@ pub struct FlushReport {
 
 /// Writes `batch` through every stage. `Err` means a sink failed fatally or ran out of attempts:
 /// nothing of this batch may be committed.
-pub fn flush(batch: &Batch, sinks: &Sinks, policy: &RetryPolicy) -> Result<FlushReport, SinkError> {
+pub fn flush(batch: &Batch, sinks: &Sinks, policy: &RetryPolicy, status: &Status) -> Result<FlushReport, SinkError> {
     let mut report = FlushReport::default();
     for stage in &sinks.stages {
         let results: Vec<_> = std::thread::scope(|scope| {
             let handles: Vec<_> = stage
                 .iter()
-                .map(|sink| scope.spawn(move || write_with_retries(sink.as_ref(), batch, policy)))
+                .map(|sink| scope.spawn(move || write_with_retries(sink.as_ref(), batch, policy, status)))
                 .collect();
             handles
                 .into_iter()
@@ -71,21 +76,37 @@ pub fn flush(batch: &Batch, sinks: &Sinks, policy: &RetryPolicy) -> Result<Flush
     Ok(report)
 }
 
-fn write_with_retries(sink: &dyn Sink, batch: &Batch, policy: &RetryPolicy) -> Result<SinkReport, SinkError> {
+fn write_with_retries(
+    sink: &dyn Sink,
+    batch: &Batch,
+    policy: &RetryPolicy,
+    status: &Status,
+) -> Result<SinkReport, SinkError> {
     let start = Instant::now();
     let mut attempt = 1;
     loop {
-        match sink.write(batch) {
+        let result = sink.write(batch);
+        status.flush_progress();
+        match result {
             Ok(written) => {
+                if let Some(lasted) = status.sink_recovered(sink.name()) {
+                    warn!(sink = sink.name(), outage_ms = lasted.as_millis() as u64, "sink recovered");
+                    crate::metrics::outage(sink.name(), Duration::ZERO);
+                }
                 return Ok(SinkReport { sink: sink.name(), took: start.elapsed(), retries: attempt - 1, written });
             }
-            Err(error) if error.retry == Retry::Retryable && attempt < policy.max_attempts => {
+            Err(error)
+                if error.retry == Retry::Retryable && (policy.max_attempts == 0 || attempt < policy.max_attempts) =>
+            {
+                status.sink_failed(sink.name(), &error.message);
+                crate::metrics::outage(sink.name(), start.elapsed());
                 let pause = policy.backoff(attempt, rand::rng().random::<f64>());
                 warn!(sink = sink.name(), attempt, backoff_ms = pause.as_millis() as u64, %error, "sink write failed; retrying");
                 std::thread::sleep(pause);
-                attempt += 1;
+                attempt = attempt.saturating_add(1);
             }
             Err(error) => {
+                status.sink_failed(sink.name(), &error.message);
                 crate::metrics::flush_failed(sink.name());
                 return Err(error);
             }
@@ -155,7 +176,7 @@ mod tests {
                 vec![flaky("rows", 0, Retry::Retryable, &LOG)],
             ],
         };
-        let report = flush(&Batch::default(), &sinks, &FAST).unwrap();
+        let report = flush(&Batch::default(), &sinks, &FAST, &Status::default()).unwrap();
         let log = LOG.lock().unwrap().clone();
         assert_eq!(log.iter().filter(|s| **s == "blobs").count(), 3);
         assert_eq!(log.iter().filter(|s| **s == "dlq").count(), 1);
@@ -173,16 +194,27 @@ mod tests {
         let sinks = Sinks {
             stages: vec![vec![flaky("blobs", 1, Retry::Fatal, &LOG)], vec![flaky("rows", 0, Retry::Retryable, &LOG)]],
         };
-        let error = flush(&Batch::default(), &sinks, &FAST).unwrap_err();
+        let error = flush(&Batch::default(), &sinks, &FAST, &Status::default()).unwrap_err();
         assert_eq!((error.sink, error.retry), ("blobs", Retry::Fatal));
         assert_eq!(*LOG.lock().unwrap(), ["blobs"]);
+    }
+
+    #[test]
+    fn retryable_failures_are_retried_without_limit_by_default_and_reported_as_an_outage() {
+        static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+        let sinks = Sinks { stages: vec![vec![flaky("blobs", 50, Retry::Retryable, &LOG)]] };
+        let unlimited = RetryPolicy { max_attempts: 0, ..FAST };
+        let status = Status::default();
+        let report = flush(&Batch::default(), &sinks, &unlimited, &status).unwrap();
+        assert_eq!(report.sinks[0].retries, 50);
+        assert!(status.sink_recovered("blobs").is_none(), "the outage ended with the success");
     }
 
     #[test]
     fn retries_stop_after_the_configured_attempts() {
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
         let sinks = Sinks { stages: vec![vec![flaky("blobs", 100, Retry::Retryable, &LOG)]] };
-        assert!(flush(&Batch::default(), &sinks, &FAST).is_err());
+        assert!(flush(&Batch::default(), &sinks, &FAST, &Status::default()).is_err());
         assert_eq!(LOG.lock().unwrap().len(), 4);
     }
 }

@@ -9,11 +9,15 @@
 //! ```
 //!
 //! One task owns all state (buffer, frontier, in-flight work) and reacts to whatever happens
-//! next — a polled message, a processed one, a finished flush, the buffer's age deadline, a
-//! rebalance, shutdown — so there are no locks and every transition is in this file. While a
+//! next — a rebalance, shutdown, a finished flush, a processed message, a polled one, the
+//! buffer's age deadline — so there are no locks and every transition is in this file. While a
 //! flush runs the next buffer fills; when the buffer is full and no flush slot is free the
-//! assigned partitions are paused until a flush completes. Shutdown and partition revocation
-//! share one drain: process what was polled, flush everything, commit synchronously.
+//! assigned partitions are paused until a flush completes. Rebalances arrive on their own
+//! channel, read whatever the backpressure. Shutdown and partition revocation share one drain,
+//! bounded by `--drain-deadline-ms`: process what was polled, flush everything, commit
+//! synchronously. A revoke whose drain misses the deadline gives up what is not durable (it is
+//! redelivered to the next owner) and the member carries on; flushes still running then finish
+//! without committing anything.
 
 pub mod buffer;
 pub mod flush;
@@ -38,7 +42,9 @@ use tracing::{debug, error, info, warn};
 use crate::config::ConsumeArgs;
 use crate::health::Status;
 use crate::kafka::client_config;
-use crate::kafka::consumer::{IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, spawn_poller};
+use crate::kafka::consumer::{
+    Control, IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, spawn_poller,
+};
 use crate::metrics;
 use crate::recording::{self, Limits, Reason};
 use crate::sink::{Entry, InvalidMessage, Outcome, SinkError};
@@ -89,6 +95,8 @@ pub enum PipelineError {
 
 /// A finished flush, as the owning task learns of it.
 struct Flushed {
+    /// The assignment generation it was started in; an older one's offsets are not ours.
+    generation: u64,
     offsets: Vec<(i32, i64)>,
     reason: CloseReason,
     valid: u64,
@@ -96,7 +104,8 @@ struct Flushed {
     result: Result<FlushReport, SinkError>,
 }
 
-/// Consumes `args.topic` until `shutdown` resolves, then drains and returns.
+/// Consumes `args.topic` until `shutdown` resolves, then drains and returns. Needs a
+/// multi-threaded Tokio runtime (commits block their worker for one broker round trip).
 pub async fn consume(
     args: &ConsumeArgs,
     sinks: Sinks,
@@ -105,7 +114,9 @@ pub async fn consume(
 ) -> Result<(), PipelineError> {
     let (polled_tx, polled_rx) = mpsc::channel(POLLED_CHANNEL_CAPACITY);
     let polled_bytes = Arc::new(Semaphore::new(POLLED_CHANNEL_BYTES));
-    let context = IngestContext::new(polled_tx.clone(), args.drain_deadline());
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    status.set_flush_stall(args.flush_stall());
+    let context = IngestContext::new(control_tx, args.drain_deadline());
     let consumer: Arc<IngestConsumer> = Arc::new(
         client_config(&args.kafka.brokers, &args.consumer_properties(), &args.kafka.properties)
             .create_with_context(context)?,
@@ -132,6 +143,8 @@ pub async fn consume(
         topic: args.topic.clone(),
         consumer: consumer.clone(),
         polled: polled_rx,
+        control: control_rx,
+        generation: 0,
         pool: Arc::new(pool),
         limits: args.limits.into(),
         processing_bytes: 0,
@@ -169,6 +182,9 @@ struct Pipeline {
     topic: String,
     consumer: Arc<IngestConsumer>,
     polled: mpsc::Receiver<Polled>,
+    control: mpsc::UnboundedReceiver<Control>,
+    /// The current assignment generation: messages and flushes of earlier ones are not ours.
+    generation: u64,
     pool: Arc<rayon::ThreadPool>,
     limits: Limits,
     /// Messages being processed, in arrival order, with their window reservations.
@@ -194,32 +210,34 @@ impl Pipeline {
         let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
         loop {
             self.status.beat();
-            let age_deadline = self.buffer.deadline().map(tokio::time::Instant::from_std);
+            // The age deadline only matters when a flush could start: with every slot busy it
+            // would fire again at once, spinning a core until a flush ends.
+            let slot_free = self.flushes.len() < self.max_flushes;
+            let age_deadline = self.buffer.deadline().filter(|_| slot_free).map(tokio::time::Instant::from_std);
             tokio::select! {
                 biased;
                 () = &mut shutdown => {
                     info!("shutdown requested: draining");
-                    return self.drain().await;
+                    return self.drain().await.map_err(|_| PipelineError::DrainDeadline(self.drain_deadline))?;
                 }
+                Some(control) = self.control.recv() => match control {
+                    Control::Assigned { partitions, generation } => self.assigned(&partitions, generation)?,
+                    Control::Revoke { generation, done } => {
+                        self.revoke(generation).await?;
+                        let _ = done.send(());
+                    }
+                },
                 Some(flushed) = self.flushes.join_next() => {
                     let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;
-                    self.flushed(flushed, CommitMode::Async)?;
+                    self.flushed(flushed)?;
                 }
                 Some(processed) = self.processing.next() => {
                     self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
                 }
                 polled = self.polled.recv(), if !self.paused && self.window_open() => match polled {
-                    Some(Polled::Message(message, _bytes)) => self.process(message),
-                    Some(Polled::Assigned(partitions)) => self.assigned(&partitions)?,
-                    Some(Polled::Revoke { done }) => {
-                        self.drain().await?;
-                        self.frontier.clear();
-                        self.paused = false;
-                        self.status.assigned.store(false, Ordering::Relaxed);
-                        self.status.rebalances.fetch_add(1, Ordering::Relaxed);
-                        metrics::rebalanced();
-                        let _ = done.send(());
-                    }
+                    Some(polled) if polled.generation >= self.generation => self.process(polled.message),
+                    // Polled before a revoke: the partition is no longer ours; its next owner reads it.
+                    Some(_stale) => {}
                     None => return Err(PipelineError::PollerGone),
                 },
                 () = tokio::time::sleep_until(age_deadline.unwrap_or_else(tokio::time::Instant::now)), if age_deadline.is_some() => {}
@@ -274,22 +292,33 @@ impl Pipeline {
         self.publish_buffer();
         let offsets: Vec<(i32, i64)> = batch.entries.iter().map(|e| (e.partition, e.offset)).collect();
         debug!(messages = offsets.len(), reason = reason.as_str(), "flush started");
-        let (sinks, retry) = (self.sinks.clone(), self.retry);
+        let (sinks, retry, status, generation) = (self.sinks.clone(), self.retry, self.status.clone(), self.generation);
+        self.status.flush_progress();
         self.flushes.spawn_blocking(move || {
-            let result = flush::flush(&batch, &sinks, &retry);
+            let result = flush::flush(&batch, &sinks, &retry, &status);
             let valid = batch.valid().count() as u64;
             let mut invalid_by_reason = BTreeMap::new();
             for (_, invalid) in batch.invalid() {
                 *invalid_by_reason.entry(invalid.error.reason.as_str()).or_default() += 1;
             }
-            Flushed { offsets, reason, valid, invalid_by_reason, result }
+            Flushed { generation, offsets, reason, valid, invalid_by_reason, result }
         });
         self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
     }
 
     /// flush → commit.
-    fn flushed(&mut self, flushed: Flushed, mode: CommitMode) -> Result<(), PipelineError> {
+    fn flushed(&mut self, flushed: Flushed) -> Result<(), PipelineError> {
         self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
+        if flushed.generation < self.generation {
+            // Started before a revoke whose drain gave up on it: its partitions may be someone
+            // else's now, so nothing of it is committed (what it wrote is idempotent).
+            info!(
+                messages = flushed.offsets.len(),
+                ok = flushed.result.is_ok(),
+                "flush of revoked partitions finished; not committed"
+            );
+            return Ok(());
+        }
         let report = flushed.result.map_err(PipelineError::Flush)?;
         debug!(messages = flushed.offsets.len(), reason = flushed.reason.as_str(), sinks = ?report.sinks, "flush done");
         metrics::flushed(
@@ -305,16 +334,19 @@ impl Pipeline {
         for (partition, offset) in flushed.offsets {
             self.frontier.complete(partition, offset);
         }
-        self.commit(mode);
+        self.commit();
         Ok(())
     }
 
-    fn commit(&mut self, mode: CommitMode) {
+    fn commit(&mut self) {
         let positions = self.frontier.take_advanced();
         if positions.is_empty() {
             return;
         }
-        match self.consumer.commit(&commit_list(&self.topic, &positions), mode) {
+        // Synchronous, so that a commit is counted only once the broker has confirmed it; one
+        // round trip per flush, off the async worker.
+        let list = commit_list(&self.topic, &positions);
+        match tokio::task::block_in_place(|| self.consumer.commit(&list, CommitMode::Sync)) {
             Ok(()) => {
                 metrics::committed();
                 self.status.record_commit(&positions);
@@ -352,7 +384,11 @@ impl Pipeline {
         Ok(())
     }
 
-    fn assigned(&mut self, partitions: &[i32]) -> Result<(), PipelineError> {
+    /// New partitions join intake's pause state. (Partitions given up while paused were resumed
+    /// on revoke: librdkafka keeps a partition's pause flag, so one coming back would otherwise
+    /// stay paused for good.)
+    fn assigned(&mut self, partitions: &[i32], generation: u64) -> Result<(), PipelineError> {
+        self.generation = self.generation.max(generation);
         if self.paused {
             self.consumer.pause(&self.consumer.assignment()?)?;
         }
@@ -360,13 +396,46 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Shutdown and revocation: everything polled so far is processed, flushed and committed.
-    async fn drain(&mut self) -> Result<(), PipelineError> {
+    /// The assignment is revoked: drain within the deadline; whatever is not durable by then is
+    /// given up (redelivered to the next owner), and the member carries on.
+    async fn revoke(&mut self, generation: u64) -> Result<(), PipelineError> {
+        match self.drain().await {
+            Ok(result) => result?,
+            Err(_) => warn!(
+                deadline_ms = self.drain_deadline.as_millis() as u64,
+                flushes_in_flight = self.flushes.len(),
+                buffered = self.buffer.len(),
+                "revoke: drain missed its deadline; what is not durable is left to the next owner"
+            ),
+        }
+        self.generation = self.generation.max(generation);
+        self.processing = FuturesOrdered::new();
+        self.processing_bytes = 0;
+        drop(self.buffer.take());
+        self.publish_buffer();
+        self.frontier.clear();
+        if self.paused {
+            let assignment = self.consumer.assignment()?;
+            self.consumer.resume(&assignment)?;
+            self.paused = false;
+            if let Some(since) = self.paused_since.take() {
+                metrics::paused_for(since.elapsed());
+            }
+        }
+        self.status.paused.store(false, Ordering::Relaxed);
+        self.status.assigned.store(false, Ordering::Relaxed);
+        self.status.rebalances.fetch_add(1, Ordering::Relaxed);
+        metrics::rebalanced();
+        Ok(())
+    }
+
+    /// Shutdown and revocation: everything polled so far is processed, flushed and committed,
+    /// within the drain deadline (`Err` when it passes first).
+    async fn drain(&mut self) -> Result<Result<(), PipelineError>, tokio::time::error::Elapsed> {
         self.status.draining.store(true, Ordering::Relaxed);
-        let deadline = self.drain_deadline;
-        let result = tokio::time::timeout(deadline, self.drain_inner()).await;
+        let result = tokio::time::timeout(self.drain_deadline, self.drain_inner()).await;
         self.status.draining.store(false, Ordering::Relaxed);
-        result.map_err(|_| PipelineError::DrainDeadline(deadline))?
+        result
     }
 
     async fn drain_inner(&mut self) -> Result<(), PipelineError> {
@@ -377,10 +446,11 @@ impl Pipeline {
             if !self.buffer.is_empty() && self.flushes.len() < self.max_flushes {
                 self.start_flush(CloseReason::Drain);
             }
+            self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
             match self.flushes.join_next().await {
                 Some(flushed) => {
                     let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;
-                    self.flushed(flushed, CommitMode::Sync)?;
+                    self.flushed(flushed)?;
                 }
                 None if self.buffer.is_empty() => break,
                 None => {}

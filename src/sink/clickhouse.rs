@@ -1,5 +1,8 @@
 //! Rows to ClickHouse: one `replays` table (ReplacingMergeTree) holding click, tap and segment
-//! rows, inserted with RowBinary over HTTP, one insert per batch (chunked at `chunk_rows`).
+//! rows, inserted with RowBinary over HTTP, one insert per batch — cut at `chunk_rows` rows and
+//! before an insert would touch more than `MAX_PARTITIONS_PER_INSERT` partitions (the server
+//! refuses a block spread over more than `max_partitions_per_insert_block`, 100 by default; one
+//! segment with clicks over many weeks would otherwise be rejected forever).
 //! Rows with the same key collapse; `segment_id` is the version, so a slow/dead/rage click
 //! reported in a later segment replaces the plain click of the same node and second.
 //!
@@ -7,6 +10,8 @@
 //! response would otherwise go unnoticed). The table is created by `migrate` for the server it
 //! finds: TTL only where the server supports it (19.6+), so the same code runs against the local
 //! 18.16 server and a current production one.
+
+use std::collections::HashSet;
 
 use tokio::runtime::Handle;
 
@@ -20,11 +25,45 @@ use crate::recording::ReplayRow;
 /// 192 UNKNOWN_USER, 516 AUTHENTICATION_FAILED.
 const FATAL_CODES: [u32; 13] = [16, 27, 33, 36, 43, 53, 60, 62, 70, 81, 117, 192, 516];
 
+/// Partitions one INSERT may touch. Rows are partitioned by `(retention_days,
+/// toMonday(timestamp))`; half the server's default limit leaves room for a server time zone
+/// that moves week boundaries.
+pub const MAX_PARTITIONS_PER_INSERT: usize = 50;
+
+/// The partition a row lands in: its retention and the Monday of its UTC week (days since the
+/// epoch; 1970-01-01 was a Thursday).
+fn partition_of(row: &ReplayRow) -> (u16, u32) {
+    let days = row.timestamp / 86_400;
+    (row.retention_days, days.saturating_sub((days + 3) % 7))
+}
+
+/// The rows of the INSERT being written: how many, and which partitions they touch.
+#[derive(Default)]
+struct Chunk {
+    rows: usize,
+    partitions: HashSet<(u16, u32)>,
+}
+
+impl Chunk {
+    /// Whether a row in `partition` must start a new INSERT.
+    fn is_full_for(&self, partition: (u16, u32), max_rows: usize) -> bool {
+        self.rows >= max_rows
+            || (self.partitions.len() >= MAX_PARTITIONS_PER_INSERT && !self.partitions.contains(&partition))
+    }
+
+    fn add(&mut self, partition: (u16, u32)) {
+        self.rows += 1;
+        self.partitions.insert(partition);
+    }
+}
+
 /// Retry classification: deterministic data or schema errors are fatal; network trouble,
 /// timeouts, overload and other server errors are retried.
 pub fn classify(error: &clickhouse::error::Error) -> Retry {
     use clickhouse::error::Error;
     match error {
+        // Code 252 is also "too many parts" (merges behind: transient); this one is the data.
+        Error::BadResponse(message) if message.contains("Too many partitions for single INSERT block") => Retry::Fatal,
         Error::BadResponse(message) => match error_code(message) {
             Some(code) if FATAL_CODES.contains(&code) => Retry::Fatal,
             _ => Retry::Retryable,
@@ -144,6 +183,9 @@ pub struct ClickHouseConfig {
     pub password: String,
     /// Rows per INSERT; a batch with more rows is split.
     pub chunk_rows: usize,
+    /// One write attempt (the batch's INSERTs) past this is abandoned and retried: a half-open
+    /// connection must not wedge the flush.
+    pub timeout: std::time::Duration,
 }
 
 pub fn client(config: &ClickHouseConfig) -> clickhouse::Client {
@@ -170,10 +212,40 @@ pub async fn migrate(config: &ClickHouseConfig) -> Result<ServerFeatures, clickh
     Ok(features)
 }
 
+/// The configuration check made at startup, before joining the group: the table exists and has
+/// every column the rows carry, so that a missing table or a schema every row would violate
+/// stops the service with a clear message instead of failing every flush.
+pub async fn check_table(config: &ClickHouseConfig) -> Result<(), String> {
+    let columns: Vec<String> = client(config)
+        .query("SELECT name FROM system.columns WHERE database = ? AND table = ?")
+        .bind(&config.database)
+        .bind(&config.table)
+        .fetch_all()
+        .await
+        .map_err(|e| format!("ClickHouse at {}: {e}", config.url))?;
+    if columns.is_empty() {
+        return Err(format!(
+            "ClickHouse table {}.{} does not exist: create it with `replay-ingest migrate` or --migrate-on-start",
+            config.database, config.table
+        ));
+    }
+    let missing: Vec<&str> = <ReplayRow as clickhouse::Row>::COLUMN_NAMES
+        .iter()
+        .copied()
+        .filter(|name| !columns.iter().any(|c| c == name))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("ClickHouse table {}.{} lacks the columns {}", config.database, config.table, missing.join(", ")))
+    }
+}
+
 pub struct ClickHouseSink {
     client: clickhouse::Client,
     table: String,
     chunk_rows: usize,
+    timeout: std::time::Duration,
     runtime: Handle,
 }
 
@@ -184,6 +256,7 @@ impl ClickHouseSink {
             client: client(config),
             table: config.table.clone(),
             chunk_rows: config.chunk_rows.max(1),
+            timeout: config.timeout,
             runtime: Handle::current(),
         }
     }
@@ -191,23 +264,26 @@ impl ClickHouseSink {
     /// Inserts the batch's rows, `chunk_rows` per INSERT. Rows are built one segment at a time
     /// as they are written, so the batch never holds them all. Returns the number of rows.
     async fn insert(&self, batch: &Batch) -> Result<u64, clickhouse::error::Error> {
-        let (mut written, mut in_chunk) = (0u64, 0usize);
-        let mut insert = None;
+        let mut written = 0u64;
+        let mut insert: Option<clickhouse::insert::Insert<ReplayRow>> = None;
+        let mut chunk = Chunk::default();
         for processed in batch.valid() {
             for row in processed.rows() {
+                let partition = partition_of(&row);
+                if chunk.is_full_for(partition, self.chunk_rows) {
+                    if let Some(full) = insert.take() {
+                        full.end().await?;
+                    }
+                    chunk = Chunk::default();
+                }
                 if insert.is_none() {
                     insert = Some(self.client.insert::<ReplayRow>(&self.table).await?);
                 }
                 if let Some(open) = insert.as_mut() {
                     open.write(&row).await?;
                 }
-                (written, in_chunk) = (written + 1, in_chunk + 1);
-                if in_chunk == self.chunk_rows {
-                    if let Some(full) = insert.take() {
-                        full.end().await?;
-                    }
-                    in_chunk = 0;
-                }
+                chunk.add(partition);
+                written += 1;
             }
         }
         if let Some(last) = insert {
@@ -223,8 +299,14 @@ impl Sink for ClickHouseSink {
     }
 
     fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
-        let rows =
-            self.runtime.block_on(self.insert(batch)).map_err(|e| SinkError::new(self.name(), classify(&e), e))?;
+        let rows = self
+            .runtime
+            // The timer must be made inside the runtime: this thread is not one of its workers.
+            .block_on(async { tokio::time::timeout(self.timeout, self.insert(batch)).await })
+            .map_err(|_| {
+                SinkError::new(self.name(), Retry::Retryable, format_args!("timed out after {:?}", self.timeout))
+            })?
+            .map_err(|e| SinkError::new(self.name(), classify(&e), e))?;
         Ok(Written { items: rows, bytes: 0 })
     }
 }
@@ -243,6 +325,7 @@ mod tests {
             ("Code: 60. DB::Exception: Table default.x doesn't exist", Retry::Fatal),
             ("Code: 241. DB::Exception: Memory limit exceeded", Retry::Retryable),
             ("Code: 252. DB::Exception: Too many parts", Retry::Retryable),
+            ("Code: 252. DB::Exception: Too many partitions for single INSERT block (more than 100)", Retry::Fatal),
             ("503 Service Unavailable", Retry::Retryable),
         ];
         for (message, expected) in cases {
@@ -250,6 +333,47 @@ mod tests {
         }
         assert_eq!(classify(&Error::TimedOut), Retry::Retryable);
         assert_eq!(classify(&Error::SchemaMismatch("x".into())), Retry::Fatal);
+    }
+
+    #[test]
+    fn an_insert_is_cut_before_it_touches_too_many_partitions_or_rows() {
+        let mut chunk = Chunk::default();
+        for week in 0..MAX_PARTITIONS_PER_INSERT as u32 {
+            assert!(!chunk.is_full_for((30, week * 7), 1000));
+            chunk.add((30, week * 7));
+        }
+        assert!(!chunk.is_full_for((30, 0), 1000), "a partition it already touches");
+        assert!(chunk.is_full_for((90, 0), 1000), "a new partition past the limit");
+        assert!(chunk.is_full_for((30, 0), chunk.rows), "the row limit");
+    }
+
+    #[test]
+    fn rows_are_partitioned_by_retention_and_utc_week_starting_monday() {
+        let ids = crate::recording::SegmentIds {
+            replay_id: "6aa0d45db9b94b989501ce3be4daf802".into(),
+            replay_uuid: uuid::Uuid::nil(),
+            org_id: 1,
+            project_id: 2,
+            key_id: None,
+            received: 3,
+            retention_days: 30,
+            segment_id: 0,
+        };
+        let row = |seconds: f64| {
+            let tap = crate::recording::rrweb::Tap {
+                timestamp: seconds,
+                message: String::new(),
+                view_class: String::new(),
+                view_id: String::new(),
+            };
+            crate::recording::rows::tap_row(&ids, &tap)
+        };
+        // 2026-11-30T00:00:00Z is a Monday; the next Monday starts the next partition.
+        let monday = partition_of(&row(1_795_996_800.0));
+        assert_eq!(monday, partition_of(&row(1_795_996_800.0 + 7.0 * 86_400.0 - 1.0)));
+        assert_ne!(monday, partition_of(&row(1_795_996_800.0 - 1.0)));
+        assert_ne!(monday, partition_of(&row(1_795_996_800.0 + 7.0 * 86_400.0)));
+        assert_eq!(monday.1 % 7, 4, "days since the epoch of a Monday are 4 mod 7");
     }
 
     const OLD: ServerFeatures = ServerFeatures { version: ServerVersion(18, 16), hash_uuid: false };

@@ -33,12 +33,16 @@ pub struct GcsConfig {
     pub anonymous: bool,
     /// Uploads in flight per flush.
     pub concurrency: usize,
+    /// One upload past this is abandoned (and the write retried): a hung server must not wedge
+    /// the flush.
+    pub timeout: std::time::Duration,
 }
 
 pub struct GcsSink {
     client: Storage,
     bucket: String,
     concurrency: usize,
+    timeout: std::time::Duration,
     runtime: Handle,
 }
 
@@ -56,18 +60,25 @@ impl GcsSink {
             client: builder.build().await?,
             bucket: format!("projects/_/buckets/{}", config.bucket),
             concurrency: config.concurrency.max(1),
+            timeout: config.timeout,
             runtime: Handle::current(),
         })
     }
 
     async fn upload(&self, key: &str, bytes: bytes::Bytes) -> Result<(), SinkError> {
-        self.client
+        let upload = self
+            .client
             .write_object(&self.bucket, key, bytes)
             .set_content_type("application/octet-stream")
-            .send_buffered()
-            .await
-            .map(|_| ())
-            .map_err(|e| SinkError::new("gcs", classify(&e), format_args!("{key}: {e}")))
+            .send_buffered();
+        match tokio::time::timeout(self.timeout, upload).await {
+            Ok(result) => {
+                result.map(|_| ()).map_err(|e| SinkError::new("gcs", classify(&e), format_args!("{key}: {e}")))
+            }
+            Err(_) => {
+                Err(SinkError::new("gcs", Retry::Retryable, format_args!("{key}: timed out after {:?}", self.timeout)))
+            }
+        }
     }
 }
 

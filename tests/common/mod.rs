@@ -458,6 +458,7 @@ pub async fn clickhouse_rows(table: &str) -> Vec<replay_ingest::recording::Repla
         user: "default".into(),
         password: String::new(),
         chunk_rows: 1000,
+        timeout: std::time::Duration::from_secs(30),
     };
     let client = replay_ingest::sink::clickhouse::client(&config);
     client.query(&format!("OPTIMIZE TABLE {table} FINAL")).execute().await.unwrap();

@@ -1,0 +1,192 @@
+//! Sink outages and hangs against the real broker, with the pipeline in-process and sinks that
+//! fail or hang on command: an outage is ridden out without exiting; a waiting buffer behind a
+//! hung flush costs no CPU; a rebalance while a flush hangs completes within the drain deadline,
+//! the member carries on, the other member gets every message, and the hung flush never commits.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use common::*;
+use replay_ingest::config::ConsumeArgs;
+use replay_ingest::health::Status;
+use replay_ingest::pipeline::{self, flush::Sinks};
+use replay_ingest::sink::{Batch, Retry, Sink, SinkError, Written};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ConsumeArgs,
+}
+
+fn args(topic: &str, group: &str, extra: &[&str]) -> ConsumeArgs {
+    let mut argv = service_args(topic, &unique("dlq"), group, &std::env::temp_dir(), free_port());
+    argv.remove(0); // "consume"
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    let args = Cli::try_parse_from(std::iter::once("test".to_string()).chain(argv)).unwrap().args;
+    args.validate().unwrap();
+    args
+}
+
+/// Fails (retryably) while `down` is set, hangs while `hung` is set; counts what it wrote.
+#[derive(Clone, Default)]
+struct Switchable {
+    down: Arc<AtomicBool>,
+    hung: Arc<AtomicBool>,
+    attempts: Arc<AtomicUsize>,
+    messages: Arc<AtomicUsize>,
+}
+
+impl Sink for Switchable {
+    fn name(&self) -> &'static str {
+        "switchable"
+    }
+    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        while self.hung.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if self.down.load(Ordering::SeqCst) {
+            return Err(SinkError::new("switchable", Retry::Retryable, "connection refused"));
+        }
+        self.messages.fetch_add(batch.entries.len(), Ordering::SeqCst);
+        Ok(Written::default())
+    }
+}
+
+fn small_valid_fixtures() -> Vec<Vec<u8>> {
+    all_fixtures()
+        .into_iter()
+        .filter(|f| f.len() < 100_000 && replay_ingest::recording::process(f, &Default::default()).is_ok())
+        .collect()
+}
+
+/// Runs the pipeline in this process until `stop` is sent; the task's result is the pipeline's.
+fn spawn(
+    args: ConsumeArgs,
+    sink: Switchable,
+    status: Arc<Status>,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), pipeline::PipelineError>>) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        pipeline::consume(&args, Sinks { stages: vec![vec![Box::new(sink)]] }, status, shutdown).await
+    });
+    (stop, task)
+}
+
+/// CPU time (user + system) this process has used, in clock ticks (1/100 s).
+fn cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_service_never_exits() {
+    let (topic, group) = (unique("rec"), unique("group"));
+    create_topic(&topic, 1).await;
+    let sink = Switchable::default();
+    sink.down.store(true, Ordering::SeqCst);
+    let status = Arc::new(Status::default());
+    let args = args(&topic, &group, &["--flush-max-backoff-ms", "50"]);
+    let (stop, task) = spawn(args, sink.clone(), status.clone());
+    let (report, _) = produce_fixtures(&topic, &small_valid_fixtures(), 20).await;
+
+    // Far more attempts than the old limit of 10, and the service is still running.
+    wait_for("40 failed attempts", Duration::from_secs(60), || sink.attempts.load(Ordering::SeqCst) >= 40).await;
+    assert!(!task.is_finished(), "an outage never stops the service");
+    assert!(committed(&group, &topic, 1).is_empty(), "nothing committed during the outage");
+    assert!(status.live(), "retrying is not wedged");
+    let outage = &status.report()["outages"]["switchable"];
+    assert_eq!(outage["last_error"], "connection refused", "{outage}");
+    assert!(outage["failed_attempts"].as_u64().unwrap() >= 40 && outage["since_ms"].as_u64().unwrap() > 0);
+
+    sink.down.store(false, Ordering::SeqCst);
+    let target = expected_commits(&report);
+    wait_for("everything committed after the outage", Duration::from_secs(60), || {
+        committed(&group, &topic, 1) == target
+    })
+    .await;
+    assert_eq!(sink.messages.load(Ordering::SeqCst), 20);
+    assert!(status.report()["outages"].as_object().unwrap().is_empty(), "the outage is over");
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
+    let (topic, group) = (unique("rec"), unique("group"));
+    create_topic(&topic, 1).await;
+    let sink = Switchable::default();
+    sink.hung.store(true, Ordering::SeqCst);
+    let status = Arc::new(Status::default());
+    let args = args(&topic, &group, &["--max-flushes-in-flight", "1"]);
+    let (stop, task) = spawn(args, sink.clone(), status.clone());
+    produce_fixtures(&topic, &small_valid_fixtures(), 10).await;
+    wait_for("a flush hung", Duration::from_secs(60), || sink.attempts.load(Ordering::SeqCst) == 1).await;
+    produce_fixtures(&topic, &small_valid_fixtures(), 10).await;
+    // The next buffer fills and passes its 200 ms age while the flush hangs.
+    wait_for("a waiting buffer", Duration::from_secs(30), || status.buffer_messages.load(Ordering::SeqCst) > 0).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let (start, ticks) = (Instant::now(), cpu_ticks());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let used = (cpu_ticks() - ticks) as f64 / 100.0 / start.elapsed().as_secs_f64();
+    assert!(used < 0.05, "{:.1} % of a core while waiting", used * 100.0);
+
+    sink.hung.store(false, Ordering::SeqCst);
+    wait_for("both batches written", Duration::from_secs(30), || sink.messages.load(Ordering::SeqCst) == 20).await;
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries_on() {
+    let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
+    create_topic(&topic, 2).await;
+    create_topic(&dlq, 1).await;
+    let hung = Switchable::default();
+    hung.hung.store(true, Ordering::SeqCst);
+    let status = Arc::new(Status::default());
+    let (stop, task) = spawn(args(&topic, &group, &[]), hung.clone(), status.clone());
+    let (report, sent) = produce_fixtures(&topic, &small_valid_fixtures(), 30).await;
+    wait_for("the first member's flush hung", Duration::from_secs(60), || hung.attempts.load(Ordering::SeqCst) >= 1)
+        .await;
+
+    // A second member joins: the first must give up its partitions within the drain deadline
+    // (1.5 s), without exiting, though its flush never returns.
+    let dir = tempfile::tempdir().unwrap();
+    let other = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
+    wait_for("the first member revoked", Duration::from_secs(60), || status.rebalances.load(Ordering::SeqCst) >= 1)
+        .await;
+    assert!(!task.is_finished(), "a revoke that misses its drain deadline does not stop the member");
+    wait_for("the second member wrote blobs", Duration::from_secs(60), || !files_under(dir.path()).is_empty()).await;
+    assert_eq!(hung.messages.load(Ordering::SeqCst), 0, "the first member's flush is still hung");
+
+    // The sink comes back: the stale flush finishes without committing (its partitions were
+    // revoked), and the group commits every message exactly to the end.
+    hung.hung.store(false, Ordering::SeqCst);
+    let target = expected_commits(&report);
+    wait_for("everything committed by the group", Duration::from_secs(120), || committed(&group, &topic, 2) == target)
+        .await;
+    wait_for("the stale flush finished", Duration::from_secs(30), || hung.messages.load(Ordering::SeqCst) > 0).await;
+    let (blobs, _) = outcomes(&sent);
+    let written: std::collections::BTreeSet<String> = files_under(dir.path()).into_iter().collect();
+    assert!(written.is_subset(&blobs));
+    let counted = status.flushed.load(Ordering::SeqCst) as usize;
+    assert!(
+        counted < hung.messages.load(Ordering::SeqCst),
+        "the revoked flush's messages ({} written) are not counted as flushed ({counted})",
+        hung.messages.load(Ordering::SeqCst)
+    );
+    assert!(!task.is_finished(), "the first member carried on");
+    assert_eq!(other.terminate(), Some(0));
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
