@@ -16,13 +16,15 @@ use replay_ingest::config::{
 };
 use replay_ingest::health::{self, Status};
 use replay_ingest::inspect;
+use replay_ingest::kafka::refetch::Refetcher;
 use replay_ingest::kafka::{client_config, load};
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::recording::Limits;
 use replay_ingest::sink::clickhouse::{self, ClickHouseSink};
+use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
 use replay_ingest::sink::events::{EventTopics, EventsSink};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
-use replay_ingest::sink::{Sink, dlq::DlqSink, filesystem::FilesystemBlobSink, null::NullSink};
+use replay_ingest::sink::{Sink, filesystem::FilesystemBlobSink, null::NullSink};
 
 #[derive(Parser)]
 #[command(version, about = "Ingests session-replay recording segments.")]
@@ -165,7 +167,19 @@ async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
         }
         EventsSinkKind::Null => Box::new(NullSink),
     };
-    Ok(Sinks { stages: vec![vec![blobs, Box::new(dlq)], vec![rows, events]] })
+    // Messages a sink rejects are read again from the consumed topic and dead-lettered.
+    let rejections = RejectedToDlq {
+        dlq: dlq.clone(),
+        source: Refetcher::new(
+            client_config(&args.kafka.brokers, &[], &args.kafka.properties),
+            &args.topic,
+            &format!("{}-refetch", args.group_id),
+        )
+        .context("creating the Kafka consumer that re-reads rejected messages")?,
+        source_topic: args.topic.clone(),
+        timeout: args.sink_timeout(),
+    };
+    Ok(Sinks { stages: vec![vec![blobs, Box::new(dlq)], vec![rows, events]], rejections: Some(Box::new(rejections)) })
 }
 
 async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {

@@ -5,7 +5,11 @@ mod common;
 
 use replay_ingest::recording::{self, Limits, ReplayRow, RowKind};
 use replay_ingest::sink::clickhouse::{ClickHouseConfig, ClickHouseSink, check_table, migrate};
-use replay_ingest::sink::{Batch, Entry, Outcome, Retry, Sink};
+use std::time::Duration;
+
+use replay_ingest::health::Status;
+use replay_ingest::pipeline::flush::{RetryPolicy, Sinks, flush};
+use replay_ingest::sink::{Batch, Entries, Entry, Outcome, Retry, Sink, SinkError};
 
 fn config(table: &str) -> ClickHouseConfig {
     ClickHouseConfig {
@@ -96,8 +100,17 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
     assert_eq!(count as usize, expected.len(), "collapsed on disk after OPTIMIZE … FINAL");
 }
 
+/// Dead-letters nothing: the test only needs the flush to have somewhere to send rejections.
+struct Nowhere;
+
+impl replay_ingest::sink::DeadLetters for Nowhere {
+    fn dead_letter(&self, _: &[replay_ingest::sink::Rejected]) -> Result<replay_ingest::sink::Written, SinkError> {
+        Ok(Default::default())
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_table_with_a_wrong_column_type_is_a_fatal_error() {
+async fn a_wrong_column_type_rejects_every_row_which_the_flush_calls_misconfiguration() {
     let config = config(&common::unique("wrong").replace('-', "_"));
     migrate(&config).await.unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
@@ -105,7 +118,17 @@ async fn a_table_with_a_wrong_column_type_is_a_fatal_error() {
     client.query(&format!("ALTER TABLE {} MODIFY COLUMN replay_type UInt64", config.table)).execute().await.unwrap();
     let sink = ClickHouseSink::new(&config);
     let error = tokio::task::spawn_blocking(move || sink.write(&fixture_batch())).await.unwrap().unwrap_err();
+    assert_eq!(error.retry, Retry::Rejected, "the sink refuses the data: {error}");
+
+    let sinks =
+        Sinks { stages: vec![vec![Box::new(ClickHouseSink::new(&config))]], rejections: Some(Box::new(Nowhere)) };
+    let policy = RetryPolicy { max_attempts: 1, initial_backoff: Duration::ZERO, max_backoff: Duration::ZERO };
+    let error = tokio::task::spawn_blocking(move || flush(&fixture_batch(), &sinks, &policy, &Status::default()))
+        .await
+        .unwrap()
+        .unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
+    assert!(error.message.contains("every message of the batch rejected"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

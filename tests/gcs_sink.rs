@@ -7,7 +7,7 @@ use common::{create_bucket, gcs_endpoint, read_object};
 
 use replay_ingest::recording::{self, Limits};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
-use replay_ingest::sink::{Batch, Entry, Outcome, Retry, Sink};
+use replay_ingest::sink::{Batch, Entries, Entry, Outcome, Retry, Sink};
 
 /// Every valid fixture, each with its own replay id (several synthetic ones share a real
 /// segment's id, hence its key).

@@ -13,7 +13,7 @@ use common::*;
 use replay_ingest::config::ConsumeArgs;
 use replay_ingest::health::Status;
 use replay_ingest::pipeline::{self, PipelineError, flush::Sinks};
-use replay_ingest::sink::{Batch, Retry, Sink, SinkError, Written};
+use replay_ingest::sink::{Entry, Retry, Sink, SinkError, Written};
 
 #[derive(Parser)]
 struct Cli {
@@ -42,10 +42,10 @@ impl Sink for SlowSink {
     fn name(&self) -> &'static str {
         "slow"
     }
-    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
+    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
         std::thread::sleep(self.delay);
         self.writes.fetch_add(1, Ordering::SeqCst);
-        self.messages.fetch_add(batch.entries.len(), Ordering::SeqCst);
+        self.messages.fetch_add(batch.len(), Ordering::SeqCst);
         Ok(Written::default())
     }
 }
@@ -60,7 +60,7 @@ impl Sink for FailingSink {
     fn name(&self) -> &'static str {
         "failing"
     }
-    fn write(&self, _: &Batch) -> Result<Written, SinkError> {
+    fn write(&self, _: &[Entry]) -> Result<Written, SinkError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         Err(SinkError::new("failing", self.retry, "the sink is down"))
     }
@@ -90,7 +90,7 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
             let shutdown = async {
                 let _ = stopped.await;
             };
-            pipeline::consume(&args, Sinks { stages: vec![vec![Box::new(sink)]] }, status, shutdown).await
+            pipeline::consume(&args, Sinks::new(vec![vec![Box::new(sink)]]), status, shutdown).await
         }
     });
 
@@ -131,8 +131,7 @@ async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
     let args = args(&topic, &group, &["--flush-max-attempts", "3", "--flush-max-backoff-ms", "50"]);
     let never = std::future::pending::<()>();
     let result =
-        pipeline::consume(&args, Sinks { stages: vec![vec![Box::new(sink)]] }, Arc::new(Status::default()), never)
-            .await;
+        pipeline::consume(&args, Sinks::new(vec![vec![Box::new(sink)]]), Arc::new(Status::default()), never).await;
 
     assert!(matches!(result, Err(PipelineError::Flush(ref e)) if e.sink == "failing"), "{result:?}");
     assert_eq!(attempts.load(Ordering::SeqCst), 3, "retried up to the configured attempts");
@@ -150,7 +149,7 @@ async fn a_fatal_sink_error_is_not_retried() {
     let args = args(&topic, &group, &[]);
     let result = pipeline::consume(
         &args,
-        Sinks { stages: vec![vec![Box::new(sink)]] },
+        Sinks::new(vec![vec![Box::new(sink)]]),
         Arc::new(Status::default()),
         std::future::pending(),
     )

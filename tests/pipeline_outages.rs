@@ -1,7 +1,9 @@
 //! Sink outages and hangs against the real broker, with the pipeline in-process and sinks that
-//! fail or hang on command: an outage is ridden out without exiting; a waiting buffer behind a
-//! hung flush costs no CPU; a rebalance while a flush hangs completes within the drain deadline,
-//! the member carries on, the other member gets every message, and the hung flush never commits.
+//! fail, hang or reject on command: an outage is ridden out without exiting; a waiting buffer
+//! behind a hung flush costs no CPU; a rebalance while a flush hangs completes within the drain
+//! deadline, the member carries on, the other member gets every message, and the hung flush never
+//! commits; messages a sink rejects go to the real dead-letter topic with their original bytes,
+//! and the rest of the batch commits.
 
 mod common;
 
@@ -13,8 +15,10 @@ use clap::Parser;
 use common::*;
 use replay_ingest::config::ConsumeArgs;
 use replay_ingest::health::Status;
+use replay_ingest::kafka::refetch::Refetcher;
 use replay_ingest::pipeline::{self, flush::Sinks};
-use replay_ingest::sink::{Batch, Retry, Sink, SinkError, Written};
+use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
+use replay_ingest::sink::{Entry, Outcome, Retry, Sink, SinkError, Written};
 
 #[derive(Parser)]
 struct Cli {
@@ -44,7 +48,7 @@ impl Sink for Switchable {
     fn name(&self) -> &'static str {
         "switchable"
     }
-    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
+    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         while self.hung.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(10));
@@ -52,7 +56,7 @@ impl Sink for Switchable {
         if self.down.load(Ordering::SeqCst) {
             return Err(SinkError::new("switchable", Retry::Retryable, "connection refused"));
         }
-        self.messages.fetch_add(batch.entries.len(), Ordering::SeqCst);
+        self.messages.fetch_add(batch.len(), Ordering::SeqCst);
         Ok(Written::default())
     }
 }
@@ -75,7 +79,7 @@ fn spawn(
         let shutdown = async {
             let _ = stopped.await;
         };
-        pipeline::consume(&args, Sinks { stages: vec![vec![Box::new(sink)]] }, status, shutdown).await
+        pipeline::consume(&args, Sinks::new(vec![vec![Box::new(sink)]]), status, shutdown).await
     });
     (stop, task)
 }
@@ -187,6 +191,76 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     );
     assert!(!task.is_finished(), "the first member carried on");
     assert_eq!(other.terminate(), Some(0));
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+/// Rejects any write holding one of `bad` (partition, offset); counts the messages it accepted.
+struct Picky {
+    bad: Vec<(i32, i64)>,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl Sink for Picky {
+    fn name(&self) -> &'static str {
+        "picky"
+    }
+    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+        if batch.iter().any(|e| self.bad.contains(&(e.partition, e.offset))) {
+            return Err(SinkError::new("picky", Retry::Rejected, "Code: 27. Cannot parse input: row 3"));
+        }
+        self.accepted
+            .fetch_add(batch.iter().filter(|e| matches!(e.outcome, Outcome::Valid(_))).count(), Ordering::SeqCst);
+        Ok(Written::default())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() {
+    let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
+    create_topic(&topic, 2).await;
+    create_topic(&dlq, 1).await;
+    let (report, sent) = produce_fixtures(&topic, &small_valid_fixtures(), 30).await;
+    let bad: Vec<(i32, i64)> = [&sent[4], &sent[17]].iter().map(|s| (s.partition, s.offset)).collect();
+
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let args = args(&topic, &group, &[]);
+    let dlq_sink = DlqSink::new(producer(), &dlq);
+    let config = rdkafka::ClientConfig::new().set("bootstrap.servers", brokers()).clone();
+    let source = Refetcher::new(config, &topic, &format!("{group}-refetch")).unwrap();
+    let rejections =
+        RejectedToDlq { dlq: dlq_sink.clone(), source, source_topic: topic.clone(), timeout: Duration::from_secs(10) };
+    let sinks = Sinks {
+        stages: vec![vec![Box::new(Picky { bad: bad.clone(), accepted: accepted.clone() }), Box::new(dlq_sink)]],
+        rejections: Some(Box::new(rejections)),
+    };
+    let status = Arc::new(Status::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn({
+        let status = status.clone();
+        async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            pipeline::consume(&args, sinks, status, shutdown).await
+        }
+    });
+
+    let target = expected_commits(&report);
+    wait_for("everything committed", Duration::from_secs(60), || committed(&group, &topic, 2) == target).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 28, "every other message written");
+    assert_eq!(status.report()["invalid_by_reason"]["rejected_by_sink"], 2);
+
+    let dead = read_messages(&dlq, 2, Duration::from_secs(30));
+    assert_eq!(dead.len(), 2, "each rejected message dead-lettered once");
+    for (value, headers) in &dead {
+        let at = (headers["original_partition"].parse().unwrap(), headers["original_offset"].parse().unwrap());
+        assert!(bad.contains(&at), "{at:?}");
+        let original = sent.iter().find(|s| (s.partition, s.offset) == at).unwrap();
+        assert_eq!(value, &original.value, "the original bytes");
+        assert_eq!((headers["reason"].as_str(), headers["sink"].as_str()), ("rejected_by_sink", "picky"));
+        assert!(headers["detail"].starts_with("picky: Code: 27"), "{}", headers["detail"]);
+    }
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 }

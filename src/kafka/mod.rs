@@ -3,6 +3,7 @@
 
 pub mod consumer;
 pub mod load;
+pub mod refetch;
 
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -23,8 +24,8 @@ pub fn client_config(brokers: &str, defaults: &[(&str, String)], overrides: &[(S
     config
 }
 
-/// Retry classification for producer errors: the message itself is unacceptable → fatal;
-/// anything about the broker, network or queues → retryable.
+/// Retry classification for producer errors: the message itself is unacceptable → rejected;
+/// not allowed to write → fatal; anything about the broker, network or queues → retryable.
 pub fn classify_producer_error(error: &KafkaError) -> Retry {
     match error.rdkafka_error_code() {
         Some(
@@ -32,10 +33,9 @@ pub fn classify_producer_error(error: &KafkaError) -> Retry {
             | RDKafkaErrorCode::MessageBatchTooLarge
             | RDKafkaErrorCode::InvalidMessage
             | RDKafkaErrorCode::InvalidMessageSize
-            | RDKafkaErrorCode::InvalidRecord
-            | RDKafkaErrorCode::TopicAuthorizationFailed
-            | RDKafkaErrorCode::ClusterAuthorizationFailed,
-        ) => Retry::Fatal,
+            | RDKafkaErrorCode::InvalidRecord,
+        ) => Retry::Rejected,
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed) => Retry::Fatal,
         _ => Retry::Retryable,
     }
 }
@@ -45,9 +45,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn oversized_or_unauthorised_messages_are_not_retried_and_broker_trouble_is() {
-        let fatal = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
-        assert_eq!(classify_producer_error(&fatal), Retry::Fatal);
+    fn oversized_messages_are_rejected_unauthorised_ones_fatal_and_broker_trouble_retried() {
+        let oversized = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        assert_eq!(classify_producer_error(&oversized), Retry::Rejected);
         let auth = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
         assert_eq!(classify_producer_error(&auth), Retry::Fatal);
         for code in

@@ -121,6 +121,7 @@ mod tests {
                 key: None,
                 topic: "t".into(),
                 timestamp: None,
+                rejected_by: None,
             })),
         }
     }

@@ -7,6 +7,11 @@
 //! service rides out an outage with intake paused instead of exiting into a restart loop. Every
 //! attempt that ends is progress for the liveness watchdog; failures are reported as an outage
 //! of that sink (`/status`, `sink.outage_ms`) until it succeeds again.
+//!
+//! When a sink rejects data, the flush halves the batch (and halves again) until each rejected
+//! message stands alone; those are dead-lettered with reason `rejected_by_sink`, the rest is
+//! written, and the batch commits. A sink that rejects every message it is given (two or more)
+//! is not refusing data but misconfigured: that stops the flush like any fatal error.
 
 use std::time::{Duration, Instant};
 
@@ -14,11 +19,19 @@ use rand::RngExt;
 use tracing::warn;
 
 use crate::health::Status;
-use crate::sink::{Batch, Retry, Sink, SinkError, Written};
+use crate::sink::{DeadLetters, Entry, Rejected, Retry, Sink, SinkError, Written};
 
-/// Sinks grouped into ordered stages.
+/// Sinks grouped into ordered stages, and where messages a sink rejects are dead-lettered.
 pub struct Sinks {
     pub stages: Vec<Vec<Box<dyn Sink>>>,
+    /// `None`: a rejection is fatal (nowhere to put the message).
+    pub rejections: Option<Box<dyn DeadLetters>>,
+}
+
+impl Sinks {
+    pub fn new(stages: Vec<Vec<Box<dyn Sink>>>) -> Self {
+        Sinks { stages, rejections: None }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,21 +61,23 @@ pub struct SinkReport {
     pub written: Written,
 }
 
-/// Per-sink reports of a successful flush, in stage order.
+/// Per-sink reports of a successful flush, in stage order, and the messages dead-lettered
+/// because a sink rejected them.
 #[derive(Debug, Default)]
 pub struct FlushReport {
     pub sinks: Vec<SinkReport>,
+    pub rejected: Vec<Rejected>,
 }
 
 /// Writes `batch` through every stage. `Err` means a sink failed fatally or ran out of attempts:
 /// nothing of this batch may be committed.
-pub fn flush(batch: &Batch, sinks: &Sinks, policy: &RetryPolicy, status: &Status) -> Result<FlushReport, SinkError> {
+pub fn flush(batch: &[Entry], sinks: &Sinks, policy: &RetryPolicy, status: &Status) -> Result<FlushReport, SinkError> {
     let mut report = FlushReport::default();
     for stage in &sinks.stages {
         let results: Vec<_> = std::thread::scope(|scope| {
             let handles: Vec<_> = stage
                 .iter()
-                .map(|sink| scope.spawn(move || write_with_retries(sink.as_ref(), batch, policy, status)))
+                .map(|sink| scope.spawn(move || write_isolating(sink.as_ref(), batch, policy, status)))
                 .collect();
             handles
                 .into_iter()
@@ -70,15 +85,95 @@ pub fn flush(batch: &Batch, sinks: &Sinks, policy: &RetryPolicy, status: &Status
                 .collect()
         });
         for result in results {
-            report.sinks.push(result?);
+            let (sink, rejected) = result?;
+            report.sinks.push(sink);
+            report.rejected.extend(rejected);
         }
+    }
+    if !report.rejected.is_empty() {
+        let Some(dead_letters) = &sinks.rejections else {
+            let first = &report.rejected[0].error;
+            return Err(SinkError::new(
+                first.sink,
+                Retry::Fatal,
+                format_args!("rejected, and no dead-letter path: {}", first.message),
+            ));
+        };
+        // The same message may be rejected by two sinks: dead-lettered once.
+        report.rejected.sort_by_key(|r| (r.partition, r.offset));
+        report.rejected.dedup_by_key(|r| (r.partition, r.offset));
+        let sink = RejectionSink { dead_letters: dead_letters.as_ref(), rejected: &report.rejected };
+        report.sinks.push(write_with_retries(&sink, &[], policy, status)?);
     }
     Ok(report)
 }
 
+/// The dead-letter path for rejected messages, as a sink the retry loop can drive.
+struct RejectionSink<'a> {
+    dead_letters: &'a dyn DeadLetters,
+    rejected: &'a [Rejected],
+}
+
+impl Sink for RejectionSink<'_> {
+    fn name(&self) -> &'static str {
+        "rejected"
+    }
+    fn write(&self, _: &[Entry]) -> Result<Written, SinkError> {
+        self.dead_letters.dead_letter(self.rejected)
+    }
+}
+
+/// Writes `batch` through `sink`; when the sink rejects data, halves the batch until each
+/// rejected message stands alone. Returns the report and the rejected messages.
+fn write_isolating(
+    sink: &dyn Sink,
+    batch: &[Entry],
+    policy: &RetryPolicy,
+    status: &Status,
+) -> Result<(SinkReport, Vec<Rejected>), SinkError> {
+    let start = Instant::now();
+    let (mut retries, mut written, mut rejected) = (0, Written::default(), Vec::new());
+    let mut parts = vec![batch];
+    while let Some(part) = parts.pop() {
+        match write_with_retries(sink, part, policy, status) {
+            Ok(report) => {
+                retries += report.retries;
+                written.items += report.written.items;
+                written.bytes += report.written.bytes;
+            }
+            Err(error) if error.retry == Retry::Rejected => {
+                let mut concerned = part.iter().filter(|e| sink.writes_for(e));
+                match (concerned.next(), concerned.next()) {
+                    (Some(entry), None) => {
+                        warn!(sink = sink.name(), partition = entry.partition, offset = entry.offset, %error, "message rejected: to the dead-letter topic");
+                        rejected.push(Rejected { partition: entry.partition, offset: entry.offset, error });
+                    }
+                    _ => {
+                        let (first, second) = part.split_at(part.len() / 2);
+                        parts.push(second);
+                        parts.push(first);
+                    }
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    // One message refused alone proves nothing about the sink: it is dead-lettered. Two or more,
+    // and nothing accepted, is the sink's configuration.
+    if rejected.len() >= 2 && rejected.len() == batch.iter().filter(|e| sink.writes_for(e)).count() {
+        let first = &rejected[0].error;
+        return Err(SinkError::new(
+            sink.name(),
+            Retry::Fatal,
+            format_args!("every message of the batch rejected, so the sink is misconfigured: {}", first.message),
+        ));
+    }
+    Ok((SinkReport { sink: sink.name(), took: start.elapsed(), retries, written }, rejected))
+}
+
 fn write_with_retries(
     sink: &dyn Sink,
-    batch: &Batch,
+    batch: &[Entry],
     policy: &RetryPolicy,
     status: &Status,
 ) -> Result<SinkReport, SinkError> {
@@ -105,6 +200,7 @@ fn write_with_retries(
                 std::thread::sleep(pause);
                 attempt = attempt.saturating_add(1);
             }
+            Err(error) if error.retry == Retry::Rejected => return Err(error),
             Err(error) => {
                 status.sink_failed(sink.name(), &error.message);
                 crate::metrics::flush_failed(sink.name());
@@ -139,7 +235,7 @@ mod tests {
         fn name(&self) -> &'static str {
             self.name
         }
-        fn write(&self, _: &Batch) -> Result<Written, SinkError> {
+        fn write(&self, _: &[Entry]) -> Result<Written, SinkError> {
             self.log.lock().unwrap().push(self.name);
             if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
                 Err(SinkError::new(self.name, self.retry, "boom"))
@@ -170,13 +266,11 @@ mod tests {
     #[test]
     fn only_the_failing_sink_is_retried_and_later_stages_wait_for_earlier_ones() {
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
-        let sinks = Sinks {
-            stages: vec![
-                vec![flaky("blobs", 2, Retry::Retryable, &LOG), flaky("dlq", 0, Retry::Retryable, &LOG)],
-                vec![flaky("rows", 0, Retry::Retryable, &LOG)],
-            ],
-        };
-        let report = flush(&Batch::default(), &sinks, &FAST, &Status::default()).unwrap();
+        let sinks = Sinks::new(vec![
+            vec![flaky("blobs", 2, Retry::Retryable, &LOG), flaky("dlq", 0, Retry::Retryable, &LOG)],
+            vec![flaky("rows", 0, Retry::Retryable, &LOG)],
+        ]);
+        let report = flush(&[], &sinks, &FAST, &Status::default()).unwrap();
         let log = LOG.lock().unwrap().clone();
         assert_eq!(log.iter().filter(|s| **s == "blobs").count(), 3);
         assert_eq!(log.iter().filter(|s| **s == "dlq").count(), 1);
@@ -191,10 +285,11 @@ mod tests {
     #[test]
     fn a_fatal_error_is_not_retried_and_stops_the_flush() {
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
-        let sinks = Sinks {
-            stages: vec![vec![flaky("blobs", 1, Retry::Fatal, &LOG)], vec![flaky("rows", 0, Retry::Retryable, &LOG)]],
-        };
-        let error = flush(&Batch::default(), &sinks, &FAST, &Status::default()).unwrap_err();
+        let sinks = Sinks::new(vec![
+            vec![flaky("blobs", 1, Retry::Fatal, &LOG)],
+            vec![flaky("rows", 0, Retry::Retryable, &LOG)],
+        ]);
+        let error = flush(&[], &sinks, &FAST, &Status::default()).unwrap_err();
         assert_eq!((error.sink, error.retry), ("blobs", Retry::Fatal));
         assert_eq!(*LOG.lock().unwrap(), ["blobs"]);
     }
@@ -202,19 +297,112 @@ mod tests {
     #[test]
     fn retryable_failures_are_retried_without_limit_by_default_and_reported_as_an_outage() {
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
-        let sinks = Sinks { stages: vec![vec![flaky("blobs", 50, Retry::Retryable, &LOG)]] };
+        let sinks = Sinks::new(vec![vec![flaky("blobs", 50, Retry::Retryable, &LOG)]]);
         let unlimited = RetryPolicy { max_attempts: 0, ..FAST };
         let status = Status::default();
-        let report = flush(&Batch::default(), &sinks, &unlimited, &status).unwrap();
+        let report = flush(&[], &sinks, &unlimited, &status).unwrap();
         assert_eq!(report.sinks[0].retries, 50);
         assert!(status.sink_recovered("blobs").is_none(), "the outage ended with the success");
+    }
+
+    /// Rejects any write that holds one of `bad` (by offset); counts what it accepted.
+    struct Picky {
+        bad: Vec<i64>,
+        accepted: Mutex<Vec<i64>>,
+    }
+
+    impl Sink for Picky {
+        fn name(&self) -> &'static str {
+            "picky"
+        }
+        fn writes_for(&self, _: &Entry) -> bool {
+            true
+        }
+        fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+            if batch.iter().any(|e| self.bad.contains(&e.offset)) {
+                return Err(SinkError::new("picky", Retry::Rejected, "Code: 27. Cannot parse input"));
+            }
+            self.accepted.lock().unwrap().extend(batch.iter().map(|e| e.offset));
+            Ok(Written { items: batch.len() as u64, bytes: 0 })
+        }
+    }
+
+    /// Records what it is asked to dead-letter.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<i64>>);
+
+    impl DeadLetters for std::sync::Arc<Recorder> {
+        fn dead_letter(&self, rejected: &[Rejected]) -> Result<Written, SinkError> {
+            self.0.lock().unwrap().extend(rejected.iter().map(|r| r.offset));
+            Ok(Written { items: rejected.len() as u64, bytes: 0 })
+        }
+    }
+
+    fn entries(count: i64) -> Vec<Entry> {
+        (0..count)
+            .map(|offset| Entry {
+                partition: 0,
+                offset,
+                outcome: crate::sink::Outcome::Invalid(Box::new(crate::sink::InvalidMessage {
+                    error: crate::recording::InvalidRecording::new(crate::recording::Reason::WrongType, "x"),
+                    value: vec![],
+                    key: None,
+                    topic: "t".into(),
+                    timestamp: None,
+                    rejected_by: None,
+                })),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn messages_a_sink_rejects_are_found_alone_dead_lettered_and_the_rest_written() {
+        let batch = entries(10);
+        let recorder = std::sync::Arc::new(Recorder::default());
+        let picky = Picky { bad: vec![3, 7], accepted: Mutex::new(Vec::new()) };
+        let sinks = Sinks { stages: vec![vec![Box::new(picky)]], rejections: Some(Box::new(recorder.clone())) };
+        let report = flush(&batch, &sinks, &FAST, &Status::default()).unwrap();
+        assert_eq!(report.rejected.iter().map(|r| r.offset).collect::<Vec<_>>(), [3, 7]);
+        assert_eq!(report.rejected[0].error.sink, "picky");
+        assert_eq!(*recorder.0.lock().unwrap(), [3, 7], "dead-lettered once each");
+        assert_eq!(report.sinks[0].written.items, 8, "every other message written");
+    }
+
+    #[test]
+    fn a_sink_that_rejects_every_message_is_misconfigured_and_stops_the_flush() {
+        let batch = entries(4);
+        let recorder = std::sync::Arc::new(Recorder::default());
+        let picky = Picky { bad: vec![0, 1, 2, 3], accepted: Mutex::new(Vec::new()) };
+        let sinks = Sinks { stages: vec![vec![Box::new(picky)]], rejections: Some(Box::new(recorder.clone())) };
+        let error = flush(&batch, &sinks, &FAST, &Status::default()).unwrap_err();
+        assert_eq!(error.retry, Retry::Fatal);
+        assert!(error.message.contains("misconfigured"), "{}", error.message);
+        assert!(recorder.0.lock().unwrap().is_empty(), "nothing dead-lettered");
+    }
+
+    #[test]
+    fn a_lone_message_refused_is_dead_lettered_not_taken_for_misconfiguration() {
+        let recorder = std::sync::Arc::new(Recorder::default());
+        let picky = Picky { bad: vec![0], accepted: Mutex::new(Vec::new()) };
+        let sinks = Sinks { stages: vec![vec![Box::new(picky)]], rejections: Some(Box::new(recorder.clone())) };
+        let report = flush(&entries(1), &sinks, &FAST, &Status::default()).unwrap();
+        assert_eq!(report.rejected.len(), 1);
+        assert_eq!(*recorder.0.lock().unwrap(), [0]);
+    }
+
+    #[test]
+    fn a_rejection_with_nowhere_to_dead_letter_it_stops_the_flush() {
+        let picky = Picky { bad: vec![1], accepted: Mutex::new(Vec::new()) };
+        let error =
+            flush(&entries(3), &Sinks::new(vec![vec![Box::new(picky)]]), &FAST, &Status::default()).unwrap_err();
+        assert_eq!(error.retry, Retry::Fatal);
     }
 
     #[test]
     fn retries_stop_after_the_configured_attempts() {
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
-        let sinks = Sinks { stages: vec![vec![flaky("blobs", 100, Retry::Retryable, &LOG)]] };
-        assert!(flush(&Batch::default(), &sinks, &FAST, &Status::default()).is_err());
+        let sinks = Sinks::new(vec![vec![flaky("blobs", 100, Retry::Retryable, &LOG)]]);
+        assert!(flush(&[], &sinks, &FAST, &Status::default()).is_err());
         assert_eq!(LOG.lock().unwrap().len(), 4);
     }
 }

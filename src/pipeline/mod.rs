@@ -47,7 +47,7 @@ use crate::kafka::consumer::{
 };
 use crate::metrics;
 use crate::recording::{self, Limits, Reason};
-use crate::sink::{Entry, InvalidMessage, Outcome, SinkError};
+use crate::sink::{Entries, Entry, InvalidMessage, Outcome, SinkError};
 use buffer::{Buffer, CloseReason, should_pause};
 use flush::{FlushReport, RetryPolicy, Sinks};
 use frontier::Frontier;
@@ -296,10 +296,17 @@ impl Pipeline {
         self.status.flush_progress();
         self.flushes.spawn_blocking(move || {
             let result = flush::flush(&batch, &sinks, &retry, &status);
-            let valid = batch.valid().count() as u64;
+            let mut valid = batch.valid().count() as u64;
             let mut invalid_by_reason = BTreeMap::new();
             for (_, invalid) in batch.invalid() {
                 *invalid_by_reason.entry(invalid.error.reason.as_str()).or_default() += 1;
+            }
+            if let Ok(report) = &result
+                && !report.rejected.is_empty()
+            {
+                let rejected = report.rejected.len() as u64;
+                valid = valid.saturating_sub(rejected);
+                *invalid_by_reason.entry(Reason::RejectedBySink.as_str()).or_default() += rejected;
             }
             Flushed { generation, offsets, reason, valid, invalid_by_reason, result }
         });
@@ -328,6 +335,9 @@ impl Pipeline {
             report.sinks.iter().map(|s| (s.sink, s.took, s.retries, s.written)),
         );
         self.status.flushed.fetch_add(flushed.offsets.len() as u64, Ordering::Relaxed);
+        for _ in &report.rejected {
+            self.status.record_invalid(Reason::RejectedBySink.as_str());
+        }
         for sink in &report.sinks {
             self.status.record_sink(sink.sink, sink.took, sink.written);
         }
@@ -498,7 +508,7 @@ fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, us
             let (key, timestamp) = key_and_timestamp(&message);
             let value = value.to_vec();
             let bytes = value.len();
-            let invalid = InvalidMessage { error, value, key, topic, timestamp };
+            let invalid = InvalidMessage { error, value, key, topic, timestamp, rejected_by: None };
             (Entry { partition, offset, outcome: Outcome::Invalid(Box::new(invalid)) }, bytes)
         }
     }

@@ -33,11 +33,14 @@ pub enum Reason {
     /// Processing failed in a way only a bug can explain (it panicked): the message is
     /// dead-lettered so that ingestion goes on, and an error is logged.
     InternalError,
+    /// Valid, but a sink refused its data (a row ClickHouse cannot parse, an event over the
+    /// topic's size limit): dead-lettered at flush time so the rest of the batch is written.
+    RejectedBySink,
 }
 
 impl Reason {
     /// Every reason, for metric pre-registration and documentation.
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::InvalidMsgpack,
         Reason::MissingField,
         Reason::WrongType,
@@ -49,6 +52,7 @@ impl Reason {
         Reason::TooLarge,
         Reason::InvalidReplayEvent,
         Reason::InternalError,
+        Reason::RejectedBySink,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +68,7 @@ impl Reason {
             Reason::TooLarge => "too_large",
             Reason::InvalidReplayEvent => "invalid_replay_event",
             Reason::InternalError => "internal_error",
+            Reason::RejectedBySink => "rejected_by_sink",
         }
     }
 }

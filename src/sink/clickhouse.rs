@@ -15,15 +15,21 @@ use std::collections::HashSet;
 
 use tokio::runtime::Handle;
 
-use super::{Batch, Retry, Sink, SinkError, Written};
+use super::{Entries, Entry, Outcome, Retry, Sink, SinkError, Written};
 use crate::recording::ReplayRow;
 
-/// ClickHouse error codes that no retry can fix: the data or the schema is wrong.
-/// 16 NO_SUCH_COLUMN_IN_TABLE, 27 CANNOT_PARSE_INPUT_ASSERTION_FAILED, 33 CANNOT_READ_ALL_DATA,
-/// 36 BAD_ARGUMENTS, 43 ILLEGAL_TYPE_OF_ARGUMENT, 53 TYPE_MISMATCH, 60 UNKNOWN_TABLE,
-/// 62 SYNTAX_ERROR, 70 CANNOT_CONVERT_TYPE, 81 UNKNOWN_DATABASE, 117 INCORRECT_DATA,
-/// 192 UNKNOWN_USER, 516 AUTHENTICATION_FAILED.
-const FATAL_CODES: [u32; 13] = [16, 27, 33, 36, 43, 53, 60, 62, 70, 81, 117, 192, 516];
+/// ClickHouse error codes about the data sent: the rows are refused (a wrong schema makes every
+/// row refused, which the flush treats as configuration). 6 CANNOT_PARSE_TEXT, 26
+/// CANNOT_PARSE_QUOTED_STRING, 27 CANNOT_PARSE_INPUT_ASSERTION_FAILED, 32
+/// ATTEMPT_TO_READ_AFTER_EOF, 33 CANNOT_READ_ALL_DATA, 38 CANNOT_PARSE_DATE, 41
+/// CANNOT_PARSE_DATETIME, 53 TYPE_MISMATCH, 69 ARGUMENT_OUT_OF_BOUND, 70 CANNOT_CONVERT_TYPE, 72
+/// CANNOT_PARSE_NUMBER, 117 INCORRECT_DATA, 131 TOO_LARGE_STRING_SIZE, 246 CORRUPTED_DATA.
+const REJECTED_CODES: [u32; 14] = [6, 26, 27, 32, 33, 38, 41, 53, 69, 70, 72, 117, 131, 246];
+
+/// ClickHouse error codes no data can fix: the configuration is wrong. 16
+/// NO_SUCH_COLUMN_IN_TABLE, 36 BAD_ARGUMENTS, 43 ILLEGAL_TYPE_OF_ARGUMENT, 60 UNKNOWN_TABLE,
+/// 62 SYNTAX_ERROR, 81 UNKNOWN_DATABASE, 192 UNKNOWN_USER, 516 AUTHENTICATION_FAILED.
+const FATAL_CODES: [u32; 8] = [16, 36, 43, 60, 62, 81, 192, 516];
 
 /// Partitions one INSERT may touch. Rows are partitioned by `(retention_days,
 /// toMonday(timestamp))`; half the server's default limit leaves room for a server time zone
@@ -63,8 +69,11 @@ pub fn classify(error: &clickhouse::error::Error) -> Retry {
     use clickhouse::error::Error;
     match error {
         // Code 252 is also "too many parts" (merges behind: transient); this one is the data.
-        Error::BadResponse(message) if message.contains("Too many partitions for single INSERT block") => Retry::Fatal,
+        Error::BadResponse(message) if message.contains("Too many partitions for single INSERT block") => {
+            Retry::Rejected
+        }
         Error::BadResponse(message) => match error_code(message) {
+            Some(code) if REJECTED_CODES.contains(&code) => Retry::Rejected,
             Some(code) if FATAL_CODES.contains(&code) => Retry::Fatal,
             _ => Retry::Retryable,
         },
@@ -263,7 +272,7 @@ impl ClickHouseSink {
 
     /// Inserts the batch's rows, `chunk_rows` per INSERT. Rows are built one segment at a time
     /// as they are written, so the batch never holds them all. Returns the number of rows.
-    async fn insert(&self, batch: &Batch) -> Result<u64, clickhouse::error::Error> {
+    async fn insert(&self, batch: &[Entry]) -> Result<u64, clickhouse::error::Error> {
         let mut written = 0u64;
         let mut insert: Option<clickhouse::insert::Insert<ReplayRow>> = None;
         let mut chunk = Chunk::default();
@@ -298,7 +307,12 @@ impl Sink for ClickHouseSink {
         "clickhouse"
     }
 
-    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
+    /// Only segments with rows: a rejection is pinned on the one whose rows were refused.
+    fn writes_for(&self, entry: &Entry) -> bool {
+        matches!(&entry.outcome, Outcome::Valid(p) if !p.rows().is_empty())
+    }
+
+    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
         let rows = self
             .runtime
             // The timer must be made inside the runtime: this thread is not one of its workers.
@@ -317,15 +331,16 @@ mod tests {
     use clickhouse::error::Error;
 
     #[test]
-    fn data_and_schema_errors_are_fatal_and_the_rest_retried() {
+    fn data_errors_are_rejections_schema_errors_fatal_and_the_rest_retried() {
         let cases = [
-            ("Code: 53, e.displayText() = DB::Exception: Type mismatch", Retry::Fatal),
-            ("Code: 27. DB::Exception: Cannot parse input", Retry::Fatal),
-            ("Code: 117, e.displayText() = DB::Exception: Incorrect data", Retry::Fatal),
+            ("Code: 53, e.displayText() = DB::Exception: Type mismatch", Retry::Rejected),
+            ("Code: 27. DB::Exception: Cannot parse input", Retry::Rejected),
+            ("Code: 32, e.displayText() = DB::Exception: Attempt to read after eof", Retry::Rejected),
+            ("Code: 117, e.displayText() = DB::Exception: Incorrect data", Retry::Rejected),
             ("Code: 60. DB::Exception: Table default.x doesn't exist", Retry::Fatal),
             ("Code: 241. DB::Exception: Memory limit exceeded", Retry::Retryable),
             ("Code: 252. DB::Exception: Too many parts", Retry::Retryable),
-            ("Code: 252. DB::Exception: Too many partitions for single INSERT block (more than 100)", Retry::Fatal),
+            ("Code: 252. DB::Exception: Too many partitions for single INSERT block (more than 100)", Retry::Rejected),
             ("503 Service Unavailable", Retry::Retryable),
         ];
         for (message, expected) in cases {

@@ -13,7 +13,7 @@ use futures::future::join_all;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::runtime::Handle;
 
-use super::{Batch, Retry, Sink, SinkError, Written};
+use super::{Entries, Entry, Retry, Sink, SinkError, Written};
 use crate::kafka::classify_producer_error;
 use crate::recording::{AnalyticsEvent, EventTopic};
 
@@ -85,7 +85,7 @@ impl Sink for EventsSink {
         "events"
     }
 
-    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
+    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
         let mut announced = Vec::new();
         let mut written = Written::default();
         let mut window = Vec::new();

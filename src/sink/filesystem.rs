@@ -5,7 +5,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use super::{Batch, Retry, Sink, SinkError, Written};
+use super::{Entries, Entry, Retry, Sink, SinkError, Written};
 
 pub struct FilesystemBlobSink {
     root: PathBuf,
@@ -42,7 +42,7 @@ impl Sink for FilesystemBlobSink {
         "blobs"
     }
 
-    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
+    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
         let mut written = Written::default();
         for processed in batch.valid() {
             self.write_one(&processed.blob.key, &processed.blob.bytes).map_err(|e| {

@@ -11,13 +11,14 @@ use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_storage::client::Storage;
 use tokio::runtime::Handle;
 
-use super::{Batch, Retry, Sink, SinkError, Written};
+use super::{Entries, Entry, Retry, Sink, SinkError, Written};
 
-/// Retry classification: 408, 429 and 5xx, timeouts and transport trouble are retried; other 4xx
-/// (permissions, bad requests, missing bucket) are fatal.
+/// Retry classification: 408, 429 and 5xx, timeouts and transport trouble are retried; 400 and
+/// 413 (this object refused) are rejections; other 4xx (permissions, missing bucket) are fatal.
 pub fn classify(error: &google_cloud_storage::Error) -> Retry {
     match error.http_status_code() {
         Some(408 | 429) | Some(500..=599) => Retry::Retryable,
+        Some(400 | 413) => Retry::Rejected,
         Some(400..=499) => Retry::Fatal,
         _ if error.is_serialization() => Retry::Fatal,
         _ => Retry::Retryable,
@@ -87,7 +88,7 @@ impl Sink for GcsSink {
         "gcs"
     }
 
-    fn write(&self, batch: &Batch) -> Result<Written, SinkError> {
+    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
         let uploads = batch.valid().map(|p| self.upload(&p.blob.key, p.blob.bytes.clone()));
         let results: Vec<Result<(), SinkError>> =
             self.runtime.block_on(futures::stream::iter(uploads).buffer_unordered(self.concurrency).collect());

@@ -42,24 +42,41 @@ pub struct InvalidMessage {
     pub topic: String,
     /// Kafka message timestamp, ms.
     pub timestamp: Option<i64>,
+    /// The sink that rejected a valid message (`rejected_by_sink`), for the dead-letter headers.
+    pub rejected_by: Option<&'static str>,
 }
 
-/// What one flush writes.
+/// What one flush writes. Sinks write slices of it (`&[Entry]`): the flush hands a sink part of
+/// a batch when it looks for the messages that sink rejects.
 #[derive(Debug, Default)]
 pub struct Batch {
     pub entries: Vec<Entry>,
 }
 
-impl Batch {
-    pub fn valid(&self) -> impl Iterator<Item = &Processed> {
-        self.entries.iter().filter_map(|e| match &e.outcome {
+impl std::ops::Deref for Batch {
+    type Target = [Entry];
+
+    fn deref(&self) -> &[Entry] {
+        &self.entries
+    }
+}
+
+/// The valid and invalid messages among entries.
+pub trait Entries {
+    fn valid(&self) -> impl Iterator<Item = &Processed>;
+    fn invalid(&self) -> impl Iterator<Item = (&Entry, &InvalidMessage)>;
+}
+
+impl Entries for [Entry] {
+    fn valid(&self) -> impl Iterator<Item = &Processed> {
+        self.iter().filter_map(|e| match &e.outcome {
             Outcome::Valid(p) => Some(p.as_ref()),
             Outcome::Invalid(_) => None,
         })
     }
 
-    pub fn invalid(&self) -> impl Iterator<Item = (&Entry, &InvalidMessage)> {
-        self.entries.iter().filter_map(|e| match &e.outcome {
+    fn invalid(&self) -> impl Iterator<Item = (&Entry, &InvalidMessage)> {
+        self.iter().filter_map(|e| match &e.outcome {
             Outcome::Invalid(m) => Some((e, m.as_ref())),
             Outcome::Valid(_) => None,
         })
@@ -71,7 +88,10 @@ impl Batch {
 pub enum Retry {
     /// Transient: network, timeouts, overload, 5xx.
     Retryable,
-    /// Deterministic: retrying the same data fails the same way.
+    /// The sink refuses these bytes (a parse error for one row, a message over the topic's size
+    /// limit): the flush finds the messages it refuses, dead-letters them and writes the rest.
+    Rejected,
+    /// Configuration: retrying the same write fails the same way, for any data.
     Fatal,
 }
 
@@ -90,6 +110,19 @@ impl SinkError {
     }
 }
 
+/// A message a sink refused on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    pub partition: i32,
+    pub offset: i64,
+    pub error: SinkError,
+}
+
+/// Dead-letters messages a sink rejected, with their original bytes.
+pub trait DeadLetters: Send + Sync {
+    fn dead_letter(&self, rejected: &[Rejected]) -> Result<Written, SinkError>;
+}
+
 /// A flush destination.
 pub trait Sink: Send + Sync {
     /// Short fixed name, used as a metric tag and in logs.
@@ -97,5 +130,11 @@ pub trait Sink: Send + Sync {
 
     /// Writes what this sink stores from `batch`, durably, before returning, and says how much.
     /// Idempotent: a retry or a redelivered batch writes the same keys.
-    fn write(&self, batch: &Batch) -> Result<Written, SinkError>;
+    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError>;
+
+    /// Whether this sink writes anything for `entry` (valid messages by default): a rejection
+    /// is pinned on a part of the batch holding one such entry.
+    fn writes_for(&self, entry: &Entry) -> bool {
+        matches!(entry.outcome, Outcome::Valid(_))
+    }
 }

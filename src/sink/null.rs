@@ -1,6 +1,6 @@
 //! A sink that accepts every batch and stores nothing: measures the pipeline without I/O.
 
-use super::{Batch, Sink, SinkError, Written};
+use super::{Entry, Sink, SinkError, Written};
 
 pub struct NullSink;
 
@@ -9,7 +9,7 @@ impl Sink for NullSink {
         "null"
     }
 
-    fn write(&self, _batch: &Batch) -> Result<Written, SinkError> {
+    fn write(&self, _batch: &[Entry]) -> Result<Written, SinkError> {
         Ok(Written::default())
     }
 }
