@@ -8,28 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use clap::Parser;
 use common::*;
-use replay_ingest::config::ConsumeArgs;
 use replay_ingest::health::Status;
 use replay_ingest::pipeline::{self, PipelineError, flush::Sinks};
 use replay_ingest::sink::{Entry, Retry, Sink, SinkError, Written};
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: ConsumeArgs,
-}
-
-fn args(topic: &str, group: &str, extra: &[&str]) -> ConsumeArgs {
-    let dir = std::env::temp_dir();
-    let mut argv = service_args(topic, &unique("dlq"), group, &dir, free_port());
-    argv.remove(0); // "consume"
-    argv.extend(extra.iter().map(|s| s.to_string()));
-    let args = Cli::try_parse_from(std::iter::once("test".to_string()).chain(argv)).unwrap().args;
-    args.validate().unwrap();
-    args
-}
 
 /// Takes `delay` per write, and counts writes and the messages they carried.
 struct SlowSink {
@@ -81,7 +63,7 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
 
     let (writes, messages) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let sink = SlowSink { delay: Duration::from_secs(2), writes: writes.clone(), messages: messages.clone() };
-    let args = args(&topic, &group, &["--buffer-max-messages", "8", "--max-flushes-in-flight", "1"]);
+    let args = consume_args(&topic, &group, &["--buffer-max-messages", "8", "--max-flushes-in-flight", "1"]);
     let status = Arc::new(Status::default());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let service = tokio::spawn({
@@ -128,7 +110,7 @@ async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
 
     let attempts = Arc::new(AtomicUsize::new(0));
     let sink = FailingSink { retry: Retry::Retryable, attempts: attempts.clone() };
-    let args = args(&topic, &group, &["--flush-max-attempts", "3", "--flush-max-backoff-ms", "50"]);
+    let args = consume_args(&topic, &group, &["--flush-max-attempts", "3", "--flush-max-backoff-ms", "50"]);
     let never = std::future::pending::<()>();
     let result =
         pipeline::consume(&args, Sinks::new(vec![vec![Box::new(sink)]]), Arc::new(Status::default()), never).await;
@@ -146,7 +128,7 @@ async fn a_fatal_sink_error_is_not_retried() {
 
     let attempts = Arc::new(AtomicUsize::new(0));
     let sink = FailingSink { retry: Retry::Fatal, attempts: attempts.clone() };
-    let args = args(&topic, &group, &[]);
+    let args = consume_args(&topic, &group, &[]);
     let result = pipeline::consume(
         &args,
         Sinks::new(vec![vec![Box::new(sink)]]),

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use common::*;
 use replay_ingest::config::ConsumeArgs;
 use replay_ingest::health::Status;
@@ -19,21 +18,6 @@ use replay_ingest::kafka::refetch::Refetcher;
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
 use replay_ingest::sink::{Entry, Outcome, Retry, Sink, SinkError, Written};
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: ConsumeArgs,
-}
-
-fn args(topic: &str, group: &str, extra: &[&str]) -> ConsumeArgs {
-    let mut argv = service_args(topic, &unique("dlq"), group, &std::env::temp_dir(), free_port());
-    argv.remove(0); // "consume"
-    argv.extend(extra.iter().map(|s| s.to_string()));
-    let args = Cli::try_parse_from(std::iter::once("test".to_string()).chain(argv)).unwrap().args;
-    args.validate().unwrap();
-    args
-}
 
 /// Fails (retryably) while `down` is set, hangs while `hung` is set; counts what it wrote.
 #[derive(Clone, Default)]
@@ -98,7 +82,7 @@ async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_serv
     let sink = Switchable::default();
     sink.down.store(true, Ordering::SeqCst);
     let status = Arc::new(Status::default());
-    let args = args(&topic, &group, &["--flush-max-backoff-ms", "50"]);
+    let args = consume_args(&topic, &group, &["--flush-max-backoff-ms", "50"]);
     let (stop, task) = spawn(args, sink.clone(), status.clone());
     let (report, _) = produce_fixtures(&topic, &small_valid_fixtures(), 20).await;
 
@@ -130,7 +114,7 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
     let sink = Switchable::default();
     sink.hung.store(true, Ordering::SeqCst);
     let status = Arc::new(Status::default());
-    let args = args(&topic, &group, &["--max-flushes-in-flight", "1"]);
+    let args = consume_args(&topic, &group, &["--max-flushes-in-flight", "1"]);
     let (stop, task) = spawn(args, sink.clone(), status.clone());
     produce_fixtures(&topic, &small_valid_fixtures(), 10).await;
     wait_for("a flush hung", Duration::from_secs(60), || sink.attempts.load(Ordering::SeqCst) == 1).await;
@@ -158,7 +142,7 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     let hung = Switchable::default();
     hung.hung.store(true, Ordering::SeqCst);
     let status = Arc::new(Status::default());
-    let (stop, task) = spawn(args(&topic, &group, &[]), hung.clone(), status.clone());
+    let (stop, task) = spawn(consume_args(&topic, &group, &[]), hung.clone(), status.clone());
     let (report, sent) = produce_fixtures(&topic, &small_valid_fixtures(), 30).await;
     wait_for("the first member's flush hung", Duration::from_secs(60), || hung.attempts.load(Ordering::SeqCst) >= 1)
         .await;
@@ -224,7 +208,7 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
     let bad: Vec<(i32, i64)> = [&sent[4], &sent[17]].iter().map(|s| (s.partition, s.offset)).collect();
 
     let accepted = Arc::new(AtomicUsize::new(0));
-    let args = args(&topic, &group, &[]);
+    let args = consume_args(&topic, &group, &[]);
     let dlq_sink = DlqSink::new(producer(), &dlq);
     let config = rdkafka::ClientConfig::new().set("bootstrap.servers", brokers()).clone();
     let source = Refetcher::new(config, &topic, &format!("{group}-refetch")).unwrap();

@@ -208,16 +208,7 @@ mod tests {
 
     #[test]
     fn hydration_error_events_stop_at_their_per_segment_cap() {
-        let ids = SegmentIds {
-            replay_id: "6aa0d45db9b94b989501ce3be4daf802".into(),
-            replay_uuid: uuid::Uuid::nil(),
-            org_id: 1,
-            project_id: 2,
-            key_id: None,
-            received: 3,
-            retention_days: 30,
-            segment_id: 1,
-        };
+        let ids = SegmentIds::for_tests(1);
         let extracted = Extracted {
             hydration_errors: (0..100).map(|i| HydrationError { timestamp_ms: i, url: None }).collect(),
             ..Extracted::default()

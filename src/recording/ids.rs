@@ -24,3 +24,20 @@ pub struct SegmentIds {
 }
 
 heap_size!(SegmentIds { replay_id });
+
+#[cfg(test)]
+impl SegmentIds {
+    /// Identifiers for unit tests: replay `6aa0d45d…`, org 1, project 2, 30 days.
+    pub(crate) fn for_tests(segment_id: u32) -> Self {
+        SegmentIds {
+            replay_id: "6aa0d45db9b94b989501ce3be4daf802".into(),
+            replay_uuid: Uuid::nil(),
+            org_id: 1,
+            project_id: 2,
+            key_id: None,
+            received: 3,
+            retention_days: 30,
+            segment_id,
+        }
+    }
+}

@@ -364,16 +364,7 @@ mod tests {
 
     #[test]
     fn rows_are_partitioned_by_retention_and_utc_week_starting_monday() {
-        let ids = crate::recording::SegmentIds {
-            replay_id: "6aa0d45db9b94b989501ce3be4daf802".into(),
-            replay_uuid: uuid::Uuid::nil(),
-            org_id: 1,
-            project_id: 2,
-            key_id: None,
-            received: 3,
-            retention_days: 30,
-            segment_id: 0,
-        };
+        let ids = crate::recording::SegmentIds::for_tests(0);
         let row = |seconds: f64| {
             let tap = crate::recording::rrweb::Tap {
                 timestamp: seconds,

@@ -230,6 +230,22 @@ pub struct Service {
     pub port: u16,
 }
 
+/// Parsed `consume` flags for running the pipeline in-process (local sinks, fast joins), plus
+/// `extra` flags; validated like the binary validates them.
+pub fn consume_args(topic: &str, group: &str, extra: &[&str]) -> replay_ingest::config::ConsumeArgs {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: replay_ingest::config::ConsumeArgs,
+    }
+    let mut argv = service_args(topic, &unique("dlq"), group, &std::env::temp_dir(), free_port());
+    argv.remove(0); // "consume"
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    let args = <Cli as clap::Parser>::try_parse_from(std::iter::once("test".to_string()).chain(argv)).unwrap().args;
+    args.validate().unwrap();
+    args
+}
+
 /// Flags for a test run with local sinks (filesystem blobs, no rows, events or metrics).
 pub fn service_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: u16) -> Vec<String> {
     let mut args = base_args(topic, dlq, group, blob_dir, port);
