@@ -453,8 +453,7 @@ impl Names {
             &format!("127.0.0.1:{statsd_port}"),
             "--statsd-flush-interval-ms",
             "100",
-            "--flush-max-attempts",
-            "40",
+            // Retries are unlimited (the default): an outage is ridden out, however long.
             "--flush-max-backoff-ms",
             "1000",
         ]
