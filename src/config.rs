@@ -187,6 +187,11 @@ pub struct ConsumeArgs {
     /// Dead-letter topic for invalid messages (original bytes plus `reason`/`detail` headers).
     #[arg(long, env = "REPLAY_INGEST_DLQ_TOPIC", default_value = "ingest-replay-recordings-dlq")]
     pub dlq_topic: String,
+    /// Largest record the dead-letter topic accepts, bytes (its `max.message.bytes`; Kafka's
+    /// default is 1 MiB). A larger dead letter keeps its value in the blob store under `dlq/` and
+    /// leaves a pointer record on the topic; so does one the broker refuses as too large.
+    #[arg(long, env = "REPLAY_INGEST_DLQ_MAX_MESSAGE_BYTES", default_value_t = 1_000_000)]
+    pub dlq_max_message_bytes: usize,
     /// Group session timeout. Lower detects dead members sooner; too low causes spurious
     /// rebalances under load. Must exceed `--drain-deadline-ms`.
     #[arg(long, env = "REPLAY_INGEST_SESSION_TIMEOUT_MS", default_value_t = 30_000)]

@@ -24,7 +24,7 @@ use replay_ingest::sink::clickhouse::{self, ClickHouseSink};
 use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
 use replay_ingest::sink::events::{EventTopics, EventsSink};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
-use replay_ingest::sink::{Sink, filesystem::FilesystemBlobSink, null::NullSink};
+use replay_ingest::sink::{ObjectStore, Sink, filesystem::FilesystemBlobSink, null::NullSink};
 
 #[derive(Parser)]
 #[command(version, about = "Ingests session-replay recording segments.")]
@@ -121,7 +121,8 @@ fn producer(
 /// The flush stages: blobs (and dead letters) first, so no row or event ever points at a missing
 /// blob; then rows and events in parallel. Metrics follow the flush.
 async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
-    let blobs: Box<dyn Sink> = match args.blob_sink {
+    // The blob store also keeps dead letters too large for their topic.
+    let (blobs, overflow): (Box<dyn Sink>, Option<Arc<dyn ObjectStore>>) = match args.blob_sink {
         BlobSinkKind::Gcs => {
             let bucket = args.gcs.gcs_bucket.clone().context("--gcs-bucket is required with --blob-sink gcs")?;
             let config = GcsConfig {
@@ -131,15 +132,24 @@ async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
                 concurrency: args.gcs.gcs_upload_concurrency,
                 timeout: args.sink_timeout(),
             };
-            Box::new(GcsSink::new(&config).await.context("creating the GCS client")?)
+            let gcs = Arc::new(GcsSink::new(&config).await.context("creating the GCS client")?);
+            (Box::new(gcs.clone()), Some(gcs))
         }
-        BlobSinkKind::Filesystem => Box::new(
-            FilesystemBlobSink::new(&args.blob_dir)
-                .with_context(|| format!("blob directory {}", args.blob_dir.display()))?,
-        ),
-        BlobSinkKind::Null => Box::new(NullSink),
+        BlobSinkKind::Filesystem => {
+            let files = Arc::new(
+                FilesystemBlobSink::new(&args.blob_dir)
+                    .with_context(|| format!("blob directory {}", args.blob_dir.display()))?,
+            );
+            (Box::new(files.clone()), Some(files))
+        }
+        BlobSinkKind::Null => (Box::new(NullSink), None),
     };
-    let dlq = DlqSink::new(producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?, &args.dlq_topic);
+    let dlq = DlqSink::new(
+        producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
+        &args.dlq_topic,
+        args.dlq_max_message_bytes,
+        overflow,
+    );
     let rows: Box<dyn Sink> = match args.rows_sink {
         RowsSinkKind::Clickhouse => {
             let config = args.clickhouse.config(args.sink_timeout()).context("reading --clickhouse-password-file")?;

@@ -1,6 +1,7 @@
 //! ClickHouse faults with the real service: the server stops mid-run and comes back 15 s later
-//! (retried, nothing committed in between, every segment stored); and a table whose column type
-//! is wrong (a fatal error: the service stops, non-zero, nothing committed). Its own test binary:
+//! (retried, nothing committed in between, every segment stored); and a column altered to another
+//! type while the service runs (a configuration error: the service stops, non-zero, naming the
+//! column, nothing committed past it). Its own test binary:
 //! stopping a shared server must not disturb other tests.
 
 mod common;
@@ -51,32 +52,22 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_wrong_column_type_stops_the_service_cleanly_without_committing() {
+async fn a_column_altered_while_running_stops_the_service_naming_it_without_committing_past_it() {
     let _serial = SERIAL.lock().await;
     let names = Names::create().await;
-    let config = replay_ingest::sink::clickhouse::ClickHouseConfig {
-        url: clickhouse_url(),
-        database: "replay_ingest_e2e".into(),
-        table: names.table.clone(),
-        user: "default".into(),
-        password: String::new(),
-        chunk_rows: 1000,
-        timeout: std::time::Duration::from_secs(30),
-    };
-    replay_ingest::sink::clickhouse::migrate(&config).await.unwrap();
-    let client = replay_ingest::sink::clickhouse::client(&config);
-    client.query(&format!("ALTER TABLE {} MODIFY COLUMN replay_type UInt64", names.table)).execute().await.unwrap();
-    client.query(&format!("ALTER TABLE {} MODIFY COLUMN click_node_id Date", names.table)).execute().await.unwrap();
-
     let fixtures: Vec<Vec<u8>> = all_fixtures()
         .into_iter()
         .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok())
         .collect();
-    produce_fixtures(&names.topic, &fixtures, 5).await;
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> =
-        names.args(free_port(), dir.path()).into_iter().filter(|a| a != "--migrate-on-start").collect();
-    let mut service = Service::start(&args);
+    let log = dir.path().join("service.log");
+    let mut service = Service::start_logging_to(&names.args(free_port(), dir.path()), &log);
+    let (first, _) = produce_fixtures(&names.topic, &fixtures, 5).await;
+    wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
+
+    let client = replay_ingest::sink::clickhouse::client(&clickhouse_config(&names.table));
+    client.query(&format!("ALTER TABLE {} MODIFY COLUMN click_node_id Date", names.table)).execute().await.unwrap();
+    produce_fixtures(&names.topic, &fixtures, 5).await;
     let exit = tokio::task::spawn_blocking(move || {
         let deadline = std::time::Instant::now() + JOIN_AND_FLUSH;
         while std::time::Instant::now() < deadline {
@@ -89,6 +80,12 @@ async fn a_wrong_column_type_stops_the_service_cleanly_without_committing() {
     })
     .await
     .unwrap();
-    assert_eq!(exit, Some(1), "the service stops with a non-zero exit on a non-retryable error");
-    assert!(committed(&names.group, &names.topic, 2).is_empty(), "nothing committed past the failed flush");
+    assert_eq!(exit, Some(1), "the service stops with a non-zero exit on a configuration error");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("column click_node_id is Date, expected UInt64"), "the cause is logged:\n{log}");
+    assert_eq!(
+        committed(&names.group, &names.topic, 2),
+        expected_commits(&first),
+        "nothing committed past the failed flush"
+    );
 }

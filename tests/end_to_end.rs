@@ -17,7 +17,7 @@ const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 fn read_json(topic: &str, count: usize) -> Vec<serde_json::Value> {
     read_messages(topic, count, Duration::from_secs(30))
         .iter()
-        .map(|(v, _)| serde_json::from_slice(v).unwrap())
+        .map(|m| serde_json::from_slice(&m.value).unwrap())
         .collect()
 }
 

@@ -209,7 +209,7 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
 
     let accepted = Arc::new(AtomicUsize::new(0));
     let args = consume_args(&topic, &group, &[]);
-    let dlq_sink = DlqSink::new(producer(), &dlq);
+    let dlq_sink = DlqSink::new(producer(), &dlq, 1_000_000, None);
     let config = rdkafka::ClientConfig::new().set("bootstrap.servers", brokers()).clone();
     let source = Refetcher::new(config, &topic, &format!("{group}-refetch")).unwrap();
     let rejections =
@@ -237,7 +237,7 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
 
     let dead = read_messages(&dlq, 2, Duration::from_secs(30));
     assert_eq!(dead.len(), 2, "each rejected message dead-lettered once");
-    for (value, headers) in &dead {
+    for Received { value, headers, .. } in &dead {
         let at = (headers["original_partition"].parse().unwrap(), headers["original_offset"].parse().unwrap());
         assert!(bad.contains(&at), "{at:?}");
         let original = sent.iter().find(|s| (s.partition, s.offset) == at).unwrap();

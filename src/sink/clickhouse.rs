@@ -18,8 +18,8 @@ use tokio::runtime::Handle;
 use super::{Entries, Entry, Outcome, Retry, Sink, SinkError, Written};
 use crate::recording::ReplayRow;
 
-/// ClickHouse error codes about the data sent: the rows are refused (a wrong schema makes every
-/// row refused, which the flush treats as configuration). 6 CANNOT_PARSE_TEXT, 26
+/// ClickHouse error codes about the data sent: the rows are refused (unless the table no longer
+/// matches the rows, which `ClickHouseSink::write` checks before trusting these). 6 CANNOT_PARSE_TEXT, 26
 /// CANNOT_PARSE_QUOTED_STRING, 27 CANNOT_PARSE_INPUT_ASSERTION_FAILED, 32
 /// ATTEMPT_TO_READ_AFTER_EOF, 33 CANNOT_READ_ALL_DATA, 38 CANNOT_PARSE_DATE, 41
 /// CANNOT_PARSE_DATETIME, 53 TYPE_MISMATCH, 69 ARGUMENT_OUT_OF_BOUND, 70 CANNOT_CONVERT_TYPE, 72
@@ -115,65 +115,72 @@ impl ServerFeatures {
     }
 }
 
+/// The replays table's columns, in `ReplayRow` order: name and type as `system.columns` shows
+/// them. The DDL and the startup check both read this list.
+pub const COLUMNS: [(&str, &str); 52] = [
+    ("kind", "Enum8('segment' = 0, 'click' = 1, 'tap' = 2)"),
+    ("project_id", "UInt64"),
+    ("replay_id", "UUID"),
+    ("event_hash", "UUID"),
+    ("timestamp", "DateTime"),
+    ("retention_days", "UInt16"),
+    ("segment_id", "UInt32"),
+    ("replay_start_timestamp", "Nullable(DateTime)"),
+    ("replay_type", "String"),
+    ("platform", "String"),
+    ("environment", "String"),
+    ("release", "String"),
+    ("dist", "String"),
+    ("urls", "Array(String)"),
+    ("error_ids", "Array(UUID)"),
+    ("trace_ids", "Array(UUID)"),
+    ("user_id", "String"),
+    ("user_name", "String"),
+    ("user_email", "String"),
+    ("ip_address", "String"),
+    ("os_name", "String"),
+    ("os_version", "String"),
+    ("browser_name", "String"),
+    ("browser_version", "String"),
+    ("device_name", "String"),
+    ("device_brand", "String"),
+    ("device_family", "String"),
+    ("device_model", "String"),
+    ("sdk_name", "String"),
+    ("sdk_version", "String"),
+    ("error_sample_rate", "Nullable(Float64)"),
+    ("session_sample_rate", "Nullable(Float64)"),
+    ("tags_key", "Array(String)"),
+    ("tags_value", "Array(String)"),
+    ("click_node_id", "UInt64"),
+    ("click_tag", "String"),
+    ("click_id", "String"),
+    ("click_class", "Array(String)"),
+    ("click_text", "String"),
+    ("click_role", "String"),
+    ("click_alt", "String"),
+    ("click_testid", "String"),
+    ("click_aria_label", "String"),
+    ("click_title", "String"),
+    ("click_component_name", "String"),
+    ("click_selector", "String"),
+    ("click_url", "String"),
+    ("click_is_dead", "UInt8"),
+    ("click_is_rage", "UInt8"),
+    ("tap_message", "String"),
+    ("tap_view_class", "String"),
+    ("tap_view_id", "String"),
+];
+
 /// `CREATE TABLE` for the replays table on a server with `features`. Columns are in `ReplayRow`
 /// order.
 pub fn create_table_sql(database: &str, table: &str, features: ServerFeatures) -> String {
     let ttl = if features.supports_ttl() { "\nTTL timestamp + toIntervalDay(retention_days)" } else { "" };
     let replay_hash = if features.hash_uuid { "cityHash64(replay_id)" } else { "cityHash64(toString(replay_id))" };
+    let columns = COLUMNS.map(|(name, kind)| format!("    {name} {kind}")).join(",\n");
     format!(
         "CREATE TABLE IF NOT EXISTS {database}.{table} (
-    kind Enum8('segment' = 0, 'click' = 1, 'tap' = 2),
-    project_id UInt64,
-    replay_id UUID,
-    event_hash UUID,
-    timestamp DateTime,
-    retention_days UInt16,
-    segment_id UInt32,
-    replay_start_timestamp Nullable(DateTime),
-    replay_type String,
-    platform String,
-    environment String,
-    release String,
-    dist String,
-    urls Array(String),
-    error_ids Array(UUID),
-    trace_ids Array(UUID),
-    user_id String,
-    user_name String,
-    user_email String,
-    ip_address String,
-    os_name String,
-    os_version String,
-    browser_name String,
-    browser_version String,
-    device_name String,
-    device_brand String,
-    device_family String,
-    device_model String,
-    sdk_name String,
-    sdk_version String,
-    error_sample_rate Nullable(Float64),
-    session_sample_rate Nullable(Float64),
-    tags_key Array(String),
-    tags_value Array(String),
-    click_node_id UInt64,
-    click_tag String,
-    click_id String,
-    click_class Array(String),
-    click_text String,
-    click_role String,
-    click_alt String,
-    click_testid String,
-    click_aria_label String,
-    click_title String,
-    click_component_name String,
-    click_selector String,
-    click_url String,
-    click_is_dead UInt8,
-    click_is_rage UInt8,
-    tap_message String,
-    tap_view_class String,
-    tap_view_id String
+{columns}
 )
 ENGINE = ReplacingMergeTree(segment_id)
 PARTITION BY (retention_days, toMonday(timestamp))
@@ -221,38 +228,46 @@ pub async fn migrate(config: &ClickHouseConfig) -> Result<ServerFeatures, clickh
     Ok(features)
 }
 
-/// The configuration check made at startup, before joining the group: the table exists and has
-/// every column the rows carry, so that a missing table or a schema every row would violate
-/// stops the service with a clear message instead of failing every flush.
+/// The configuration check made at startup, before joining the group, and again whenever the
+/// server answers a write with an error: the table exists and every column the rows carry has
+/// the type the rows are encoded for. RowBinary carries no types, so a column of another type
+/// misreads the stream: the server then answers with errors that look like bad data or like
+/// overload (a misread length asks for terabytes) and would be dead-lettered or retried forever.
 pub async fn check_table(config: &ClickHouseConfig) -> Result<(), String> {
-    let columns: Vec<String> = client(config)
-        .query("SELECT name FROM system.columns WHERE database = ? AND table = ?")
+    let found: Vec<(String, String)> = client(config)
+        .query("SELECT name, type FROM system.columns WHERE database = ? AND table = ?")
         .bind(&config.database)
         .bind(&config.table)
         .fetch_all()
         .await
         .map_err(|e| format!("ClickHouse at {}: {e}", config.url))?;
-    if columns.is_empty() {
+    if found.is_empty() {
         return Err(format!(
             "ClickHouse table {}.{} does not exist: create it with `replay-ingest migrate` or --migrate-on-start",
             config.database, config.table
         ));
     }
-    let missing: Vec<&str> = <ReplayRow as clickhouse::Row>::COLUMN_NAMES
+    schema_problems(&found).map_err(|problems| {
+        format!("ClickHouse table {}.{} does not match the rows: {problems}", config.database, config.table)
+    })
+}
+
+/// Each expected column missing from `found` (name, type) or of another type, one phrase each.
+fn schema_problems(found: &[(String, String)]) -> Result<(), String> {
+    let problems: Vec<String> = COLUMNS
         .iter()
-        .copied()
-        .filter(|name| !columns.iter().any(|c| c == name))
+        .filter_map(|&(name, expected)| match found.iter().find(|(n, _)| n == name) {
+            None => Some(format!("column {name} is missing")),
+            Some((_, actual)) if actual != expected => Some(format!("column {name} is {actual}, expected {expected}")),
+            Some(_) => None,
+        })
         .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("ClickHouse table {}.{} lacks the columns {}", config.database, config.table, missing.join(", ")))
-    }
+    if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
 }
 
 pub struct ClickHouseSink {
     client: clickhouse::Client,
-    table: String,
+    config: ClickHouseConfig,
     chunk_rows: usize,
     timeout: std::time::Duration,
     runtime: Handle,
@@ -263,7 +278,7 @@ impl ClickHouseSink {
     pub fn new(config: &ClickHouseConfig) -> Self {
         ClickHouseSink {
             client: client(config),
-            table: config.table.clone(),
+            config: config.clone(),
             chunk_rows: config.chunk_rows.max(1),
             timeout: config.timeout,
             runtime: Handle::current(),
@@ -286,7 +301,7 @@ impl ClickHouseSink {
                     chunk = Chunk::default();
                 }
                 if insert.is_none() {
-                    insert = Some(self.client.insert::<ReplayRow>(&self.table).await?);
+                    insert = Some(self.client.insert::<ReplayRow>(&self.config.table).await?);
                 }
                 if let Some(open) = insert.as_mut() {
                     open.write(&row).await?;
@@ -316,11 +331,25 @@ impl Sink for ClickHouseSink {
         let rows = self
             .runtime
             // The timer must be made inside the runtime: this thread is not one of its workers.
-            .block_on(async { tokio::time::timeout(self.timeout, self.insert(batch)).await })
-            .map_err(|_| {
-                SinkError::new(self.name(), Retry::Retryable, format_args!("timed out after {:?}", self.timeout))
-            })?
-            .map_err(|e| SinkError::new(self.name(), classify(&e), e))?;
+            .block_on(async {
+                let error = match tokio::time::timeout(self.timeout, self.insert(batch)).await {
+                    Err(_) => {
+                        let message = format!("timed out after {:?}", self.timeout);
+                        return Err(SinkError::new(self.name(), Retry::Retryable, message));
+                    }
+                    Ok(Ok(rows)) => return Ok(rows),
+                    Ok(Err(error)) => error,
+                };
+                // The server refused the data: a table altered since startup explains it for
+                // every batch, and no retry or dead letter would help.
+                if let clickhouse::error::Error::BadResponse(_) = error {
+                    let check = tokio::time::timeout(self.timeout, check_table(&self.config)).await;
+                    if let Ok(Err(mismatch)) = check {
+                        return Err(SinkError::new(self.name(), Retry::Fatal, mismatch));
+                    }
+                }
+                Err(SinkError::new(self.name(), classify(&error), error))
+            })?;
         Ok(Written { items: rows, bytes: 0 })
     }
 }
@@ -396,13 +425,9 @@ mod tests {
 
     #[test]
     fn the_table_lists_every_row_field_in_order() {
+        assert_eq!(COLUMNS.map(|(name, _)| name), <ReplayRow as clickhouse::Row>::COLUMN_NAMES);
         let sql = create_table_sql("db", "t", OLD);
-        let columns: Vec<&str> = sql
-            .lines()
-            .skip(1)
-            .take_while(|l| !l.starts_with(')'))
-            .filter_map(|l| l.split_whitespace().next())
-            .collect();
-        assert_eq!(columns, <ReplayRow as clickhouse::Row>::COLUMN_NAMES);
+        assert!(sql.contains("(\n    kind Enum8('segment' = 0, 'click' = 1, 'tap' = 2),\n    project_id UInt64,\n"));
+        assert!(sql.contains("    tap_view_id String\n)\nENGINE"));
     }
 }

@@ -3,14 +3,27 @@
 //! `original_timestamp`, and `sink` for a valid message a sink rejected (`rejected_by_sink`;
 //! `detail` then holds the sink's error). Written as part of the flush, so it is durable before
 //! the offset commits.
+//!
+//! A dead letter larger than the topic accepts is not dropped and does not stop the flush: its
+//! value is written whole to the blob store under `dlq/{topic}/{partition}/{offset}` and the
+//! record on the topic carries no value, only the headers plus `payload_location` (where the
+//! value is, e.g. `gs://bucket/dlq/…`) and `payload_bytes`; a key over 1 KiB goes alongside the
+//! value (`….key`, header `key_location`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::channel::oneshot::Canceled;
 use futures::future::join_all;
-use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use tracing::warn;
 
-use super::{DeadLetters, Entries, Entry, InvalidMessage, Outcome, Rejected, Retry, Sink, SinkError, Written};
+use super::{
+    DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Rejected, Retry, Sink, SinkError, Written,
+};
 use crate::kafka::classify_producer_error;
 use crate::kafka::consumer::key_and_timestamp;
 use crate::kafka::refetch::Refetcher;
@@ -20,12 +33,123 @@ use crate::recording::{InvalidRecording, Reason};
 pub struct DlqSink {
     producer: FutureProducer,
     topic: String,
+    /// The largest record the topic accepts (its `max.message.bytes`): a dead letter that would
+    /// be larger, or that the broker refuses as too large, is kept whole in `overflow`.
+    max_record_bytes: usize,
+    overflow: Option<Arc<dyn ObjectStore>>,
 }
 
+/// Keys longer than this travel with the value to the object store when a dead letter overflows:
+/// the record left on the topic stays small whatever the message.
+const MAX_POINTER_KEY_BYTES: usize = 1024;
+
+/// Bytes a record costs beyond its key, value and headers (record and batch framing), counted
+/// generously when deciding whether a dead letter fits the topic.
+const RECORD_OVERHEAD_BYTES: usize = 512;
+
 impl DlqSink {
-    pub fn new(producer: FutureProducer, topic: impl Into<String>) -> Self {
-        DlqSink { producer, topic: topic.into() }
+    pub fn new(
+        producer: FutureProducer,
+        topic: impl Into<String>,
+        max_record_bytes: usize,
+        overflow: Option<Arc<dyn ObjectStore>>,
+    ) -> Self {
+        DlqSink { producer, topic: topic.into(), max_record_bytes, overflow }
     }
+
+    /// Sends one dead letter: whole when it fits the topic, otherwise its value (and a long key)
+    /// to the object store and a pointer record to the topic. A record librdkafka refuses as too
+    /// large takes the second path too.
+    fn send(&self, entry: &Entry, message: &InvalidMessage) -> Result<DeliveryFuture, SinkError> {
+        let headers = headers(entry, message);
+        let key = message.key.as_deref();
+        let size = message.value.len() + key.map_or(0, <[u8]>::len) + headers_len(&headers) + RECORD_OVERHEAD_BYTES;
+        if size > self.max_record_bytes {
+            return self.send_pointer(entry, message, headers);
+        }
+        let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).payload(&message.value).headers(headers.clone());
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        match self.producer.send_result(record) {
+            Ok(delivery) => Ok(delivery),
+            Err((e, _)) if classify_producer_error(&e) == Retry::Rejected => self.send_pointer(entry, message, headers),
+            Err((e, _)) => Err(SinkError::new(self.name(), classify_producer_error(&e), e)),
+        }
+    }
+
+    /// Keeps the value whole in the object store, at a key derived from where the message was
+    /// consumed (a retry rewrites the same object), and sends a record without it: the same
+    /// headers plus `payload_location`, `payload_bytes` and, for a long key, `key_location`.
+    fn send_pointer(
+        &self,
+        entry: &Entry,
+        message: &InvalidMessage,
+        headers: OwnedHeaders,
+    ) -> Result<DeliveryFuture, SinkError> {
+        let Some(store) = &self.overflow else {
+            return Err(SinkError::new(
+                self.name(),
+                Retry::Fatal,
+                format_args!(
+                    "a dead letter of {} bytes does not fit the dead-letter topic and no blob store is configured to keep it",
+                    message.value.len()
+                ),
+            ));
+        };
+        let object = format!("dlq/{}/{}/{}", message.topic, entry.partition, entry.offset);
+        store.put(&object, &message.value)?;
+        let location = store.location(&object);
+        let bytes = message.value.len().to_string();
+        let mut headers = headers
+            .insert(Header { key: "payload_location", value: Some(location.as_str()) })
+            .insert(Header { key: "payload_bytes", value: Some(bytes.as_str()) });
+        let mut key = message.key.as_deref();
+        let key_location;
+        if let Some(long) = key.filter(|k| k.len() > MAX_POINTER_KEY_BYTES) {
+            let object = format!("{object}.key");
+            store.put(&object, long)?;
+            key_location = store.location(&object);
+            headers = headers.insert(Header { key: "key_location", value: Some(key_location.as_str()) });
+            key = None;
+        }
+        let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).payload(&[]).headers(headers);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        warn!(partition = entry.partition, offset = entry.offset, bytes = message.value.len(), %location, "dead letter too large for its topic: value kept in the blob store");
+        self.producer.send_result(record).map_err(|(e, _)| SinkError::new(self.name(), pointer_retry(&e), e))
+    }
+}
+
+/// A pointer record is small: the topic refusing it is configuration, not data.
+fn pointer_retry(error: &KafkaError) -> Retry {
+    match classify_producer_error(error) {
+        Retry::Rejected => Retry::Fatal,
+        other => other,
+    }
+}
+
+/// The headers every dead letter carries.
+fn headers(entry: &Entry, message: &InvalidMessage) -> OwnedHeaders {
+    let partition = entry.partition.to_string();
+    let offset = entry.offset.to_string();
+    let timestamp = message.timestamp.map(|t| t.to_string()).unwrap_or_default();
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: "reason", value: Some(message.error.reason.as_str()) })
+        .insert(Header { key: "detail", value: Some(message.error.detail.as_str()) })
+        .insert(Header { key: "original_topic", value: Some(message.topic.as_str()) })
+        .insert(Header { key: "original_partition", value: Some(partition.as_str()) })
+        .insert(Header { key: "original_offset", value: Some(offset.as_str()) })
+        .insert(Header { key: "original_timestamp", value: Some(timestamp.as_str()) });
+    match message.rejected_by {
+        Some(sink) => headers.insert(Header { key: "sink", value: Some(sink) }),
+        None => headers,
+    }
+}
+
+fn headers_len(headers: &OwnedHeaders) -> usize {
+    headers.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len)).sum()
 }
 
 /// Dead-letters messages a sink rejected: their original bytes are read again from the consumed
@@ -78,48 +202,44 @@ impl Sink for DlqSink {
     }
 
     fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
-        let mut deliveries = Vec::new();
-        let mut written = Written::default();
-        for (entry, message) in batch.invalid() {
-            let partition = entry.partition.to_string();
-            let offset = entry.offset.to_string();
-            let timestamp = message.timestamp.map(|t| t.to_string()).unwrap_or_default();
-            let headers = OwnedHeaders::new()
-                .insert(Header { key: "reason", value: Some(message.error.reason.as_str()) })
-                .insert(Header { key: "detail", value: Some(message.error.detail.as_str()) })
-                .insert(Header { key: "original_topic", value: Some(message.topic.as_str()) })
-                .insert(Header { key: "original_partition", value: Some(partition.as_str()) })
-                .insert(Header { key: "original_offset", value: Some(offset.as_str()) })
-                .insert(Header { key: "original_timestamp", value: Some(timestamp.as_str()) });
-            let headers = match message.rejected_by {
-                Some(sink) => headers.insert(Header { key: "sink", value: Some(sink) }),
-                None => headers,
-            };
-            let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).payload(&message.value).headers(headers);
-            if let Some(key) = &message.key {
-                record = record.key(key.as_slice());
-            }
-            let delivery = self
-                .producer
-                .send_result(record)
-                .map_err(|(e, _)| SinkError::new(self.name(), classify_producer_error(&e), e))?;
-            deliveries.push(delivery);
-            written.items += 1;
-            written.bytes += message.value.len() as u64;
+        let letters: Vec<(&Entry, &InvalidMessage)> = batch.invalid().collect();
+        let mut deliveries = Vec::with_capacity(letters.len());
+        for &(entry, message) in &letters {
+            deliveries.push(self.send(entry, message)?);
         }
         if deliveries.is_empty() {
-            return Ok(written);
+            return Ok(Written::default());
         }
         self.producer.poll(Duration::ZERO);
-        for delivery in futures::executor::block_on(join_all(deliveries)) {
-            match delivery {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => return Err(SinkError::new(self.name(), classify_producer_error(&e), e)),
-                Err(_cancelled) => {
-                    return Err(SinkError::new(self.name(), Retry::Retryable, "producer dropped the delivery"));
+        // A broker whose topic limit is below `max_record_bytes` refuses the record on delivery:
+        // that dead letter goes the pointer's way.
+        let mut pointers = Vec::new();
+        for (&(entry, message), delivery) in letters.iter().zip(futures::executor::block_on(join_all(deliveries))) {
+            match delivered(delivery, classify_producer_error) {
+                Err(e) if e.retry == Retry::Rejected => {
+                    pointers.push(self.send_pointer(entry, message, headers(entry, message))?);
                 }
+                other => other?,
             }
         }
-        Ok(written)
+        for delivery in futures::executor::block_on(join_all(pointers)) {
+            delivered(delivery, pointer_retry)?;
+        }
+        Ok(Written {
+            items: letters.len() as u64,
+            bytes: letters.iter().map(|(_, message)| message.value.len() as u64).sum(),
+        })
+    }
+}
+
+/// The outcome of one delivery, its error classified by `classify`.
+fn delivered(
+    delivery: Result<OwnedDeliveryResult, Canceled>,
+    classify: fn(&KafkaError) -> Retry,
+) -> Result<(), SinkError> {
+    match delivery {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((e, _))) => Err(SinkError::new("dlq", classify(&e), e)),
+        Err(Canceled) => Err(SinkError::new("dlq", Retry::Retryable, "producer dropped the delivery")),
     }
 }

@@ -5,7 +5,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use super::{Entries, Entry, Retry, Sink, SinkError, Written};
+use super::{Entries, Entry, ObjectStore, Retry, Sink, SinkError, Written};
 
 pub struct FilesystemBlobSink {
     root: PathBuf,
@@ -45,13 +45,23 @@ impl Sink for FilesystemBlobSink {
     fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
         let mut written = Written::default();
         for processed in batch.valid() {
-            self.write_one(&processed.blob.key, &processed.blob.bytes).map_err(|e| {
-                // A full disk or a permission problem may clear up; keep retrying within the policy.
-                SinkError::new(self.name(), Retry::Retryable, format_args!("{}: {e}", processed.blob.key))
-            })?;
+            self.put(&processed.blob.key, &processed.blob.bytes)?;
             written.items += 1;
             written.bytes += processed.blob.bytes.len() as u64;
         }
         Ok(written)
+    }
+}
+
+impl ObjectStore for FilesystemBlobSink {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), SinkError> {
+        self.write_one(key, bytes).map_err(|e| {
+            // A full disk or a permission problem may clear up; keep retrying within the policy.
+            SinkError::new(self.name(), Retry::Retryable, format_args!("{key}: {e}"))
+        })
+    }
+
+    fn location(&self, key: &str) -> String {
+        format!("file://{}", self.root.join(key).display())
     }
 }

@@ -11,7 +11,7 @@ use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_storage::client::Storage;
 use tokio::runtime::Handle;
 
-use super::{Entries, Entry, Retry, Sink, SinkError, Written};
+use super::{Entries, Entry, ObjectStore, Retry, Sink, SinkError, Written};
 
 /// Retry classification: 408, 429 and 5xx, timeouts and transport trouble are retried; 400 and
 /// 413 (this object refused) are rejections; other 4xx (permissions, missing bucket) are fatal.
@@ -41,7 +41,9 @@ pub struct GcsConfig {
 
 pub struct GcsSink {
     client: Storage,
+    /// `projects/_/buckets/{name}`, as the API names it.
     bucket: String,
+    name: String,
     concurrency: usize,
     timeout: std::time::Duration,
     runtime: Handle,
@@ -60,6 +62,7 @@ impl GcsSink {
         Ok(GcsSink {
             client: builder.build().await?,
             bucket: format!("projects/_/buckets/{}", config.bucket),
+            name: config.bucket.clone(),
             concurrency: config.concurrency.max(1),
             timeout: config.timeout,
             runtime: Handle::current(),
@@ -97,5 +100,15 @@ impl Sink for GcsSink {
             items: batch.valid().count() as u64,
             bytes: batch.valid().map(|p| p.blob.bytes.len() as u64).sum(),
         })
+    }
+}
+
+impl ObjectStore for GcsSink {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), SinkError> {
+        self.runtime.block_on(self.upload(key, bytes::Bytes::copy_from_slice(bytes)))
+    }
+
+    fn location(&self, key: &str) -> String {
+        format!("gs://{}/{key}", self.name)
     }
 }

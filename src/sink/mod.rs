@@ -2,9 +2,12 @@
 //! the whole batch, called on the flush's blocking thread, and an error that says whether a retry
 //! can help.
 //!
+//! - [`gcs`]: blobs to Google Cloud Storage (production);
 //! - [`filesystem`]: blobs as files under a directory (local runs and tests);
-//! - [`null`]: accepts everything (benchmarks the pipeline alone);
-//! - [`dlq`]: invalid messages, with their original bytes, to the dead-letter topic.
+//! - [`clickhouse`]: click, tap and segment rows;
+//! - [`events`]: outcomes, analytics events and issue occurrences to their Kafka topics;
+//! - [`dlq`]: invalid messages, with their original bytes, to the dead-letter topic;
+//! - [`null`]: accepts everything (benchmarks the pipeline alone).
 
 pub mod clickhouse;
 pub mod dlq;
@@ -137,4 +140,28 @@ pub trait Sink: Send + Sync {
     fn writes_for(&self, entry: &Entry) -> bool {
         matches!(entry.outcome, Outcome::Valid(_))
     }
+}
+
+/// A sink shared with another user (the blob store also keeps oversized dead letters).
+impl<T: Sink + ?Sized> Sink for std::sync::Arc<T> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+        (**self).write(batch)
+    }
+
+    fn writes_for(&self, entry: &Entry) -> bool {
+        (**self).writes_for(entry)
+    }
+}
+
+/// Where a dead letter too large for its topic is kept whole: the blob store.
+pub trait ObjectStore: Send + Sync {
+    /// Stores `bytes` at `key`, durably, replacing what is there.
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), SinkError>;
+
+    /// Where `key` can be fetched from, as an operator would write it (`gs://bucket/key`).
+    fn location(&self, key: &str) -> String;
 }

@@ -130,9 +130,16 @@ pub fn expected_commits(report: &Produced) -> BTreeMap<i32, i64> {
     report.last_offsets.iter().map(|(&p, &o)| (p, o + 1)).collect()
 }
 
-/// Messages on `topic` as `(value, headers)`, read from the start until at least `count` arrived
-/// and then nothing more for a second (so duplicates are seen too).
-pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<(Vec<u8>, BTreeMap<String, String>)> {
+/// One message read back from a topic.
+pub struct Received {
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Messages on `topic`, read from the start until at least `count` arrived and then nothing more
+/// for a second (so duplicates are seen too).
+pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<Received> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("group.id", unique("reader"))
@@ -156,7 +163,11 @@ pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<(Vec<u
                         .collect()
                 })
                 .unwrap_or_default();
-            out.push((m.payload().unwrap_or_default().to_vec(), headers));
+            out.push(Received {
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().unwrap_or_default().to_vec(),
+                headers,
+            });
         }
     }
     out
@@ -166,9 +177,9 @@ pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<(Vec<u
 pub fn read_dlq(topic: &str, count: usize, timeout: Duration) -> Vec<(i32, i64, String)> {
     read_messages(topic, count, timeout)
         .into_iter()
-        .map(|(payload, h)| {
+        .map(|Received { value, headers: h, .. }| {
             assert!(!h["detail"].is_empty(), "every DLQ message says why");
-            assert!(!payload.is_empty(), "and keeps the original bytes");
+            assert!(!value.is_empty(), "and keeps the original bytes");
             (h["original_partition"].parse().unwrap(), h["original_offset"].parse().unwrap(), h["reason"].clone())
         })
         .collect()
@@ -292,18 +303,25 @@ pub fn base_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: u16
 
 impl Service {
     pub fn start(args: &[String]) -> Service {
+        // REPLAY_INGEST_TEST_LOGS=1 shows the service's logs.
+        let logs = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() { Stdio::inherit() } else { Stdio::null() };
+        Self::spawn(args, logs)
+    }
+
+    /// Starts the service with its logs written to `log`.
+    pub fn start_logging_to(args: &[String], log: &Path) -> Service {
+        Self::spawn(args, std::fs::File::create(log).unwrap().into())
+    }
+
+    fn spawn(args: &[String], logs: Stdio) -> Service {
         let port = args.iter().position(|a| a == "--http-listen").and_then(|i| args.get(i + 1)).unwrap();
         let port = port.rsplit(':').next().unwrap().parse().unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
             .args(args)
             .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
             .stdout(Stdio::null())
-            // REPLAY_INGEST_TEST_LOGS=1 shows the service's logs.
-            .stderr(if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
+            .stderr(logs)
             .spawn()
             .expect("start the service");
         Service { child, port }
@@ -465,8 +483,9 @@ impl Names {
     }
 }
 
-pub async fn clickhouse_rows(table: &str) -> Vec<replay_ingest::recording::ReplayRow> {
-    let config = replay_ingest::sink::clickhouse::ClickHouseConfig {
+/// The settings `Names::args` gives the service for `table`.
+pub fn clickhouse_config(table: &str) -> replay_ingest::sink::clickhouse::ClickHouseConfig {
+    replay_ingest::sink::clickhouse::ClickHouseConfig {
         url: clickhouse_url(),
         database: "replay_ingest_e2e".into(),
         table: table.into(),
@@ -474,8 +493,11 @@ pub async fn clickhouse_rows(table: &str) -> Vec<replay_ingest::recording::Repla
         password: String::new(),
         chunk_rows: 1000,
         timeout: std::time::Duration::from_secs(30),
-    };
-    let client = replay_ingest::sink::clickhouse::client(&config);
+    }
+}
+
+pub async fn clickhouse_rows(table: &str) -> Vec<replay_ingest::recording::ReplayRow> {
+    let client = replay_ingest::sink::clickhouse::client(&clickhouse_config(table));
     client.query(&format!("OPTIMIZE TABLE {table} FINAL")).execute().await.unwrap();
     client.query(&format!("SELECT ?fields FROM {table} FINAL")).fetch_all().await.unwrap()
 }

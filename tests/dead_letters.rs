@@ -1,0 +1,102 @@
+//! Dead letters too large for the dead-letter topic, with the real broker and fake-gcs-server
+//! (`scripts/stack.sh up`): nothing is dropped and the flush does not stop. The value goes whole
+//! to the blob store under `dlq/`, the topic gets a record pointing at it.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use rdkafka::producer::FutureRecord;
+use replay_ingest::health::Status;
+use replay_ingest::pipeline::{self, flush::Sinks};
+use replay_ingest::sink::ObjectStore;
+use replay_ingest::sink::dlq::DlqSink;
+use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
+
+/// The dead-letter producer's own limit (librdkafka's `message.max.bytes`): below the topic's
+/// configured limit, as when an operator sets the flag higher than the broker allows.
+const PRODUCER_LIMIT: usize = 100_000;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_too_large_for_their_topic_keep_their_value_in_the_blob_store() {
+    let (topic, group, dlq, bucket) = (unique("rec"), unique("group"), unique("dlq"), unique("blobs"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    create_bucket(&bucket);
+
+    // Invalid messages (not a msgpack envelope): a small one, one over the configured limit with a long
+    // key, and one under it that the producer refuses.
+    let long_key = vec![b'k'; 2000];
+    let messages: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (b"small".to_vec(), b"not a segment".to_vec()),
+        (long_key.clone(), (0..2_000_000u32).map(|i| (i % 251) as u8).collect()),
+        (b"medium".to_vec(), vec![b'x'; 150_000]),
+    ];
+    let producer = producer();
+    let mut offsets = Vec::new();
+    for (key, value) in &messages {
+        let record = FutureRecord::to(&topic).key(key).payload(value);
+        let delivery = producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
+        offsets.push(delivery.offset);
+    }
+
+    let gcs = Arc::new(
+        GcsSink::new(&GcsConfig {
+            bucket: bucket.clone(),
+            endpoint: Some(gcs_endpoint()),
+            anonymous: true,
+            concurrency: 2,
+            timeout: Duration::from_secs(30),
+        })
+        .await
+        .unwrap(),
+    );
+    let dlq_producer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("message.max.bytes", PRODUCER_LIMIT.to_string())
+        .create()
+        .unwrap();
+    let overflow: Arc<dyn ObjectStore> = gcs.clone();
+    let sinks =
+        Sinks::new(vec![vec![Box::new(gcs), Box::new(DlqSink::new(dlq_producer, &dlq, 1_000_000, Some(overflow)))]]);
+    let args = consume_args(&topic, &group, &[]);
+    let status = Arc::new(Status::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        pipeline::consume(&args, sinks, status, shutdown).await
+    });
+    let end = [(0, offsets[2] + 1)].into_iter().collect();
+    wait_for("everything committed", Duration::from_secs(60), || committed(&group, &topic, 1) == end).await;
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+
+    let dead = read_messages(&dlq, 3, Duration::from_secs(30));
+    assert_eq!(dead.len(), 3, "one dead letter per message");
+    for ((key, value), offset) in messages.iter().zip(&offsets) {
+        let letter = dead.iter().find(|m| m.headers["original_offset"] == offset.to_string()).unwrap();
+        assert_eq!(letter.headers["reason"], "invalid_msgpack");
+        assert_eq!(letter.headers["original_topic"], topic);
+        if value.len() < PRODUCER_LIMIT {
+            assert_eq!((letter.key.as_ref(), &letter.value), (Some(key), value), "small enough: whole");
+            assert!(!letter.headers.contains_key("payload_location"));
+            continue;
+        }
+        let object = format!("dlq/{topic}/0/{offset}");
+        assert!(letter.value.is_empty(), "the record does not carry the value");
+        assert_eq!(letter.headers["payload_location"], format!("gs://{bucket}/{object}"));
+        assert_eq!(letter.headers["payload_bytes"], value.len().to_string());
+        assert_eq!(&read_object(&bucket, &object).await, value, "the value, byte for byte");
+        if key.len() > 1024 {
+            assert_eq!(letter.key, None, "a long key travels with the value");
+            assert_eq!(letter.headers["key_location"], format!("gs://{bucket}/{object}.key"));
+            assert_eq!(&read_object(&bucket, &format!("{object}.key")).await, key);
+        } else {
+            assert_eq!(letter.key.as_ref(), Some(key));
+        }
+    }
+}
