@@ -6,6 +6,7 @@
 //! - [`recording`]: the pure per-message core (decode, decompress, extract, build outputs);
 //! - [`pipeline`]: consume → process → buffer → flush → commit;
 //! - [`sink`]: where a flushed batch goes;
+//! - [`startup`]: destinations checked before joining the group;
 //! - [`config`], [`health`], [`inspect`]: configuration, probes and status, the `inspect` report.
 
 pub mod config;
@@ -16,3 +17,4 @@ pub mod metrics;
 pub mod pipeline;
 pub mod recording;
 pub mod sink;
+pub mod startup;

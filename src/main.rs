@@ -17,14 +17,15 @@ use replay_ingest::config::{
 use replay_ingest::health::{self, Status};
 use replay_ingest::inspect;
 use replay_ingest::kafka::refetch::Refetcher;
-use replay_ingest::kafka::{client_config, load};
+use replay_ingest::kafka::{self, client_config, load};
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::recording::Limits;
 use replay_ingest::sink::clickhouse::{self, ClickHouseSink};
 use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
 use replay_ingest::sink::events::{EventTopics, EventsSink};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
-use replay_ingest::sink::{ObjectStore, Sink, filesystem::FilesystemBlobSink, null::NullSink};
+use replay_ingest::sink::{ObjectStore, Retry, Sink, SinkError, filesystem::FilesystemBlobSink, null::NullSink};
+use replay_ingest::startup;
 
 #[derive(Parser)]
 #[command(version, about = "Ingests session-replay recording segments.")]
@@ -120,7 +121,8 @@ fn producer(
 
 /// The flush stages: blobs (and dead letters) first, so no row or event ever points at a missing
 /// blob; then rows and events in parallel. Metrics follow the flush.
-async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
+/// Each destination is checked before the service joins the group (`startup`).
+async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
     // The blob store also keeps dead letters too large for their topic.
     let (blobs, overflow): (Box<dyn Sink>, Option<Arc<dyn ObjectStore>>) = match args.blob_sink {
         BlobSinkKind::Gcs => {
@@ -133,6 +135,7 @@ async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
                 timeout: args.sink_timeout(),
             };
             let gcs = Arc::new(GcsSink::new(&config).await.context("creating the GCS client")?);
+            startup::until_ready("gcs", status, || gcs.check()).await.context("checking the GCS bucket")?;
             (Box::new(gcs.clone()), Some(gcs))
         }
         BlobSinkKind::Filesystem => {
@@ -144,20 +147,38 @@ async fn sinks(args: &ConsumeArgs) -> anyhow::Result<Sinks> {
         }
         BlobSinkKind::Null => (Box::new(NullSink), None),
     };
-    let dlq = DlqSink::new(
-        producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
-        &args.dlq_topic,
-        args.dlq_max_message_bytes,
-        overflow,
-    );
+    let dlq_producer = producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?;
+    let mut topics = vec![args.topic.clone(), args.dlq_topic.clone()];
+    if args.events_sink == EventsSinkKind::Kafka {
+        topics.extend(
+            [&args.events.outcomes_topic, &args.events.analytics_topic, &args.events.issues_topic].map(Clone::clone),
+        );
+    }
+    startup::until_ready("kafka", status, || {
+        let (producer, topics, timeout) = (dlq_producer.clone(), topics.clone(), args.sink_timeout());
+        async move {
+            tokio::task::spawn_blocking(move || kafka::check_topics(&producer, &topics, timeout))
+                .await
+                .unwrap_or_else(|e| Err(SinkError::new("kafka", Retry::Fatal, e)))
+        }
+    })
+    .await
+    .context("checking the Kafka topics")?;
+    let dlq = DlqSink::new(dlq_producer, &args.dlq_topic, args.dlq_max_message_bytes, overflow);
     let rows: Box<dyn Sink> = match args.rows_sink {
         RowsSinkKind::Clickhouse => {
             let config = args.clickhouse.config(args.sink_timeout()).context("reading --clickhouse-password-file")?;
-            if args.migrate_on_start {
-                let features = clickhouse::migrate(&config).await.context("migrating ClickHouse")?;
-                info!(?features, table = %config.table, "ClickHouse table ready");
-            }
-            clickhouse::check_table(&config).await.map_err(anyhow::Error::msg).context("checking ClickHouse")?;
+            startup::until_ready("clickhouse", status, || async {
+                if args.migrate_on_start {
+                    let features = clickhouse::migrate(&config)
+                        .await
+                        .map_err(|e| SinkError::new("clickhouse", clickhouse::classify(&e), e))?;
+                    info!(?features, table = %config.table, "ClickHouse table ready");
+                }
+                clickhouse::check_table(&config).await
+            })
+            .await
+            .context("checking the ClickHouse table")?;
             Box::new(ClickHouseSink::new(&config))
         }
         RowsSinkKind::Null => Box::new(NullSink),
@@ -197,14 +218,14 @@ async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
     replay_ingest::metrics::install(&args.metrics)
         .map_err(anyhow::Error::msg)
         .context("starting the DogStatsD exporter")?;
-    let sinks = sinks(&args).await?;
-
+    // Probes first: a startup check waiting for a sink shows in `/status` and stays live.
     let status = Arc::new(Status::default());
     let listener = tokio::net::TcpListener::bind(args.http_listen)
         .await
         .with_context(|| format!("binding the health endpoint on {}", args.http_listen))?;
     info!(listen = %args.http_listen, topic = %args.topic, group = %args.group_id, "starting");
     tokio::spawn(health::serve(listener, status.clone()));
+    let sinks = sinks(&args, &status).await?;
     pipeline::consume(&args, sinks, status, shutdown_signal()).await?;
     info!("stopped cleanly");
     Ok(())

@@ -1,6 +1,7 @@
 //! ClickHouse faults with the real service: the server stops mid-run and comes back 15 s later
-//! (retried, nothing committed in between, every segment stored); and a column altered to another
-//! type while the service runs (a configuration error: the service stops, non-zero, naming the
+//! (retried, nothing committed in between, every segment stored); the server is down when the
+//! service starts (waited for, live, shown in `/status`); and a column altered to another type
+//! while the service runs (a configuration error: the service stops, non-zero, naming the
 //! column, nothing committed past it). Its own test binary:
 //! stopping a shared server must not disturb other tests.
 
@@ -61,26 +62,18 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("service.log");
-    let mut service = Service::start_logging_to(&names.args(free_port(), dir.path()), &log);
+    let service = Service::start_logging_to(&names.args(free_port(), dir.path()), &log);
     let (first, _) = produce_fixtures(&names.topic, &fixtures, 5).await;
     wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
 
     let client = replay_ingest::sink::clickhouse::client(&clickhouse_config(&names.table));
     client.query(&format!("ALTER TABLE {} MODIFY COLUMN click_node_id Date", names.table)).execute().await.unwrap();
     produce_fixtures(&names.topic, &fixtures, 5).await;
-    let exit = tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + JOIN_AND_FLUSH;
-        while std::time::Instant::now() < deadline {
-            if let Some(status) = service.child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        None
-    })
-    .await
-    .unwrap();
-    assert_eq!(exit, Some(1), "the service stops with a non-zero exit on a configuration error");
+    assert_eq!(
+        service.exit_within(JOIN_AND_FLUSH).await,
+        Some(1),
+        "the service stops with a non-zero exit on a configuration error"
+    );
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(log.contains("column click_node_id is Date, expected UInt64"), "the cause is logged:\n{log}");
     assert_eq!(
@@ -88,4 +81,31 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
         expected_commits(&first),
         "nothing committed past the failed flush"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clickhouse_down_at_startup_is_waited_for_live_and_shown_then_consumption_starts() {
+    let _serial = SERIAL.lock().await;
+    let names = Names::create().await;
+    stack(&["stop", "clickhouse"]);
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::start(&names.args(free_port(), dir.path()));
+    wait_for("the wait shown in /status", Duration::from_secs(30), || {
+        service.status().is_some_and(|s| s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(2))
+    })
+    .await;
+    assert_eq!(service.status().unwrap()["live"], true, "waiting for a sink is not a wedged process");
+    stack(&["start", "clickhouse"]);
+
+    let fixtures: Vec<Vec<u8>> = all_fixtures()
+        .into_iter()
+        .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok())
+        .collect();
+    let (sent, _) = produce_fixtures(&names.topic, &fixtures, 5).await;
+    wait_for("everything committed once ClickHouse is up", JOIN_AND_FLUSH, || {
+        committed(&names.group, &names.topic, 2) == expected_commits(&sent)
+    })
+    .await;
+    assert_eq!(service.status().unwrap()["outages"], serde_json::json!({}));
+    assert_eq!(service.terminate(), Some(0));
 }

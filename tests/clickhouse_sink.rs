@@ -108,7 +108,8 @@ async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
 async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types_and_passes_a_migrated_one() {
     let config = config(&common::unique("check").replace('-', "_"));
     let missing = check_table(&config).await.unwrap_err();
-    assert!(missing.contains("does not exist") && missing.contains("migrate"), "{missing}");
+    assert_eq!(missing.retry, Retry::Fatal);
+    assert!(missing.message.contains("does not exist") && missing.message.contains("migrate"), "{missing}");
 
     migrate(&config).await.unwrap();
     check_table(&config).await.unwrap();
@@ -117,10 +118,15 @@ async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types
     client.query(&format!("ALTER TABLE {} DROP COLUMN click_url", config.table)).execute().await.unwrap();
     client.query(&format!("ALTER TABLE {} MODIFY COLUMN urls String", config.table)).execute().await.unwrap();
     let lacking = check_table(&config).await.unwrap_err();
+    assert_eq!(lacking.retry, Retry::Fatal);
     assert!(
-        lacking.ends_with(
+        lacking.message.ends_with(
             "does not match the rows: column urls is String, expected Array(String); column click_url is missing"
         ),
         "{lacking}"
     );
+
+    // Nothing listening: the server is down, which is waited out, not a configuration error.
+    let down = ClickHouseConfig { url: format!("http://127.0.0.1:{}", common::free_port()), ..config };
+    assert_eq!(check_table(&down).await.unwrap_err().retry, Retry::Retryable);
 }

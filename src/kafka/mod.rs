@@ -5,10 +5,13 @@ pub mod consumer;
 pub mod load;
 pub mod refetch;
 
+use std::time::Duration;
+
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, Producer};
 
-use crate::sink::Retry;
+use crate::sink::{Retry, SinkError};
 
 /// A librdkafka configuration with the brokers and pass-through properties applied last, so an
 /// operator can override any default.
@@ -37,6 +40,29 @@ pub fn classify_producer_error(error: &KafkaError) -> Retry {
         ) => Retry::Rejected,
         Some(RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed) => Retry::Fatal,
         _ => Retry::Retryable,
+    }
+}
+
+/// The startup check for topics: every one of `topics` exists. Reads the metadata of all topics,
+/// because asking for one by name creates it on brokers that auto-create topics. An unreachable
+/// cluster is transient; a missing topic is configuration.
+pub fn check_topics(producer: &FutureProducer, topics: &[String], timeout: Duration) -> Result<(), SinkError> {
+    let metadata = producer.client().fetch_metadata(None, timeout).map_err(|e| {
+        SinkError::new("kafka", classify_producer_error(&e), format_args!("reading topic metadata: {e}"))
+    })?;
+    let missing: Vec<&str> = topics
+        .iter()
+        .map(String::as_str)
+        .filter(|name| !metadata.topics().iter().any(|t| t.name() == *name && t.error().is_none()))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(SinkError::new(
+            "kafka",
+            Retry::Fatal,
+            format_args!("topics missing on the cluster: {}", missing.join(", ")),
+        ))
     }
 }
 

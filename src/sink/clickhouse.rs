@@ -233,22 +233,23 @@ pub async fn migrate(config: &ClickHouseConfig) -> Result<ServerFeatures, clickh
 /// the type the rows are encoded for. RowBinary carries no types, so a column of another type
 /// misreads the stream: the server then answers with errors that look like bad data or like
 /// overload (a misread length asks for terabytes) and would be dead-lettered or retried forever.
-pub async fn check_table(config: &ClickHouseConfig) -> Result<(), String> {
+/// A server that cannot be reached is a transient error; a missing or mismatched table is fatal.
+pub async fn check_table(config: &ClickHouseConfig) -> Result<(), SinkError> {
     let found: Vec<(String, String)> = client(config)
         .query("SELECT name, type FROM system.columns WHERE database = ? AND table = ?")
         .bind(&config.database)
         .bind(&config.table)
         .fetch_all()
         .await
-        .map_err(|e| format!("ClickHouse at {}: {e}", config.url))?;
+        .map_err(|e| SinkError::new("clickhouse", classify(&e), format_args!("at {}: {e}", config.url)))?;
+    let table = format!("{}.{}", config.database, config.table);
     if found.is_empty() {
-        return Err(format!(
-            "ClickHouse table {}.{} does not exist: create it with `replay-ingest migrate` or --migrate-on-start",
-            config.database, config.table
-        ));
+        let message =
+            format!("table {table} does not exist: create it with `replay-ingest migrate` or --migrate-on-start");
+        return Err(SinkError::new("clickhouse", Retry::Fatal, message));
     }
     schema_problems(&found).map_err(|problems| {
-        format!("ClickHouse table {}.{} does not match the rows: {problems}", config.database, config.table)
+        SinkError::new("clickhouse", Retry::Fatal, format_args!("table {table} does not match the rows: {problems}"))
     })
 }
 
@@ -344,8 +345,10 @@ impl Sink for ClickHouseSink {
                 // every batch, and no retry or dead letter would help.
                 if let clickhouse::error::Error::BadResponse(_) = error {
                     let check = tokio::time::timeout(self.timeout, check_table(&self.config)).await;
-                    if let Ok(Err(mismatch)) = check {
-                        return Err(SinkError::new(self.name(), Retry::Fatal, mismatch));
+                    if let Ok(Err(mismatch)) = check
+                        && mismatch.retry == Retry::Fatal
+                    {
+                        return Err(mismatch);
                     }
                 }
                 Err(SinkError::new(self.name(), classify(&error), error))

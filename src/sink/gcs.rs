@@ -75,14 +75,12 @@ impl GcsSink {
             .write_object(&self.bucket, key, bytes)
             .set_content_type("application/octet-stream")
             .send_buffered();
-        match tokio::time::timeout(self.timeout, upload).await {
-            Ok(result) => {
-                result.map(|_| ()).map_err(|e| SinkError::new("gcs", classify(&e), format_args!("{key}: {e}")))
-            }
-            Err(_) => {
-                Err(SinkError::new("gcs", Retry::Retryable, format_args!("{key}: timed out after {:?}", self.timeout)))
-            }
-        }
+        let error = match tokio::time::timeout(self.timeout, upload).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => SinkError::new("gcs", classify(&e), e),
+            Err(_) => SinkError::new("gcs", Retry::Retryable, format_args!("timed out after {:?}", self.timeout)),
+        };
+        Err(SinkError { message: format!("{}: {}", self.location(key), error.message), ..error })
     }
 }
 
@@ -102,6 +100,18 @@ impl Sink for GcsSink {
         })
     }
 }
+
+impl GcsSink {
+    /// The startup check: writes a small object at [`PROBE_KEY`], which proves the bucket exists
+    /// and the credentials may write to it (the same call the flush makes, classified the same).
+    pub async fn check(&self) -> Result<(), SinkError> {
+        let probe = bytes::Bytes::from_static(b"written by replay-ingest at startup to check write access\n");
+        self.upload(PROBE_KEY, probe).await
+    }
+}
+
+/// Where the startup check writes; rewritten at every start.
+pub const PROBE_KEY: &str = "replay-ingest/startup-check";
 
 impl ObjectStore for GcsSink {
     fn put(&self, key: &str, bytes: &[u8]) -> Result<(), SinkError> {

@@ -351,6 +351,23 @@ impl Service {
         self.child.wait().ok()?.code()
     }
 
+    /// Waits up to `timeout` for the service to exit on its own; its exit code, or `None` while
+    /// it still runs (it is killed when dropped).
+    pub async fn exit_within(mut self, timeout: Duration) -> Option<i32> {
+        tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + timeout;
+            while Instant::now() < deadline {
+                if let Some(status) = self.child.try_wait().unwrap() {
+                    return status.code();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            None
+        })
+        .await
+        .unwrap()
+    }
+
     pub fn kill9(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -1,0 +1,62 @@
+//! Startup checks with the real service and stack (`scripts/stack.sh up`): a missing bucket or
+//! topic stops the service before it joins the group, with a message naming it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// Starts the service with `args` and returns its exit code and log once it stops on its own.
+async fn run_until_exit(args: &[String]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("service.log");
+    let exit = Service::start_logging_to(args, &log).exit_within(Duration::from_secs(60)).await;
+    (exit, std::fs::read_to_string(&log).unwrap())
+}
+
+/// `args` with the value of `flag` replaced.
+fn with(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
+    let at = args.iter().position(|a| a == flag).unwrap();
+    args[at + 1] = value.into();
+    args
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_bucket_stops_the_service_naming_it_before_anything_is_consumed() {
+    let names = Names::create().await;
+    produce_fixtures(&names.topic, &all_fixtures(), 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let missing = unique("no-such-bucket");
+    let (exit, log) = run_until_exit(&with(names.args(free_port(), dir.path()), "--gcs-bucket", &missing)).await;
+    assert_eq!(exit, Some(1), "{log}");
+    assert!(log.contains("checking the GCS bucket") && log.contains(&missing), "{log}");
+    assert!(!log.contains("partitions assigned"), "stopped before joining the group:\n{log}");
+    assert!(committed(&names.group, &names.topic, 2).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_topic_stops_the_service_naming_it() {
+    let names = Names::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    for flag in ["--dlq-topic", "--outcomes-topic", "--topic"] {
+        let missing = unique("no-such-topic");
+        let (exit, log) = run_until_exit(&with(names.args(free_port(), dir.path()), flag, &missing)).await;
+        assert_eq!(exit, Some(1), "{flag}: {log}");
+        assert!(log.contains(&format!("topics missing on the cluster: {missing}")), "{flag}: {log}");
+        assert!(!log.contains("partitions assigned"), "{flag}: stopped before joining the group:\n{log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_every_destination_in_place_the_checks_pass_having_written_the_probe_object() {
+    let names = Names::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::start(&names.args(free_port(), dir.path()));
+    wait_for("ready", Duration::from_secs(60), || service.status().is_some_and(|s| s["ready"] == true)).await;
+    assert_eq!(
+        read_object(&names.bucket, replay_ingest::sink::gcs::PROBE_KEY).await,
+        b"written by replay-ingest at startup to check write access\n"
+    );
+    assert_eq!(service.terminate(), Some(0));
+}
