@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The chaos harness (tests/chaos.rs) on a stack of its own: two members with every real sink,
+# fixtures and crafted messages produced throughout, while members are killed (SIGKILL), leave
+# and join, ClickHouse stops, GCS hangs and the broker hangs; then every store is checked.
+# Prints one summary line (and the failure, if any).
+# Usage: scripts/chaos.sh [SECONDS]   seconds of faults, default 900 (the test command runs 120)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${1:-900}
+# shellcheck source=scripts/lib/isolated-stack.sh
+source scripts/lib/isolated-stack.sh chaos
+log=$(mktemp)
+trap 'scripts/stack.sh down >/dev/null; rm -f "$log"' EXIT
+scripts/stack.sh up >/dev/null
+# shellcheck disable=SC1091
+source "$REPLAY_INGEST_STACK_DIR/stack.env"
+
+if CHAOS_SECONDS=$seconds cargo test --locked --quiet --test chaos -- --nocapture >"$log" 2>&1; then
+  grep '^chaos:' "$log"
+else
+  grep '^chaos:' "$log" || true
+  echo "chaos harness FAILED; the end of its output:" >&2
+  tail -60 "$log" >&2
+  exit 1
+fi

@@ -1,0 +1,420 @@
+//! The chaos harness: two members of one group (a third joins and leaves now and then) consume a
+//! stream of recorded fixtures under fresh replay ids and crafted (hostile) messages, with every
+//! real sink, while members are killed with SIGKILL, leave and join, ClickHouse stops, GCS hangs
+//! (SIGSTOP) and the broker hangs. At the end, with every fault cleared, it checks from the
+//! stores themselves: every valid segment's blob byte for byte and its rows, every invalid
+//! message on the dead-letter topic with its reason, the group's commits at the end of every
+//! partition, and no member exiting unless killed or asked to leave. One summary line.
+//!
+//! `CHAOS_SECONDS` sets how long faults are injected (default 120: the run in the test command);
+//! fault lengths grow with it up to ClickHouse 60 s, GCS 40 s, broker 20 s. `scripts/chaos.sh
+//! [SECONDS]` runs it on a stack of its own.
+
+mod common;
+// Only the values are used here; the names and expected reasons serve other tests.
+#[allow(dead_code)]
+#[path = "common/hostile.rs"]
+mod hostile;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::future::join_all;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use replay_ingest::recording::{self, Limits};
+
+/// Messages produced per second.
+const RATE: u64 = 10;
+/// One message in this many is a crafted one.
+const HOSTILE_EVERY: u64 = 40;
+/// How long the group may take to commit everything once the faults end.
+const SETTLE: Duration = Duration::from_secs(300);
+
+/// What one message must become.
+enum Fate {
+    Valid { blob_key: String, blob_hash: u64, rows: Vec<RowKey> },
+    Invalid(&'static str),
+}
+
+/// A row as ClickHouse deduplicates it: project, day, replay id, event hash.
+type RowKey = (u64, u32, uuid::Uuid, uuid::Uuid);
+
+fn row_key(row: &recording::ReplayRow) -> RowKey {
+    (row.project_id, row.timestamp / 86_400, row.replay_id, row.event_hash)
+}
+
+fn hash(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    hasher.finish()
+}
+
+fn fate(value: &[u8]) -> Fate {
+    match recording::process(value, &Limits::default()) {
+        Ok(p) => Fate::Valid {
+            blob_key: p.blob.key.clone(),
+            blob_hash: hash(&p.blob.bytes),
+            rows: p.rows().iter().map(row_key).collect(),
+        },
+        Err(e) => Fate::Invalid(e.reason.as_str()),
+    }
+}
+
+struct Produced {
+    partition: i32,
+    offset: i64,
+    fate: Fate,
+}
+
+/// Produces `RATE` messages a second until `stop`, recording where each landed and its fate.
+async fn produce(topic: String, stop: Arc<std::sync::atomic::AtomicBool>, out: Arc<Mutex<Vec<Produced>>>) {
+    let fixtures = Arc::new(all_fixtures());
+    let hostile: Arc<Vec<Vec<u8>>> = Arc::new(hostile::all().into_iter().map(|h| h.value).collect());
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("message.max.bytes", "16000000")
+        // A hung broker delays deliveries; it must not fail them.
+        .set("message.timeout.ms", "600000")
+        .create()
+        .unwrap();
+    let start = Instant::now();
+    let mut i = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let batch: Vec<(Vec<u8>, Fate)> = tokio::task::spawn_blocking({
+            let (fixtures, hostile) = (fixtures.clone(), hostile.clone());
+            move || {
+                (i..i + RATE)
+                    .map(|n| {
+                        let (value, _) = if n % HOSTILE_EVERY == HOSTILE_EVERY - 1 {
+                            replay_ingest::kafka::load::fixture_copy(&hostile, n / HOSTILE_EVERY)
+                        } else {
+                            replay_ingest::kafka::load::fixture_copy(&fixtures, n)
+                        };
+                        let fate = fate(&value);
+                        (value, fate)
+                    })
+                    .collect()
+            }
+        })
+        .await
+        .unwrap();
+        i += RATE;
+        let sends = batch.iter().map(|(value, _)| {
+            producer.send(FutureRecord::<(), [u8]>::to(&topic).payload(value), Duration::from_secs(600))
+        });
+        let deliveries = join_all(sends).await;
+        let landed = deliveries.into_iter().zip(batch).map(|(delivery, (_, fate))| {
+            let delivery = delivery.map_err(|(e, _)| e).expect("produce");
+            Produced { partition: delivery.partition, offset: delivery.offset, fate }
+        });
+        out.lock().unwrap().extend(landed);
+        // Pace to RATE a second on average.
+        let due = start + Duration::from_secs(i / RATE);
+        tokio::time::sleep_until(due.into()).await;
+    }
+}
+
+/// One group member, restarted as Kubernetes would when it dies.
+struct Member {
+    name: &'static str,
+    service: Option<Service>,
+    /// A SIGTERM was sent: the coming exit is a leave, not a failure.
+    leaving: bool,
+    log: PathBuf,
+    starts: u32,
+}
+
+impl Member {
+    fn new(name: &'static str, dir: &Path) -> Member {
+        Member { name, service: None, leaving: false, log: dir.join(format!("{name}.log")), starts: 0 }
+    }
+
+    fn start(&mut self, args: &[String]) {
+        self.starts += 1;
+        // Each start appends to the member's log.
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        self.service = Some(Service::start_with_logs(args, log.into()));
+        self.leaving = false;
+    }
+
+    fn kill9(&mut self) {
+        if let Some(service) = self.service.take() {
+            service.kill9();
+        }
+    }
+
+    fn leave(&mut self) {
+        if let Some(service) = &self.service {
+            let _ = std::process::Command::new("kill").args(["-TERM", &service.child.id().to_string()]).status();
+            self.leaving = true;
+        }
+    }
+
+    /// `Some(code)` when the member exited since the last look.
+    fn exited(&mut self) -> Option<Option<i32>> {
+        let status = self.service.as_mut()?.child.try_wait().unwrap()?;
+        self.service = None;
+        Some(status.code())
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        log.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// Sends `signal` to a stack service (`kafka`, `gcs`) by its pid file; whether it was delivered.
+fn signal_stack(service: &str, signal: &str) -> bool {
+    let dir = std::env::var("REPLAY_INGEST_STACK_DIR").unwrap_or_else(|_| "/tmp/replay-ingest-stack".into());
+    let Ok(pid) = std::fs::read_to_string(format!("{dir}/{service}.pid")) else { return false };
+    std::process::Command::new("kill").args([signal, pid.trim()]).status().is_ok_and(|s| s.success())
+}
+
+/// Clears every infrastructure fault, also when the harness fails half way (so without
+/// asserting: a panic while panicking would abort).
+struct Restore;
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        signal_stack("gcs", "-CONT");
+        signal_stack("kafka", "-CONT");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/stack.sh");
+        let _ = std::process::Command::new("bash").args([script, "start", "clickhouse"]).status();
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Kill(usize),
+    Leave(usize),
+    Rejoin(usize),
+    JoinThird,
+    ClickHouseDown,
+    ClickHouseUp,
+    GcsHang,
+    GcsResume,
+    BrokerHang,
+    BrokerResume,
+}
+
+/// The schedule for a run of `seconds`: member churn every few seconds (kills of either member,
+/// leaves and rejoins, a third member joining and leaving) and, in parallel, ClickHouse down,
+/// GCS hung and the broker hung in turn with gaps between.
+fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
+    let scale = |full: u64| (full * seconds / 900).clamp(full / 4, full);
+    let (clickhouse, gcs, broker, gap) = (scale(60), scale(40), scale(20), scale(40));
+    let churn_every = (seconds / 24).clamp(5, 30);
+    let mut plan = Vec::new();
+    let churn = [Fault::Kill(0), Fault::Kill(1), Fault::Leave(0), Fault::Kill(1), Fault::JoinThird, Fault::Kill(0)];
+    let mut t = churn_every;
+    let mut n = 0;
+    while t < seconds {
+        let fault = churn[n % churn.len()];
+        plan.push((Duration::from_secs(t), fault));
+        if let Fault::Leave(m) = fault {
+            plan.push((Duration::from_secs(t + 5), Fault::Rejoin(m)));
+        }
+        t += churn_every;
+        n += 1;
+    }
+    let mut t = gap / 2;
+    let infra = [
+        (Fault::ClickHouseDown, Fault::ClickHouseUp, clickhouse),
+        (Fault::GcsHang, Fault::GcsResume, gcs),
+        (Fault::BrokerHang, Fault::BrokerResume, broker),
+    ];
+    let mut n = 0;
+    while t + infra[n % 3].2 <= seconds {
+        let (down, up, length) = infra[n % 3];
+        plan.push((Duration::from_secs(t), down));
+        plan.push((Duration::from_secs(t + length), up));
+        t += length + gap;
+        n += 1;
+    }
+    plan.sort_by_key(|(at, _)| *at);
+    plan
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_is_lost_and_no_member_fails_under_kills_rebalances_and_sink_outages() {
+    let seconds: u64 = std::env::var("CHAOS_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
+    let names = Names::with_partitions(4).await;
+    let dir = tempfile::tempdir().unwrap();
+    // DogStatsD datagrams land here and are never read (an unbound port would log errors).
+    let statsd = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let args = |names: &Names| names.args(statsd.local_addr().unwrap().port(), dir.path());
+    let _restore = Restore;
+
+    let mut members = [Member::new("a", dir.path()), Member::new("b", dir.path()), Member::new("c", dir.path())];
+    members[0].start(&args(&names));
+    members[1].start(&args(&names));
+
+    let produced = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = tokio::spawn(produce(names.topic.clone(), stop.clone(), produced.clone()));
+
+    let mut counts: BTreeMap<&'static str, u32> = BTreeMap::new();
+    let mut failures: Vec<String> = Vec::new();
+    let mut plan = schedule(seconds).into_iter().peekable();
+    let mut third_leaves_at: Option<Instant> = None;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(seconds) || plan.peek().is_some() {
+        while let Some(&(at, fault)) = plan.peek() {
+            if start.elapsed() < at {
+                break;
+            }
+            plan.next();
+            let what = match fault {
+                Fault::Kill(m) => {
+                    members[m].kill9();
+                    "kills"
+                }
+                Fault::Leave(m) => {
+                    members[m].leave();
+                    "leaves"
+                }
+                Fault::Rejoin(m) => {
+                    if members[m].service.is_none() {
+                        members[m].start(&args(&names));
+                    }
+                    "rejoins"
+                }
+                Fault::JoinThird => {
+                    if members[2].service.is_some() {
+                        continue;
+                    }
+                    members[2].start(&args(&names));
+                    third_leaves_at = Some(Instant::now() + Duration::from_secs(20));
+                    "third member joins"
+                }
+                Fault::ClickHouseDown => {
+                    stack(&["stop", "clickhouse"]);
+                    "clickhouse stops"
+                }
+                Fault::ClickHouseUp => {
+                    stack(&["start", "clickhouse"]);
+                    continue;
+                }
+                Fault::GcsHang => {
+                    assert!(signal_stack("gcs", "-STOP"), "signal gcs");
+                    "gcs hangs"
+                }
+                Fault::GcsResume => {
+                    assert!(signal_stack("gcs", "-CONT"), "signal gcs");
+                    continue;
+                }
+                Fault::BrokerHang => {
+                    assert!(signal_stack("kafka", "-STOP"), "signal kafka");
+                    "broker hangs"
+                }
+                Fault::BrokerResume => {
+                    assert!(signal_stack("kafka", "-CONT"), "signal kafka");
+                    continue;
+                }
+            };
+            *counts.entry(what).or_default() += 1;
+        }
+        if third_leaves_at.is_some_and(|t| Instant::now() >= t) {
+            members[2].leave();
+            third_leaves_at = None;
+        }
+        // Watch the members: a leave ends in an exit, anything else that exits is a failure.
+        // A killed or failed member of the pair restarts at once, as a pod would.
+        for (i, member) in members.iter_mut().enumerate() {
+            if let Some(code) = member.exited()
+                && !member.leaving
+            {
+                failures.push(format!("member {} exited on its own ({code:?}):\n{}", member.name, member.log_tail()));
+            }
+            let killed = member.service.is_none() && !member.leaving;
+            if i < 2 && killed {
+                member.start(&args(&names));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Faults over: every store up, the pair running, production stopped. Settle.
+    drop(_restore);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    producer.await.unwrap();
+    for member in &mut members[..2] {
+        if member.service.is_none() {
+            member.start(&args(&names));
+        }
+    }
+    let produced = std::mem::take(&mut *produced.lock().unwrap());
+    let mut end: BTreeMap<i32, i64> = BTreeMap::new();
+    for p in &produced {
+        let next = end.entry(p.partition).or_default();
+        *next = (*next).max(p.offset + 1);
+    }
+    let settle = Instant::now();
+    while committed(&names.group, &names.topic, 4) != end && settle.elapsed() < SETTLE {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let commits = committed(&names.group, &names.topic, 4);
+    let settled_in = settle.elapsed();
+    for member in &mut members {
+        if let Some(code) = member.exited() {
+            failures.push(format!("member {} exited on its own ({code:?}):\n{}", member.name, member.log_tail()));
+        }
+    }
+
+    // What the stores hold.
+    let gcs = gcs_client().await;
+    let (mut valid, mut missing_blobs, mut wrong_blobs, mut expected_rows) = (0, 0, 0, BTreeSet::new());
+    let mut expected_dead = BTreeSet::new();
+    for p in &produced {
+        match &p.fate {
+            Fate::Valid { blob_key, blob_hash, rows } => {
+                valid += 1;
+                match try_read_object(&gcs, &names.bucket, blob_key).await {
+                    Ok(bytes) if hash(&bytes) == *blob_hash => {}
+                    Ok(_) => wrong_blobs += 1,
+                    Err(_) => missing_blobs += 1,
+                }
+                expected_rows.extend(rows.iter().copied());
+            }
+            Fate::Invalid(reason) => {
+                expected_dead.insert((p.partition, p.offset, reason.to_string()));
+            }
+        }
+    }
+    let stored_rows: BTreeSet<RowKey> = clickhouse_rows(&names.table).await.iter().map(row_key).collect();
+    let dead: BTreeSet<(i32, i64, String)> =
+        read_dlq(&names.dlq, expected_dead.len(), Duration::from_secs(60)).into_iter().collect();
+    let missing_rows = expected_rows.difference(&stored_rows).count();
+    let extra_rows = stored_rows.difference(&expected_rows).count();
+    let missing_dead = expected_dead.difference(&dead).count();
+    let extra_dead = dead.difference(&expected_dead).count();
+    for member in &mut members {
+        member.leave();
+    }
+
+    let faults: Vec<String> = counts.iter().map(|(what, n)| format!("{n} {what}")).collect();
+    println!(
+        "chaos: {seconds} s of faults ({}); {} messages ({valid} valid, {} invalid); blobs missing {missing_blobs}, \
+         differing {wrong_blobs}; rows missing {missing_rows} of {}, unexpected {extra_rows}; dead letters missing \
+         {missing_dead} of {}, unexpected {extra_dead}; commits at the end: {} (settled in {:.0} s); members exiting \
+         on their own: {}",
+        faults.join(", "),
+        produced.len(),
+        produced.len() - valid,
+        expected_rows.len(),
+        expected_dead.len(),
+        if commits == end { "yes" } else { "NO" },
+        settled_in.as_secs_f64(),
+        failures.len(),
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert_eq!(commits, end, "the group commits to the end of every partition");
+    assert_eq!((missing_blobs, wrong_blobs), (0, 0), "every valid segment's blob, byte for byte");
+    assert_eq!((missing_rows, extra_rows), (0, 0), "every valid segment's rows, and no others");
+    assert_eq!((missing_dead, extra_dead), (0, 0), "every invalid message dead-lettered with its reason");
+    assert!(counts.get("kills").copied().unwrap_or(0) >= 3, "{counts:?}");
+}
