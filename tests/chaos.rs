@@ -207,7 +207,7 @@ enum Fault {
 fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
     let scale = |full: u64| (full * seconds / 900).clamp(full / 4, full);
     let (clickhouse, gcs, broker, gap) = (scale(60), scale(40), scale(20), scale(40));
-    let churn_every = (seconds / 24).clamp(5, 30);
+    let churn_every = (seconds / 36).clamp(5, 25);
     let mut plan = Vec::new();
     let churn = [Fault::Kill(0), Fault::Kill(1), Fault::Leave(0), Fault::Kill(1), Fault::JoinThird, Fault::Kill(0)];
     let mut t = churn_every;
