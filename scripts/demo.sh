@@ -74,10 +74,11 @@ for o in sorted(objects, key=lambda o: o["name"])[:4]:
 
 def query(sql):
     return get(f"{clickhouse}/?query=" + urllib.parse.quote(sql)).decode().strip()
-print("\nClickHouse default.replays (after merging duplicates):")
-print("  " + query("SELECT kind, count() FROM default.replays FINAL GROUP BY kind ORDER BY kind FORMAT TSV").replace("\n", "\n  "))
-print("  dead clicks: " + query("SELECT count() FROM default.replays FINAL WHERE click_is_dead = 1")
-      + ", rage clicks: " + query("SELECT count() FROM default.replays FINAL WHERE click_is_rage = 1"))
+print("\nClickHouse default.replays_local (snuba's schema, after merging duplicates):")
+kind = "multiIf(segment_id IS NOT NULL, 'segment', click_node_id != 0, 'click', 'tap')"
+print("  " + query(f"SELECT {kind} AS kind, count() FROM default.replays_local FINAL GROUP BY kind ORDER BY kind FORMAT TSV").replace("\n", "\n  "))
+print("  dead clicks: " + query("SELECT count() FROM default.replays_local FINAL WHERE click_is_dead = 1")
+      + ", rage clicks: " + query("SELECT count() FROM default.replays_local FINAL WHERE click_is_rage = 1"))
 
 sinks = s["sinks"]
 print(f"\nanalytics events published (outcomes, first replay, rage-click / hydration-error occurrences): {sinks['events']['items']}")

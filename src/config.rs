@@ -104,7 +104,7 @@ pub struct ClickHouseArgs {
     pub clickhouse_url: String,
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_DATABASE", default_value = "default")]
     pub clickhouse_database: String,
-    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_TABLE", default_value = "replays")]
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_TABLE", default_value = "replays_local")]
     pub clickhouse_table: String,
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_USER", default_value = "default")]
     pub clickhouse_user: String,

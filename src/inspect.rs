@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::recording::{self, BodyEncoding, Extracted, InvalidRecording, Limits, Processed, RowKind};
+use crate::recording::{self, BodyEncoding, Extracted, InvalidRecording, Limits, Processed};
 
 #[derive(Serialize)]
 struct Valid<'a> {
@@ -31,7 +31,7 @@ struct Valid<'a> {
     analytics_events: Vec<String>,
 }
 
-#[derive(Serialize, Default)]
+#[derive(Serialize)]
 struct RowCounts {
     segment: usize,
     click: usize,
@@ -50,14 +50,11 @@ struct Invalid<'a> {
 pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> String {
     let line = match result {
         Ok(p) => {
-            let mut rows = RowCounts::default();
-            for row in &p.rows() {
-                match row.kind {
-                    RowKind::Segment => rows.segment += 1,
-                    RowKind::Click => rows.click += 1,
-                    RowKind::Tap => rows.tap += 1,
-                }
-            }
+            let rows = RowCounts {
+                segment: usize::from(p.writes_segment_row && p.replay_event.is_some()),
+                click: p.extracted.clicks.len(),
+                tap: p.extracted.taps.len(),
+            };
             serde_json::to_string(&Valid {
                 file,
                 ok: true,

@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use replay_ingest::recording::{self, Limits, RowKind};
+use replay_ingest::recording::{self, Limits};
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 
@@ -48,7 +48,7 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
     })
     .await;
     assert_eq!(service.terminate(), Some(0));
-    let segments = clickhouse_rows(&names.table).await.iter().filter(|r| r.kind == RowKind::Segment).count();
+    let segments = clickhouse_rows(&names.table).await.iter().filter(|r| r.is_segment()).count();
     assert_eq!(segments, 20, "every segment row stored once");
 }
 
@@ -75,7 +75,7 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
         "the service stops with a non-zero exit on a configuration error"
     );
     let log = std::fs::read_to_string(&log).unwrap();
-    assert!(log.contains("column click_node_id is Date, expected UInt64"), "the cause is logged:\n{log}");
+    assert!(log.contains("column click_node_id is Date, expected UInt32"), "the cause is logged:\n{log}");
     assert_eq!(
         committed(&names.group, &names.topic, 2),
         expected_commits(&first),

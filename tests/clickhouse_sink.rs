@@ -3,32 +3,53 @@
 
 mod common;
 
-use replay_ingest::recording::{self, Limits, ReplayRow, RowKind};
+use replay_ingest::recording::{self, KafkaPosition, Limits, ReplayRow};
 use replay_ingest::sink::clickhouse::{ClickHouseConfig, ClickHouseSink, check_table, migrate};
 
-use replay_ingest::sink::{Batch, Entries, Entry, Outcome, Retry, Sink};
+use replay_ingest::sink::{Batch, Entry, Outcome, Retry, Sink};
 
 fn config(table: &str) -> ClickHouseConfig {
     ClickHouseConfig { database: "replay_ingest_test".into(), chunk_rows: 7, ..common::clickhouse_config(table) }
 }
 
-/// Every valid fixture, processed, as one batch.
+/// Every valid fixture, processed, as one batch. The fixtures' replay events carry no user
+/// address: the first two segment rows get one of each family, to round-trip both columns.
 fn fixture_batch() -> Batch {
+    let mut addresses = ["192.0.2.7", "2001:db8::1"].into_iter();
     let entries = common::all_fixtures()
         .iter()
         .filter_map(|value| recording::process(value, &Limits::default()).ok())
+        .map(|mut p| {
+            if let Some(event) = p.replay_event.as_mut().filter(|_| p.writes_segment_row) {
+                event.ip_address = addresses.next().map(String::from).or(event.ip_address.take());
+            }
+            p
+        })
         .enumerate()
-        .map(|(i, p)| Entry { partition: 0, offset: i as i64, outcome: Outcome::Valid(Box::new(p)) })
+        .map(|(i, p)| Entry { partition: 1, offset: i as i64, outcome: Outcome::Valid(Box::new(p)) })
         .collect();
     Batch { entries }
 }
 
-/// What the table holds after merging: per key, the row of the highest `segment_id`.
+/// Every row of the batch, in the order they are inserted.
+fn rows_of(batch: &Batch) -> Vec<ReplayRow> {
+    batch
+        .iter()
+        .flat_map(|e| match &e.outcome {
+            Outcome::Valid(p) => p.rows(KafkaPosition { partition: e.partition, offset: e.offset }),
+            Outcome::Invalid(_) => Vec::new(),
+        })
+        .collect()
+}
+
+/// What the table holds after merging: per deduplication key (project, day, replay, event
+/// hash), the row inserted last — `ReplacingMergeTree` without a version, as snuba has it.
 fn expected_rows(batch: &Batch) -> Vec<ReplayRow> {
-    let mut rows: Vec<ReplayRow> = batch.valid().flat_map(|p| p.rows()).collect();
-    rows.sort_by_key(|r| (r.replay_id, r.event_hash, std::cmp::Reverse(r.segment_id)));
-    rows.dedup_by_key(|r| (r.replay_id, r.event_hash));
-    rows
+    let mut merged = std::collections::BTreeMap::new();
+    for row in rows_of(batch) {
+        merged.insert((row.replay_id, row.event_hash, row.project_id, row.timestamp / 86_400), row);
+    }
+    merged.into_values().collect()
 }
 
 /// The table after merging, in the same order as `expected_rows` (ClickHouse orders UUIDs
@@ -37,7 +58,7 @@ async fn read_back(config: &ClickHouseConfig) -> Vec<ReplayRow> {
     let client = replay_ingest::sink::clickhouse::client(config);
     let mut rows =
         client.query(&format!("SELECT ?fields FROM {} FINAL", config.table)).fetch_all::<ReplayRow>().await.unwrap();
-    rows.sort_by_key(|r| (r.replay_id, r.event_hash));
+    rows.sort_by_key(|r| (r.replay_id, r.event_hash, r.project_id, r.timestamp / 86_400));
     rows
 }
 
@@ -54,9 +75,11 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
     migrate(&config).await.unwrap();
     let batch = fixture_batch();
     let expected = expected_rows(&batch);
-    assert!(expected.iter().any(|r| r.kind == RowKind::Click && r.click_is_rage), "fixtures include a rage click");
-    assert!(expected.iter().any(|r| r.kind == RowKind::Tap), "and taps");
-    assert!(expected.iter().any(|r| r.kind == RowKind::Segment && !r.error_ids.is_empty()), "and segment rows");
+    assert!(expected.iter().any(|r| r.click_is_rage == 1), "fixtures include a rage click");
+    assert!(expected.iter().any(|r| !r.tap_view_id.is_empty()), "and taps");
+    assert!(expected.iter().any(|r| r.is_segment() && !r.error_ids.is_empty()), "and segment rows");
+    assert!(expected.iter().any(|r| r.ip_address_v4.is_some()), "and an IPv4 address");
+    assert!(expected.iter().any(|r| r.ip_address_v6.is_some()), "and an IPv6 address");
 
     let sink = ClickHouseSink::new(&config);
     let written = tokio::task::spawn_blocking({
@@ -100,8 +123,8 @@ async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
     // an absurd allocation, depending on the bytes. Either way the sink names the cause.
     let error = tokio::task::spawn_blocking(move || sink.write(&fixture_batch())).await.unwrap().unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
-    assert!(error.message.contains("column replay_type is UInt64, expected String"), "{error}");
-    assert!(error.message.contains("column click_node_id is Date, expected UInt64"), "{error}");
+    assert!(error.message.contains("column replay_type is UInt64, expected Nullable(String)"), "{error}");
+    assert!(error.message.contains("column click_node_id is Date, expected UInt32"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -115,13 +138,13 @@ async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types
     check_table(&config).await.unwrap();
 
     let client = replay_ingest::sink::clickhouse::client(&config);
-    client.query(&format!("ALTER TABLE {} DROP COLUMN click_url", config.table)).execute().await.unwrap();
+    client.query(&format!("ALTER TABLE {} DROP COLUMN tap_view_id", config.table)).execute().await.unwrap();
     client.query(&format!("ALTER TABLE {} MODIFY COLUMN urls String", config.table)).execute().await.unwrap();
     let lacking = check_table(&config).await.unwrap_err();
     assert_eq!(lacking.retry, Retry::Fatal);
     assert!(
         lacking.message.ends_with(
-            "does not match the rows: column urls is String, expected Array(String); column click_url is missing"
+            "does not match the rows: column urls is String, expected Array(String); column tap_view_id is missing"
         ),
         "{lacking}"
     );

@@ -9,7 +9,7 @@ use std::net::UdpSocket;
 use std::time::Duration;
 
 use common::*;
-use replay_ingest::recording::{self, AnalyticsEvent, Limits, RowKind};
+use replay_ingest::recording::{self, AnalyticsEvent, Limits};
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 
@@ -44,17 +44,13 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
         assert_eq!(read_object(&names.bucket, &p.blob.key).await, p.blob.bytes.as_ref(), "{}", p.blob.key);
     }
 
-    // Rows: per kind, after merging (a dead/rage click replaces the plain click of its node).
+    // Rows: one per deduplication key after merging (project, day, replay, event hash).
     let rows = clickhouse_rows(&names.table).await;
-    let mut expected_rows: BTreeMap<(uuid::Uuid, uuid::Uuid), u32> = BTreeMap::new();
-    for row in valid.iter().flat_map(|p| p.rows()) {
-        let slot = expected_rows.entry((row.replay_id, row.event_hash)).or_insert(row.segment_id);
-        *slot = (*slot).max(row.segment_id);
-    }
+    let key = |r: &recording::ReplayRow| (r.project_id, r.timestamp / 86_400, r.replay_id, r.event_hash);
+    let expected_rows: BTreeSet<_> = valid.iter().flat_map(|p| p.rows(Default::default())).map(|r| key(&r)).collect();
     assert_eq!(rows.len(), expected_rows.len());
-    let stored: BTreeSet<_> = rows.iter().map(|r| (r.replay_id, r.event_hash)).collect();
-    assert_eq!(stored, expected_rows.keys().copied().collect());
-    assert!(rows.iter().any(|r| r.click_is_rage) && rows.iter().any(|r| r.kind == RowKind::Tap));
+    assert_eq!(rows.iter().map(key).collect::<BTreeSet<_>>(), expected_rows);
+    assert!(rows.iter().any(|r| r.click_is_rage == 1) && rows.iter().any(|r| !r.tap_view_id.is_empty()));
 
     // Events: outcomes for every segment 0, one first-replay for the one project, occurrences.
     let expected_events: Vec<AnalyticsEvent> = valid.iter().flat_map(|p| p.events()).collect();
@@ -102,7 +98,7 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
     assert_eq!(counters["replay_ingest.flush.items|sink:dlq"], invalid as f64);
     assert_eq!(
         counters["replay_ingest.flush.items|sink:clickhouse"],
-        valid.iter().map(|p| p.rows().len()).sum::<usize>() as f64
+        valid.iter().map(|p| p.rows(Default::default()).len()).sum::<usize>() as f64
     );
     assert!(counters["replay_ingest.commits"] >= 1.0);
     for distribution in [

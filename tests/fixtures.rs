@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use replay_ingest::inspect;
-use replay_ingest::recording::{self, AnalyticsEvent, Limits, Processed, Reason, RowKind};
+use replay_ingest::recording::{self, AnalyticsEvent, KafkaPosition, Limits, Processed, Reason};
 use serde_json::Value;
 
 fn fixture_dir(kind: &str) -> PathBuf {
@@ -32,6 +32,9 @@ fn valid(name: &str) -> Processed {
     process("segments", name).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// Where the messages sit in Kafka, for the rows (`partition`, `offset` columns).
+const AT: KafkaPosition = KafkaPosition { partition: 3, offset: 1234 };
+
 #[test]
 fn inspect_output_of_every_fixture_matches_its_snapshot() {
     for kind in ["segments", "synthetic"] {
@@ -53,7 +56,7 @@ fn every_recorded_segment_is_valid_and_fully_parsed() {
         assert!(p.extracted.events > 0, "{name}");
         assert_eq!(p.blob.key, format!("90/42/{}/{}", p.ids.replay_id, p.ids.segment_id), "{name}");
         assert_eq!(p.body_encoding.as_str(), "zlib", "{name}: the JS SDK sends zlib");
-        assert_eq!(p.rows().iter().filter(|r| r.kind == RowKind::Segment).count(), 1, "{name}");
+        assert_eq!(p.rows(AT).iter().filter(|r| r.is_segment()).count(), 1, "{name}");
     }
 }
 
@@ -120,8 +123,8 @@ fn malformed_events_are_skipped_and_the_rest_of_the_segment_is_kept() {
 #[test]
 fn the_mobile_segment_yields_tap_rows_and_a_video_pack_blob() {
     let p = process("synthetic", "mobile-taps-video").unwrap();
-    let rows = p.rows();
-    let taps: Vec<_> = rows.iter().filter(|r| r.kind == RowKind::Tap).map(|r| r.tap_view_id.as_str()).collect();
+    let rows = p.rows(AT);
+    let taps: Vec<_> = rows.iter().filter(|r| !r.tap_view_id.is_empty()).map(|r| r.tap_view_id.as_str()).collect();
     assert_eq!(taps, ["checkout_button", "back"]);
     let packed = recording::payload::decompress(
         &recording::payload::Payload { segment_id: 0, encoding: recording::BodyEncoding::Zlib, body: &p.blob.bytes },
@@ -131,8 +134,8 @@ fn the_mobile_segment_yields_tap_rows_and_a_video_pack_blob() {
     assert_eq!(packed[0], 0x01);
     assert_eq!(u32::from_be_bytes(packed[1..5].try_into().unwrap()), 4096);
     assert_eq!(packed.len(), 5 + 4096 + p.uncompressed_bytes);
-    let segment = p.rows().into_iter().find(|r| r.kind == RowKind::Segment).unwrap();
-    assert_eq!((segment.platform.as_str(), segment.device_model.as_str()), ("android", "Pixel 9"));
+    let segment = p.rows(AT).into_iter().find(|r| r.is_segment()).unwrap();
+    assert_eq!((segment.platform.as_str(), segment.device_model.as_deref()), ("android", Some("Pixel 9")));
     assert_eq!(segment.tags_key, ["plan"]);
 }
 
@@ -172,8 +175,8 @@ fn the_rage_click_recording_reports_a_rage_click_and_an_issue_occurrence() {
     assert_eq!(rage.len(), 1);
     assert_eq!((rage[0].tag.as_str(), rage[0].id.as_str()), ("a", "download"));
     assert!(p.events().iter().any(|e| matches!(e, AnalyticsEvent::RageClick(r) if r.selector == rage[0].selector)));
-    let row = p.rows().into_iter().find(|r| r.kind == RowKind::Click).unwrap();
-    assert!(row.click_is_dead && row.click_is_rage);
+    let row = p.rows(AT).into_iter().find(|r| r.click_node_id != 0).unwrap();
+    assert_eq!((row.click_is_dead, row.click_is_rage), (1, 1));
 }
 
 #[test]
@@ -211,7 +214,7 @@ fn the_console_recording_counts_levels_and_reports_the_hydration_error() {
     }
     assert_eq!(p.extracted.hydration_errors.len(), 1);
     assert!(p.events().iter().any(|e| matches!(e, AnalyticsEvent::HydrationError(_))));
-    let segment = p.rows().into_iter().find(|r| r.kind == RowKind::Segment).unwrap();
+    let segment = p.rows(AT).into_iter().find(|r| r.is_segment()).unwrap();
     assert_eq!(segment.error_ids.len(), 2, "the captured hydration error and the uncaught TypeError");
 }
 
@@ -247,7 +250,7 @@ fn segment_zero_bills_one_replay_and_proposes_a_first_replay() {
 fn reprocessing_a_message_produces_identical_rows_and_events() {
     for name in ["interactions-0", "rage-click-1", "console-0"] {
         let (a, b) = (valid(name), valid(name));
-        assert_eq!(a.rows(), b.rows(), "{name}");
+        assert_eq!(a.rows(AT), b.rows(AT), "{name}");
         assert_eq!(a.events(), b.events(), "{name}");
         assert_eq!(a.blob, b.blob, "{name}");
     }

@@ -152,7 +152,7 @@ fn check_hostile_outcome(name: &str, p: &Processed) {
             assert_eq!(p.events().len(), 2 + recording::events::MAX_HYDRATION_ISSUES);
         }
         "href-x-clicks" => {
-            assert_eq!((x.clicks.len(), p.rows().len()), (20, 21));
+            assert_eq!((x.clicks.len(), p.rows(Default::default()).len()), (20, 21));
             assert!(x.clicks.iter().all(|c| Arc::ptr_eq(&c.url, &x.urls[0])));
         }
         "long-click-fields" => {

@@ -31,7 +31,8 @@ pub struct Produced {
 }
 
 /// `value` with its `replay_id` replaced, when it is a msgpack map with a valid one (an invalid
-/// id stays, so a hostile fixture stays hostile).
+/// id stays, so a hostile fixture stays hostile) — in the envelope and, as the edge would have
+/// it, wherever the replay event repeats it.
 pub fn with_replay_id(value: &[u8], replay_id: &str) -> Option<Vec<u8>> {
     let mut decoded = rmpv::decode::read_value(&mut &value[..]).ok()?;
     let map = match &mut decoded {
@@ -39,13 +40,27 @@ pub fn with_replay_id(value: &[u8], replay_id: &str) -> Option<Vec<u8>> {
         _ => return None,
     };
     let slot = map.iter_mut().find(|(k, _)| k.as_str() == Some("replay_id"))?;
-    if !slot.1.as_str().is_some_and(is_replay_id) {
-        return None;
-    }
+    let old = slot.1.as_str().filter(|id| is_replay_id(id))?.to_owned();
     slot.1 = rmpv::Value::from(replay_id);
+    if let Some((_, rmpv::Value::Binary(event))) = map.iter_mut().find(|(k, _)| k.as_str() == Some("replay_event")) {
+        *event = replace_all(event, old.as_bytes(), replay_id.as_bytes());
+    }
     let mut out = Vec::with_capacity(value.len());
     rmpv::encode::write_value(&mut out, &decoded).ok()?;
     Some(out)
+}
+
+/// `haystack` with every `from` replaced by `to`.
+fn replace_all(haystack: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(haystack.len());
+    let mut rest = haystack;
+    while let Some(at) = memchr::memmem::find(rest, from) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(to);
+        rest = &rest[at + from.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
 }
 
 pub fn random_replay_id() -> String {
@@ -116,6 +131,9 @@ mod tests {
             recording::process(&rewritten, &Default::default()).unwrap(),
         );
         assert_eq!(b.ids.replay_id, id);
+        let event_id = |p: &recording::Processed| p.replay_event.as_ref().unwrap().replay_id.unwrap();
+        assert_eq!(event_id(&b).simple().to_string(), id, "the replay event's own id follows");
+        assert_ne!(event_id(&a), event_id(&b));
         assert_eq!((a.extracted, a.blob.bytes), (b.extracted, b.blob.bytes));
     }
 

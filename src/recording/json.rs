@@ -134,6 +134,68 @@ impl<'de> Deserialize<'de> for Num {
     }
 }
 
+/// Any JSON value, kept when it is a string or a non-negative integer (as its decimal digits):
+/// an id that SDKs send either way (`user.id`).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Id<'a>(pub Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Id<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Lenient::<Id<'de>>(std::marker::PhantomData))
+    }
+}
+
+impl<'de> Visitor<'de> for Lenient<Id<'de>> {
+    type Value = Id<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Id(Some(Cow::Borrowed(v))))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Id(Some(Cow::Owned(v.to_owned()))))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Id(Some(Cow::Owned(v))))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Id(Some(Cow::Owned(v.to_string()))))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Id(u64::try_from(v).ok().map(|v| Cow::Owned(v.to_string()))))
+    }
+    default_for!(bool, null, seq, map);
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Id(None))
+    }
+}
+
+/// Any JSON value: `true` only when it is JSON `true`.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Flag(pub bool);
+
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Lenient::<Flag>(std::marker::PhantomData))
+    }
+}
+
+impl<'de> Visitor<'de> for Lenient<Flag> {
+    type Value = Flag;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(Flag(v))
+    }
+    default_for!(str, numbers, null, seq, map);
+}
+
 /// Most strings a [`TextList`] keeps; the rest of the array is consumed and counted, not kept.
 pub const MAX_TEXT_LIST: usize = 1000;
 
@@ -232,6 +294,25 @@ mod tests {
         assert_eq!(probe(r#"{"num":-3}"#).1, Some(-3.0));
         for other in [r#""5""#, "true", "null", "[5]", r#"{"n":5}"#] {
             assert_eq!(probe(&format!(r#"{{"num":{other},"text":"t"}}"#)), (Some("t".into()), None), "{other}");
+        }
+    }
+
+    #[test]
+    fn ids_are_strings_or_non_negative_integers_and_flags_only_true() {
+        #[derive(serde::Deserialize)]
+        struct Ids<'a> {
+            #[serde(borrow)]
+            id: Id<'a>,
+            flag: Flag,
+        }
+        let read = |json: &str| {
+            let ids: Ids = sonic_rs::from_str(json).unwrap();
+            (ids.id.0.map(Cow::into_owned), ids.flag.0)
+        };
+        assert_eq!(read(r#"{"id":"u-1","flag":true}"#), (Some("u-1".into()), true));
+        assert_eq!(read(r#"{"id":18446744073709551615,"flag":1}"#), (Some("18446744073709551615".into()), false));
+        for other in ["-1", "1.5", "true", "null", "[1]", r#"{"a":1}"#] {
+            assert_eq!(read(&format!(r#"{{"id":{other},"flag":"true"}}"#)), (None, false), "{other}");
         }
     }
 

@@ -33,7 +33,7 @@ pub use heap::HeapSize;
 pub use ids::SegmentIds;
 pub use payload::BodyEncoding;
 pub use replay_event::ReplayEvent;
-pub use rows::{ReplayRow, RowKind};
+pub use rows::{KafkaPosition, ReplayRow};
 pub use rrweb::{Extracted, RowLimits};
 
 /// Default cap on a decompressed segment body (SPEC §3).
@@ -101,10 +101,16 @@ impl Processed {
         self.input_bytes.saturating_mul(2).saturating_add(COST_BOUND_SLACK)
     }
 
-    /// The ClickHouse rows of this segment, built now.
-    pub fn rows(&self) -> Vec<ReplayRow> {
-        let replay_event = self.replay_event.as_ref().filter(|_| self.writes_segment_row);
-        rows::build(&self.ids, replay_event, &self.extracted)
+    /// The ClickHouse rows of this segment, built now; `at` is where its message sat in Kafka.
+    pub fn rows(&self, at: KafkaPosition) -> Vec<ReplayRow> {
+        rows::build(&self.ids, at, self.replay_event.as_ref(), self.writes_segment_row, &self.extracted)
+    }
+
+    /// Whether [`Processed::rows`] has any.
+    pub fn has_rows(&self) -> bool {
+        (self.writes_segment_row && self.replay_event.is_some())
+            || !self.extracted.clicks.is_empty()
+            || !self.extracted.taps.is_empty()
     }
 
     /// The analytics events of this segment, built now.

@@ -17,12 +17,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use uuid::Uuid;
 
 use super::error::{InvalidRecording, Reason};
 use super::heap::heap_size;
-use super::json::{Num, Object, Text, TextList, default_for};
+use super::json::{Flag, Id, Num, Object, Text, TextList, default_for};
 use super::rrweb::Url;
 use super::scan;
 
@@ -32,17 +32,26 @@ pub const MAX_LIST_ENTRIES: usize = 100;
 /// Tag pairs kept.
 pub const MAX_TAGS: usize = 1000;
 
-/// The replay event's fields this service stores, owned.
+/// The replay event's fields this service stores, owned. Absent and wrong-typed fields are
+/// `None` or empty; the segment row maps them as snuba maps the published event (`rows.rs`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReplayEvent {
+    /// The event's own `replay_id`, when it is a UUID.
+    pub replay_id: Option<Uuid>,
+    /// The event's own `segment_id`, when it is a non-negative integer that fits 32 bits.
+    pub segment_id: Option<u32>,
+    /// An explicit `event_hash`, when it is a UUID.
+    pub event_hash: Option<Uuid>,
     /// Seconds since the epoch.
     pub timestamp: Option<f64>,
     pub replay_start_timestamp: Option<f64>,
     /// Shared with the segment's visited URLs.
     pub urls: Vec<Url>,
+    pub segment_names: Vec<String>,
     /// Ids that are not UUIDs are dropped.
     pub error_ids: Vec<Uuid>,
     pub trace_ids: Vec<Uuid>,
+    pub is_archived: bool,
     pub replay_type: String,
     pub platform: String,
     pub environment: String,
@@ -50,10 +59,16 @@ pub struct ReplayEvent {
     pub dist: String,
     pub sdk_name: String,
     pub sdk_version: String,
-    pub user_id: String,
-    pub user_name: String,
-    pub user_email: String,
-    pub ip_address: String,
+    /// `user.id` as sent (a string, or an integer's digits); `None` when absent.
+    pub user_id: Option<String>,
+    pub user_name: Option<String>,
+    pub user_email: Option<String>,
+    /// `user.ip_address` as sent; parsed when the row is built.
+    pub ip_address: Option<String>,
+    pub geo_city: String,
+    pub geo_country_code: String,
+    pub geo_region: String,
+    pub geo_subdivision: String,
     pub os_name: String,
     pub os_version: String,
     pub browser_name: String,
@@ -62,9 +77,14 @@ pub struct ReplayEvent {
     pub device_brand: String,
     pub device_family: String,
     pub device_model: String,
+    pub ota_updates_channel: String,
+    pub ota_updates_runtime_version: String,
+    pub ota_updates_update_id: String,
     pub error_sample_rate: Option<f64>,
     pub session_sample_rate: Option<f64>,
-    /// Tag pairs in the order sent.
+    /// The value of the last `transaction` tag (`None` when there is none, or it is null).
+    pub title: Option<String>,
+    /// Every other tag pair in the order sent; a null value is "".
     pub tags: Vec<(String, String)>,
     /// List entries and tags left out by the limits above.
     pub dropped_items: u64,
@@ -72,6 +92,7 @@ pub struct ReplayEvent {
 
 heap_size!(ReplayEvent {
     urls,
+    segment_names,
     error_ids,
     trace_ids,
     replay_type,
@@ -85,6 +106,10 @@ heap_size!(ReplayEvent {
     user_name,
     user_email,
     ip_address,
+    geo_city,
+    geo_country_code,
+    geo_region,
+    geo_subdivision,
     os_name,
     os_version,
     browser_name,
@@ -93,11 +118,21 @@ heap_size!(ReplayEvent {
     device_brand,
     device_family,
     device_model,
+    ota_updates_channel,
+    ota_updates_runtime_version,
+    ota_updates_update_id,
+    title,
     tags,
 });
 
 #[derive(Deserialize)]
 struct Wire<'a> {
+    #[serde(borrow, default)]
+    replay_id: Text<'a>,
+    #[serde(default)]
+    segment_id: Num,
+    #[serde(borrow, default)]
+    event_hash: Text<'a>,
     #[serde(default)]
     timestamp: Num,
     #[serde(default)]
@@ -105,9 +140,13 @@ struct Wire<'a> {
     #[serde(borrow, default)]
     urls: TextList<'a>,
     #[serde(borrow, default)]
+    segment_names: TextList<'a>,
+    #[serde(borrow, default)]
     error_ids: TextList<'a>,
     #[serde(borrow, default)]
     trace_ids: TextList<'a>,
+    #[serde(default)]
+    is_archived: Flag,
     #[serde(borrow, default)]
     replay_type: Text<'a>,
     #[serde(borrow, default)]
@@ -139,13 +178,37 @@ struct NameVersion<'a> {
 #[derive(Deserialize, Default)]
 struct User<'a> {
     #[serde(borrow, default)]
-    id: Text<'a>,
+    id: Id<'a>,
     #[serde(borrow, default)]
     username: Text<'a>,
     #[serde(borrow, default)]
     email: Text<'a>,
     #[serde(borrow, default)]
     ip_address: Text<'a>,
+    #[serde(borrow, default)]
+    geo: Object<Geo<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+struct Geo<'a> {
+    #[serde(borrow, default)]
+    city: Text<'a>,
+    #[serde(borrow, default)]
+    country_code: Text<'a>,
+    #[serde(borrow, default)]
+    region: Text<'a>,
+    #[serde(borrow, default)]
+    subdivision: Text<'a>,
+}
+
+#[derive(Deserialize, Default)]
+struct OtaUpdates<'a> {
+    #[serde(borrow, default)]
+    channel: Text<'a>,
+    #[serde(borrow, default)]
+    runtime_version: Text<'a>,
+    #[serde(borrow, default)]
+    update_id: Text<'a>,
 }
 
 #[derive(Deserialize, Default)]
@@ -178,17 +241,22 @@ struct Contexts<'a> {
     device: Object<Device<'a>>,
     #[serde(default)]
     replay: Object<ReplayContext>,
+    #[serde(borrow, default)]
+    ota_updates: Object<OtaUpdates<'a>>,
 }
 
-/// `tags` as an object `{k: v}` or as relay's array of pairs `[[k, v], …]`: the first
+/// One tag: its key and its value (`None` when null or not a string).
+type Tag<'a> = (Cow<'a, str>, Option<Cow<'a, str>>);
+
+/// `tags` as Relay's array of pairs `[[k, v], …]` or as an object `{k: v}`: the first
 /// `MAX_TAGS` pairs, and how many more were sent.
 #[derive(Default)]
-struct Tags<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>, u64);
+struct Tags<'a>(Vec<Tag<'a>>, u64);
 
 impl<'a> Tags<'a> {
-    fn push(&mut self, pair: (Cow<'a, str>, Cow<'a, str>)) {
+    fn push(&mut self, tag: Tag<'a>) {
         if self.0.len() < MAX_TAGS {
-            self.0.push(pair);
+            self.0.push(tag);
         } else {
             self.1 += 1;
         }
@@ -206,19 +274,17 @@ impl<'de: 'a, 'a> Deserialize<'de> for Tags<'a> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut tags = Tags::default();
                 while let Some((Text(k), Text(v))) = map.next_entry::<Text<'de>, Text<'de>>()? {
-                    if let Some(pair) = k.zip(v) {
-                        tags.push(pair);
+                    if let Some(k) = k {
+                        tags.push((k, v));
                     }
                 }
                 Ok(tags)
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut tags = Tags::default();
-                while let Some(TextList(pair, _)) = seq.next_element::<TextList<'de>>()? {
-                    if let Ok([k, v]) = <[Cow<'de, str>; 2]>::try_from(pair)
-                        && !k.is_empty()
-                    {
-                        tags.push((k, v));
+                while let Some(Pair(pair)) = seq.next_element::<Pair<'de>>()? {
+                    if let Some(tag) = pair {
+                        tags.push(tag);
                     }
                 }
                 Ok(tags)
@@ -226,6 +292,31 @@ impl<'de: 'a, 'a> Deserialize<'de> for Tags<'a> {
             default_for!(str, numbers, bool, null);
         }
         d.deserialize_any(TagsVisitor)
+    }
+}
+
+/// One element of a tag array: `[key, value]` with a string key, else nothing. Elements past
+/// the second are consumed, not kept.
+#[derive(Default)]
+struct Pair<'a>(Option<Tag<'a>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Pair<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct PairVisitor;
+        impl<'de> Visitor<'de> for PairVisitor {
+            type Value = Pair<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a tag pair")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let key = seq.next_element::<Text<'de>>()?.and_then(|Text(k)| k);
+                let value = seq.next_element::<Text<'de>>()?;
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Pair(key.zip(value).map(|(k, Text(v))| (k, v))))
+            }
+            default_for!(str, numbers, bool, null, map);
+        }
+        d.deserialize_any(PairVisitor)
     }
 }
 
@@ -264,20 +355,38 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
         InvalidRecording::new(Reason::InvalidReplayEvent, format_args!("replay_event is not a JSON object: {e}"))
     })?;
     let contexts = wire.contexts.0;
+    let user = wire.user.0;
+    let geo = user.geo.0;
+    let ota = contexts.ota_updates.0;
     let (urls, mut dropped_items) = first_entries(wire.urls);
     let urls = urls.map(|url| Arc::from(url.as_ref())).collect();
+    let (segment_names, left_out) = first_entries(wire.segment_names);
+    dropped_items += left_out;
+    let segment_names = segment_names.map(Cow::into_owned).collect();
     let error_ids = uuids(wire.error_ids, &mut dropped_items);
     let trace_ids = uuids(wire.trace_ids, &mut dropped_items);
     dropped_items += wire.tags.1;
-    let mut tags: Vec<(String, String)> =
-        wire.tags.0.into_iter().map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+    // As snuba maps them: every `transaction` tag leaves the list, the last one is the title.
+    let (mut title, mut tags) = (None, Vec::new());
+    for (key, value) in wire.tags.0 {
+        if key == "transaction" {
+            title = value.map(Cow::into_owned);
+        } else {
+            tags.push((key.into_owned(), value.map(Cow::into_owned).unwrap_or_default()));
+        }
+    }
     tags.shrink_to_fit();
     Ok(ReplayEvent {
+        replay_id: wire.replay_id.as_str().and_then(|id| Uuid::try_parse(id).ok()),
+        segment_id: wire.segment_id.as_u64().and_then(|id| u32::try_from(id).ok()),
+        event_hash: wire.event_hash.as_str().and_then(|hash| Uuid::try_parse(hash).ok()),
         timestamp: wire.timestamp.0,
         replay_start_timestamp: wire.replay_start_timestamp.0,
         urls,
+        segment_names,
         error_ids,
         trace_ids,
+        is_archived: wire.is_archived.0,
         replay_type: string(wire.replay_type),
         platform: string(wire.platform),
         environment: string(wire.environment),
@@ -285,10 +394,14 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
         dist: string(wire.dist),
         sdk_name: string(wire.sdk.0.name),
         sdk_version: string(wire.sdk.0.version),
-        user_id: string(wire.user.0.id),
-        user_name: string(wire.user.0.username),
-        user_email: string(wire.user.0.email),
-        ip_address: string(wire.user.0.ip_address),
+        user_id: user.id.0.map(Cow::into_owned),
+        user_name: user.username.0.map(Cow::into_owned),
+        user_email: user.email.0.map(Cow::into_owned),
+        ip_address: user.ip_address.0.map(Cow::into_owned),
+        geo_city: string(geo.city),
+        geo_country_code: string(geo.country_code),
+        geo_region: string(geo.region),
+        geo_subdivision: string(geo.subdivision),
         os_name: string(contexts.os.0.name),
         os_version: string(contexts.os.0.version),
         browser_name: string(contexts.browser.0.name),
@@ -297,8 +410,12 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
         device_brand: string(contexts.device.0.brand),
         device_family: string(contexts.device.0.family),
         device_model: string(contexts.device.0.model),
+        ota_updates_channel: string(ota.channel),
+        ota_updates_runtime_version: string(ota.runtime_version),
+        ota_updates_update_id: string(ota.update_id),
         error_sample_rate: contexts.replay.0.error_sample_rate.0,
         session_sample_rate: contexts.replay.0.session_sample_rate.0,
+        title,
         tags,
         dropped_items,
     })
@@ -325,16 +442,42 @@ mod tests {
         assert_eq!(event.urls, [Url::from("https://a/"), Url::from("https://b/")]);
         assert_eq!(event.error_ids.len(), 1, "non-UUID ids are dropped");
         assert_eq!((event.sdk_name.as_str(), event.sdk_version.as_str()), ("sentry.javascript.browser", "11.12.0"));
-        assert_eq!((event.user_id.as_str(), event.ip_address.as_str()), ("42", "127.0.0.1"));
+        assert_eq!((event.user_id.as_deref(), event.ip_address.as_deref()), (Some("42"), Some("127.0.0.1")));
         assert_eq!((event.browser_name.as_str(), event.os_name.as_str()), ("Chrome", "Linux"));
         assert_eq!((event.session_sample_rate, event.error_sample_rate), (Some(1.0), Some(0.5)));
-        assert_eq!(event.tags, [("plan".to_owned(), "pro".to_owned())]);
+        // A value that is not a string counts as null: "" (Relay only ever sends strings).
+        assert_eq!(event.tags, [("plan".to_owned(), "pro".to_owned()), ("n".to_owned(), String::new())]);
     }
 
     #[test]
-    fn relay_style_tag_pairs_are_read() {
-        let event = parse(br#"{"tags":[["a","1"],["b","2"],["broken"]]}"#).unwrap();
-        assert_eq!(event.tags, [("a".into(), "1".into()), ("b".into(), "2".into())]);
+    fn relay_style_tag_pairs_are_read_and_the_last_transaction_is_the_title() {
+        let event = parse(
+            br#"{"tags":[["transaction","/a"],["a","1"],["b",null],["broken"],["transaction","/b"],[1,"x"],["c","3","extra"]]}"#,
+        )
+        .unwrap();
+        let tags: Vec<(&str, &str)> = event.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(tags, [("a", "1"), ("b", ""), ("c", "3")]);
+        assert_eq!(event.title.as_deref(), Some("/b"));
+        let null_title = parse(br#"{"tags":[["transaction","/a"],["transaction",null]]}"#).unwrap();
+        assert_eq!((null_title.title, null_title.tags.len()), (None, 0));
+    }
+
+    #[test]
+    fn ids_user_geo_and_ota_fields_are_read() {
+        let event = parse(
+            br#"{"replay_id":"834f314caae54030a1b0dc52b202f24a","segment_id":70000,"event_hash":"nope",
+            "is_archived":true,"segment_names":["checkout"],
+            "user":{"id":42,"username":"ada","geo":{"city":"Austin","country_code":"US"}},
+            "contexts":{"ota_updates":{"channel":"prod","runtime_version":"1","update_id":"u"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(event.replay_id.unwrap().simple().to_string(), "834f314caae54030a1b0dc52b202f24a");
+        assert_eq!((event.segment_id, event.event_hash, event.is_archived), (Some(70_000), None, true));
+        assert_eq!((event.user_id.as_deref(), event.user_name.as_deref()), (Some("42"), Some("ada")));
+        assert_eq!((event.user_email, event.ip_address), (None, None));
+        assert_eq!((event.geo_city.as_str(), event.geo_country_code.as_str()), ("Austin", "US"));
+        assert_eq!(event.ota_updates_channel, "prod");
+        assert_eq!(event.segment_names, ["checkout"]);
     }
 
     #[test]

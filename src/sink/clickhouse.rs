@@ -15,8 +15,8 @@ use std::collections::HashSet;
 
 use tokio::runtime::Handle;
 
-use super::{Entries, Entry, Outcome, Retry, Sink, SinkError, Written};
-use crate::recording::ReplayRow;
+use super::{Entry, Outcome, Retry, Sink, SinkError, Written};
+use crate::recording::{KafkaPosition, ReplayRow};
 
 /// ClickHouse error codes about the data sent: the rows are refused (unless the table no longer
 /// matches the rows, which `ClickHouseSink::write` checks before trusting these). 6 CANNOT_PARSE_TEXT, 26
@@ -113,79 +113,190 @@ impl ServerFeatures {
     pub fn supports_ttl(self) -> bool {
         self.version >= ServerVersion(19, 6)
     }
+
+    /// `LowCardinality` without an experimental setting, the IP domain types and bloom-filter
+    /// indexes without one: 20.1 and later (snuba's own note puts the indexes there).
+    pub fn supports_snuba_schema(self) -> bool {
+        self.version >= ServerVersion(20, 1)
+    }
 }
 
-/// The replays table's columns, in `ReplayRow` order: name and type as `system.columns` shows
-/// them. The DDL and the startup check both read this list.
-pub const COLUMNS: [(&str, &str); 52] = [
-    ("kind", "Enum8('segment' = 0, 'click' = 1, 'tap' = 2)"),
-    ("project_id", "UInt64"),
-    ("replay_id", "UUID"),
-    ("event_hash", "UUID"),
-    ("timestamp", "DateTime"),
-    ("retention_days", "UInt16"),
-    ("segment_id", "UInt32"),
-    ("replay_start_timestamp", "Nullable(DateTime)"),
-    ("replay_type", "String"),
-    ("platform", "String"),
-    ("environment", "String"),
-    ("release", "String"),
-    ("dist", "String"),
-    ("urls", "Array(String)"),
-    ("error_ids", "Array(UUID)"),
-    ("trace_ids", "Array(UUID)"),
-    ("user_id", "String"),
-    ("user_name", "String"),
-    ("user_email", "String"),
-    ("ip_address", "String"),
-    ("os_name", "String"),
-    ("os_version", "String"),
-    ("browser_name", "String"),
-    ("browser_version", "String"),
-    ("device_name", "String"),
-    ("device_brand", "String"),
-    ("device_family", "String"),
-    ("device_model", "String"),
-    ("sdk_name", "String"),
-    ("sdk_version", "String"),
-    ("error_sample_rate", "Nullable(Float64)"),
-    ("session_sample_rate", "Nullable(Float64)"),
-    ("tags_key", "Array(String)"),
-    ("tags_value", "Array(String)"),
-    ("click_node_id", "UInt64"),
-    ("click_tag", "String"),
-    ("click_id", "String"),
-    ("click_class", "Array(String)"),
-    ("click_text", "String"),
-    ("click_role", "String"),
-    ("click_alt", "String"),
-    ("click_testid", "String"),
-    ("click_aria_label", "String"),
-    ("click_title", "String"),
-    ("click_component_name", "String"),
-    ("click_selector", "String"),
-    ("click_url", "String"),
-    ("click_is_dead", "UInt8"),
-    ("click_is_rage", "UInt8"),
-    ("tap_message", "String"),
-    ("tap_view_class", "String"),
-    ("tap_view_id", "String"),
+/// One column of snuba's `replays_local`: name, type on a current server, and its DEFAULT or
+/// MATERIALIZED clause (empty when none).
+pub struct Column {
+    pub name: &'static str,
+    pub kind: &'static str,
+    pub extra: &'static str,
+}
+
+const fn column(name: &'static str, kind: &'static str) -> Column {
+    Column { name, kind, extra: "" }
+}
+
+const fn derived(name: &'static str, kind: &'static str, extra: &'static str) -> Column {
+    Column { name, kind, extra }
+}
+
+/// `replays_local` as snuba's 25 migrations leave it, in table order. The columns `ReplayRow`
+/// writes are a subsequence; the rest (`url`, materialized counts and hashes) the server fills.
+pub const TABLE: [Column; 78] = [
+    column("replay_id", "UUID"),
+    column("debug_id", "UUID"),
+    derived(
+        "count_info_events",
+        "UInt8",
+        "MATERIALIZED (debug_id != '00000000-0000-0000-0000-000000000000') + (info_id != '00000000-0000-0000-0000-000000000000')",
+    ),
+    derived("count_warning_events", "UInt8", "MATERIALIZED warning_id != '00000000-0000-0000-0000-000000000000'"),
+    derived(
+        "count_error_events",
+        "UInt8",
+        "MATERIALIZED (error_id != '00000000-0000-0000-0000-000000000000') + (fatal_id != '00000000-0000-0000-0000-000000000000')",
+    ),
+    column("info_id", "UUID"),
+    column("warning_id", "UUID"),
+    column("error_id", "UUID"),
+    column("fatal_id", "UUID"),
+    column("replay_type", "LowCardinality(Nullable(String))"),
+    column("error_sample_rate", "Nullable(Float64)"),
+    column("session_sample_rate", "Nullable(Float64)"),
+    column("event_hash", "UUID"),
+    column("segment_id", "Nullable(UInt16)"),
+    column("trace_ids", "Array(UUID)"),
+    derived("_trace_ids_hashed", "Array(UInt64)", "MATERIALIZED arrayMap(t -> cityHash64(t), trace_ids)"),
+    column("title", "Nullable(String)"),
+    column("url", "Nullable(String)"),
+    column("urls", "Array(String)"),
+    column("segment_names", "Array(String)"),
+    column("is_archived", "Nullable(UInt8)"),
+    column("error_ids", "Array(UUID)"),
+    derived("_error_ids_hashed", "Array(UInt64)", "MATERIALIZED arrayMap(t -> cityHash64(t), error_ids)"),
+    column("project_id", "UInt64"),
+    column("timestamp", "DateTime"),
+    column("replay_start_timestamp", "Nullable(DateTime)"),
+    column("platform", "LowCardinality(String)"),
+    column("environment", "LowCardinality(Nullable(String))"),
+    column("release", "Nullable(String)"),
+    column("dist", "Nullable(String)"),
+    column("ip_address_v4", "Nullable(IPv4)"),
+    column("ip_address_v6", "Nullable(IPv6)"),
+    column("user", "Nullable(String)"),
+    column("user_id", "Nullable(String)"),
+    column("user_name", "Nullable(String)"),
+    column("user_email", "Nullable(String)"),
+    column("user_geo_city", "String"),
+    column("user_geo_country_code", "String"),
+    column("user_geo_region", "String"),
+    column("user_geo_subdivision", "String"),
+    column("viewed_by_id", "UInt64"),
+    column("os_name", "LowCardinality(Nullable(String))"),
+    column("os_version", "Nullable(String)"),
+    column("browser_name", "LowCardinality(Nullable(String))"),
+    column("browser_version", "Nullable(String)"),
+    column("device_name", "LowCardinality(Nullable(String))"),
+    column("device_brand", "LowCardinality(Nullable(String))"),
+    column("device_family", "LowCardinality(Nullable(String))"),
+    column("device_model", "LowCardinality(Nullable(String))"),
+    column("ota_updates_channel", "String"),
+    column("ota_updates_runtime_version", "String"),
+    column("ota_updates_update_id", "String"),
+    column("sdk_name", "LowCardinality(Nullable(String))"),
+    column("sdk_version", "LowCardinality(Nullable(String))"),
+    column("tags.key", "Array(String)"),
+    column("tags.value", "Array(String)"),
+    derived(
+        "_tags_hash_map",
+        "Array(UInt64)",
+        r"MATERIALIZED arrayMap((k, v) -> cityHash64(concat(replaceRegexpAll(k, '(\\=|\\\\)', '\\\\\\1'), '=', v)), `tags.key`, `tags.value`)",
+    ),
+    derived("click_node_id", "UInt32", "DEFAULT 0"),
+    derived("click_tag", "LowCardinality(String)", "DEFAULT ''"),
+    derived("click_id", "String", "DEFAULT ''"),
+    column("click_class", "Array(String)"),
+    derived("click_text", "String", "DEFAULT ''"),
+    derived("click_role", "LowCardinality(String)", "DEFAULT ''"),
+    derived("click_alt", "String", "DEFAULT ''"),
+    derived("click_testid", "String", "DEFAULT ''"),
+    derived("click_aria_label", "String", "DEFAULT ''"),
+    derived("click_title", "String", "DEFAULT ''"),
+    column("click_component_name", "String"),
+    column("click_is_dead", "UInt8"),
+    column("click_is_rage", "UInt8"),
+    column("tap_message", "String"),
+    column("tap_view_class", "String"),
+    column("tap_view_id", "String"),
+    derived("count_errors", "UInt16", "MATERIALIZED length(error_ids)"),
+    derived("count_urls", "UInt16", "MATERIALIZED length(urls)"),
+    column("retention_days", "UInt16"),
+    column("partition", "UInt16"),
+    column("offset", "UInt64"),
 ];
 
-/// `CREATE TABLE` for the replays table on a server with `features`. Columns are in `ReplayRow`
-/// order.
+/// snuba's data-skipping indexes (current servers only).
+const INDEXES: [&str; 6] = [
+    "INDEX bf_trace_ids_hashed _trace_ids_hashed TYPE bloom_filter() GRANULARITY 1",
+    "INDEX bf_error_ids_hashed _error_ids_hashed TYPE bloom_filter() GRANULARITY 1",
+    "INDEX bf_user_id user_id TYPE bloom_filter() GRANULARITY 1",
+    "INDEX bf_user_email user_email TYPE bloom_filter() GRANULARITY 1",
+    "INDEX bf_ip_address_v4 ip_address_v4 TYPE bloom_filter() GRANULARITY 1",
+    "INDEX bf_tags_hash_map _tags_hash_map TYPE bloom_filter GRANULARITY 1",
+];
+
+/// A column type as RowBinary encodes it: `LowCardinality` changes nothing on the wire, `IPv4`
+/// is a `UInt32` and `IPv6` a `FixedString(16)`. Older servers get these plainer types, and the
+/// startup check compares types in this form, so a table snuba made and one `migrate` made on an
+/// old server both pass.
+pub fn wire_type(kind: &str) -> String {
+    let mut kind = kind.to_owned();
+    while let Some(start) = kind.find("LowCardinality(") {
+        let inner = start + "LowCardinality(".len();
+        let mut depth = 1;
+        let end = kind[inner..]
+            .char_indices()
+            .find_map(|(i, c)| {
+                depth += match c {
+                    '(' => 1,
+                    ')' => -1,
+                    _ => 0,
+                };
+                (depth == 0).then_some(inner + i)
+            })
+            .unwrap_or(kind.len());
+        kind = format!("{}{}{}", &kind[..start], &kind[inner..end], kind.get(end + 1..).unwrap_or(""));
+    }
+    kind.replace("IPv4", "UInt32").replace("IPv6", "FixedString(16)")
+}
+
+/// `CREATE TABLE` for `replays_local` on a server with `features`: snuba's final schema where
+/// the server supports it; on an old one (18.16 here) the same columns in the same order with
+/// the types RowBinary encodes identically (`wire_type`), no indexes and no TTL, and the UUID
+/// hashes taken of the UUID's text.
 pub fn create_table_sql(database: &str, table: &str, features: ServerFeatures) -> String {
-    let ttl = if features.supports_ttl() { "\nTTL timestamp + toIntervalDay(retention_days)" } else { "" };
+    let modern = features.supports_snuba_schema();
+    let mut lines: Vec<String> = TABLE
+        .iter()
+        .map(|c| {
+            let kind = if modern { c.kind.to_owned() } else { wire_type(c.kind) };
+            let extra = if features.hash_uuid {
+                c.extra.to_owned()
+            } else {
+                c.extra.replace("cityHash64(t)", "cityHash64(toString(t))")
+            };
+            let space = if extra.is_empty() { "" } else { " " };
+            format!("    `{}` {kind}{space}{extra}", c.name)
+        })
+        .collect();
+    if modern {
+        lines.extend(INDEXES.iter().map(|index| format!("    {index}")));
+    }
     let replay_hash = if features.hash_uuid { "cityHash64(replay_id)" } else { "cityHash64(toString(replay_id))" };
-    let columns = COLUMNS.map(|(name, kind)| format!("    {name} {kind}")).join(",\n");
+    let ttl = if features.supports_ttl() { "\nTTL timestamp + toIntervalDay(retention_days)" } else { "" };
     format!(
-        "CREATE TABLE IF NOT EXISTS {database}.{table} (
-{columns}
-)
-ENGINE = ReplacingMergeTree(segment_id)
-PARTITION BY (retention_days, toMonday(timestamp))
-ORDER BY (project_id, toStartOfDay(timestamp), {replay_hash}, event_hash){ttl}
-SETTINGS index_granularity = 8192"
+        "CREATE TABLE IF NOT EXISTS {database}.{table}\n(\n{}\n)\nENGINE = ReplacingMergeTree()\n\
+         PARTITION BY (retention_days, toMonday(timestamp))\n\
+         ORDER BY (project_id, toStartOfDay(timestamp), {replay_hash}, event_hash){ttl}\n\
+         SETTINGS index_granularity = 8192",
+        lines.join(",\n")
     )
 }
 
@@ -253,14 +364,20 @@ pub async fn check_table(config: &ClickHouseConfig) -> Result<(), SinkError> {
     })
 }
 
-/// Each expected column missing from `found` (name, type) or of another type, one phrase each.
+/// Each column the rows write that is missing from `found` (name, type) or of a type encoded
+/// differently, one phrase each.
 fn schema_problems(found: &[(String, String)]) -> Result<(), String> {
-    let problems: Vec<String> = COLUMNS
+    let problems: Vec<String> = <ReplayRow as clickhouse::Row>::COLUMN_NAMES
         .iter()
-        .filter_map(|&(name, expected)| match found.iter().find(|(n, _)| n == name) {
-            None => Some(format!("column {name} is missing")),
-            Some((_, actual)) if actual != expected => Some(format!("column {name} is {actual}, expected {expected}")),
-            Some(_) => None,
+        .filter_map(|&name| {
+            let expected = TABLE.iter().find(|c| c.name == name).map(|c| wire_type(c.kind)).unwrap_or_default();
+            match found.iter().find(|(n, _)| n == name) {
+                None => Some(format!("column {name} is missing")),
+                Some((_, actual)) if wire_type(actual) != expected => {
+                    Some(format!("column {name} is {actual}, expected {expected}"))
+                }
+                Some(_) => None,
+            }
         })
         .collect();
     if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
@@ -292,8 +409,12 @@ impl ClickHouseSink {
         let mut written = 0u64;
         let mut insert: Option<clickhouse::insert::Insert<ReplayRow>> = None;
         let mut chunk = Chunk::default();
-        for processed in batch.valid() {
-            for row in processed.rows() {
+        let valid = batch.iter().filter_map(|entry| match &entry.outcome {
+            Outcome::Valid(p) => Some((p, KafkaPosition { partition: entry.partition, offset: entry.offset })),
+            Outcome::Invalid(_) => None,
+        });
+        for (processed, at) in valid {
+            for row in processed.rows(at) {
                 let partition = partition_of(&row);
                 if chunk.is_full_for(partition, self.chunk_rows) {
                     if let Some(full) = insert.take() {
@@ -325,7 +446,7 @@ impl Sink for ClickHouseSink {
 
     /// Only segments with rows: a rejection is pinned on the one whose rows were refused.
     fn writes_for(&self, entry: &Entry) -> bool {
-        matches!(&entry.outcome, Outcome::Valid(p) if !p.rows().is_empty())
+        matches!(&entry.outcome, Outcome::Valid(p) if p.has_rows())
     }
 
     fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
@@ -404,7 +525,7 @@ mod tests {
                 view_class: String::new(),
                 view_id: String::new(),
             };
-            crate::recording::rows::tap_row(&ids, &tap)
+            crate::recording::rows::tap_row(&ids, Default::default(), "", &tap)
         };
         // 2026-11-30T00:00:00Z is a Monday; the next Monday starts the next partition.
         let monday = partition_of(&row(1_795_996_800.0));
@@ -417,20 +538,52 @@ mod tests {
     const OLD: ServerFeatures = ServerFeatures { version: ServerVersion(18, 16), hash_uuid: false };
 
     #[test]
-    fn ttl_and_uuid_hashing_are_used_only_where_the_server_supports_them() {
+    fn snubas_schema_where_the_server_supports_it_and_the_same_wire_types_where_it_does_not() {
         assert_eq!(ServerVersion::parse("18.16.1"), Some(ServerVersion(18, 16)));
         let old = create_table_sql("db", "t", OLD);
         assert!(!old.contains("TTL") && old.contains("cityHash64(toString(replay_id))"));
-        let new = ServerFeatures { version: ServerVersion::parse("24.8.4.13").unwrap(), hash_uuid: true };
+        assert!(!old.contains("LowCardinality") && !old.contains("IPv") && !old.contains("INDEX"));
+        assert!(old.contains("`ip_address_v6` Nullable(FixedString(16))"));
+        assert!(old.contains("arrayMap(t -> cityHash64(toString(t)), trace_ids)"));
+        let new = ServerFeatures { version: ServerVersion::parse("25.8.16.10001").unwrap(), hash_uuid: true };
         let new = create_table_sql("db", "t", new);
-        assert!(new.contains("TTL timestamp") && new.contains("cityHash64(replay_id)"));
+        assert!(new.contains("TTL timestamp + toIntervalDay(retention_days)") && new.contains("cityHash64(replay_id)"));
+        assert!(new.contains("`environment` LowCardinality(Nullable(String)),\n"));
+        assert!(new.contains("INDEX bf_tags_hash_map _tags_hash_map TYPE bloom_filter GRANULARITY 1\n)"));
+        assert!(new.contains("ENGINE = ReplacingMergeTree()\nPARTITION BY (retention_days, toMonday(timestamp))"));
     }
 
     #[test]
-    fn the_table_lists_every_row_field_in_order() {
-        assert_eq!(COLUMNS.map(|(name, _)| name), <ReplayRow as clickhouse::Row>::COLUMN_NAMES);
+    fn the_rows_write_a_subsequence_of_the_table_in_order() {
+        let mut table = TABLE.iter().map(|c| c.name);
+        for name in <ReplayRow as clickhouse::Row>::COLUMN_NAMES {
+            assert!(table.any(|c| c == *name), "{name} is not in the table, or out of order");
+        }
         let sql = create_table_sql("db", "t", OLD);
-        assert!(sql.contains("(\n    kind Enum8('segment' = 0, 'click' = 1, 'tap' = 2),\n    project_id UInt64,\n"));
-        assert!(sql.contains("    tap_view_id String\n)\nENGINE"));
+        assert!(sql.starts_with("CREATE TABLE IF NOT EXISTS db.t\n(\n    `replay_id` UUID,\n    `debug_id` UUID,\n"));
+        assert!(sql.contains("    `offset` UInt64\n)\nENGINE"));
+    }
+
+    #[test]
+    fn wire_types_drop_low_cardinality_and_ip_domains() {
+        assert_eq!(wire_type("LowCardinality(Nullable(String))"), "Nullable(String)");
+        assert_eq!(wire_type("Array(LowCardinality(String))"), "Array(String)");
+        assert_eq!(wire_type("Nullable(IPv4)"), "Nullable(UInt32)");
+        assert_eq!(wire_type("Nullable(IPv6)"), "Nullable(FixedString(16))");
+        assert_eq!(wire_type("UInt64"), "UInt64");
+    }
+
+    #[test]
+    fn schema_problems_name_missing_columns_and_differently_encoded_types() {
+        let mut found: Vec<(String, String)> = TABLE.iter().map(|c| (c.name.to_owned(), c.kind.to_owned())).collect();
+        assert_eq!(schema_problems(&found), Ok(()));
+        let legacy: Vec<(String, String)> = found.iter().map(|(n, k)| (n.clone(), wire_type(k))).collect();
+        assert_eq!(schema_problems(&legacy), Ok(()), "an 18.16 table made by migrate");
+        found.retain(|(n, _)| n != "offset");
+        found.iter_mut().find(|(n, _)| n == "segment_id").unwrap().1 = "UInt32".into();
+        assert_eq!(
+            schema_problems(&found),
+            Err("column segment_id is UInt32, expected Nullable(UInt16); column offset is missing".into())
+        );
     }
 }
