@@ -308,6 +308,9 @@ pub struct Extracted {
     pub spans_by_op: Counts,
     /// Click rows, at most `RowLimits::max_clicks`.
     pub clicks: Vec<Click>,
+    /// Rage clicks past the click rows' limit (at most as many again): no rows, but issue
+    /// reports.
+    pub late_rage_clicks: Vec<Click>,
     /// Tap rows, at most `RowLimits::max_taps`.
     pub taps: Vec<Tap>,
     pub multi_clicks: Vec<MultiClick>,
@@ -338,6 +341,7 @@ impl Default for Extracted {
             breadcrumbs_by_category: Counts::default(),
             spans_by_op: Counts::default(),
             clicks: Vec::new(),
+            late_rage_clicks: Vec::new(),
             taps: Vec::new(),
             multi_clicks: Vec::new(),
             navigations: Vec::new(),
@@ -379,6 +383,7 @@ impl Extracted {
         self.spans_by_op.shrink();
         self.console.shrink();
         self.clicks.shrink_to_fit();
+        self.late_rage_clicks.shrink_to_fit();
         self.taps.shrink_to_fit();
         self.multi_clicks.shrink_to_fit();
         self.navigations.shrink_to_fit();
@@ -388,8 +393,9 @@ impl Extracted {
         self.urls.shrink_to_fit();
     }
 
+    /// Every rage click of the segment, those past the click rows' limit included.
     pub fn rage_clicks(&self) -> impl Iterator<Item = &Click> {
-        self.clicks.iter().filter(|c| c.is_rage)
+        self.clicks.iter().filter(|c| c.is_rage).chain(&self.late_rage_clicks)
     }
 }
 
@@ -522,10 +528,15 @@ struct ClickData<'a> {
     url: Text<'a>,
     #[serde(default)]
     time_after_click_ms: Num,
+    /// Older SDKs send the lower-case spelling; the camel-case one wins when both are there.
+    #[serde(default, rename = "timeafterclickms")]
+    time_after_click_ms_lower: Num,
     #[serde(borrow, default)]
     end_reason: Text<'a>,
     #[serde(default)]
     click_count: Num,
+    #[serde(default, rename = "clickcount")]
+    click_count_lower: Num,
     #[serde(default)]
     node_id: Num,
 }
@@ -543,7 +554,8 @@ struct Node<'a> {
     attributes: Attributes<'a>,
 }
 
-/// The node attributes the SDK reports (it renames `data-testid` to `testId`).
+/// The node attributes the SDK reports. The test id has three spellings (the SDK renames
+/// `data-testid` to `testId`; pages also use `data-test-id`); a node may carry several.
 #[derive(Deserialize, Default)]
 struct Attributes<'a> {
     #[serde(borrow, default)]
@@ -558,8 +570,12 @@ struct Attributes<'a> {
     aria_label: Text<'a>,
     #[serde(borrow, default)]
     title: Text<'a>,
-    #[serde(borrow, default, rename = "testId", alias = "data-testid")]
-    testid: Text<'a>,
+    #[serde(borrow, default, rename = "testId")]
+    test_id: Text<'a>,
+    #[serde(borrow, default, rename = "data-testid")]
+    data_testid: Text<'a>,
+    #[serde(borrow, default, rename = "data-test-id")]
+    data_test_id: Text<'a>,
     #[serde(borrow, default, rename = "data-sentry-component")]
     component_name: Text<'a>,
 }
@@ -834,22 +850,33 @@ impl Extractor {
         }
     }
 
+    /// A click row while there is room for one (`RowLimits::max_clicks`, as many as Sentry
+    /// publishes per segment); past that, rage clicks are still kept (as many again) for their
+    /// issue reports.
     fn click(&mut self, selector: &str, data: ClickData<'_>, timestamp: f64, slow: bool) {
         let Some(node) = data.node else { return };
         let Some(node_id) = node.id.as_u64() else { return };
-        if self.out.clicks.len() >= self.limits.max_clicks {
-            return;
-        }
         let tag_name = node.tag_name.as_str().unwrap_or_default();
         let (tag, cut) = truncate(tag_name, 32);
-        self.out.truncated_values += u64::from(cut);
         let tag = tag.to_ascii_lowercase();
+        let time_after_click_ms = data.time_after_click_ms.0.or(data.time_after_click_ms_lower.0);
+        let click_count = data.click_count.0.or(data.click_count_lower.0);
         let is_dead = slow
             && data.end_reason.as_str() == Some("timeout")
             && DEAD_CLICK_TAGS.contains(&tag.as_str())
-            && data.time_after_click_ms.0.is_some_and(|ms| ms >= DEAD_CLICK_MIN_MS);
-        let is_rage = is_dead && data.click_count.0.is_some_and(|n| n >= RAGE_CLICK_MIN_COUNT);
+            && time_after_click_ms.is_some_and(|ms| ms >= DEAD_CLICK_MIN_MS);
+        let is_rage = is_dead && click_count.is_some_and(|n| n >= RAGE_CLICK_MIN_COUNT);
+        let row = self.out.clicks.len() < self.limits.max_clicks;
+        let late_rage = is_rage && self.out.late_rage_clicks.len() < self.limits.max_clicks;
+        if !(row || late_rage) {
+            return;
+        }
+        self.out.truncated_values += u64::from(cut);
         let attrs = &node.attributes;
+        let testid = [&attrs.test_id, &attrs.data_testid, &attrs.data_test_id]
+            .into_iter()
+            .find(|t| t.as_str().is_some_and(|t| !t.is_empty()))
+            .unwrap_or(&attrs.test_id);
         let classes: Vec<String> = attrs
             .class
             .as_str()
@@ -873,14 +900,18 @@ impl Extractor {
             alt: self.column(&attrs.alt, 64),
             aria_label: self.column(&attrs.aria_label, 64),
             title: self.column(&attrs.title, 64),
-            testid: self.column(&attrs.testid, 64),
+            testid: self.column(testid, 64),
             component_name: self.column(&attrs.component_name, 64),
             selector: self.capped(selector, MAX_TEXT_BYTES),
             url,
             is_dead,
             is_rage,
         };
-        self.out.clicks.push(click);
+        if row {
+            self.out.clicks.push(click);
+        } else {
+            self.out.late_rage_clicks.push(click);
+        }
     }
 
     fn span(&mut self, span: Span<'_>, event_ms: u64) -> bool {
@@ -962,6 +993,7 @@ heap_size!(Extracted {
     breadcrumbs_by_category,
     spans_by_op,
     clicks,
+    late_rage_clicks,
     taps,
     multi_clicks,
     navigations,
@@ -1032,6 +1064,41 @@ mod tests {
     fn data_before_type_is_classified_the_same() {
         let x = extract_events(&[format!(r#"{{"data":{{"source":3}},"timestamp":{TS},"type":3}}"#)]);
         assert_eq!(x.incremental_by_source.get("Scroll"), 1);
+    }
+
+    #[test]
+    fn the_test_id_is_the_first_non_empty_of_its_three_spellings_and_several_do_not_lose_the_click() {
+        let testid = |attributes: &str| {
+            let x =
+                extract_events(&[click_with_node(&format!(r#"{{"id":3,"tagName":"a","attributes":{attributes}}}"#))]);
+            assert_eq!(x.invalid_events, 0, "{attributes}");
+            x.clicks[0].testid.clone()
+        };
+        assert_eq!(testid(r#"{"testId":"a","data-testid":"b","data-test-id":"c"}"#), "a");
+        assert_eq!(testid(r#"{"testId":"","data-testid":"b"}"#), "b");
+        assert_eq!(testid(r#"{"data-test-id":"c"}"#), "c");
+        assert_eq!(testid(r#"{"testId":7}"#), "");
+    }
+
+    #[test]
+    fn lower_case_slow_click_fields_count_too() {
+        let crumb = breadcrumb(
+            "ui.slowClickDetected",
+            r#","message":"a","data":{"node":{"id":1,"tagName":"a"},"timeafterclickms":7000,"endReason":"timeout","clickcount":5}"#,
+        );
+        let x = extract_events(&[crumb]);
+        assert!(x.clicks[0].is_dead && x.clicks[0].is_rage);
+    }
+
+    #[test]
+    fn rage_clicks_past_the_click_rows_limit_are_kept_for_their_reports() {
+        let mut events: Vec<String> = (0..25).map(|_| click_with_node(r#"{"id":3,"tagName":"a"}"#)).collect();
+        events.insert(22, slow_click("button", "timeout", 7000, 5));
+        let x = extract_events(&events);
+        assert_eq!(x.clicks.len(), RowLimits::default().max_clicks, "rows stop at Sentry's 20");
+        assert_eq!((x.late_rage_clicks.len(), x.rage_clicks().count()), (1, 1));
+        let many: Vec<String> = (0..100).map(|_| slow_click("button", "timeout", 7000, 5)).collect();
+        assert_eq!(extract_events(&many).rage_clicks().count(), 2 * RowLimits::default().max_clicks);
     }
 
     #[test]
