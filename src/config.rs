@@ -141,8 +141,9 @@ impl ClickHouseArgs {
 /// Analytics event topics.
 #[derive(Args, Debug, Clone)]
 pub struct EventsArgs {
-    /// Billing outcomes (segment 0 of every replay).
-    #[arg(long, env = "REPLAY_INGEST_OUTCOMES_TOPIC", default_value = "outcomes")]
+    /// Billing outcomes (segment 0 of every replay): Sentry sends accepted outcomes to
+    /// `outcomes-billing`.
+    #[arg(long, env = "REPLAY_INGEST_OUTCOMES_TOPIC", default_value = "outcomes-billing")]
     pub outcomes_topic: String,
     /// "First replay received" per project.
     #[arg(long, env = "REPLAY_INGEST_ANALYTICS_TOPIC", default_value = "replay-analytics")]

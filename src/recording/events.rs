@@ -1,7 +1,8 @@
 //! Analytics events published to Kafka (SPEC §5.3), built but not sent.
 //!
-//! - `Outcome` (outcomes topic): billing outcome for segment 0 — accepted, category replay,
-//!   quantity 1. Numeric codes follow the outcomes schema: outcome 0 = accepted, category 7 = replay.
+//! - `Outcome` (`outcomes-billing`): the billing outcome for segment 0 exactly as Sentry sends
+//!   it — accepted (0), category replay (7), quantity 1, `reason` null, the edge's receive time
+//!   as `%Y-%m-%dT%H:%M:%S.%fZ`, fields in Sentry's order, no message key.
 //! - `FirstReplay` (analytics topic): candidate "first replay received" per project; the sink
 //!   deduplicates it per project with a bounded cache.
 //! - `RageClick`, `HydrationError` (issues topic): occurrences to turn into issues.
@@ -47,7 +48,7 @@ pub enum AnalyticsEvent {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Outcome {
-    /// RFC 3339, from the message's `received`.
+    /// The message's `received`, as Sentry's encoder writes a datetime (microseconds, `Z`).
     pub timestamp: String,
     pub org_id: u64,
     pub project_id: u64,
@@ -126,13 +127,14 @@ impl AnalyticsEvent {
         }
     }
 
-    /// Kafka message key: keeps one replay's events on one partition.
-    pub fn key(&self) -> String {
+    /// Kafka message key: keeps one replay's events on one partition. Outcomes have none, as
+    /// Sentry sends them.
+    pub fn key(&self) -> Option<String> {
         match self {
-            AnalyticsEvent::Outcome(o) => o.event_id.clone(),
-            AnalyticsEvent::FirstReplay(f) => f.project_id.to_string(),
-            AnalyticsEvent::RageClick(r) => r.replay_id.clone(),
-            AnalyticsEvent::HydrationError(h) => h.replay_id.clone(),
+            AnalyticsEvent::Outcome(_) => None,
+            AnalyticsEvent::FirstReplay(f) => Some(f.project_id.to_string()),
+            AnalyticsEvent::RageClick(r) => Some(r.replay_id.clone()),
+            AnalyticsEvent::HydrationError(h) => Some(h.replay_id.clone()),
         }
     }
 
@@ -145,8 +147,9 @@ impl AnalyticsEvent {
     }
 }
 
-fn rfc3339(unix_seconds: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix_seconds)).to_string()
+/// `%Y-%m-%dT%H:%M:%S.%fZ`: how Sentry's JSON encoder writes a UTC datetime.
+fn sentry_datetime(unix_seconds: u64) -> String {
+    humantime::format_rfc3339_micros(UNIX_EPOCH + Duration::from_secs(unix_seconds)).to_string()
 }
 
 /// The events one segment produces.
@@ -154,7 +157,7 @@ pub fn build(ids: &SegmentIds, extracted: &Extracted) -> Vec<AnalyticsEvent> {
     let mut events = Vec::new();
     if ids.segment_id == 0 {
         events.push(AnalyticsEvent::Outcome(Outcome {
-            timestamp: rfc3339(ids.received),
+            timestamp: sentry_datetime(ids.received),
             org_id: ids.org_id,
             project_id: ids.project_id,
             key_id: ids.key_id,
@@ -217,7 +220,20 @@ mod tests {
     }
 
     #[test]
-    fn outcome_timestamps_are_rfc3339_utc() {
-        assert_eq!(rfc3339(1_796_012_448), "2026-11-30T04:20:48Z");
+    fn the_billing_outcome_is_byte_for_byte_what_sentry_sends() {
+        let ids = SegmentIds {
+            replay_id: "834f314caae54030a1b0dc52b202f24a".into(),
+            org_id: 1,
+            project_id: 1,
+            key_id: Some(17),
+            received: 1_702_848_658,
+            ..SegmentIds::for_tests(0)
+        };
+        let outcome = build(&ids, &Extracted::default()).into_iter().find(|e| e.kind() == "outcome").unwrap();
+        assert_eq!(
+            String::from_utf8(outcome.to_json().unwrap()).unwrap(),
+            r#"{"timestamp":"2023-12-17T21:30:58.000000Z","org_id":1,"project_id":1,"key_id":17,"outcome":0,"reason":null,"event_id":"834f314caae54030a1b0dc52b202f24a","category":7,"quantity":1}"#
+        );
+        assert_eq!(outcome.key(), None, "no key, as Sentry publishes it");
     }
 }

@@ -105,7 +105,11 @@ impl Sink for EventsSink {
                 let (topic, key) = (self.topics.name(event.topic()), event.key());
                 let producer = &self.producer;
                 window.push(async move {
-                    let record = FutureRecord::to(topic).key(&key).payload(&value);
+                    let record = FutureRecord::<String, _>::to(topic).payload(&value);
+                    let record = match &key {
+                        Some(key) => record.key(key),
+                        None => record,
+                    };
                     producer.send(record, Duration::from_secs(30)).await
                 });
                 // Built events are held until delivered: await them in windows, not all at once.
