@@ -27,6 +27,22 @@
 //! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure |
 //! | `consumer.rebalances` | counter | rebalances | | partition revocations drained |
 //! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics |
+//!
+//! Sentry's own ingest metrics, under the same names (and the same prefix), so dashboards built
+//! for Sentry's consumer keep working:
+//!
+//! | name | type | unit | tags | meaning |
+//! |---|---|---|---|---|
+//! | `replays.usecases.ingest.size_compressed` | distribution | bytes | | body as received |
+//! | `replays.usecases.ingest.size_uncompressed` | distribution | bytes | | rrweb JSON |
+//! | `replays.usecases.ingest.request_body_size` | distribution | bytes | | per network request with a request size |
+//! | `replays.usecases.ingest.response_body_size` | distribution | bytes | | per network request with a response size |
+//! | `replays.recording_consumer.replay_video_count` | counter | segments | | segments with a video |
+//! | `replays.recording_consumer.replay_video_size` | distribution | bytes | | the video |
+//! | `replays.recording_consumer.replay_video_event_size` | distribution | bytes | | the stored blob of a video segment |
+//! | `replays.should_publish_replay_event` | counter | segments | `value`: `True`/`False` | whether this service writes the segment row |
+//! | `sentry.replays.consumer.recording.missing-replay-event` | counter | segments | | valid segments without a replay event |
+//! | `replay.hydration_error_breadcrumb` | counter | breadcrumbs | | hydration-error breadcrumbs |
 
 use std::time::Duration;
 
@@ -34,6 +50,7 @@ use metrics::{counter, gauge, histogram};
 use metrics_exporter_dogstatsd::DogStatsDBuilder;
 
 use crate::config::MetricsArgs;
+use crate::recording::Processed;
 
 /// Installs the DogStatsD exporter as the global recorder; no-op with an empty address.
 pub fn install(args: &MetricsArgs) -> Result<(), String> {
@@ -82,6 +99,16 @@ pub const COMMITS: &str = "commits";
 pub const CONSUMER_PAUSED_MS: &str = "consumer.paused_ms";
 pub const CONSUMER_REBALANCES: &str = "consumer.rebalances";
 pub const CONSUMER_LAG: &str = "consumer.lag";
+pub const SENTRY_SIZE_COMPRESSED: &str = "replays.usecases.ingest.size_compressed";
+pub const SENTRY_SIZE_UNCOMPRESSED: &str = "replays.usecases.ingest.size_uncompressed";
+pub const SENTRY_REQUEST_BODY_SIZE: &str = "replays.usecases.ingest.request_body_size";
+pub const SENTRY_RESPONSE_BODY_SIZE: &str = "replays.usecases.ingest.response_body_size";
+pub const SENTRY_VIDEO_COUNT: &str = "replays.recording_consumer.replay_video_count";
+pub const SENTRY_VIDEO_SIZE: &str = "replays.recording_consumer.replay_video_size";
+pub const SENTRY_VIDEO_EVENT_SIZE: &str = "replays.recording_consumer.replay_video_event_size";
+pub const SENTRY_SHOULD_PUBLISH: &str = "replays.should_publish_replay_event";
+pub const SENTRY_MISSING_REPLAY_EVENT: &str = "sentry.replays.consumer.recording.missing-replay-event";
+pub const SENTRY_HYDRATION_BREADCRUMBS: &str = "replay.hydration_error_breadcrumb";
 
 /// What one sink wrote in one flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,27 +121,40 @@ pub fn consumed() {
     counter!(MESSAGES_CONSUMED).increment(1);
 }
 
-/// What processing one valid segment cost and found.
-pub struct SegmentStats {
-    pub compressed: usize,
-    pub uncompressed: usize,
-    pub memory: usize,
-    pub invalid_events: u64,
-    pub truncated: u64,
-    pub took: Duration,
-}
-
-pub fn processed_segment(stats: &SegmentStats) {
-    histogram!(SEGMENT_COMPRESSED_BYTES).record(stats.compressed as f64);
-    histogram!(SEGMENT_UNCOMPRESSED_BYTES).record(stats.uncompressed as f64);
-    histogram!(SEGMENT_MEMORY_BYTES).record(stats.memory as f64);
-    histogram!(PROCESS_DURATION_MS).record(stats.took.as_secs_f64() * 1000.0);
-    if stats.invalid_events > 0 {
-        counter!(EVENTS_INVALID).increment(stats.invalid_events);
+/// What processing one valid segment cost (`memory`: what it holds while buffered) and found.
+pub fn processed_segment(p: &Processed, memory: usize, took: Duration) {
+    histogram!(SEGMENT_COMPRESSED_BYTES).record(p.compressed_bytes as f64);
+    histogram!(SEGMENT_UNCOMPRESSED_BYTES).record(p.uncompressed_bytes as f64);
+    histogram!(SEGMENT_MEMORY_BYTES).record(memory as f64);
+    histogram!(PROCESS_DURATION_MS).record(took.as_secs_f64() * 1000.0);
+    if p.extracted.invalid_events > 0 {
+        counter!(EVENTS_INVALID).increment(p.extracted.invalid_events);
     }
-    if stats.truncated > 0 {
-        counter!(SEGMENT_TRUNCATED).increment(stats.truncated);
+    let truncated = p.truncations();
+    if truncated > 0 {
+        counter!(SEGMENT_TRUNCATED).increment(truncated);
     }
+    histogram!(SENTRY_SIZE_COMPRESSED).record(p.compressed_bytes as f64);
+    histogram!(SENTRY_SIZE_UNCOMPRESSED).record(p.uncompressed_bytes as f64);
+    for request in &p.extracted.requests {
+        if let Some(size) = request.request_size {
+            histogram!(SENTRY_REQUEST_BODY_SIZE).record(size as f64);
+        }
+        if let Some(size) = request.response_size {
+            histogram!(SENTRY_RESPONSE_BODY_SIZE).record(size as f64);
+        }
+    }
+    if p.video_bytes > 0 {
+        counter!(SENTRY_VIDEO_COUNT).increment(1);
+        histogram!(SENTRY_VIDEO_SIZE).record(p.video_bytes as f64);
+        histogram!(SENTRY_VIDEO_EVENT_SIZE).record(p.blob.bytes.len() as f64);
+    }
+    let publishes = if p.writes_segment_row { "True" } else { "False" };
+    counter!(SENTRY_SHOULD_PUBLISH, "value" => publishes).increment(1);
+    if p.replay_event.is_none() {
+        counter!(SENTRY_MISSING_REPLAY_EVENT).increment(1);
+    }
+    counter!(SENTRY_HYDRATION_BREADCRUMBS).increment(p.extracted.breadcrumbs_by_category.get("replay.hydrate-error"));
 }
 
 pub fn buffer(messages: usize, bytes: usize) {

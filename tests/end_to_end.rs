@@ -108,7 +108,23 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
         "replay_ingest.segment.uncompressed_bytes",
         "replay_ingest.process.duration_ms",
         "replay_ingest.buffer.bytes",
+        // Sentry's own ingest metrics, beside the catalogue.
+        "replay_ingest.replays.usecases.ingest.size_compressed",
+        "replay_ingest.replays.usecases.ingest.size_uncompressed",
+        "replay_ingest.replays.usecases.ingest.request_body_size",
+        "replay_ingest.replays.usecases.ingest.response_body_size",
+        "replay_ingest.replays.recording_consumer.replay_video_size",
     ] {
         assert!(seen.contains(distribution), "no {distribution} in the datagrams:\n{datagrams}");
     }
+    let publish: f64 = counters
+        .iter()
+        .filter(|(k, _)| k.starts_with("replay_ingest.replays.should_publish_replay_event|"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(publish, valid.len() as f64, "one should_publish_replay_event per valid segment");
+    let videos = valid.iter().filter(|p| p.video_bytes > 0).count() as f64;
+    assert_eq!(counters["replay_ingest.replays.recording_consumer.replay_video_count"], videos);
+    let hydration: u64 = valid.iter().map(|p| p.extracted.breadcrumbs_by_category.get("replay.hydrate-error")).sum();
+    assert_eq!(counters["replay_ingest.replay.hydration_error_breadcrumb"], hydration as f64);
 }

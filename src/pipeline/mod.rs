@@ -486,14 +486,7 @@ fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, us
     match recording::process_guarded(value, limits) {
         Ok(processed) => {
             let bytes = processed.memory_bytes();
-            metrics::processed_segment(&metrics::SegmentStats {
-                compressed: processed.compressed_bytes,
-                uncompressed: processed.uncompressed_bytes,
-                memory: bytes,
-                invalid_events: processed.extracted.invalid_events,
-                truncated: processed.truncations(),
-                took: start.elapsed(),
-            });
+            metrics::processed_segment(&processed, bytes, start.elapsed());
             (Entry { partition, offset, outcome: Outcome::Valid(Box::new(processed)) }, bytes)
         }
         Err(error) => {

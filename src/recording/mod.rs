@@ -78,6 +78,8 @@ pub struct Processed {
     pub uncompressed_bytes: usize,
     /// Decoded input: the rrweb JSON, the replay event and the video, in bytes.
     pub input_bytes: usize,
+    /// The mobile SDK's video, in bytes (0 without one).
+    pub video_bytes: usize,
     pub blob: Blob,
     pub extracted: Extracted,
     /// The replay event, when the message carried one.
@@ -158,6 +160,7 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
         compressed_bytes: payload.body.len(),
         uncompressed_bytes: json.len(),
         input_bytes: json.len() + env.replay_event.map_or(0, <[u8]>::len) + env.replay_video.map_or(0, <[u8]>::len),
+        video_bytes: env.replay_video.map_or(0, <[u8]>::len),
         blob,
         extracted,
         replay_event,
