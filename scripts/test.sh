@@ -22,6 +22,14 @@ if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' 2>/dev/null
 fi
 "$venv/bin/python" scripts/check-chart.py "${CARGO_TARGET_DIR:-target}/debug/replay-ingest"
 
+step "chDB (ClickHouse 26.9 in-process, PyPI) for the production schema test"
+chdb_venv=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}/chdb-venv
+if ! "$chdb_venv/bin/python" -c 'import chdb' 2>/dev/null; then
+  python3 -m venv "$chdb_venv"
+  "$chdb_venv/bin/pip" install --quiet --disable-pip-version-check chdb==4.4.0
+fi
+export REPLAY_INGEST_CHDB_PYTHON=$chdb_venv/bin/python
+
 step "local stack (scripts/stack.sh up)"
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh test

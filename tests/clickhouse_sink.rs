@@ -3,50 +3,20 @@
 
 mod common;
 
-use replay_ingest::recording::{self, KafkaPosition, Limits, ReplayRow};
+use replay_ingest::recording::ReplayRow;
 use replay_ingest::sink::clickhouse::{ClickHouseConfig, ClickHouseSink, check_table, migrate};
 
-use replay_ingest::sink::{Batch, Entry, Outcome, Retry, Sink};
+use replay_ingest::sink::{Batch, Retry, Sink};
 
 fn config(table: &str) -> ClickHouseConfig {
     ClickHouseConfig { database: "replay_ingest_test".into(), chunk_rows: 7, ..common::clickhouse_config(table) }
-}
-
-/// Every valid fixture, processed, as one batch. The fixtures' replay events carry no user
-/// address: the first two segment rows get one of each family, to round-trip both columns.
-fn fixture_batch() -> Batch {
-    let mut addresses = ["192.0.2.7", "2001:db8::1"].into_iter();
-    let entries = common::all_fixtures()
-        .iter()
-        .filter_map(|value| recording::process(value, &Limits::default()).ok())
-        .map(|mut p| {
-            if let Some(event) = p.replay_event.as_mut().filter(|_| p.writes_segment_row) {
-                event.ip_address = addresses.next().map(String::from).or(event.ip_address.take());
-            }
-            p
-        })
-        .enumerate()
-        .map(|(i, p)| Entry { partition: 1, offset: i as i64, outcome: Outcome::Valid(Box::new(p)) })
-        .collect();
-    Batch { entries }
-}
-
-/// Every row of the batch, in the order they are inserted.
-fn rows_of(batch: &Batch) -> Vec<ReplayRow> {
-    batch
-        .iter()
-        .flat_map(|e| match &e.outcome {
-            Outcome::Valid(p) => p.rows(KafkaPosition { partition: e.partition, offset: e.offset }),
-            Outcome::Invalid(_) => Vec::new(),
-        })
-        .collect()
 }
 
 /// What the table holds after merging: per deduplication key (project, day, replay, event
 /// hash), the row inserted last — `ReplacingMergeTree` without a version, as snuba has it.
 fn expected_rows(batch: &Batch) -> Vec<ReplayRow> {
     let mut merged = std::collections::BTreeMap::new();
-    for row in rows_of(batch) {
+    for row in common::rows_of(batch) {
         merged.insert((row.replay_id, row.event_hash, row.project_id, row.timestamp / 86_400), row);
     }
     merged.into_values().collect()
@@ -73,7 +43,7 @@ fn assert_same_rows(got: &[ReplayRow], expected: &[ReplayRow]) {
 async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
     let config = config(&common::unique("replays").replace('-', "_"));
     migrate(&config).await.unwrap();
-    let batch = fixture_batch();
+    let batch = common::fixture_batch();
     let expected = expected_rows(&batch);
     assert!(expected.iter().any(|r| r.click_is_rage == 1), "fixtures include a rage click");
     assert!(expected.iter().any(|r| !r.tap_view_id.is_empty()), "and taps");
@@ -83,7 +53,7 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
 
     let sink = ClickHouseSink::new(&config);
     let written = tokio::task::spawn_blocking({
-        let batch = fixture_batch();
+        let batch = common::fixture_batch();
         move || sink.write(&batch).map(|w| (w, sink))
     })
     .await
@@ -93,7 +63,7 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
 
     // The same batch again (a redelivery): after merging, still one row per event_hash.
     let (_, sink) = written;
-    tokio::task::spawn_blocking(move || sink.write(&fixture_batch())).await.unwrap().unwrap();
+    tokio::task::spawn_blocking(move || sink.write(&common::fixture_batch())).await.unwrap().unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
     let count_final: u64 =
         client.query(&format!("SELECT count() FROM {} FINAL", config.table)).fetch_one().await.unwrap();
@@ -121,7 +91,7 @@ async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
     let sink = ClickHouseSink::new(&config);
     // RowBinary carries no types: the server misreads the rows and answers with a data error or
     // an absurd allocation, depending on the bytes. Either way the sink names the cause.
-    let error = tokio::task::spawn_blocking(move || sink.write(&fixture_batch())).await.unwrap().unwrap_err();
+    let error = tokio::task::spawn_blocking(move || sink.write(&common::fixture_batch())).await.unwrap().unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
     assert!(error.message.contains("column replay_type is UInt64, expected Nullable(String)"), "{error}");
     assert!(error.message.contains("column click_node_id is Date, expected UInt32"), "{error}");

@@ -66,7 +66,7 @@ pub struct ReplayRow {
     pub environment: Option<String>,
     pub release: Option<String>,
     pub dist: Option<String>,
-    #[serde(with = "clickhouse::serde::ipv4::option")]
+    #[serde(with = "ipv4_column")]
     pub ip_address_v4: Option<Ipv4Addr>,
     pub ip_address_v6: Option<Ipv6Addr>,
     pub user: Option<String>,
@@ -114,6 +114,29 @@ pub struct ReplayRow {
     pub retention_days: u16,
     pub partition: u16,
     pub offset: u64,
+}
+
+/// `Nullable(IPv4)`: a `UInt32` in RowBinary, the dotted address in JSON (as snuba writes it).
+mod ipv4_column {
+    use std::net::Ipv4Addr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(ip: &Option<Ipv4Addr>, serializer: S) -> Result<S::Ok, S::Error> {
+        match ip {
+            Some(ip) if serializer.is_human_readable() => serializer.serialize_some(ip),
+            Some(ip) => serializer.serialize_some(&u32::from(*ip)),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Ipv4Addr>, D::Error> {
+        if deserializer.is_human_readable() {
+            Option::<Ipv4Addr>::deserialize(deserializer)
+        } else {
+            Ok(Option::<u32>::deserialize(deserializer)?.map(Ipv4Addr::from))
+        }
+    }
 }
 
 /// `Some("")`: snuba writes an empty string, not NULL, into these nullable columns.

@@ -16,7 +16,8 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use replay_ingest::kafka::load::{self, Produced};
-use replay_ingest::recording::{self, Limits};
+use replay_ingest::recording::{self, KafkaPosition, Limits, ReplayRow};
+use replay_ingest::sink::{Batch, Entry, Outcome};
 
 pub fn brokers() -> String {
     std::env::var("REPLAY_INGEST_TEST_BROKERS")
@@ -544,4 +545,38 @@ pub fn stack(args: &[&str]) {
         .status()
         .unwrap();
     assert!(status.success(), "scripts/stack.sh {args:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows
+// ---------------------------------------------------------------------------------------------
+
+/// Every valid fixture, processed, as one batch. The fixtures' replay events carry no user
+/// address: the first two segment rows get one of each family, to round-trip both columns.
+pub fn fixture_batch() -> Batch {
+    let mut addresses = ["192.0.2.7", "2001:db8::1"].into_iter();
+    let entries = all_fixtures()
+        .iter()
+        .filter_map(|value| recording::process(value, &Limits::default()).ok())
+        .map(|mut p| {
+            if let Some(event) = p.replay_event.as_mut().filter(|_| p.writes_segment_row) {
+                event.ip_address = addresses.next().map(String::from).or(event.ip_address.take());
+            }
+            p
+        })
+        .enumerate()
+        .map(|(i, p)| Entry { partition: 1, offset: i as i64, outcome: Outcome::Valid(Box::new(p)) })
+        .collect();
+    Batch { entries }
+}
+
+/// Every row of the batch, in the order they are inserted.
+pub fn rows_of(batch: &Batch) -> Vec<ReplayRow> {
+    batch
+        .iter()
+        .flat_map(|e| match &e.outcome {
+            Outcome::Valid(p) => p.rows(KafkaPosition { partition: e.partition, offset: e.offset }),
+            Outcome::Invalid(_) => Vec::new(),
+        })
+        .collect()
 }

@@ -1,0 +1,147 @@
+//! The production schema on a current ClickHouse: chDB (PyPI `chdb`, ClickHouse 26.9 in-process,
+//! `REPLAY_INGEST_CHDB_PYTHON` names its interpreter; `scripts/test.sh` installs it) runs the DDL
+//! `migrate` issues on a current server, then inserts the exact bytes the ClickHouse sink sends —
+//! captured from its HTTP request — and every row reads back as the sink built it, the
+//! materialized columns computed.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use replay_ingest::recording::ReplayRow;
+use replay_ingest::sink::Sink;
+use replay_ingest::sink::clickhouse::{
+    ClickHouseConfig, ClickHouseSink, ServerFeatures, ServerVersion, TABLE, create_table_sql,
+};
+use serde_json::Value;
+
+/// Runs chDB (arguments: the DDL, the structure and column list of the rows, the RowBinary
+/// rows): creates the table, inserts the rows, prints the
+/// table as JSONEachRow (timestamps as Unix seconds), then one line of materialized-column checks.
+const CHDB_SCRIPT: &str = r#"
+import sys
+from chdb import session
+ddl, structure, columns = (open(p).read() for p in sys.argv[1:4])
+rows = sys.argv[4]
+s = session.Session()
+s.query("CREATE DATABASE db")
+s.query(ddl)
+# The fixtures are dated: the retention TTL would drop them at insert once they are old.
+s.query("ALTER TABLE db.replays_local REMOVE TTL")
+# Every row as inserted (duplicates would otherwise collapse within the block).
+s.query(f"INSERT INTO db.replays_local ({columns}) SELECT * FROM file('{rows}', 'RowBinary', '{structure}') SETTINGS optimize_on_insert = 0")
+print(s.query(f"SELECT {columns} FROM db.replays_local SETTINGS date_time_output_format='unix_timestamp'", "JSONEachRow"))
+print(s.query("SELECT countIf(count_urls != length(urls)) + countIf(count_errors != length(error_ids)) + countIf(length(_trace_ids_hashed) != length(trace_ids)) + countIf(length(_tags_hash_map) != length(`tags.key`)) AS wrong FROM db.replays_local", "JSONEachRow"))
+"#;
+
+/// The request bodies the sink sends, captured by a stand-in server that answers 200.
+async fn capture_inserts() -> (String, Arc<Mutex<Vec<bytes::Bytes>>>) {
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let app = axum::Router::new().fallback({
+        let bodies = bodies.clone();
+        move |body: bytes::Bytes| async move {
+            bodies.lock().unwrap().push(body);
+            ""
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, bodies)
+}
+
+/// ClickHouse's compressed block stream (16-byte checksum, method 0x82 = LZ4, compressed size
+/// with the 9-byte header, decompressed size, data) back to the bytes it carries.
+fn decompress(mut stream: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while !stream.is_empty() {
+        let header = &stream[16..25];
+        assert_eq!(header[0], 0x82, "LZ4 block");
+        let compressed = u32::from_le_bytes(header[1..5].try_into().unwrap()) as usize;
+        let size = u32::from_le_bytes(header[5..9].try_into().unwrap()) as usize;
+        out.extend(lz4_flex::block::decompress(&stream[25..16 + compressed], size).unwrap());
+        stream = &stream[16 + compressed..];
+    }
+    out
+}
+
+/// Every number as a float, so `-1` from ClickHouse and `-1.0` from serde compare equal.
+fn normalized(value: Value) -> Value {
+    match value {
+        Value::Number(n) => serde_json::json!(n.as_f64().unwrap()),
+        Value::Array(items) => Value::Array(items.into_iter().map(normalized).collect()),
+        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, normalized(v))).collect()),
+        other => other,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snubas_ddl_runs_on_clickhouse_26_and_the_sinks_bytes_insert_and_read_back() {
+    let python = std::env::var("REPLAY_INGEST_CHDB_PYTHON")
+        .expect("REPLAY_INGEST_CHDB_PYTHON: a python with chdb (scripts/test.sh installs one)");
+    let (url, bodies) = capture_inserts().await;
+    let config = ClickHouseConfig { url, table: "replays_local".into(), chunk_rows: 100_000, ..clickhouse_config("x") };
+    let sink = ClickHouseSink::new(&config);
+    let batch = fixture_batch();
+    let (written, batch) = tokio::task::spawn_blocking(move || (sink.write(&batch).unwrap(), batch)).await.unwrap();
+    let expected = rows_of(&batch);
+    assert_eq!(written.items as usize, expected.len());
+    let body: Vec<u8> = bodies.lock().unwrap().iter().flat_map(|b| decompress(b)).collect();
+
+    let columns = <ReplayRow as clickhouse::Row>::COLUMN_NAMES;
+    let structure: Vec<String> = columns
+        .iter()
+        .map(|name| format!("`{name}` {}", TABLE.iter().find(|c| c.name == *name).unwrap().kind))
+        .collect();
+    let current = ServerFeatures { version: ServerVersion(26, 9), hash_uuid: true };
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        ("ddl.sql", create_table_sql("db", "replays_local", current).into_bytes()),
+        ("rows.bin", body),
+        ("structure.txt", structure.join(", ").into_bytes()),
+        ("columns.txt", columns.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ").into_bytes()),
+        ("check.py", CHDB_SCRIPT.as_bytes().to_vec()),
+    ];
+    for (name, contents) in &files {
+        std::fs::write(dir.path().join(name), contents).unwrap();
+    }
+    let output = std::process::Command::new(python)
+        .arg(dir.path().join("check.py"))
+        .args(["ddl.sql", "structure.txt", "columns.txt", "rows.bin"].map(|f| dir.path().join(f)))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "chdb: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+
+    let mut lines: Vec<&str> = stdout.lines().filter(|l| !l.trim().is_empty()).collect();
+    let checks: Value = serde_json::from_str(lines.pop().unwrap()).unwrap();
+    assert_eq!(checks["wrong"], 0, "materialized counts and hashes computed for every row");
+    let sorted = |rows: Vec<Value>| {
+        let mut rows: Vec<Value> = rows.into_iter().map(normalized).collect();
+        rows.sort_by_key(|r| r.to_string());
+        rows
+    };
+    // DateTime columns come back as quoted Unix seconds.
+    let unquote_datetimes = |mut row: Value| {
+        for column in ["timestamp", "replay_start_timestamp"] {
+            if let Some(seconds) = row[column].as_str().map(|s| s.parse::<u64>().unwrap()) {
+                row[column] = seconds.into();
+            }
+        }
+        row
+    };
+    let read: Vec<Value> = lines.iter().map(|l| unquote_datetimes(serde_json::from_str(l).unwrap())).collect();
+    let built: Vec<Value> = expected.iter().map(|r| serde_json::to_value(r).unwrap()).collect();
+    assert!(built.iter().any(|r| r["ip_address_v6"] == "2001:db8::1") && built.iter().any(|r| r["click_is_rage"] == 1));
+    let (read, built) = (sorted(read), sorted(built));
+    assert_eq!(read.len(), built.len(), "row count");
+    for (got, want) in read.iter().zip(&built) {
+        let differing: Vec<String> = columns
+            .iter()
+            .filter(|c| got[**c] != want[**c])
+            .map(|c| format!("{c}: read {} built {}", got[*c], want[*c]))
+            .collect();
+        assert!(differing.is_empty(), "a row reads back differently: {differing:?}");
+    }
+}
