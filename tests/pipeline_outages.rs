@@ -45,6 +45,27 @@ impl Sink for Switchable {
     }
 }
 
+impl Switchable {
+    /// Hangs every write until the guard is dropped — also when the test fails half way, so
+    /// that the runtime, which waits for its blocking threads when it shuts down, can.
+    fn hang(&self) -> Release {
+        self.hung.store(true, Ordering::SeqCst);
+        Release(self.hung.clone())
+    }
+}
+
+/// Lets a hung sink's writes return when dropped.
+struct Release(Arc<AtomicBool>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// CPU is measured for the whole test process: that test runs alone, the others side by side.
+static CPU_MEASURED: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 fn small_valid_fixtures() -> Vec<Vec<u8>> {
     all_fixtures()
         .into_iter()
@@ -77,6 +98,7 @@ fn cpu_ticks() -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_service_never_exits() {
+    let _shared = CPU_MEASURED.read().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
     let sink = Switchable::default();
@@ -109,10 +131,11 @@ async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_serv
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
+    let _alone = CPU_MEASURED.write().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
     let sink = Switchable::default();
-    sink.hung.store(true, Ordering::SeqCst);
+    let hung = sink.hang();
     let status = Arc::new(Status::default());
     let args = consume_args(&topic, &group, &["--max-flushes-in-flight", "1"]);
     let (stop, task) = spawn(args, sink.clone(), status.clone());
@@ -128,7 +151,7 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
     let used = (cpu_ticks() - ticks) as f64 / 100.0 / start.elapsed().as_secs_f64();
     assert!(used < 0.05, "{:.1} % of a core while waiting", used * 100.0);
 
-    sink.hung.store(false, Ordering::SeqCst);
+    drop(hung);
     wait_for("both batches written", Duration::from_secs(30), || sink.messages.load(Ordering::SeqCst) == 20).await;
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
@@ -136,11 +159,12 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries_on() {
+    let _shared = CPU_MEASURED.read().await;
     let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
     create_topic(&topic, 2).await;
     create_topic(&dlq, 1).await;
     let hung = Switchable::default();
-    hung.hung.store(true, Ordering::SeqCst);
+    let release = hung.hang();
     let status = Arc::new(Status::default());
     let (stop, task) = spawn(consume_args(&topic, &group, &[]), hung.clone(), status.clone());
     let (report, sent) = produce_fixtures(&topic, &small_valid_fixtures(), 30).await;
@@ -159,7 +183,7 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
 
     // The sink comes back: the stale flush finishes without committing (its partitions were
     // revoked), and the group commits every message exactly to the end.
-    hung.hung.store(false, Ordering::SeqCst);
+    drop(release);
     let target = expected_commits(&report);
     wait_for("everything committed by the group", Duration::from_secs(120), || committed(&group, &topic, 2) == target)
         .await;
@@ -201,6 +225,7 @@ impl Sink for Picky {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() {
+    let _shared = CPU_MEASURED.read().await;
     let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
     create_topic(&topic, 2).await;
     create_topic(&dlq, 1).await;
