@@ -24,7 +24,7 @@ scripts/stack.sh up
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
 echo "== building replay-ingest (release)"
 cargo build --locked --release --quiet --bin replay-ingest
-bin=target/release/replay-ingest
+bin=${CARGO_TARGET_DIR:-target}/release/replay-ingest
 for topic in ingest-replay-recordings:4 ingest-replay-recordings-dlq:1 outcomes-billing:1 replay-analytics:1 ingest-occurrences:1; do
   "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions "${topic#*:}" "${topic%:*}" >/dev/null
 done

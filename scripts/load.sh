@@ -21,7 +21,7 @@ scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
 cargo build --locked --release --quiet --bin replay-ingest --example bare_consume
-bin=target/release/replay-ingest
+bin=${CARGO_TARGET_DIR:-target}/release/replay-ingest
 topic=load-$RANDOM$RANDOM
 "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 4 "$topic" >/dev/null
 "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 1 "$topic-dlq" >/dev/null
@@ -29,7 +29,7 @@ topic=load-$RANDOM$RANDOM
 echo "producing $COUNT messages (${LOAD_FIXTURES:-recorded fixture mix}) to $topic"
 # shellcheck disable=SC2086
 produced=$("$bin" produce --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --count "$COUNT" ${LOAD_FIXTURES:-fixtures/segments/*.msgpack})
-bare=$(target/release/examples/bare_consume "$REPLAY_INGEST_TEST_BROKERS" "$topic" "$COUNT")
+bare=$("${CARGO_TARGET_DIR:-target}"/release/examples/bare_consume "$REPLAY_INGEST_TEST_BROKERS" "$topic" "$COUNT")
 
 port=$(free_port)
 if [ "${LOAD_SINKS:-null}" = real ]; then
