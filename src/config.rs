@@ -148,8 +148,9 @@ pub struct EventsArgs {
     /// "First replay received" per project.
     #[arg(long, env = "REPLAY_INGEST_ANALYTICS_TOPIC", default_value = "replay-analytics")]
     pub analytics_topic: String,
-    /// Rage-click and hydration-error occurrences.
-    #[arg(long, env = "REPLAY_INGEST_ISSUES_TOPIC", default_value = "ingest-occurrences")]
+    /// Rage-click and hydration-error reports (this service's own JSON, not yet Issue Platform
+    /// occurrences: do not point it at Sentry's `ingest-occurrences`).
+    #[arg(long, env = "REPLAY_INGEST_ISSUES_TOPIC", default_value = "replay-issue-reports")]
     pub issues_topic: String,
     /// Projects remembered as already announced; older ones may be announced again.
     #[arg(long, env = "REPLAY_INGEST_FIRST_REPLAY_CACHE_SIZE", default_value_t = 100_000)]
