@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chaos harness (tests/chaos.rs) on a stack of its own: two members with every real sink,
+# The chaos harness (tests/chaos.rs), on a stack of its own: two members with every real sink,
 # fixtures and crafted messages produced throughout, while members are killed (SIGKILL), leave
 # and join, ClickHouse stops, GCS hangs and the broker hangs; then every store is checked.
 # Prints one summary line (and the failure, if any).
@@ -8,13 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${1:-900}
-# shellcheck source=scripts/lib/isolated-stack.sh
-source scripts/lib/isolated-stack.sh chaos
 log=$(mktemp)
-trap 'scripts/stack.sh down >/dev/null; rm -f "$log"' EXIT
-scripts/stack.sh up >/dev/null
-# shellcheck disable=SC1091
-source "$REPLAY_INGEST_STACK_DIR/stack.env"
+trap 'rm -f "$log"' EXIT
+# The harness brings up (and stops) a stack of its own.
 
 if CHAOS_SECONDS=$seconds cargo test --locked --quiet --test chaos -- --nocapture >"$log" 2>&1; then
   grep '^chaos:' "$log"

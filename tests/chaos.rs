@@ -6,9 +6,10 @@
 //! message on the dead-letter topic with its reason, the group's commits at the end of every
 //! partition, and no member exiting unless killed or asked to leave. One summary line.
 //!
-//! `CHAOS_SECONDS` sets how long faults are injected (default 120: the run in the test command);
-//! fault lengths grow with it up to ClickHouse 60 s, GCS 40 s, broker 20 s. `scripts/chaos.sh
-//! [SECONDS]` runs it on a stack of its own.
+//! It brings up a stack of its own (`scripts/stack.sh`, fresh ports), so the faults never reach
+//! other tests. `CHAOS_SECONDS` sets how long faults are injected (default 120: the run in the
+//! test command); fault lengths grow with it up to ClickHouse 60 s, GCS 40 s, broker 20 s.
+//! `scripts/chaos.sh [SECONDS]` runs it alone.
 
 mod common;
 // Only the values are used here; the names and expected reasons serve other tests.
@@ -175,6 +176,40 @@ fn signal_stack(service: &str, signal: &str) -> bool {
     std::process::Command::new("kill").args([signal, pid.trim()]).status().is_ok_and(|s| s.success())
 }
 
+/// A stack of the harness's own (fresh state directory and ports), so that stopping, hanging
+/// and killing things cannot disturb other tests; stopped when dropped. Every helper reads the
+/// stack from the environment, which this test binary (one test) may set for itself.
+struct OwnStack;
+
+impl OwnStack {
+    fn start() -> OwnStack {
+        let dir = tempfile::Builder::new().prefix("replay-ingest-chaos.").tempdir().unwrap().keep();
+        let ports = ["KAFKA", "CLICKHOUSE", "CLICKHOUSE_TCP", "GCS"].map(|name| (name, free_port()));
+        // SAFETY: set before this test starts any thread that reads the environment.
+        unsafe {
+            std::env::set_var("REPLAY_INGEST_STACK_DIR", &dir);
+            for (name, port) in ports {
+                std::env::set_var(format!("REPLAY_INGEST_{name}_PORT"), port.to_string());
+            }
+        }
+        stack(&["up"]);
+        for line in std::fs::read_to_string(dir.join("stack.env")).unwrap().lines() {
+            if let Some((key, value)) = line.strip_prefix("export ").and_then(|l| l.split_once('=')) {
+                // SAFETY: as above.
+                unsafe { std::env::set_var(key, value) };
+            }
+        }
+        OwnStack
+    }
+}
+
+impl Drop for OwnStack {
+    fn drop(&mut self) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/stack.sh");
+        let _ = std::process::Command::new("bash").args([script, "down"]).status();
+    }
+}
+
 /// Clears every infrastructure fault, also when the harness fails half way (so without
 /// asserting: a panic while panicking would abort).
 struct Restore;
@@ -240,8 +275,14 @@ fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
     plan
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn nothing_is_lost_and_no_member_fails_under_kills_rebalances_and_sink_outages() {
+#[test]
+fn nothing_is_lost_and_no_member_fails_under_kills_rebalances_and_sink_outages() {
+    // The stack first, while this is the only thread; then the runtime.
+    let _stack = OwnStack::start();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(chaos());
+}
+
+async fn chaos() {
     let seconds: u64 = std::env::var("CHAOS_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
     let names = Names::with_partitions(4).await;
     let dir = tempfile::tempdir().unwrap();
