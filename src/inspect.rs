@@ -51,7 +51,7 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
     let line = match result {
         Ok(p) => {
             let rows = RowCounts {
-                segment: usize::from(p.writes_segment_row && p.replay_event.is_some()),
+                segment: usize::from(p.has_segment_row()),
                 click: p.extracted.clicks.len(),
                 tap: p.extracted.taps.len(),
             };

@@ -108,11 +108,14 @@ impl Processed {
         rows::build(&self.ids, at, self.replay_event.as_ref(), self.writes_segment_row, &self.extracted)
     }
 
+    /// Whether [`Processed::rows`] includes a segment row.
+    pub fn has_segment_row(&self) -> bool {
+        self.writes_segment_row && self.replay_event.is_some()
+    }
+
     /// Whether [`Processed::rows`] has any.
     pub fn has_rows(&self) -> bool {
-        (self.writes_segment_row && self.replay_event.is_some())
-            || !self.extracted.clicks.is_empty()
-            || !self.extracted.taps.is_empty()
+        self.has_segment_row() || !self.extracted.clicks.is_empty() || !self.extracted.taps.is_empty()
     }
 
     /// The analytics events of this segment, built now.
