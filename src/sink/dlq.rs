@@ -61,19 +61,23 @@ impl DlqSink {
     /// to the object store and a pointer record to the topic. A record librdkafka refuses as too
     /// large takes the second path too.
     fn send(&self, entry: &Entry, message: &InvalidMessage) -> Result<DeliveryFuture, SinkError> {
-        let headers = headers(entry, message);
+        let letter_headers = headers(entry, message);
         let key = message.key.as_deref();
-        let size = message.value.len() + key.map_or(0, <[u8]>::len) + headers_len(&headers) + RECORD_OVERHEAD_BYTES;
+        let size =
+            message.value.len() + key.map_or(0, <[u8]>::len) + headers_len(&letter_headers) + RECORD_OVERHEAD_BYTES;
         if size > self.max_record_bytes {
-            return self.send_pointer(entry, message, headers);
+            return self.send_pointer(entry, message, letter_headers);
         }
-        let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).payload(&message.value).headers(headers.clone());
+        let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).payload(&message.value).headers(letter_headers);
         if let Some(key) = key {
             record = record.key(key);
         }
         match self.producer.send_result(record) {
             Ok(delivery) => Ok(delivery),
-            Err((e, _)) if classify_producer_error(&e) == Retry::Rejected => self.send_pointer(entry, message, headers),
+            // Rare: the headers are built again rather than cloned for every dead letter.
+            Err((e, _)) if classify_producer_error(&e) == Retry::Rejected => {
+                self.send_pointer(entry, message, headers(entry, message))
+            }
             Err((e, _)) => Err(SinkError::new(self.name(), classify_producer_error(&e), e)),
         }
     }
