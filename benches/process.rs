@@ -66,7 +66,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             for f in &fixtures {
                 let processed = recording::process(&f.value, &limits).unwrap();
-                black_box((processed.rows(Default::default()), processed.events(), processed));
+                black_box((processed.rows(Default::default()), processed.events(&Default::default()), processed));
             }
         })
     });

@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 
 use crate::pipeline::buffer::BufferLimits;
 use crate::pipeline::flush::RetryPolicy;
-use crate::recording::{DEFAULT_MAX_DECOMPRESSED_BYTES, Limits, RowLimits};
+use crate::recording::{DEFAULT_MAX_DECOMPRESSED_BYTES, IssueGates, Limits, ProjectFilter, RowLimits};
 
 /// Per-message processing limits.
 #[derive(Args, Debug, Clone, Copy)]
@@ -64,8 +64,11 @@ pub enum BlobSinkKind {
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowsSinkKind {
-    /// The ClickHouse `replays` table.
+    /// Insert into snuba's `replays_local` table directly.
     Clickhouse,
+    /// Publish the rows as `ingest-replay-events` messages (`--replay-events-topic`) for snuba's
+    /// replays consumer to insert, as Sentry does.
+    Snuba,
     /// Write no rows.
     Null,
 }
@@ -148,13 +151,30 @@ pub struct EventsArgs {
     /// "First replay received" per project.
     #[arg(long, env = "REPLAY_INGEST_ANALYTICS_TOPIC", default_value = "replay-analytics")]
     pub analytics_topic: String,
-    /// Rage-click and hydration-error reports (this service's own JSON, not yet Issue Platform
-    /// occurrences: do not point it at Sentry's `ingest-occurrences`).
-    #[arg(long, env = "REPLAY_INGEST_ISSUES_TOPIC", default_value = "replay-issue-reports")]
+    /// Issue Platform occurrences for rage clicks and hydration errors (Sentry's occurrence
+    /// consumer reads `ingest-occurrences`).
+    #[arg(long, env = "REPLAY_INGEST_ISSUES_TOPIC", default_value = "ingest-occurrences")]
     pub issues_topic: String,
+    /// Projects whose rage clicks become issues: `off`, `all`, or project ids (`1,42`). Sentry's
+    /// project option `sentry:replay_rage_click_issues`, on by default.
+    #[arg(long, env = "REPLAY_INGEST_RAGE_CLICK_ISSUES", default_value = "all")]
+    pub rage_click_issues: ProjectFilter,
+    /// Projects whose hydration errors become issues: `off`, `all`, or project ids. Sentry's
+    /// project option `sentry:replay_hydration_error_issues`, on by default.
+    #[arg(long, env = "REPLAY_INGEST_HYDRATION_ERROR_ISSUES", default_value = "all")]
+    pub hydration_error_issues: ProjectFilter,
     /// Projects remembered as already announced; older ones may be announced again.
     #[arg(long, env = "REPLAY_INGEST_FIRST_REPLAY_CACHE_SIZE", default_value_t = 100_000)]
     pub first_replay_cache_size: usize,
+}
+
+impl EventsArgs {
+    pub fn issue_gates(&self) -> IssueGates {
+        IssueGates {
+            rage_clicks: self.rage_click_issues.clone(),
+            hydration_errors: self.hydration_error_issues.clone(),
+        }
+    }
 }
 
 /// DogStatsD metrics.
@@ -266,6 +286,9 @@ pub struct ConsumeArgs {
     /// Where rows go.
     #[arg(long, env = "REPLAY_INGEST_ROWS_SINK", value_enum, default_value_t = RowsSinkKind::Clickhouse)]
     pub rows_sink: RowsSinkKind,
+    /// Topic of `--rows-sink snuba`: snuba's replays consumer reads it.
+    #[arg(long, env = "REPLAY_INGEST_REPLAY_EVENTS_TOPIC", default_value = "ingest-replay-events")]
+    pub replay_events_topic: String,
     #[command(flatten)]
     pub clickhouse: ClickHouseArgs,
     /// Create or migrate the ClickHouse table at start (otherwise run `replay-ingest migrate`).

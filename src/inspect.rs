@@ -73,7 +73,11 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
                 extracted: &p.extracted,
                 rows,
                 memory_bytes: p.memory_bytes(),
-                analytics_events: p.events().iter().map(|e| format!("{}:{}", e.topic().as_str(), e.kind())).collect(),
+                analytics_events: p
+                    .events(&Default::default())
+                    .iter()
+                    .map(|e| format!("{}:{}", e.topic().as_str(), e.kind()))
+                    .collect(),
             })
         }
         Err(e) => serde_json::to_string(&Invalid { file, ok: false, reason: e.reason.as_str(), detail: &e.detail }),

@@ -24,6 +24,7 @@ use replay_ingest::sink::clickhouse::{self, ClickHouseSink};
 use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
 use replay_ingest::sink::events::{EventTopics, EventsSink};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
+use replay_ingest::sink::snuba::SnubaSink;
 use replay_ingest::sink::{ObjectStore, Retry, Sink, SinkError, filesystem::FilesystemBlobSink, null::NullSink};
 use replay_ingest::startup;
 
@@ -154,6 +155,9 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
             [&args.events.outcomes_topic, &args.events.analytics_topic, &args.events.issues_topic].map(Clone::clone),
         );
     }
+    if args.rows_sink == RowsSinkKind::Snuba {
+        topics.push(args.replay_events_topic.clone());
+    }
     startup::until_ready("kafka", status, || {
         let (producer, topics, timeout) = (dlq_producer.clone(), topics.clone(), args.sink_timeout());
         async move {
@@ -181,6 +185,10 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
             .context("checking the ClickHouse table")?;
             Box::new(ClickHouseSink::new(&config))
         }
+        RowsSinkKind::Snuba => Box::new(SnubaSink::new(
+            producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
+            &args.replay_events_topic,
+        )),
         RowsSinkKind::Null => Box::new(NullSink),
     };
     let events: Box<dyn Sink> = match args.events_sink {
@@ -193,6 +201,7 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
             Box::new(EventsSink::new(
                 producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
                 topics,
+                args.events.issue_gates(),
                 args.events.first_replay_cache_size,
             ))
         }

@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use replay_ingest::inspect;
-use replay_ingest::recording::{self, AnalyticsEvent, KafkaPosition, Limits, Processed, Reason};
+use replay_ingest::recording::{
+    self, AnalyticsEvent, IssueGates, KafkaPosition, Limits, Processed, ProjectFilter, Reason,
+};
 use serde_json::Value;
 
 fn fixture_dir(kind: &str) -> PathBuf {
@@ -34,6 +36,8 @@ fn valid(name: &str) -> Processed {
 
 /// Where the messages sit in Kafka, for the rows (`partition`, `offset` columns).
 const AT: KafkaPosition = KafkaPosition { partition: 3, offset: 1234 };
+/// Issues for every project, as Sentry defaults.
+const ALL: IssueGates = IssueGates { rage_clicks: ProjectFilter::All, hydration_errors: ProjectFilter::All };
 
 #[test]
 fn inspect_output_of_every_fixture_matches_its_snapshot() {
@@ -174,7 +178,11 @@ fn the_rage_click_recording_reports_a_rage_click_and_an_issue_occurrence() {
     let rage: Vec<_> = p.extracted.rage_clicks().collect();
     assert_eq!(rage.len(), 1);
     assert_eq!((rage[0].tag.as_str(), rage[0].id.as_str()), ("a", "download"));
-    assert!(p.events().iter().any(|e| matches!(e, AnalyticsEvent::RageClick(r) if r.selector == rage[0].selector)));
+    let occurrence = p.events(&ALL).into_iter().find_map(|e| match e {
+        AnalyticsEvent::Occurrence(o) => Some(o),
+        _ => None,
+    });
+    assert_eq!(occurrence.unwrap().key, format!("{}-42", rage[0].selector), "fingerprinted by the selector");
     let row = p.rows(AT).into_iter().find(|r| r.click_node_id != 0).unwrap();
     assert_eq!((row.click_is_dead, row.click_is_rage), (1, 1));
 }
@@ -213,7 +221,7 @@ fn the_console_recording_counts_levels_and_reports_the_hydration_error() {
         assert_eq!(p.extracted.console.get(level), 1, "{level}");
     }
     assert_eq!(p.extracted.hydration_errors.len(), 1);
-    assert!(p.events().iter().any(|e| matches!(e, AnalyticsEvent::HydrationError(_))));
+    assert!(p.events(&ALL).iter().any(|e| e.kind() == "hydration_error"));
     let segment = p.rows(AT).into_iter().find(|r| r.is_segment()).unwrap();
     assert_eq!(segment.error_ids.len(), 2, "the captured hydration error and the uncaught TypeError");
 }
@@ -229,7 +237,7 @@ fn the_large_dom_recording_is_a_multi_megabyte_full_snapshot() {
 #[test]
 fn segment_zero_bills_one_replay_and_proposes_a_first_replay() {
     let p = valid("console-0");
-    let outcome = p.events().into_iter().find_map(|e| match e {
+    let outcome = p.events(&ALL).into_iter().find_map(|e| match e {
         AnalyticsEvent::Outcome(o) => Some(o),
         _ => None,
     });
@@ -237,10 +245,10 @@ fn segment_zero_bills_one_replay_and_proposes_a_first_replay() {
     assert_eq!((outcome.outcome, outcome.category, outcome.quantity), (0, 7, 1));
     assert_eq!((outcome.org_id, outcome.project_id, outcome.key_id), (1, 42, Some(7)));
     assert_eq!(outcome.event_id, p.ids.replay_id);
-    assert!(p.events().iter().any(|e| matches!(e, AnalyticsEvent::FirstReplay(_))));
+    assert!(p.events(&ALL).iter().any(|e| matches!(e, AnalyticsEvent::FirstReplay(_))));
     assert!(
         valid("console-1")
-            .events()
+            .events(&ALL)
             .iter()
             .all(|e| !matches!(e, AnalyticsEvent::Outcome(_) | AnalyticsEvent::FirstReplay(_)))
     );
@@ -251,7 +259,7 @@ fn reprocessing_a_message_produces_identical_rows_and_events() {
     for name in ["interactions-0", "rage-click-1", "console-0"] {
         let (a, b) = (valid(name), valid(name));
         assert_eq!(a.rows(AT), b.rows(AT), "{name}");
-        assert_eq!(a.events(), b.events(), "{name}");
+        assert_eq!(a.events(&ALL), b.events(&ALL), "{name}");
         assert_eq!(a.blob, b.blob, "{name}");
     }
 }

@@ -1,27 +1,21 @@
-//! Analytics events published to Kafka (SPEC §5.3), built but not sent.
+//! Analytics events published to Kafka, built when the flush publishes them, not kept with the
+//! buffered segment.
 //!
 //! - `Outcome` (`outcomes-billing`): the billing outcome for segment 0 exactly as Sentry sends
 //!   it — accepted (0), category replay (7), quantity 1, `reason` null, the edge's receive time
 //!   as `%Y-%m-%dT%H:%M:%S.%fZ`, fields in Sentry's order, no message key.
 //! - `FirstReplay` (analytics topic): candidate "first replay received" per project; the sink
 //!   deduplicates it per project with a bounded cache.
-//! - `RageClick`, `HydrationError` (issues topic): occurrences to turn into issues.
+//! - `Occurrence` (`ingest-occurrences`): Issue Platform occurrences for rage clicks and
+//!   hydration errors (`occurrence.rs`).
 //!
-//! Every event carries a deterministic key so redelivery produces identical messages. Events are
-//! built when the flush publishes them, not kept with the buffered segment. A segment yields at
-//! most `max_clicks` rage-click and `MAX_HYDRATION_ISSUES` hydration-error events, so a small
-//! message cannot fan out into megabytes of events.
+//! Every event is deterministic, so redelivery produces identical messages.
 
 use serde::Serialize;
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::ids::SegmentIds;
-use super::rows::{click_event_hash, md5_uuid};
-use super::rrweb::Extracted;
-
-/// Hydration-error events per segment. Sentry groups every hydration error of a project into one
-/// issue, so occurrences past the first few add nothing a reader keeps.
-pub const MAX_HYDRATION_ISSUES: usize = 20;
+use super::Processed;
+use super::occurrence::{self, IssueGates, IssueKind, Occurrence};
 
 /// Outcome code for an accepted event.
 pub const OUTCOME_ACCEPTED: u8 = 0;
@@ -42,8 +36,9 @@ pub enum EventTopic {
 pub enum AnalyticsEvent {
     Outcome(Outcome),
     FirstReplay(FirstReplay),
-    RageClick(RageClick),
-    HydrationError(Hydration),
+    /// Already serialized; never serialized through this enum.
+    #[serde(skip)]
+    Occurrence(Occurrence),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -70,34 +65,6 @@ pub struct FirstReplay {
     pub received: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RageClick {
-    /// Deterministic occurrence id (the click's `event_hash`).
-    pub occurrence_id: String,
-    pub org_id: u64,
-    pub project_id: u64,
-    pub replay_id: String,
-    pub segment_id: u32,
-    /// Seconds since the epoch.
-    pub timestamp: f64,
-    pub selector: String,
-    pub tag: String,
-    pub text: String,
-    pub component_name: String,
-    pub url: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Hydration {
-    pub occurrence_id: String,
-    pub org_id: u64,
-    pub project_id: u64,
-    pub replay_id: String,
-    pub segment_id: u32,
-    pub timestamp_ms: u64,
-    pub url: Option<String>,
-}
-
 impl EventTopic {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -114,8 +81,10 @@ impl AnalyticsEvent {
         match self {
             AnalyticsEvent::Outcome(_) => "outcome",
             AnalyticsEvent::FirstReplay(_) => "first_replay",
-            AnalyticsEvent::RageClick(_) => "rage_click",
-            AnalyticsEvent::HydrationError(_) => "hydration_error",
+            AnalyticsEvent::Occurrence(o) => match o.kind {
+                IssueKind::RageClick => "rage_click",
+                IssueKind::HydrationError => "hydration_error",
+            },
         }
     }
 
@@ -123,26 +92,26 @@ impl AnalyticsEvent {
         match self {
             AnalyticsEvent::Outcome(_) => EventTopic::Outcomes,
             AnalyticsEvent::FirstReplay(_) => EventTopic::Analytics,
-            AnalyticsEvent::RageClick(_) | AnalyticsEvent::HydrationError(_) => EventTopic::Issues,
+            AnalyticsEvent::Occurrence(_) => EventTopic::Issues,
         }
     }
 
-    /// Kafka message key: keeps one replay's events on one partition. Outcomes have none, as
-    /// Sentry sends them.
+    /// Kafka message key, as Sentry keys it: none for outcomes, `{fingerprint}-{project_id}` for
+    /// occurrences; the project for first-replay events.
     pub fn key(&self) -> Option<String> {
         match self {
             AnalyticsEvent::Outcome(_) => None,
             AnalyticsEvent::FirstReplay(f) => Some(f.project_id.to_string()),
-            AnalyticsEvent::RageClick(r) => Some(r.replay_id.clone()),
-            AnalyticsEvent::HydrationError(h) => Some(h.replay_id.clone()),
+            AnalyticsEvent::Occurrence(o) => Some(o.key.clone()),
         }
     }
 
     /// JSON message value. The outcome keeps the outcomes schema (no `type` field).
-    pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+    pub fn into_json(self) -> Result<Vec<u8>, serde_json::Error> {
         match self {
-            AnalyticsEvent::Outcome(o) => serde_json::to_vec(o),
-            other => serde_json::to_vec(other),
+            AnalyticsEvent::Outcome(o) => serde_json::to_vec(&o),
+            AnalyticsEvent::Occurrence(o) => Ok(o.value),
+            other => serde_json::to_vec(&other),
         }
     }
 }
@@ -152,8 +121,9 @@ fn sentry_datetime(unix_seconds: u64) -> String {
     humantime::format_rfc3339_micros(UNIX_EPOCH + Duration::from_secs(unix_seconds)).to_string()
 }
 
-/// The events one segment produces.
-pub fn build(ids: &SegmentIds, extracted: &Extracted) -> Vec<AnalyticsEvent> {
+/// The events one segment produces; occurrences only for the projects `gates` enables.
+pub fn build(processed: &Processed, gates: &IssueGates) -> Vec<AnalyticsEvent> {
+    let ids = &processed.ids;
     let mut events = Vec::new();
     if ids.segment_id == 0 {
         events.push(AnalyticsEvent::Outcome(Outcome {
@@ -174,66 +144,54 @@ pub fn build(ids: &SegmentIds, extracted: &Extracted) -> Vec<AnalyticsEvent> {
             received: ids.received,
         }));
     }
-    for click in extracted.rage_clicks() {
-        events.push(AnalyticsEvent::RageClick(RageClick {
-            occurrence_id: click_event_hash(&ids.replay_id, click.timestamp, click.node_id).simple().to_string(),
-            org_id: ids.org_id,
-            project_id: ids.project_id,
-            replay_id: ids.replay_id.clone(),
-            segment_id: ids.segment_id,
-            timestamp: click.timestamp,
-            selector: click.selector.clone(),
-            tag: click.tag.clone(),
-            text: click.text.clone(),
-            component_name: click.component_name.clone(),
-            url: click.url.to_string(),
-        }));
-    }
-    for error in extracted.hydration_errors.iter().take(MAX_HYDRATION_ISSUES) {
-        let occurrence_id = md5_uuid(&format!("{}:hydration:{}", ids.replay_id, error.timestamp_ms));
-        events.push(AnalyticsEvent::HydrationError(Hydration {
-            occurrence_id: occurrence_id.simple().to_string(),
-            org_id: ids.org_id,
-            project_id: ids.project_id,
-            replay_id: ids.replay_id.clone(),
-            segment_id: ids.segment_id,
-            timestamp_ms: error.timestamp_ms,
-            url: error.url.as_deref().map(str::to_owned),
-        }));
+    if let (Some(raw), Some(event)) = (&processed.replay_event_json, &processed.replay_event) {
+        let occurrences = occurrence::build(ids, &processed.extracted, raw, event, gates);
+        events.extend(occurrences.into_iter().map(AnalyticsEvent::Occurrence));
     }
     events
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::rrweb::HydrationError;
+    use super::super::envelope::tests::TestMessage;
+    use super::super::{Limits, process};
     use super::*;
 
-    #[test]
-    fn hydration_error_events_stop_at_their_per_segment_cap() {
-        let ids = SegmentIds::for_tests(1);
-        let extracted = Extracted {
-            hydration_errors: (0..100).map(|i| HydrationError { timestamp_ms: i, url: None }).collect(),
-            ..Extracted::default()
+    const HYDRATION: &str = r#"{"type":5,"timestamp":1702848661250,"data":{"tag":"breadcrumb","payload":{"timestamp":1702848661.25,"category":"replay.hydrate-error","data":{"url":"https://e/"}}}}"#;
+
+    fn processed(segment_id: u32, replay_event: Option<&str>) -> Processed {
+        let body = format!("{{\"segment_id\":{segment_id}}}\n[{HYDRATION}]");
+        let message = TestMessage {
+            replay_id: "834f314caae54030a1b0dc52b202f24a".into(),
+            key_id: Some(17),
+            project_id: 1,
+            received: 1_702_848_658,
+            replay_event: replay_event.map(|e| e.as_bytes().to_vec()),
+            ..TestMessage::new(body.into_bytes())
         };
-        assert_eq!(build(&ids, &extracted).len(), MAX_HYDRATION_ISSUES);
+        process(&message.encode(), &Limits::default()).unwrap()
     }
 
     #[test]
     fn the_billing_outcome_is_byte_for_byte_what_sentry_sends() {
-        let ids = SegmentIds {
-            replay_id: "834f314caae54030a1b0dc52b202f24a".into(),
-            org_id: 1,
-            project_id: 1,
-            key_id: Some(17),
-            received: 1_702_848_658,
-            ..SegmentIds::for_tests(0)
-        };
-        let outcome = build(&ids, &Extracted::default()).into_iter().find(|e| e.kind() == "outcome").unwrap();
+        let p = processed(0, None);
+        let outcome = build(&p, &IssueGates::default()).into_iter().find(|e| e.kind() == "outcome").unwrap();
+        assert_eq!(outcome.key(), None, "no key, as Sentry publishes it");
         assert_eq!(
-            String::from_utf8(outcome.to_json().unwrap()).unwrap(),
+            String::from_utf8(outcome.into_json().unwrap()).unwrap(),
             r#"{"timestamp":"2023-12-17T21:30:58.000000Z","org_id":1,"project_id":1,"key_id":17,"outcome":0,"reason":null,"event_id":"834f314caae54030a1b0dc52b202f24a","category":7,"quantity":1}"#
         );
-        assert_eq!(outcome.key(), None, "no key, as Sentry publishes it");
+    }
+
+    #[test]
+    fn occurrences_need_the_replay_event_and_only_segment_zero_has_an_outcome() {
+        let kinds =
+            |p: &Processed| build(p, &IssueGates::default()).iter().map(AnalyticsEvent::kind).collect::<Vec<_>>();
+        assert_eq!(kinds(&processed(0, None)), ["outcome", "first_replay"]);
+        let event = r#"{"replay_id":"834f314caae54030a1b0dc52b202f24a","platform":"javascript"}"#;
+        let p = processed(1, Some(event));
+        assert_eq!(kinds(&p), ["hydration_error"]);
+        let occurrence = build(&p, &IssueGates::default()).remove(0);
+        assert_eq!((occurrence.topic(), occurrence.key()), (EventTopic::Issues, Some("1-1".to_owned())));
     }
 }

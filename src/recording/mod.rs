@@ -17,11 +17,13 @@ pub mod events;
 pub mod heap;
 pub mod ids;
 mod json;
+pub mod occurrence;
 pub mod payload;
 pub mod replay_event;
 pub mod rows;
 pub mod rrweb;
 mod scan;
+pub mod snuba;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -31,6 +33,7 @@ pub use error::{InvalidRecording, Reason};
 pub use events::{AnalyticsEvent, EventTopic};
 pub use heap::HeapSize;
 pub use ids::SegmentIds;
+pub use occurrence::{IssueGates, ProjectFilter};
 pub use payload::BodyEncoding;
 pub use replay_event::ReplayEvent;
 pub use rows::{KafkaPosition, ReplayRow};
@@ -84,12 +87,15 @@ pub struct Processed {
     pub extracted: Extracted,
     /// The replay event, when the message carried one.
     pub replay_event: Option<ReplayEvent>,
+    /// The replay event as sent, kept only when an output passes it on: the published segment
+    /// row (`--rows-sink snuba`) and issue occurrences (`occurrence::possible`).
+    pub replay_event_json: Option<Box<str>>,
     /// The edge did not publish the replay event (`relay_snuba_publish_disabled`), so its segment
     /// row is this service's to write.
     pub writes_segment_row: bool,
 }
 
-heap::heap_size!(Processed { ids, blob, extracted, replay_event });
+heap::heap_size!(Processed { ids, blob, extracted, replay_event, replay_event_json });
 
 impl Processed {
     /// Heap and inline bytes held while buffered, counted exactly (capacities, shared URLs
@@ -118,9 +124,10 @@ impl Processed {
         self.has_segment_row() || !self.extracted.clicks.is_empty() || !self.extracted.taps.is_empty()
     }
 
-    /// The analytics events of this segment, built now.
-    pub fn events(&self) -> Vec<AnalyticsEvent> {
-        events::build(&self.ids, &self.extracted)
+    /// The analytics events of this segment, built now; issue occurrences for the projects
+    /// `issues` enables.
+    pub fn events(&self, issues: &IssueGates) -> Vec<AnalyticsEvent> {
+        events::build(self, issues)
     }
 
     /// Values cut and list items left out by the extraction caps.
@@ -142,6 +149,10 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
     if let Some(event) = &replay_event {
         extracted.add_urls(&event.urls);
     }
+    let replay_event_json = env
+        .replay_event
+        .filter(|_| env.relay_snuba_publish_disabled || occurrence::possible(&extracted))
+        .and_then(strict_json);
     let ids = SegmentIds {
         replay_id: env.replay_id.to_owned(),
         replay_uuid: env.replay_uuid,
@@ -167,8 +178,17 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
         blob,
         extracted,
         replay_event,
+        replay_event_json,
         writes_segment_row: env.relay_snuba_publish_disabled,
     })
+}
+
+/// `json` when it is strict JSON, as the outputs that pass it on require (the replay event
+/// parser is lenient).
+fn strict_json(json: &[u8]) -> Option<Box<str>> {
+    let text = std::str::from_utf8(json).ok()?;
+    serde_json::from_str::<&serde_json::value::RawValue>(text).ok()?;
+    Some(Box::from(text))
 }
 
 /// [`process`], with a panic — a bug, never bad input — turned into an `internal_error` rejection

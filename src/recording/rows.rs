@@ -233,7 +233,7 @@ pub fn md5_uuid(input: &str) -> Uuid {
 }
 
 /// Whole seconds, clamped into `DateTime`'s range.
-fn seconds(timestamp: f64) -> u32 {
+pub fn seconds(timestamp: f64) -> u32 {
     timestamp.clamp(0.0, f64::from(u32::MAX)) as u32
 }
 

@@ -227,8 +227,8 @@ pub struct Click {
     pub component_name: String,
     /// CSS selector of the node (`payload.message`), at most `MAX_TEXT_BYTES`.
     pub selector: String,
-    /// Page the click happened on: the breadcrumb's own `url`, else the last Meta/navigation URL
-    /// (shared, not copied); empty when neither is known.
+    /// Page the click happened on: the breadcrumb's own `url` (shared with the visited URLs, not
+    /// copied), empty when it has none. Sentry reports a rage click as an issue only with one.
     pub url: Url,
     pub is_dead: bool,
     pub is_rage: bool,
@@ -279,8 +279,9 @@ pub struct Request {
 /// A `replay.hydrate-error` breadcrumb.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HydrationError {
-    pub timestamp_ms: u64,
-    /// The breadcrumb's own `url`, else the current page (shared, not copied).
+    /// Seconds since the epoch, as sent.
+    pub timestamp: f64,
+    /// The breadcrumb's own `url` (shared with the visited URLs, not copied).
     pub url: Option<Url>,
 }
 
@@ -835,11 +836,8 @@ impl Extractor {
                 Some(data) => {
                     let own = data.url.as_str();
                     if self.admit::<HydrationError>(own.map_or(0, |u| u.len().min(MAX_URL_BYTES))) {
-                        let url = match own {
-                            Some(url) => Some(self.url(url)),
-                            None => self.current_url.clone(),
-                        };
-                        let item = HydrationError { timestamp_ms: ts_ms, url };
+                        let url = own.map(|url| self.url(url));
+                        let item = HydrationError { timestamp: ts_seconds, url };
                         push_bounded(&mut self.out.hydration_errors, item, &mut self.out.dropped_items);
                     }
                     true
@@ -885,10 +883,7 @@ impl Extractor {
             .take(10)
             .map(|class| self.capped(class, MAX_TEXT_BYTES))
             .collect();
-        let url = match data.url.as_str() {
-            Some(url) => self.url(url),
-            None => self.current_url.clone().unwrap_or_else(|| Arc::from("")),
-        };
+        let url = data.url.as_str().map_or_else(|| Arc::from(""), |url| self.url(url));
         let click = Click {
             timestamp,
             node_id,
@@ -1280,12 +1275,14 @@ mod tests {
     }
 
     #[test]
-    fn a_click_without_its_own_url_takes_the_current_page() {
+    fn a_click_without_its_own_url_has_none_even_on_a_known_page() {
         let x = extract_events(&[
             format!(r#"{{"type":4,"data":{{"href":"https://shop/p/1"}},"timestamp":{TS}}}"#),
             click_with_node(r#"{"id":1,"tagName":"a"}"#),
+            breadcrumb("replay.hydrate-error", r#","data":{}"#),
         ]);
-        assert_eq!(&*x.clicks[0].url, "https://shop/p/1");
+        assert_eq!(&*x.clicks[0].url, "");
+        assert_eq!(x.hydration_errors[0].url, None);
     }
 
     #[test]
@@ -1293,7 +1290,7 @@ mod tests {
         let x = extract_events(&[breadcrumb("replay.hydrate-error", r#","data":{"url":"https://shop/"}"#)]);
         assert_eq!(
             x.hydration_errors,
-            [HydrationError { timestamp_ms: 1_796_012_448_690, url: Some("https://shop/".into()) }]
+            [HydrationError { timestamp: 1_796_012_448.69, url: Some("https://shop/".into()) }]
         );
     }
 
@@ -1351,8 +1348,9 @@ mod tests {
     #[test]
     fn the_page_url_is_shared_by_every_click_and_hydration_error_that_refers_to_it() {
         let mut events = vec![format!(r#"{{"type":4,"data":{{"href":"https://shop/p/1"}},"timestamp":{TS}}}"#)];
-        events.extend((0..5).map(|_| click_with_node(r#"{"id":1,"tagName":"a"}"#)));
-        events.extend((0..5).map(|_| breadcrumb("replay.hydrate-error", "")));
+        let click = r#","message":"a","data":{"node":{"id":1,"tagName":"a"},"url":"https://shop/p/1"}"#;
+        events.extend((0..5).map(|_| breadcrumb("ui.click", click)));
+        events.extend((0..5).map(|_| breadcrumb("replay.hydrate-error", r#","data":{"url":"https://shop/p/1"}"#)));
         let x = extract_events(&events);
         let page = &x.urls[0];
         assert!(x.clicks.iter().all(|c| Arc::ptr_eq(&c.url, page)));

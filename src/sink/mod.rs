@@ -4,10 +4,13 @@
 //!
 //! - [`gcs`]: blobs to Google Cloud Storage (production);
 //! - [`filesystem`]: blobs as files under a directory (local runs and tests);
-//! - [`clickhouse`]: click, tap and segment rows;
+//! - [`clickhouse`]: click, tap and segment rows, inserted into snuba's `replays_local` table;
+//! - [`snuba`]: the same rows as `ingest-replay-events` messages, for snuba to insert;
 //! - [`events`]: outcomes, analytics events and issue occurrences to their Kafka topics;
 //! - [`dlq`]: invalid messages, with their original bytes, to the dead-letter topic;
 //! - [`null`]: accepts everything (benchmarks the pipeline alone).
+//!
+//! [`publish`] is what the sinks that write to Kafka topics share.
 
 pub mod clickhouse;
 pub mod dlq;
@@ -15,6 +18,8 @@ pub mod events;
 pub mod filesystem;
 pub mod gcs;
 pub mod null;
+pub mod publish;
+pub mod snuba;
 
 use std::fmt;
 

@@ -19,6 +19,8 @@ use replay_ingest::kafka::load::{self, Produced};
 use replay_ingest::recording::{self, KafkaPosition, Limits, ReplayRow};
 use replay_ingest::sink::{Batch, Entry, Outcome};
 
+pub mod snuba;
+
 pub fn brokers() -> String {
     std::env::var("REPLAY_INGEST_TEST_BROKERS")
         .expect("REPLAY_INGEST_TEST_BROKERS is not set: start the local stack with `scripts/stack.sh up` and source its stack.env (scripts/test.sh does both)")

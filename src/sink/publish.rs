@@ -1,0 +1,83 @@
+//! Publishing JSON records to Kafka for the sinks that write to topics (`events`, `snuba`):
+//! records are sent as they are built and awaited in windows of [`DELIVERY_WINDOW_BYTES`], so a
+//! large batch never holds all its values at once; the write returns only once every delivery
+//! is acknowledged, and the first failure is its error.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::runtime::Handle;
+
+use super::{SinkError, Written};
+use crate::kafka::classify_producer_error;
+
+/// Bytes of values awaiting delivery at once within one write.
+pub const DELIVERY_WINDOW_BYTES: usize = 8 * 1024 * 1024;
+
+/// How long one delivery may wait in the producer's queue.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One message to publish.
+pub struct Record<'a> {
+    pub topic: &'a str,
+    pub key: Option<String>,
+    pub value: Vec<u8>,
+}
+
+pub struct Publisher {
+    producer: FutureProducer,
+    /// The producer waits on the runtime's timers when its queue is full.
+    runtime: Handle,
+    sink: &'static str,
+}
+
+impl Publisher {
+    /// Must be created inside the async runtime the writes will use; `sink` names the sink in
+    /// errors.
+    pub fn new(producer: FutureProducer, sink: &'static str) -> Self {
+        Publisher { producer, runtime: Handle::current(), sink }
+    }
+
+    /// Publishes every record, stopping at the first one that cannot be built.
+    pub fn publish<'a>(
+        &self,
+        records: impl IntoIterator<Item = Result<Record<'a>, SinkError>>,
+    ) -> Result<Written, SinkError> {
+        let mut written = Written::default();
+        let mut window = Vec::new();
+        let mut window_bytes = 0;
+        for record in records {
+            let Record { topic, key, value } = record?;
+            written.items += 1;
+            written.bytes += value.len() as u64;
+            window_bytes += value.len();
+            let producer = &self.producer;
+            window.push(async move {
+                let record = FutureRecord::<String, _>::to(topic).payload(&value);
+                let record = match &key {
+                    Some(key) => record.key(key),
+                    None => record,
+                };
+                producer.send(record, QUEUE_TIMEOUT).await
+            });
+            if window_bytes >= DELIVERY_WINDOW_BYTES {
+                self.deliver(std::mem::take(&mut window))?;
+                window_bytes = 0;
+            }
+        }
+        self.deliver(window)?;
+        Ok(written)
+    }
+
+    /// Waits for every delivery; the first failure is the write's error.
+    fn deliver<F, T>(&self, deliveries: Vec<F>) -> Result<(), SinkError>
+    where
+        F: std::future::Future<Output = Result<T, (rdkafka::error::KafkaError, rdkafka::message::OwnedMessage)>>,
+    {
+        for delivery in self.runtime.block_on(join_all(deliveries)) {
+            delivery.map_err(|(e, _)| SinkError::new(self.sink, classify_producer_error(&e), e))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,43 @@
+//! Rows through snuba (`--rows-sink snuba`): each segment's rows as the `ingest-replay-events`
+//! messages Sentry publishes (`recording::snuba`), for an existing snuba replays consumer to
+//! insert. The write returns once every message is acknowledged. A message the topic refuses
+//! (over its `max.message.bytes`) is a rejection: the flush dead-letters that segment and
+//! publishes the rest.
+
+use rdkafka::producer::FutureProducer;
+
+use super::publish::{Publisher, Record};
+use super::{Entries, Entry, Outcome, Retry, Sink, SinkError, Written};
+use crate::recording::snuba;
+
+pub struct SnubaSink {
+    publisher: Publisher,
+    topic: String,
+}
+
+impl SnubaSink {
+    /// Must be created inside the async runtime the writes will use.
+    pub fn new(producer: FutureProducer, topic: impl Into<String>) -> Self {
+        SnubaSink { publisher: Publisher::new(producer, "snuba"), topic: topic.into() }
+    }
+}
+
+impl Sink for SnubaSink {
+    fn name(&self) -> &'static str {
+        "snuba"
+    }
+
+    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+        let records = batch.valid().flat_map(|processed| match snuba::messages(processed) {
+            Ok(messages) => {
+                messages.into_iter().map(|value| Ok(Record { topic: &self.topic, key: None, value })).collect()
+            }
+            Err(e) => vec![Err(SinkError::new(self.name(), Retry::Rejected, e))],
+        });
+        self.publisher.publish(records)
+    }
+
+    fn writes_for(&self, entry: &Entry) -> bool {
+        matches!(&entry.outcome, Outcome::Valid(p) if p.has_rows())
+    }
+}
