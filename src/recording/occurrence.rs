@@ -542,24 +542,7 @@ mod tests {
     }
 
     fn rage_click() -> Click {
-        Click {
-            timestamp: 1_702_848_658.9,
-            node_id: 59,
-            tag: "button".into(),
-            id: "submit".into(),
-            classes: vec!["btn".into(), "primary".into()],
-            text: "Submit".into(),
-            role: "button".into(),
-            alt: String::new(),
-            aria_label: String::new(),
-            title: String::new(),
-            testid: String::new(),
-            component_name: "SignUpForm".into(),
-            selector: "button#submit.btn.primary".into(),
-            url: "https://example.com/signup".into(),
-            is_dead: true,
-            is_rage: true,
-        }
+        Click { selector: "button#submit.btn.primary".into(), ..Click::example() }
     }
 
     fn occurrences(extracted: &Extracted, raw: &str, gates: &IssueGates) -> Vec<Occurrence> {

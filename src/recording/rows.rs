@@ -434,24 +434,7 @@ mod tests {
     /// The row snuba writes for Sentry's click message with this click.
     #[test]
     fn a_click_row_is_what_snuba_writes_for_the_published_click() {
-        let click = Click {
-            timestamp: 1_702_848_658.9,
-            node_id: 59,
-            tag: "button".into(),
-            id: "submit".into(),
-            classes: vec!["btn".into(), "primary".into()],
-            text: "Submit".into(),
-            role: "button".into(),
-            alt: String::new(),
-            aria_label: String::new(),
-            title: String::new(),
-            testid: String::new(),
-            component_name: "SignUpForm".into(),
-            selector: "button#submit".into(),
-            url: "https://example.com/signup".into(),
-            is_dead: true,
-            is_rage: true,
-        };
+        let click = Click::example();
         let expected: serde_json::Value = serde_json::from_str(r#"{"browser_name":"","browser_version":"","click_alt":"","click_aria_label":"","click_class":["btn","primary"],"click_component_name":"SignUpForm","click_id":"submit","click_is_dead":1,"click_is_rage":1,"click_node_id":59,"click_role":"button","click_tag":"button","click_testid":"","click_text":"Submit","click_title":"","debug_id":"00000000-0000-0000-0000-000000000000","device_brand":"","device_family":"","device_model":"","device_name":"","dist":"","environment":"production","error_id":"00000000-0000-0000-0000-000000000000","error_ids":[],"error_sample_rate":-1.0,"event_hash":"b7b845ec-03c1-7023-2ebf-18bd11f9f69a","fatal_id":"00000000-0000-0000-0000-000000000000","info_id":"00000000-0000-0000-0000-000000000000","ip_address_v4":null,"ip_address_v6":null,"is_archived":0,"offset":1,"os_name":"","os_version":"","ota_updates_channel":"","ota_updates_runtime_version":"","ota_updates_update_id":"","partition":0,"platform":"","project_id":1,"release":"","replay_id":"834f314c-aae5-4030-a1b0-dc52b202f24a","replay_start_timestamp":null,"replay_type":"","retention_days":90,"sdk_name":"","sdk_version":"","segment_id":null,"session_sample_rate":-1.0,"tags.key":[],"tags.value":[],"tap_message":"","tap_view_class":"","tap_view_id":"","timestamp":1702848658,"title":null,"trace_ids":[],"urls":[],"segment_names":[],"user_email":"","user_id":"","user_name":"","user":"","user_geo_city":"","user_geo_country_code":"","user_geo_region":"","user_geo_subdivision":"","viewed_by_id":0,"warning_id":"00000000-0000-0000-0000-000000000000"}"#).unwrap();
         assert_eq!(json(&click_row(&example_ids(), AT, "production", &click)), expected);
     }

@@ -234,6 +234,32 @@ pub struct Click {
     pub is_rage: bool,
 }
 
+#[cfg(test)]
+impl Click {
+    /// The rage click of the examples in Sentry's and snuba's documentation: `button#submit` with
+    /// classes `btn primary`, component `SignUpForm`, on `https://example.com/signup`.
+    pub(crate) fn example() -> Click {
+        Click {
+            timestamp: 1_702_848_658.9,
+            node_id: 59,
+            tag: "button".into(),
+            id: "submit".into(),
+            classes: vec!["btn".into(), "primary".into()],
+            text: "Submit".into(),
+            role: "button".into(),
+            alt: String::new(),
+            aria_label: String::new(),
+            title: String::new(),
+            testid: String::new(),
+            component_name: "SignUpForm".into(),
+            selector: "button#submit".into(),
+            url: "https://example.com/signup".into(),
+            is_dead: true,
+            is_rage: true,
+        }
+    }
+}
+
 /// A tap on a mobile view (`ui.tap`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Tap {
