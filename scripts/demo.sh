@@ -25,7 +25,7 @@ source "$REPLAY_INGEST_STACK_DIR/stack.env"
 echo "== building replay-ingest (release)"
 cargo build --locked --release --quiet --bin replay-ingest
 bin=${CARGO_TARGET_DIR:-target}/release/replay-ingest
-for topic in ingest-replay-recordings:4 ingest-replay-recordings-dlq:1 outcomes-billing:1 replay-analytics:1 replay-issue-reports:1; do
+for topic in ingest-replay-recordings:4 ingest-replay-recordings-dlq:1 outcomes-billing:1 replay-analytics:1 ingest-occurrences:1; do
   "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions "${topic#*:}" "${topic%:*}" >/dev/null
 done
 python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=demo', data=b'{\"name\":\"replays\"}', headers={'content-type': 'application/json'}))"

@@ -43,6 +43,9 @@
 //! | `replays.should_publish_replay_event` | counter | segments | `value`: `True`/`False` | whether this service writes the segment row |
 //! | `sentry.replays.consumer.recording.missing-replay-event` | counter | segments | | valid segments without a replay event |
 //! | `replay.hydration_error_breadcrumb` | counter | breadcrumbs | | hydration-error breadcrumbs |
+//! | `replay.rage_click_detected` | counter | clicks | | rage clicks published as issue occurrences |
+//! | `replay.rage_click_issue_creation_with_replay_event` | counter | occurrences | | rage-click occurrences published |
+//! | `replay.hydration_error_issue_creation_with_replay_event` | counter | occurrences | | hydration-error occurrences published |
 
 use std::time::Duration;
 
@@ -109,6 +112,9 @@ pub const SENTRY_VIDEO_EVENT_SIZE: &str = "replays.recording_consumer.replay_vid
 pub const SENTRY_SHOULD_PUBLISH: &str = "replays.should_publish_replay_event";
 pub const SENTRY_MISSING_REPLAY_EVENT: &str = "sentry.replays.consumer.recording.missing-replay-event";
 pub const SENTRY_HYDRATION_BREADCRUMBS: &str = "replay.hydration_error_breadcrumb";
+pub const SENTRY_RAGE_CLICK_DETECTED: &str = "replay.rage_click_detected";
+pub const SENTRY_RAGE_CLICK_ISSUES: &str = "replay.rage_click_issue_creation_with_replay_event";
+pub const SENTRY_HYDRATION_ISSUES: &str = "replay.hydration_error_issue_creation_with_replay_event";
 
 /// What one sink wrote in one flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -155,6 +161,17 @@ pub fn processed_segment(p: &Processed, memory: usize, took: Duration) {
         counter!(SENTRY_MISSING_REPLAY_EVENT).increment(1);
     }
     counter!(SENTRY_HYDRATION_BREADCRUMBS).increment(p.extracted.breadcrumbs_by_category.get("replay.hydrate-error"));
+}
+
+/// Issue occurrences delivered by one write.
+pub fn occurrences_published(rage_clicks: u64, hydration_errors: u64) {
+    if rage_clicks > 0 {
+        counter!(SENTRY_RAGE_CLICK_DETECTED).increment(rage_clicks);
+        counter!(SENTRY_RAGE_CLICK_ISSUES).increment(rage_clicks);
+    }
+    if hydration_errors > 0 {
+        counter!(SENTRY_HYDRATION_ISSUES).increment(hydration_errors);
+    }
 }
 
 pub fn buffer(messages: usize, bytes: usize) {

@@ -13,6 +13,11 @@ use replay_ingest::recording::{self, AnalyticsEvent, IssueGates, Limits};
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 
+/// How many events of `kind` the segments produce, issues on for every project.
+fn expected_events_of(segments: &[recording::Processed], kind: &str) -> usize {
+    segments.iter().flat_map(|p| p.events(&IssueGates::default())).filter(|e| e.kind() == kind).count()
+}
+
 /// Values of every message on `topic` (JSON events), reading until `count` arrived.
 fn read_json(topic: &str, count: usize) -> Vec<serde_json::Value> {
     read_messages(topic, count, Duration::from_secs(30))
@@ -137,6 +142,13 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
     assert_eq!(counters["replay_ingest.replays.recording_consumer.replay_video_count"], videos);
     let hydration: u64 = valid.iter().map(|p| p.extracted.breadcrumbs_by_category.get("replay.hydrate-error")).sum();
     assert_eq!(counters["replay_ingest.replay.hydration_error_breadcrumb"], hydration as f64);
+    let occurrences = |kind: &str| expected_events_of(&valid, kind) as f64;
+    assert_eq!(counters["replay_ingest.replay.rage_click_issue_creation_with_replay_event"], occurrences("rage_click"));
+    assert_eq!(counters["replay_ingest.replay.rage_click_detected"], occurrences("rage_click"));
+    assert_eq!(
+        counters["replay_ingest.replay.hydration_error_issue_creation_with_replay_event"],
+        occurrences("hydration_error")
+    );
 }
 
 /// `--rows-sink snuba`: the rows go out as `ingest-replay-events` messages, and what snuba's

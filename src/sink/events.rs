@@ -12,6 +12,8 @@ use rdkafka::producer::FutureProducer;
 
 use super::publish::{Publisher, Record};
 use super::{Entries, Entry, Retry, Sink, SinkError, Written};
+use crate::metrics;
+use crate::recording::occurrence::IssueKind;
 use crate::recording::{AnalyticsEvent, EventTopic, IssueGates};
 
 #[derive(Debug, Clone)]
@@ -83,6 +85,7 @@ impl Sink for EventsSink {
 
     fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
         let mut announced = Vec::new();
+        let (mut rage_clicks, mut hydration_errors) = (0, 0);
         let events = batch.valid().flat_map(|processed| processed.events(&self.issues));
         let records = events
             .filter(|event| match event {
@@ -93,6 +96,13 @@ impl Sink for EventsSink {
                     }
                     new
                 }
+                AnalyticsEvent::Occurrence(o) => {
+                    match o.kind {
+                        IssueKind::RageClick => rage_clicks += 1,
+                        IssueKind::HydrationError => hydration_errors += 1,
+                    }
+                    true
+                }
                 _ => true,
             })
             .map(|event| {
@@ -101,6 +111,7 @@ impl Sink for EventsSink {
                 Ok(Record { topic, key, value })
             });
         let written = self.publisher.publish(records)?;
+        metrics::occurrences_published(rage_clicks, hydration_errors);
         let mut seen = self.seen();
         for project in announced {
             seen.insert(project);
