@@ -40,8 +40,17 @@ scripts/stack.sh up
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
 
 step "cargo test"
-cargo test --locked --all-targets 2>&1 | tee "$log"
+# Every test binary runs even when one fails, so a red run shows all its failures.
+status=0
+cargo test --locked --all-targets --no-fail-fast 2>&1 | tee "$log" || status=$?
 
-# One closing line over all test binaries (cargo prints one "test result" line per binary).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
-     END { printf "\ntests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$log"
+# One closing summary over all test binaries (cargo prints one "test result" line per binary),
+# then the name of every failed test.
+awk '/^test result:/ { for (i = 2; i <= NF; i++) { n = $(i-1) + 0
+         if ($i ~ /^passed;?$/) p += n; if ($i ~ /^failed;?$/) f += n
+         if ($i ~ /^ignored;?$/) g += n; if ($i ~ /^filtered$/) o += n } }
+     /^test .* FAILED$/ { failed[$2] = 1 }
+     END { printf "\ntests: %d passed, %d failed, %d ignored, %d filtered out\n", p, f, g, o
+           for (t in failed) printf "  failed: %s\n", t
+           exit (f > 0 || p == 0) }' "$log" || status=1
+exit "$status"

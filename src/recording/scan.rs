@@ -543,11 +543,60 @@ mod tests {
         }
 
         /// On arbitrary text the scanner returns (never panics) and, when it accepts a container,
-        /// the accepted text has balanced brackets outside strings.
+        /// the accepted text has as many closing as opening brackets outside strings, the first
+        /// closing last (`balanced`).
         #[test]
         fn arbitrary_text_never_panics(text in "[\\[\\]{}\"\\\\a:, 0-9]{0,300}") {
-            let _ = skip(&text);
+            if let Ok(accepted) = skip(&text)
+                && accepted.starts_with(['[', '{'])
+            {
+                prop_assert!(balanced(accepted), "accepted unbalanced {accepted:?}");
+            }
             let _ = field(&text, "a");
+        }
+    }
+
+    /// Reference check of what the skip guarantees: outside strings, closing brackets never
+    /// outnumber opening ones before the end and match them exactly at the end, where the first
+    /// bracket closes. Bracket kinds are not paired: `{[}]` is a token-level error, which the
+    /// skip leaves to the validating parsers that read a value.
+    fn balanced(text: &str) -> bool {
+        let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+        for (i, c) in text.char_indices() {
+            if in_string {
+                (escaped, in_string) = match (escaped, c) {
+                    (true, _) => (false, true),
+                    (false, '\\') => (true, true),
+                    (false, '"') => (false, false),
+                    _ => (false, true),
+                };
+                continue;
+            }
+            match c {
+                '"' => in_string = true,
+                '[' | '{' => depth += 1,
+                ']' | '}' => {
+                    depth = match depth.checked_sub(1) {
+                        Some(d) => d,
+                        None => return false,
+                    };
+                    if depth == 0 && i + 1 != text.len() {
+                        return false;
+                    }
+                }
+                _ => {}
+            }
+        }
+        depth == 0 && !in_string
+    }
+
+    #[test]
+    fn the_reference_bracket_check_tells_balanced_from_unbalanced() {
+        for ok in ["[]", r#"{"a":"]\"}"}"#, "[[{}],{}]", "{[}]"] {
+            assert!(balanced(ok), "{ok}");
+        }
+        for bad in ["[[]", "[]]", r#"["]"#, "[] []", r#"{"a":"\"}"#] {
+            assert!(!balanced(bad), "{bad}");
         }
     }
 
