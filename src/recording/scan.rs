@@ -558,22 +558,22 @@ mod tests {
 
     /// Reference check of what the skip guarantees: outside strings, closing brackets never
     /// outnumber opening ones before the end and match them exactly at the end, where the first
-    /// bracket closes. Bracket kinds are not paired: `{[}]` is a token-level error, which the
-    /// skip leaves to the validating parsers that read a value.
+    /// bracket closes. A quote after an odd run of backslashes does not open or close a string,
+    /// wherever it stands, as in the skip's block masks. Bracket kinds are not paired and a
+    /// backslash outside a string is not refused: `{[}]` and `{\"}` are token-level errors,
+    /// which the skip leaves to the validating parsers that read a value.
     fn balanced(text: &str) -> bool {
         let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
         for (i, c) in text.char_indices() {
+            let quote_escaped = escaped;
+            escaped = c == '\\' && !escaped;
+            if c == '"' && !quote_escaped {
+                in_string = !in_string;
+            }
             if in_string {
-                (escaped, in_string) = match (escaped, c) {
-                    (true, _) => (false, true),
-                    (false, '\\') => (true, true),
-                    (false, '"') => (false, false),
-                    _ => (false, true),
-                };
                 continue;
             }
             match c {
-                '"' => in_string = true,
                 '[' | '{' => depth += 1,
                 ']' | '}' => {
                     depth = match depth.checked_sub(1) {
@@ -592,7 +592,7 @@ mod tests {
 
     #[test]
     fn the_reference_bracket_check_tells_balanced_from_unbalanced() {
-        for ok in ["[]", r#"{"a":"]\"}"}"#, "[[{}],{}]", "{[}]"] {
+        for ok in ["[]", r#"{"a":"]\"}"}"#, "[[{}],{}]", "{[}]", r#"{\"}"#] {
             assert!(balanced(ok), "{ok}");
         }
         for bad in ["[[]", "[]]", r#"["]"#, "[] []", r#"{"a":"\"}"#] {
