@@ -198,6 +198,12 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
                 analytics: args.events.analytics_topic.clone(),
                 issues: args.events.issues_topic.clone(),
             };
+            info!(
+                topic = %topics.issues,
+                rage_click_issues = %args.events.rage_click_issues,
+                hydration_error_issues = %args.events.hydration_error_issues,
+                "issue occurrences for these projects"
+            );
             Box::new(EventsSink::new(
                 producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
                 topics,

@@ -30,6 +30,35 @@ impl Num {
     }
 }
 
+/// A JSON document as received, checked once to be strict JSON (what a serde_json reader accepts),
+/// so outputs can embed it without parsing it again.
+#[derive(Debug, Clone)]
+pub struct RawJson(Box<serde_json::value::RawValue>);
+
+impl RawJson {
+    /// `json` when it is strict UTF-8 JSON.
+    pub fn parse(json: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(json).ok()?;
+        serde_json::value::RawValue::from_string(text.to_owned()).ok().map(RawJson)
+    }
+
+    pub fn get(&self) -> &serde_json::value::RawValue {
+        &self.0
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl super::heap::HeapSize for RawJson {
+    fn heap_size(&self) -> usize {
+        self.0.get().len()
+    }
+}
+
 /// Consumes any value; the visitor impls decide what each kind of value becomes.
 struct Lenient<T>(std::marker::PhantomData<T>);
 

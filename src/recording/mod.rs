@@ -33,6 +33,7 @@ pub use error::{InvalidRecording, Reason};
 pub use events::{AnalyticsEvent, EventTopic};
 pub use heap::HeapSize;
 pub use ids::SegmentIds;
+pub use json::RawJson;
 pub use occurrence::{IssueGates, ProjectFilter};
 pub use payload::BodyEncoding;
 pub use replay_event::ReplayEvent;
@@ -89,7 +90,7 @@ pub struct Processed {
     pub replay_event: Option<ReplayEvent>,
     /// The replay event as sent, kept only when an output passes it on: the published segment
     /// row (`--rows-sink snuba`) and issue occurrences (`occurrence::possible`).
-    pub replay_event_json: Option<Box<str>>,
+    pub replay_event_json: Option<RawJson>,
     /// The edge did not publish the replay event (`relay_snuba_publish_disabled`), so its segment
     /// row is this service's to write.
     pub writes_segment_row: bool,
@@ -152,7 +153,7 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
     let replay_event_json = env
         .replay_event
         .filter(|_| env.relay_snuba_publish_disabled || occurrence::possible(&extracted))
-        .and_then(strict_json);
+        .and_then(RawJson::parse);
     let ids = SegmentIds {
         replay_id: env.replay_id.to_owned(),
         replay_uuid: env.replay_uuid,
@@ -181,14 +182,6 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
         replay_event_json,
         writes_segment_row: env.relay_snuba_publish_disabled,
     })
-}
-
-/// `json` when it is strict JSON, as the outputs that pass it on require (the replay event
-/// parser is lenient).
-fn strict_json(json: &[u8]) -> Option<Box<str>> {
-    let text = std::str::from_utf8(json).ok()?;
-    serde_json::from_str::<&serde_json::value::RawValue>(text).ok()?;
-    Some(Box::from(text))
 }
 
 /// [`process`], with a panic — a bug, never bad input — turned into an `internal_error` rejection

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::ids::SegmentIds;
-use super::json::default_for;
+use super::json::{RawJson, default_for};
 use super::replay_event::{MAX_TAGS, ReplayEvent};
 use super::rows::md5_uuid;
 use super::rrweb::{Click, Extracted, HydrationError};
@@ -133,7 +133,7 @@ pub fn possible(extracted: &Extracted) -> bool {
 pub fn build(
     ids: &SegmentIds,
     extracted: &Extracted,
-    raw: &str,
+    raw: &RawJson,
     event: &ReplayEvent,
     gates: &IssueGates,
 ) -> Vec<Occurrence> {
@@ -142,7 +142,7 @@ pub fn build(
     if !(rage || hydration) {
         return Vec::new();
     }
-    let Ok(attached) = serde_json::from_str::<Attached<'_>>(raw) else { return Vec::new() };
+    let Ok(attached) = serde_json::from_str::<Attached<'_>>(raw.get().get()) else { return Vec::new() };
     let Some(platform) = attached.platform.0 else { return Vec::new() };
     let trace_id = event.trace_ids.first().map(|id| id.simple().to_string());
     let context = Context { ids, attached: &attached, platform, trace_id: trace_id.as_deref() };
@@ -546,7 +546,8 @@ mod tests {
     }
 
     fn occurrences(extracted: &Extracted, raw: &str, gates: &IssueGates) -> Vec<Occurrence> {
-        build(&ids(), extracted, raw, &replay_event::parse(raw.as_bytes()).unwrap(), gates)
+        let json = RawJson::parse(raw.as_bytes()).unwrap();
+        build(&ids(), extracted, &json, &replay_event::parse(raw.as_bytes()).unwrap(), gates)
     }
 
     /// The occurrence as text, with its two generated ids replaced by the example's.

@@ -32,7 +32,7 @@ pub fn messages(p: &Processed) -> Result<Vec<Vec<u8>>, serde_json::Error> {
     if p.writes_segment_row
         && let Some(raw) = &p.replay_event_json
     {
-        let payload: &RawValue = serde_json::from_str(raw)?;
+        let payload = raw.get();
         messages.push(serde_json::to_vec(&SegmentEnvelope {
             start_time: ids.received,
             replay_id: &ids.replay_id,

@@ -46,75 +46,75 @@ pub fn rows(message: &[u8], partition: u16, offset: u64) -> Result<Vec<Row>, Str
         row
     };
     match payload.get("type").and_then(Value::as_str) {
-        Some("replay_actions") => {
-            let environment = optional_string(payload.get("environment"), "environment")?.unwrap_or_default();
-            let clicks = payload.get("clicks").and_then(Value::as_array).ok_or("clicks")?;
-            clicks
-                .iter()
-                .map(|click| {
-                    let click = click.as_object().ok_or("click is not an object")?;
-                    let text = |key: &str| required_string(click.get(key), key);
-                    let mut row = base(replay_id);
-                    for (column, key) in [
-                        ("click_alt", "alt"),
-                        ("click_aria_label", "aria_label"),
-                        ("click_id", "id"),
-                        ("click_role", "role"),
-                        ("click_tag", "tag"),
-                        ("click_testid", "testid"),
-                        ("click_text", "text"),
-                        ("click_title", "title"),
-                    ] {
-                        row.insert(column.into(), json!(text(key)?));
-                    }
-                    let component = optional_string(click.get("component_name"), "component_name")?;
-                    row.insert("click_component_name".into(), json!(component.unwrap_or_default()));
-                    row.insert("click_class".into(), json!(strings(click.get("class"), "class")?.ok_or("class")?));
-                    row.insert("click_is_dead".into(), json!(small(click.get("is_dead"), "is_dead", 255)?));
-                    row.insert("click_is_rage".into(), json!(small(click.get("is_rage"), "is_rage", 255)?));
-                    row.insert(
-                        "click_node_id".into(),
-                        json!(small(click.get("node_id"), "node_id", u64::from(u32::MAX))?),
-                    );
-                    row.insert(
-                        "event_hash".into(),
-                        json!(uuid(click.get("event_hash").ok_or("event_hash")?, "event_hash")?),
-                    );
-                    row.insert(
-                        "timestamp".into(),
-                        json!(saturate(number(click.get("timestamp"), "timestamp")?.ok_or("timestamp")?)),
-                    );
-                    row.insert("environment".into(), json!(environment));
-                    Ok(row)
-                })
-                .collect()
-        }
-        Some("replay_tap") => {
-            let environment = optional_string(payload.get("environment"), "environment")?.unwrap_or_default();
-            let taps = payload.get("taps").and_then(Value::as_array).ok_or("taps")?;
-            taps.iter()
-                .map(|tap| {
-                    let tap = tap.as_object().ok_or("tap is not an object")?;
-                    let mut row = base(replay_id);
-                    row.insert("tap_message".into(), json!(required_string(tap.get("message"), "message")?));
-                    row.insert("tap_view_class".into(), json!(required_string(tap.get("view_class"), "view_class")?));
-                    row.insert("tap_view_id".into(), json!(required_string(tap.get("view_id"), "view_id")?));
-                    row.insert(
-                        "event_hash".into(),
-                        json!(uuid(tap.get("event_hash").ok_or("event_hash")?, "event_hash")?),
-                    );
-                    row.insert(
-                        "timestamp".into(),
-                        json!(saturate(number(tap.get("timestamp"), "timestamp")?.ok_or("timestamp")?)),
-                    );
-                    row.insert("environment".into(), json!(environment));
-                    Ok(row)
-                })
-                .collect()
-        }
+        Some("replay_actions") => item_rows(
+            payload,
+            "clicks",
+            || base(replay_id),
+            |click, row| {
+                for (column, key) in [
+                    ("click_alt", "alt"),
+                    ("click_aria_label", "aria_label"),
+                    ("click_id", "id"),
+                    ("click_role", "role"),
+                    ("click_tag", "tag"),
+                    ("click_testid", "testid"),
+                    ("click_text", "text"),
+                    ("click_title", "title"),
+                ] {
+                    row.insert(column.into(), json!(required_string(click.get(key), key)?));
+                }
+                let component = optional_string(click.get("component_name"), "component_name")?;
+                row.insert("click_component_name".into(), json!(component.unwrap_or_default()));
+                row.insert("click_class".into(), json!(strings(click.get("class"), "class")?.ok_or("class")?));
+                row.insert("click_is_dead".into(), json!(small(click.get("is_dead"), "is_dead", 255)?));
+                row.insert("click_is_rage".into(), json!(small(click.get("is_rage"), "is_rage", 255)?));
+                row.insert("click_node_id".into(), json!(small(click.get("node_id"), "node_id", u64::from(u32::MAX))?));
+                Ok(())
+            },
+        ),
+        Some("replay_tap") => item_rows(
+            payload,
+            "taps",
+            || base(replay_id),
+            |tap, row| {
+                for (column, key) in
+                    [("tap_message", "message"), ("tap_view_class", "view_class"), ("tap_view_id", "view_id")]
+                {
+                    row.insert(column.into(), json!(required_string(tap.get(key), key)?));
+                }
+                Ok(())
+            },
+        ),
         Some("replay_event") => Ok(vec![segment_row(payload, base)?]),
         other => Err(format!("payload type {other:?}")),
     }
+}
+
+/// One row per element of the payload's `list` (clicks or taps): `fill` sets the element's own
+/// columns; every element also carries its `event_hash` and `timestamp` and the payload's
+/// `environment`.
+fn item_rows(
+    payload: &Map<String, Value>,
+    list: &str,
+    base: impl Fn() -> Row,
+    fill: impl Fn(&Map<String, Value>, &mut Row) -> Result<(), String>,
+) -> Result<Vec<Row>, String> {
+    let environment = optional_string(payload.get("environment"), "environment")?.unwrap_or_default();
+    let items = payload.get(list).and_then(Value::as_array).ok_or_else(|| format!("no {list}"))?;
+    items
+        .iter()
+        .map(|item| {
+            let item = item.as_object().ok_or_else(|| format!("an element of {list} is not an object"))?;
+            let mut row = base();
+            fill(item, &mut row)?;
+            let event_hash = uuid(item.get("event_hash").ok_or("no event_hash")?, "event_hash")?;
+            row.insert("event_hash".into(), json!(event_hash));
+            let timestamp = number(item.get("timestamp"), "timestamp")?.ok_or("no timestamp")?;
+            row.insert("timestamp".into(), json!(saturate(timestamp)));
+            row.insert("environment".into(), json!(environment));
+            Ok(row)
+        })
+        .collect()
 }
 
 fn segment_row(event: &Map<String, Value>, base: impl Fn(Uuid) -> Row) -> Result<Row, String> {
