@@ -26,11 +26,13 @@ pub struct LimitArgs {
     pub max_taps_per_segment: usize,
 }
 
-impl From<LimitArgs> for Limits {
-    fn from(args: LimitArgs) -> Self {
+impl LimitArgs {
+    /// The per-message limits; `republish_replay_event` with `--rows-sink snuba`.
+    pub fn limits(&self, republish_replay_event: bool) -> Limits {
         Limits {
-            max_decompressed_bytes: args.max_decompressed_bytes,
-            rows: RowLimits { max_clicks: args.max_clicks_per_segment, max_taps: args.max_taps_per_segment },
+            max_decompressed_bytes: self.max_decompressed_bytes,
+            rows: RowLimits { max_clicks: self.max_clicks_per_segment, max_taps: self.max_taps_per_segment },
+            republish_replay_event,
         }
     }
 }

@@ -70,7 +70,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Inspect { files, limits } = &cli.command {
-        return run_inspect(files, &(*limits).into());
+        return run_inspect(files, &limits.limits(false));
     }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))

@@ -172,7 +172,8 @@ async fn rows_published_for_snuba_are_the_rows_written_directly() {
     wait_for("everything committed", JOIN_AND_FLUSH, || service.committed() == target).await;
     assert_eq!(service.terminate(), Some(0));
 
-    let valid: Vec<_> = sent.iter().filter_map(|s| recording::process(&s.value, &Limits::default()).ok()).collect();
+    let limits = Limits { republish_replay_event: true, ..Limits::default() };
+    let valid: Vec<_> = sent.iter().filter_map(|s| recording::process(&s.value, &limits).ok()).collect();
     let expected_messages: usize = valid.iter().map(|p| recording::snuba::messages(p).unwrap().len()).sum();
     let without_position = |mut row: serde_json::Map<String, serde_json::Value>| {
         row.remove("partition");

@@ -74,7 +74,8 @@ struct Measured {
 }
 
 fn measure(value: &[u8]) -> Measured {
-    let limits = Limits::default();
+    // The configuration that holds the most: replay events kept to be republished.
+    let limits = Limits { republish_replay_event: true, ..Limits::default() };
     // Once unmeasured: lazily initialised statics are not the segment's.
     drop(recording::process(value, &limits));
     let start = LIVE.with(Cell::get);

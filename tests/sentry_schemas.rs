@@ -8,13 +8,15 @@ mod common;
 use replay_ingest::recording::{self, AnalyticsEvent, IssueGates, KafkaPosition, Limits, Processed, snuba};
 use serde_json::Value;
 
-/// Every fixture the recording core accepts, with the Kafka position it is given here.
+/// Every fixture the recording core accepts, processed as with `--rows-sink snuba`, with the
+/// Kafka position it is given here.
 fn accepted() -> Vec<(KafkaPosition, Processed)> {
     let positions = (0..).map(|offset| KafkaPosition { partition: 3, offset });
     let fixtures = common::all_fixtures();
+    let limits = Limits { republish_replay_event: true, ..Limits::default() };
     positions
         .zip(fixtures.iter())
-        .filter_map(|(at, value)| Some((at, recording::process(value, &Limits::default()).ok()?)))
+        .filter_map(|(at, value)| Some((at, recording::process(value, &limits).ok()?)))
         .collect()
 }
 

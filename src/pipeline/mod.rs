@@ -39,7 +39,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
-use crate::config::ConsumeArgs;
+use crate::config::{ConsumeArgs, RowsSinkKind};
 use crate::health::Status;
 use crate::kafka::client_config;
 use crate::kafka::consumer::{
@@ -146,7 +146,7 @@ pub async fn consume(
         control: control_rx,
         generation: 0,
         pool: Arc::new(pool),
-        limits: args.limits.into(),
+        limits: args.limits.limits(args.rows_sink == RowsSinkKind::Snuba),
         processing_bytes: 0,
         processing: FuturesOrdered::new(),
         buffer: Buffer::new(args.buffer_limits()),

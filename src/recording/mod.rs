@@ -57,11 +57,18 @@ pub struct Limits {
     /// A body that decompresses to more than this is rejected as `too_large`.
     pub max_decompressed_bytes: usize,
     pub rows: RowLimits,
+    /// Keep the replay event as sent for the segment row this service owns, to republish it on
+    /// `ingest-replay-events` (`--rows-sink snuba`); otherwise it is kept only for occurrences.
+    pub republish_replay_event: bool,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES, rows: RowLimits::default() }
+        Limits {
+            max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES,
+            rows: RowLimits::default(),
+            republish_replay_event: false,
+        }
     }
 }
 
@@ -88,8 +95,8 @@ pub struct Processed {
     pub extracted: Extracted,
     /// The replay event, when the message carried one.
     pub replay_event: Option<ReplayEvent>,
-    /// The replay event as sent, kept only when an output passes it on: the published segment
-    /// row (`--rows-sink snuba`) and issue occurrences (`occurrence::possible`).
+    /// The replay event as sent, kept only when an output passes it on: the republished segment
+    /// row ([`Limits::republish_replay_event`]) and issue occurrences (`occurrence::possible`).
     pub replay_event_json: Option<RawJson>,
     /// The edge did not publish the replay event (`relay_snuba_publish_disabled`), so its segment
     /// row is this service's to write.
@@ -152,7 +159,9 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
     }
     let replay_event_json = env
         .replay_event
-        .filter(|_| env.relay_snuba_publish_disabled || occurrence::possible(&extracted))
+        .filter(|_| {
+            (limits.republish_replay_event && env.relay_snuba_publish_disabled) || occurrence::possible(&extracted)
+        })
         .and_then(RawJson::parse);
     let ids = SegmentIds {
         replay_id: env.replay_id.to_owned(),
