@@ -1,6 +1,8 @@
 //! Per-message throughput of the recording core on the recorded fixture mix, in MB/s of
 //! decompressed rrweb JSON on one core, next to baselines on the same data:
-//! - `inflate_only`: decompression alone (the floor any implementation pays);
+//! - `inflate_only`: streaming zlib-rs decompression alone (the decoder before libdeflate);
+//! - `libdeflate_only`: libdeflate whole-buffer decompression alone into a reused buffer — the
+//!   floor any implementation pays, and the decoder `process` uses;
 //! - `inflate_sonic_value`: decompression + a full sonic-rs DOM parse;
 //! - `inflate_serde_json_value`: decompression + a full `serde_json::Value` parse;
 //! - `process`: the whole per-message work (msgpack, header, inflate, UTF-8 check, rrweb scan,
@@ -11,8 +13,10 @@
 use std::hint::black_box;
 use std::path::Path;
 
+use std::io::Read;
+
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use replay_ingest::recording::{self, Limits, envelope, payload};
+use replay_ingest::recording::{self, Inflater, Limits, envelope, payload};
 
 struct Fixture {
     value: Vec<u8>,
@@ -25,10 +29,15 @@ fn fixtures() -> Vec<Fixture> {
     paths.into_iter().map(|p| Fixture { value: std::fs::read(p).unwrap() }).collect()
 }
 
+fn body(value: &[u8]) -> &[u8] {
+    payload::split(envelope::decode(value).unwrap().payload).unwrap().body
+}
+
+/// The streaming zlib-rs decoder, as `process` used before libdeflate.
 fn inflate(value: &[u8]) -> Vec<u8> {
-    let env = envelope::decode(value).unwrap();
-    let split = payload::split(env.payload).unwrap();
-    payload::decompress(&split, usize::MAX).unwrap()
+    let mut out = Vec::new();
+    flate2::read::ZlibDecoder::new(body(value)).read_to_end(&mut out).unwrap();
+    out
 }
 
 fn bench(c: &mut Criterion) {
@@ -43,6 +52,15 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             for f in &fixtures {
                 black_box(inflate(&f.value));
+            }
+        })
+    });
+    let mut out = vec![0u8; 64 << 20];
+    let mut libdeflate = libdeflater::Decompressor::new();
+    group.bench_function("libdeflate_only", |b| {
+        b.iter(|| {
+            for f in &fixtures {
+                black_box(libdeflate.zlib_decompress(body(&f.value), &mut out).unwrap());
             }
         })
     });
@@ -62,10 +80,11 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
+    let mut inflater = Inflater::default();
     group.bench_function("process", |b| {
         b.iter(|| {
             for f in &fixtures {
-                let processed = recording::process(&f.value, &limits).unwrap();
+                let processed = recording::process_with(&f.value, &limits, &mut inflater).unwrap();
                 black_box((processed.rows(Default::default()), processed.events(&Default::default()), processed));
             }
         })

@@ -63,7 +63,8 @@ fn main() {
     let real = std::fs::read(root.join("segments/dead-click-0.msgpack")).unwrap();
     let env = envelope::decode(&real).unwrap();
     let split = payload::split(env.payload).unwrap();
-    let json = payload::decompress(&split, 1 << 30).unwrap();
+    let mut inflater = payload::Inflater::default();
+    let json = payload::decompress(&split, 1 << 30, &mut inflater).unwrap().into_owned();
     let base = Message {
         kind: "replay_recording_not_chunked".into(),
         replay_id: env.replay_id.into(),

@@ -93,5 +93,5 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
 
 /// Processes one message value and renders its report line.
 pub fn inspect(file: &str, value: &[u8], limits: &Limits) -> String {
-    report_line(file, &recording::process_guarded(value, limits))
+    report_line(file, &recording::process_guarded(value, limits, &mut recording::Inflater::default()))
 }

@@ -102,6 +102,7 @@ fn raw_gzip_and_zstd_bodies_extract_like_the_zlib_original_and_store_zlib() {
         assert_eq!(p.extracted, original.extracted, "{name}");
         assert_eq!(p.uncompressed_bytes, original.uncompressed_bytes, "{name}");
         assert_eq!(p.blob.bytes[0], 0x78, "{name}: stored as zlib");
+        let mut inflater = recording::Inflater::default();
         let stored = recording::payload::decompress(
             &recording::payload::Payload {
                 segment_id: 0,
@@ -109,6 +110,7 @@ fn raw_gzip_and_zstd_bodies_extract_like_the_zlib_original_and_store_zlib() {
                 body: &p.blob.bytes,
             },
             usize::MAX,
+            &mut inflater,
         )
         .unwrap();
         assert_eq!(stored.len(), p.uncompressed_bytes, "{name}");
@@ -130,9 +132,11 @@ fn the_mobile_segment_yields_tap_rows_and_a_video_pack_blob() {
     let rows = p.rows(AT);
     let taps: Vec<_> = rows.iter().filter(|r| !r.tap_view_id.is_empty()).map(|r| r.tap_view_id.as_str()).collect();
     assert_eq!(taps, ["checkout_button", "back"]);
+    let mut inflater = recording::Inflater::default();
     let packed = recording::payload::decompress(
         &recording::payload::Payload { segment_id: 0, encoding: recording::BodyEncoding::Zlib, body: &p.blob.bytes },
         usize::MAX,
+        &mut inflater,
     )
     .unwrap();
     assert_eq!(packed[0], 0x01);

@@ -98,7 +98,8 @@ fn assert_bounded(name: &str, value: &[u8]) -> Box<Processed> {
         m.held
     );
     assert!(m.held <= p.cost_bound(), "{name}: holds {} > bound {} (input {})", m.held, p.cost_bound(), p.input_bytes);
-    // The decompression buffer starts at 4 × the compressed size and grows geometrically.
+    // The decompression buffer starts at most at 4 × the compressed size + 8 MiB (what a thread
+    // retains anyway) and doubles up to at most twice the output.
     let peak_bound = 5 * value.len() + 3 * p.input_bytes + 8 * 1024 * 1024;
     assert!(m.peak <= peak_bound, "{name}: peak {} > {peak_bound}", m.peak);
     p

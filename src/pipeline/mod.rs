@@ -23,6 +23,7 @@ pub mod buffer;
 pub mod flush;
 pub mod frontier;
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -477,13 +478,19 @@ impl Pipeline {
     }
 }
 
+thread_local! {
+    /// Each processing thread decompresses into a buffer it keeps between messages.
+    static INFLATER: RefCell<recording::Inflater> = RefCell::default();
+}
+
 /// Runs the recording core on one message; an invalid one keeps its bytes for the dead-letter
 /// topic. Returns the entry and the bytes it holds.
 fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, usize) {
     let (partition, offset) = (message.partition(), message.offset());
     let value = message.payload().unwrap_or_default();
     let start = Instant::now();
-    match recording::process_guarded(value, limits) {
+    let result = INFLATER.with_borrow_mut(|inflater| recording::process_guarded(value, limits, inflater));
+    match result {
         Ok(processed) => {
             let bytes = processed.memory_bytes();
             metrics::processed_segment(&processed, bytes, start.elapsed());

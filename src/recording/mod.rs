@@ -35,7 +35,7 @@ pub use heap::HeapSize;
 pub use ids::SegmentIds;
 pub use json::RawJson;
 pub use occurrence::{IssueGates, ProjectFilter};
-pub use payload::BodyEncoding;
+pub use payload::{BodyEncoding, Inflater};
 pub use replay_event::ReplayEvent;
 pub use rows::{KafkaPosition, ReplayRow};
 pub use rrweb::{Extracted, RowLimits};
@@ -145,11 +145,23 @@ impl Processed {
     }
 }
 
-/// Decodes, decompresses and extracts one message value.
+/// Decodes, decompresses and extracts one message value, with a decompressor of its own. A
+/// processing thread uses [`process_with`] and keeps its [`Inflater`] between messages.
 pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecording> {
+    process_with(value, limits, &mut Inflater::default())
+}
+
+/// [`process`], decompressing with (and into the reused buffer of) `inflater`.
+pub fn process_with(value: &[u8], limits: &Limits, inflater: &mut Inflater) -> Result<Processed, InvalidRecording> {
+    let processed = process_into(value, limits, inflater);
+    inflater.release();
+    processed
+}
+
+fn process_into(value: &[u8], limits: &Limits, inflater: &mut Inflater) -> Result<Processed, InvalidRecording> {
     let env = envelope::decode(value)?;
     let payload = payload::split(env.payload)?;
-    let json = payload::decompress(&payload, limits.max_decompressed_bytes)?;
+    let json = payload::decompress(&payload, limits.max_decompressed_bytes, inflater)?;
     let mut extracted = rrweb::extract(&json, limits.rows).map_err(|e| {
         InvalidRecording::new(Reason::InvalidBody, format_args!("body is not a JSON array of events: {e}"))
     })?;
@@ -196,8 +208,8 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
 /// [`process`], with a panic — a bug, never bad input — turned into an `internal_error` rejection
 /// so that one message cannot take the process down. The panic itself is reported by the panic
 /// hook (message and location on stderr).
-pub fn process_guarded(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecording> {
-    guarded(|| process(value, limits))
+pub fn process_guarded(value: &[u8], limits: &Limits, inflater: &mut Inflater) -> Result<Processed, InvalidRecording> {
+    guarded(|| process_with(value, limits, inflater))
 }
 
 fn guarded<T>(work: impl FnOnce() -> Result<T, InvalidRecording>) -> Result<T, InvalidRecording> {

@@ -5,9 +5,11 @@
 //! JSON (`[`, optionally after whitespace). Every codec decompresses through a cap that fails with
 //! `too_large` rather than truncating, and a stream that ends early fails with `truncated_body`.
 
+use std::borrow::Cow;
 use std::io::{self, Read};
 
 use flate2::{Decompress, FlushDecompress, Status};
+use libdeflater::DecompressionError;
 use serde::{Deserialize, Serialize};
 
 use super::error::{InvalidRecording, Reason};
@@ -89,11 +91,119 @@ pub fn split(payload: &[u8]) -> Result<Payload<'_>, InvalidRecording> {
     Ok(Payload { segment_id: header.segment_id, encoding: BodyEncoding::detect(body)?, body })
 }
 
-/// Decompresses (or, for raw JSON, copies) the body, failing once it exceeds `cap` bytes.
-pub fn decompress(payload: &Payload<'_>, cap: usize) -> Result<Vec<u8>, InvalidRecording> {
+/// Reusable decompression state for one processing thread: libdeflate's decompressor, an output
+/// buffer kept between messages (up to [`RETAINED_OUTPUT_BYTES`]) and the expansion ratio recent
+/// bodies had, which sizes the first attempt.
+pub struct Inflater {
+    decompressor: libdeflater::Decompressor,
+    /// Always fully initialised (`len` is the usable size): libdeflate writes into a slice, and
+    /// a reused buffer is not zeroed again.
+    out: Vec<u8>,
+    /// Typical decompressed / compressed size of recent zlib and gzip bodies, at most
+    /// [`MAX_LEARNED_EXPANSION`].
+    expansion: usize,
+}
+
+/// Output buffer an [`Inflater`] keeps after a message: bigger ones are freed, so that one large
+/// segment does not pin its size in every processing thread.
+pub const RETAINED_OUTPUT_BYTES: usize = 8 << 20;
+
+/// Expansion assumed before any body was seen: segments typically compress 5–20×.
+const INITIAL_EXPANSION: usize = 8;
+
+/// Bound on the learned expansion: a bomb that inflates 1000× must not make every later message
+/// start with a buffer 1000× its size.
+const MAX_LEARNED_EXPANSION: usize = 32;
+
+/// Smallest first attempt.
+const MIN_ATTEMPT_BYTES: usize = 16 << 10;
+
+impl Default for Inflater {
+    fn default() -> Self {
+        Inflater { decompressor: libdeflater::Decompressor::new(), out: Vec::new(), expansion: INITIAL_EXPANSION }
+    }
+}
+
+impl std::fmt::Debug for Inflater {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inflater").field("out", &self.out.len()).field("expansion", &self.expansion).finish()
+    }
+}
+
+impl Inflater {
+    /// Frees the output buffer if it grew past [`RETAINED_OUTPUT_BYTES`].
+    pub fn release(&mut self) {
+        if self.out.len() > RETAINED_OUTPUT_BYTES {
+            self.out = Vec::new();
+        }
+    }
+
+    /// Bytes the output buffer holds between messages.
+    pub fn retained_bytes(&self) -> usize {
+        self.out.capacity()
+    }
+
+    /// zlib and gzip in one call into the whole buffer (libdeflate is ~3× faster than a streaming
+    /// inflate). The buffer starts at the learned expansion (or the reused buffer's size, if
+    /// larger) and doubles on "insufficient space", never past `cap`. A body libdeflate refuses
+    /// — bad data (it reports corrupt and truncated streams alike) or more than `cap` bytes (a
+    /// corrupt stream can overflow before libdeflate reaches its damage) — is decoded again by the
+    /// streaming decoder, whose verdict and message are reported: `truncated_body`, `too_large`
+    /// and `invalid_body` stay exact. Only invalid bodies pay that second pass.
+    fn inflate<'a>(&'a mut self, payload: &Payload<'a>, cap: usize) -> Result<Cow<'a, [u8]>, InvalidRecording> {
+        let input = payload.body;
+        // The learned expansion with headroom, but never more than 4× the body plus what a
+        // thread retains anyway: a crafted stream that inflates to nothing cannot make it
+        // allocate much more than a streaming decoder would.
+        let guess = input.len().saturating_mul(self.expansion + self.expansion / 2);
+        let first = guess.min(input.len().saturating_mul(4).saturating_add(RETAINED_OUTPUT_BYTES));
+        let mut size = first.max(MIN_ATTEMPT_BYTES).max(self.out.len()).min(cap);
+        loop {
+            if self.out.len() < size {
+                // A fresh zeroed allocation, not a resize: nothing to copy, and the OS hands large
+                // ones out as untouched zero pages, so only what libdeflate writes becomes resident.
+                self.out = vec![0; size];
+            }
+            let out = self.out.get_mut(..size).unwrap_or_default();
+            let result = match payload.encoding {
+                BodyEncoding::Gzip => self.decompressor.gzip_decompress(input, out),
+                _ => self.decompressor.zlib_decompress(input, out),
+            };
+            match result {
+                Ok(written) => {
+                    let observed = written / input.len().max(1) + 1;
+                    self.expansion = ((self.expansion * 3 + observed) / 4).clamp(1, MAX_LEARNED_EXPANSION);
+                    return Ok(Cow::Borrowed(self.out.get(..written).unwrap_or_default()));
+                }
+                // Doubling: at most twice the work of one pass, and a buffer at most twice the output.
+                Err(DecompressionError::InsufficientSpace) if size < cap => size = size.saturating_mul(2).min(cap),
+                // Over the cap, or bad: the streaming decoder decides (a corrupt stream can
+                // overflow a buffer before libdeflate reaches the damage it would report).
+                Err(_) => return streaming(payload, cap).map(Cow::Owned),
+            }
+        }
+    }
+}
+
+/// Decompresses the body, failing once it exceeds `cap` bytes. Raw JSON is the body itself; zlib
+/// and gzip decode into `inflater`'s buffer; zstd into a new one.
+pub fn decompress<'a>(
+    payload: &Payload<'a>,
+    cap: usize,
+    inflater: &'a mut Inflater,
+) -> Result<Cow<'a, [u8]>, InvalidRecording> {
     match payload.encoding {
         BodyEncoding::Raw if payload.body.len() > cap => Err(too_large(cap)),
-        BodyEncoding::Raw => Ok(payload.body.to_vec()),
+        BodyEncoding::Raw => Ok(Cow::Borrowed(payload.body)),
+        BodyEncoding::Zlib | BodyEncoding::Gzip => inflater.inflate(payload, cap),
+        BodyEncoding::Zstd => streaming(payload, cap).map(Cow::Owned),
+    }
+}
+
+/// The streaming decoders: zstd, and the reference verdict on zlib and gzip bodies libdeflate
+/// calls bad (truncated or corrupt, and why).
+fn streaming(payload: &Payload<'_>, cap: usize) -> Result<Vec<u8>, InvalidRecording> {
+    match payload.encoding {
         BodyEncoding::Zlib => inflate_zlib(payload.body, cap),
         BodyEncoding::Gzip => read_capped(flate2::read::GzDecoder::new(payload.body), payload.body.len(), cap),
         BodyEncoding::Zstd => {
@@ -101,14 +211,15 @@ pub fn decompress(payload: &Payload<'_>, cap: usize) -> Result<Vec<u8>, InvalidR
                 .map_err(|e| InvalidRecording::new(Reason::InvalidBody, format_args!("zstd: {e}")))?;
             read_capped(decoder.single_frame(), payload.body.len(), cap)
         }
+        BodyEncoding::Raw => Ok(payload.body.to_vec()),
     }
 }
 
-/// Initial output allocation: segments typically compress 5–20×; the buffer grows geometrically
-/// from there. 4× bounds what a crafted stream that inflates to nothing (padding, empty blocks)
-/// makes us allocate up front to 4 × its own size.
+/// Initial output allocation of the streaming decoders: segments typically compress 5–20×; the
+/// buffer grows geometrically from there. 4× bounds what a crafted stream that inflates to
+/// nothing (padding, empty blocks) makes us allocate up front to 4 × its own size.
 fn initial_capacity(compressed: usize, cap: usize) -> usize {
-    compressed.saturating_mul(4).clamp(4096, cap.max(1))
+    compressed.saturating_mul(4).max(4096).min(cap.max(1))
 }
 
 fn too_large(cap: usize) -> InvalidRecording {
@@ -187,11 +298,16 @@ mod tests {
         [b"{\"segment_id\":3}\n".as_slice(), body].concat()
     }
 
+    /// Decompresses with a fresh inflater.
+    fn decode(payload: &Payload<'_>, cap: usize) -> Result<Vec<u8>, InvalidRecording> {
+        decompress(payload, cap, &mut Inflater::default()).map(Cow::into_owned)
+    }
+
     fn roundtrip(body: Vec<u8>, encoding: BodyEncoding) {
         let payload = with_header(&body);
         let split = split(&payload).unwrap();
         assert_eq!((split.segment_id, split.encoding), (3, encoding));
-        assert_eq!(decompress(&split, 1 << 20).unwrap(), JSON);
+        assert_eq!(decode(&split, 1 << 20).unwrap(), JSON);
     }
 
     #[test]
@@ -251,7 +367,7 @@ mod tests {
         ] {
             let cut = &compressed[..compressed.len() / 2];
             let payload = Payload { segment_id: 0, encoding, body: cut };
-            assert_eq!(decompress(&payload, 10 << 20).unwrap_err().reason, Reason::TruncatedBody, "{encoding:?}");
+            assert_eq!(decode(&payload, 10 << 20).unwrap_err().reason, Reason::TruncatedBody, "{encoding:?}");
         }
     }
 
@@ -260,7 +376,7 @@ mod tests {
         let big = vec![b'x'; 4 << 20];
         let compressed = zlib(&big);
         let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &compressed };
-        assert_eq!(decompress(&payload, usize::MAX).unwrap().len(), big.len());
+        assert_eq!(decode(&payload, usize::MAX).unwrap().len(), big.len());
     }
 
     #[test]
@@ -270,7 +386,7 @@ mod tests {
         compressed[mid] ^= 0xff;
         compressed[mid + 1] ^= 0x55;
         let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &compressed };
-        let reason = decompress(&payload, 1 << 20).unwrap_err().reason;
+        let reason = decode(&payload, 1 << 20).unwrap_err().reason;
         assert!(matches!(reason, Reason::InvalidBody | Reason::TruncatedBody), "{reason:?}");
     }
 
@@ -284,8 +400,123 @@ mod tests {
             (BodyEncoding::Raw, zeros.clone()),
         ] {
             let payload = Payload { segment_id: 0, encoding, body: &compressed };
-            assert_eq!(decompress(&payload, (1 << 20) - 1).unwrap_err().reason, Reason::TooLarge, "{encoding:?}");
-            assert_eq!(decompress(&payload, 1 << 20).unwrap().len(), 1 << 20, "{encoding:?} exactly at the cap");
+            assert_eq!(decode(&payload, (1 << 20) - 1).unwrap_err().reason, Reason::TooLarge, "{encoding:?}");
+            assert_eq!(decode(&payload, 1 << 20).unwrap().len(), 1 << 20, "{encoding:?} exactly at the cap");
+        }
+    }
+
+    fn gzip_or_zlib(encoding: BodyEncoding, data: &[u8]) -> Vec<u8> {
+        if encoding == BodyEncoding::Gzip { gzip(data) } else { zlib(data) }
+    }
+
+    #[test]
+    fn one_inflater_decodes_bodies_of_any_size_in_turn_and_keeps_a_bounded_buffer() {
+        let mut inflater = Inflater::default();
+        // Small, then far larger than the learned expansion predicts (grown in several
+        // attempts), then small again in the reused buffer.
+        for len in [100, 3 << 20, 10 << 20, 50] {
+            for encoding in [BodyEncoding::Zlib, BodyEncoding::Gzip] {
+                let data: Vec<u8> = (0..len).map(|i| b"aaaaaaaab{}[]\\"[i % 14]).collect();
+                let body = gzip_or_zlib(encoding, &data);
+                let payload = Payload { segment_id: 0, encoding, body: &body };
+                let out = decompress(&payload, 64 << 20, &mut inflater).unwrap();
+                assert!(matches!(out, Cow::Borrowed(_)), "{encoding:?} {len}: decoded in place");
+                assert_eq!(out, data.as_slice(), "{encoding:?} {len}");
+                inflater.release();
+                assert!(inflater.retained_bytes() <= RETAINED_OUTPUT_BYTES, "{len}");
+            }
+        }
+        assert!(inflater.expansion <= MAX_LEARNED_EXPANSION);
+    }
+
+    #[test]
+    fn the_cap_is_exact_whatever_the_first_attempt_and_the_buffer_never_outgrows_it() {
+        let data = vec![b'x'; 300_000];
+        for encoding in [BodyEncoding::Zlib, BodyEncoding::Gzip] {
+            let body = gzip_or_zlib(encoding, &data);
+            let payload = Payload { segment_id: 0, encoding, body: &body };
+            for (cap, ok) in [(299_999, false), (300_000, true), (17_000, false), (1, false)] {
+                let mut inflater = Inflater::default();
+                let result = decompress(&payload, cap, &mut inflater).map(|out| out.len());
+                match ok {
+                    true => assert_eq!(result.unwrap(), data.len(), "{encoding:?} cap {cap}"),
+                    false => assert_eq!(result.unwrap_err().reason, Reason::TooLarge, "{encoding:?} cap {cap}"),
+                }
+                assert!(inflater.retained_bytes() <= cap.max(MIN_ATTEMPT_BYTES.min(cap)), "{encoding:?} cap {cap}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_bomb_does_not_teach_the_inflater_to_over_allocate() {
+        let mut inflater = Inflater::default();
+        let bomb = zlib(&vec![b' '; 8 << 20]);
+        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &bomb };
+        assert_eq!(decompress(&payload, 64 << 20, &mut inflater).unwrap().len(), 8 << 20);
+        assert_eq!(inflater.expansion, MAX_LEARNED_EXPANSION);
+        inflater.release();
+        let small = zlib(JSON);
+        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &small };
+        assert_eq!(decompress(&payload, 64 << 20, &mut inflater).unwrap(), JSON);
+        assert!(inflater.retained_bytes() <= RETAINED_OUTPUT_BYTES);
+    }
+
+    #[test]
+    fn invalid_streams_get_the_streaming_decoders_verdict_and_message() {
+        let big: Vec<u8> = (0..50_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        for encoding in [BodyEncoding::Zlib, BodyEncoding::Gzip] {
+            let body = gzip_or_zlib(encoding, &big);
+            let cut = &body[..body.len() / 2];
+            let payload = Payload { segment_id: 0, encoding, body: cut };
+            assert_eq!(decode(&payload, 10 << 20).unwrap_err(), streaming(&payload, 10 << 20).unwrap_err());
+        }
+        let mut corrupt = zlib(&big);
+        let mid = corrupt.len() / 2;
+        corrupt[mid..mid + 8].fill(0xff);
+        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &corrupt };
+        let error = decode(&payload, 10 << 20).unwrap_err();
+        assert_eq!(error.reason, Reason::InvalidBody);
+        assert!(error.detail.starts_with("zlib: "), "{}", error.detail);
+    }
+
+    proptest::proptest! {
+        /// libdeflate (whole buffer) and the streaming decoders agree on every body: the same
+        /// bytes, or the same reason, whatever the cap, truncation or damage — except that
+        /// libdeflate may accept a damaged stream whose checksum still holds, and then yields
+        /// exactly the original data.
+        #[test]
+        fn the_fast_path_agrees_with_the_streaming_decoders(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4000),
+            repeat in 1usize..40,
+            gzip_body in proptest::prelude::any::<bool>(),
+            cut in proptest::option::of(0usize..2000),
+            flip in proptest::option::of((0usize..2000, 1u8..=255)),
+            cap in 0usize..200_000,
+        ) {
+            let data = data.repeat(repeat);
+            let encoding = if gzip_body { BodyEncoding::Gzip } else { BodyEncoding::Zlib };
+            let mut body = gzip_or_zlib(encoding, &data);
+            if let Some(cut) = cut {
+                body.truncate(cut);
+            }
+            if let Some((at, mask)) = flip {
+                let len = body.len();
+                if let Some(byte) = body.get_mut(at % len.max(1)) {
+                    *byte ^= mask;
+                }
+            }
+            let payload = Payload { segment_id: 0, encoding, body: &body };
+            let fast = decode(&payload, cap);
+            let reference = streaming(&payload, cap);
+            match (fast, reference) {
+                (Ok(fast), Ok(reference)) => proptest::prop_assert_eq!(fast, reference),
+                (Err(fast), Err(reference)) => proptest::prop_assert_eq!(fast.reason, reference.reason),
+                // libdeflate tolerates a few malformations zlib refuses (an unused code in an
+                // incomplete Huffman table); it still checks the checksum, so what it accepts
+                // is the data that was compressed.
+                (Ok(fast), Err(_)) => proptest::prop_assert_eq!(fast, data),
+                (fast, reference) => proptest::prop_assert!(false, "fast {:?} vs streaming {:?}", fast.map(|o| o.len()), reference.map(|o| o.len())),
+            }
         }
     }
 }

@@ -429,8 +429,10 @@ impl Extracted {
 /// Scans a JSON array of rrweb events. Fails only when the body is not a JSON array (or not UTF-8);
 /// a malformed element is counted in `invalid_events`.
 pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError> {
-    let json = simdutf8::compat::from_utf8(json)
-        .map_err(|e| SyntaxError { offset: e.valid_up_to(), expected: "valid UTF-8" })?;
+    // The fast check first; the one that says where only for the (invalid) bodies that fail it.
+    let json = simdutf8::basic::from_utf8(json).or_else(|_| {
+        simdutf8::compat::from_utf8(json).map_err(|e| SyntaxError { offset: e.valid_up_to(), expected: "valid UTF-8" })
+    })?;
     let mut extractor =
         Extractor { out: Extracted::default(), limits, current_url: None, seen_urls: HashSet::new(), list_bytes: 0 };
     let mut scanner = Scanner::new(json);
@@ -443,7 +445,7 @@ pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError>
             extractor.out.invalid_events += 1;
             continue;
         }
-        let (mut kind, mut timestamp, mut data, mut too_deep) = (None, None, None, false);
+        let (mut kind, mut timestamp, mut data) = (None, None, None);
         scanner.begin_object()?;
         let mut first_key = true;
         while let Some(key) = scanner.next_key(first_key)? {
@@ -452,14 +454,11 @@ pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError>
             match key {
                 "type" => kind = Some(value),
                 "timestamp" => timestamp = Some(value),
-                "data" => {
-                    data = Some(value);
-                    too_deep = scanner.last_value_too_deep(value);
-                }
+                "data" => data = Some(value),
                 _ => {}
             }
         }
-        extractor.event(number(kind), number(timestamp), data, too_deep);
+        extractor.event(number(kind), number(timestamp), data);
     }
     scanner.end()?;
     extractor.out.shrink();
@@ -730,7 +729,7 @@ impl Extractor {
         url
     }
 
-    fn event(&mut self, kind: Option<f64>, timestamp: Option<f64>, data: Option<&str>, too_deep: bool) {
+    fn event(&mut self, kind: Option<f64>, timestamp: Option<f64>, data: Option<&str>) {
         let (Some(kind), Some(ts_ms)) = (Num(kind).as_u64(), timestamp.and_then(to_millis)) else {
             self.out.invalid_events += 1;
             return;
@@ -738,7 +737,7 @@ impl Extractor {
         let valid = match kind {
             3 => self.incremental(data),
             // These are parsed recursively: a value nested too deep would overflow the stack.
-            4 | 5 if too_deep => false,
+            4 | 5 if data.is_some_and(scan::too_deep) => false,
             4 => self.meta(data),
             5 => self.custom(data, ts_ms),
             _ => true,

@@ -11,9 +11,11 @@
 //!   events, Meta) are parsed again with a validating parser.
 //!
 //! Containers are skipped 64 bytes at a time: per block, bitmasks of quotes, backslashes and
-//! brackets (SSE2 on x86_64, a byte loop elsewhere), escaped quotes removed, in-string bytes found
-//! with a prefix XOR, and the bracket depth tracked by popcount — bit by bit only in the block
-//! where the container may close.
+//! brackets, escaped quotes removed, in-string bytes found with a prefix XOR, and the bracket
+//! depth tracked by popcount — close by close only in a block where the container may end. The
+//! masks come from the widest vector unit available: AVX2 with carry-less multiplication and
+//! `popcnt` when the CPU has them (detected at run time), SSE2 otherwise on x86_64, NEON on
+//! aarch64, a byte loop elsewhere. Every implementation is checked against the byte loop.
 
 use std::fmt;
 
@@ -45,7 +47,7 @@ struct Masks {
 const OPEN_FOLDED: u8 = b'{';
 const CLOSE_FOLDED: u8 = b'}';
 
-#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+#[cfg_attr(any(target_arch = "x86_64", target_arch = "aarch64"), allow(dead_code))]
 fn masks_scalar(block: &[u8; BLOCK]) -> Masks {
     let mut m = Masks { quote: 0, backslash: 0, open: 0, close: 0 };
     for (i, &b) in block.iter().enumerate() {
@@ -61,6 +63,7 @@ fn masks_scalar(block: &[u8; BLOCK]) -> Masks {
     m
 }
 
+/// The baseline masks: SSE2 is part of x86_64.
 #[cfg(target_arch = "x86_64")]
 fn masks(block: &[u8; BLOCK]) -> Masks {
     // SAFETY: SSE2 is part of the x86_64 baseline: every x86_64 CPU has it.
@@ -90,13 +93,117 @@ fn masks_sse2(block: &[u8; BLOCK]) -> Masks {
     m
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+/// The features the AVX2 skip is compiled for, all present on every AVX2 CPU (Haswell, Zen and
+/// later) but checked one by one.
+#[cfg(target_arch = "x86_64")]
+fn avx2_available() -> bool {
+    use std::arch::is_x86_feature_detected;
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("pclmulqdq")
+        && is_x86_feature_detected!("popcnt")
+        && is_x86_feature_detected!("bmi1")
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn masks_avx2(block: &[u8; BLOCK]) -> Masks {
+    use std::arch::x86_64::{
+        __m256i, _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_or_si256, _mm256_set1_epi8,
+    };
+    let (lo, hi) = block.split_at(32);
+    // SAFETY: both halves are exactly 32 readable bytes; `loadu` has no alignment requirement.
+    let (lo, hi) = unsafe {
+        (_mm256_loadu_si256(lo.as_ptr().cast::<__m256i>()), _mm256_loadu_si256(hi.as_ptr().cast::<__m256i>()))
+    };
+    let fold = _mm256_set1_epi8(0x20);
+    let (lo_folded, hi_folded) = (_mm256_or_si256(lo, fold), _mm256_or_si256(hi, fold));
+    let mask = |lo: __m256i, hi: __m256i, byte: u8| {
+        let byte = _mm256_set1_epi8(byte as i8);
+        let lo = u64::from(_mm256_movemask_epi8(_mm256_cmpeq_epi8(lo, byte)) as u32);
+        let hi = u64::from(_mm256_movemask_epi8(_mm256_cmpeq_epi8(hi, byte)) as u32);
+        lo | hi << 32
+    };
+    Masks {
+        quote: mask(lo, hi, b'"'),
+        backslash: mask(lo, hi, b'\\'),
+        open: mask(lo_folded, hi_folded, OPEN_FOLDED),
+        close: mask(lo_folded, hi_folded, CLOSE_FOLDED),
+    }
+}
+
+/// The AVX-512 skip's features: AVX-512BW compares 64 bytes into a mask in one instruction.
+#[cfg(target_arch = "x86_64")]
+fn avx512_available() -> bool {
+    avx2_available() && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512bw")]
+fn masks_avx512(block: &[u8; BLOCK]) -> Masks {
+    use std::arch::x86_64::{_mm512_cmpeq_epi8_mask, _mm512_loadu_si512, _mm512_or_si512, _mm512_set1_epi8};
+    // SAFETY: `block` is exactly 64 readable bytes; `loadu` has no alignment requirement.
+    let v = unsafe { _mm512_loadu_si512(block.as_ptr().cast()) };
+    let folded = _mm512_or_si512(v, _mm512_set1_epi8(0x20));
+    Masks {
+        quote: _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(b'"' as i8)),
+        backslash: _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(b'\\' as i8)),
+        open: _mm512_cmpeq_epi8_mask(folded, _mm512_set1_epi8(OPEN_FOLDED as i8)),
+        close: _mm512_cmpeq_epi8_mask(folded, _mm512_set1_epi8(CLOSE_FOLDED as i8)),
+    }
+}
+
+/// [`prefix_xor`] in one carry-less multiplication by all ones.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "pclmulqdq")]
+fn prefix_xor_clmul(x: u64) -> u64 {
+    use std::arch::x86_64::{_mm_clmulepi64_si128, _mm_cvtsi128_si64, _mm_set_epi64x, _mm_set1_epi8};
+    _mm_cvtsi128_si64(_mm_clmulepi64_si128(_mm_set_epi64x(0, x as i64), _mm_set1_epi8(-1), 0)) as u64
+}
+
+/// The baseline masks: NEON is part of aarch64.
+#[cfg(target_arch = "aarch64")]
+fn masks(block: &[u8; BLOCK]) -> Masks {
+    // SAFETY: NEON is part of the aarch64 baseline: every aarch64 CPU has it.
+    unsafe { masks_neon(block) }
+}
+
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+fn masks_neon(block: &[u8; BLOCK]) -> Masks {
+    use std::arch::aarch64::{
+        uint8x16_t, vandq_u8, vceqq_u8, vdupq_n_u8, vgetq_lane_u64, vld1q_u8, vorrq_u8, vpaddq_u8, vreinterpretq_u64_u8,
+    };
+    // SAFETY: `block` is 64 readable bytes, four loads of 16.
+    let v: [uint8x16_t; 4] = std::array::from_fn(|i| unsafe { vld1q_u8(block.as_ptr().add(16 * i)) });
+    let fold = vdupq_n_u8(0x20);
+    let folded = v.map(|v| vorrq_u8(v, fold));
+    // Bit `i % 8` of each byte, so that three pairwise additions pack 64 comparison results
+    // into one u64 (the usual NEON stand-in for x86's movemask).
+    let weights: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    // SAFETY: `weights` is 16 readable bytes.
+    let weights = unsafe { vld1q_u8(weights.as_ptr()) };
+    let mask = |v: &[uint8x16_t; 4], byte: u8| {
+        let byte = vdupq_n_u8(byte);
+        let [a, b, c, d] = v.map(|v| vandq_u8(vceqq_u8(v, byte), weights));
+        let packed = vpaddq_u8(vpaddq_u8(a, b), vpaddq_u8(c, d));
+        vgetq_lane_u64::<0>(vreinterpretq_u64_u8(vpaddq_u8(packed, packed)))
+    };
+    Masks {
+        quote: mask(&v, b'"'),
+        backslash: mask(&v, b'\\'),
+        open: mask(&folded, OPEN_FOLDED),
+        close: mask(&folded, CLOSE_FOLDED),
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn masks(block: &[u8; BLOCK]) -> Masks {
     masks_scalar(block)
 }
 
 /// Bits of characters escaped by a preceding odd run of backslashes; `carry` is 1 when the
 /// previous block ended in such a run.
+#[inline(always)]
 fn escaped(backslash: u64, carry: &mut u64) -> u64 {
     const EVEN: u64 = 0x5555_5555_5555_5555;
     let backslash = backslash & !*carry;
@@ -109,6 +216,7 @@ fn escaped(backslash: u64, carry: &mut u64) -> u64 {
 
 /// Bit `i` set when an odd number of bits `0..=i` are set: the bytes inside a string (opening
 /// quote included, closing quote excluded).
+#[inline(always)]
 fn prefix_xor(mut x: u64) -> u64 {
     for shift in [1, 2, 4, 8, 16, 32] {
         x ^= x << shift;
@@ -121,74 +229,130 @@ fn prefix_xor(mut x: u64) -> u64 {
 /// the process (no unwinding). 128 is serde_json's own limit; SDK payloads nest under 10.
 pub const MAX_NESTING: u64 = 128;
 
-/// Skips the container (`{…}` or `[…]`) opening at `json[start]`; returns the offset just past it
-/// and an upper bound of its nesting depth (at most 64 levels above the true depth; free to
-/// compute, so a caller re-checks exactly with [`nesting_exceeds`] only when it is too high).
-fn skip_container(json: &[u8], start: usize) -> Result<(usize, u64), SyntaxError> {
-    let mut depth: u64 = 0;
-    let mut deepest: u64 = 0;
-    let mut escape_carry = 0u64;
-    let mut string_carry = 0u64;
+/// Whether `value` (one JSON value, as [`Scanner::value`] returns it) nests objects and arrays
+/// more than [`MAX_NESTING`] levels deep. Asked only of the values handed to a recursive parser:
+/// a value short enough cannot be that deep; a longer one gets a bound from a skip that tracks
+/// depth (at SIMD speed), and the exact byte loop only if the bound is too high.
+pub fn too_deep(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    // Every level takes an opening and a closing bracket.
+    if bytes.len() <= 2 * MAX_NESTING as usize || !matches!(bytes.first(), Some(b'{' | b'[')) {
+        return false;
+    }
+    skip_container::<true>(bytes, 0).map_or(true, |(_, bound)| bound > MAX_NESTING)
+        && nesting_exceeds(bytes, MAX_NESTING)
+}
+
+/// Skips the container (`{…}` or `[…]`) opening at `json[start]`; returns the offset just past
+/// it and, with `DEPTH`, an upper bound of its nesting depth (at most 64 levels above the true
+/// depth; [`nesting_exceeds`] is exact). Without `DEPTH` the bound is 0: the scan's hot path
+/// does not pay for it.
+fn skip_container<const DEPTH: bool>(json: &[u8], start: usize) -> Result<(usize, u64), SyntaxError> {
+    #[cfg(target_arch = "x86_64")]
+    if avx512_available() {
+        // SAFETY: every feature `skip_avx512` is compiled for was detected on this CPU.
+        return unsafe { skip_avx512::<DEPTH>(json, start) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_available() {
+        // SAFETY: every feature `skip_avx2` is compiled for was detected on this CPU.
+        return unsafe { skip_avx2::<DEPTH>(json, start) };
+    }
+    skip_blocks::<DEPTH>(json, start, masks, prefix_xor)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,pclmulqdq,popcnt,bmi1")]
+fn skip_avx2<const DEPTH: bool>(json: &[u8], start: usize) -> Result<(usize, u64), SyntaxError> {
+    skip_blocks::<DEPTH>(json, start, |block| masks_avx2(block), |x| prefix_xor_clmul(x))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512bw,avx2,pclmulqdq,popcnt,bmi1")]
+fn skip_avx512<const DEPTH: bool>(json: &[u8], start: usize) -> Result<(usize, u64), SyntaxError> {
+    skip_blocks::<DEPTH>(json, start, |block| masks_avx512(block), |x| prefix_xor_clmul(x))
+}
+
+/// The block loop, generic over how masks and prefix XORs are computed; inlined into each
+/// caller, so that the AVX2 caller's target features apply to all of it.
+#[inline(always)]
+fn skip_blocks<const DEPTH: bool>(
+    json: &[u8],
+    start: usize,
+    masks: impl Fn(&[u8; BLOCK]) -> Masks,
+    prefix_xor: impl Fn(u64) -> u64,
+) -> Result<(usize, u64), SyntaxError> {
+    let mut state = SkipState { depth: 0, deepest: 0, escape_carry: 0, string_carry: 0 };
     let mut pos = start;
-    while pos < json.len() {
-        let rest = json.get(pos..).unwrap_or_default();
-        let block: [u8; BLOCK] = match rest.get(..BLOCK) {
-            Some(full) => full.try_into().unwrap_or([b' '; BLOCK]),
-            None => {
-                let mut padded = [b' '; BLOCK];
-                padded.get_mut(..rest.len()).unwrap_or_default().copy_from_slice(rest);
-                padded
-            }
-        };
-        let m = masks(&block);
-        let quotes = m.quote & !escaped(m.backslash, &mut escape_carry);
-        let in_string = prefix_xor(quotes) ^ string_carry;
-        string_carry = ((in_string as i64) >> 63) as u64;
-        let open = m.open & !in_string;
-        let close = m.close & !in_string;
-        let opens = u64::from(open.count_ones());
-        if depth > u64::from(close.count_ones()) {
-            // The block cannot close the container; it cannot nest deeper than every open first.
-            deepest = deepest.max(depth + opens);
-            depth = depth + opens - u64::from(close.count_ones());
-        } else {
-            let mut brackets = open | close;
-            while brackets != 0 {
-                let bit = brackets.trailing_zeros();
-                brackets &= brackets - 1;
-                if open & (1 << bit) != 0 {
-                    depth += 1;
-                    deepest = deepest.max(depth);
-                } else {
-                    depth -= 1;
-                    if depth == 0 {
-                        return Ok((pos + bit as usize + 1, deepest));
-                    }
-                }
-            }
+    while let Some(block) = json.get(pos..pos.saturating_add(BLOCK)).and_then(|b| <&[u8; BLOCK]>::try_from(b).ok()) {
+        if let Some(end) = state.block::<DEPTH>(masks(block), &prefix_xor) {
+            return Ok((pos + end, state.deepest));
         }
         pos += BLOCK;
     }
+    let rest = json.get(pos..).unwrap_or_default();
+    if !rest.is_empty() {
+        let mut padded = [b' '; BLOCK];
+        padded.get_mut(..rest.len()).unwrap_or_default().copy_from_slice(rest);
+        if let Some(end) = state.block::<DEPTH>(masks(&padded), &prefix_xor) {
+            return Ok((pos + end, state.deepest));
+        }
+    }
     Err(SyntaxError { offset: json.len(), expected: "the end of an object or array" })
+}
+
+/// What one block of a skip hands to the next.
+struct SkipState {
+    depth: u64,
+    deepest: u64,
+    escape_carry: u64,
+    string_carry: u64,
+}
+
+impl SkipState {
+    /// Takes one block's masks; `Some(i)` when the container ends just before byte `i` of it.
+    #[inline(always)]
+    fn block<const DEPTH: bool>(&mut self, m: Masks, prefix_xor: impl Fn(u64) -> u64) -> Option<usize> {
+        let quotes = m.quote & !escaped(m.backslash, &mut self.escape_carry);
+        let in_string = prefix_xor(quotes) ^ self.string_carry;
+        self.string_carry = ((in_string as i64) >> 63) as u64;
+        let open = m.open & !in_string;
+        let close = m.close & !in_string;
+        let (opens, closes) = (u64::from(open.count_ones()), u64::from(close.count_ones()));
+        if DEPTH {
+            // It cannot nest deeper than every open first.
+            self.deepest = self.deepest.max(self.depth + opens);
+        }
+        if self.depth <= closes {
+            // It may end here: at the first close where the closes so far match the depth
+            // before the block plus the opens before that close. (Close by close, a branch
+            // that is almost never taken: no misprediction per bracket.)
+            let (mut rest, mut closed) = (close, 0u64);
+            while rest != 0 {
+                let bit = rest.trailing_zeros();
+                rest &= rest - 1;
+                closed += 1;
+                let opens_before = u64::from((open & ((1u64 << bit) - 1)).count_ones());
+                if self.depth + opens_before == closed {
+                    return Some(bit as usize + 1);
+                }
+            }
+        }
+        // Never below zero: had it reached zero, the loop above returned.
+        self.depth = self.depth + opens - closes;
+        None
+    }
 }
 
 /// A cursor over JSON text with full syntax checks for the parts it walks.
 pub struct Scanner<'a> {
     json: &'a str,
     pos: usize,
-    /// Upper bound of the nesting depth of the last value returned by [`Scanner::value`].
-    depth_bound: u64,
 }
 
 impl<'a> Scanner<'a> {
     pub fn new(json: &'a str) -> Self {
-        Scanner { json, pos: 0, depth_bound: 0 }
-    }
-
-    /// Whether the last value returned by [`Scanner::value`] nests deeper than [`MAX_NESTING`]:
-    /// a cheap bound first, an exact count only when the bound is too high.
-    pub fn last_value_too_deep(&self, value: &str) -> bool {
-        self.depth_bound > MAX_NESTING && nesting_exceeds(value.as_bytes(), MAX_NESTING)
+        Scanner { json, pos: 0 }
     }
 
     fn bytes(&self) -> &'a [u8] {
@@ -281,10 +445,9 @@ impl<'a> Scanner<'a> {
     pub fn value(&mut self) -> Result<&'a str, SyntaxError> {
         self.skip_ws();
         let start = self.pos;
-        self.depth_bound = 0;
         match self.peek() {
             Some(b'{' | b'[') => {
-                (self.pos, self.depth_bound) = skip_container(self.bytes(), start)?;
+                self.pos = skip_container::<false>(self.bytes(), start)?.0;
                 Ok(self.slice(start))
             }
             Some(b'"') => {
@@ -502,7 +665,7 @@ mod tests {
         assert!(nesting_exceeds(deep.as_bytes(), MAX_NESTING));
         let mut s = Scanner::new(&deep);
         let value = s.value().unwrap();
-        assert!(s.last_value_too_deep(value), "a million levels are skipped, and flagged");
+        assert!(too_deep(value), "a million levels are skipped, and flagged");
     }
 
     /// The depth of a JSON value: scalars 0, each container one more than its deepest child.
@@ -515,14 +678,24 @@ mod tests {
     }
 
     proptest! {
-        /// The free bound never under-reports, and the exact check agrees with the true depth.
+        /// The skip's bound never under-reports, and the exact check agrees with the true depth.
         #[test]
         fn the_depth_bound_is_never_below_the_true_depth(value in json_value(), limit in 0u64..8) {
             let text = serde_json::to_string(&value).unwrap();
-            let mut s = Scanner::new(&text);
-            s.value().unwrap();
-            prop_assert!(s.depth_bound >= depth(&value));
+            if text.starts_with(['[', '{']) {
+                let (end, bound) = skip_container::<true>(text.as_bytes(), 0).unwrap();
+                prop_assert_eq!(end, text.len());
+                prop_assert!(bound >= depth(&value));
+            }
             prop_assert_eq!(nesting_exceeds(text.as_bytes(), limit), depth(&value) > limit);
+        }
+
+        /// `too_deep` is exact at the limit, whatever the padding around the levels.
+        #[test]
+        fn too_deep_is_exact_at_the_limit(levels in 120usize..136, pad in 0usize..300, strings in any::<bool>()) {
+            let filler = if strings { format!("\"{}\",", "[{".repeat(pad / 2)) } else { " ".repeat(pad) };
+            let text = format!("{}{filler}0{}", "[".repeat(levels), "]".repeat(levels));
+            prop_assert_eq!(too_deep(&text), levels as u64 > MAX_NESTING);
         }
 
         #[test]
@@ -532,6 +705,58 @@ mod tests {
         )) {
             let block: [u8; BLOCK] = bytes.try_into().unwrap();
             prop_assert_eq!(masks(&block), masks_scalar(&block));
+            #[cfg(target_arch = "x86_64")]
+            if avx2_available() {
+                // SAFETY: detected on this CPU.
+                prop_assert_eq!(unsafe { masks_avx2(&block) }, masks_scalar(&block));
+            }
+            #[cfg(target_arch = "x86_64")]
+            if avx512_available() {
+                // SAFETY: detected on this CPU.
+                prop_assert_eq!(unsafe { masks_avx512(&block) }, masks_scalar(&block));
+            }
+        }
+
+        #[test]
+        fn every_prefix_xor_agrees(x in any::<u64>()) {
+            let reference = (0..64).fold((0u64, false), |(bits, odd), i| {
+                let odd = odd ^ (x >> i & 1 == 1);
+                (bits | u64::from(odd) << i, odd)
+            }).0;
+            prop_assert_eq!(prefix_xor(x), reference);
+            #[cfg(target_arch = "x86_64")]
+            if avx2_available() {
+                // SAFETY: detected on this CPU.
+                prop_assert_eq!(unsafe { prefix_xor_clmul(x) }, reference);
+            }
+        }
+
+        /// Every skip implementation ends at the same byte with the same depth bound (or fails
+        /// alike) as the byte-loop reference, on text full of brackets, quotes and escapes that
+        /// spans several blocks.
+        #[test]
+        fn every_skip_implementation_agrees_with_the_byte_loop(
+            text in "[\\[\\]{}\"\\\\a ]{0,400}",
+            open in prop::sample::select(vec!["[", "{"]),
+        ) {
+            let text = format!("{open}{text}");
+            let reference = skip_blocks::<true>(text.as_bytes(), 0, masks_scalar, prefix_xor);
+            prop_assert_eq!(skip_blocks::<true>(text.as_bytes(), 0, masks, prefix_xor), reference.clone());
+            prop_assert_eq!(skip_container::<true>(text.as_bytes(), 0), reference.clone());
+            let end = reference.clone().map(|(end, _)| (end, 0));
+            prop_assert_eq!(skip_container::<false>(text.as_bytes(), 0), end.clone());
+            #[cfg(target_arch = "x86_64")]
+            if avx2_available() {
+                // SAFETY: detected on this CPU.
+                prop_assert_eq!(unsafe { skip_avx2::<true>(text.as_bytes(), 0) }, reference.clone());
+                prop_assert_eq!(unsafe { skip_avx2::<false>(text.as_bytes(), 0) }, end.clone());
+            }
+            #[cfg(target_arch = "x86_64")]
+            if avx512_available() {
+                // SAFETY: detected on this CPU.
+                prop_assert_eq!(unsafe { skip_avx512::<true>(text.as_bytes(), 0) }, reference);
+                prop_assert_eq!(unsafe { skip_avx512::<false>(text.as_bytes(), 0) }, end);
+            }
         }
 
         /// On valid JSON the skip ends exactly where a validating parser says the value ends.
