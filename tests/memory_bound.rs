@@ -261,3 +261,12 @@ proptest! {
         assert_bounded("arbitrary", &hostile::message(r#"{"segment_id":0}"#, body.as_bytes(), Some(replay_event.as_bytes())));
     }
 }
+
+#[test]
+fn a_decompression_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/synthetic/zlib-bomb.msgpack");
+    let m = measure(&std::fs::read(path).unwrap());
+    assert_eq!(m.result.unwrap_err().reason, recording::Reason::TooLarge);
+    let cap = recording::DEFAULT_MAX_DECOMPRESSED_BYTES;
+    assert!(m.peak <= cap + cap / 2, "peak {} for a cap of {cap}", m.peak);
+}

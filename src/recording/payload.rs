@@ -162,6 +162,8 @@ impl Inflater {
             if self.out.len() < size {
                 // A fresh zeroed allocation, not a resize: nothing to copy, and the OS hands large
                 // ones out as untouched zero pages, so only what libdeflate writes becomes resident.
+                // The old one goes first: never two at once.
+                self.out = Vec::new();
                 self.out = vec![0; size];
             }
             let out = self.out.get_mut(..size).unwrap_or_default();
@@ -178,8 +180,17 @@ impl Inflater {
                 // Doubling: at most twice the work of one pass, and a buffer at most twice the output.
                 Err(DecompressionError::InsufficientSpace) if size < cap => size = size.saturating_mul(2).min(cap),
                 // Over the cap, or bad: the streaming decoder decides (a corrupt stream can
-                // overflow a buffer before libdeflate reaches the damage it would report).
-                Err(_) => return streaming(payload, cap).map(Cow::Owned),
+                // overflow a buffer before libdeflate reaches the damage it would report). Over
+                // the cap, its output is not needed: it goes through a small chunk, so that a
+                // bomb never holds a second buffer of the cap's size.
+                Err(DecompressionError::InsufficientSpace) => {
+                    self.out = Vec::new();
+                    return match streaming(payload, cap, Output::Discard) {
+                        Ok(_) => streaming(payload, cap, Output::Keep).map(Cow::Owned),
+                        Err(error) => Err(error),
+                    };
+                }
+                Err(DecompressionError::BadData) => return streaming(payload, cap, Output::Keep).map(Cow::Owned),
             }
         }
     }
@@ -196,24 +207,36 @@ pub fn decompress<'a>(
         BodyEncoding::Raw if payload.body.len() > cap => Err(too_large(cap)),
         BodyEncoding::Raw => Ok(Cow::Borrowed(payload.body)),
         BodyEncoding::Zlib | BodyEncoding::Gzip => inflater.inflate(payload, cap),
-        BodyEncoding::Zstd => streaming(payload, cap).map(Cow::Owned),
+        BodyEncoding::Zstd => streaming(payload, cap, Output::Keep).map(Cow::Owned),
     }
 }
 
 /// The streaming decoders: zstd, and the reference verdict on zlib and gzip bodies libdeflate
 /// calls bad (truncated or corrupt, and why).
-fn streaming(payload: &Payload<'_>, cap: usize) -> Result<Vec<u8>, InvalidRecording> {
+fn streaming(payload: &Payload<'_>, cap: usize, output: Output) -> Result<Vec<u8>, InvalidRecording> {
     match payload.encoding {
-        BodyEncoding::Zlib => inflate_zlib(payload.body, cap),
-        BodyEncoding::Gzip => read_capped(flate2::read::GzDecoder::new(payload.body), payload.body.len(), cap),
+        BodyEncoding::Zlib => inflate_zlib(payload.body, cap, output),
+        BodyEncoding::Gzip => read_capped(flate2::read::GzDecoder::new(payload.body), payload.body.len(), cap, output),
         BodyEncoding::Zstd => {
             let decoder = zstd::stream::read::Decoder::with_buffer(payload.body)
                 .map_err(|e| InvalidRecording::new(Reason::InvalidBody, format_args!("zstd: {e}")))?;
-            read_capped(decoder.single_frame(), payload.body.len(), cap)
+            read_capped(decoder.single_frame(), payload.body.len(), cap, output)
         }
         BodyEncoding::Raw => Ok(payload.body.to_vec()),
     }
 }
+
+/// What a streaming decoder does with its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    /// Returned.
+    Keep,
+    /// Only counted, through one small chunk: for a verdict (an empty `Vec` on success).
+    Discard,
+}
+
+/// The chunk [`Output::Discard`] decodes through.
+const DISCARD_CHUNK_BYTES: usize = 64 << 10;
 
 /// Initial output allocation of the streaming decoders: segments typically compress 5–20×; the
 /// buffer grows geometrically from there. 4× bounds what a crafted stream that inflates to
@@ -228,25 +251,44 @@ fn too_large(cap: usize) -> InvalidRecording {
 
 /// zlib through flate2's low-level API: it reports whether the stream reached its end marker,
 /// which a `Read` adapter does not.
-fn inflate_zlib(input: &[u8], cap: usize) -> Result<Vec<u8>, InvalidRecording> {
+fn inflate_zlib(input: &[u8], cap: usize, output: Output) -> Result<Vec<u8>, InvalidRecording> {
     let mut inflater = Decompress::new(true);
-    let mut out = Vec::with_capacity(initial_capacity(input.len(), cap));
+    let mut out = Vec::with_capacity(match output {
+        Output::Keep => initial_capacity(input.len(), cap),
+        Output::Discard => DISCARD_CHUNK_BYTES.min(cap.saturating_add(1)),
+    });
+    // Bytes decoded before `out` (discarded chunks).
+    let mut discarded = 0usize;
     loop {
         if out.len() == out.capacity() {
-            // Grow geometrically, up to one byte past the cap so that overflow is detected.
-            let room = cap.saturating_add(1).saturating_sub(out.len());
-            out.reserve_exact(out.len().max(4096).min(room).max(1));
+            match output {
+                Output::Keep => {
+                    // Grow geometrically, up to one byte past the cap so that overflow is detected.
+                    let room = cap.saturating_add(1).saturating_sub(out.len());
+                    out.reserve_exact(out.len().max(4096).min(room).max(1));
+                }
+                Output::Discard => {
+                    discarded += out.len();
+                    out.clear();
+                    // Never decode past one byte over the cap, as `Keep` does: what lies beyond
+                    // (damage included) must not change the verdict.
+                    let room = cap.saturating_add(1).saturating_sub(discarded);
+                    if room < out.capacity() {
+                        out = Vec::with_capacity(room.max(1));
+                    }
+                }
+            }
         }
         let (in_before, out_before) = (inflater.total_in(), out.len());
         let rest = input.get(usize::try_from(in_before).unwrap_or(usize::MAX)..).unwrap_or_default();
         let status = inflater
             .decompress_vec(rest, &mut out, FlushDecompress::None)
             .map_err(|e| InvalidRecording::new(Reason::InvalidBody, format_args!("zlib: {e}")))?;
-        if out.len() > cap {
+        if discarded + out.len() > cap {
             return Err(too_large(cap));
         }
         if status == Status::StreamEnd {
-            return Ok(out);
+            return Ok(if output == Output::Keep { out } else { Vec::new() });
         }
         let stalled = inflater.total_in() == in_before && out.len() == out_before;
         if out.len() < out.capacity() && (rest.is_empty() || stalled) {
@@ -260,16 +302,24 @@ fn inflate_zlib(input: &[u8], cap: usize) -> Result<Vec<u8>, InvalidRecording> {
 
 /// Reads a decoder to its end, failing past `cap`. Decoders here report a stream that ends early
 /// as `UnexpectedEof`.
-fn read_capped(decoder: impl Read, compressed: usize, cap: usize) -> Result<Vec<u8>, InvalidRecording> {
-    let mut out = Vec::with_capacity(initial_capacity(compressed, cap));
+fn read_capped(decoder: impl Read, compressed: usize, cap: usize, output: Output) -> Result<Vec<u8>, InvalidRecording> {
     let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
-    decoder.take(limit).read_to_end(&mut out).map_err(|e| match e.kind() {
+    let mut decoder = decoder.take(limit);
+    let mut out = Vec::new();
+    let read = match output {
+        Output::Keep => {
+            out.reserve_exact(initial_capacity(compressed, cap));
+            decoder.read_to_end(&mut out)
+        }
+        Output::Discard => io::copy(&mut decoder, &mut io::sink()).map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+    };
+    let read = read.map_err(|e| match e.kind() {
         io::ErrorKind::UnexpectedEof => {
             InvalidRecording::new(Reason::TruncatedBody, format_args!("stream ends early: {e}"))
         }
         _ => InvalidRecording::new(Reason::InvalidBody, e),
     })?;
-    if out.len() > cap {
+    if read > cap {
         return Err(too_large(cap));
     }
     Ok(out)
@@ -468,7 +518,10 @@ mod tests {
             let body = gzip_or_zlib(encoding, &big);
             let cut = &body[..body.len() / 2];
             let payload = Payload { segment_id: 0, encoding, body: cut };
-            assert_eq!(decode(&payload, 10 << 20).unwrap_err(), streaming(&payload, 10 << 20).unwrap_err());
+            assert_eq!(
+                decode(&payload, 10 << 20).unwrap_err(),
+                streaming(&payload, 10 << 20, Output::Keep).unwrap_err()
+            );
         }
         let mut corrupt = zlib(&big);
         let mid = corrupt.len() / 2;
@@ -507,7 +560,9 @@ mod tests {
             }
             let payload = Payload { segment_id: 0, encoding, body: &body };
             let fast = decode(&payload, cap);
-            let reference = streaming(&payload, cap);
+            let reference = streaming(&payload, cap, Output::Keep);
+            let verdict = streaming(&payload, cap, Output::Discard);
+            proptest::prop_assert_eq!(verdict.map(|_| ()).map_err(|e| e.reason), reference.as_ref().map(|_| ()).map_err(|e| e.reason));
             match (fast, reference) {
                 (Ok(fast), Ok(reference)) => proptest::prop_assert_eq!(fast, reference),
                 (Err(fast), Err(reference)) => proptest::prop_assert_eq!(fast.reason, reference.reason),

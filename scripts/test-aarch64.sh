@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The JSON scanner on aarch64: its NEON masks are checked against the byte loop by the scanner's
+# own unit and property tests, built for aarch64 (musl, linked by rust-lld) and run under
+# qemu-user. Installs the Rust target and qemu-user when missing (apt-get: needs root).
+# Usage: scripts/test-aarch64.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target=aarch64-unknown-linux-musl
+rustup target list --installed | grep -qx "$target" || rustup target add "$target" >/dev/null
+if ! command -v qemu-aarch64 >/dev/null; then
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user >/dev/null
+fi
+manifest=tools/scan-aarch64/Cargo.toml
+config=(--config "target.$target.linker=\"rust-lld\"" --config "target.$target.runner=\"qemu-aarch64\"")
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/scan-aarch64"
+cargo clippy --locked --quiet --manifest-path "$manifest" --target "$target" --all-targets -- -D warnings
+cargo test --locked --manifest-path "$manifest" --target "$target" "${config[@]}"
