@@ -3,6 +3,9 @@
 //! - `inflate_only`: streaming zlib-rs decompression alone (the decoder before libdeflate);
 //! - `libdeflate_only`: libdeflate whole-buffer decompression alone into a reused buffer — the
 //!   floor any implementation pays, and the decoder `process` uses;
+//! - `sonic_lazy`: libdeflate + UTF-8 check + sonic-rs's lazy iterators walking the same
+//!   structure the scanner walks (each event's keys, `type` read, the rest skipped) — the
+//!   off-the-shelf alternative to the hand-written scanner, doing less than `process`;
 //! - `inflate_sonic_value`: decompression + a full sonic-rs DOM parse;
 //! - `inflate_serde_json_value`: decompression + a full `serde_json::Value` parse;
 //! - `process`: the whole per-message work (msgpack, header, inflate, UTF-8 check, rrweb scan,
@@ -62,6 +65,24 @@ fn bench(c: &mut Criterion) {
             for f in &fixtures {
                 black_box(libdeflate.zlib_decompress(body(&f.value), &mut out).unwrap());
             }
+        })
+    });
+    group.bench_function("sonic_lazy", |b| {
+        b.iter(|| {
+            let mut types = 0u64;
+            for f in &fixtures {
+                let len = libdeflate.zlib_decompress(body(&f.value), &mut out).unwrap();
+                let json = simdutf8::basic::from_utf8(&out[..len]).unwrap();
+                for event in sonic_rs::to_array_iter(json) {
+                    for pair in sonic_rs::to_object_iter(event.unwrap().as_raw_str()) {
+                        let (key, value) = pair.unwrap();
+                        if key.as_ref() == "type" {
+                            types += value.as_raw_str().len() as u64;
+                        }
+                    }
+                }
+            }
+            black_box(types)
         })
     });
     group.bench_function("inflate_sonic_value", |b| {

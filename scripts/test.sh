@@ -44,6 +44,10 @@ step "cargo test"
 status=0
 cargo test --locked --all-targets --no-fail-fast 2>&1 | tee "$log" || status=$?
 
+# The scanner's NEON path, on aarch64 under qemu-user (its own crate: tools/scan-aarch64).
+step "scanner on aarch64 (NEON, qemu-user)"
+bash scripts/test-aarch64.sh 2>&1 | tee -a "$log" || status=$?
+
 # One closing summary over all test binaries (cargo prints one "test result" line per binary),
 # then the name of every failed test.
 awk '/^test result:/ { for (i = 2; i <= NF; i++) { n = $(i-1) + 0

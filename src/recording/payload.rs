@@ -152,10 +152,15 @@ impl Inflater {
     /// and `invalid_body` stay exact. Only invalid bodies pay that second pass.
     fn inflate<'a>(&'a mut self, payload: &Payload<'a>, cap: usize) -> Result<Cow<'a, [u8]>, InvalidRecording> {
         let input = payload.body;
-        // The learned expansion with headroom, but never more than 4× the body plus what a
-        // thread retains anyway: a crafted stream that inflates to nothing cannot make it
-        // allocate much more than a streaming decoder would.
-        let guess = input.len().saturating_mul(self.expansion + self.expansion / 2);
+        // The learned expansion with half again as headroom — which never pushes a buffer that
+        // would be kept past what is kept (it would be freed and allocated again each time) —
+        // and never more than 4× the body plus what a thread retains anyway: a crafted stream
+        // that inflates to nothing cannot make it allocate much more than a streaming decoder.
+        let expected = input.len().saturating_mul(self.expansion);
+        let guess = match expected.saturating_add(expected / 2) {
+            guess if expected <= RETAINED_OUTPUT_BYTES => guess.min(RETAINED_OUTPUT_BYTES),
+            guess => guess,
+        };
         let first = guess.min(input.len().saturating_mul(4).saturating_add(RETAINED_OUTPUT_BYTES));
         let mut size = first.max(MIN_ATTEMPT_BYTES).max(self.out.len()).min(cap);
         loop {
