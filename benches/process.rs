@@ -111,6 +111,22 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.finish();
+
+    // Small segments (under 64 KiB on the wire: most of real traffic) are dominated by per-message
+    // costs, not by bytes: reported per message.
+    let small: Vec<&Fixture> = fixtures.iter().filter(|f| f.value.len() < 64 * 1024).collect();
+    let mut group = c.benchmark_group("small_segments");
+    group.throughput(Throughput::Elements(small.len() as u64));
+    group.sample_size(30);
+    group.bench_function("process", |b| {
+        b.iter(|| {
+            for f in &small {
+                let processed = recording::process_with(&f.value, &limits, &mut inflater).unwrap();
+                black_box((processed.rows(Default::default()), processed.events(&Default::default()), processed));
+            }
+        })
+    });
+    group.finish();
 }
 
 criterion_group!(benches, bench);

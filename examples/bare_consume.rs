@@ -1,5 +1,7 @@
 //! Baseline for the load run: a bare rdkafka consumer that reads `--count` messages from the
-//! start of a topic and does nothing with them. Prints one JSON line: messages, bytes, seconds.
+//! start of a topic and does nothing with them. Prints one JSON line: messages, bytes, seconds
+//! and the CPU seconds the process spent (every thread, librdkafka's included), both counted from
+//! the first message.
 //!
 //! Usage: bare_consume BROKERS TOPIC COUNT
 
@@ -29,11 +31,23 @@ fn main() {
     let mut start = None;
     while messages < count {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            start.get_or_insert_with(Instant::now);
+            start.get_or_insert_with(|| (Instant::now(), cpu_seconds()));
             messages += 1;
             bytes += m.payload().map_or(0, |p| p.len() as u64);
         }
     }
-    let seconds = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
-    println!("{{\"messages\":{messages},\"bytes\":{bytes},\"seconds\":{seconds}}}");
+    let (seconds, cpu_seconds) = start.map_or((0.0, 0.0), |(s, cpu)| (s.elapsed().as_secs_f64(), cpu_seconds() - cpu));
+    println!("{{\"messages\":{messages},\"bytes\":{bytes},\"seconds\":{seconds},\"cpu_seconds\":{cpu_seconds}}}");
+}
+
+/// User + system CPU time of this process so far, from `/proc/self/stat` (Linux; clock ticks of
+/// 1/100 s, the kernel's fixed `USER_HZ`).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command name (which may hold spaces) start at field 3; utime and stime are
+    // fields 14 and 15.
+    let after_name = &stat[stat.rfind(')').expect("stat has a command name") + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    ticks as f64 / 100.0
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Benchmark report: runs the criterion benchmark of the per-message core, the Python baseline,
+# Benchmark report: runs the criterion benchmark of the per-message core, the Python baselines,
 # and end-to-end load runs through the local broker (null sink at several buffer sizes and
-# thread counts, and real sinks), then writes docs/benchmarks.md with tables and
+# thread counts, small segments only, and real sinks), then writes docs/benchmarks.md with
+# tables — throughput, CPU per message against `process` + a bare consumer — and
 # docs/benchmarks.png (throughput vs buffer size and threads, peak RSS).
 # Usage: scripts/bench.sh [COUNT]     (messages per load run, default 3000)
 set -euo pipefail
@@ -16,11 +17,11 @@ cargo bench --locked --bench process >/dev/null 2>&1
 
 echo "== Python baseline"
 venv=$CACHE/bench-venv
-if ! "$venv/bin/python" -c 'import msgpack, matplotlib' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import msgpack, matplotlib, orjson, msgspec' 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check msgpack==1.1.0 matplotlib==3.10.7
+  "$venv/bin/pip" install --quiet --disable-pip-version-check msgpack==1.1.0 matplotlib==3.10.7 orjson==3.13.0 msgspec==0.22.0
 fi
-python_line=$("$venv/bin/python" benches/python_baseline.py)
+python_lines=$("$venv/bin/python" benches/python_baseline.py)
 
 for threads in 1 2; do
   for buffer in 33554432 67108864 268435456; do
@@ -28,45 +29,77 @@ for threads in 1 2; do
     LOAD_THREADS=$threads LOAD_JSON=$results bash scripts/load.sh "$COUNT" "$buffer" >/dev/null
   done
 done
+small=$(find fixtures/segments -name '*.msgpack' -size -64k | sort | tr '\n' ' ')
+echo "== load: null sink, small segments only"
+LOAD_FIXTURES=$small LOAD_JSON=$results bash scripts/load.sh "$((COUNT * 5))" 67108864 >/dev/null
 echo "== load: real sinks"
 LOAD_SINKS=real LOAD_JSON=$results bash scripts/load.sh "$COUNT" 67108864 >/dev/null
 
-"$venv/bin/python" - "$results" "$python_line" "${CARGO_TARGET_DIR:-target}/criterion" <<'PY'
+"$venv/bin/python" - "$results" "$python_lines" "${CARGO_TARGET_DIR:-target}/criterion" <<'PY'
 import json, pathlib, sys
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 runs = [json.loads(l) for l in open(sys.argv[1])]
-python_mib = float(sys.argv[2].split(":")[1].split()[0])
-criterion = pathlib.Path(sys.argv[3]) / "fixture_mix"
+python = {line.split(":")[0].split()[1]: float(line.split(":")[1].split()[0]) for line in sys.argv[2].splitlines()}
+criterion = pathlib.Path(sys.argv[3])
+mix = sorted(pathlib.Path("fixtures/segments").glob("*.msgpack"))
+def estimate(group, name):
+    estimates = json.loads((criterion / group / name / "new" / "estimates.json").read_text())
+    info = json.loads((criterion / group / name / "new" / "benchmark.json").read_text())
+    return estimates["mean"]["point_estimate"] / 1e9, info["throughput"]
 bench = {}
-for name in ["inflate_only", "process", "inflate_sonic_value", "inflate_serde_json_value"]:
-    estimates = json.loads((criterion / name / "new" / "estimates.json").read_text())
-    info = json.loads((criterion / name / "new" / "benchmark.json").read_text())
-    bench[name] = info["throughput"]["Bytes"] / (estimates["mean"]["point_estimate"] / 1e9) / 2**20
+for name in ["libdeflate_only", "inflate_only", "process", "sonic_lazy", "inflate_sonic_value", "inflate_serde_json_value"]:
+    seconds, throughput = estimate("fixture_mix", name)
+    bench[name] = throughput["Bytes"] / seconds / 2**20
+# CPU per message of `process` alone: the mix, and small segments (Elements = messages).
+process_us = {"mix": estimate("fixture_mix", "process")[0] / len(mix) * 1e6}
+seconds, throughput = estimate("small_segments", "process")
+process_us["small"] = seconds / throughput["Elements"] * 1e6
 
+floor = bench["libdeflate_only"]
 out = ["# Benchmarks", "", "Made by `scripts/bench.sh` on a 2-core machine; the broker, ClickHouse and the GCS",
-       "emulator run on the same cores.", "", "## Per message (one core, recorded fixture mix)", "",
-       "| path | MiB/s of decompressed JSON | vs. inflate |", "|---|---:|---:|"]
-labels = {"inflate_only": "inflate only (zlib-rs)", "process": "**recording::process** (whole per-message function)",
+       "emulator run on the same cores. Numbers on this shared machine vary by about ±10 % from run to run.",
+       "", "## Per message (one core, recorded fixture mix)", "",
+       "| path | MiB/s of decompressed JSON | vs. libdeflate inflate |", "|---|---:|---:|"]
+labels = {"libdeflate_only": "inflate only, libdeflate (the floor; what `process` uses)",
+          "inflate_only": "inflate only, zlib-rs streaming (the decoder before)",
+          "process": "**recording::process** (whole per-message function)",
+          "sonic_lazy": "libdeflate + UTF-8 + sonic-rs lazy iterators (walk only)",
           "inflate_sonic_value": "inflate + sonic-rs DOM", "inflate_serde_json_value": "inflate + serde_json::Value"}
 for name, label in labels.items():
-    out.append(f"| {label} | {bench[name]:.0f} | {bench[name] / bench['inflate_only']:.2f}× |")
-out.append(f"| Python: msgpack + zlib + json.loads + classification | {python_mib:.1f} | {python_mib / bench['inflate_only']:.2f}× |")
-out += ["", f"`process` is {bench['process'] / python_mib:.0f}× the Python path.", "",
-        "## Through the broker", "", "| sinks | threads | buffer budget | msgs/s | MB/s | bare consumer msgs/s | ratio | peak RSS | time per sink (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out.append(f"| {label} | {bench[name]:.0f} | {bench[name] / floor:.2f}× |")
+python_labels = {"json": "msgpack + zlib + json.loads", "orjson": "msgpack + zlib + orjson", "msgspec": "msgpack + zlib + msgspec (typed, lazy)"}
+for name, label in python_labels.items():
+    out.append(f"| Python: {label} + classification | {python[name]:.1f} | {python[name] / floor:.2f}× |")
+out += ["", f"`process` is {bench['process'] / python['msgspec']:.1f}× the fastest Python path (msgspec) and "
+        f"{bench['process'] / python['json']:.0f}× the standard-library one.", "",
+        "## Through the broker", "", "| sinks | mix | threads | buffer budget | msgs/s | MB/s | bare consumer msgs/s | ratio | peak RSS | time per sink (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+def mix_of(r):
+    return "small" if r.get("fixtures") else "all"
 for r in runs:
     sinks = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["sink_seconds"].items())) or "—"
-    out.append(f"| {r['sinks']} | {r['threads'] or 'all'} | {r['buffer_bytes'] >> 20} MiB | {r['msgs_per_s']:.0f} | {r['mb_per_s']:.1f} | "
+    out.append(f"| {r['sinks']} | {mix_of(r)} | {r['threads'] or 'all'} | {r['buffer_bytes'] >> 20} MiB | {r['msgs_per_s']:.0f} | {r['mb_per_s']:.1f} | "
                f"{r['bare_msgs_per_s']:.0f} | {r['msgs_per_s'] / r['bare_msgs_per_s']:.2f}× | {r['peak_rss_mib']:.0f} MiB | {sinks} |")
+out += ["", "## CPU per message (null sinks)", "",
+        "The service's CPU (every thread, from `/proc`) per message, against what the work itself costs: `process`",
+        "alone (criterion, one core) plus a bare rdkafka consumer reading the same messages.", "",
+        "| mix | threads | service µs/msg | process µs/msg | bare consumer µs/msg | service / (process + bare) |",
+        "|---|---:|---:|---:|---:|---:|"]
+for r in runs:
+    if r["sinks"] != "null":
+        continue
+    work = process_us[mix_of(r) if mix_of(r) == "small" else "mix"] + r["bare_cpu_us_per_msg"]
+    out.append(f"| {mix_of(r)} | {r['threads'] or 'all'} | {r['cpu_us_per_msg']:.1f} | {work - r['bare_cpu_us_per_msg']:.1f} | "
+               f"{r['bare_cpu_us_per_msg']:.1f} | {r['cpu_us_per_msg'] / work:.2f}× |")
 out += ["", "![throughput and peak RSS](benchmarks.png)", ""]
 docs = pathlib.Path("docs")
 docs.mkdir(exist_ok=True)
 (docs / "benchmarks.md").write_text("\n".join(out))
 
-null = [r for r in runs if r["sinks"] == "null"]
+null = [r for r in runs if r["sinks"] == "null" and not r.get("fixtures")]
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
 for threads in sorted({r["threads"] for r in null}):
     xs = [r for r in null if r["threads"] == threads]

@@ -57,6 +57,11 @@ def status():
         return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2))
     except Exception:
         return None
+def cpu_seconds():
+    """User + system CPU of the service so far (all threads), from /proc/PID/stat."""
+    stat = open(f"/proc/{pid}/stat").read()
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 def hwm():
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmHWM:"):
@@ -68,11 +73,13 @@ while True:
         sys.exit("the service exited or stalled before processing the backlog (see its flags above)")
     s = status()
     if s and s["consumed"] > 0 and start is None:
-        start = time.monotonic()
+        start, cpu_start = time.monotonic(), cpu_seconds()
     if s and s["flushed"] >= count:
         break
     time.sleep(0.05)
 seconds = time.monotonic() - start
+cpu_us = (cpu_seconds() - cpu_start) / count * 1e6
+bare_cpu_us = bare["cpu_seconds"] / bare["messages"] * 1e6
 mb = produced["bytes"] / 1e6
 bare_rate = bare["messages"] / bare["seconds"]
 rate = count / seconds
@@ -82,6 +89,7 @@ print(f"{'pipeline, ' + sys.argv[7] + ' sinks':28} {rate:>10.0f} {mb / seconds:>
 final = status() or s
 print("time per sink (s, summed over flushes): " + ", ".join(f"{k} {v['seconds']:.2f}" for k, v in sorted(final["sinks"].items())))
 print(f"backpressure pauses: {final['pauses']}")
+print(f"CPU per message: service {cpu_us:.1f} µs, bare consumer {bare_cpu_us:.1f} µs")
 peak = hwm()
 print(f"peak RSS {peak / 2**20:.0f} MiB with --buffer-max-bytes {buffer / 2**20:.0f} MiB and a {mb:.0f} MB backlog")
 if sys.argv[9]:
@@ -90,7 +98,8 @@ if sys.argv[9]:
             "sinks": sys.argv[7], "threads": int(sys.argv[8]), "buffer_bytes": buffer, "messages": count,
             "backlog_mb": mb, "msgs_per_s": rate, "mb_per_s": mb / seconds,
             "bare_msgs_per_s": bare_rate, "bare_mb_per_s": bare["bytes"] / 1e6 / bare["seconds"],
-            "peak_rss_mib": peak / 2**20, "pauses": final["pauses"], "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
+            "peak_rss_mib": peak / 2**20, "cpu_us_per_msg": cpu_us, "bare_cpu_us_per_msg": bare_cpu_us,
+            "fixtures": os.environ.get("LOAD_FIXTURES", ""), "pauses": final["pauses"], "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
         }) + "\n")
 PY
 kill -TERM "$pid"
