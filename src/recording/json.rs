@@ -1,4 +1,4 @@
-//! Lenient building blocks for reading SDK-produced JSON with sonic-rs.
+//! Lenient building blocks for reading SDK-produced JSON with serde_json.
 //!
 //! SDKs send fields with surprising types (a number where a string was expected, `null`
 //! anywhere). These types accept *any* JSON value without failing, so a single odd field never
@@ -289,7 +289,7 @@ impl<'de, T: Deserialize<'de> + Default> Visitor<'de> for Lenient<Object<T>> {
 
 /// Parses `raw` as `T`, or `None` when it does not fit (the caller counts a malformed event).
 pub fn parse<'a, T: Deserialize<'a>>(raw: &'a str) -> Option<T> {
-    sonic_rs::from_str(raw).ok()
+    serde_json::from_str(raw).ok()
 }
 
 #[cfg(test)]
@@ -305,7 +305,7 @@ mod tests {
     }
 
     fn probe(json: &str) -> (Option<String>, Option<f64>) {
-        let p: Probe = sonic_rs::from_str(json).unwrap();
+        let p: Probe = serde_json::from_str(json).unwrap();
         (p.text.0.map(Cow::into_owned), p.num.0)
     }
 
@@ -335,7 +335,7 @@ mod tests {
             flag: Flag,
         }
         let read = |json: &str| {
-            let ids: Ids = sonic_rs::from_str(json).unwrap();
+            let ids: Ids = serde_json::from_str(json).unwrap();
             (ids.id.0.map(Cow::into_owned), ids.flag.0)
         };
         assert_eq!(read(r#"{"id":"u-1","flag":true}"#), (Some("u-1".into()), true));

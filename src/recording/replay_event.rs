@@ -351,7 +351,7 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
             format_args!("replay_event nests deeper than {} levels", scan::MAX_NESTING),
         ));
     }
-    let wire: Wire<'_> = sonic_rs::from_str(json).map_err(|e| {
+    let wire: Wire<'_> = serde_json::from_str(json).map_err(|e| {
         InvalidRecording::new(Reason::InvalidReplayEvent, format_args!("replay_event is not a JSON object: {e}"))
     })?;
     let contexts = wire.contexts.0;

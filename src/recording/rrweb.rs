@@ -23,7 +23,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use sonic_rs::LazyValue;
+use serde_json::value::RawValue;
 
 use super::heap::{HeapSize, heap_size};
 use super::json::{Num, Text, parse};
@@ -515,7 +515,7 @@ struct CustomData<'a> {
     #[serde(borrow, default)]
     tag: Text<'a>,
     #[serde(borrow)]
-    payload: Option<LazyValue<'a>>,
+    payload: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -529,7 +529,7 @@ struct Breadcrumb<'a> {
     #[serde(borrow, default)]
     level: Text<'a>,
     #[serde(borrow)]
-    data: Option<LazyValue<'a>>,
+    data: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -542,7 +542,7 @@ struct Span<'a> {
     #[serde(default)]
     start_timestamp: Num,
     #[serde(borrow)]
-    data: Option<LazyValue<'a>>,
+    data: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize, Default)]
@@ -659,10 +659,10 @@ struct VitalData<'a> {
 }
 
 /// Parses optional `data`; absent data is the default, present but malformed is `None`.
-fn parse_data<'a, T: Deserialize<'a> + Default>(data: &'a Option<LazyValue<'_>>) -> Option<T> {
+fn parse_data<'a, T: Deserialize<'a> + Default>(data: &Option<&'a RawValue>) -> Option<T> {
     match data {
         None => Some(T::default()),
-        Some(raw) => parse(raw.as_raw_str()),
+        Some(raw) => parse(raw.get()),
     }
 }
 
@@ -782,7 +782,7 @@ impl Extractor {
             return false;
         };
         self.count(|o| &mut o.custom_by_tag, tag);
-        let payload = custom.payload.as_ref().map(|p| p.as_raw_str());
+        let payload = custom.payload.as_ref().map(|p| p.get());
         match tag {
             "breadcrumb" => payload.and_then(parse::<Breadcrumb>).is_some_and(|b| self.breadcrumb(b, ts_ms)),
             "performanceSpan" => payload.and_then(parse::<Span>).is_some_and(|s| self.span(s, ts_ms)),
