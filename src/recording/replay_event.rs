@@ -344,8 +344,9 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     }
     let json = simdutf8::basic::from_utf8(json)
         .map_err(|_| InvalidRecording::new(Reason::InvalidReplayEvent, "replay_event is not valid UTF-8"))?;
-    // The parser recurses per level: a deeper document would overflow the stack.
-    if scan::nesting_exceeds(json.as_bytes(), scan::MAX_NESTING) {
+    // The parser recurses per level: a deeper document would overflow the stack. It reads one
+    // value (anything after it is an error before it is parsed), so that value is what counts.
+    if scan::too_deep(json.trim_start()) {
         return Err(InvalidRecording::new(
             Reason::InvalidReplayEvent,
             format_args!("replay_event nests deeper than {} levels", scan::MAX_NESTING),
@@ -500,6 +501,14 @@ mod tests {
     fn a_document_nested_deeper_than_the_parser_allows_is_invalid() {
         let deep = format!(r#"{{"user":{}{}}}"#, "[".repeat(200), "]".repeat(200));
         assert_eq!(parse(deep.as_bytes()).unwrap_err().reason, Reason::InvalidReplayEvent);
+        // Leading whitespace, an unterminated document, or depth after the document: all refused
+        // without recursing (a stack overflow here would abort the test binary).
+        let deep_open = format!(r#"{{"user":{}"#, "[".repeat(100_000));
+        let deep_after = format!(r#"{{"user":1}} {}{}"#, "[".repeat(100_000), "]".repeat(100_000));
+        for doc in [format!(" \n\t{deep}"), deep_open, deep_after] {
+            let error = parse(doc.as_bytes()).unwrap_err();
+            assert_eq!(error.reason, Reason::InvalidReplayEvent, "{}", error.detail);
+        }
         // Just within the limit: parsed, on a thread with the stack processing threads get
         // (unoptimised test builds use far more stack per level than release builds).
         let shallow = format!(r#"{{"user":{}{}}}"#, "[".repeat(127), "]".repeat(127));

@@ -229,8 +229,8 @@ fn prefix_xor(mut x: u64) -> u64 {
 /// the process (no unwinding). 128 is serde_json's own limit; SDK payloads nest under 10.
 pub const MAX_NESTING: u64 = 128;
 
-/// Whether `value` (one JSON value, as [`Scanner::value`] returns it) nests objects and arrays
-/// more than [`MAX_NESTING`] levels deep. Asked only of the values handed to a recursive parser:
+/// Whether the JSON value `value` starts with (as [`Scanner::value`] returns it, or a document
+/// without leading whitespace) nests objects and arrays more than [`MAX_NESTING`] levels deep. Asked only of the values handed to a recursive parser:
 /// a value short enough cannot be that deep; a longer one gets a bound from a skip that tracks
 /// depth (at SIMD speed), and the exact byte loop only if the bound is too high.
 pub fn too_deep(value: &str) -> bool {
