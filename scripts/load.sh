@@ -67,19 +67,30 @@ def hwm():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
 import os
-start, deadline = None, time.monotonic() + 900
+start, deadline, samples = None, time.monotonic() + 900, []
 while True:
     if not os.path.exists(f"/proc/{pid}") or time.monotonic() > deadline:
         sys.exit("the service exited or stalled before processing the backlog (see its flags above)")
     s = status()
     if s and s["consumed"] > 0 and start is None:
         start, cpu_start = time.monotonic(), cpu_seconds()
+    if s and start is not None:
+        samples.append((time.monotonic(), s["flushed"], cpu_seconds()))
     if s and s["flushed"] >= count:
         break
     time.sleep(0.05)
 seconds = time.monotonic() - start
 cpu_us = (cpu_seconds() - cpu_start) / count * 1e6
 bare_cpu_us = bare["cpu_seconds"] / bare["messages"] * 1e6
+# Steady state: from the first sample with 10 % of the messages flushed to the first with 90 %,
+# without the fetch ramp-up and the tail (the last buffer waits out its age); the bare consumer
+# is measured the same way.
+(t1, f1, c1) = next(x for x in samples if x[1] >= count / 10)
+(t2, f2, c2) = next(x for x in samples if x[1] >= count * 9 / 10)
+steady_rate = (f2 - f1) / (t2 - t1) if t2 > t1 else count / seconds
+steady_cpu_us = (c2 - c1) / (f2 - f1) * 1e6 if f2 > f1 else cpu_us
+bare_steady_rate = bare["steady_messages"] / bare["steady_seconds"]
+bare_steady_cpu_us = bare["steady_cpu_seconds"] / bare["steady_messages"] * 1e6
 mb = produced["bytes"] / 1e6
 bare_rate = bare["messages"] / bare["seconds"]
 rate = count / seconds
@@ -90,6 +101,8 @@ final = status() or s
 print("time per sink (s, summed over flushes): " + ", ".join(f"{k} {v['seconds']:.2f}" for k, v in sorted(final["sinks"].items())))
 print(f"backpressure pauses: {final['pauses']}")
 print(f"CPU per message: service {cpu_us:.1f} µs, bare consumer {bare_cpu_us:.1f} µs")
+print(f"steady state (10–90 %): pipeline {steady_rate:.0f} msgs/s, bare consumer {bare_steady_rate:.0f} msgs/s "
+      f"({steady_rate / bare_steady_rate:.2f}x); CPU per message: service {steady_cpu_us:.1f} µs, bare {bare_steady_cpu_us:.1f} µs")
 peak = hwm()
 print(f"peak RSS {peak / 2**20:.0f} MiB with --buffer-max-bytes {buffer / 2**20:.0f} MiB and a {mb:.0f} MB backlog")
 if sys.argv[9]:
@@ -99,6 +112,8 @@ if sys.argv[9]:
             "backlog_mb": mb, "msgs_per_s": rate, "mb_per_s": mb / seconds,
             "bare_msgs_per_s": bare_rate, "bare_mb_per_s": bare["bytes"] / 1e6 / bare["seconds"],
             "peak_rss_mib": peak / 2**20, "cpu_us_per_msg": cpu_us, "bare_cpu_us_per_msg": bare_cpu_us,
+            "steady_msgs_per_s": steady_rate, "bare_steady_msgs_per_s": bare_steady_rate,
+            "steady_cpu_us_per_msg": steady_cpu_us, "bare_steady_cpu_us_per_msg": bare_steady_cpu_us,
             "fixtures": os.environ.get("LOAD_FIXTURES", ""), "pauses": final["pauses"], "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
         }) + "\n")
 PY
