@@ -4,6 +4,8 @@
 //! zlib (`0x78`, RFC 1950, what the JS SDK sends), gzip (`1f 8b`), zstd (`28 b5 2f fd`), or raw
 //! JSON (`[`, optionally after whitespace). Every codec decompresses through a cap that fails with
 //! `too_large` rather than truncating, and a stream that ends early fails with `truncated_body`.
+//! zlib and gzip go through libdeflate into a per-thread [`Inflater`]; the streaming decoders
+//! (zlib-rs, zstd) decode zstd and give the verdict on whatever libdeflate refuses.
 
 use std::borrow::Cow;
 use std::io::{self, Read};
