@@ -288,9 +288,21 @@ fn inflate_zlib(input: &[u8], cap: usize, output: Output) -> Result<Vec<u8>, Inv
         }
         let (in_before, out_before) = (inflater.total_in(), out.len());
         let rest = input.get(usize::try_from(in_before).unwrap_or(usize::MAX)..).unwrap_or_default();
-        let status = inflater
-            .decompress_vec(rest, &mut out, FlushDecompress::None)
-            .map_err(|e| InvalidRecording::new(Reason::InvalidBody, format_args!("zlib: {e}")))?;
+        // zlib-rs often says only "repeated call with bad state": where it broke is what helps.
+        let status = match inflater.decompress_vec(rest, &mut out, FlushDecompress::None) {
+            Ok(status) => status,
+            Err(e) => {
+                return Err(InvalidRecording::new(
+                    Reason::InvalidBody,
+                    format_args!(
+                        "zlib: corrupt stream at byte {} of {} ({} bytes decoded before it): {e}",
+                        inflater.total_in(),
+                        input.len(),
+                        discarded + out.len()
+                    ),
+                ));
+            }
+        };
         if discarded + out.len() > cap {
             return Err(too_large(cap));
         }
@@ -536,7 +548,9 @@ mod tests {
         let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &corrupt };
         let error = decode(&payload, 10 << 20).unwrap_err();
         assert_eq!(error.reason, Reason::InvalidBody);
-        assert!(error.detail.starts_with("zlib: "), "{}", error.detail);
+        // Where it broke, for whoever reads the dead letter.
+        assert!(error.detail.starts_with("zlib: corrupt stream at byte "), "{}", error.detail);
+        assert!(error.detail.contains(&format!(" of {} (", corrupt.len())), "{}", error.detail);
     }
 
     proptest::proptest! {
