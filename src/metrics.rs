@@ -123,8 +123,8 @@ pub struct Written {
     pub bytes: u64,
 }
 
-pub fn consumed(messages: u64) {
-    counter!(MESSAGES_CONSUMED).increment(messages);
+pub fn consumed() {
+    counter!(MESSAGES_CONSUMED).increment(1);
 }
 
 /// What processing one valid segment cost (`memory`: what it holds while buffered) and found.

@@ -26,21 +26,13 @@ use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tracing::{info, warn};
 
-/// Messages polled back to back (in partition order), with their share of the data channel's
-/// byte budget (released when dropped) and the generation they were polled in. Batching costs
-/// no latency — a batch is whatever librdkafka already holds, taken without waiting — and saves
-/// a thread wake-up per message.
+/// A polled message, with its share of the data channel's byte budget (released when dropped)
+/// and the generation it was polled in.
 pub struct Polled {
-    pub messages: Vec<OwnedMessage>,
+    pub message: OwnedMessage,
     pub bytes: OwnedSemaphorePermit,
     pub generation: u64,
 }
-
-/// Most messages in one [`Polled`] batch.
-pub const POLL_BATCH_MESSAGES: usize = 16;
-
-/// A batch stops growing once its values reach this many bytes.
-pub const POLL_BATCH_BYTES: usize = 1024 * 1024;
 
 /// Rebalance events, on the control channel.
 pub enum Control {
@@ -107,10 +99,10 @@ impl ConsumerContext for IngestContext {
 
 pub type IngestConsumer = BaseConsumer<IngestContext>;
 
-/// Polls until `stop` is set, forwarding batches of messages tagged with the current generation
-/// (a batch never spans a rebalance); each first takes its size from `bytes` (all of it for a
-/// batch larger than the whole budget), so the channel holds a bounded number of bytes. Closing
-/// `bytes` stops the thread. Returns the thread handle.
+/// Polls until `stop` is set, forwarding messages tagged with the current generation; each first
+/// takes its size from `bytes` (all of it for a message larger than the whole budget), so the
+/// channel holds a bounded number of bytes. Closing `bytes` stops the thread. Returns the thread
+/// handle.
 pub fn spawn_poller(
     consumer: Arc<IngestConsumer>,
     events: mpsc::Sender<Polled>,
@@ -122,53 +114,29 @@ pub fn spawn_poller(
     thread::Builder::new()
         .name("kafka-poll".into())
         .spawn(move || {
-            // A message polled into a batch of an earlier generation: it opens the next batch.
-            let mut carried = None;
             while !stop.load(Ordering::Acquire) {
-                let first = match carried.take() {
-                    Some(first) => first,
-                    None => match poll(&consumer, Duration::from_millis(100)) {
-                        Some(message) => message,
-                        None => continue,
-                    },
-                };
-                let batch_generation = generation.load(Ordering::Acquire);
-                let mut size = first.payload().map_or(0, <[u8]>::len);
-                let mut messages = vec![first];
-                while messages.len() < POLL_BATCH_MESSAGES && size < POLL_BATCH_BYTES {
-                    let Some(message) = poll(&consumer, Duration::ZERO) else { break };
-                    // The poll ran a rebalance: this message belongs to the next generation.
-                    if generation.load(Ordering::Acquire) != batch_generation {
-                        carried = Some(message);
-                        break;
+                match consumer.poll(Duration::from_millis(100)) {
+                    Some(Ok(message)) => {
+                        let size = message.payload().map_or(0, <[u8]>::len);
+                        let share = u32::try_from(size).unwrap_or(u32::MAX).clamp(1, budget.max(1));
+                        let Ok(permit) = futures::executor::block_on(bytes.clone().acquire_many_owned(share)) else {
+                            break;
+                        };
+                        let polled = Polled {
+                            message: message.detach(),
+                            bytes: permit,
+                            generation: generation.load(Ordering::Acquire),
+                        };
+                        if events.blocking_send(polled).is_err() {
+                            break;
+                        }
                     }
-                    size += message.payload().map_or(0, <[u8]>::len);
-                    messages.push(message);
-                }
-                let share = u32::try_from(size).unwrap_or(u32::MAX).clamp(1, budget.max(1));
-                let Ok(permit) = futures::executor::block_on(bytes.clone().acquire_many_owned(share)) else {
-                    break;
-                };
-                let polled = Polled { messages, bytes: permit, generation: batch_generation };
-                if events.blocking_send(polled).is_err() {
-                    break;
+                    Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+                    Some(Err(error)) => warn!(%error, "consumer error"),
                 }
             }
         })
         .unwrap_or_else(|e| panic!("cannot spawn the Kafka polling thread: {e}"))
-}
-
-/// One poll: a message (owned), or `None` for nothing, the end of a partition, or an error
-/// (logged; librdkafka retries on its own).
-fn poll(consumer: &IngestConsumer, timeout: Duration) -> Option<OwnedMessage> {
-    match consumer.poll(timeout)? {
-        Ok(message) => Some(message.detach()),
-        Err(KafkaError::PartitionEOF(_)) => None,
-        Err(error) => {
-            warn!(%error, "consumer error");
-            None
-        }
-    }
 }
 
 /// `(partition, next offset)` pairs as a commit list for `topic`.

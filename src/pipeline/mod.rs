@@ -44,7 +44,7 @@ use crate::config::{ConsumeArgs, RowsSinkKind};
 use crate::health::Status;
 use crate::kafka::client_config;
 use crate::kafka::consumer::{
-    Control, IngestConsumer, IngestContext, POLL_BATCH_MESSAGES, Polled, commit_list, key_and_timestamp, spawn_poller,
+    Control, IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, spawn_poller,
 };
 use crate::metrics;
 use crate::recording::{self, Limits, Reason};
@@ -53,7 +53,7 @@ use buffer::{Buffer, CloseReason, should_pause};
 use flush::{FlushReport, RetryPolicy, Sinks};
 use frontier::Frontier;
 
-/// Batches between the polling thread and the pipeline. Each may be up to 15 MB: the bounds
+/// Messages between the polling thread and the pipeline. Each may be up to 15 MB: the bounds
 /// keep the hand-off small next to librdkafka's own (bounded) prefetch. While intake is paused
 /// the pipeline stops reading it, so a full buffer grows by at most the messages already being
 /// processed.
@@ -63,14 +63,8 @@ const POLLED_CHANNEL_CAPACITY: usize = 16;
 pub const POLLED_CHANNEL_BYTES: usize = 32 * 1024 * 1024;
 
 /// Messages being processed or waiting for an earlier one to finish (arrival order is kept).
-/// A wide window keeps every core busy behind one large segment at the head. A polled batch is
-/// taken only when all of it fits.
+/// A wide window keeps every core busy behind one large segment at the head.
 pub const PROCESSING_WINDOW_MESSAGES: usize = 64;
-
-/// Consecutive messages go to the processing pool together, one task per chunk, while their
-/// window reservations add up to at most this (a larger message is a chunk of its own): small
-/// segments cost one pool hand-off per chunk instead of one each.
-const PROCESSING_CHUNK_BYTES: usize = 16 * 1024 * 1024;
 
 /// Bytes the window may hold. Each message reserves what its processed form may hold at most
 /// ([`window_reservation`]) until it leaves the window, so outputs waiting behind a slow head are
@@ -98,13 +92,6 @@ pub enum PipelineError {
     TaskDied(String),
     #[error("the Kafka polling thread stopped")]
     PollerGone,
-}
-
-/// A processed chunk: each message's entry and the bytes it holds, and the chunk's window
-/// reservation.
-struct Processed {
-    entries: Vec<(Entry, usize)>,
-    reserved: usize,
 }
 
 /// A finished flush, as the owning task learns of it.
@@ -161,7 +148,6 @@ pub async fn consume(
         generation: 0,
         pool: Arc::new(pool),
         limits: args.limits.limits(args.rows_sink == RowsSinkKind::Snuba),
-        processing_messages: 0,
         processing_bytes: 0,
         processing: FuturesOrdered::new(),
         buffer: Buffer::new(args.buffer_limits()),
@@ -202,10 +188,8 @@ struct Pipeline {
     generation: u64,
     pool: Arc<rayon::ThreadPool>,
     limits: Limits,
-    /// Chunks of messages being processed, in arrival order, with their window reservations.
-    processing: FuturesOrdered<oneshot::Receiver<Processed>>,
-    /// Messages in `processing`.
-    processing_messages: usize,
+    /// Messages being processed, in arrival order, with their window reservations.
+    processing: FuturesOrdered<oneshot::Receiver<(Entry, usize, usize)>>,
     /// Sum of the reservations in `processing`.
     processing_bytes: usize,
     buffer: Buffer,
@@ -252,7 +236,7 @@ impl Pipeline {
                     self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
                 }
                 polled = self.polled.recv(), if !self.paused && self.window_open() => match polled {
-                    Some(polled) if polled.generation >= self.generation => self.process(polled.messages),
+                    Some(polled) if polled.generation >= self.generation => self.process(polled.message),
                     // Polled before a revoke: the partition is no longer ours; its next owner reads it.
                     Some(_stale) => {}
                     None => return Err(PipelineError::PollerGone),
@@ -266,55 +250,32 @@ impl Pipeline {
     }
 
     fn window_open(&self) -> bool {
-        self.processing_messages + POLL_BATCH_MESSAGES <= PROCESSING_WINDOW_MESSAGES
-            && self.processing_bytes < PROCESSING_WINDOW_BYTES
+        self.processing.len() < PROCESSING_WINDOW_MESSAGES && self.processing_bytes < PROCESSING_WINDOW_BYTES
     }
 
-    /// consume → process: decompress and parse on the pool, in chunks of consecutive messages.
-    fn process(&mut self, messages: Vec<OwnedMessage>) {
-        self.status.consumed.fetch_add(messages.len() as u64, Ordering::Relaxed);
-        metrics::consumed(messages.len() as u64);
-        let mut chunk = Vec::new();
-        let mut reserved = 0;
-        for message in messages {
-            let size = window_reservation(message.payload().map_or(0, <[u8]>::len));
-            if !chunk.is_empty() && reserved + size > PROCESSING_CHUNK_BYTES {
-                self.spawn_chunk(std::mem::take(&mut chunk), std::mem::take(&mut reserved));
-            }
-            chunk.push(message);
-            reserved += size;
-        }
-        if !chunk.is_empty() {
-            self.spawn_chunk(chunk, reserved);
-        }
-    }
-
-    fn spawn_chunk(&mut self, chunk: Vec<OwnedMessage>, reserved: usize) {
-        self.processing_messages += chunk.len();
-        self.processing_bytes += reserved;
+    /// consume → process: decompress and parse on the pool.
+    fn process(&mut self, message: OwnedMessage) {
+        self.status.consumed.fetch_add(1, Ordering::Relaxed);
+        metrics::consumed();
+        let size = window_reservation(message.payload().map_or(0, <[u8]>::len));
+        self.processing_bytes += size;
         let (tx, rx) = oneshot::channel();
         let (limits, topic) = (self.limits, self.topic.clone());
         self.pool.spawn(move || {
-            let entries = chunk.into_iter().map(|message| to_entry(message, &limits, topic.clone())).collect();
-            let _ = tx.send(Processed { entries, reserved });
+            let (entry, bytes) = to_entry(message, &limits, topic);
+            let _ = tx.send((entry, bytes, size));
         });
         self.processing.push_back(rx);
     }
 
     /// process → buffer.
-    fn buffered(&mut self, processed: Processed) {
-        self.processing_messages -= processed.entries.len();
-        self.processing_bytes -= processed.reserved;
-        let now = Instant::now();
-        for (entry, bytes) in processed.entries {
-            if let Outcome::Invalid(invalid) = &entry.outcome {
-                self.status.record_invalid(invalid.error.reason.as_str());
-            }
-            self.frontier.track(entry.partition, entry.offset);
-            self.buffer.push(entry, bytes, now);
-            // As if the messages had come one by one: a buffer closes at its limit.
-            self.start_flushes(now);
+    fn buffered(&mut self, (entry, bytes, size): (Entry, usize, usize)) {
+        self.processing_bytes -= size;
+        if let Outcome::Invalid(invalid) = &entry.outcome {
+            self.status.record_invalid(invalid.error.reason.as_str());
         }
+        self.frontier.track(entry.partition, entry.offset);
+        self.buffer.push(entry, bytes, Instant::now());
         self.publish_buffer();
     }
 
@@ -460,7 +421,6 @@ impl Pipeline {
         }
         self.generation = self.generation.max(generation);
         self.processing = FuturesOrdered::new();
-        self.processing_messages = 0;
         self.processing_bytes = 0;
         drop(self.buffer.take());
         self.publish_buffer();
