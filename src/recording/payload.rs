@@ -192,10 +192,9 @@ impl Inflater {
                 // bomb never holds a second buffer of the cap's size.
                 Err(DecompressionError::InsufficientSpace) => {
                     self.out = Vec::new();
-                    return match streaming(payload, cap, Output::Discard) {
-                        Ok(_) => streaming(payload, cap, Output::Keep).map(Cow::Owned),
-                        Err(error) => Err(error),
-                    };
+                    return streaming(payload, cap, Output::Discard)
+                        .and_then(|_| streaming(payload, cap, Output::Keep))
+                        .map(Cow::Owned);
                 }
                 Err(DecompressionError::BadData) => return streaming(payload, cap, Output::Keep).map(Cow::Owned),
             }

@@ -94,14 +94,17 @@ fn masks_sse2(block: &[u8; BLOCK]) -> Masks {
 }
 
 /// The features the AVX2 skip is compiled for, all present on every AVX2 CPU (Haswell, Zen and
-/// later) but checked one by one.
+/// later) but checked one by one — once: every container skip asks.
 #[cfg(target_arch = "x86_64")]
 fn avx2_available() -> bool {
     use std::arch::is_x86_feature_detected;
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("pclmulqdq")
-        && is_x86_feature_detected!("popcnt")
-        && is_x86_feature_detected!("bmi1")
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("pclmulqdq")
+            && is_x86_feature_detected!("popcnt")
+            && is_x86_feature_detected!("bmi1")
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -134,7 +137,8 @@ fn masks_avx2(block: &[u8; BLOCK]) -> Masks {
 /// The AVX-512 skip's features: AVX-512BW compares 64 bytes into a mask in one instruction.
 #[cfg(target_arch = "x86_64")]
 fn avx512_available() -> bool {
-    avx2_available() && std::arch::is_x86_feature_detected!("avx512bw")
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| avx2_available() && std::arch::is_x86_feature_detected!("avx512bw"))
 }
 
 #[cfg(target_arch = "x86_64")]
