@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -241,8 +242,12 @@ async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
     info!(listen = %args.http_listen, topic = %args.topic, group = %args.group_id, "starting");
     tokio::spawn(health::serve(listener, status.clone()));
     let sinks = sinks(&args, &status).await?;
-    pipeline::consume(&args, sinks, status, shutdown_signal()).await?;
-    info!("stopped cleanly");
+    pipeline::consume(&args, sinks, status.clone(), shutdown_signal()).await?;
+    info!(
+        consumed = status.consumed.load(Ordering::Relaxed),
+        flushed = status.flushed.load(Ordering::Relaxed),
+        "stopped cleanly"
+    );
     Ok(())
 }
 
@@ -269,7 +274,7 @@ async fn run_produce(kafka: &KafkaArgs, topic: &str, count: u64, files: &[PathBu
         .collect::<anyhow::Result<Vec<_>>>()?;
     let max = values.iter().map(Vec::len).max().unwrap_or(0);
     let producer = producer(kafka, max, std::time::Duration::from_secs(30))?;
-    let report = load::produce(&producer, topic, count, |i| load::fixture_copy(&values, i)).await?;
+    let report = load::produce(&producer, topic, count, |i| (load::fixture_copy(&values, i), None)).await?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

@@ -47,18 +47,11 @@ fn row_key(row: &recording::ReplayRow) -> RowKey {
     (row.project_id, row.timestamp / 86_400, row.replay_id, row.event_hash)
 }
 
-fn hash(bytes: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut hasher);
-    hasher.finish()
-}
-
 fn fate(value: &[u8]) -> Fate {
     match recording::process(value, &Limits::default()) {
         Ok(p) => Fate::Valid {
             blob_key: p.blob.key.clone(),
-            blob_hash: hash(&p.blob.bytes),
+            blob_hash: digest(&p.blob.bytes),
             // Where the message lands is not known yet, and the key does not depend on it.
             rows: p.rows(Default::default()).iter().map(row_key).collect(),
         },
@@ -70,6 +63,7 @@ struct Produced {
     partition: i32,
     offset: i64,
     fate: Fate,
+    original: Original,
 }
 
 /// Produces `RATE` messages a second until `stop`, recording where each landed and its fate.
@@ -86,18 +80,18 @@ async fn produce(topic: String, stop: Arc<std::sync::atomic::AtomicBool>, out: A
     let start = Instant::now();
     let mut i = 0u64;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        let batch: Vec<(Vec<u8>, Fate)> = tokio::task::spawn_blocking({
+        let batch: Vec<(Vec<u8>, Vec<u8>, Fate)> = tokio::task::spawn_blocking({
             let (fixtures, hostile) = (fixtures.clone(), hostile.clone());
             move || {
                 (i..i + RATE)
                     .map(|n| {
-                        let (value, _) = if n % HOSTILE_EVERY == HOSTILE_EVERY - 1 {
+                        let value = if n % HOSTILE_EVERY == HOSTILE_EVERY - 1 {
                             replay_ingest::kafka::load::fixture_copy(&hostile, n / HOSTILE_EVERY)
                         } else {
                             replay_ingest::kafka::load::fixture_copy(&fixtures, n)
                         };
                         let fate = fate(&value);
-                        (value, fate)
+                        (value, test_key(n), fate)
                     })
                     .collect()
             }
@@ -105,13 +99,14 @@ async fn produce(topic: String, stop: Arc<std::sync::atomic::AtomicBool>, out: A
         .await
         .unwrap();
         i += RATE;
-        let sends = batch.iter().map(|(value, _)| {
-            producer.send(FutureRecord::<(), [u8]>::to(&topic).payload(value), Duration::from_secs(600))
+        let sends = batch.iter().map(|(value, key, _)| {
+            producer.send(FutureRecord::<[u8], [u8]>::to(&topic).payload(value).key(key), Duration::from_secs(600))
         });
         let deliveries = join_all(sends).await;
-        let landed = deliveries.into_iter().zip(batch).map(|(delivery, (_, fate))| {
+        let landed = deliveries.into_iter().zip(batch).map(|(delivery, (value, key, fate))| {
             let delivery = delivery.map_err(|(e, _)| e).expect("produce");
-            Produced { partition: delivery.partition, offset: delivery.offset, fate }
+            let original = Original::new(Some(key), &value);
+            Produced { partition: delivery.partition, offset: delivery.offset, fate, original }
         });
         out.lock().unwrap().extend(landed);
         // Pace to RATE a second on average.
@@ -416,7 +411,7 @@ async fn chaos() {
             Fate::Valid { blob_key, blob_hash, rows } => {
                 valid += 1;
                 match try_read_object(&gcs, &names.bucket, blob_key).await {
-                    Ok(bytes) if hash(&bytes) == *blob_hash => {}
+                    Ok(bytes) if digest(&bytes) == *blob_hash => {}
                     Ok(_) => wrong_blobs += 1,
                     Err(_) => missing_blobs += 1,
                 }
@@ -427,9 +422,13 @@ async fn chaos() {
             }
         }
     }
+    let originals: BTreeMap<(i32, i64), Original> =
+        produced.iter().map(|p| ((p.partition, p.offset), p.original.clone())).collect();
     let stored_rows: BTreeSet<RowKey> = clickhouse_rows(&names.table).await.iter().map(row_key).collect();
     let dead: BTreeSet<(i32, i64, String)> =
-        read_dlq(&names.dlq, expected_dead.len(), Duration::from_secs(60)).into_iter().collect();
+        read_dlq(&names.dlq, &names.topic, &originals, expected_dead.len(), Duration::from_secs(60))
+            .into_iter()
+            .collect();
     let missing_rows = expected_rows.difference(&stored_rows).count();
     let extra_rows = stored_rows.difference(&expected_rows).count();
     let missing_dead = expected_dead.difference(&dead).count();

@@ -163,9 +163,7 @@ async fn rows_published_for_snuba_are_the_rows_written_directly() {
     let (report, sent) = produce_fixtures(&names.topic, &fixtures, fixtures.len() as u64).await;
 
     let dir = tempfile::tempdir().unwrap();
-    let mut args = names.args(free_port(), dir.path());
-    let sink = args.iter().position(|a| a == "--rows-sink").unwrap() + 1;
-    args[sink] = "snuba".into();
+    let mut args = with_flag(names.args(free_port(), dir.path()), "--rows-sink", "snuba");
     args.extend(["--replay-events-topic".to_owned(), replay_events.clone()]);
     let service = Service::start(&args);
     let target = expected_commits(&report);

@@ -15,20 +15,13 @@ async fn run_until_exit(args: &[String]) -> (Option<i32>, String) {
     (exit, std::fs::read_to_string(&log).unwrap())
 }
 
-/// `args` with the value of `flag` replaced.
-fn with(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
-    let at = args.iter().position(|a| a == flag).unwrap();
-    args[at + 1] = value.into();
-    args
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_bucket_stops_the_service_naming_it_before_anything_is_consumed() {
     let names = Names::create().await;
     produce_fixtures(&names.topic, &all_fixtures(), 3).await;
     let dir = tempfile::tempdir().unwrap();
     let missing = unique("no-such-bucket");
-    let (exit, log) = run_until_exit(&with(names.args(free_port(), dir.path()), "--gcs-bucket", &missing)).await;
+    let (exit, log) = run_until_exit(&with_flag(names.args(free_port(), dir.path()), "--gcs-bucket", &missing)).await;
     assert_eq!(exit, Some(1), "{log}");
     assert!(log.contains("checking the GCS bucket") && log.contains(&missing), "{log}");
     assert!(!log.contains("partitions assigned"), "stopped before joining the group:\n{log}");
@@ -41,7 +34,7 @@ async fn a_missing_topic_stops_the_service_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     for flag in ["--dlq-topic", "--outcomes-topic", "--topic"] {
         let missing = unique("no-such-topic");
-        let (exit, log) = run_until_exit(&with(names.args(free_port(), dir.path()), flag, &missing)).await;
+        let (exit, log) = run_until_exit(&with_flag(names.args(free_port(), dir.path()), flag, &missing)).await;
         assert_eq!(exit, Some(1), "{flag}: {log}");
         assert!(log.contains(&format!("topics missing on the cluster: {missing}")), "{flag}: {log}");
         assert!(!log.contains("partitions assigned"), "{flag}: stopped before joining the group:\n{log}");

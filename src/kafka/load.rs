@@ -25,9 +25,9 @@ pub struct Produced {
     pub seconds: f64,
     /// Partition → offset of the last message delivered there.
     pub last_offsets: BTreeMap<i32, i64>,
-    /// Every delivered message: (partition, offset, label — the replay id for fixture copies).
+    /// Where every message landed, `(partition, offset)`, in production order.
     #[serde(skip)]
-    pub deliveries: Vec<(i32, i64, String)>,
+    pub deliveries: Vec<(i32, i64)>,
 }
 
 /// `value` with its `replay_id` replaced, when it is a msgpack map with a valid one (an invalid
@@ -67,26 +67,21 @@ pub fn random_replay_id() -> String {
     format!("{:032x}", rand::rng().random::<u128>())
 }
 
-/// `count` values cycling through `files`, each with a fresh replay id where it has one. Returns
-/// the value and its replay id ("" when unchanged).
-pub fn fixture_copy(files: &[Vec<u8>], i: u64) -> (Vec<u8>, String) {
+/// Copy `i` of the values cycling through `files`, with a fresh replay id where it has one.
+pub fn fixture_copy(files: &[Vec<u8>], i: u64) -> Vec<u8> {
     let Some(original) = files.get((i % files.len().max(1) as u64) as usize) else {
-        return (Vec::new(), String::new());
+        return Vec::new();
     };
-    let replay_id = random_replay_id();
-    match with_replay_id(original, &replay_id) {
-        Some(value) => (value, replay_id),
-        None => (original.clone(), String::new()),
-    }
+    with_replay_id(original, &random_replay_id()).unwrap_or_else(|| original.clone())
 }
 
-/// Publishes `count` values made by `value(i)` (returning the value and a label kept in the
-/// report), awaiting every delivery.
+/// Publishes `count` messages made by `message(i)` (the value and an optional key), awaiting
+/// every delivery.
 pub async fn produce(
     producer: &FutureProducer,
     topic: &str,
     count: u64,
-    value: impl Fn(u64) -> (Vec<u8>, String),
+    message: impl Fn(u64) -> (Vec<u8>, Option<Vec<u8>>),
 ) -> Result<Produced, KafkaError> {
     let mut report = Produced::default();
     let start = Instant::now();
@@ -95,18 +90,21 @@ pub async fn produce(
         let window = (count - sent).min(WINDOW as u64);
         let mut pending = Vec::with_capacity(window as usize);
         for i in sent..sent + window {
-            let (value, label) = value(i);
+            let (value, key) = message(i);
             report.bytes += value.len() as u64;
             pending.push(async move {
-                let record = FutureRecord::<(), [u8]>::to(topic).payload(&value);
-                (producer.send(record, Duration::from_secs(30)).await, label)
+                let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(&value);
+                if let Some(key) = &key {
+                    record = record.key(key);
+                }
+                producer.send(record, Duration::from_secs(30)).await
             });
         }
-        for (delivery, label) in join_all(pending).await {
+        for delivery in join_all(pending).await {
             let delivered = delivery.map_err(|(e, _)| e)?;
             report.messages += 1;
             report.last_offsets.insert(delivered.partition, delivered.offset);
-            report.deliveries.push((delivered.partition, delivered.offset, label));
+            report.deliveries.push((delivered.partition, delivered.offset));
         }
         sent += window;
     }

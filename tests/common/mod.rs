@@ -67,21 +67,50 @@ pub fn all_fixtures() -> Vec<Vec<u8>> {
     paths.iter().map(|p| std::fs::read(p).unwrap()).collect()
 }
 
-/// What the service must produce for one message: a blob key, or a DLQ reason.
+/// What the service must produce for one message: a blob (key and a digest of its bytes), or a
+/// DLQ reason.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Expected {
-    Blob(String),
+    Blob { key: String, digest: u64 },
     Dlq(&'static str),
+}
+
+/// A digest of `bytes`, to compare stored bytes with expected ones without keeping both.
+pub fn digest(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// A copy of fixture `i` (fresh replay id) and what it must become.
 pub fn expected_copy(fixtures: &[Vec<u8>], i: u64) -> (Vec<u8>, Expected) {
-    let (value, _) = load::fixture_copy(fixtures, i);
-    let expected = match recording::process(&value, &Limits::default()) {
-        Ok(p) => Expected::Blob(p.blob.key),
-        Err(e) => Expected::Dlq(e.reason.as_str()),
-    };
+    let value = load::fixture_copy(fixtures, i);
+    let expected = expected_for(&value);
     (value, expected)
+}
+
+/// What `value` must become.
+pub fn expected_for(value: &[u8]) -> Expected {
+    match recording::process(value, &Limits::default()) {
+        Ok(p) => Expected::Blob { key: p.blob.key, digest: digest(&p.blob.bytes) },
+        Err(e) => Expected::Dlq(e.reason.as_str()),
+    }
+}
+
+/// A produced message as the dead-letter copy must repeat it: its key, and its value's length
+/// and digest.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Original {
+    pub key: Option<Vec<u8>>,
+    pub len: usize,
+    pub digest: u64,
+}
+
+impl Original {
+    pub fn new(key: Option<Vec<u8>>, value: &[u8]) -> Original {
+        Original { key, len: value.len(), digest: digest(value) }
+    }
 }
 
 /// One produced message and what it must become.
@@ -90,21 +119,43 @@ pub struct Sent {
     pub partition: i32,
     pub offset: i64,
     pub expected: Expected,
+    pub original: Original,
     pub value: Vec<u8>,
 }
 
-/// Produces `count` fixture copies; returns the delivery report and every message's fate.
+/// The key test runs give copy `i`: every message has a distinct one, so the dead-letter copy's
+/// key can be checked.
+pub fn test_key(i: u64) -> Vec<u8> {
+    format!("key-{i}-{}", &load::random_replay_id()[..8]).into_bytes()
+}
+
+/// Produces `count` fixture copies, each with its own key; returns the delivery report and every
+/// message's fate.
 pub async fn produce_fixtures(topic: &str, fixtures: &[Vec<u8>], count: u64) -> (Produced, Vec<Sent>) {
-    let copies: Vec<(Vec<u8>, Expected)> = (0..count).map(|i| expected_copy(fixtures, i)).collect();
-    let report = load::produce(&producer(), topic, count, |i| (copies[i as usize].0.clone(), String::new()))
-        .await
-        .expect("produce");
+    let copies: Vec<(Vec<u8>, Vec<u8>)> = (0..count).map(|i| (load::fixture_copy(fixtures, i), test_key(i))).collect();
+    produce_values(topic, copies).await
+}
+
+/// Produces `(value, key)` pairs in order; returns the delivery report and every message's fate.
+pub async fn produce_values(topic: &str, messages: Vec<(Vec<u8>, Vec<u8>)>) -> (Produced, Vec<Sent>) {
+    let report = load::produce(&producer(), topic, messages.len() as u64, |i| {
+        let (value, key) = &messages[i as usize];
+        (value.clone(), Some(key.clone()))
+    })
+    .await
+    .expect("produce");
     // Deliveries come back in production order.
     let sent = report
         .deliveries
         .iter()
-        .zip(copies)
-        .map(|(&(partition, offset, _), (value, expected))| Sent { partition, offset, expected, value })
+        .zip(messages)
+        .map(|(&(partition, offset), (value, key))| Sent {
+            partition,
+            offset,
+            expected: expected_for(&value),
+            original: Original::new(Some(key), &value),
+            value,
+        })
         .collect();
     (report, sent)
 }
@@ -176,27 +227,63 @@ pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<Receiv
     out
 }
 
-/// Dead-lettered messages as `(original partition, original offset, reason)`.
-pub fn read_dlq(topic: &str, count: usize, timeout: Duration) -> Vec<(i32, i64, String)> {
+/// Dead-lettered messages as `(original partition, original offset, reason)`, in the order the
+/// DLQ holds them (duplicates included). Checks each against the message it copies (`originals`,
+/// by partition and offset of `source_topic`): the same key and value bytes (or, for a value too
+/// large for the DLQ, a pointer with its length), the `original_*` headers and a detail.
+pub fn read_dlq(
+    topic: &str,
+    source_topic: &str,
+    originals: &BTreeMap<(i32, i64), Original>,
+    count: usize,
+    timeout: Duration,
+) -> Vec<(i32, i64, String)> {
     read_messages(topic, count, timeout)
         .into_iter()
-        .map(|Received { value, headers: h, .. }| {
-            assert!(!h["detail"].is_empty(), "every DLQ message says why");
-            let kept_elsewhere = h.contains_key("payload_location");
-            assert!(!value.is_empty() || kept_elsewhere, "and keeps the original bytes");
-            (h["original_partition"].parse().unwrap(), h["original_offset"].parse().unwrap(), h["reason"].clone())
+        .map(|Received { key, value, headers: h }| {
+            assert!(!h["detail"].is_empty(), "every DLQ message says why: {h:?}");
+            assert_eq!(h["original_topic"], source_topic, "{h:?}");
+            let at: (i32, i64) = (h["original_partition"].parse().unwrap(), h["original_offset"].parse().unwrap());
+            let timestamp: i64 = h["original_timestamp"].parse().unwrap_or_else(|_| panic!("a timestamp: {h:?}"));
+            assert!(timestamp > 1_500_000_000_000, "the original's timestamp in ms: {h:?}");
+            let original =
+                originals.get(&at).unwrap_or_else(|| panic!("a dead letter for a message never produced: {h:?}"));
+            assert_eq!(key, original.key, "the dead letter keeps the original key ({at:?})");
+            match h.get("payload_location") {
+                None => assert_eq!(
+                    (value.len(), digest(&value)),
+                    (original.len, original.digest),
+                    "the dead letter keeps the original bytes ({at:?})"
+                ),
+                Some(_) => {
+                    assert!(value.is_empty(), "a pointer record carries no value");
+                    assert_eq!(h["payload_bytes"], original.len.to_string(), "{h:?}");
+                }
+            }
+            (at.0, at.1, h["reason"].clone())
         })
         .collect()
 }
 
-/// Blob keys the service must write and DLQ entries it must publish.
-pub fn outcomes(sent: &[Sent]) -> (BTreeSet<String>, BTreeSet<(i32, i64, String)>) {
-    let mut blobs = BTreeSet::new();
+/// The originals of `sent`, by partition and offset, for `read_dlq`.
+pub fn originals(sent: &[Sent]) -> BTreeMap<(i32, i64), Original> {
+    sent.iter().map(|s| ((s.partition, s.offset), s.original.clone())).collect()
+}
+
+/// Blob key → digest of the blob's bytes.
+pub type Blobs = BTreeMap<String, u64>;
+
+/// `(original partition, original offset, reason)` of dead letters.
+pub type DeadLetters = BTreeSet<(i32, i64, String)>;
+
+/// The blobs the service must write, and the DLQ entries it must publish.
+pub fn outcomes(sent: &[Sent]) -> (Blobs, DeadLetters) {
+    let mut blobs = BTreeMap::new();
     let mut dead = BTreeSet::new();
     for s in sent {
         match &s.expected {
-            Expected::Blob(key) => {
-                blobs.insert(key.clone());
+            Expected::Blob { key, digest } => {
+                blobs.insert(key.clone(), *digest);
             }
             Expected::Dlq(reason) => {
                 dead.insert((s.partition, s.offset, reason.to_string()));
@@ -204,6 +291,19 @@ pub fn outcomes(sent: &[Sent]) -> (BTreeSet<String>, BTreeSet<(i32, i64, String)
         }
     }
     (blobs, dead)
+}
+
+/// The blobs under `dir` (temporary files of interrupted writes left out), with the digest of
+/// their bytes.
+pub fn blobs_under(dir: &Path) -> Blobs {
+    files_under(dir)
+        .into_iter()
+        .filter(|f| !f.contains(".tmp-"))
+        .map(|f| {
+            let bytes = std::fs::read(dir.join(&f)).unwrap();
+            (f, digest(&bytes))
+        })
+        .collect()
 }
 
 /// Every file under `dir`, as paths relative to it.
@@ -258,6 +358,13 @@ pub fn consume_args(topic: &str, group: &str, extra: &[&str]) -> replay_ingest::
     argv.extend(extra.iter().map(|s| s.to_string()));
     let args = <Cli as clap::Parser>::try_parse_from(std::iter::once("test".to_string()).chain(argv)).unwrap().args;
     args.validate().unwrap();
+    args
+}
+
+/// `args` with the value of `flag` replaced.
+pub fn with_flag(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
+    let at = args.iter().position(|a| a == flag).unwrap_or_else(|| panic!("{flag} is not among {args:?}"));
+    args[at + 1] = value.into();
     args
 }
 
