@@ -1,5 +1,6 @@
-//! ClickHouse faults with the real service: the server stops mid-run and comes back 15 s later
-//! (retried, nothing committed in between, every segment stored); the server is down when the
+//! ClickHouse faults with the real service: the server stops mid-run and comes back once the
+//! service has failed a flush five times (retried, nothing committed in between, every segment
+//! stored); the server is down when the
 //! service starts (waited for, live, shown in `/status`); and a column altered to another type
 //! while the service runs (a configuration error: the service stops, non-zero, naming the
 //! column, nothing committed past it). Its own test binary:
@@ -17,6 +18,23 @@ const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 /// The outage stops the shared server: these tests run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Stops ClickHouse; it is started again when the guard is dropped, so that a test failing
+/// mid-outage does not leave the server down for the tests after it.
+struct ClickHouseDown;
+
+impl ClickHouseDown {
+    fn begin() -> ClickHouseDown {
+        stack(&["stop", "clickhouse"]);
+        ClickHouseDown
+    }
+}
+
+impl Drop for ClickHouseDown {
+    fn drop(&mut self) {
+        stack(&["start", "clickhouse"]);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
     let _serial = SERIAL.lock().await;
@@ -30,16 +48,24 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
     let (first, _) = produce_fixtures(&names.topic, &fixtures, 10).await;
     wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
 
-    stack(&["stop", "clickhouse"]);
+    let outage = ClickHouseDown::begin();
     let (second, _) = produce_fixtures(&names.topic, &fixtures, 10).await;
-    // Down for 15 s: the flush retries, and the broker's commits stay where they were.
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // The second batch is consumed and its flush keeps failing: retried (without limit, the
+    // default), and the broker's commits stay where they were. Waiting on what the service says,
+    // not on a clock, so that the check is made during a real outage with messages in hand.
+    wait_for("the second batch consumed and its flush failing again and again", JOIN_AND_FLUSH, || {
+        service
+            .status()
+            .is_some_and(|s| s["consumed"] == 20 && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(5))
+    })
+    .await;
     assert_eq!(
         committed(&names.group, &names.topic, 2),
         expected_commits(&first),
         "nothing committed during the outage"
     );
-    stack(&["start", "clickhouse"]);
+    assert_eq!(service.status().unwrap()["flushed"], 10, "the failing flush is not counted as done");
+    drop(outage);
 
     let mut target = expected_commits(&first);
     target.extend(expected_commits(&second));
@@ -75,7 +101,15 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
         "the service stops with a non-zero exit on a configuration error"
     );
     let log = std::fs::read_to_string(&log).unwrap();
-    assert!(log.contains("column click_node_id is Date, expected UInt32"), "the cause is logged:\n{log}");
+    // The exit comes from the flush (after consuming; not a startup check), with the cause, on
+    // the first attempt: a configuration error is not retried.
+    let last = log.lines().rfind(|l| l.contains("ERROR replay_ingest: ")).unwrap_or_default();
+    assert!(
+        last.contains("flush failed, nothing of it committed")
+            && last.contains("column click_node_id is Date, expected UInt32"),
+        "the service's exit error names the failed flush and the cause:\n{log}"
+    );
+    assert!(!log.contains("sink write failed; retrying"), "a configuration error is not retried:\n{log}");
     assert_eq!(
         committed(&names.group, &names.topic, 2),
         expected_commits(&first),
@@ -87,7 +121,7 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
 async fn clickhouse_down_at_startup_is_waited_for_live_and_shown_then_consumption_starts() {
     let _serial = SERIAL.lock().await;
     let names = Names::create().await;
-    stack(&["stop", "clickhouse"]);
+    let outage = ClickHouseDown::begin();
     let dir = tempfile::tempdir().unwrap();
     let service = Service::start(&names.args(free_port(), dir.path()));
     wait_for("the wait shown in /status", Duration::from_secs(30), || {
@@ -95,7 +129,7 @@ async fn clickhouse_down_at_startup_is_waited_for_live_and_shown_then_consumptio
     })
     .await;
     assert_eq!(service.status().unwrap()["live"], true, "waiting for a sink is not a wedged process");
-    stack(&["start", "clickhouse"]);
+    drop(outage);
 
     let fixtures: Vec<Vec<u8>> = all_fixtures()
         .into_iter()
