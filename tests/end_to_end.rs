@@ -18,6 +18,9 @@ fn expected_events_of(segments: &[recording::Processed], kind: &str) -> usize {
     segments.iter().flat_map(|p| p.events(&IssueGates::default())).filter(|e| e.kind() == kind).count()
 }
 
+/// A Kafka message's key and value.
+type KeyedMessage = (Option<Vec<u8>>, Vec<u8>);
+
 /// Values of every message on `topic` (JSON events), reading until `count` arrived.
 fn read_json(topic: &str, count: usize) -> Vec<serde_json::Value> {
     read_messages(topic, count, Duration::from_secs(30))
@@ -44,7 +47,10 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
     let valid: Vec<_> = sent.iter().filter_map(|s| recording::process(&s.value, &Limits::default()).ok()).collect();
     assert!(valid.len() > 10);
 
-    // Blobs: every valid segment, byte for byte.
+    assert_eq!(committed(&names.group, &names.topic, 2), target, "the broker holds the commits");
+
+    // Blobs: every valid segment, byte for byte. (Their content type is checked on the upload
+    // request itself, in tests/gcs_sink.rs: the emulator does not keep it.)
     for p in &valid {
         assert_eq!(read_object(&names.bucket, &p.blob.key).await, p.blob.bytes.as_ref(), "{}", p.blob.key);
     }
@@ -57,30 +63,34 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
     assert_eq!(rows.iter().map(key).collect::<BTreeSet<_>>(), expected_rows);
     assert!(rows.iter().any(|r| r.click_is_rage == 1) && rows.iter().any(|r| !r.tap_view_id.is_empty()));
 
-    // Events: outcomes for every segment 0, one first-replay for the one project, and every
-    // occurrence byte for byte under its key.
+    // Events: every message on each topic, key and value, is one the recording core built, once:
+    // outcomes (no key) for every segment 0, every occurrence under its fingerprint key, and one
+    // first-replay event (keyed by project) for the one project, the first of its segment 0s.
     let expected_events: Vec<AnalyticsEvent> = valid.iter().flat_map(|p| p.events(&IssueGates::default())).collect();
     let count = |kind: &str| expected_events.iter().filter(|e| e.kind() == kind).count();
-    let outcomes = read_json(&names.outcomes, count("outcome"));
-    assert_eq!(outcomes.len(), count("outcome"));
-    assert!(outcomes.iter().all(|o| o["category"] == 7 && o["outcome"] == 0 && o["quantity"] == 1));
-    let first = read_json(&names.analytics, 1);
-    assert_eq!(first.len(), 1, "one first-replay event per project per process");
-    assert!(count("rage_click") >= 1 && count("hydration_error") >= 1);
-    let mut expected_occurrences: Vec<(Option<Vec<u8>>, Vec<u8>)> = expected_events
-        .into_iter()
-        .filter_map(|e| match e {
-            AnalyticsEvent::Occurrence(o) => Some((Some(o.key.into_bytes()), o.value)),
-            _ => None,
-        })
-        .collect();
-    let mut occurrences: Vec<_> = read_messages(&names.issues, expected_occurrences.len(), Duration::from_secs(30))
-        .into_iter()
-        .map(|m| (m.key, m.value))
-        .collect();
-    occurrences.sort();
-    expected_occurrences.sort();
-    assert!(occurrences == expected_occurrences, "the occurrences published are the ones built, once each");
+    assert!(count("outcome") >= 1 && count("rage_click") >= 1 && count("hydration_error") >= 1);
+    let as_message = |e: AnalyticsEvent| (e.key().map(String::into_bytes), e.into_json().unwrap());
+    let mut expected_by_topic: BTreeMap<&str, Vec<KeyedMessage>> = BTreeMap::new();
+    for event in expected_events {
+        expected_by_topic.entry(event.topic().as_str()).or_default().push(as_message(event));
+    }
+    for (topic, name) in [("outcomes", &names.outcomes), ("issues", &names.issues), ("analytics", &names.analytics)] {
+        let mut expected = expected_by_topic.remove(topic).unwrap_or_default();
+        let mut got: Vec<_> = read_messages(name, expected.len(), Duration::from_secs(30))
+            .into_iter()
+            .map(|m| (m.key, m.value))
+            .collect();
+        if topic == "analytics" {
+            assert_eq!(got.len(), 1, "one first-replay event per project per process");
+            assert!(expected.contains(&got[0]), "the first-replay event is one built for a segment 0");
+            continue;
+        }
+        got.sort();
+        expected.sort();
+        assert!(got == expected, "{topic}: the messages published are the ones built, once each, with their keys");
+    }
+    let outcome = &read_json(&names.outcomes, 1)[0];
+    assert_eq!((&outcome["category"], &outcome["outcome"], &outcome["quantity"]), (&7.into(), &0.into(), &1.into()));
 
     // Metrics: DogStatsD datagrams. Counters arrive as deltas per flush interval: sum them.
     let mut datagrams = String::new();
@@ -169,6 +179,7 @@ async fn rows_published_for_snuba_are_the_rows_written_directly() {
     let target = expected_commits(&report);
     wait_for("everything committed", JOIN_AND_FLUSH, || service.committed() == target).await;
     assert_eq!(service.terminate(), Some(0));
+    assert_eq!(committed(&names.group, &names.topic, 2), target, "the broker holds the commits");
 
     let limits = Limits { republish_replay_event: true, ..Limits::default() };
     let valid: Vec<_> = sent.iter().filter_map(|s| recording::process(&s.value, &limits).ok()).collect();

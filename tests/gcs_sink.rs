@@ -1,5 +1,8 @@
 //! The GCS sink against fake-gcs-server (`scripts/stack.sh up`): upload every fixture's blob,
-//! read each object back byte for byte, rewrite idempotently, and classify a missing bucket.
+//! read each object back byte for byte, rewrite idempotently, and classify a missing bucket. And
+//! the upload request itself, as the official client sends it, against an HTTP endpoint that
+//! answers with a chosen status: its content type (which the emulator does not keep, see
+//! docs/local-stack.md) and the retry class of each status GCS answers with.
 
 mod common;
 
@@ -56,4 +59,79 @@ async fn a_missing_bucket_is_a_fatal_error() {
     let sink = GcsSink::new(&config(&common::unique("missing"))).await.unwrap();
     let error = tokio::task::spawn_blocking(move || sink.write(&fixture_batch())).await.unwrap().unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
+}
+
+/// An HTTP endpoint on 127.0.0.1 that reads each request whole and answers it with `status`;
+/// the requests it read are kept.
+struct Scripted {
+    endpoint: String,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Scripted {
+    fn answering(status: u16) -> Scripted {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = requests.clone();
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                // The request ends with the multipart closing boundary (or, for anything else,
+                // a pause in the stream).
+                stream.set_read_timeout(Some(std::time::Duration::from_millis(500))).unwrap();
+                let mut request = Vec::new();
+                let mut chunk = [0u8; 65536];
+                while let Ok(n @ 1..) = stream.read(&mut chunk) {
+                    request.extend_from_slice(&chunk[..n]);
+                    if String::from_utf8_lossy(&request).trim_end().ends_with("--\r\n0") {
+                        break;
+                    }
+                }
+                kept.lock().unwrap().push(String::from_utf8_lossy(&request).into_owned());
+                let body = format!(r#"{{"error":{{"code":{status},"message":"scripted"}}}}"#);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status} Scripted\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Scripted { endpoint, requests }
+    }
+
+    async fn sink(&self) -> GcsSink {
+        GcsSink::new(&GcsConfig { endpoint: Some(self.endpoint.clone()), ..config("scripted") }).await.unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn blobs_are_uploaded_as_octet_streams() {
+    let scripted = Scripted::answering(200);
+    let _ = scripted.sink().await.check().await;
+    let requests = scripted.requests.lock().unwrap();
+    let upload = requests.iter().find(|r| r.contains("uploadType=multipart")).expect("an upload request");
+    let metadata = upload.split("name=\"metadata\"").nth(1).expect("a metadata part");
+    assert!(metadata.contains(r#""contentType":"application/octet-stream""#), "{upload}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_status_gcs_answers_with_is_retried_rejected_or_fatal() {
+    for (status, class) in [
+        (408, Retry::Retryable),
+        (429, Retry::Retryable),
+        (500, Retry::Retryable),
+        (502, Retry::Retryable),
+        (503, Retry::Retryable),
+        (400, Retry::Rejected),
+        (413, Retry::Rejected),
+        (401, Retry::Fatal),
+        (403, Retry::Fatal),
+        (404, Retry::Fatal),
+    ] {
+        let scripted = Scripted::answering(status);
+        let error = scripted.sink().await.check().await.expect_err("an error status fails the upload");
+        assert_eq!(error.retry, class, "HTTP {status}: {error}");
+        assert!(error.message.contains("gs://scripted/"), "the error names the object: {error}");
+    }
 }
