@@ -781,13 +781,17 @@ impl Extractor {
         let Some(tag) = custom.tag.as_str() else {
             return false;
         };
-        self.count(|o| &mut o.custom_by_tag, tag);
         let payload = custom.payload.as_ref().map(|p| p.get());
-        match tag {
+        let valid = match tag {
             "breadcrumb" => payload.and_then(parse::<Breadcrumb>).is_some_and(|b| self.breadcrumb(b, ts_ms)),
             "performanceSpan" => payload.and_then(parse::<Span>).is_some_and(|s| self.span(s, ts_ms)),
             _ => true,
+        };
+        // Only events that are kept are counted: a skipped one counts as invalid, not by tag.
+        if valid {
+            self.count(|o| &mut o.custom_by_tag, tag);
         }
+        valid
     }
 
     fn breadcrumb(&mut self, crumb: Breadcrumb<'_>, event_ms: u64) -> bool {
