@@ -238,6 +238,55 @@ pub(crate) mod tests {
         }
     }
 
+    /// The test message as a msgpack map, changed by `change`, encoded again.
+    fn edited(change: impl FnOnce(&mut Vec<(rmpv::Value, rmpv::Value)>)) -> Vec<u8> {
+        let encoded = TestMessage::new(b"{\"segment_id\":0}\n[]".to_vec()).encode();
+        let rmpv::Value::Map(mut map) = rmpv::decode::read_value(&mut &encoded[..]).unwrap() else {
+            unreachable!("the test message is a map")
+        };
+        change(&mut map);
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &rmpv::Value::Map(map)).unwrap();
+        out
+    }
+
+    #[test]
+    fn each_required_field_missing_is_named() {
+        for field in ["replay_id", "org_id", "project_id", "received", "payload"] {
+            let bytes = edited(|map| map.retain(|(k, _)| k.as_str() != Some(field)));
+            let err = decode(&bytes).unwrap_err();
+            assert_eq!((err.reason, err.detail), (Reason::MissingField, format!("{field} is missing")));
+        }
+        let without_type = edited(|map| map.retain(|(k, _)| k.as_str() != Some("type")));
+        let err = decode(&without_type).unwrap_err();
+        assert_eq!((err.reason, err.detail.as_str()), (Reason::WrongType, "type is missing"));
+        // Optional fields may be absent.
+        for field in ["key_id", "retention_days", "replay_event", "replay_video", "version"] {
+            assert!(decode(&edited(|map| map.retain(|(k, _)| k.as_str() != Some(field)))).is_ok(), "{field}");
+        }
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_msgpack_type_is_invalid_msgpack() {
+        for (field, value) in [
+            ("type", rmpv::Value::from(5)),
+            ("replay_id", rmpv::Value::from(5)),
+            ("org_id", rmpv::Value::from("1")),
+            ("project_id", rmpv::Value::from(-1)),
+            ("received", rmpv::Value::from(1.5)),
+            ("payload", rmpv::Value::from(7)),
+            ("retention_days", rmpv::Value::from(70_000)),
+            ("replay_event", rmpv::Value::Array(vec![])),
+        ] {
+            let bytes = edited(|map| {
+                let slot = map.iter_mut().find(|(k, _)| k.as_str() == Some(field)).unwrap();
+                slot.1 = value.clone();
+            });
+            let err = decode(&bytes).unwrap_err();
+            assert_eq!(err.reason, Reason::InvalidMsgpack, "{field} = {value}: {}", err.detail);
+        }
+    }
+
     #[test]
     fn missing_tenant_ids_are_named() {
         #[derive(Serialize)]
