@@ -100,6 +100,9 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
         datagrams.push('\n');
     }
     let mut counters: BTreeMap<String, f64> = BTreeMap::new();
+    // Every value sent, per metric: the samples of a distribution, the successive values of a
+    // gauge.
+    let mut values: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut seen: BTreeSet<String> = BTreeSet::new();
     for line in datagrams.lines().filter(|l| !l.is_empty()) {
         let (name, rest) = line.split_once(':').unwrap();
@@ -107,11 +110,32 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
         let (value, kind) = (parts.next().unwrap(), parts.next().unwrap());
         let tags = parts.find_map(|p| p.strip_prefix('#')).unwrap_or("");
         let key = if tags.is_empty() { name.to_owned() } else { format!("{name}|{tags}") };
+        let samples = value.split(':').map(|v| v.parse::<f64>().unwrap());
         if kind == "c" {
-            *counters.entry(key.clone()).or_default() += value.parse::<f64>().unwrap();
+            *counters.entry(key.clone()).or_default() += samples.sum::<f64>();
+        } else {
+            values.entry(key.clone()).or_default().extend(samples);
         }
         seen.insert(key);
     }
+    let all_values = |prefix: &str| -> Vec<f64> {
+        values.iter().filter(|(k, _)| k.starts_with(prefix)).flat_map(|(_, v)| v.iter().copied()).collect()
+    };
+    // Every message went through exactly one flush; every valid segment's compressed size was
+    // recorded once; the buffer was seen holding messages, and empty again at the end.
+    let batches = all_values("replay_ingest.flush.batch_messages|close_reason:");
+    assert_eq!(batches.iter().sum::<f64>(), sent.len() as f64, "flush.batch_messages: {batches:?}");
+    let mut compressed = all_values("replay_ingest.segment.compressed_bytes");
+    let mut expected_compressed: Vec<f64> = valid.iter().map(|p| p.compressed_bytes as f64).collect();
+    compressed.sort_by(f64::total_cmp);
+    expected_compressed.sort_by(f64::total_cmp);
+    assert_eq!(compressed, expected_compressed, "segment.compressed_bytes");
+    let buffered = all_values("replay_ingest.buffer.messages");
+    assert!(buffered.iter().any(|&m| m >= 1.0), "buffer.messages never showed a message: {buffered:?}");
+    assert_eq!(buffered.last(), Some(&0.0), "buffer.messages ends at 0 once everything is flushed");
+    let invalid_events: u64 = valid.iter().map(|p| p.extracted.invalid_events).sum();
+    assert!(invalid_events > 0, "the fixtures include malformed events");
+    assert_eq!(counters["replay_ingest.events.invalid"], invalid_events as f64);
     let invalid = sent.len() - valid.len();
     assert_eq!(counters["replay_ingest.messages.processed"], valid.len() as f64, "{datagrams}");
     let invalid_counted: f64 =
