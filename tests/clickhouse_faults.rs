@@ -44,19 +44,27 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
         .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok())
         .collect();
     let dir = tempfile::tempdir().unwrap();
-    let service = Service::start(&names.args(free_port(), dir.path()));
+    let statsd = Statsd::bind();
+    // One flush at a time, four messages per buffer: the outage stalls a flush, the next buffer
+    // fills, and intake pauses.
+    let mut args = names.args(statsd.port(), dir.path());
+    args.extend(["--buffer-max-messages", "4", "--max-flushes-in-flight", "1"].map(String::from));
+    let service = Service::start(&args);
     let (first, _) = produce_fixtures(&names.topic, &fixtures, 10).await;
     wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
 
     let outage = ClickHouseDown::begin();
     let (second, _) = produce_fixtures(&names.topic, &fixtures, 10).await;
-    // The second batch is consumed and its flush keeps failing: retried (without limit, the
-    // default), and the broker's commits stay where they were. Waiting on what the service says,
-    // not on a clock, so that the check is made during a real outage with messages in hand.
-    wait_for("the second batch consumed and its flush failing again and again", JOIN_AND_FLUSH, || {
-        service
-            .status()
-            .is_some_and(|s| s["consumed"] == 20 && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(5))
+    // The second batch is consumed until intake pauses, and its flush keeps failing: retried
+    // (without limit, the default), and the broker's commits stay where they were. Waiting on
+    // what the service says, not on a clock, so that the check is made during a real outage with
+    // messages in hand.
+    wait_for("intake paused behind a flush failing again and again", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| {
+            s["paused"] == true
+                && s["consumed"].as_u64() >= Some(18)
+                && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(5)
+        })
     })
     .await;
     assert_eq!(
@@ -76,6 +84,16 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
     assert_eq!(service.terminate(), Some(0));
     let segments = clickhouse_rows(&names.table).await.iter().filter(|r| r.is_segment()).count();
     assert_eq!(segments, 20, "every segment row stored once");
+
+    // What the outage looked like in the metrics.
+    let metrics = statsd.read();
+    let retries = metrics.counters.get("replay_ingest.flush.retries|sink:clickhouse").copied().unwrap_or(0.0);
+    assert!(retries >= 5.0, "flush.retries counts the failed attempts: {retries}\n{}", metrics.text);
+    let paused = metrics.counters.get("replay_ingest.consumer.paused_ms").copied().unwrap_or(0.0);
+    assert!(paused > 0.0, "consumer.paused_ms counts the pause: {}", metrics.text);
+    let outage_ms = metrics.values.get("replay_ingest.sink.outage_ms|sink:clickhouse").cloned().unwrap_or_default();
+    assert!(outage_ms.iter().any(|&ms| ms > 0.0), "sink.outage_ms shows the outage: {outage_ms:?}");
+    assert!(!metrics.counters.contains_key("replay_ingest.flush.errors|sink:clickhouse"), "no flush gave up");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -88,7 +106,8 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("service.log");
-    let service = Service::start_logging_to(&names.args(free_port(), dir.path()), &log);
+    let statsd = Statsd::bind();
+    let service = Service::start_logging_to(&names.args(statsd.port(), dir.path()), &log);
     let (first, _) = produce_fixtures(&names.topic, &fixtures, 5).await;
     wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
 
@@ -110,6 +129,13 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
         "the service's exit error names the failed flush and the cause:\n{log}"
     );
     assert!(!log.contains("sink write failed; retrying"), "a configuration error is not retried:\n{log}");
+    let metrics = statsd.read();
+    assert_eq!(
+        metrics.counters.get("replay_ingest.flush.errors|sink:clickhouse"),
+        Some(&1.0),
+        "flush.errors counts the flush that gave up (sent within one flush interval, 100 ms here, while the consumer closes):\n{}",
+        metrics.text
+    );
     assert_eq!(
         committed(&names.group, &names.topic, 2),
         expected_commits(&first),

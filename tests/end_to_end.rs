@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::UdpSocket;
 use std::time::Duration;
 
 use common::*;
@@ -32,13 +31,12 @@ fn read_json(topic: &str, count: usize) -> Vec<serde_json::Value> {
 #[tokio::test(flavor = "multi_thread")]
 async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
     let names = Names::create().await;
-    let statsd = UdpSocket::bind("127.0.0.1:0").unwrap();
-    statsd.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let statsd = Statsd::bind();
     let fixtures = all_fixtures();
     let (report, sent) = produce_fixtures(&names.topic, &fixtures, fixtures.len() as u64).await;
 
     let dir = tempfile::tempdir().unwrap();
-    let service = Service::start(&names.args(statsd.local_addr().unwrap().port(), dir.path()));
+    let service = Service::start(&names.args(statsd.port(), dir.path()));
     let target = expected_commits(&report);
     wait_for("everything committed", JOIN_AND_FLUSH, || service.committed() == target).await;
     assert_eq!(service.terminate(), Some(0));
@@ -92,32 +90,8 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
     let outcome = &read_json(&names.outcomes, 1)[0];
     assert_eq!((&outcome["category"], &outcome["outcome"], &outcome["quantity"]), (&7.into(), &0.into(), &1.into()));
 
-    // Metrics: DogStatsD datagrams. Counters arrive as deltas per flush interval: sum them.
-    let mut datagrams = String::new();
-    let mut buf = [0u8; 65536];
-    while let Ok(n) = statsd.recv(&mut buf) {
-        datagrams.push_str(&String::from_utf8_lossy(&buf[..n]));
-        datagrams.push('\n');
-    }
-    let mut counters: BTreeMap<String, f64> = BTreeMap::new();
-    // Every value sent, per metric: the samples of a distribution, the successive values of a
-    // gauge.
-    let mut values: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    let mut seen: BTreeSet<String> = BTreeSet::new();
-    for line in datagrams.lines().filter(|l| !l.is_empty()) {
-        let (name, rest) = line.split_once(':').unwrap();
-        let mut parts = rest.split('|');
-        let (value, kind) = (parts.next().unwrap(), parts.next().unwrap());
-        let tags = parts.find_map(|p| p.strip_prefix('#')).unwrap_or("");
-        let key = if tags.is_empty() { name.to_owned() } else { format!("{name}|{tags}") };
-        let samples = value.split(':').map(|v| v.parse::<f64>().unwrap());
-        if kind == "c" {
-            *counters.entry(key.clone()).or_default() += samples.sum::<f64>();
-        } else {
-            values.entry(key.clone()).or_default().extend(samples);
-        }
-        seen.insert(key);
-    }
+    // Metrics: DogStatsD datagrams.
+    let Metrics { text: datagrams, counters, values, seen } = statsd.read();
     let all_values = |prefix: &str| -> Vec<f64> {
         values.iter().filter(|(k, _)| k.starts_with(prefix)).flat_map(|(_, v)| v.iter().copied()).collect()
     };

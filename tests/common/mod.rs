@@ -646,6 +646,61 @@ pub async fn clickhouse_rows(table: &str) -> Vec<replay_ingest::recording::Repla
     client.query(&format!("SELECT ?fields FROM {table} FINAL")).fetch_all().await.unwrap()
 }
 
+/// A DogStatsD listener on 127.0.0.1 for the service's metrics.
+pub struct Statsd {
+    socket: std::net::UdpSocket,
+}
+
+/// What the service sent over DogStatsD, by `name` or `name|tags`.
+pub struct Metrics {
+    /// Every datagram, a line each.
+    pub text: String,
+    /// Counters, summed (they arrive as deltas per flush interval).
+    pub counters: BTreeMap<String, f64>,
+    /// Every value sent for the other kinds: a distribution's samples, a gauge's successive values.
+    pub values: BTreeMap<String, Vec<f64>>,
+    pub seen: BTreeSet<String>,
+}
+
+impl Statsd {
+    pub fn bind() -> Statsd {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        Statsd { socket }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.socket.local_addr().unwrap().port()
+    }
+
+    /// Everything received so far (reading until 200 ms pass without a datagram).
+    pub fn read(&self) -> Metrics {
+        let mut text = String::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = self.socket.recv(&mut buf) {
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            text.push('\n');
+        }
+        let (mut counters, mut values, mut seen) =
+            (BTreeMap::new(), BTreeMap::<String, Vec<f64>>::new(), BTreeSet::new());
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            let (name, rest) = line.split_once(':').unwrap();
+            let mut parts = rest.split('|');
+            let (value, kind) = (parts.next().unwrap(), parts.next().unwrap());
+            let tags = parts.find_map(|p| p.strip_prefix('#')).unwrap_or("");
+            let key = if tags.is_empty() { name.to_owned() } else { format!("{name}|{tags}") };
+            let samples = value.split(':').map(|v| v.parse::<f64>().unwrap());
+            if kind == "c" {
+                *counters.entry(key.clone()).or_default() += samples.sum::<f64>();
+            } else {
+                values.entry(key.clone()).or_default().extend(samples);
+            }
+            seen.insert(key);
+        }
+        Metrics { text, counters, values, seen }
+    }
+}
+
 /// Runs `scripts/stack.sh` against the stack the test script started.
 pub fn stack(args: &[&str]) {
     let status = std::process::Command::new("bash")
