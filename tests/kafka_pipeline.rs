@@ -218,7 +218,12 @@ async fn a_member_leaving_the_group_under_load_loses_nothing_and_hands_over_with
 
     let first_log = logs.path().join("first.log");
     let first = Service::start_logging_to(&args(), &first_log);
-    let second = Service::start(&args());
+    let statsd = Statsd::bind();
+    let mut second_args = with_flag(args(), "--statsd-address", &format!("127.0.0.1:{}", statsd.port()));
+    second_args.extend(
+        ["--statsd-flush-interval-ms", "100", "--kafka-property", "statistics.interval.ms=500"].map(String::from),
+    );
+    let second = Service::start(&second_args);
     // Production runs until a while after the leave, so that every revoke finds messages
     // buffered (a buffer is flushed after 2 s here).
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -266,4 +271,17 @@ async fn a_member_leaving_the_group_under_load_loses_nothing_and_hands_over_with
     let mut got = read_dlq(&dlq, &topic, &originals(&expected), dead.len(), Duration::from_secs(30));
     got.sort();
     assert_eq!(got, dead.into_iter().collect::<Vec<_>>(), "each invalid message dead-lettered once");
+
+    // The remaining member's metrics: the rebalances it went through, and a lag per partition
+    // it read (librdkafka's statistics, every 500 ms here).
+    let metrics = statsd.read();
+    assert_eq!(
+        metrics.counters.get("replay_ingest.consumer.rebalances"),
+        Some(&(status["rebalances"].as_u64().unwrap() as f64)),
+        "consumer.rebalances: one per revoke, as /status counts them\n{}",
+        metrics.text
+    );
+    let lagged: BTreeSet<&str> =
+        metrics.values.keys().filter_map(|k| k.strip_prefix("replay_ingest.consumer.lag|partition:")).collect();
+    assert!(!lagged.is_empty(), "consumer.lag reported per partition:\n{}", metrics.text);
 }
