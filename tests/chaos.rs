@@ -164,13 +164,6 @@ impl Member {
     }
 }
 
-/// Sends `signal` to a stack service (`kafka`, `gcs`) by its pid file; whether it was delivered.
-fn signal_stack(service: &str, signal: &str) -> bool {
-    let dir = std::env::var("REPLAY_INGEST_STACK_DIR").unwrap_or_else(|_| "/tmp/replay-ingest-stack".into());
-    let Ok(pid) = std::fs::read_to_string(format!("{dir}/{service}.pid")) else { return false };
-    std::process::Command::new("kill").args([signal, pid.trim()]).status().is_ok_and(|s| s.success())
-}
-
 /// A stack of the harness's own (fresh state directory and ports), so that stopping, hanging
 /// and killing things cannot disturb other tests; stopped when dropped. Every helper reads the
 /// stack from the environment, which this test binary (one test) may set for itself.

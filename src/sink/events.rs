@@ -123,6 +123,33 @@ impl Sink for EventsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recording::{self, Limits};
+    use crate::sink::{Batch, Outcome};
+
+    /// A write whose deliveries fail (no broker listens; each delivery times out after 200 ms,
+    /// never sent) leaves the project unannounced, so that the flush's retry sends the event.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_first_replay_event_that_was_not_delivered_is_not_marked_as_sent() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", closed.to_string())
+            .set("message.timeout.ms", "200")
+            .create()
+            .unwrap();
+        let topics = EventTopics { outcomes: "o".into(), analytics: "a".into(), issues: "i".into() };
+        let sink = EventsSink::new(producer, topics, IssueGates::default(), 16);
+        let segment_0 = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/segments"))
+            .unwrap()
+            .filter_map(|f| recording::process(&std::fs::read(f.unwrap().path()).unwrap(), &Limits::default()).ok())
+            .find(|p| p.ids.segment_id == 0)
+            .unwrap();
+        let project = segment_0.ids.project_id;
+        let batch =
+            Batch { entries: vec![Entry { partition: 0, offset: 0, outcome: Outcome::Valid(Box::new(segment_0)) }] };
+        let (result, sink) = tokio::task::spawn_blocking(move || (sink.write(&batch), sink)).await.unwrap();
+        assert_eq!(result.unwrap_err().retry, Retry::Retryable);
+        assert!(!sink.seen().contains(project), "announced although never delivered");
+    }
 
     #[test]
     fn the_seen_set_is_bounded_and_forgets_the_oldest_first() {

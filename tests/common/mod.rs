@@ -701,6 +701,13 @@ impl Statsd {
     }
 }
 
+/// Sends `signal` to a stack service (`kafka`, `gcs`) by its pid file; whether it was delivered.
+pub fn signal_stack(service: &str, signal: &str) -> bool {
+    let dir = std::env::var("REPLAY_INGEST_STACK_DIR").unwrap_or_else(|_| "/tmp/replay-ingest-stack".into());
+    let Ok(pid) = std::fs::read_to_string(format!("{dir}/{service}.pid")) else { return false };
+    std::process::Command::new("kill").args([signal, pid.trim()]).status().is_ok_and(|s| s.success())
+}
+
 /// Runs `scripts/stack.sh` against the stack the test script started.
 pub fn stack(args: &[&str]) {
     let status = std::process::Command::new("bash")

@@ -1,0 +1,201 @@
+//! Outages of the sinks other than ClickHouse (tests/clickhouse_faults.rs), with the real service
+//! and stack: the blob store hangs (fake-gcs-server under SIGSTOP: it accepts connections and
+//! never answers), and the broker hangs while a flush delivers events or dead letters. (Deleting
+//! a topic makes no outage here: the local broker creates it again on the next delivery.) Each is
+//! ridden out: the flush is retried, nothing is committed past it, and once the sink is back
+//! everything lands: blobs exactly, Kafka deliveries at least once (one that timed out in the hang
+//! may still be written when the broker resumes, beside its retry). That a first-replay event is
+//! marked as sent only once delivered is a unit test in src/sink/events.rs (here the timed-out
+//! delivery itself usually lands). Its own test binary: hanging the shared emulator or broker
+//! must not disturb other tests; these run one at a time.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use replay_ingest::recording::{self, Limits};
+
+const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Hangs the GCS emulator (SIGSTOP); resumed when dropped, so that a failing test does not leave
+/// it hung for the tests after it.
+struct GcsHung;
+
+impl GcsHung {
+    fn begin() -> GcsHung {
+        assert!(signal_stack("gcs", "-STOP"), "SIGSTOP to the GCS emulator");
+        GcsHung
+    }
+}
+
+impl Drop for GcsHung {
+    fn drop(&mut self) {
+        signal_stack("gcs", "-CONT");
+    }
+}
+
+fn small_fixtures(valid: bool) -> Vec<Vec<u8>> {
+    all_fixtures()
+        .into_iter()
+        .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok() == valid)
+        .collect()
+}
+
+/// Service flags for `names` with every real sink, one-second sink requests and DogStatsD on
+/// `statsd`.
+fn args(names: &Names, statsd: &Statsd, dir: &std::path::Path) -> Vec<String> {
+    with_flag(names.args(statsd.port(), dir), "--flush-max-backoff-ms", "200")
+        .into_iter()
+        .chain(["--sink-timeout-ms", "1000"].map(String::from))
+        .collect()
+}
+
+/// Waits until the service has consumed `consumed` messages and failed `sink`'s writes at least
+/// `attempts` times, then checks that the broker's commits have not moved from `commits`.
+async fn riding_out(
+    service: &Service,
+    names: &Names,
+    sink: &str,
+    consumed: u64,
+    commits: &std::collections::BTreeMap<i32, i64>,
+) {
+    wait_for(&format!("{consumed} consumed and the {sink} sink failing"), JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| {
+            s["consumed"].as_u64() >= Some(consumed) && s["outages"][sink]["failed_attempts"].as_u64() >= Some(3)
+        })
+    })
+    .await;
+    assert_eq!(committed(&names.group, &names.topic, 2), *commits, "nothing committed during the {sink} outage");
+    assert!(service.status().unwrap()["live"] == true, "waiting out an outage is not a wedged process");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_blob_store_is_ridden_out_and_every_blob_lands() {
+    let _serial = SERIAL.lock().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let service = Service::start(&args(&names, &statsd, dir.path()));
+    let fixtures = small_fixtures(true);
+    let (first, first_sent) = produce_fixtures(&names.topic, &fixtures, 10).await;
+    wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
+
+    let hung = GcsHung::begin();
+    let (second, second_sent) = produce_fixtures(&names.topic, &fixtures, 10).await;
+    riding_out(&service, &names, "gcs", 20, &expected_commits(&first)).await;
+    drop(hung);
+
+    let mut target = expected_commits(&first);
+    target.extend(expected_commits(&second));
+    wait_for("everything committed once GCS answers", JOIN_AND_FLUSH, || {
+        committed(&names.group, &names.topic, 2) == target
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+    let gcs = gcs_client().await;
+    for sent in first_sent.iter().chain(&second_sent) {
+        let Expected::Blob { key, digest: expected } = &sent.expected else { unreachable!("valid fixtures only") };
+        let stored = try_read_object(&gcs, &names.bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(digest(&stored), *expected, "{key} byte for byte");
+    }
+    let metrics = statsd.read();
+    let retries = metrics.counters.get("replay_ingest.flush.retries|sink:gcs").copied().unwrap_or(0.0);
+    assert!(retries >= 3.0, "flush.retries counts the timed-out attempts: {retries}");
+}
+
+/// Hangs the broker (SIGSTOP); resumed when dropped.
+struct BrokerHung;
+
+impl BrokerHung {
+    fn begin() -> BrokerHung {
+        assert!(signal_stack("kafka", "-STOP"), "SIGSTOP to the broker");
+        BrokerHung
+    }
+}
+
+impl Drop for BrokerHung {
+    fn drop(&mut self) {
+        signal_stack("kafka", "-CONT");
+    }
+}
+
+/// Produces `messages`, waits until the service has consumed them, then hangs the broker before
+/// their flush (buffers close after 3 s here) until `sink` has failed twice: the flush's Kafka
+/// deliveries time out and are retried. The session (10 s) outlives the hang, so the member keeps
+/// its partitions. Returns the produce report and what was sent.
+async fn broker_hung_around_the_flush(
+    service: &Service,
+    names: &Names,
+    messages: &[Vec<u8>],
+    sink: &str,
+) -> (replay_ingest::kafka::load::Produced, Vec<Sent>) {
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
+    let (report, sent) = produce_fixtures(&names.topic, messages, messages.len() as u64).await;
+    wait_for("the messages consumed", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["consumed"].as_u64() >= Some(messages.len() as u64))
+    })
+    .await;
+    let hung = BrokerHung::begin();
+    wait_for(&format!("the {sink} sink failing while the broker hangs"), Duration::from_secs(30), || {
+        service.status().is_some_and(|s| s["outages"][sink]["failed_attempts"].as_u64() >= Some(2))
+    })
+    .await;
+    drop(hung);
+    wait_for("everything committed once the broker answers", JOIN_AND_FLUSH, || {
+        committed(&names.group, &names.topic, 2) == expected_commits(&report)
+    })
+    .await;
+    (report, sent)
+}
+
+/// Flags for the broker-hang tests: a session that outlives the hang, buffers that close after
+/// 3 s (so the hang begins before the flush).
+fn hang_args(names: &Names, statsd: &Statsd, dir: &std::path::Path) -> Vec<String> {
+    let args = with_flag(args(names, statsd, dir), "--session-timeout-ms", "10000");
+    with_flag(with_flag(args, "--drain-deadline-ms", "8000"), "--buffer-max-age-ms", "3000")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_events_outage_is_ridden_out_and_every_event_lands() {
+    let _serial = SERIAL.lock().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let service = Service::start(&hang_args(&names, &statsd, dir.path()));
+    // Valid segments only, so that nothing goes to the dead-letter topic: the events write is the
+    // one that fails.
+    let (_, sent) = broker_hung_around_the_flush(&service, &names, &small_fixtures(true), "events").await;
+    assert_eq!(service.terminate(), Some(0));
+
+    // At least once: a delivery that timed out in the hang may still reach the topic when the
+    // broker resumes, beside its retry (README, "Guarantees").
+    let announced = read_messages(&names.analytics, 1, Duration::from_secs(30));
+    assert!(!announced.is_empty(), "the first-replay event is sent after the outage");
+    assert!(announced.iter().all(|m| m.key.as_deref() == Some(&b"42"[..])), "keyed by its project");
+    let segment_0s = sent
+        .iter()
+        .filter_map(|s| recording::process(&s.value, &Limits::default()).ok())
+        .filter(|p| p.ids.segment_id == 0)
+        .count();
+    assert!(segment_0s > 0);
+    let outcomes: std::collections::BTreeSet<Vec<u8>> =
+        read_messages(&names.outcomes, segment_0s, Duration::from_secs(30)).into_iter().map(|m| m.value).collect();
+    assert_eq!(outcomes.len(), segment_0s, "an outcome for every segment 0");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands_once() {
+    let _serial = SERIAL.lock().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let service = Service::start(&hang_args(&names, &statsd, dir.path()));
+    let (_, sent) = broker_hung_around_the_flush(&service, &names, &small_fixtures(false), "dlq").await;
+    assert_eq!(service.terminate(), Some(0));
+
+    // At least once: the deliveries that timed out in the hang reach the topic when the broker
+    // resumes, beside their retries (README, "Guarantees"); none is lost.
+    let (_, dead) = outcomes(&sent);
+    let got = read_dlq(&names.dlq, &names.topic, &originals(&sent), dead.len(), Duration::from_secs(30));
+    assert_eq!(got.into_iter().collect::<std::collections::BTreeSet<_>>(), dead, "every dead letter, after the outage");
+}
