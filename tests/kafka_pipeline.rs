@@ -197,13 +197,14 @@ fn consumed_at_exit(log: &std::path::Path) -> u64 {
     line.split_whitespace().find_map(|w| w.strip_prefix("consumed=")).unwrap().parse().unwrap()
 }
 
-/// Each revoke (every rebalance, and the leave itself) drains and commits synchronously before
+/// A second member joins while messages keep coming, then the first leaves, still under load.
+/// Each revoke (both rebalances, and the leave itself) drains and commits synchronously before
 /// the partitions are released, so no message is read twice: the members' consumed counts add up
 /// to exactly what was produced. (Blobs cannot show this: a redelivered segment overwrites its
 /// blob with the same bytes.) The drain deadline is generous here, so that only a broken drain,
 /// not a slow machine, can cause a redelivery.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_member_leaving_the_group_under_load_loses_nothing_and_hands_over_without_redelivery() {
+async fn members_joining_and_leaving_under_load_lose_nothing_and_hand_over_without_redelivery() {
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 4).await;
     create_topic(&dlq, 1).await;
@@ -218,14 +219,8 @@ async fn a_member_leaving_the_group_under_load_loses_nothing_and_hands_over_with
 
     let first_log = logs.path().join("first.log");
     let first = Service::start_logging_to(&args(), &first_log);
-    let statsd = Statsd::bind();
-    let mut second_args = with_flag(args(), "--statsd-address", &format!("127.0.0.1:{}", statsd.port()));
-    second_args.extend(
-        ["--statsd-flush-interval-ms", "100", "--kafka-property", "statistics.interval.ms=500"].map(String::from),
-    );
-    let second = Service::start(&second_args);
-    // Production runs until a while after the leave, so that every revoke finds messages
-    // buffered (a buffer is flushed after 2 s here).
+    // Production runs from before the join until a while after the leave, so that every revoke
+    // finds messages buffered (a buffer is flushed after 2 s here).
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producing = {
         let (topic, stop) = (topic.clone(), stop.clone());
@@ -240,9 +235,17 @@ async fn a_member_leaving_the_group_under_load_loses_nothing_and_hands_over_with
             (reports, expected)
         })
     };
-    let both_consuming =
-        |s: &Service| s.status().is_some_and(|s| s["assigned"] == true && s["flushed"].as_u64() > Some(0));
-    wait_for("both members consuming", JOIN_AND_FLUSH, || both_consuming(&first) && both_consuming(&second)).await;
+    let consuming = |s: &Service| s.status().is_some_and(|s| s["assigned"] == true && s["flushed"].as_u64() > Some(0));
+    wait_for("the first member consuming", JOIN_AND_FLUSH, || consuming(&first)).await;
+
+    // Under load: a second member joins.
+    let statsd = Statsd::bind();
+    let mut second_args = with_flag(args(), "--statsd-address", &format!("127.0.0.1:{}", statsd.port()));
+    second_args.extend(
+        ["--statsd-flush-interval-ms", "100", "--kafka-property", "statistics.interval.ms=500"].map(String::from),
+    );
+    let second = Service::start(&second_args);
+    wait_for("both members consuming", JOIN_AND_FLUSH, || consuming(&first) && consuming(&second)).await;
 
     // Under load: one member leaves while messages keep coming.
     assert_eq!(
