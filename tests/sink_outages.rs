@@ -105,6 +105,40 @@ async fn a_hung_blob_store_is_ridden_out_and_every_blob_lands() {
     assert!(retries >= 3.0, "flush.retries counts the timed-out attempts: {retries}");
 }
 
+/// The probes over HTTP through an outage and a shutdown that cannot drain: live and ready while
+/// a flush retries against a hung blob store (an outage is not a wedged process, and the member
+/// keeps its partitions); on SIGTERM, not ready while draining, still live; the drain misses its
+/// deadline, so the service exits 1 without committing what it could not write.
+#[tokio::test(flavor = "multi_thread")]
+async fn probes_through_an_outage_and_a_shutdown_that_misses_its_drain_deadline() {
+    let _serial = SERIAL.lock().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let args = with_flag(args(&names, &statsd, dir.path()), "--session-timeout-ms", "10000");
+    let service = Service::start(&with_flag(args, "--drain-deadline-ms", "3000"));
+    let probe = |path: &str| service.get(path).map(|(code, _)| code);
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
+    assert_eq!((probe("/health/live"), probe("/health/ready")), (Some(200), Some(200)));
+
+    let hung = GcsHung::begin();
+    produce_fixtures(&names.topic, &small_fixtures(true), 5).await;
+    riding_out(&service, &names, "gcs", 5, &Default::default()).await;
+    assert_eq!(
+        (probe("/health/live"), probe("/health/ready")),
+        (Some(200), Some(200)),
+        "an outage ridden out is neither a restart nor a reason to leave the load balancer"
+    );
+
+    let started = std::time::Instant::now();
+    service.signal_term();
+    wait_for("not ready while draining", Duration::from_secs(3), || probe("/health/ready") == Some(503)).await;
+    assert_eq!(probe("/health/live"), Some(200), "draining is not wedged");
+    assert_eq!(service.exit_within(Duration::from_secs(20)).await, Some(1), "a drain that misses its deadline exits 1");
+    assert!(started.elapsed() >= Duration::from_secs(3), "the drain waited out its deadline: {:?}", started.elapsed());
+    drop(hung);
+    assert!(committed(&names.group, &names.topic, 2).is_empty(), "nothing committed of what was not written");
+}
+
 /// Hangs the broker (SIGSTOP); resumed when dropped.
 struct BrokerHung;
 

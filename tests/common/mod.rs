@@ -441,13 +441,24 @@ impl Service {
 
     /// `/status` as JSON, or `None` while the endpoint is not up.
     pub fn status(&self) -> Option<serde_json::Value> {
+        serde_json::from_str(&self.get("/status")?.1).ok()
+    }
+
+    /// `GET path` on the health endpoint: the status code and body, or `None` while it is not up.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
         use std::io::{Read, Write};
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        stream.write_all(b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
         let mut response = String::new();
         stream.read_to_string(&mut response).ok()?;
-        serde_json::from_str(response.split("\r\n\r\n").nth(1)?).ok()
+        let code = response.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, response.split("\r\n\r\n").nth(1)?.to_owned()))
+    }
+
+    /// Sends SIGTERM without waiting for the exit.
+    pub fn signal_term(&self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
     }
 
     pub fn committed(&self) -> BTreeMap<i32, i64> {
@@ -459,7 +470,7 @@ impl Service {
 
     /// SIGTERM, then the exit code.
     pub fn terminate(mut self) -> Option<i32> {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        self.signal_term();
         self.child.wait().ok()?.code()
     }
 
