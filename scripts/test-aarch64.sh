@@ -3,7 +3,7 @@
 # own unit and property tests, built for aarch64 (musl, linked by rust-lld) and run under
 # qemu-user. Installs the Rust target and qemu-user when missing (apt-get: needs root); where
 # either cannot be installed it says so in one line and skips, so the test command still runs.
-# Usage: scripts/test-aarch64.sh
+# Usage: scripts/test-aarch64.sh [--prepare]    (--prepare: only install the target and qemu-user)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +19,7 @@ if ! command -v qemu-aarch64 >/dev/null; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user; } >/dev/null 2>&1 ||
     skip "qemu-user cannot be installed here"
 fi
+[ "${1:-}" = --prepare ] && exit 0
 manifest=tools/scan-aarch64/Cargo.toml
 config=(--config "target.$target.linker=\"rust-lld\"" --config "target.$target.runner=\"qemu-aarch64\"")
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/scan-aarch64"

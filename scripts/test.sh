@@ -7,37 +7,60 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+cache=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
+venv=$cache/chart-venv
+chdb_venv=$cache/chdb-venv
+export REPLAY_INGEST_CHDB_PYTHON=$chdb_venv/bin/python
+
+# Installing tools and starting the local stack is network and disk work; it runs in the
+# background while the foreground compiles (on a cold cache this saves minutes). The venvs and
+# apt installs run one after the other inside it (apt takes one lock).
+prepare() {
+  set -e
+  echo "== helm-python-sdk, kubernetes-validate (chart check)"
+  if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
+  fi
+  echo "== chDB (ClickHouse 26.9 in-process, PyPI) for the production schema test"
+  if ! "$chdb_venv/bin/python" -c 'import chdb' 2>/dev/null; then
+    python3 -m venv "$chdb_venv"
+    "$chdb_venv/bin/pip" install --quiet --disable-pip-version-check chdb==4.4.0
+  fi
+  echo "== local stack (scripts/stack.sh up)"
+  scripts/stack.sh up
+  echo "== aarch64 target and qemu-user for the scanner's NEON tests"
+  bash scripts/test-aarch64.sh --prepare
+}
+
+# shellcheck source=scripts/lib/isolated-stack.sh
+source scripts/lib/isolated-stack.sh test
+log=$(mktemp)
+prepared=$(mktemp)
+prepare >"$prepared" 2>&1 &
+preparing=$!
+trap 'kill "$preparing" 2>/dev/null; wait "$preparing" 2>/dev/null; scripts/stack.sh down; rm -f "$log" "$prepared"' EXIT
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --locked --all-targets -- -D warnings
 
-step "helm chart: lint, render, validate (helm-python-sdk, kubernetes-validate)"
+step "build"
 cargo build --locked --quiet --bin replay-ingest
-venv=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}/chart-venv
-if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' 2>/dev/null; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
-fi
-"$venv/bin/python" scripts/check-chart.py "${CARGO_TARGET_DIR:-target}/debug/replay-ingest"
+cargo test --locked --all-targets --no-run --quiet
 
-step "chDB (ClickHouse 26.9 in-process, PyPI) for the production schema test"
-chdb_venv=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}/chdb-venv
-if ! "$chdb_venv/bin/python" -c 'import chdb' 2>/dev/null; then
-  python3 -m venv "$chdb_venv"
-  "$chdb_venv/bin/pip" install --quiet --disable-pip-version-check chdb==4.4.0
-fi
-export REPLAY_INGEST_CHDB_PYTHON=$chdb_venv/bin/python
-
-step "local stack (scripts/stack.sh up)"
-# shellcheck source=scripts/lib/isolated-stack.sh
-source scripts/lib/isolated-stack.sh test
-log=$(mktemp)
-trap 'scripts/stack.sh down; rm -f "$log"' EXIT
-scripts/stack.sh up
+step "tools and local stack (prepared in the background)"
+prepare_status=0
+wait "$preparing" || prepare_status=$?
+cat "$prepared"
+[ "$prepare_status" -eq 0 ] || { echo "preparing the tools or the stack failed" >&2; exit 1; }
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
+
+step "helm chart: lint, render, validate (helm-python-sdk, kubernetes-validate)"
+"$venv/bin/python" scripts/check-chart.py "${CARGO_TARGET_DIR:-target}/debug/replay-ingest"
 
 step "cargo test"
 # Every test binary runs even when one fails, so a red run shows all its failures.
