@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n== %s\n' "$*"; }
+step() { printf '\n== %s  [%d s]\n' "$*" "$SECONDS"; }
 
 cache=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
 venv=$cache/chart-venv
@@ -39,7 +39,8 @@ log=$(mktemp)
 prepared=$(mktemp)
 prepare >"$prepared" 2>&1 &
 preparing=$!
-trap 'kill "$preparing" 2>/dev/null; wait "$preparing" 2>/dev/null; scripts/stack.sh down; rm -f "$log" "$prepared"' EXIT
+# (errexit applies inside the trap too: each command may fail without changing the exit status.)
+trap 'kill "$preparing" 2>/dev/null || true; wait "$preparing" 2>/dev/null || true; scripts/stack.sh down || true; rm -f "$log" "$prepared"' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
