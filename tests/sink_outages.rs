@@ -20,20 +20,20 @@ const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Hangs the GCS emulator (SIGSTOP); resumed when dropped, so that a failing test does not leave
-/// it hung for the tests after it.
-struct GcsHung;
+/// Hangs a stack service (`gcs`, `kafka`) with SIGSTOP; resumed when dropped, so that a failing
+/// test does not leave it hung for the tests after it.
+struct Hung(&'static str);
 
-impl GcsHung {
-    fn begin() -> GcsHung {
-        assert!(signal_stack("gcs", "-STOP"), "SIGSTOP to the GCS emulator");
-        GcsHung
+impl Hung {
+    fn begin(service: &'static str) -> Hung {
+        assert!(signal_stack(service, "-STOP"), "SIGSTOP to {service}");
+        Hung(service)
     }
 }
 
-impl Drop for GcsHung {
+impl Drop for Hung {
     fn drop(&mut self) {
-        signal_stack("gcs", "-CONT");
+        signal_stack(self.0, "-CONT");
     }
 }
 
@@ -82,7 +82,7 @@ async fn a_hung_blob_store_is_ridden_out_and_every_blob_lands() {
     let (first, first_sent) = produce_fixtures(&names.topic, &fixtures, 10).await;
     wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
 
-    let hung = GcsHung::begin();
+    let hung = Hung::begin("gcs");
     let (second, second_sent) = produce_fixtures(&names.topic, &fixtures, 10).await;
     riding_out(&service, &names, "gcs", 20, &expected_commits(&first)).await;
     drop(hung);
@@ -120,7 +120,7 @@ async fn probes_through_an_outage_and_a_shutdown_that_misses_its_drain_deadline(
     wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
     assert_eq!((probe("/health/live"), probe("/health/ready")), (Some(200), Some(200)));
 
-    let hung = GcsHung::begin();
+    let hung = Hung::begin("gcs");
     produce_fixtures(&names.topic, &small_fixtures(true), 5).await;
     riding_out(&service, &names, "gcs", 5, &Default::default()).await;
     assert_eq!(
@@ -139,22 +139,6 @@ async fn probes_through_an_outage_and_a_shutdown_that_misses_its_drain_deadline(
     assert!(committed(&names.group, &names.topic, 2).is_empty(), "nothing committed of what was not written");
 }
 
-/// Hangs the broker (SIGSTOP); resumed when dropped.
-struct BrokerHung;
-
-impl BrokerHung {
-    fn begin() -> BrokerHung {
-        assert!(signal_stack("kafka", "-STOP"), "SIGSTOP to the broker");
-        BrokerHung
-    }
-}
-
-impl Drop for BrokerHung {
-    fn drop(&mut self) {
-        signal_stack("kafka", "-CONT");
-    }
-}
-
 /// Produces `messages`, waits until the service has consumed them, then hangs the broker before
 /// their flush (buffers close after 3 s here) until `sink` has failed twice: the flush's Kafka
 /// deliveries time out and are retried. The session (10 s) outlives the hang, so the member keeps
@@ -171,7 +155,7 @@ async fn broker_hung_around_the_flush(
         service.status().is_some_and(|s| s["consumed"].as_u64() >= Some(messages.len() as u64))
     })
     .await;
-    let hung = BrokerHung::begin();
+    let hung = Hung::begin("kafka");
     wait_for(&format!("the {sink} sink failing while the broker hangs"), Duration::from_secs(30), || {
         service.status().is_some_and(|s| s["outages"][sink]["failed_attempts"].as_u64() >= Some(2))
     })
@@ -219,7 +203,7 @@ async fn an_events_outage_is_ridden_out_and_every_event_lands() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands_once() {
+async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands() {
     let _serial = SERIAL.lock().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
