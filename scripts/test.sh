@@ -64,7 +64,9 @@ step "helm chart: lint, render, validate (helm-python-sdk, kubernetes-validate)"
 "$venv/bin/python" scripts/check-chart.py "${CARGO_TARGET_DIR:-target}/debug/replay-ingest"
 
 step "cargo test"
-# Every test binary runs even when one fails, so a red run shows all its failures.
+# Every test binary runs even when one fails, so a red run shows all its failures. Integration
+# tests skip themselves without the stack's environment (a bare `cargo test`); here none may.
+export REPLAY_INGEST_REQUIRE_STACK=1
 status=0
 cargo test --locked --all-targets --no-fail-fast 2>&1 | tee "$log" || status=$?
 

@@ -41,6 +41,9 @@ fn assert_same_rows(got: &[ReplayRow], expected: &[ReplayRow]) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
+    if !common::needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
     let config = config(&common::unique("replays").replace('-', "_"));
     migrate(&config).await.unwrap();
     let batch = common::fixture_batch();
@@ -83,6 +86,9 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
+    if !common::needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
     let config = config(&common::unique("wrong").replace('-', "_"));
     migrate(&config).await.unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
@@ -99,6 +105,9 @@ async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types_and_passes_a_migrated_one() {
+    if !common::needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
     let config = config(&common::unique("check").replace('-', "_"));
     let missing = check_table(&config).await.unwrap_err();
     assert_eq!(missing.retry, Retry::Fatal);
