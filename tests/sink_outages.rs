@@ -174,11 +174,18 @@ async fn broker_hung_around_the_flush(
     (report, sent)
 }
 
-/// Flags for the broker-hang tests: a session that outlives the hang, buffers that close after
-/// 3 s (so the hang begins before the flush).
-fn hang_args(names: &Names, statsd: &Statsd, dir: &std::path::Path) -> Vec<String> {
-    let args = with_flag(args(names, statsd, dir), "--session-timeout-ms", "10000");
-    with_flag(with_flag(args, "--drain-deadline-ms", "8000"), "--buffer-max-age-ms", "3000")
+/// One broker-hang run: the service with every real sink, a session that outlives the hang and
+/// buffers that close after 3 s (so the hang begins before the flush); `messages` produced and
+/// flushed around the hang; the service stopped cleanly. Returns the names and what was sent.
+async fn broker_hang_run(messages: &[Vec<u8>], sink: &str) -> (Names, Vec<Sent>) {
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let args = with_flag(args(&names, &statsd, dir.path()), "--session-timeout-ms", "10000");
+    let args = with_flag(with_flag(args, "--drain-deadline-ms", "8000"), "--buffer-max-age-ms", "3000");
+    let service = Service::start(&args);
+    let (_, sent) = broker_hung_around_the_flush(&service, &names, messages, sink).await;
+    assert_eq!(service.terminate(), Some(0));
+    (names, sent)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -187,13 +194,9 @@ async fn an_events_outage_is_ridden_out_and_every_event_lands() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let names = Names::create().await;
-    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let service = Service::start(&hang_args(&names, &statsd, dir.path()));
     // Valid segments only, so that nothing goes to the dead-letter topic: the events write is the
     // one that fails.
-    let (_, sent) = broker_hung_around_the_flush(&service, &names, &small_fixtures(true), "events").await;
-    assert_eq!(service.terminate(), Some(0));
+    let (names, sent) = broker_hang_run(&small_fixtures(true), "events").await;
 
     // At least once: a delivery that timed out in the hang may still reach the topic when the
     // broker resumes, beside its retry (README, "Guarantees").
@@ -217,11 +220,7 @@ async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let names = Names::create().await;
-    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let service = Service::start(&hang_args(&names, &statsd, dir.path()));
-    let (_, sent) = broker_hung_around_the_flush(&service, &names, &small_fixtures(false), "dlq").await;
-    assert_eq!(service.terminate(), Some(0));
+    let (names, sent) = broker_hang_run(&small_fixtures(false), "dlq").await;
 
     // At least once: the deliveries that timed out in the hang reach the topic when the broker
     // resumes, beside their retries (README, "Guarantees"); none is lost.
