@@ -11,7 +11,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use replay_ingest::recording::{self, Limits};
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 
@@ -42,10 +41,7 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
     }
     let _serial = SERIAL.lock().await;
     let names = Names::create().await;
-    let fixtures: Vec<Vec<u8>> = all_fixtures()
-        .into_iter()
-        .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok())
-        .collect();
+    let fixtures = small_fixtures(true);
     let dir = tempfile::tempdir().unwrap();
     let statsd = Statsd::bind();
     // One flush at a time, four messages per buffer: the outage stalls a flush, the next buffer
@@ -106,10 +102,7 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
     }
     let _serial = SERIAL.lock().await;
     let names = Names::create().await;
-    let fixtures: Vec<Vec<u8>> = all_fixtures()
-        .into_iter()
-        .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok())
-        .collect();
+    let fixtures = small_fixtures(true);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("service.log");
     let statsd = Statsd::bind();
@@ -166,10 +159,7 @@ async fn clickhouse_down_at_startup_is_waited_for_live_and_shown_then_consumptio
     assert_eq!(service.status().unwrap()["live"], true, "waiting for a sink is not a wedged process");
     drop(outage);
 
-    let fixtures: Vec<Vec<u8>> = all_fixtures()
-        .into_iter()
-        .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok())
-        .collect();
+    let fixtures = small_fixtures(true);
     let (sent, _) = produce_fixtures(&names.topic, &fixtures, 5).await;
     wait_for("everything committed once ClickHouse is up", JOIN_AND_FLUSH, || {
         committed(&names.group, &names.topic, 2) == expected_commits(&sent)

@@ -51,13 +51,6 @@ impl Sink for FailingSink {
     }
 }
 
-fn small_valid_fixtures() -> Vec<Vec<u8>> {
-    all_fixtures()
-        .into_iter()
-        .filter(|f| f.len() < 100_000 && replay_ingest::recording::process(f, &Default::default()).is_ok())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_completes() {
     if !needs("REPLAY_INGEST_TEST_BROKERS") {
@@ -65,7 +58,7 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
     }
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 2).await;
-    let (report, _) = produce_fixtures(&topic, &small_valid_fixtures(), 300).await;
+    let (report, _) = produce_fixtures(&topic, &small_fixtures(true), 300).await;
 
     let (writes, messages, largest) = (Arc::default(), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let sink = SlowSink {
@@ -117,7 +110,7 @@ async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
     }
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
-    produce_fixtures(&topic, &small_valid_fixtures(), 5).await;
+    produce_fixtures(&topic, &small_fixtures(true), 5).await;
 
     let attempts = Arc::new(AtomicUsize::new(0));
     let sink = FailingSink { retry: Retry::Retryable, attempts: attempts.clone() };
@@ -138,7 +131,7 @@ async fn a_fatal_sink_error_is_not_retried() {
     }
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
-    produce_fixtures(&topic, &small_valid_fixtures(), 2).await;
+    produce_fixtures(&topic, &small_fixtures(true), 2).await;
 
     let attempts = Arc::new(AtomicUsize::new(0));
     let sink = FailingSink { retry: Retry::Fatal, attempts: attempts.clone() };

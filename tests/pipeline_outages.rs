@@ -66,13 +66,6 @@ impl Drop for Release {
 /// CPU is measured for the whole test process: that test runs alone, the others side by side.
 static CPU_MEASURED: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-fn small_valid_fixtures() -> Vec<Vec<u8>> {
-    all_fixtures()
-        .into_iter()
-        .filter(|f| f.len() < 100_000 && replay_ingest::recording::process(f, &Default::default()).is_ok())
-        .collect()
-}
-
 /// Runs the pipeline in this process until `stop` is sent; the task's result is the pipeline's.
 fn spawn(
     args: ConsumeArgs,
@@ -109,7 +102,7 @@ async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_serv
     let status = Arc::new(Status::default());
     let args = consume_args(&topic, &group, &["--flush-max-backoff-ms", "50"]);
     let (stop, task) = spawn(args, sink.clone(), status.clone());
-    let (report, _) = produce_fixtures(&topic, &small_valid_fixtures(), 20).await;
+    let (report, _) = produce_fixtures(&topic, &small_fixtures(true), 20).await;
 
     // Far more attempts than the old limit of 10, and the service is still running.
     wait_for("40 failed attempts", Duration::from_secs(60), || sink.attempts.load(Ordering::SeqCst) >= 40).await;
@@ -145,9 +138,9 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
     let status = Arc::new(Status::default());
     let args = consume_args(&topic, &group, &["--max-flushes-in-flight", "1"]);
     let (stop, task) = spawn(args, sink.clone(), status.clone());
-    produce_fixtures(&topic, &small_valid_fixtures(), 10).await;
+    produce_fixtures(&topic, &small_fixtures(true), 10).await;
     wait_for("a flush hung", Duration::from_secs(60), || sink.attempts.load(Ordering::SeqCst) == 1).await;
-    produce_fixtures(&topic, &small_valid_fixtures(), 10).await;
+    produce_fixtures(&topic, &small_fixtures(true), 10).await;
     // The next buffer fills and passes its 200 ms age while the flush hangs.
     wait_for("a waiting buffer", Duration::from_secs(30), || status.buffer_messages.load(Ordering::SeqCst) > 0).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -176,7 +169,7 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     let release = hung.hang();
     let status = Arc::new(Status::default());
     let (stop, task) = spawn(consume_args(&topic, &group, &[]), hung.clone(), status.clone());
-    let (report, sent) = produce_fixtures(&topic, &small_valid_fixtures(), 30).await;
+    let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
     wait_for("the first member's flush hung", Duration::from_secs(60), || hung.attempts.load(Ordering::SeqCst) >= 1)
         .await;
 
@@ -242,7 +235,7 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
     let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
     create_topic(&topic, 2).await;
     create_topic(&dlq, 1).await;
-    let (report, sent) = produce_fixtures(&topic, &small_valid_fixtures(), 30).await;
+    let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
     let bad: Vec<(i32, i64)> = [&sent[4], &sent[17]].iter().map(|s| (s.partition, s.offset)).collect();
 
     let accepted = Arc::new(AtomicUsize::new(0));

@@ -37,13 +37,6 @@ impl Drop for Hung {
     }
 }
 
-fn small_fixtures(valid: bool) -> Vec<Vec<u8>> {
-    all_fixtures()
-        .into_iter()
-        .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok() == valid)
-        .collect()
-}
-
 /// Service flags for `names` with every real sink, one-second sink requests and DogStatsD on
 /// `statsd`.
 fn args(names: &Names, statsd: &Statsd, dir: &std::path::Path) -> Vec<String> {

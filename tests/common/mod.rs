@@ -83,6 +83,14 @@ pub fn all_fixtures() -> Vec<Vec<u8>> {
     paths.iter().map(|p| std::fs::read(p).unwrap()).collect()
 }
 
+/// The fixtures under 100 kB that the recording core accepts (`valid`) or rejects.
+pub fn small_fixtures(valid: bool) -> Vec<Vec<u8>> {
+    all_fixtures()
+        .into_iter()
+        .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok() == valid)
+        .collect()
+}
+
 /// What the service must produce for one message: a blob (key and a digest of its bytes), or a
 /// DLQ reason.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -97,13 +105,6 @@ pub fn digest(bytes: &[u8]) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut hasher);
     hasher.finish()
-}
-
-/// A copy of fixture `i` (fresh replay id) and what it must become.
-pub fn expected_copy(fixtures: &[Vec<u8>], i: u64) -> (Vec<u8>, Expected) {
-    let value = load::fixture_copy(fixtures, i);
-    let expected = expected_for(&value);
-    (value, expected)
 }
 
 /// What `value` must become.
