@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use rdkafka::ClientConfig;
 
 use crate::pipeline::buffer::BufferLimits;
 use crate::pipeline::flush::RetryPolicy;
 use crate::recording::{DEFAULT_MAX_DECOMPRESSED_BYTES, IssueGates, Limits, ProjectFilter, RowLimits};
+use crate::secret::Secret;
 
 /// Per-message processing limits.
 #[derive(Args, Debug, Clone, Copy)]
@@ -43,15 +45,205 @@ pub struct KafkaArgs {
     /// Bootstrap brokers, comma-separated `host:port`.
     #[arg(long, env = "REPLAY_INGEST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     pub brokers: String,
+    /// How clients talk to the brokers: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL.
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_SECURITY_PROTOCOL", value_enum, ignore_case = true, default_value_t = SecurityProtocol::Plaintext)]
+    pub kafka_security_protocol: SecurityProtocol,
+    /// SASL mechanism (with a SASL_* protocol): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_SASL_MECHANISM", value_enum, ignore_case = true)]
+    pub kafka_sasl_mechanism: Option<SaslMechanism>,
+    /// SASL user name.
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_SASL_USERNAME")]
+    pub kafka_sasl_username: Option<String>,
+    /// SASL password: from a Secret-backed variable; never on a command line or in a ConfigMap.
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_SASL_PASSWORD", hide_env_values = true)]
+    pub kafka_sasl_password: Option<Secret>,
+    /// File holding the SASL password (a mounted Kubernetes Secret); wins over the variable.
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_SASL_PASSWORD_FILE")]
+    pub kafka_sasl_password_file: Option<PathBuf>,
+    /// CA certificates (PEM) that sign the brokers' certificates; the system's trust store
+    /// otherwise.
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_SSL_CA_LOCATION")]
+    pub kafka_ssl_ca_location: Option<PathBuf>,
+    /// Client certificate (PEM), for brokers that authenticate clients by TLS (mTLS).
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_SSL_CERTIFICATE_LOCATION", requires = "kafka_ssl_key_location")]
+    pub kafka_ssl_certificate_location: Option<PathBuf>,
+    /// Private key (PEM) of the client certificate.
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_SSL_KEY_LOCATION", requires = "kafka_ssl_certificate_location")]
+    pub kafka_ssl_key_location: Option<PathBuf>,
+    /// File holding the private key's passphrase, if it has one.
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_SSL_KEY_PASSWORD_FILE")]
+    pub kafka_ssl_key_password_file: Option<PathBuf>,
     /// Extra librdkafka properties `key=value`, applied last (override any default here). Repeat
-    /// the flag, or separate with commas in the environment variable.
-    #[arg(long = "kafka-property", env = "REPLAY_INGEST_KAFKA_PROPERTIES", value_parser = parse_property, value_delimiter = ',')]
-    pub properties: Vec<(String, String)>,
+    /// the flag, or put one per line in the environment variable; values may contain commas
+    /// (`debug=cgrp,fetch`). Secrets are refused here: they have their own `*_FILE` settings.
+    #[arg(
+        long = "kafka-property",
+        env = "REPLAY_INGEST_KAFKA_PROPERTIES",
+        value_delimiter = '\n',
+        hide_env_values = true
+    )]
+    pub properties: Vec<String>,
 }
 
-fn parse_property(s: &str) -> Result<(String, String), String> {
-    let (key, value) = s.split_once('=').ok_or_else(|| format!("{s:?} is not key=value"))?;
-    Ok((key.trim().to_owned(), value.trim().to_owned()))
+/// Why a client could not be configured.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Invalid(String),
+    /// A mounted secret could not be read (the message names the file).
+    #[error("{0}")]
+    SecretFile(#[from] std::io::Error),
+}
+
+/// `security.protocol`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecurityProtocol {
+    #[value(name = "PLAINTEXT")]
+    Plaintext,
+    #[value(name = "SSL")]
+    Ssl,
+    #[value(name = "SASL_PLAINTEXT")]
+    SaslPlaintext,
+    #[value(name = "SASL_SSL")]
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    fn name(self) -> &'static str {
+        match self {
+            SecurityProtocol::Plaintext => "PLAINTEXT",
+            SecurityProtocol::Ssl => "SSL",
+            SecurityProtocol::SaslPlaintext => "SASL_PLAINTEXT",
+            SecurityProtocol::SaslSsl => "SASL_SSL",
+        }
+    }
+
+    fn sasl(self) -> bool {
+        matches!(self, SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl)
+    }
+
+    fn tls(self) -> bool {
+        matches!(self, SecurityProtocol::Ssl | SecurityProtocol::SaslSsl)
+    }
+}
+
+/// `sasl.mechanism`: those librdkafka implements itself (GSSAPI needs Cyrus SASL, not built in).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaslMechanism {
+    #[value(name = "PLAIN")]
+    Plain,
+    #[value(name = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[value(name = "SCRAM-SHA-512")]
+    ScramSha512,
+}
+
+impl SaslMechanism {
+    fn name(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+}
+
+/// Property keys that hold secrets: refused in `--kafka-property`, whose variable lives in a
+/// ConfigMap and whose flag shows in `ps`.
+fn is_secret_property(key: &str) -> bool {
+    ["password", "secret", "ssl.key.pem"].iter().any(|word| key.contains(word))
+}
+
+impl KafkaArgs {
+    /// The pass-through properties as pairs. Messages name the offending key, never a value.
+    pub fn properties(&self) -> Result<Vec<(String, String)>, String> {
+        self.properties
+            .iter()
+            .filter(|line| !line.trim().is_empty())
+            .enumerate()
+            .map(|(i, line)| {
+                let (key, value) = line.split_once('=').ok_or_else(|| {
+                    format!("Kafka property {} is not key=value (its text is not shown: it may hold a secret)", i + 1)
+                })?;
+                let key = key.trim();
+                if is_secret_property(key) {
+                    return Err(format!(
+                        "Kafka property {key:?} holds a secret: use --kafka-sasl-password-file or --kafka-ssl-key-password-file (a mounted Secret) instead"
+                    ));
+                }
+                Ok((key.to_owned(), value.trim().to_owned()))
+            })
+            .collect()
+    }
+
+    /// Rejects security settings that cannot work together.
+    pub fn validate(&self) -> Result<(), String> {
+        let protocol = self.kafka_security_protocol;
+        let has_password = self.kafka_sasl_password.is_some() || self.kafka_sasl_password_file.is_some();
+        if protocol.sasl() {
+            if self.kafka_sasl_mechanism.is_none() || self.kafka_sasl_username.is_none() || !has_password {
+                return Err(format!(
+                    "--kafka-security-protocol {} needs --kafka-sasl-mechanism, --kafka-sasl-username and a password (--kafka-sasl-password-file or REPLAY_INGEST_KAFKA_SASL_PASSWORD)",
+                    protocol.name()
+                ));
+            }
+        } else if self.kafka_sasl_mechanism.is_some() || self.kafka_sasl_username.is_some() || has_password {
+            return Err(format!(
+                "SASL settings are given but --kafka-security-protocol is {}: use SASL_SSL (or SASL_PLAINTEXT)",
+                protocol.name()
+            ));
+        }
+        let has_tls_files = self.kafka_ssl_ca_location.is_some()
+            || self.kafka_ssl_certificate_location.is_some()
+            || self.kafka_ssl_key_password_file.is_some();
+        if has_tls_files && !protocol.tls() {
+            return Err(format!(
+                "TLS files are given but --kafka-security-protocol is {}: use SSL or SASL_SSL",
+                protocol.name()
+            ));
+        }
+        self.properties().map(drop)
+    }
+
+    /// A librdkafka configuration: brokers, security, `defaults`, then the pass-through
+    /// properties, applied last so an operator can override any default. Secret files are read
+    /// here, when a client is created.
+    pub fn client_config(&self, defaults: &[(&str, String)]) -> Result<ClientConfig, ConfigError> {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.brokers);
+        config.set("security.protocol", self.kafka_security_protocol.name());
+        if let Some(mechanism) = self.kafka_sasl_mechanism {
+            config.set("sasl.mechanism", mechanism.name());
+        }
+        if let Some(username) = &self.kafka_sasl_username {
+            config.set("sasl.username", username);
+        }
+        let password =
+            Secret::from_file_or(self.kafka_sasl_password_file.as_deref(), self.kafka_sasl_password.as_ref())?;
+        if let Some(password) = password {
+            config.set("sasl.password", password.expose());
+        }
+        let files = [
+            ("ssl.ca.location", &self.kafka_ssl_ca_location),
+            ("ssl.certificate.location", &self.kafka_ssl_certificate_location),
+            ("ssl.key.location", &self.kafka_ssl_key_location),
+        ];
+        for (key, file) in files {
+            if let Some(file) = file {
+                config.set(key, file.to_string_lossy());
+            }
+        }
+        if let Some(passphrase) = Secret::from_file_or(self.kafka_ssl_key_password_file.as_deref(), None)? {
+            config.set("ssl.key.password", passphrase.expose());
+        }
+        for (key, value) in defaults {
+            config.set(*key, value);
+        }
+        for (key, value) in self.properties().map_err(ConfigError::Invalid)? {
+            config.set(key, value);
+        }
+        Ok(config)
+    }
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +296,8 @@ pub struct GcsArgs {
 /// ClickHouse.
 #[derive(Args, Debug, Clone)]
 pub struct ClickHouseArgs {
-    /// HTTP interface URL.
+    /// HTTP interface URL, `http://` or `https://` (TLS; the server's certificate is checked
+    /// against the system's trust store, or the PEM bundle `SSL_CERT_FILE` names).
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_URL", default_value = "http://127.0.0.1:8123")]
     pub clickhouse_url: String,
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_DATABASE", default_value = "default")]
@@ -113,9 +306,9 @@ pub struct ClickHouseArgs {
     pub clickhouse_table: String,
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_USER", default_value = "default")]
     pub clickhouse_user: String,
-    /// Password (environment only in production: it never belongs on a command line).
+    /// Password, from a Secret-backed variable: it never belongs on a command line.
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD", hide_env_values = true)]
-    pub clickhouse_password: Option<String>,
+    pub clickhouse_password: Option<Secret>,
     /// File holding the password (a mounted Kubernetes Secret); wins over the variable.
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE")]
     pub clickhouse_password_file: Option<PathBuf>,
@@ -127,10 +320,9 @@ pub struct ClickHouseArgs {
 impl ClickHouseArgs {
     /// The sink's configuration; `timeout` bounds one write attempt.
     pub fn config(&self, timeout: Duration) -> std::io::Result<crate::sink::clickhouse::ClickHouseConfig> {
-        let password = match &self.clickhouse_password_file {
-            Some(file) => std::fs::read_to_string(file)?.trim_end().to_owned(),
-            None => self.clickhouse_password.clone().unwrap_or_default(),
-        };
+        let password =
+            Secret::from_file_or(self.clickhouse_password_file.as_deref(), self.clickhouse_password.as_ref())?
+                .unwrap_or_default();
         Ok(crate::sink::clickhouse::ClickHouseConfig {
             url: self.clickhouse_url.clone(),
             database: self.clickhouse_database.clone(),
@@ -315,6 +507,7 @@ pub struct ConsumeArgs {
 impl ConsumeArgs {
     /// Rejects settings that cannot work together.
     pub fn validate(&self) -> Result<(), String> {
+        self.kafka.validate()?;
         if self.drain_deadline_ms >= self.session_timeout_ms {
             return Err(format!(
                 "--drain-deadline-ms ({}) must be below --session-timeout-ms ({}): a drain that outlives the session loses the partitions mid-commit",
@@ -445,9 +638,78 @@ mod tests {
     }
 
     #[test]
-    fn kafka_properties_pass_through_as_key_value_pairs() {
-        let args = parse(&["--kafka-property", "client.id=a", "--kafka-property", "debug = cgrp"]);
-        assert_eq!(args.kafka.properties, [("client.id".into(), "a".into()), ("debug".into(), "cgrp".into())]);
-        assert!(Cli::try_parse_from(["x", "--kafka-property", "novalue"]).is_err());
+    fn kafka_properties_pass_through_as_key_value_pairs_commas_included() {
+        let args = parse(&["--kafka-property", "client.id=a", "--kafka-property", "debug = cgrp,fetch"]);
+        let expected = [("client.id".into(), "a".into()), ("debug".into(), "cgrp,fetch".into())];
+        assert_eq!(args.kafka.properties().unwrap(), expected);
+        // The environment variable holds one property per line.
+        let args = parse(&["--kafka-property", "client.id=a\ndebug=cgrp,fetch\n"]);
+        assert_eq!(args.kafka.properties().unwrap(), expected);
+    }
+
+    #[test]
+    fn kafka_property_errors_never_echo_a_value_and_secrets_are_refused() {
+        let err = parse(&["--kafka-property", "hunter2"]).kafka.properties().unwrap_err();
+        assert!(err.contains("property 1 is not key=value") && !err.contains("hunter2"), "{err}");
+        for key in ["sasl.password", "ssl.key.password", "sasl.oauthbearer.client.secret"] {
+            let args = parse(&["--blob-sink", "null", "--kafka-property", &format!("{key}=hunter2")]);
+            let err = args.validate().unwrap_err();
+            assert!(err.contains(key) && err.contains("-file"), "{err}");
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn sasl_and_tls_settings_must_match_the_security_protocol() {
+        let sasl = ["--blob-sink", "null", "--kafka-security-protocol", "SASL_SSL"];
+        assert!(parse(&sasl).validate().unwrap_err().contains("--kafka-sasl-mechanism"));
+        let complete = [&sasl[..], &["--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-username", "u"]].concat();
+        assert!(parse(&complete).validate().is_err(), "no password");
+        let with_password = [&complete[..], &["--kafka-sasl-password", "p"]].concat();
+        assert_eq!(parse(&with_password).validate(), Ok(()));
+        let stray = ["--blob-sink", "null", "--kafka-sasl-username", "u"];
+        assert!(parse(&stray).validate().unwrap_err().contains("SASL settings"));
+        let stray_tls = ["--blob-sink", "null", "--kafka-ssl-ca-location", "/ca.pem"];
+        assert!(parse(&stray_tls).validate().unwrap_err().contains("TLS files"));
+    }
+
+    #[test]
+    fn a_sasl_ssl_configuration_creates_a_client_and_never_prints_the_password() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("password");
+        std::fs::write(&file, "from-the-secret\n").unwrap();
+        let args = parse(&[
+            "--blob-sink",
+            "null",
+            "--kafka-security-protocol",
+            "SASL_SSL",
+            "--kafka-sasl-mechanism",
+            "SCRAM-SHA-512",
+            "--kafka-sasl-username",
+            "replay",
+            "--kafka-sasl-password",
+            "from-the-variable",
+            "--kafka-sasl-password-file",
+            file.to_str().unwrap(),
+        ]);
+        args.validate().unwrap();
+        let config = args.kafka.client_config(&args.consumer_properties()).unwrap();
+        assert_eq!(config.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(config.get("sasl.password"), Some("from-the-secret"), "the file wins");
+        // librdkafka built without TLS or SASL refuses these properties at creation.
+        let consumer: rdkafka::consumer::BaseConsumer = config.create().expect("a SASL_SSL client");
+        drop(consumer);
+        let shown = format!("{args:?}");
+        assert!(!shown.contains("from-the-variable") && !shown.contains("from-the-secret"), "{shown}");
+    }
+
+    #[test]
+    fn the_clickhouse_password_never_shows_in_debug_output() {
+        let args = parse(&["--gcs-bucket", "b", "--clickhouse-password", "hunter2"]);
+        let config = args.clickhouse.config(Duration::from_secs(1)).unwrap();
+        assert_eq!(config.password.expose(), "hunter2");
+        for shown in [format!("{args:?}"), format!("{config:?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
     }
 }

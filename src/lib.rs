@@ -16,5 +16,6 @@ pub mod kafka;
 pub mod metrics;
 pub mod pipeline;
 pub mod recording;
+pub mod secret;
 pub mod sink;
 pub mod startup;

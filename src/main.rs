@@ -18,7 +18,7 @@ use replay_ingest::config::{
 use replay_ingest::health::{self, Status};
 use replay_ingest::inspect;
 use replay_ingest::kafka::refetch::Refetcher;
-use replay_ingest::kafka::{self, client_config, load};
+use replay_ingest::kafka::{self, load};
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::recording::Limits;
 use replay_ingest::sink::clickhouse::{self, ClickHouseSink};
@@ -34,6 +34,26 @@ use replay_ingest::startup;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as `text` (for people) or `json` (one object per line, for log pipelines:
+    /// `timestamp`, `level`, `target`, `message` and the event's fields at the top level).
+    #[arg(long, global = true, env = "REPLAY_INGEST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -73,10 +93,7 @@ fn main() -> ExitCode {
     if let Command::Inspect { files, limits } = &cli.command {
         return run_inspect(files, &limits.limits(false));
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    init_logs(cli.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -116,7 +133,8 @@ fn producer(
     max_message_bytes: usize,
     timeout: std::time::Duration,
 ) -> anyhow::Result<FutureProducer> {
-    client_config(&kafka.brokers, &producer_properties(max_message_bytes, timeout), &kafka.properties)
+    kafka
+        .client_config(&producer_properties(max_message_bytes, timeout))?
         .create()
         .context("creating the Kafka producer")
 }
@@ -217,12 +235,8 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
     // Messages a sink rejects are read again from the consumed topic and dead-lettered.
     let rejections = RejectedToDlq {
         dlq: dlq.clone(),
-        source: Refetcher::new(
-            client_config(&args.kafka.brokers, &[], &args.kafka.properties),
-            &args.topic,
-            &format!("{}-refetch", args.group_id),
-        )
-        .context("creating the Kafka consumer that re-reads rejected messages")?,
+        source: Refetcher::new(args.kafka.client_config(&[])?, &args.topic, &format!("{}-refetch", args.group_id))
+            .context("creating the Kafka consumer that re-reads rejected messages")?,
         source_topic: args.topic.clone(),
         timeout: args.sink_timeout(),
     };
@@ -268,6 +282,7 @@ async fn shutdown_signal() {
 }
 
 async fn run_produce(kafka: &KafkaArgs, topic: &str, count: u64, files: &[PathBuf]) -> anyhow::Result<()> {
+    kafka.validate().map_err(anyhow::Error::msg)?;
     let values = files
         .iter()
         .map(|f| std::fs::read(f).with_context(|| format!("reading {}", f.display())))

@@ -1,4 +1,4 @@
-//! Kafka plumbing: client configuration, the consumer's polling thread and rebalance callbacks,
+//! Kafka plumbing: the consumer's polling thread and rebalance callbacks,
 //! producer error classification, and the `produce` load command.
 
 pub mod consumer;
@@ -7,25 +7,10 @@ pub mod refetch;
 
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, Producer};
 
 use crate::sink::{Retry, SinkError};
-
-/// A librdkafka configuration with the brokers and pass-through properties applied last, so an
-/// operator can override any default.
-pub fn client_config(brokers: &str, defaults: &[(&str, String)], overrides: &[(String, String)]) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", brokers);
-    for (key, value) in defaults {
-        config.set(*key, value);
-    }
-    for (key, value) in overrides {
-        config.set(key, value);
-    }
-    config
-}
 
 /// Retry classification for producer errors: the message itself is unacceptable → rejected;
 /// not allowed to write → fatal; anything about the broker, network or queues → retryable.

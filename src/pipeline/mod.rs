@@ -40,9 +40,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
-use crate::config::{ConsumeArgs, RowsSinkKind};
+use crate::config::{ConfigError, ConsumeArgs, RowsSinkKind};
 use crate::health::Status;
-use crate::kafka::client_config;
 use crate::kafka::consumer::{
     Control, IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, spawn_poller,
 };
@@ -86,6 +85,8 @@ pub enum PipelineError {
     Flush(SinkError),
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
+    #[error("kafka client configuration: {0}")]
+    KafkaConfig(#[from] ConfigError),
     #[error("drain did not finish within {0:?}")]
     DrainDeadline(Duration),
     #[error("a processing or flush task died: {0}")]
@@ -118,10 +119,8 @@ pub async fn consume(
     let (control_tx, control_rx) = mpsc::unbounded_channel();
     status.set_flush_stall(args.flush_stall());
     let context = IngestContext::new(control_tx, args.drain_deadline());
-    let consumer: Arc<IngestConsumer> = Arc::new(
-        client_config(&args.kafka.brokers, &args.consumer_properties(), &args.kafka.properties)
-            .create_with_context(context)?,
-    );
+    let consumer: Arc<IngestConsumer> =
+        Arc::new(args.kafka.client_config(&args.consumer_properties())?.create_with_context(context)?);
     consumer.subscribe(&[&args.topic])?;
     let stop = Arc::new(AtomicBool::new(false));
     let poller = spawn_poller(consumer.clone(), polled_tx, polled_bytes.clone(), stop.clone());

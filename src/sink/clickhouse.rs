@@ -17,6 +17,7 @@ use tokio::runtime::Handle;
 
 use super::{Entry, Outcome, Retry, Sink, SinkError, Written};
 use crate::recording::{KafkaPosition, ReplayRow};
+use crate::secret::Secret;
 
 /// ClickHouse error codes about the data sent: the rows are refused (unless the table no longer
 /// matches the rows, which `ClickHouseSink::write` checks before trusting these). 6 CANNOT_PARSE_TEXT, 26
@@ -300,14 +301,15 @@ pub fn create_table_sql(database: &str, table: &str, features: ServerFeatures) -
     )
 }
 
-/// Connection settings.
+/// Connection settings. `url` may be `https://`: TLS (rustls) checks the server against the
+/// system's trust store, or the CA bundle `SSL_CERT_FILE` names.
 #[derive(Debug, Clone)]
 pub struct ClickHouseConfig {
     pub url: String,
     pub database: String,
     pub table: String,
     pub user: String,
-    pub password: String,
+    pub password: Secret,
     /// Rows per INSERT; a batch with more rows is split.
     pub chunk_rows: usize,
     /// One write attempt (the batch's INSERTs) past this is abandoned and retried: a half-open
@@ -319,7 +321,7 @@ pub fn client(config: &ClickHouseConfig) -> clickhouse::Client {
     clickhouse::Client::default()
         .with_url(&config.url)
         .with_user(&config.user)
-        .with_password(&config.password)
+        .with_password(config.password.expose())
         .with_database(&config.database)
         .with_validation(false)
         .with_setting("wait_end_of_query", "1")

@@ -20,6 +20,7 @@ use replay_ingest::recording::{self, KafkaPosition, Limits, ReplayRow};
 use replay_ingest::sink::{Batch, Entry, Outcome};
 
 pub mod snuba;
+pub mod tls;
 
 /// Whether the environment variable `var` that an integration test needs (the local stack's
 /// `REPLAY_INGEST_TEST_BROKERS`, chDB's interpreter) is set. Without it — a bare `cargo test` —
@@ -47,9 +48,18 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", &load::random_replay_id()[..12])
 }
 
+/// A client configuration for the local stack's broker.
+pub fn kafka() -> ClientConfig {
+    ClientConfig::new().set("bootstrap.servers", brokers()).clone()
+}
+
 pub async fn create_topic(name: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", brokers()).create().expect("admin client");
+    create_topic_on(&kafka(), name, partitions).await
+}
+
+/// `create_topic` on the cluster `base` points at.
+pub async fn create_topic_on(base: &ClientConfig, name: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = base.create().expect("admin client");
     let results = admin
         .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
         .await
@@ -60,12 +70,11 @@ pub async fn create_topic(name: &str, partitions: i32) {
 }
 
 pub fn producer() -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("acks", "all")
-        .set("message.max.bytes", "16000000")
-        .create()
-        .expect("producer")
+    producer_on(&kafka())
+}
+
+pub fn producer_on(base: &ClientConfig) -> FutureProducer {
+    base.clone().set("acks", "all").set("message.max.bytes", "16000000").create().expect("producer")
 }
 
 pub fn fixture_dir() -> PathBuf {
@@ -155,7 +164,16 @@ pub async fn produce_fixtures(topic: &str, fixtures: &[Vec<u8>], count: u64) -> 
 
 /// Produces `(value, key)` pairs in order; returns the delivery report and every message's fate.
 pub async fn produce_values(topic: &str, messages: Vec<(Vec<u8>, Vec<u8>)>) -> (Produced, Vec<Sent>) {
-    let report = load::produce(&producer(), topic, messages.len() as u64, |i| {
+    produce_values_with(&producer(), topic, messages).await
+}
+
+/// `produce_values` through `producer`.
+pub async fn produce_values_with(
+    producer: &FutureProducer,
+    topic: &str,
+    messages: Vec<(Vec<u8>, Vec<u8>)>,
+) -> (Produced, Vec<Sent>) {
+    let report = load::produce(producer, topic, messages.len() as u64, |i| {
         let (value, key) = &messages[i as usize];
         (value.clone(), Some(key.clone()))
     })
@@ -179,8 +197,12 @@ pub async fn produce_values(topic: &str, messages: Vec<(Vec<u8>, Vec<u8>)>) -> (
 
 /// Offsets the group has committed, per partition.
 pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
-    let consumer: BaseConsumer =
-        ClientConfig::new().set("bootstrap.servers", brokers()).set("group.id", group).create().expect("consumer");
+    committed_on(&kafka(), group, topic, partitions)
+}
+
+/// `committed` on the cluster `base` points at.
+pub fn committed_on(base: &ClientConfig, group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    let consumer: BaseConsumer = base.clone().set("group.id", group).create().expect("consumer");
     let mut list = TopicPartitionList::new();
     for p in 0..partitions {
         list.add_partition(topic, p);
@@ -211,8 +233,13 @@ pub struct Received {
 /// Messages on `topic`, read from the start until at least `count` arrived and then nothing more
 /// for a second (so duplicates are seen too).
 pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<Received> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+    read_messages_on(&kafka(), topic, count, timeout)
+}
+
+/// `read_messages` from the cluster `base` points at.
+pub fn read_messages_on(base: &ClientConfig, topic: &str, count: usize, timeout: Duration) -> Vec<Received> {
+    let consumer: BaseConsumer = base
+        .clone()
         .set("group.id", unique("reader"))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
@@ -255,7 +282,16 @@ pub fn read_dlq(
     count: usize,
     timeout: Duration,
 ) -> Vec<(i32, i64, String)> {
-    read_messages(topic, count, timeout)
+    check_dead_letters(read_messages(topic, count, timeout), source_topic, originals)
+}
+
+/// Checks each dead letter against the message it copies (see `read_dlq`).
+pub fn check_dead_letters(
+    received: Vec<Received>,
+    source_topic: &str,
+    originals: &BTreeMap<(i32, i64), Original>,
+) -> Vec<(i32, i64, String)> {
+    received
         .into_iter()
         .map(|Received { key, value, headers: h }| {
             assert!(!h["detail"].is_empty(), "every DLQ message says why: {h:?}");
@@ -662,7 +698,7 @@ pub fn clickhouse_config(table: &str) -> replay_ingest::sink::clickhouse::ClickH
         database: "replay_ingest_e2e".into(),
         table: table.into(),
         user: "default".into(),
-        password: String::new(),
+        password: Default::default(),
         chunk_rows: 1000,
         timeout: std::time::Duration::from_secs(30),
     }

@@ -1,0 +1,72 @@
+//! A throw-away certificate authority and a TLS-terminating TCP proxy. The local broker and
+//! ClickHouse speak plain TCP; the proxy puts real TLS in front of them, so the service's Kafka
+//! and ClickHouse clients are tested through real handshakes against a CA they must be told about.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+
+pub struct TestCa {
+    dir: tempfile::TempDir,
+    acceptor: TlsAcceptor,
+}
+
+impl TestCa {
+    /// A CA, and a server certificate it signs for 127.0.0.1 and localhost.
+    pub fn new() -> TestCa {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "replay-ingest test CA");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let server_key = KeyPair::generate().unwrap();
+        let server = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        let server_cert = server.signed_by(&server_key, &issuer).unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca_cert.pem()).unwrap();
+        let chain = vec![CertificateDer::from(server_cert.der().to_vec())];
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der()));
+        let config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .unwrap();
+        TestCa { dir, acceptor: TlsAcceptor::from(Arc::new(config)) }
+    }
+
+    /// The CA certificate (PEM), for the client to trust.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// A proxy on `listener` terminating TLS and forwarding to 127.0.0.1:`target`; runs until the
+    /// test's runtime ends. Counts completed handshakes.
+    pub fn proxy(&self, listener: std::net::TcpListener, target: u16) -> Arc<AtomicUsize> {
+        listener.set_nonblocking(true).unwrap();
+        let listener = TcpListener::from_std(listener).unwrap();
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let (acceptor, counter) = (self.acceptor.clone(), handshakes.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (acceptor, counter) = (acceptor.clone(), counter.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(client).await else { return };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut server) = TcpStream::connect(("127.0.0.1", target)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut tls, &mut server).await;
+                    }
+                });
+            }
+        });
+        handshakes
+    }
+}
