@@ -5,7 +5,12 @@
 - kubernetes-validate --strict: every rendered manifest against the Kubernetes schemas (KEDA's
   ScaledObject is a CRD without a bundled schema: checked for its required fields instead);
 - every `config` key must be a real REPLAY_INGEST_* variable of `replay-ingest consume`;
-- every metric the Datadog dashboard queries is in the metrics catalogue (src/metrics.rs).
+- every metric the Datadog dashboard queries is in the metrics catalogue (src/metrics.rs);
+- the recommended labels on every object and on the pod template; the container port, the probes
+  and REPLAY_INGEST_HTTP_LISTEN agree; Kafka properties render one per line; with SASL and KEDA, a
+  TriggerAuthentication reads the same Secret the pods mount; NOTES.txt renders;
+- the chart refuses what it must (a grace period below the drain deadline, config.HTTP_LISTEN),
+  each with its own message.
 
 Usage: python3 scripts/check-chart.py BINARY   (run by scripts/test.sh inside its venv)
 """
@@ -30,8 +35,20 @@ def fail(message):
     sys.exit(1)
 
 
+RECOMMENDED_LABELS = [
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+]
+
+
 def documents(rendered):
     for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
         for doc in yaml.safe_load_all(text):
             if doc:
                 yield path, doc
@@ -51,8 +68,12 @@ def check(values_name, values):
         for i, (path, doc) in enumerate(docs):
             if doc["apiVersion"].startswith("keda.sh/"):
                 spec = doc["spec"]
-                if not spec["scaleTargetRef"]["name"] or not spec["triggers"]:
+                if doc["kind"] == "ScaledObject" and not (spec["scaleTargetRef"]["name"] and spec["triggers"]):
                     fail(f"{path}: ScaledObject needs a target and triggers")
+                if doc["kind"] == "TriggerAuthentication" and not all(
+                    r["parameter"] and r["name"] and r["key"] for r in spec["secretTargetRef"]
+                ):
+                    fail(f"{path}: every secretTargetRef needs a parameter, a Secret and a key")
                 continue
             file = pathlib.Path(tmp) / f"{i}.yaml"
             file.write_text(yaml.safe_dump(doc))
@@ -63,8 +84,53 @@ def check(values_name, values):
         )
         if result.returncode != 0 or "ERROR" in result.stdout:
             fail(f"kubernetes-validate ({values_name}):\n{result.stdout}{result.stderr}")
+    notes = next((text for path, text in rendered.items() if path.endswith("NOTES.txt")), "")
+    if "port-forward" not in notes:
+        fail(f"NOTES.txt ({values_name}) did not render: {notes!r}")
+    check_wiring(values_name, docs)
     print(f"chart ({values_name}): lint clean, {len(docs)} manifests valid: {', '.join(kinds)}")
     return docs
+
+
+def check_wiring(values_name, docs):
+    """Labels, the HTTP port, properties and KEDA's credentials, as rendered."""
+    by_kind = {}
+    for path, doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+        labels = doc["metadata"].get("labels", {})
+        missing = [l for l in RECOMMENDED_LABELS if l not in labels]
+        if missing:
+            fail(f"{path} ({values_name}): {doc['kind']} lacks the recommended labels {missing}")
+    deployment = by_kind["Deployment"][0]
+    template = deployment["spec"]["template"]
+    missing = [l for l in RECOMMENDED_LABELS if l not in template["metadata"]["labels"]]
+    if missing:
+        fail(f"pod template ({values_name}) lacks the recommended labels {missing}")
+    data = by_kind["ConfigMap"][0]["data"]
+    container = template["spec"]["containers"][0]
+    port = container["ports"][0]["containerPort"]
+    if data["REPLAY_INGEST_HTTP_LISTEN"] != f"0.0.0.0:{port}":
+        fail(f"({values_name}) the container port {port} and REPLAY_INGEST_HTTP_LISTEN={data['REPLAY_INGEST_HTTP_LISTEN']} differ")
+    probes = [container[p]["httpGet"]["port"] for p in ("startupProbe", "livenessProbe", "readinessProbe")]
+    if probes != ["http"] * 3:
+        fail(f"({values_name}) every probe must use the named port: {probes}")
+    properties = data.get("REPLAY_INGEST_KAFKA_PROPERTIES")
+    if properties is not None and any("=" not in line for line in properties.split("\n")):
+        fail(f"({values_name}) Kafka properties must be key=value, one per line: {properties!r}")
+    if any("PASSWORD" in k and "FILE" not in k for k in data):
+        fail(f"({values_name}) a password in the ConfigMap: {sorted(data)}")
+    scaled = by_kind.get("ScaledObject", [])
+    if scaled and data.get("REPLAY_INGEST_KAFKA_SECURITY_PROTOCOL", "").startswith("SASL_"):
+        auth = by_kind.get("TriggerAuthentication", [])
+        trigger = scaled[0]["spec"]["triggers"][0]
+        if not auth or trigger.get("authenticationRef", {}).get("name") != auth[0]["metadata"]["name"]:
+            fail(f"({values_name}) KEDA with SASL needs a TriggerAuthentication the trigger references")
+        mounted = {v["secret"]["secretName"] for v in template["spec"]["volumes"] if "secret" in v}
+        referenced = {r["name"] for r in auth[0]["spec"]["secretTargetRef"]}
+        if not referenced <= mounted:
+            fail(f"({values_name}) KEDA reads Secrets the pods do not use: {sorted(referenced - mounted)}")
+        if trigger["metadata"].get("sasl") not in ("plaintext", "scram_sha256", "scram_sha512"):
+            fail(f"({values_name}) KEDA's sasl mode: {trigger['metadata']}")
 
 
 def main():
@@ -85,18 +151,27 @@ def main():
     print(f"dashboard: {len(dashboard['widgets'])} widgets over {len(queried)} catalogued metrics")
     check("default values", None)
     docs = check("every option on", all_on)
-    if not any(d["kind"] == "ScaledObject" for _, d in docs):
-        fail("the all-on values should render the KEDA ScaledObject")
-    # The chart refuses a grace period the drain does not fit in — with its own message; any other
-    # render error (a template bug) is a failure, not the expected refusal.
-    try:
-        helm.Chart.load(str(CHART)).render({"terminationGracePeriodSeconds": 10}, name="x", namespace="y")
-    except helm.HelmError as error:
-        if "must exceed config.DRAIN_DEADLINE_MS" not in str(error):
-            fail(f"a grace period below the drain deadline was refused for another reason: {error}")
-    else:
-        fail("a grace period below the drain deadline must not render")
-    print("a grace period below the drain deadline is refused, naming the drain deadline")
+    kinds = {d["kind"] for _, d in docs}
+    if not {"ScaledObject", "TriggerAuthentication"} <= kinds:
+        fail(f"the all-on values should render KEDA's ScaledObject and TriggerAuthentication: {sorted(kinds)}")
+    properties = next(d for _, d in docs if d["kind"] == "ConfigMap")["data"]["REPLAY_INGEST_KAFKA_PROPERTIES"]
+    if "debug=cgrp,fetch" not in properties.split("\n"):
+        fail(f"a property value with commas must survive rendering: {properties!r}")
+    # The chart refuses values that cannot work — each with its own message; any other render
+    # error (a template bug) is a failure, not the expected refusal.
+    refusals = [
+        ({"terminationGracePeriodSeconds": 10}, "must exceed config.DRAIN_DEADLINE_MS"),
+        ({"config": {"HTTP_LISTEN": "0.0.0.0:1"}}, "set http.port instead"),
+    ]
+    for values, message in refusals:
+        try:
+            helm.Chart.load(str(CHART)).render(values, name="x", namespace="y")
+        except helm.HelmError as error:
+            if message not in str(error):
+                fail(f"{values} was refused for another reason: {error}")
+        else:
+            fail(f"{values} must not render")
+        print(f"refused as it must be: {values} ({message})")
 
 
 if __name__ == "__main__":

@@ -384,9 +384,21 @@ pub struct MetricsArgs {
     /// Tags on every metric, `key:value` (e.g. `env:prod`); keep them low-cardinality.
     #[arg(long = "statsd-tag", env = "REPLAY_INGEST_STATSD_TAGS", value_delimiter = ',')]
     pub statsd_tags: Vec<String>,
-    /// How often aggregated metrics are sent, ms.
-    #[arg(long, env = "REPLAY_INGEST_STATSD_FLUSH_INTERVAL_MS", default_value_t = 10_000)]
+    /// How often aggregated metrics are sent, ms. The process waits one interval before it exits,
+    /// so that the last one is not lost.
+    #[arg(long, env = "REPLAY_INGEST_STATSD_FLUSH_INTERVAL_MS", default_value_t = 1_000)]
     pub statsd_flush_interval_ms: u64,
+}
+
+impl MetricsArgs {
+    pub fn settings(&self) -> crate::metrics::Settings<'_> {
+        crate::metrics::Settings {
+            address: &self.statsd_address,
+            prefix: &self.statsd_prefix,
+            tags: &self.statsd_tags,
+            flush_interval: Duration::from_millis(self.statsd_flush_interval_ms),
+        }
+    }
 }
 
 /// `replay-ingest consume`.

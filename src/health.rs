@@ -4,12 +4,15 @@
 //!   a second, even when idle) and, while a flush is outstanding, some sink attempt has ended
 //!   within the stall timeout; else 503 — a wedged loop or a hung flush gets the pod restarted, a
 //!   flush that keeps retrying through an outage does not.
-//! - `GET /health/ready`: 200 while partitions are assigned and the service is not draining.
-//! - `GET /status`: JSON snapshot — buffer fill, flushes in flight, paused, counters, sinks in an
+//! - `GET /health/ready`: 200 once the service is initialised (every sink checked, the consumer
+//!   subscribed) and until it starts shutting down. Holding no partition is not unready: members
+//!   beyond the partition count, and every member during a rebalance, are healthy, and a readiness
+//!   that dropped with them would stall rollouts behind the PodDisruptionBudget.
+//! - `GET /status`: JSON snapshot — partitions owned, buffer fill, flushes in flight, paused, counters, sinks in an
 //!   outage (since when, attempts, last error), committed offsets per partition (as confirmed by
 //!   the broker).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -34,7 +37,13 @@ fn now_ms() -> u64 {
 /// Shared, lock-free (but for the commit map) view of the pipeline's state.
 #[derive(Debug, Default)]
 pub struct Status {
-    pub assigned: AtomicBool,
+    /// Sinks checked and the consumer subscribed.
+    pub initialised: AtomicBool,
+    /// Shutdown requested: draining for the last time.
+    pub stopping: AtomicBool,
+    /// Partitions this member owns.
+    partitions: Mutex<BTreeSet<i32>>,
+    /// A drain is running (shutdown or a revoke).
     pub draining: AtomicBool,
     pub paused: AtomicBool,
     heartbeat_ms: AtomicU64,
@@ -79,7 +88,10 @@ pub struct SinkTotals {
 struct Snapshot {
     ready: bool,
     live: bool,
+    initialised: bool,
+    stopping: bool,
     assigned: bool,
+    partitions: BTreeSet<i32>,
     draining: bool,
     paused: bool,
     buffer_messages: usize,
@@ -144,8 +156,21 @@ impl Status {
         lock(&self.outages).remove(sink).map(|o| Duration::from_millis(now_ms().saturating_sub(o.since_ms)))
     }
 
+    /// Partitions given to this member (a rebalance may add to the ones it has).
+    pub fn assign(&self, partitions: &[i32]) {
+        lock(&self.partitions).extend(partitions);
+    }
+
+    /// Partitions taken from this member.
+    pub fn revoke(&self, partitions: &[i32]) {
+        let mut owned = lock(&self.partitions);
+        for partition in partitions {
+            owned.remove(partition);
+        }
+    }
+
     pub fn ready(&self) -> bool {
-        self.assigned.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+        self.initialised.load(Ordering::Relaxed) && !self.stopping.load(Ordering::Relaxed)
     }
 
     pub fn record_invalid(&self, reason: &'static str) {
@@ -172,10 +197,14 @@ impl Status {
 
     fn snapshot(&self) -> Snapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let partitions = lock(&self.partitions).clone();
         Snapshot {
             ready: self.ready(),
             live: self.live(),
-            assigned: self.assigned.load(Ordering::Relaxed),
+            initialised: self.initialised.load(Ordering::Relaxed),
+            stopping: self.stopping.load(Ordering::Relaxed),
+            assigned: !partitions.is_empty(),
+            partitions,
             draining: self.draining.load(Ordering::Relaxed),
             paused: self.paused.load(Ordering::Relaxed),
             buffer_messages: self.buffer_messages.load(Ordering::Relaxed),
@@ -221,12 +250,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ready_needs_an_assignment_and_no_drain() {
+    fn ready_from_initialisation_until_shutdown_whatever_the_assignment() {
         let s = Status::default();
-        assert!(!s.ready());
-        s.assigned.store(true, Ordering::Relaxed);
-        assert!(s.ready());
+        assert!(!s.ready(), "sinks not checked yet");
+        s.initialised.store(true, Ordering::Relaxed);
+        assert!(s.ready(), "an idle member (no partitions) is ready");
         s.draining.store(true, Ordering::Relaxed);
+        assert!(s.ready(), "a revoke's drain during a rebalance is not unreadiness");
+        s.stopping.store(true, Ordering::Relaxed);
         assert!(!s.ready());
     }
 

@@ -245,9 +245,16 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
 
 async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
-    replay_ingest::metrics::install(&args.metrics)
+    let exporter = replay_ingest::metrics::install(&args.metrics.settings())
         .map_err(anyhow::Error::msg)
         .context("starting the DogStatsD exporter")?;
+    let result = serve(&args).await;
+    // Whether the service stopped cleanly or not, what it counted last is sent before it exits.
+    exporter.flush_before_exit().await;
+    result
+}
+
+async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
     // Probes first: a startup check waiting for a sink shows in `/status` and stays live.
     let status = Arc::new(Status::default());
     let listener = tokio::net::TcpListener::bind(args.http_listen)
@@ -255,8 +262,8 @@ async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding the health endpoint on {}", args.http_listen))?;
     info!(listen = %args.http_listen, topic = %args.topic, group = %args.group_id, "starting");
     tokio::spawn(health::serve(listener, status.clone()));
-    let sinks = sinks(&args, &status).await?;
-    pipeline::consume(&args, sinks, status.clone(), shutdown_signal()).await?;
+    let sinks = sinks(args, &status).await?;
+    pipeline::consume(args, sinks, status.clone(), shutdown_signal()).await?;
     info!(
         consumed = status.consumed.load(Ordering::Relaxed),
         flushed = status.flushed.load(Ordering::Relaxed),

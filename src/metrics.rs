@@ -1,7 +1,8 @@
 //! The metrics catalogue: every metric the service emits, with its type, unit and tags, in one
 //! place. Names are prefixed by the exporter (`--statsd-prefix`, default `replay_ingest`). Tags
 //! come from small fixed sets — `sink`, `reason`, `close_reason`, `partition` (a number) — never
-//! ids. Emitted per message only for size/time distributions, otherwise per batch.
+//! ids; every metric also carries `service`, `version` and the configured tags (`env`). Emitted
+//! per message only for size/time distributions, otherwise per batch.
 //!
 //! | name | type | unit | tags | meaning |
 //! |---|---|---|---|---|
@@ -26,7 +27,7 @@
 //! | `commits` | counter | commits | | offset commits |
 //! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure |
 //! | `consumer.rebalances` | counter | rebalances | | partition revocations drained |
-//! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics |
+//! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics, for owned partitions; 0 once given away |
 //!
 //! Sentry's own ingest metrics, under the same names (and the same prefix), so dashboards built
 //! for Sentry's consumer keep working:
@@ -52,32 +53,66 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_dogstatsd::DogStatsDBuilder;
 
-use crate::config::MetricsArgs;
 use crate::recording::Processed;
 
-/// Installs the DogStatsD exporter as the global recorder; no-op with an empty address.
-pub fn install(args: &MetricsArgs) -> Result<(), String> {
-    if args.statsd_address.is_empty() {
-        return Ok(());
+/// Where and how metrics are sent.
+pub struct Settings<'a> {
+    /// DogStatsD `host:port` or `unixgram:///path`; empty sends nothing.
+    pub address: &'a str,
+    pub prefix: &'a str,
+    /// `key:value` tags on every metric, after `service` and `version`.
+    pub tags: &'a [String],
+    pub flush_interval: Duration,
+}
+
+/// The installed exporter. Its forwarder sends what was aggregated once per flush interval and
+/// has no flush call: [`Exporter::flush_before_exit`] waits for the next send instead, so the last
+/// interval — a clean stop's final counts, or the `flush.errors` of a failed flush — is not lost.
+pub struct Exporter {
+    flush_interval: Option<Duration>,
+}
+
+impl Exporter {
+    /// Blocks until the forwarder has sent everything recorded so far: one flush interval plus a
+    /// margin (at most ~1.1 s with the default interval). No-op when metrics are off.
+    pub async fn flush_before_exit(&self) {
+        if let Some(interval) = self.flush_interval {
+            tokio::time::sleep(interval + Duration::from_millis(100)).await;
+        }
     }
-    let labels = args
-        .statsd_tags
+}
+
+/// Installs the DogStatsD exporter as the global recorder. Every metric carries
+/// `service:replay-ingest` and `version:<crate version>` (Datadog's unified service tags; an
+/// explicit tag of either name wins) and the configured tags.
+pub fn install(settings: &Settings<'_>) -> Result<Exporter, String> {
+    if settings.address.is_empty() {
+        return Ok(Exporter { flush_interval: None });
+    }
+    let mut labels = settings
+        .tags
         .iter()
         .map(|tag| match tag.split_once(':') {
             Some((key, value)) => Ok(metrics::Label::new(key.to_owned(), value.to_owned())),
             None => Err(format!("--statsd-tag {tag:?} is not key:value")),
         })
         .collect::<Result<Vec<_>, _>>()?;
+    for (key, value) in [("service", "replay-ingest"), ("version", env!("CARGO_PKG_VERSION"))] {
+        if !labels.iter().any(|l| l.key() == key) {
+            labels.insert(0, metrics::Label::new(key, value));
+        }
+    }
     DogStatsDBuilder::default()
-        .with_remote_address(&args.statsd_address)
+        .with_remote_address(settings.address)
         .map_err(|e| e.to_string())?
-        .set_global_prefix(&args.statsd_prefix)
+        .set_global_prefix(settings.prefix)
         .with_global_labels(labels)
-        .with_flush_interval(Duration::from_millis(args.statsd_flush_interval_ms))
+        .with_flush_interval(settings.flush_interval)
         .with_telemetry(false)
         .send_histograms_as_distributions(true)
         .install()
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    Ok(Exporter { flush_interval: Some(settings.flush_interval) })
 }
 
 pub const MESSAGES_CONSUMED: &str = "messages.consumed";

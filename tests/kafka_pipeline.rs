@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::*;
+use serde_json::json;
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 
@@ -302,4 +303,54 @@ async fn members_joining_and_leaving_under_load_lose_nothing_and_hand_over_witho
     let lagged: BTreeSet<&str> =
         metrics.values.keys().filter_map(|k| k.strip_prefix("replay_ingest.consumer.lag|partition:")).collect();
     assert!(!lagged.is_empty(), "consumer.lag reported per partition:\n{}", metrics.text);
+}
+
+/// More members than partitions: the one left without a partition is ready all the same, and the
+/// other stays ready through the rebalance its arrival causes (readiness is "initialised and not
+/// shutting down", so idle members and rebalances do not hold up a rollout under the
+/// PodDisruptionBudget). `/status` lists the partitions each member owns.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_without_partitions_is_ready_and_a_rebalance_does_not_make_the_other_unready() {
+    if !needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
+    let (topic, dlq, group) = (unique("idle"), unique("dlq"), unique("group"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let first = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
+    let owns = |s: &Service| s.status().map(|s| s["partitions"].clone());
+    wait_for("the first member owning the partition", JOIN_AND_FLUSH, || owns(&first) == Some(json!([0]))).await;
+
+    let second = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
+    let ready = |s: &Service| s.get("/health/ready").map(|(code, _)| code);
+    let mut first_unready = 0;
+    let deadline = std::time::Instant::now() + JOIN_AND_FLUSH;
+    // Until the group has settled with the second member in it (it has joined once it saw a
+    // rebalance or owns something) and for 3 s more, the first member never reads unready.
+    let mut settled_at = None;
+    while std::time::Instant::now() < deadline {
+        if ready(&first) != Some(200) {
+            first_unready += 1;
+        }
+        let joined = second.status().is_some_and(|s| s["initialised"] == true);
+        let owners = (owns(&first), owns(&second));
+        let one_owner =
+            matches!(&owners, (Some(a), Some(b)) if a.as_array().unwrap().len() + b.as_array().unwrap().len() == 1);
+        if joined && one_owner && settled_at.is_none() {
+            settled_at = Some(std::time::Instant::now());
+        }
+        if settled_at.is_some_and(|t| t.elapsed() > Duration::from_secs(3)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(settled_at.is_some(), "the group never settled with one owner");
+    assert_eq!(first_unready, 0, "the first member read unready during the rebalance");
+    let (a, b) = (first.status().unwrap(), second.status().unwrap());
+    let idle = if a["assigned"] == true { &b } else { &a };
+    assert_eq!((idle["assigned"].clone(), idle["partitions"].clone()), (json!(false), json!([])));
+    assert_eq!((ready(&first), ready(&second)), (Some(200), Some(200)), "both ready, idle or not");
+    assert_eq!(first.terminate(), Some(0));
+    assert_eq!(second.terminate(), Some(0));
 }

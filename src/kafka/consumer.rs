@@ -12,9 +12,10 @@
 //! at most the drain deadline — for the pipeline to flush and commit, then lets librdkafka
 //! release the partitions.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -38,20 +39,50 @@ pub struct Polled {
 pub enum Control {
     /// Partitions newly assigned to this member.
     Assigned { partitions: Vec<i32>, generation: u64 },
-    /// The assignment is being revoked; messages of earlier generations are no longer ours.
+    /// `partitions` are being revoked; messages of earlier generations are no longer ours.
     /// Drain what can be made durable within the deadline, commit it, then send on `done`.
-    Revoke { generation: u64, done: std_mpsc::SyncSender<()> },
+    Revoke { partitions: Vec<i32>, generation: u64, done: std_mpsc::SyncSender<()> },
 }
 
 pub struct IngestContext {
     control: mpsc::UnboundedSender<Control>,
     generation: Arc<AtomicU64>,
     drain_deadline: Duration,
+    /// Partitions this member owns: the only ones whose lag it reports.
+    owned: Mutex<BTreeSet<i32>>,
 }
 
 impl IngestContext {
     pub fn new(control: mpsc::UnboundedSender<Control>, drain_deadline: Duration) -> Self {
-        IngestContext { control, generation: Arc::new(AtomicU64::new(0)), drain_deadline }
+        IngestContext { control, generation: Arc::new(AtomicU64::new(0)), drain_deadline, owned: Mutex::default() }
+    }
+
+    fn owned(&self) -> std::sync::MutexGuard<'_, BTreeSet<i32>> {
+        self.owned.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `(partition, lag)` from librdkafka's statistics; unknown lags are negative.
+    fn report_lag(&self, lags: impl Iterator<Item = (i32, i64)>) {
+        let owned = self.owned();
+        for (partition, lag) in lags {
+            if owned.contains(&partition) && lag >= 0 {
+                crate::metrics::lag(partition, lag);
+            }
+        }
+    }
+
+    fn gained(&self, partitions: &[i32]) {
+        self.owned().extend(partitions);
+    }
+
+    /// Zeroes the lag gauge of each partition given away: the exporter keeps sending a gauge's
+    /// last value, and the new owner reports the real one.
+    fn lost(&self, partitions: &[i32]) {
+        let mut owned = self.owned();
+        for partition in partitions {
+            owned.remove(partition);
+            crate::metrics::lag(*partition, 0);
+        }
     }
 
     /// The generation counter, shared with the polling thread.
@@ -61,15 +92,12 @@ impl IngestContext {
 }
 
 impl ClientContext for IngestContext {
-    /// librdkafka statistics (every `statistics.interval.ms`): consumer lag per partition.
+    /// librdkafka statistics (every `statistics.interval.ms`): consumer lag of each partition
+    /// this member owns. (A revoked partition's gauge was zeroed on revoke; statistics can still
+    /// list it, and must not bring back a value its new owner now reports.)
     fn stats(&self, statistics: rdkafka::Statistics) {
-        for topic in statistics.topics.values() {
-            for (&partition, stats) in &topic.partitions {
-                if partition >= 0 && stats.consumer_lag >= 0 {
-                    crate::metrics::lag(partition, stats.consumer_lag);
-                }
-            }
-        }
+        let lags = statistics.topics.values().flat_map(|t| t.partitions.iter().map(|(&p, s)| (p, s.consumer_lag)));
+        self.report_lag(lags);
     }
 }
 
@@ -77,11 +105,14 @@ impl ConsumerContext for IngestContext {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
             let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
-            info!(partitions = partitions.count(), generation, "partitions revoked: draining");
+            let ids = ids(partitions);
+            info!(partitions = ?ids, generation, "partitions revoked: draining");
+            self.lost(&ids);
             let (done, drained) = std_mpsc::sync_channel(1);
             // The pipeline bounds its own drain by the deadline; the margin covers the hand-over.
             let wait = self.drain_deadline + Duration::from_secs(1);
-            if self.control.send(Control::Revoke { generation, done }).is_ok() && drained.recv_timeout(wait).is_err() {
+            let revoke = Control::Revoke { partitions: ids, generation, done };
+            if self.control.send(revoke).is_ok() && drained.recv_timeout(wait).is_err() {
                 warn!(deadline_ms = self.drain_deadline.as_millis() as u64, "drain did not answer before the deadline");
             }
         }
@@ -89,12 +120,17 @@ impl ConsumerContext for IngestContext {
 
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
-            let ids: Vec<i32> = partitions.elements().iter().map(|p| p.partition()).collect();
+            let ids = ids(partitions);
+            self.gained(&ids);
             let generation = self.generation.load(Ordering::Acquire);
             info!(partitions = ?ids, generation, "partitions assigned");
             let _ = self.control.send(Control::Assigned { partitions: ids, generation });
         }
     }
+}
+
+fn ids(partitions: &TopicPartitionList) -> Vec<i32> {
+    partitions.elements().iter().map(|p| p.partition()).collect()
 }
 
 pub type IngestConsumer = BaseConsumer<IngestContext>;
@@ -152,4 +188,41 @@ pub fn commit_list(topic: &str, positions: &[(i32, i64)]) -> TopicPartitionList 
 /// The message's key and timestamp, for the dead-letter copy.
 pub fn key_and_timestamp(message: &OwnedMessage) -> (Option<Vec<u8>>, Option<i64>) {
     (message.key().map(<[u8]>::to_vec), message.timestamp().to_millis())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    fn lag_gauges(snapshotter: &metrics_util::debugging::Snapshotter) -> std::collections::BTreeMap<String, f64> {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| match value {
+                DebugValue::Gauge(v) => {
+                    let partition = key.key().labels().find(|l| l.key() == "partition")?.value().to_owned();
+                    Some((partition, v.into_inner()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lag_is_reported_for_owned_partitions_only_and_zeroed_when_one_is_given_away() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let context = IngestContext::new(mpsc::unbounded_channel().0, Duration::from_secs(1));
+            context.gained(&[0, 1]);
+            context.report_lag([(0, 5), (1, 7), (2, 9), (1, -1)].into_iter());
+            assert_eq!(lag_gauges(&snapshotter), [("0".into(), 5.0), ("1".into(), 7.0)].into());
+            context.lost(&[1]);
+            // Statistics may still list the partition given away, with its last lag.
+            context.report_lag([(0, 4), (1, 7)].into_iter());
+            assert_eq!(lag_gauges(&snapshotter), [("0".into(), 4.0), ("1".into(), 0.0)].into());
+        });
+    }
 }

@@ -122,6 +122,7 @@ pub async fn consume(
     let consumer: Arc<IngestConsumer> =
         Arc::new(args.kafka.client_config(&args.consumer_properties())?.create_with_context(context)?);
     consumer.subscribe(&[&args.topic])?;
+    status.initialised.store(true, Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
     let poller = spawn_poller(consumer.clone(), polled_tx, polled_bytes.clone(), stop.clone());
 
@@ -218,12 +219,13 @@ impl Pipeline {
                 biased;
                 () = &mut shutdown => {
                     info!("shutdown requested: draining");
+                    self.status.stopping.store(true, Ordering::Relaxed);
                     return self.drain().await.map_err(|_| PipelineError::DrainDeadline(self.drain_deadline))?;
                 }
                 Some(control) = self.control.recv() => match control {
                     Control::Assigned { partitions, generation } => self.assigned(&partitions, generation)?,
-                    Control::Revoke { generation, done } => {
-                        self.revoke(generation).await?;
+                    Control::Revoke { partitions, generation, done } => {
+                        self.revoke(&partitions, generation).await?;
                         let _ = done.send(());
                     }
                 },
@@ -402,13 +404,13 @@ impl Pipeline {
         if self.paused {
             self.consumer.pause(&self.consumer.assignment()?)?;
         }
-        self.status.assigned.store(!partitions.is_empty(), Ordering::Relaxed);
+        self.status.assign(partitions);
         Ok(())
     }
 
     /// The assignment is revoked: drain within the deadline; whatever is not durable by then is
     /// given up (redelivered to the next owner), and the member carries on.
-    async fn revoke(&mut self, generation: u64) -> Result<(), PipelineError> {
+    async fn revoke(&mut self, partitions: &[i32], generation: u64) -> Result<(), PipelineError> {
         match self.drain().await {
             Ok(result) => result?,
             Err(_) => warn!(
@@ -433,7 +435,7 @@ impl Pipeline {
             }
         }
         self.status.paused.store(false, Ordering::Relaxed);
-        self.status.assigned.store(false, Ordering::Relaxed);
+        self.status.revoke(partitions);
         self.status.rebalances.fetch_add(1, Ordering::Relaxed);
         metrics::rebalanced();
         Ok(())

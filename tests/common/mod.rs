@@ -716,6 +716,8 @@ pub struct Statsd {
 }
 
 /// What the service sent over DogStatsD, by `name` or `name|tags`.
+/// What a test's DogStatsD port received. Reading fails on a metric without the unified service
+/// tags (`service:replay-ingest`, `version:<crate version>`); keys leave them out.
 pub struct Metrics {
     /// Every datagram, a line each.
     pub text: String,
@@ -751,8 +753,12 @@ impl Statsd {
             let (name, rest) = line.split_once(':').unwrap();
             let mut parts = rest.split('|');
             let (value, kind) = (parts.next().unwrap(), parts.next().unwrap());
-            let tags = parts.find_map(|p| p.strip_prefix('#')).unwrap_or("");
-            let key = if tags.is_empty() { name.to_owned() } else { format!("{name}|{tags}") };
+            // Every metric carries the unified service tags; keys keep only the metric's own.
+            let all_tags: Vec<&str> = parts.find_map(|p| p.strip_prefix('#')).unwrap_or("").split(',').collect();
+            let global = [concat!("version:", env!("CARGO_PKG_VERSION")), "service:replay-ingest"];
+            assert!(global.iter().all(|g| all_tags.contains(g)), "{line}: without the global tags {global:?}");
+            let tags: Vec<&str> = all_tags.into_iter().filter(|t| !global.contains(t)).collect();
+            let key = if tags.is_empty() { name.to_owned() } else { format!("{name}|{}", tags.join(",")) };
             let samples = value.split(':').map(|v| v.parse::<f64>().unwrap());
             if kind == "c" {
                 *counters.entry(key.clone()).or_default() += samples.sum::<f64>();

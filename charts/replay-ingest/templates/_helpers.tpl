@@ -10,10 +10,13 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The recommended labels (kubernetes.io/docs/concepts/overview/working-with-objects/common-labels),
+on every object and on the pod template. */}}
 {{- define "replay-ingest.labels" -}}
-app.kubernetes.io/name: {{ include "replay-ingest.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{ include "replay-ingest.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/component: consumer
+app.kubernetes.io/part-of: {{ .Values.partOf | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
@@ -28,5 +31,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (include "replay-ingest.fullname" .) .Values.serviceAccount.name -}}
 {{- else -}}
 {{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* librdkafka properties, one per line (values may hold commas). */}}
+{{- define "replay-ingest.kafkaProperties" -}}
+{{- range $key, $value := .Values.kafkaProperties }}
+{{ $key }}={{ $value }}
+{{- end }}
+{{- end -}}
+
+{{/* KEDA's name for the SASL mechanism. */}}
+{{- define "replay-ingest.kedaSasl" -}}
+{{- $mechanism := default "" .Values.config.KAFKA_SASL_MECHANISM | upper -}}
+{{- if eq $mechanism "PLAIN" -}}plaintext
+{{- else if eq $mechanism "SCRAM-SHA-256" -}}scram_sha256
+{{- else if eq $mechanism "SCRAM-SHA-512" -}}scram_sha512
 {{- end -}}
 {{- end -}}
