@@ -583,6 +583,21 @@ impl ConsumeArgs {
         Duration::from_millis(self.drain_deadline_ms)
     }
 
+    /// What the pipeline needs, from these flags (secret files are read here).
+    pub fn pipeline_settings(&self) -> Result<crate::pipeline::Settings, ConfigError> {
+        Ok(crate::pipeline::Settings {
+            consumer: self.kafka.client_config(&self.consumer_properties())?,
+            topic: self.topic.clone(),
+            processing_threads: self.processing_threads,
+            limits: self.limits.limits(self.rows_sink == RowsSinkKind::Snuba),
+            buffer: self.buffer_limits(),
+            max_flushes: self.max_flushes_in_flight,
+            retry: self.retry_policy(),
+            drain_deadline: self.drain_deadline(),
+            flush_stall: self.flush_stall(),
+        })
+    }
+
     /// Consumer properties: manual commits only, bounded prefetch, eager rebalancing.
     pub fn consumer_properties(&self) -> Vec<(&'static str, String)> {
         vec![

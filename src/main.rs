@@ -17,14 +17,15 @@ use replay_ingest::config::{
 };
 use replay_ingest::health::{self, Status};
 use replay_ingest::inspect;
+use replay_ingest::kafka::load;
 use replay_ingest::kafka::refetch::Refetcher;
-use replay_ingest::kafka::{self, load};
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::recording::Limits;
 use replay_ingest::sink::clickhouse::{self, ClickHouseSink};
 use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
 use replay_ingest::sink::events::{EventTopics, EventsSink};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
+use replay_ingest::sink::publish;
 use replay_ingest::sink::snuba::SnubaSink;
 use replay_ingest::sink::{ObjectStore, Retry, Sink, SinkError, filesystem::FilesystemBlobSink, null::NullSink};
 use replay_ingest::startup;
@@ -180,7 +181,7 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
     startup::until_ready("kafka", status, || {
         let (producer, topics, timeout) = (dlq_producer.clone(), topics.clone(), args.sink_timeout());
         async move {
-            tokio::task::spawn_blocking(move || kafka::check_topics(&producer, &topics, timeout))
+            tokio::task::spawn_blocking(move || publish::check_topics(&producer, &topics, timeout))
                 .await
                 .unwrap_or_else(|e| Err(SinkError::new("kafka", Retry::Fatal, e)))
         }
@@ -263,7 +264,7 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
     info!(listen = %args.http_listen, topic = %args.topic, group = %args.group_id, "starting");
     tokio::spawn(health::serve(listener, status.clone()));
     let sinks = sinks(args, &status).await?;
-    pipeline::consume(args, sinks, status.clone(), shutdown_signal()).await?;
+    pipeline::consume(args.pipeline_settings()?, sinks, status.clone(), shutdown_signal()).await?;
     info!(
         consumed = status.consumed.load(Ordering::Relaxed),
         flushed = status.flushed.load(Ordering::Relaxed),

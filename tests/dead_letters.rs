@@ -71,7 +71,7 @@ async fn dead_letters_too_large_for_their_topic_keep_their_value_in_the_blob_sto
         let shutdown = async {
             let _ = stopped.await;
         };
-        pipeline::consume(&args, sinks, status, shutdown).await
+        pipeline::consume(args.pipeline_settings().unwrap(), sinks, status, shutdown).await
     });
     let end = [(0, offsets[2] + 1)].into_iter().collect();
     wait_for("everything committed", Duration::from_secs(60), || committed(&group, &topic, 1) == end).await;

@@ -76,7 +76,13 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
             let shutdown = async {
                 let _ = stopped.await;
             };
-            pipeline::consume(&args, Sinks::new(vec![vec![Box::new(sink)]]), status, shutdown).await
+            pipeline::consume(
+                args.pipeline_settings().unwrap(),
+                Sinks::new(vec![vec![Box::new(sink)]]),
+                status,
+                shutdown,
+            )
+            .await
         }
     });
 
@@ -116,8 +122,13 @@ async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
     let sink = FailingSink { retry: Retry::Retryable, attempts: attempts.clone() };
     let args = consume_args(&topic, &group, &["--flush-max-attempts", "3", "--flush-max-backoff-ms", "50"]);
     let never = std::future::pending::<()>();
-    let result =
-        pipeline::consume(&args, Sinks::new(vec![vec![Box::new(sink)]]), Arc::new(Status::default()), never).await;
+    let result = pipeline::consume(
+        args.pipeline_settings().unwrap(),
+        Sinks::new(vec![vec![Box::new(sink)]]),
+        Arc::new(Status::default()),
+        never,
+    )
+    .await;
 
     assert!(matches!(result, Err(PipelineError::Flush(ref e)) if e.sink == "failing"), "{result:?}");
     assert_eq!(attempts.load(Ordering::SeqCst), 3, "retried up to the configured attempts");
@@ -137,7 +148,7 @@ async fn a_fatal_sink_error_is_not_retried() {
     let sink = FailingSink { retry: Retry::Fatal, attempts: attempts.clone() };
     let args = consume_args(&topic, &group, &[]);
     let result = pipeline::consume(
-        &args,
+        args.pipeline_settings().unwrap(),
         Sinks::new(vec![vec![Box::new(sink)]]),
         Arc::new(Status::default()),
         std::future::pending(),

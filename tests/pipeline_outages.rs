@@ -77,7 +77,8 @@ fn spawn(
         let shutdown = async {
             let _ = stopped.await;
         };
-        pipeline::consume(&args, Sinks::new(vec![vec![Box::new(sink)]]), status, shutdown).await
+        pipeline::consume(args.pipeline_settings().unwrap(), Sinks::new(vec![vec![Box::new(sink)]]), status, shutdown)
+            .await
     });
     (stop, task)
 }
@@ -257,7 +258,7 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
             let shutdown = async {
                 let _ = stopped.await;
             };
-            pipeline::consume(&args, sinks, status, shutdown).await
+            pipeline::consume(args.pipeline_settings().unwrap(), sinks, status, shutdown).await
         }
     });
 

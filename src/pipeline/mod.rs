@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
+use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
@@ -40,7 +41,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
-use crate::config::{ConfigError, ConsumeArgs, RowsSinkKind};
 use crate::health::Status;
 use crate::kafka::consumer::{
     Control, IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, spawn_poller,
@@ -48,7 +48,7 @@ use crate::kafka::consumer::{
 use crate::metrics;
 use crate::recording::{self, Limits, Reason};
 use crate::sink::{Entries, Entry, InvalidMessage, Outcome, SinkError};
-use buffer::{Buffer, CloseReason, should_pause};
+use buffer::{Buffer, BufferLimits, CloseReason, should_pause};
 use flush::{FlushReport, RetryPolicy, Sinks};
 use frontier::Frontier;
 
@@ -85,8 +85,6 @@ pub enum PipelineError {
     Flush(SinkError),
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
-    #[error("kafka client configuration: {0}")]
-    KafkaConfig(#[from] ConfigError),
     #[error("drain did not finish within {0:?}")]
     DrainDeadline(Duration),
     #[error("a processing or flush task died: {0}")]
@@ -106,10 +104,25 @@ struct Flushed {
     result: Result<FlushReport, SinkError>,
 }
 
-/// Consumes `args.topic` until `shutdown` resolves, then drains and returns. Needs a
+/// How the pipeline runs; `config::ConsumeArgs::pipeline_settings` builds it from the flags.
+pub struct Settings {
+    /// The consumer's librdkafka configuration (group, commits, prefetch, security).
+    pub consumer: ClientConfig,
+    pub topic: String,
+    /// Processing threads; 0 is one per CPU.
+    pub processing_threads: usize,
+    pub limits: Limits,
+    pub buffer: BufferLimits,
+    pub max_flushes: usize,
+    pub retry: RetryPolicy,
+    pub drain_deadline: Duration,
+    pub flush_stall: Duration,
+}
+
+/// Consumes `settings.topic` until `shutdown` resolves, then drains and returns. Needs a
 /// multi-threaded Tokio runtime (commits block their worker for one broker round trip).
 pub async fn consume(
-    args: &ConsumeArgs,
+    settings: Settings,
     sinks: Sinks,
     status: Arc<Status>,
     shutdown: impl Future<Output = ()>,
@@ -117,16 +130,15 @@ pub async fn consume(
     let (polled_tx, polled_rx) = mpsc::channel(POLLED_CHANNEL_CAPACITY);
     let polled_bytes = Arc::new(Semaphore::new(POLLED_CHANNEL_BYTES));
     let (control_tx, control_rx) = mpsc::unbounded_channel();
-    status.set_flush_stall(args.flush_stall());
-    let context = IngestContext::new(control_tx, args.drain_deadline());
-    let consumer: Arc<IngestConsumer> =
-        Arc::new(args.kafka.client_config(&args.consumer_properties())?.create_with_context(context)?);
-    consumer.subscribe(&[&args.topic])?;
+    status.set_flush_stall(settings.flush_stall);
+    let context = IngestContext::new(control_tx, settings.drain_deadline);
+    let consumer: Arc<IngestConsumer> = Arc::new(settings.consumer.create_with_context(context)?);
+    consumer.subscribe(&[&settings.topic])?;
     status.initialised.store(true, Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
     let poller = spawn_poller(consumer.clone(), polled_tx, polled_bytes.clone(), stop.clone());
 
-    let threads = match args.processing_threads {
+    let threads = match settings.processing_threads {
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n,
     };
@@ -141,22 +153,22 @@ pub async fn consume(
         .map_err(|e| PipelineError::TaskDied(e.to_string()))?;
 
     let pipeline = Pipeline {
-        topic: args.topic.clone(),
+        topic: settings.topic,
         consumer: consumer.clone(),
         polled: polled_rx,
         control: control_rx,
         generation: 0,
         pool: Arc::new(pool),
-        limits: args.limits.limits(args.rows_sink == RowsSinkKind::Snuba),
+        limits: settings.limits,
         processing_bytes: 0,
         processing: FuturesOrdered::new(),
-        buffer: Buffer::new(args.buffer_limits()),
+        buffer: Buffer::new(settings.buffer),
         frontier: Frontier::default(),
         flushes: JoinSet::new(),
-        max_flushes: args.max_flushes_in_flight,
+        max_flushes: settings.max_flushes,
         sinks: Arc::new(sinks),
-        retry: args.retry_policy(),
-        drain_deadline: args.drain_deadline(),
+        retry: settings.retry,
+        drain_deadline: settings.drain_deadline,
         status,
         paused: false,
         paused_since: None,
@@ -173,7 +185,7 @@ pub async fn consume(
         let _ = poller.join();
         drop(consumer);
     });
-    if tokio::time::timeout(args.drain_deadline(), close).await.is_err() {
+    if tokio::time::timeout(settings.drain_deadline, close).await.is_err() {
         warn!("closing the Kafka consumer did not finish within the drain deadline; exiting anyway");
     }
     result

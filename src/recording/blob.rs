@@ -1,4 +1,4 @@
-//! The segment blob stored in GCS (SPEC §5.1).
+//! The segment blob stored in GCS (docs/formats.md, "The blob"; docs/outputs.md, "Blobs").
 //!
 //! Key: `{retention_days}/{project_id}/{replay_id}/{segment_id}` — deterministic, so rewriting a
 //! redelivered segment is idempotent. Bytes: always a zlib stream.

@@ -1,10 +1,10 @@
-//! The Kafka message value: a msgpack map with string keys (SPEC §2).
+//! The Kafka message value: a msgpack map with string keys (docs/formats.md, "The message").
 //!
 //! ```text
 //! { "type": "replay_recording_not_chunked", "replay_id": "<32 hex>", "key_id": int|nil,
 //!   "org_id": uint, "project_id": uint, "received": uint (unix s), "retention_days": uint16,
-//!   "payload": bin, "replay_event": bin|nil, "replay_video": bin|nil, "version": int,
-//!   "relay_snuba_publish_disabled": bool, ...unknown keys ignored }
+//!   "payload": bin, "replay_event": bin|nil, "replay_video": bin|nil,
+//!   "relay_snuba_publish_disabled": bool, ...unknown keys (`version` among them) ignored }
 //! ```
 //! Byte fields are borrowed from the message: decoding copies nothing large.
 
@@ -39,7 +39,6 @@ pub struct Envelope<'a> {
     pub replay_event: Option<&'a [u8]>,
     /// Optional raw video bytes (mobile SDKs).
     pub replay_video: Option<&'a [u8]>,
-    pub version: i64,
     /// When true the edge did not publish the replay event, so this service writes its row.
     pub relay_snuba_publish_disabled: bool,
 }
@@ -62,7 +61,6 @@ struct Wire<'a> {
     replay_event: Option<&'a [u8]>,
     #[serde(borrow, with = "serde_bytes", default)]
     replay_video: Option<&'a [u8]>,
-    version: Option<i64>,
     relay_snuba_publish_disabled: Option<bool>,
 }
 
@@ -112,7 +110,6 @@ pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
         payload: required(wire.payload, "payload")?,
         replay_event: wire.replay_event,
         replay_video: wire.replay_video,
-        version: wire.version.unwrap_or(0),
         relay_snuba_publish_disabled: wire.relay_snuba_publish_disabled.unwrap_or(false),
     })
 }

@@ -40,7 +40,7 @@ pub use replay_event::ReplayEvent;
 pub use rows::{KafkaPosition, ReplayRow};
 pub use rrweb::{Extracted, RowLimits};
 
-/// Default cap on a decompressed segment body (SPEC §3).
+/// Default cap on a decompressed segment body (docs/formats.md, "The payload").
 pub const DEFAULT_MAX_DECOMPRESSED_BYTES: usize = 100 * 1024 * 1024;
 
 /// Stack for threads that run [`process`]: parsing recurses once per nesting level, at most

@@ -1,4 +1,4 @@
-//! The recording payload: `{"segment_id":N}\n<body>` (SPEC §3).
+//! The recording payload: `{"segment_id":N}\n<body>` (docs/formats.md, "The payload").
 //!
 //! The header is split on the first `\n`. The body is detected by its first bytes:
 //! zlib (`0x78`, RFC 1950, what the JS SDK sends), gzip (`1f 8b`), zstd (`28 b5 2f fd`), or raw

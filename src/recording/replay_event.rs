@@ -1,4 +1,4 @@
-//! The optional `replay_event`: a JSON object the SDK sends with each segment (SPEC §2).
+//! The optional `replay_event`: a JSON object the SDK sends with each segment (docs/formats.md, "The message").
 //!
 //! ```text
 //! {"type":"replay_event","replay_id":"…","segment_id":0,"timestamp":1796012453.996,

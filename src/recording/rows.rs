@@ -237,12 +237,12 @@ pub fn seconds(timestamp: f64) -> u32 {
     timestamp.clamp(0.0, f64::from(u32::MAX)) as u32
 }
 
-/// `md5("{replay_id}{timestamp}{node_id}")`, timestamp in whole seconds (SPEC §4).
+/// `md5("{replay_id}{timestamp}{node_id}")`, timestamp in whole seconds (docs/formats.md, "What a segment yields").
 pub fn click_event_hash(replay_id: &str, timestamp: f64, node_id: u64) -> Uuid {
     md5_uuid(&format!("{replay_id}{}{node_id}", seconds(timestamp)))
 }
 
-/// `md5("{replay_id}{timestamp}{view_id}")`, timestamp in whole seconds (SPEC §4).
+/// `md5("{replay_id}{timestamp}{view_id}")`, timestamp in whole seconds (docs/formats.md, "What a segment yields").
 pub fn tap_event_hash(replay_id: &str, timestamp: f64, view_id: &str) -> Uuid {
     md5_uuid(&format!("{replay_id}{}{view_id}", seconds(timestamp)))
 }

@@ -1,4 +1,4 @@
-//! rrweb event extraction (SPEC §4): one streaming pass over the decompressed JSON array.
+//! rrweb event extraction (docs/formats.md, "rrweb events"): one streaming pass over the decompressed JSON array.
 //!
 //! ```text
 //! [{"type":2,"data":{…full snapshot, MBs…},"timestamp":1700000000000},
@@ -57,7 +57,7 @@ pub const TRUNCATION_MARKER: &str = "…";
 /// A URL shared by every output that refers to it.
 pub type Url = Arc<str>;
 
-/// Per-segment caps on the rows produced (SPEC §4).
+/// Per-segment caps on the rows produced (docs/formats.md, "What a segment yields").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowLimits {
     pub max_clicks: usize,
@@ -666,7 +666,7 @@ fn parse_data<'a, T: Deserialize<'a> + Default>(data: &Option<&'a RawValue>) -> 
     }
 }
 
-/// Breadcrumb categories classified as clicks by SPEC §4.
+/// Breadcrumb categories classified as clicks (docs/formats.md, "Custom events").
 const DEAD_CLICK_TAGS: [&str; 3] = ["a", "button", "input"];
 const DEAD_CLICK_MIN_MS: f64 = 7000.0;
 const RAGE_CLICK_MIN_COUNT: f64 = 5.0;

@@ -21,10 +21,10 @@ use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use tracing::warn;
 
+use super::publish::classify_producer_error;
 use super::{
     DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Rejected, Retry, Sink, SinkError, Written,
 };
-use crate::kafka::classify_producer_error;
 use crate::kafka::consumer::key_and_timestamp;
 use crate::kafka::refetch::Refetcher;
 use crate::recording::{InvalidRecording, Reason};

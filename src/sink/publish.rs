@@ -1,16 +1,17 @@
 //! Publishing JSON records to Kafka for the sinks that write to topics (`events`, `snuba`):
 //! records are sent as they are built and awaited in windows of [`DELIVERY_WINDOW_BYTES`], so a
 //! large batch never holds all its values at once; the write returns only once every delivery
-//! is acknowledged, and the first failure is its error.
+//! is acknowledged, and the first failure is its error. Also what every Kafka destination
+//! shares: how a producer error is classified, and the startup check that its topics exist.
 
 use std::time::Duration;
 
 use futures::future::join_all;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::runtime::Handle;
 
-use super::{SinkError, Written};
-use crate::kafka::classify_producer_error;
+use super::{Retry, SinkError, Written};
 
 /// Bytes of values awaiting delivery at once within one write.
 pub const DELIVERY_WINDOW_BYTES: usize = 8 * 1024 * 1024;
@@ -79,5 +80,62 @@ impl Publisher {
             delivery.map_err(|(e, _)| SinkError::new(self.sink, classify_producer_error(&e), e))?;
         }
         Ok(())
+    }
+}
+
+/// Retry classification for producer errors: the message itself is unacceptable → rejected;
+/// not allowed to write → fatal; anything about the broker, network or queues → retryable.
+pub fn classify_producer_error(error: &KafkaError) -> Retry {
+    match error.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::MessageBatchTooLarge
+            | RDKafkaErrorCode::InvalidMessage
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::InvalidRecord,
+        ) => Retry::Rejected,
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed) => Retry::Fatal,
+        _ => Retry::Retryable,
+    }
+}
+
+/// The startup check for topics: every one of `topics` exists. Reads the metadata of all topics,
+/// because asking for one by name creates it on brokers that auto-create topics. An unreachable
+/// cluster is transient; a missing topic is configuration.
+pub fn check_topics(producer: &FutureProducer, topics: &[String], timeout: Duration) -> Result<(), SinkError> {
+    let metadata = producer.client().fetch_metadata(None, timeout).map_err(|e| {
+        SinkError::new("kafka", classify_producer_error(&e), format_args!("reading topic metadata: {e}"))
+    })?;
+    let missing: Vec<&str> = topics
+        .iter()
+        .map(String::as_str)
+        .filter(|name| !metadata.topics().iter().any(|t| t.name() == *name && t.error().is_none()))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(SinkError::new(
+            "kafka",
+            Retry::Fatal,
+            format_args!("topics missing on the cluster: {}", missing.join(", ")),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oversized_messages_are_rejected_unauthorised_ones_fatal_and_broker_trouble_retried() {
+        let oversized = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        assert_eq!(classify_producer_error(&oversized), Retry::Rejected);
+        let auth = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+        assert_eq!(classify_producer_error(&auth), Retry::Fatal);
+        for code in
+            [RDKafkaErrorCode::QueueFull, RDKafkaErrorCode::MessageTimedOut, RDKafkaErrorCode::BrokerTransportFailure]
+        {
+            assert_eq!(classify_producer_error(&KafkaError::MessageProduction(code)), Retry::Retryable, "{code:?}");
+        }
     }
 }
