@@ -23,8 +23,9 @@ scripts/stack.sh up
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
 echo "== building replay-ingest (release)"
-cargo build --locked --release --quiet --bin replay-ingest
+cargo build --locked --release --quiet --bin replay-ingest --example produce
 bin=${CARGO_TARGET_DIR:-target}/release/replay-ingest
+produce=${CARGO_TARGET_DIR:-target}/release/examples/produce
 for topic in ingest-replay-recordings:4 ingest-replay-recordings-dlq:1 outcomes-billing:1 replay-analytics:1 ingest-occurrences:1; do
   "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions "${topic#*:}" "${topic%:*}" >/dev/null
 done
@@ -41,7 +42,7 @@ pid=$!
 
 files=(fixtures/segments/*.msgpack fixtures/synthetic/*.msgpack)
 echo "== publishing ${#files[@]} messages (every fixture once, each with a fresh replay id)"
-produced=$("$bin" produce --brokers "$REPLAY_INGEST_TEST_BROKERS" --count "${#files[@]}" "${files[@]}")
+produced=$("$produce" --brokers "$REPLAY_INGEST_TEST_BROKERS" --count "${#files[@]}" "${files[@]}")
 
 python3 - "$port" "$produced" "$REPLAY_INGEST_TEST_GCS_ENDPOINT" "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" <<'PY'
 import json, sys, time, urllib.parse, urllib.request

@@ -20,7 +20,7 @@ trap 'scripts/stack.sh down >/dev/null' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
-cargo build --locked --release --quiet --bin replay-ingest --example bare_consume
+cargo build --locked --release --quiet --bin replay-ingest --example bare_consume --example produce
 bin=${CARGO_TARGET_DIR:-target}/release/replay-ingest
 topic=load-$RANDOM$RANDOM
 "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 4 "$topic" >/dev/null
@@ -28,7 +28,7 @@ topic=load-$RANDOM$RANDOM
 
 echo "producing $COUNT messages (${LOAD_FIXTURES:-recorded fixture mix}) to $topic"
 # shellcheck disable=SC2086
-produced=$("$bin" produce --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --count "$COUNT" ${LOAD_FIXTURES:-fixtures/segments/*.msgpack})
+produced=$("${CARGO_TARGET_DIR:-target}"/release/examples/produce --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --count "$COUNT" ${LOAD_FIXTURES:-fixtures/segments/*.msgpack})
 bare=$("${CARGO_TARGET_DIR:-target}"/release/examples/bare_consume "$REPLAY_INGEST_TEST_BROKERS" "$topic" "$COUNT")
 
 port=$(free_port)

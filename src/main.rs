@@ -1,4 +1,4 @@
-//! The `replay-ingest` command line: `consume` (the service), `produce` (load), `inspect`.
+//! The `replay-ingest` command line: `consume` (the service), `migrate`, `inspect`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -17,7 +17,6 @@ use replay_ingest::config::{
 };
 use replay_ingest::health::{self, Status};
 use replay_ingest::inspect;
-use replay_ingest::kafka::load;
 use replay_ingest::kafka::refetch::Refetcher;
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::recording::Limits;
@@ -64,19 +63,6 @@ enum Command {
     Consume(Box<ConsumeArgs>),
     /// Create or migrate the ClickHouse table for the server's version, then exit.
     Migrate(ClickHouseArgs),
-    /// Publish message values (fixture files) to a topic, each copy with a fresh replay id, and
-    /// print a JSON summary (messages, bytes, seconds, last offset per partition).
-    Produce {
-        #[command(flatten)]
-        kafka: KafkaArgs,
-        #[arg(long, env = "REPLAY_INGEST_TOPIC", default_value = "ingest-replay-recordings")]
-        topic: String,
-        /// Messages to publish, cycling through the files.
-        #[arg(long, default_value_t = 1)]
-        count: u64,
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-    },
     /// Print, one JSON line per file, what the service extracts from raw Kafka message values
     /// (msgpack). Invalid messages are reported with their reason; the exit code is non-zero only
     /// when a file cannot be read.
@@ -113,7 +99,6 @@ fn main() -> ExitCode {
                 info!(?features, database = %config.database, table = %config.table, "ClickHouse table ready");
                 Ok(())
             }
-            Command::Produce { kafka, topic, count, files } => run_produce(&kafka, &topic, count, &files).await,
             Command::Inspect { .. } => Ok(()),
         }
     });
@@ -287,19 +272,6 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         () = terminate => {}
     }
-}
-
-async fn run_produce(kafka: &KafkaArgs, topic: &str, count: u64, files: &[PathBuf]) -> anyhow::Result<()> {
-    kafka.validate().map_err(anyhow::Error::msg)?;
-    let values = files
-        .iter()
-        .map(|f| std::fs::read(f).with_context(|| format!("reading {}", f.display())))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let max = values.iter().map(Vec::len).max().unwrap_or(0);
-    let producer = producer(kafka, max, std::time::Duration::from_secs(30))?;
-    let report = load::produce(&producer, topic, count, |i| (load::fixture_copy(&values, i), None)).await?;
-    println!("{}", serde_json::to_string(&report)?);
-    Ok(())
 }
 
 fn run_inspect(files: &[PathBuf], limits: &Limits) -> ExitCode {

@@ -86,9 +86,9 @@ async fn produce(topic: String, stop: Arc<std::sync::atomic::AtomicBool>, out: A
                 (i..i + RATE)
                     .map(|n| {
                         let value = if n % HOSTILE_EVERY == HOSTILE_EVERY - 1 {
-                            replay_ingest::kafka::load::fixture_copy(&hostile, n / HOSTILE_EVERY)
+                            common::load::fixture_copy(&hostile, n / HOSTILE_EVERY)
                         } else {
-                            replay_ingest::kafka::load::fixture_copy(&fixtures, n)
+                            common::load::fixture_copy(&fixtures, n)
                         };
                         let fate = fate(&value);
                         (value, test_key(n), fate)

@@ -17,7 +17,7 @@ use replay_ingest::sink::{Batch, Entries, Entry, Outcome, Retry, Sink};
 fn fixture_batch() -> Batch {
     let fixtures = common::all_fixtures();
     let entries = (0..fixtures.len() as u64)
-        .map(|i| replay_ingest::kafka::load::fixture_copy(&fixtures, i))
+        .map(|i| common::load::fixture_copy(&fixtures, i))
         .filter_map(|value| recording::process(&value, &Limits::default()).ok())
         .enumerate()
         .map(|(i, p)| Entry { partition: 0, offset: i as i64, outcome: Outcome::Valid(Box::new(p)) })

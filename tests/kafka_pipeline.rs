@@ -118,7 +118,7 @@ async fn crafted_messages_cost_a_bounded_amount_and_the_next_message_follows() {
 }
 
 /// Merges produce reports: the last offset per partition over all of them.
-fn last_offsets(reports: &[replay_ingest::kafka::load::Produced]) -> BTreeMap<i32, i64> {
+fn last_offsets(reports: &[common::load::Produced]) -> BTreeMap<i32, i64> {
     let mut last = BTreeMap::new();
     for report in reports {
         for (&p, &o) in &report.last_offsets {

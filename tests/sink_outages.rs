@@ -147,7 +147,7 @@ async fn broker_hung_around_the_flush(
     names: &Names,
     messages: &[Vec<u8>],
     sink: &str,
-) -> (replay_ingest::kafka::load::Produced, Vec<Sent>) {
+) -> (common::load::Produced, Vec<Sent>) {
     wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
     let (report, sent) = produce_fixtures(&names.topic, messages, messages.len() as u64).await;
     wait_for("the messages consumed", JOIN_AND_FLUSH, || {

@@ -1,6 +1,5 @@
-//! Kafka plumbing: the consumer's polling thread and rebalance callbacks, re-reading single
-//! messages, and the `produce` load command.
+//! Kafka plumbing: the consumer's polling thread and rebalance callbacks, and re-reading single
+//! messages.
 
 pub mod consumer;
-pub mod load;
 pub mod refetch;

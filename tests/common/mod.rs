@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use google_cloud_storage::client::Storage;
+use load::Produced;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -15,10 +16,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
-use replay_ingest::kafka::load::{self, Produced};
 use replay_ingest::recording::{self, KafkaPosition, Limits, ReplayRow};
 use replay_ingest::sink::{Batch, Entry, Outcome};
 
+pub mod load;
 pub mod snuba;
 pub mod tls;
 

@@ -1,5 +1,6 @@
-//! `replay-ingest produce`: publishes message values (fixture files) to a topic, as the edge relay
-//! would — for tests, the demo and load runs. Each copy gets a fresh random `replay_id` so every
+//! Publishes message values (fixture files) to a topic, as the edge relay would — for the tests
+//! and, through `examples/produce.rs`, the demo and load runs. Test tooling: not part of the
+//! service. Each copy gets a fresh random `replay_id` so every
 //! produced segment is distinct; values that are not msgpack maps with a `replay_id` (hostile
 //! fixtures) are sent unchanged.
 
@@ -12,7 +13,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Serialize;
 
-use crate::recording::envelope::is_replay_id;
+use replay_ingest::recording::envelope::is_replay_id;
 
 /// Deliveries awaited at once; bounds the producer's memory on large runs.
 const WINDOW: usize = 5_000;
@@ -111,36 +112,4 @@ pub async fn produce(
     producer.flush(Duration::from_secs(30))?;
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::recording;
-
-    #[test]
-    fn replay_ids_are_rewritten_and_everything_else_kept() {
-        let original =
-            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/segments/console-0.msgpack")).unwrap();
-        let id = random_replay_id();
-        let rewritten = with_replay_id(&original, &id).unwrap();
-        let (a, b) = (
-            recording::process(&original, &Default::default()).unwrap(),
-            recording::process(&rewritten, &Default::default()).unwrap(),
-        );
-        assert_eq!(b.ids.replay_id, id);
-        let event_id = |p: &recording::Processed| p.replay_event.as_ref().unwrap().replay_id.unwrap();
-        assert_eq!(event_id(&b).simple().to_string(), id, "the replay event's own id follows");
-        assert_ne!(event_id(&a), event_id(&b));
-        assert_eq!((a.extracted, a.blob.bytes), (b.extracted, b.blob.bytes));
-    }
-
-    #[test]
-    fn values_without_a_valid_replay_id_are_left_alone() {
-        assert_eq!(with_replay_id(b"\x93\x01\x02\x03", "x"), None);
-        assert_eq!(with_replay_id(b"garbage", "x"), None);
-        let bad =
-            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/synthetic/bad-replay-id.msgpack")).unwrap();
-        assert_eq!(with_replay_id(&bad, &random_replay_id()), None);
-    }
 }
