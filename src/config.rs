@@ -598,7 +598,9 @@ impl ConsumeArgs {
         })
     }
 
-    /// Consumer properties: manual commits only, bounded prefetch, eager rebalancing.
+    /// Consumer properties: manual commits only, bounded prefetch, cooperative (incremental)
+    /// rebalancing — a rebalance revokes only the partitions that move, so members keep consuming
+    /// the rest (`--kafka-property partition.assignment.strategy=range` restores eager).
     pub fn consumer_properties(&self) -> Vec<(&'static str, String)> {
         vec![
             ("group.id", self.group_id.clone()),
@@ -611,7 +613,7 @@ impl ConsumeArgs {
             ("queued.max.messages.kbytes", self.prefetch_kbytes.to_string()),
             ("fetch.max.bytes", self.fetch_max_bytes.to_string()),
             ("max.partition.fetch.bytes", self.fetch_max_bytes.min(16 * 1024 * 1024).to_string()),
-            ("partition.assignment.strategy", "range".into()),
+            ("partition.assignment.strategy", "cooperative-sticky".into()),
             // Consumer lag per partition for the `consumer.lag` gauge.
             ("statistics.interval.ms", "10000".into()),
         ]

@@ -169,6 +169,11 @@ impl Status {
         }
     }
 
+    /// The partitions this member owns.
+    pub fn partitions(&self) -> BTreeSet<i32> {
+        lock(&self.partitions).clone()
+    }
+
     pub fn ready(&self) -> bool {
         self.initialised.load(Ordering::Relaxed) && !self.stopping.load(Ordering::Relaxed)
     }
@@ -197,7 +202,7 @@ impl Status {
 
     fn snapshot(&self) -> Snapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let partitions = lock(&self.partitions).clone();
+        let partitions = self.partitions();
         Snapshot {
             ready: self.ready(),
             live: self.live(),

@@ -174,8 +174,8 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     wait_for("the first member's flush hung", Duration::from_secs(60), || hung.attempts.load(Ordering::SeqCst) >= 1)
         .await;
 
-    // A second member joins: the first must give up its partitions within the drain deadline
-    // (1.5 s), without exiting, though its flush never returns.
+    // A second member joins: the first must give up a partition within the drain deadline
+    // (1.5 s), without exiting, though its flush never returns; it keeps the other partition.
     let dir = tempfile::tempdir().unwrap();
     let other = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
     wait_for("the first member revoked", Duration::from_secs(60), || status.rebalances.load(Ordering::SeqCst) >= 1)
@@ -184,8 +184,9 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     wait_for("the second member wrote blobs", Duration::from_secs(60), || !files_under(dir.path()).is_empty()).await;
     assert_eq!(hung.messages.load(Ordering::SeqCst), 0, "the first member's flush is still hung");
 
-    // The sink comes back: the stale flush finishes without committing (its partitions were
-    // revoked), and the group commits every message exactly to the end.
+    // The sink comes back: the stale flush finishes; the offsets of the partition given away are
+    // not committed (its new owner's), those of the partition kept are; the group commits every
+    // message exactly to the end.
     drop(release);
     let target = expected_commits(&report);
     wait_for("everything committed by the group", Duration::from_secs(120), || committed(&group, &topic, 2) == target)
@@ -198,7 +199,7 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     let counted = status.flushed.load(Ordering::SeqCst) as usize;
     assert!(
         counted < hung.messages.load(Ordering::SeqCst),
-        "the revoked flush's messages ({} written) are not counted as flushed ({counted})",
+        "the revoked partition's messages in that flush ({} written) are not counted as flushed ({counted})",
         hung.messages.load(Ordering::SeqCst)
     );
     assert!(!task.is_finished(), "the first member carried on");

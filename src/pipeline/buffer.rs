@@ -40,6 +40,8 @@ impl CloseReason {
 pub struct Buffer {
     limits: BufferLimits,
     entries: Vec<Entry>,
+    /// What each entry holds, in the same order.
+    sizes: Vec<usize>,
     bytes: usize,
     /// When the first entry of the open buffer arrived.
     opened: Option<Instant>,
@@ -47,13 +49,30 @@ pub struct Buffer {
 
 impl Buffer {
     pub fn new(limits: BufferLimits) -> Self {
-        Buffer { limits, entries: Vec::new(), bytes: 0, opened: None }
+        Buffer { limits, entries: Vec::new(), sizes: Vec::new(), bytes: 0, opened: None }
     }
 
     pub fn push(&mut self, entry: Entry, bytes: usize, now: Instant) {
         self.opened.get_or_insert(now);
         self.entries.push(entry);
+        self.sizes.push(bytes);
         self.bytes += bytes;
+    }
+
+    /// Keeps only the entries of partitions `keep` accepts (the others were revoked).
+    pub fn retain(&mut self, keep: impl Fn(i32) -> bool) {
+        let entries = std::mem::take(&mut self.entries);
+        let sizes = std::mem::take(&mut self.sizes);
+        for (entry, size) in entries.into_iter().zip(sizes) {
+            if keep(entry.partition) {
+                self.entries.push(entry);
+                self.sizes.push(size);
+            }
+        }
+        self.bytes = self.sizes.iter().sum();
+        if self.entries.is_empty() {
+            self.opened = None;
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -95,6 +114,7 @@ impl Buffer {
     pub fn take(&mut self) -> Batch {
         self.bytes = 0;
         self.opened = None;
+        self.sizes.clear();
         Batch { entries: std::mem::take(&mut self.entries) }
     }
 }
@@ -177,6 +197,18 @@ mod tests {
         let later = start + Duration::from_secs(60);
         buffer.push(entry(3), 1, later);
         assert_eq!(buffer.deadline(), Some(later + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn retaining_drops_the_entries_of_revoked_partitions_and_their_bytes() {
+        let (mut buffer, now) = (Buffer::new(LIMITS), Instant::now());
+        buffer.push(Entry { partition: 1, ..entry(1) }, 10, now);
+        buffer.push(Entry { partition: 2, ..entry(2) }, 20, now);
+        buffer.retain(|partition| partition != 1);
+        assert_eq!((buffer.len(), buffer.bytes(), buffer.deadline().is_some()), (1, 20, true));
+        buffer.retain(|_| false);
+        assert_eq!((buffer.len(), buffer.bytes(), buffer.deadline()), (0, 0, None));
+        assert_eq!(buffer.take().entries.len(), 0);
     }
 
     #[test]

@@ -47,9 +47,11 @@ impl Frontier {
         self.partitions.values().map(|p| p.pending.len()).sum()
     }
 
-    /// Forgets everything: the assignment was revoked after a drain.
-    pub fn clear(&mut self) {
-        self.partitions.clear();
+    /// Forgets revoked partitions: what is still pending there is their next owner's.
+    pub fn forget(&mut self, partitions: &[i32]) {
+        for partition in partitions {
+            self.partitions.remove(partition);
+        }
     }
 }
 
@@ -98,11 +100,15 @@ mod tests {
     }
 
     #[test]
-    fn unknown_completions_are_ignored_and_clear_forgets_everything() {
+    fn unknown_completions_are_ignored_and_a_revoked_partition_is_forgotten_alone() {
         let mut f = Frontier::default();
         f.complete(3, 1);
         f.track(0, 1);
-        f.clear();
-        assert_eq!((f.pending(), f.take_advanced()), (0, vec![]));
+        f.track(1, 7);
+        f.forget(&[0]);
+        assert_eq!(f.pending(), 1);
+        f.complete(0, 1);
+        f.complete(1, 7);
+        assert_eq!(f.take_advanced(), vec![(1, 8)], "only the kept partition commits");
     }
 }

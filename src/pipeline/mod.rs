@@ -24,7 +24,7 @@ pub mod flush;
 pub mod frontier;
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,6 +93,17 @@ pub enum PipelineError {
     PollerGone,
 }
 
+/// A processed message on its way to the buffer.
+struct ProcessedEntry {
+    entry: Entry,
+    /// What the entry holds in memory.
+    bytes: usize,
+    /// Its share of the processing window, returned now.
+    reservation: usize,
+    /// The generation its message was polled in.
+    generation: u64,
+}
+
 /// A finished flush, as the owning task learns of it.
 struct Flushed {
     /// The assignment generation it was started in; an older one's offsets are not ours.
@@ -158,6 +169,7 @@ pub async fn consume(
         polled: polled_rx,
         control: control_rx,
         generation: 0,
+        revoked: HashMap::new(),
         pool: Arc::new(pool),
         limits: settings.limits,
         processing_bytes: 0,
@@ -196,12 +208,16 @@ struct Pipeline {
     consumer: Arc<IngestConsumer>,
     polled: mpsc::Receiver<Polled>,
     control: mpsc::UnboundedReceiver<Control>,
-    /// The current assignment generation: messages and flushes of earlier ones are not ours.
+    /// The current assignment generation (one per revoke).
     generation: u64,
+    /// Partition → the generation its last revoke started. A message polled, or a flush started,
+    /// in an earlier generation is no longer ours for that partition (its next owner reads it);
+    /// for the partitions this member kept, nothing changes (incremental rebalancing).
+    revoked: HashMap<i32, u64>,
     pool: Arc<rayon::ThreadPool>,
     limits: Limits,
     /// Messages being processed, in arrival order, with their window reservations.
-    processing: FuturesOrdered<oneshot::Receiver<(Entry, usize, usize)>>,
+    processing: FuturesOrdered<oneshot::Receiver<ProcessedEntry>>,
     /// Sum of the reservations in `processing`.
     processing_bytes: usize,
     buffer: Buffer,
@@ -249,8 +265,10 @@ impl Pipeline {
                     self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
                 }
                 polled = self.polled.recv(), if !self.paused && self.window_open() => match polled {
-                    Some(polled) if polled.generation >= self.generation => self.process(polled.message),
-                    // Polled before a revoke: the partition is no longer ours; its next owner reads it.
+                    Some(polled) if !self.stale(polled.message.partition(), polled.generation) => {
+                        self.process(polled.message, polled.generation);
+                    }
+                    // Polled before its partition was revoked: its next owner reads it.
                     Some(_stale) => {}
                     None => return Err(PipelineError::PollerGone),
                 },
@@ -266,8 +284,13 @@ impl Pipeline {
         self.processing.len() < PROCESSING_WINDOW_MESSAGES && self.processing_bytes < PROCESSING_WINDOW_BYTES
     }
 
+    /// Whether something of `partition` from `generation` predates the partition's last revoke.
+    fn stale(&self, partition: i32, generation: u64) -> bool {
+        self.revoked.get(&partition).is_some_and(|&revoked| generation < revoked)
+    }
+
     /// consume → process: decompress and parse on the pool.
-    fn process(&mut self, message: OwnedMessage) {
+    fn process(&mut self, message: OwnedMessage, generation: u64) {
         self.status.consumed.fetch_add(1, Ordering::Relaxed);
         metrics::consumed();
         let size = window_reservation(message.payload().map_or(0, <[u8]>::len));
@@ -276,14 +299,18 @@ impl Pipeline {
         let (limits, topic) = (self.limits, self.topic.clone());
         self.pool.spawn(move || {
             let (entry, bytes) = to_entry(message, &limits, topic);
-            let _ = tx.send((entry, bytes, size));
+            let _ = tx.send(ProcessedEntry { entry, bytes, reservation: size, generation });
         });
         self.processing.push_back(rx);
     }
 
     /// process → buffer.
-    fn buffered(&mut self, (entry, bytes, size): (Entry, usize, usize)) {
-        self.processing_bytes -= size;
+    fn buffered(&mut self, ProcessedEntry { entry, bytes, reservation, generation }: ProcessedEntry) {
+        self.processing_bytes -= reservation;
+        if self.stale(entry.partition, generation) {
+            // Processed across a revoke whose drain gave up on it.
+            return;
+        }
         if let Outcome::Invalid(invalid) = &entry.outcome {
             self.status.record_invalid(invalid.error.reason.as_str());
         }
@@ -330,15 +357,21 @@ impl Pipeline {
     /// flush → commit.
     fn flushed(&mut self, flushed: Flushed) -> Result<(), PipelineError> {
         self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
-        if flushed.generation < self.generation {
-            // Started before a revoke whose drain gave up on it: its partitions may be someone
-            // else's now, so nothing of it is committed (what it wrote is idempotent).
+        // Started before a revoke whose drain gave up on it: the revoked partitions' offsets are
+        // someone else's now and are not committed (what the flush wrote is idempotent); those of
+        // partitions this member kept are.
+        let generation = flushed.generation;
+        let (offsets, given_away): (Vec<_>, Vec<_>) =
+            flushed.offsets.iter().partition(|(partition, _)| !self.stale(*partition, generation));
+        if !given_away.is_empty() {
             info!(
-                messages = flushed.offsets.len(),
+                messages = given_away.len(),
                 ok = flushed.result.is_ok(),
-                "flush of revoked partitions finished; not committed"
+                "flush of revoked partitions finished; their offsets are not committed"
             );
-            return Ok(());
+            if offsets.is_empty() {
+                return Ok(());
+            }
         }
         let report = flushed.result.map_err(PipelineError::Flush)?;
         debug!(messages = flushed.offsets.len(), reason = flushed.reason.as_str(), sinks = ?report.sinks, "flush done");
@@ -348,14 +381,14 @@ impl Pipeline {
             flushed.invalid_by_reason.into_iter(),
             report.sinks.iter().map(|s| (s.sink, s.took, s.retries, s.written)),
         );
-        self.status.flushed.fetch_add(flushed.offsets.len() as u64, Ordering::Relaxed);
+        self.status.flushed.fetch_add(offsets.len() as u64, Ordering::Relaxed);
         for _ in &report.rejected {
             self.status.record_invalid(Reason::RejectedBySink.as_str());
         }
         for sink in &report.sinks {
             self.status.record_sink(sink.sink, sink.took, sink.written);
         }
-        for (partition, offset) in flushed.offsets {
+        for (partition, offset) in offsets {
             self.frontier.complete(partition, offset);
         }
         self.commit();
@@ -420,8 +453,11 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The assignment is revoked: drain within the deadline; whatever is not durable by then is
-    /// given up (redelivered to the next owner), and the member carries on.
+    /// `partitions` are revoked — all of them with eager assignment, some with cooperative
+    /// (incremental) rebalancing: drain within the deadline, so that everything polled so far,
+    /// whatever its partition, is durable and committed. What the drain could not finish in time
+    /// is given up for the revoked partitions only (their next owner reads it again) and kept for
+    /// the others, which this member goes on consuming.
     async fn revoke(&mut self, partitions: &[i32], generation: u64) -> Result<(), PipelineError> {
         match self.drain().await {
             Ok(result) => result?,
@@ -433,21 +469,25 @@ impl Pipeline {
             ),
         }
         self.generation = self.generation.max(generation);
-        self.processing = FuturesOrdered::new();
-        self.processing_bytes = 0;
-        drop(self.buffer.take());
+        for &partition in partitions {
+            self.revoked.insert(partition, generation);
+        }
+        self.buffer.retain(|partition| !partitions.contains(&partition));
         self.publish_buffer();
-        self.frontier.clear();
+        self.frontier.forget(partitions);
+        // librdkafka keeps a partition's pause flag: one given up while paused would stay paused
+        // when it comes back.
         if self.paused {
-            let assignment = self.consumer.assignment()?;
-            self.consumer.resume(&assignment)?;
-            self.paused = false;
+            self.consumer.resume(&commit_list(&self.topic, &partitions.iter().map(|&p| (p, 0)).collect::<Vec<_>>()))?;
+        }
+        self.status.revoke(partitions);
+        if self.status.partitions().is_empty() {
             if let Some(since) = self.paused_since.take() {
                 metrics::paused_for(since.elapsed());
             }
+            self.paused = false;
+            self.status.paused.store(false, Ordering::Relaxed);
         }
-        self.status.paused.store(false, Ordering::Relaxed);
-        self.status.revoke(partitions);
         self.status.rebalances.fetch_add(1, Ordering::Relaxed);
         metrics::rebalanced();
         Ok(())

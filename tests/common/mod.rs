@@ -711,12 +711,14 @@ pub async fn clickhouse_rows(table: &str) -> Vec<replay_ingest::recording::Repla
     client.query(&format!("SELECT ?fields FROM {table} FINAL")).fetch_all().await.unwrap()
 }
 
-/// A DogStatsD listener on 127.0.0.1 for the service's metrics.
+/// A DogStatsD listener on 127.0.0.1 for the service's metrics. A thread drains the socket as
+/// datagrams arrive, so a long run cannot overflow the socket's buffer and lose early ones.
 pub struct Statsd {
-    socket: std::net::UdpSocket,
+    port: u16,
+    received: std::sync::Arc<std::sync::Mutex<(String, Instant)>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// What the service sent over DogStatsD, by `name` or `name|tags`.
 /// What a test's DogStatsD port received. Reading fails on a metric without the unified service
 /// tags (`service:replay-ingest`, `version:<crate version>`); keys leave them out.
 pub struct Metrics {
@@ -729,25 +731,44 @@ pub struct Metrics {
     pub seen: BTreeSet<String>,
 }
 
+impl Drop for Statsd {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Statsd {
     pub fn bind() -> Statsd {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        Statsd { socket }
+        socket.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let port = socket.local_addr().unwrap().port();
+        let received = std::sync::Arc::new(std::sync::Mutex::new((String::new(), Instant::now())));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (sink, done) = (received.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(n) = socket.recv(&mut buf) {
+                    let mut received = sink.lock().unwrap();
+                    received.0.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    received.0.push('\n');
+                    received.1 = Instant::now();
+                }
+            }
+        });
+        Statsd { port, received, stop }
     }
 
     pub fn port(&self) -> u16 {
-        self.socket.local_addr().unwrap().port()
+        self.port
     }
 
-    /// Everything received so far (reading until 200 ms pass without a datagram).
+    /// Everything received since the last read, once 200 ms pass without a datagram.
     pub fn read(&self) -> Metrics {
-        let mut text = String::new();
-        let mut buf = [0u8; 65536];
-        while let Ok(n) = self.socket.recv(&mut buf) {
-            text.push_str(&String::from_utf8_lossy(&buf[..n]));
-            text.push('\n');
+        while self.received.lock().unwrap().1.elapsed() < Duration::from_millis(200) {
+            std::thread::sleep(Duration::from_millis(20));
         }
+        let text = std::mem::take(&mut self.received.lock().unwrap().0);
         let (mut counters, mut values, mut seen) =
             (BTreeMap::new(), BTreeMap::<String, Vec<f64>>::new(), BTreeSet::new());
         for line in text.lines().filter(|l| !l.is_empty()) {

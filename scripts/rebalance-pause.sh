@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Measures how long rebalances stop consumption, eager (`range`) against cooperative-sticky, with
+# two members under a steady load on the local broker: member A runs alone, B joins (rebalance
+# 1), then A leaves on SIGTERM (rebalance 2). Each member's `/status` is sampled every 20 ms; a
+# pause is the longest time a member that holds partitions through the rebalance consumed
+# nothing while messages were waiting.
+# Usage: scripts/rebalance-pause.sh [RATE]   (messages per second produced, default 400)
+#   REBALANCE_JSON=FILE   also append the results as JSON lines to FILE
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RATE=${1:-400}
+
+# shellcheck source=scripts/lib/isolated-stack.sh
+source scripts/lib/isolated-stack.sh rebalance
+trap 'scripts/stack.sh down >/dev/null' EXIT
+scripts/stack.sh up >/dev/null
+# shellcheck disable=SC1091
+source "$REPLAY_INGEST_STACK_DIR/stack.env"
+cargo build --locked --release --quiet --bin replay-ingest --example produce
+export REBALANCE_BIN=${CARGO_TARGET_DIR:-target}/release/replay-ingest
+export REBALANCE_PRODUCE=${CARGO_TARGET_DIR:-target}/release/examples/produce
+
+for strategy in range cooperative-sticky; do
+  topic=rebalance-$strategy-$RANDOM$RANDOM
+  "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 8 "$topic" >/dev/null
+  "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 1 "$topic-dlq" >/dev/null
+  python3 - "$strategy" "$topic" "$RATE" <<'PY'
+import json, os, signal, subprocess, sys, threading, time, urllib.request, glob, socket
+
+strategy, topic, rate = sys.argv[1], sys.argv[2], int(sys.argv[3])
+brokers = os.environ["REPLAY_INGEST_TEST_BROKERS"]
+small = sorted(f for f in glob.glob("fixtures/segments/*.msgpack") if os.path.getsize(f) < 100_000)
+
+def free_port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
+
+def member(name):
+    port = free_port()
+    args = [os.environ["REBALANCE_BIN"], "consume", "--brokers", brokers, "--topic", topic,
+            "--dlq-topic", topic + "-dlq", "--group-id", topic, "--http-listen", f"127.0.0.1:{port}",
+            "--blob-sink", "null", "--rows-sink", "null", "--events-sink", "null", "--statsd-address", "",
+            "--session-timeout-ms", "6000", "--drain-deadline-ms", "5000", "--buffer-max-age-ms", "500",
+            "--kafka-property", f"partition.assignment.strategy={strategy}"]
+    log = open(f"{os.environ['REPLAY_INGEST_STACK_DIR']}/{name}-{strategy}.log", "w")
+    return subprocess.Popen(args, stderr=log, stdout=subprocess.DEVNULL), port
+
+samples = {"A": [], "B": []}
+stop = threading.Event()
+
+def sample(name, port):
+    while not stop.is_set():
+        try:
+            status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=1))
+            samples[name].append((time.monotonic(), status["consumed"], len(status["partitions"])))
+        except Exception:
+            pass
+        time.sleep(0.02)
+
+def produce():
+    # Batches of rate/10 every 100 ms: a steady stream.
+    while not stop.is_set():
+        started = time.monotonic()
+        subprocess.run([os.environ["REBALANCE_PRODUCE"], "--brokers", brokers, "--topic", topic,
+                        "--count", str(max(1, rate // 10)), *small], stdout=subprocess.DEVNULL, check=True)
+        time.sleep(max(0.0, 0.1 - (time.monotonic() - started)))
+
+a, a_port = member("A")
+threading.Thread(target=sample, args=("A", a_port), daemon=True).start()
+threading.Thread(target=produce, daemon=True).start()
+time.sleep(10)
+b, b_port = member("B")
+threading.Thread(target=sample, args=("B", b_port), daemon=True).start()
+joined = time.monotonic()
+time.sleep(15)
+a.send_signal(signal.SIGTERM)
+left = time.monotonic()
+time.sleep(15)
+stop.set()
+b.send_signal(signal.SIGTERM)
+a.wait(); b.wait()
+
+def longest_stall(series, start, end):
+    """Longest time without a new consumed message between start and end, while holding partitions."""
+    points = [(t, c, p) for t, c, p in series if start <= t <= end]
+    longest, since, last = 0.0, None, None
+    for t, consumed, partitions in points:
+        if last is None or consumed > last:
+            if since is not None:
+                longest = max(longest, t - since)
+            since, last = t, consumed
+    if since is not None and points:
+        longest = max(longest, points[-1][0] - since)
+    return longest
+
+join_pause = longest_stall(samples["A"], joined, joined + 12)
+leave_pause = longest_stall(samples["B"], left, left + 12)
+total = lambda s: s[-1][1] if s else 0
+result = {"strategy": strategy, "rate": rate, "join_pause_s": round(join_pause, 2),
+          "leave_pause_s": round(leave_pause, 2), "consumed": total(samples["A"]) + total(samples["B"])}
+print(json.dumps(result))
+if os.environ.get("REBALANCE_JSON"):
+    with open(os.environ["REBALANCE_JSON"], "a") as out:
+        out.write(json.dumps(result) + "\n")
+PY
+done
