@@ -73,11 +73,20 @@ pub struct FlushReport {
 /// nothing of this batch may be committed.
 pub fn flush(batch: &[Entry], sinks: &Sinks, policy: &RetryPolicy, status: &Status) -> Result<FlushReport, SinkError> {
     let mut report = FlushReport::default();
+    // The sinks of a stage write in parallel, each on a thread of its own that enters the
+    // service's runtime, so that `sink::block_on` drives their async clients.
+    let runtime = tokio::runtime::Handle::try_current().ok();
     for stage in &sinks.stages {
         let results: Vec<_> = std::thread::scope(|scope| {
             let handles: Vec<_> = stage
                 .iter()
-                .map(|sink| scope.spawn(move || write_isolating(sink.as_ref(), batch, policy, status)))
+                .map(|sink| {
+                    let runtime = runtime.clone();
+                    scope.spawn(move || {
+                        let _entered = runtime.as_ref().map(tokio::runtime::Handle::enter);
+                        write_isolating(sink.as_ref(), batch, policy, status)
+                    })
+                })
                 .collect();
             handles
                 .into_iter()

@@ -13,8 +13,6 @@
 
 use std::collections::HashSet;
 
-use tokio::runtime::Handle;
-
 use super::{Entry, Outcome, Retry, Sink, SinkError, Written};
 use crate::recording::{KafkaPosition, ReplayRow};
 use crate::secret::Secret;
@@ -390,18 +388,15 @@ pub struct ClickHouseSink {
     config: ClickHouseConfig,
     chunk_rows: usize,
     timeout: std::time::Duration,
-    runtime: Handle,
 }
 
 impl ClickHouseSink {
-    /// Must be created inside the async runtime the writes will use.
     pub fn new(config: &ClickHouseConfig) -> Self {
         ClickHouseSink {
             client: client(config),
             config: config.clone(),
             chunk_rows: config.chunk_rows.max(1),
             timeout: config.timeout,
-            runtime: Handle::current(),
         }
     }
 
@@ -452,30 +447,28 @@ impl Sink for ClickHouseSink {
     }
 
     fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
-        let rows = self
-            .runtime
-            // The timer must be made inside the runtime: this thread is not one of its workers.
-            .block_on(async {
-                let error = match tokio::time::timeout(self.timeout, self.insert(batch)).await {
-                    Err(_) => {
-                        let message = format!("timed out after {:?}", self.timeout);
-                        return Err(SinkError::new(self.name(), Retry::Retryable, message));
-                    }
-                    Ok(Ok(rows)) => return Ok(rows),
-                    Ok(Err(error)) => error,
-                };
-                // The server refused the data: a table altered since startup explains it for
-                // every batch, and no retry or dead letter would help.
-                if let clickhouse::error::Error::BadResponse(_) = error {
-                    let check = tokio::time::timeout(self.timeout, check_table(&self.config)).await;
-                    if let Ok(Err(mismatch)) = check
-                        && mismatch.retry == Retry::Fatal
-                    {
-                        return Err(mismatch);
-                    }
+        // The timer must be made inside the runtime: this thread is not one of its workers.
+        let rows = super::block_on(async {
+            let error = match tokio::time::timeout(self.timeout, self.insert(batch)).await {
+                Err(_) => {
+                    let message = format!("timed out after {:?}", self.timeout);
+                    return Err(SinkError::new(self.name(), Retry::Retryable, message));
                 }
-                Err(SinkError::new(self.name(), classify(&error), error))
-            })?;
+                Ok(Ok(rows)) => return Ok(rows),
+                Ok(Err(error)) => error,
+            };
+            // The server refused the data: a table altered since startup explains it for
+            // every batch, and no retry or dead letter would help.
+            if let clickhouse::error::Error::BadResponse(_) = error {
+                let check = tokio::time::timeout(self.timeout, check_table(&self.config)).await;
+                if let Ok(Err(mismatch)) = check
+                    && mismatch.retry == Retry::Fatal
+                {
+                    return Err(mismatch);
+                }
+            }
+            Err(SinkError::new(self.name(), classify(&error), error))
+        })?;
         Ok(Written { items: rows, bytes: 0 })
     }
 }

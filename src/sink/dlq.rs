@@ -218,7 +218,7 @@ impl Sink for DlqSink {
         // A broker whose topic limit is below `max_record_bytes` refuses the record on delivery:
         // that dead letter goes the pointer's way.
         let mut pointers = Vec::new();
-        for (&(entry, message), delivery) in letters.iter().zip(futures::executor::block_on(join_all(deliveries))) {
+        for (&(entry, message), delivery) in letters.iter().zip(super::block_on(join_all(deliveries))) {
             match delivered(delivery, classify_producer_error) {
                 Err(e) if e.retry == Retry::Rejected => {
                     pointers.push(self.send_pointer(entry, message, headers(entry, message))?);
@@ -226,7 +226,7 @@ impl Sink for DlqSink {
                 other => other?,
             }
         }
-        for delivery in futures::executor::block_on(join_all(pointers)) {
+        for delivery in super::block_on(join_all(pointers)) {
             delivered(delivery, pointer_retry)?;
         }
         Ok(Written {

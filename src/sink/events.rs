@@ -66,7 +66,6 @@ pub struct EventsSink {
 }
 
 impl EventsSink {
-    /// Must be created inside the async runtime the writes will use.
     pub fn new(producer: FutureProducer, topics: EventTopics, issues: IssueGates, first_replay_cache: usize) -> Self {
         let seen = SeenProjects { set: HashSet::new(), order: VecDeque::new(), capacity: first_replay_cache };
         EventsSink { publisher: Publisher::new(producer, "events"), topics, issues, seen: Mutex::new(seen) }

@@ -9,7 +9,6 @@
 use futures::StreamExt;
 use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_storage::client::Storage;
-use tokio::runtime::Handle;
 
 use super::{Entries, Entry, ObjectStore, Retry, Sink, SinkError, Written};
 
@@ -46,11 +45,10 @@ pub struct GcsSink {
     name: String,
     concurrency: usize,
     timeout: std::time::Duration,
-    runtime: Handle,
 }
 
 impl GcsSink {
-    /// Must be called inside the async runtime the uploads will use.
+    /// Builds the client: credentials from the environment, or anonymous for emulators.
     pub async fn new(config: &GcsConfig) -> Result<Self, google_cloud_gax::client_builder::Error> {
         let mut builder = Storage::builder().with_retry_policy(NeverRetry);
         if let Some(endpoint) = &config.endpoint {
@@ -65,7 +63,6 @@ impl GcsSink {
             name: config.bucket.clone(),
             concurrency: config.concurrency.max(1),
             timeout: config.timeout,
-            runtime: Handle::current(),
         })
     }
 
@@ -92,7 +89,7 @@ impl Sink for GcsSink {
     fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
         let uploads = batch.valid().map(|p| self.upload(&p.blob.key, p.blob.bytes.clone()));
         let results: Vec<Result<(), SinkError>> =
-            self.runtime.block_on(futures::stream::iter(uploads).buffer_unordered(self.concurrency).collect());
+            super::block_on(futures::stream::iter(uploads).buffer_unordered(self.concurrency).collect());
         results.into_iter().collect::<Result<Vec<()>, _>>()?;
         Ok(Written {
             items: batch.valid().count() as u64,
@@ -115,7 +112,7 @@ pub const PROBE_KEY: &str = "replay-ingest/startup-check";
 
 impl ObjectStore for GcsSink {
     fn put(&self, key: &str, bytes: &[u8]) -> Result<(), SinkError> {
-        self.runtime.block_on(self.upload(key, bytes::Bytes::copy_from_slice(bytes)))
+        super::block_on(self.upload(key, bytes::Bytes::copy_from_slice(bytes)))
     }
 
     fn location(&self, key: &str) -> String {

@@ -11,6 +11,9 @@
 //! - [`null`]: accepts everything (benchmarks the pipeline alone).
 //!
 //! [`publish`] is what the sinks that write to Kafka topics share.
+//!
+//! `write` runs on a flush's blocking thread; a sink with an async client drives it with
+//! [`block_on`], the one way this is done.
 
 pub mod clickhouse;
 pub mod dlq;
@@ -22,9 +25,19 @@ pub mod publish;
 pub mod snuba;
 
 use std::fmt;
+use std::future::Future;
 
 pub use crate::metrics::Written;
 use crate::recording::{InvalidRecording, Processed};
+
+/// Runs `future` to completion from a flush's blocking thread, on the service's runtime: the
+/// async clients (hyper for GCS and ClickHouse, rdkafka's queue waits) need its reactor and
+/// timers. The flush runs each stage's sinks on threads that have entered the runtime.
+///
+/// Panics outside a runtime context, or on one of its async workers.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    tokio::runtime::Handle::current().block_on(future)
+}
 
 /// One consumed message as the flush sees it.
 #[derive(Debug)]

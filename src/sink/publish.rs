@@ -9,7 +9,6 @@ use std::time::Duration;
 use futures::future::join_all;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use tokio::runtime::Handle;
 
 use super::{Retry, SinkError, Written};
 
@@ -28,16 +27,13 @@ pub struct Record<'a> {
 
 pub struct Publisher {
     producer: FutureProducer,
-    /// The producer waits on the runtime's timers when its queue is full.
-    runtime: Handle,
     sink: &'static str,
 }
 
 impl Publisher {
-    /// Must be created inside the async runtime the writes will use; `sink` names the sink in
-    /// errors.
+    /// `sink` names the sink in errors.
     pub fn new(producer: FutureProducer, sink: &'static str) -> Self {
-        Publisher { producer, runtime: Handle::current(), sink }
+        Publisher { producer, sink }
     }
 
     /// Publishes every record, stopping at the first one that cannot be built.
@@ -76,7 +72,8 @@ impl Publisher {
     where
         F: std::future::Future<Output = Result<T, (rdkafka::error::KafkaError, rdkafka::message::OwnedMessage)>>,
     {
-        for delivery in self.runtime.block_on(join_all(deliveries)) {
+        // The producer waits on the runtime's timers when its queue is full.
+        for delivery in super::block_on(join_all(deliveries)) {
             delivery.map_err(|(e, _)| SinkError::new(self.sink, classify_producer_error(&e), e))?;
         }
         Ok(())

@@ -16,7 +16,6 @@ pub struct SnubaSink {
 }
 
 impl SnubaSink {
-    /// Must be created inside the async runtime the writes will use.
     pub fn new(producer: FutureProducer, topic: impl Into<String>) -> Self {
         SnubaSink { publisher: Publisher::new(producer, "snuba"), topic: topic.into() }
     }
