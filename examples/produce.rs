@@ -33,7 +33,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    cli.kafka.validate().map_err(anyhow::Error::msg)?;
+    cli.kafka.validate()?;
     let values = cli
         .files
         .iter()

@@ -3,7 +3,9 @@
 # two members under a steady load on the local broker: member A runs alone, B joins (rebalance
 # 1), then A leaves on SIGTERM (rebalance 2). Each member's `/status` is sampled every 20 ms; a
 # pause is the longest time a member that holds partitions through the rebalance consumed
-# nothing while messages were waiting.
+# nothing while messages were waiting. An observer in a group of its own reads the same topic:
+# its pauses are the broker's, not the rebalance protocol's (tansu answers fetches late while a
+# group join is pending; docs/local-stack.md).
 # Usage: scripts/rebalance-pause.sh [RATE]   (messages per second produced, default 400)
 #   REBALANCE_JSON=FILE   also append the results as JSON lines to FILE
 set -euo pipefail
@@ -34,17 +36,17 @@ small = sorted(f for f in glob.glob("fixtures/segments/*.msgpack") if os.path.ge
 def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
 
-def member(name):
+def member(name, group=topic):
     port = free_port()
     args = [os.environ["REBALANCE_BIN"], "consume", "--brokers", brokers, "--topic", topic,
-            "--dlq-topic", topic + "-dlq", "--group-id", topic, "--http-listen", f"127.0.0.1:{port}",
+            "--dlq-topic", topic + "-dlq", "--group-id", group, "--http-listen", f"127.0.0.1:{port}",
             "--blob-sink", "null", "--rows-sink", "null", "--events-sink", "null", "--statsd-address", "",
             "--session-timeout-ms", "6000", "--drain-deadline-ms", "5000", "--buffer-max-age-ms", "500",
             "--kafka-property", f"partition.assignment.strategy={strategy}"]
     log = open(f"{os.environ['REPLAY_INGEST_STACK_DIR']}/{name}-{strategy}.log", "w")
     return subprocess.Popen(args, stderr=log, stdout=subprocess.DEVNULL), port
 
-samples = {"A": [], "B": []}
+samples = {"A": [], "B": [], "observer": []}
 stop = threading.Event()
 
 def sample(name, port):
@@ -66,6 +68,8 @@ def produce():
 
 a, a_port = member("A")
 threading.Thread(target=sample, args=("A", a_port), daemon=True).start()
+observer, observer_port = member("observer", topic + "-observer")
+threading.Thread(target=sample, args=("observer", observer_port), daemon=True).start()
 threading.Thread(target=produce, daemon=True).start()
 time.sleep(10)
 b, b_port = member("B")
@@ -77,7 +81,8 @@ left = time.monotonic()
 time.sleep(15)
 stop.set()
 b.send_signal(signal.SIGTERM)
-a.wait(); b.wait()
+observer.send_signal(signal.SIGTERM)
+a.wait(); b.wait(); observer.wait()
 
 def longest_stall(series, start, end):
     """Longest time without a new consumed message between start and end, while holding partitions."""
@@ -92,11 +97,27 @@ def longest_stall(series, start, end):
         longest = max(longest, points[-1][0] - since)
     return longest
 
+def drains(name):
+    """Revoke drains in a member's log, and the longest (revoke logged → drained logged)."""
+    import re
+    lines = open(f"{os.environ['REPLAY_INGEST_STACK_DIR']}/{name}-{strategy}.log").read().splitlines()
+    stamp = lambda l: time.mktime(time.strptime(l[:19], "%Y-%m-%dT%H:%M:%S")) + float("0." + l[20:26])
+    clean = [re.sub(r"\x1b\[[0-9;]*m", "", l) for l in lines]
+    revokes = [stamp(l) for l in clean if "partitions revoked: draining" in l]
+    drained = [stamp(l) for l in clean if "drained pending" in l]
+    longest = max((min((d for d in drained if d >= r), default=r) - r for r in revokes), default=0.0)
+    return len(revokes), round(longest, 3)
+
 join_pause = longest_stall(samples["A"], joined, joined + 12)
 leave_pause = longest_stall(samples["B"], left, left + 12)
+observer_pause = max(longest_stall(samples["observer"], joined, joined + 12),
+                     longest_stall(samples["observer"], left, left + 12))
 total = lambda s: s[-1][1] if s else 0
+(a_drains, a_longest), (b_drains, b_longest) = drains("A"), drains("B")
 result = {"strategy": strategy, "rate": rate, "join_pause_s": round(join_pause, 2),
-          "leave_pause_s": round(leave_pause, 2), "consumed": total(samples["A"]) + total(samples["B"])}
+          "leave_pause_s": round(leave_pause, 2), "observer_pause_s": round(observer_pause, 2),
+          "drains": {"A": a_drains, "B": b_drains}, "longest_drain_s": max(a_longest, b_longest),
+          "consumed": total(samples["A"]) + total(samples["B"])}
 print(json.dumps(result))
 if os.environ.get("REBALANCE_JSON"):
     with open(os.environ["REBALANCE_JSON"], "a") as out:

@@ -230,10 +230,9 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
 }
 
 async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
-    args.validate().map_err(anyhow::Error::msg)?;
-    let exporter = replay_ingest::metrics::install(&args.metrics.settings())
-        .map_err(anyhow::Error::msg)
-        .context("starting the DogStatsD exporter")?;
+    args.validate()?;
+    let exporter =
+        replay_ingest::metrics::install(&args.metrics.settings()).context("starting the DogStatsD exporter")?;
     let result = serve(&args).await;
     // Whether the service stopped cleanly or not, what it counted last is sent before it exits.
     exporter.flush_before_exit().await;

@@ -82,10 +82,19 @@ impl Exporter {
     }
 }
 
+/// Why the exporter could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("--statsd-tag {0:?} is not key:value")]
+    Tag(String),
+    #[error("DogStatsD exporter: {0}")]
+    Exporter(#[from] metrics_exporter_dogstatsd::BuildError),
+}
+
 /// Installs the DogStatsD exporter as the global recorder. Every metric carries
 /// `service:replay-ingest` and `version:<crate version>` (Datadog's unified service tags; an
 /// explicit tag of either name wins) and the configured tags.
-pub fn install(settings: &Settings<'_>) -> Result<Exporter, String> {
+pub fn install(settings: &Settings<'_>) -> Result<Exporter, InstallError> {
     if settings.address.is_empty() {
         return Ok(Exporter { flush_interval: None });
     }
@@ -94,7 +103,7 @@ pub fn install(settings: &Settings<'_>) -> Result<Exporter, String> {
         .iter()
         .map(|tag| match tag.split_once(':') {
             Some((key, value)) => Ok(metrics::Label::new(key.to_owned(), value.to_owned())),
-            None => Err(format!("--statsd-tag {tag:?} is not key:value")),
+            None => Err(InstallError::Tag(tag.clone())),
         })
         .collect::<Result<Vec<_>, _>>()?;
     for (key, value) in [("service", "replay-ingest"), ("version", env!("CARGO_PKG_VERSION"))] {
@@ -103,15 +112,13 @@ pub fn install(settings: &Settings<'_>) -> Result<Exporter, String> {
         }
     }
     DogStatsDBuilder::default()
-        .with_remote_address(settings.address)
-        .map_err(|e| e.to_string())?
+        .with_remote_address(settings.address)?
         .set_global_prefix(settings.prefix)
         .with_global_labels(labels)
         .with_flush_interval(settings.flush_interval)
         .with_telemetry(false)
         .send_histograms_as_distributions(true)
-        .install()
-        .map_err(|e| e.to_string())?;
+        .install()?;
     Ok(Exporter { flush_interval: Some(settings.flush_interval) })
 }
 

@@ -27,14 +27,15 @@ impl Refetcher {
     }
 
     /// The message at `offset` of `partition`, waiting at most `timeout` for it.
-    pub fn fetch(&self, partition: i32, offset: i64, timeout: Duration) -> Result<OwnedMessage, String> {
+    pub fn fetch(&self, partition: i32, offset: i64, timeout: Duration) -> Result<OwnedMessage, RefetchError> {
+        let at = || Position { topic: self.topic.clone(), partition, offset };
         // One fetch at a time; a panic elsewhere cannot leave the consumer inconsistent.
         let consumer = self.consumer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut position = TopicPartitionList::new();
         position
             .add_partition_offset(&self.topic, partition, Offset::Offset(offset))
-            .map_err(|e| format!("offset {offset}: {e}"))?;
-        consumer.assign(&position).map_err(|e| format!("assigning {}/{partition}: {e}", self.topic))?;
+            .and_then(|()| consumer.assign(&position))
+            .map_err(|source| RefetchError::Kafka { at: at(), source })?;
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             match consumer.poll(Duration::from_millis(100)) {
@@ -42,9 +43,32 @@ impl Refetcher {
                     return Ok(message.detach());
                 }
                 Some(Ok(_)) | None => {}
-                Some(Err(error)) => return Err(format!("reading {}/{partition}@{offset}: {error}", self.topic)),
+                Some(Err(source)) => return Err(RefetchError::Kafka { at: at(), source }),
             }
         }
-        Err(format!("{}/{partition}@{offset} not read within {timeout:?}", self.topic))
+        Err(RefetchError::Timeout { at: at(), timeout })
     }
+}
+
+/// Where a message is: `topic/partition@offset`.
+#[derive(Debug, Clone)]
+pub struct Position {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}@{}", self.topic, self.partition, self.offset)
+    }
+}
+
+/// Why a message could not be read again.
+#[derive(Debug, thiserror::Error)]
+pub enum RefetchError {
+    #[error("reading {at}: {source}")]
+    Kafka { at: Position, source: KafkaError },
+    #[error("{at} not read within {timeout:?}")]
+    Timeout { at: Position, timeout: Duration },
 }

@@ -15,9 +15,11 @@
 //! assigned partitions are paused until a flush completes. Rebalances arrive on their own
 //! channel, read whatever the backpressure. Shutdown and partition revocation share one drain,
 //! bounded by `--drain-deadline-ms`: process what was polled, flush everything, commit
-//! synchronously. A revoke whose drain misses the deadline gives up what is not durable (it is
-//! redelivered to the next owner) and the member carries on; flushes still running then finish
-//! without committing anything.
+//! synchronously. Rebalancing is cooperative: a revoke names only the partitions that move, and
+//! the member goes on consuming the others. A revoke whose drain misses the deadline gives up
+//! what is not durable in the revoked partitions (their next owner reads it again) and the
+//! member carries on; per-partition revoke generations keep anything polled or flushed before
+//! the revoke from being committed for those partitions (docs/reliability.md).
 
 pub mod buffer;
 pub mod flush;

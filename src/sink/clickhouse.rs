@@ -467,7 +467,7 @@ impl Sink for ClickHouseSink {
                     return Err(mismatch);
                 }
             }
-            Err(SinkError::new(self.name(), classify(&error), error))
+            Err(SinkError::from_error(self.name(), classify(&error), error))
         })?;
         Ok(Written { items: rows, bytes: 0 })
     }

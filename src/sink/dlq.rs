@@ -78,7 +78,7 @@ impl DlqSink {
             Err((e, _)) if classify_producer_error(&e) == Retry::Rejected => {
                 self.send_pointer(entry, message, headers(entry, message))
             }
-            Err((e, _)) => Err(SinkError::new(self.name(), classify_producer_error(&e), e)),
+            Err((e, _)) => Err(SinkError::from_error(self.name(), classify_producer_error(&e), e)),
         }
     }
 
@@ -122,7 +122,7 @@ impl DlqSink {
             record = record.key(key);
         }
         warn!(partition = entry.partition, offset = entry.offset, bytes = message.value.len(), %location, "dead letter too large for its topic: value kept in the blob store");
-        self.producer.send_result(record).map_err(|(e, _)| SinkError::new(self.name(), pointer_retry(&e), e))
+        self.producer.send_result(record).map_err(|(e, _)| SinkError::from_error(self.name(), pointer_retry(&e), e))
     }
 }
 
@@ -173,7 +173,7 @@ impl DeadLetters for RejectedToDlq {
             let original = self
                 .source
                 .fetch(r.partition, r.offset, self.timeout)
-                .map_err(|e| SinkError::new("rejected", Retry::Retryable, e))?;
+                .map_err(|e| SinkError::from_error("rejected", Retry::Retryable, e))?;
             let (key, timestamp) = key_and_timestamp(&original);
             let error =
                 InvalidRecording::new(Reason::RejectedBySink, format_args!("{}: {}", r.error.sink, r.error.message));

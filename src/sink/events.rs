@@ -106,7 +106,7 @@ impl Sink for EventsSink {
             })
             .map(|event| {
                 let (topic, key) = (self.topics.name(event.topic()), event.key());
-                let value = event.into_json().map_err(|e| SinkError::new(self.name(), Retry::Rejected, e))?;
+                let value = event.into_json().map_err(|e| SinkError::from_error(self.name(), Retry::Rejected, e))?;
                 Ok(Record { topic, key, value })
             });
         let written = self.publisher.publish(records)?;

@@ -74,7 +74,7 @@ impl GcsSink {
             .send_buffered();
         let error = match tokio::time::timeout(self.timeout, upload).await {
             Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => SinkError::new("gcs", classify(&e), e),
+            Ok(Err(e)) => SinkError::from_error("gcs", classify(&e), e),
             Err(_) => SinkError::new("gcs", Retry::Retryable, format_args!("timed out after {:?}", self.timeout)),
         };
         Err(SinkError { message: format!("{}: {}", self.location(key), error.message), ..error })

@@ -26,6 +26,7 @@ pub mod snuba;
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 
 pub use crate::metrics::Written;
 use crate::recording::{InvalidRecording, Processed};
@@ -116,20 +117,38 @@ pub enum Retry {
     Fatal,
 }
 
-/// A failed sink write.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// A failed sink write: which sink, whether a retry can help, what happened — and the client's
+/// own error when there is one (`source()`), for whoever needs more than the message.
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{sink}: {message}")]
 pub struct SinkError {
     pub sink: &'static str,
     pub retry: Retry,
     pub message: String,
+    #[source]
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 impl SinkError {
+    /// A failure described by `message` alone.
     pub fn new(sink: &'static str, retry: Retry, message: impl fmt::Display) -> Self {
-        SinkError { sink, retry, message: message.to_string() }
+        SinkError { sink, retry, message: message.to_string(), source: None }
+    }
+
+    /// A failure the client reported as `error`, kept as the source.
+    pub fn from_error(sink: &'static str, retry: Retry, error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        SinkError { sink, retry, message: error.to_string(), source: Some(Arc::new(error)) }
     }
 }
+
+/// Two errors are the same failure when sink, class and message are (the source is detail).
+impl PartialEq for SinkError {
+    fn eq(&self, other: &Self) -> bool {
+        (self.sink, self.retry, &self.message) == (other.sink, other.retry, &other.message)
+    }
+}
+
+impl Eq for SinkError {}
 
 /// A message a sink refused on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]

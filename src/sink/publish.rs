@@ -74,7 +74,7 @@ impl Publisher {
     {
         // The producer waits on the runtime's timers when its queue is full.
         for delivery in super::block_on(join_all(deliveries)) {
-            delivery.map_err(|(e, _)| SinkError::new(self.sink, classify_producer_error(&e), e))?;
+            delivery.map_err(|(e, _)| SinkError::from_error(self.sink, classify_producer_error(&e), e))?;
         }
         Ok(())
     }

@@ -31,7 +31,7 @@ impl Sink for SnubaSink {
             Ok(messages) => {
                 messages.into_iter().map(|value| Ok(Record { topic: &self.topic, key: None, value })).collect()
             }
-            Err(e) => vec![Err(SinkError::new(self.name(), Retry::Rejected, e))],
+            Err(e) => vec![Err(SinkError::from_error(self.name(), Retry::Rejected, e))],
         });
         self.publisher.publish(records)
     }
