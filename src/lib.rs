@@ -2,12 +2,17 @@
 //! arrival, buffers the results and flushes blobs, rows, events and metrics.
 //!
 //! Layout follows the data flow:
-//! - [`kafka`]: consumer polling thread, rebalance callbacks, producers, the `produce` command;
+//! - [`kafka`]: the consumer's polling thread and rebalance callbacks, re-reading a message;
 //! - [`recording`]: the pure per-message core (decode, decompress, extract, build outputs);
 //! - [`pipeline`]: consume → process → buffer → flush → commit;
-//! - [`sink`]: where a flushed batch goes;
+//! - [`sink`]: where a flushed batch goes (and what Kafka destinations share);
 //! - [`startup`]: destinations checked before joining the group;
-//! - [`config`], [`health`], [`inspect`]: configuration, probes and status, the `inspect` report.
+//! - [`metrics`]: the catalogue and the DogStatsD exporter;
+//! - [`config`]: the flags, which build every other module's settings (nothing imports it back);
+//! - [`secret`], [`health`], [`inspect`]: credentials that never print, probes and status, the
+//!   `inspect` report.
+//!
+//! Formats and rules the code cites are in `docs/formats.md` (input) and `docs/outputs.md`.
 
 pub mod config;
 pub mod health;
