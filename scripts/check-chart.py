@@ -9,6 +9,8 @@
 - the recommended labels on every object and on the pod template; the container port, the probes
   and REPLAY_INGEST_HTTP_LISTEN agree; Kafka properties render one per line; with SASL and KEDA, a
   TriggerAuthentication reads the same Secret the pods mount; NOTES.txt renders;
+- the Dockerfile agrees with the chart (runtime user, port), copies only what exists, has OCI
+  labels;
 - the chart refuses what it must (a grace period below the drain deadline, config.HTTP_LISTEN),
   each with its own message.
 
@@ -133,6 +135,25 @@ def check_wiring(values_name, docs):
             fail(f"({values_name}) KEDA's sasl mode: {trigger['metadata']}")
 
 
+def check_image(defaults, docs):
+    """The Dockerfile and the chart agree: the runtime user, the port; what it copies exists."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.M)
+    deployment = next(d for _, d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]["securityContext"]
+    if not user or (int(user[1]), int(user[2])) != (pod["runAsUser"], pod["runAsGroup"]):
+        fail(f"the image's USER and the chart's runAsUser/runAsGroup differ: {user and user[0]} vs {pod}")
+    exposed = re.search(r"^EXPOSE (\d+)$", dockerfile, re.M)
+    if not exposed or int(exposed[1]) != defaults["http"]["port"]:
+        fail(f"the image's EXPOSE and the chart's http.port differ: {exposed and exposed[0]}")
+    for source in re.findall(r"^COPY (?!--from)(\S+)", dockerfile, re.M):
+        if source != "." and not (ROOT / source).exists():
+            fail(f"the Dockerfile copies {source}, which is not in the repository")
+    if "org.opencontainers.image.version" not in dockerfile:
+        fail("the image carries no OCI labels")
+    print(f"image: runs as {user[1]}:{user[2]}, exposes {exposed[1]}, as the chart expects")
+
+
 def main():
     binary = sys.argv[1]
     help_text = subprocess.run([binary, "consume", "--help"], capture_output=True, text=True, check=True).stdout
@@ -149,7 +170,7 @@ def main():
     if not queried or queried - catalogue:
         fail(f"dashboard queries metrics missing from src/metrics.rs: {sorted(queried - catalogue)}")
     print(f"dashboard: {len(dashboard['widgets'])} widgets over {len(queried)} catalogued metrics")
-    check("default values", None)
+    check_image(defaults, check("default values", None))
     docs = check("every option on", all_on)
     kinds = {d["kind"] for _, d in docs}
     if not {"ScaledObject", "TriggerAuthentication"} <= kinds:
