@@ -108,16 +108,12 @@ pub enum SecurityProtocol {
     SaslSsl,
 }
 
-impl SecurityProtocol {
-    fn name(self) -> &'static str {
-        match self {
-            SecurityProtocol::Plaintext => "PLAINTEXT",
-            SecurityProtocol::Ssl => "SSL",
-            SecurityProtocol::SaslPlaintext => "SASL_PLAINTEXT",
-            SecurityProtocol::SaslSsl => "SASL_SSL",
-        }
-    }
+/// The name a flag value is given on the command line — librdkafka's name for it.
+fn value_name(value: impl ValueEnum) -> String {
+    value.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
+}
 
+impl SecurityProtocol {
     fn sasl(self) -> bool {
         matches!(self, SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl)
     }
@@ -136,16 +132,6 @@ pub enum SaslMechanism {
     ScramSha256,
     #[value(name = "SCRAM-SHA-512")]
     ScramSha512,
-}
-
-impl SaslMechanism {
-    fn name(self) -> &'static str {
-        match self {
-            SaslMechanism::Plain => "PLAIN",
-            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
-            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
-        }
-    }
 }
 
 /// Property keys that hold secrets: refused in `--kafka-property`, whose variable lives in a
@@ -188,13 +174,13 @@ impl KafkaArgs {
             if self.kafka_sasl_mechanism.is_none() || self.kafka_sasl_username.is_none() || !has_password {
                 return Err(format!(
                     "--kafka-security-protocol {} needs --kafka-sasl-mechanism, --kafka-sasl-username and a password (--kafka-sasl-password-file or REPLAY_INGEST_KAFKA_SASL_PASSWORD)",
-                    protocol.name()
+                    value_name(protocol)
                 ));
             }
         } else if self.kafka_sasl_mechanism.is_some() || self.kafka_sasl_username.is_some() || has_password {
             return Err(format!(
                 "SASL settings are given but --kafka-security-protocol is {}: use SASL_SSL (or SASL_PLAINTEXT)",
-                protocol.name()
+                value_name(protocol)
             ));
         }
         let has_tls_files = self.kafka_ssl_ca_location.is_some()
@@ -203,7 +189,7 @@ impl KafkaArgs {
         if has_tls_files && !protocol.tls() {
             return Err(format!(
                 "TLS files are given but --kafka-security-protocol is {}: use SSL or SASL_SSL",
-                protocol.name()
+                value_name(protocol)
             ));
         }
         self.properties().map(drop)
@@ -215,9 +201,9 @@ impl KafkaArgs {
     pub fn client_config(&self, defaults: &[(&str, String)]) -> Result<ClientConfig, ConfigError> {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.brokers);
-        config.set("security.protocol", self.kafka_security_protocol.name());
+        config.set("security.protocol", value_name(self.kafka_security_protocol));
         if let Some(mechanism) = self.kafka_sasl_mechanism {
-            config.set("sasl.mechanism", mechanism.name());
+            config.set("sasl.mechanism", value_name(mechanism));
         }
         if let Some(username) = &self.kafka_sasl_username {
             config.set("sasl.username", username);

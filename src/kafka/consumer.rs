@@ -12,10 +12,9 @@
 //! at most the drain deadline — for the pipeline to flush and commit, then lets librdkafka
 //! release the partitions.
 
-use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -26,6 +25,8 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tracing::{info, warn};
+
+use crate::health::Status;
 
 /// A polled message, with its share of the data channel's byte budget (released when dropped)
 /// and the generation it was polled in.
@@ -48,22 +49,20 @@ pub struct IngestContext {
     control: mpsc::UnboundedSender<Control>,
     generation: Arc<AtomicU64>,
     drain_deadline: Duration,
-    /// Partitions this member owns: the only ones whose lag it reports.
-    owned: Mutex<BTreeSet<i32>>,
+    /// Where the partitions this member owns are kept (and shown in `/status`): the callbacks
+    /// below are the one place that changes them.
+    status: Arc<Status>,
 }
 
 impl IngestContext {
-    pub fn new(control: mpsc::UnboundedSender<Control>, drain_deadline: Duration) -> Self {
-        IngestContext { control, generation: Arc::new(AtomicU64::new(0)), drain_deadline, owned: Mutex::default() }
+    pub fn new(control: mpsc::UnboundedSender<Control>, drain_deadline: Duration, status: Arc<Status>) -> Self {
+        IngestContext { control, generation: Arc::new(AtomicU64::new(0)), drain_deadline, status }
     }
 
-    fn owned(&self) -> std::sync::MutexGuard<'_, BTreeSet<i32>> {
-        self.owned.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// `(partition, lag)` from librdkafka's statistics; unknown lags are negative.
+    /// `(partition, lag)` from librdkafka's statistics, reported for owned partitions only;
+    /// unknown lags are negative.
     fn report_lag(&self, lags: impl Iterator<Item = (i32, i64)>) {
-        let owned = self.owned();
+        let owned = self.status.partitions();
         for (partition, lag) in lags {
             if owned.contains(&partition) && lag >= 0 {
                 crate::metrics::lag(partition, lag);
@@ -72,16 +71,15 @@ impl IngestContext {
     }
 
     fn gained(&self, partitions: &[i32]) {
-        self.owned().extend(partitions);
+        self.status.assign(partitions);
     }
 
     /// Zeroes the lag gauge of each partition given away: the exporter keeps sending a gauge's
     /// last value, and the new owner reports the real one.
     fn lost(&self, partitions: &[i32]) {
-        let mut owned = self.owned();
-        for partition in partitions {
-            owned.remove(partition);
-            crate::metrics::lag(*partition, 0);
+        self.status.revoke(partitions);
+        for &partition in partitions {
+            crate::metrics::lag(partition, 0);
         }
     }
 
@@ -175,6 +173,15 @@ pub fn spawn_poller(
         .unwrap_or_else(|e| panic!("cannot spawn the Kafka polling thread: {e}"))
 }
 
+/// `partitions` of `topic` as a list (for pause and resume).
+pub fn partition_list(topic: &str, partitions: &[i32]) -> TopicPartitionList {
+    let mut list = TopicPartitionList::new();
+    for &partition in partitions {
+        list.add_partition(topic, partition);
+    }
+    list
+}
+
 /// `(partition, next offset)` pairs as a commit list for `topic`.
 pub fn commit_list(topic: &str, positions: &[(i32, i64)]) -> TopicPartitionList {
     let mut list = TopicPartitionList::new();
@@ -215,7 +222,8 @@ mod tests {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
         metrics::with_local_recorder(&recorder, || {
-            let context = IngestContext::new(mpsc::unbounded_channel().0, Duration::from_secs(1));
+            let status = Arc::new(Status::default());
+            let context = IngestContext::new(mpsc::unbounded_channel().0, Duration::from_secs(1), status.clone());
             context.gained(&[0, 1]);
             context.report_lag([(0, 5), (1, 7), (2, 9), (1, -1)].into_iter());
             assert_eq!(lag_gauges(&snapshotter), [("0".into(), 5.0), ("1".into(), 7.0)].into());
@@ -223,6 +231,7 @@ mod tests {
             // Statistics may still list the partition given away, with its last lag.
             context.report_lag([(0, 4), (1, 7)].into_iter());
             assert_eq!(lag_gauges(&snapshotter), [("0".into(), 4.0), ("1".into(), 0.0)].into());
+            assert_eq!(status.partitions(), [0].into(), "what /status shows");
         });
     }
 }

@@ -45,7 +45,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::health::Status;
 use crate::kafka::consumer::{
-    Control, IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, spawn_poller,
+    Control, IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, partition_list, spawn_poller,
 };
 use crate::metrics;
 use crate::recording::{self, Limits, Reason};
@@ -144,7 +144,7 @@ pub async fn consume(
     let polled_bytes = Arc::new(Semaphore::new(POLLED_CHANNEL_BYTES));
     let (control_tx, control_rx) = mpsc::unbounded_channel();
     status.set_flush_stall(settings.flush_stall);
-    let context = IngestContext::new(control_tx, settings.drain_deadline);
+    let context = IngestContext::new(control_tx, settings.drain_deadline, status.clone());
     let consumer: Arc<IngestConsumer> = Arc::new(settings.consumer.create_with_context(context)?);
     consumer.subscribe(&[&settings.topic])?;
     status.initialised.store(true, Ordering::Relaxed);
@@ -449,9 +449,8 @@ impl Pipeline {
     fn assigned(&mut self, partitions: &[i32], generation: u64) -> Result<(), PipelineError> {
         self.generation = self.generation.max(generation);
         if self.paused {
-            self.consumer.pause(&self.consumer.assignment()?)?;
+            self.consumer.pause(&partition_list(&self.topic, partitions))?;
         }
-        self.status.assign(partitions);
         Ok(())
     }
 
@@ -480,9 +479,9 @@ impl Pipeline {
         // librdkafka keeps a partition's pause flag: one given up while paused would stay paused
         // when it comes back.
         if self.paused {
-            self.consumer.resume(&commit_list(&self.topic, &partitions.iter().map(|&p| (p, 0)).collect::<Vec<_>>()))?;
+            self.consumer.resume(&partition_list(&self.topic, partitions))?;
         }
-        self.status.revoke(partitions);
+        // The rebalance callback has taken the revoked partitions out of `status` already.
         if self.status.partitions().is_empty() {
             if let Some(since) = self.paused_since.take() {
                 metrics::paused_for(since.elapsed());
