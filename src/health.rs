@@ -141,13 +141,23 @@ impl Status {
 
     /// A sink attempt failed: the sink is in an outage (since its first failure).
     pub fn sink_failed(&self, sink: &'static str, error: &str) {
+        self.in_outage(sink, error, 1);
+    }
+
+    /// One request of a sink attempt failed while the attempt goes on: the outage starts now,
+    /// not when the attempt ends (which, for a hung destination, is one timeout per request).
+    pub fn sink_request_failed(&self, sink: &'static str, error: &str) {
+        self.in_outage(sink, error, 0);
+    }
+
+    fn in_outage(&self, sink: &'static str, error: &str, failed_attempts: u64) {
         let mut outages = lock(&self.outages);
         let outage = outages.entry(sink).or_insert_with(|| Outage {
             since_ms: now_ms(),
             failed_attempts: 0,
             last_error: String::new(),
         });
-        outage.failed_attempts += 1;
+        outage.failed_attempts += failed_attempts;
         outage.last_error = error.chars().take(512).collect();
     }
 

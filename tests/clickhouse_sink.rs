@@ -6,7 +6,7 @@ mod common;
 use replay_ingest::recording::ReplayRow;
 use replay_ingest::sink::clickhouse::{ClickHouseConfig, ClickHouseSink, check_table, migrate};
 
-use replay_ingest::sink::{Batch, Retry, Sink};
+use replay_ingest::sink::{Batch, Retry};
 
 fn config(table: &str) -> ClickHouseConfig {
     ClickHouseConfig { database: "replay_ingest_test".into(), chunk_rows: 7, ..common::clickhouse_config(table) }
@@ -57,7 +57,7 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
     let sink = ClickHouseSink::new(&config);
     let written = tokio::task::spawn_blocking({
         let batch = common::fixture_batch();
-        move || sink.write(&batch).map(|w| (w, sink))
+        move || common::write_once(&sink, &batch).map(|w| (w, sink))
     })
     .await
     .unwrap()
@@ -66,7 +66,7 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
 
     // The same batch again (a redelivery): after merging, still one row per event_hash.
     let (_, sink) = written;
-    tokio::task::spawn_blocking(move || sink.write(&common::fixture_batch())).await.unwrap().unwrap();
+    tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch())).await.unwrap().unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
     let count_final: u64 =
         client.query(&format!("SELECT count() FROM {} FINAL", config.table)).fetch_one().await.unwrap();
@@ -97,7 +97,10 @@ async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
     let sink = ClickHouseSink::new(&config);
     // RowBinary carries no types: the server misreads the rows and answers with a data error or
     // an absurd allocation, depending on the bytes. Either way the sink names the cause.
-    let error = tokio::task::spawn_blocking(move || sink.write(&common::fixture_batch())).await.unwrap().unwrap_err();
+    let error = tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch()))
+        .await
+        .unwrap()
+        .unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
     assert!(error.message.contains("column replay_type is UInt64, expected Nullable(String)"), "{error}");
     assert!(error.message.contains("column click_node_id is Date, expected UInt32"), "{error}");

@@ -10,7 +10,7 @@ use common::{create_bucket, gcs_endpoint, needs, read_object};
 
 use replay_ingest::recording::{self, Limits};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
-use replay_ingest::sink::{Batch, Entries, Entry, Outcome, Retry, Sink};
+use replay_ingest::sink::{Batch, Entries, Entry, Outcome, Retry};
 
 /// Every valid fixture, each with its own replay id (several synthetic ones share a real
 /// segment's id, hence its key).
@@ -48,14 +48,16 @@ async fn every_blob_reads_back_byte_for_byte_and_rewrites_are_idempotent() {
     create_bucket(&bucket);
     let sink = GcsSink::new(&config(&bucket)).await.unwrap();
     let batch = fixture_batch();
-    let (written, sink, batch) = tokio::task::spawn_blocking(move || (sink.write(&batch), sink, batch)).await.unwrap();
+    let (written, sink, batch) =
+        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch), sink, batch)).await.unwrap();
     let written = written.unwrap();
     assert_eq!(written.items as usize, batch.valid().count());
     for p in batch.valid() {
         assert_eq!(read_object(&bucket, &p.blob.key).await, p.blob.bytes.as_ref(), "{}", p.blob.key);
     }
     // A redelivered batch rewrites the same keys with the same bytes.
-    let (again, _, batch) = tokio::task::spawn_blocking(move || (sink.write(&batch), sink, batch)).await.unwrap();
+    let (again, _, batch) =
+        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch), sink, batch)).await.unwrap();
     again.unwrap();
     let large = batch.valid().max_by_key(|p| p.blob.bytes.len()).unwrap();
     assert_eq!(read_object(&bucket, &large.blob.key).await, large.blob.bytes.as_ref());
@@ -67,7 +69,8 @@ async fn a_missing_bucket_is_a_fatal_error() {
         return;
     }
     let sink = GcsSink::new(&config(&common::unique("missing"))).await.unwrap();
-    let error = tokio::task::spawn_blocking(move || sink.write(&fixture_batch())).await.unwrap().unwrap_err();
+    let error =
+        tokio::task::spawn_blocking(move || common::write_once(&sink, &fixture_batch())).await.unwrap().unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
 }
 

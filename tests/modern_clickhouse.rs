@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use replay_ingest::recording::ReplayRow;
-use replay_ingest::sink::Sink;
 use replay_ingest::sink::clickhouse::{
     ClickHouseConfig, ClickHouseSink, ServerFeatures, ServerVersion, TABLE, create_table_sql,
 };
@@ -87,7 +86,8 @@ async fn snubas_ddl_runs_on_clickhouse_26_and_the_sinks_bytes_insert_and_read_ba
     let config = ClickHouseConfig { url, table: "replays_local".into(), chunk_rows: 100_000, ..clickhouse_config("x") };
     let sink = ClickHouseSink::new(&config);
     let batch = fixture_batch();
-    let (written, batch) = tokio::task::spawn_blocking(move || (sink.write(&batch).unwrap(), batch)).await.unwrap();
+    let (written, batch) =
+        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch).unwrap(), batch)).await.unwrap();
     let expected = rows_of(&batch);
     assert_eq!(written.items as usize, expected.len());
     let body: Vec<u8> = bodies.lock().unwrap().iter().flat_map(|b| decompress(b)).collect();

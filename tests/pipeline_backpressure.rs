@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use replay_ingest::health::Status;
 use replay_ingest::pipeline::{self, PipelineError, flush::Sinks};
-use replay_ingest::sink::{Entry, Retry, Sink, SinkError, Written};
+use replay_ingest::sink::{Entry, Progress, Retry, Sink, SinkError, Written};
 
 /// Takes `delay` per write, and counts writes, the messages they carried and the largest batch
 /// (every batch passes through here, so no peak is missed).
@@ -26,7 +26,7 @@ impl Sink for SlowSink {
     fn name(&self) -> &'static str {
         "slow"
     }
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+    fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
         std::thread::sleep(self.delay);
         self.writes.fetch_add(1, Ordering::SeqCst);
         self.messages.fetch_add(batch.len(), Ordering::SeqCst);
@@ -45,7 +45,7 @@ impl Sink for FailingSink {
     fn name(&self) -> &'static str {
         "failing"
     }
-    fn write(&self, _: &[Entry]) -> Result<Written, SinkError> {
+    fn write(&self, _: &[Entry], _: &Progress) -> Result<Written, SinkError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         Err(SinkError::new("failing", self.retry, "the sink is down"))
     }

@@ -17,7 +17,7 @@ use replay_ingest::health::Status;
 use replay_ingest::kafka::refetch::Refetcher;
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
-use replay_ingest::sink::{Entry, Outcome, Retry, Sink, SinkError, Written};
+use replay_ingest::sink::{Entry, Outcome, Progress, Retry, Sink, SinkError, Written};
 
 /// Fails (retryably) while `down` is set, hangs while `hung` is set; counts what it wrote.
 #[derive(Clone, Default)]
@@ -32,7 +32,7 @@ impl Sink for Switchable {
     fn name(&self) -> &'static str {
         "switchable"
     }
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+    fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         while self.hung.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(10));
@@ -218,7 +218,7 @@ impl Sink for Picky {
     fn name(&self) -> &'static str {
         "picky"
     }
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+    fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
         if batch.iter().any(|e| self.bad.contains(&(e.partition, e.offset))) {
             return Err(SinkError::new("picky", Retry::Rejected, "Code: 27. Cannot parse input: row 3"));
         }

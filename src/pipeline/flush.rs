@@ -8,18 +8,26 @@
 //! attempt that ends is progress for the liveness watchdog; failures are reported as an outage
 //! of that sink (`/status`, `sink.outage_ms`) until it succeeds again.
 //!
+//! Each sink's write keeps its [`Progress`] across retries: what a failed attempt stored is not
+//! written again, and every request that ends is progress (a hung destination whose requests
+//! time out one after another is retrying, not wedged).
+//!
 //! When a sink rejects data, the flush halves the batch (and halves again) until each rejected
 //! message stands alone; those are dead-lettered with reason `rejected_by_sink`, the rest is
 //! written, and the batch commits. A sink that rejects every message it is given (two or more)
-//! is not refusing data but misconfigured: that stops the flush like any fatal error.
+//! is not refusing data but misconfigured: that stops the flush like any fatal error. A sink that
+//! panics (a bug, which some value of a message triggers) is narrowed down the same way, and the
+//! message that makes it panic is dead-lettered as `internal_error`.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
-use tracing::warn;
+use tracing::{error, warn};
 
 use crate::health::Status;
-use crate::sink::{DeadLetters, Entry, Rejected, Retry, Sink, SinkError, Written};
+use crate::recording::panic_message;
+use crate::sink::{DeadLetters, Entry, Progress, Rejected, Retry, Sink, SinkError, Written};
 
 /// Sinks grouped into ordered stages, and where messages a sink rejects are dead-lettered.
 pub struct Sinks {
@@ -112,7 +120,7 @@ pub fn flush(batch: &[Entry], sinks: &Sinks, policy: &RetryPolicy, status: &Stat
         report.rejected.sort_by_key(|r| (r.partition, r.offset));
         report.rejected.dedup_by_key(|r| (r.partition, r.offset));
         let sink = RejectionSink { dead_letters: dead_letters.as_ref(), rejected: &report.rejected };
-        report.sinks.push(write_with_retries(&sink, &[], policy, status)?);
+        report.sinks.push(write_with_retries(&sink, &[], &Progress::new(sink.name(), status), policy, status)?);
     }
     Ok(report)
 }
@@ -127,8 +135,8 @@ impl Sink for RejectionSink<'_> {
     fn name(&self) -> &'static str {
         "rejected"
     }
-    fn write(&self, _: &[Entry]) -> Result<Written, SinkError> {
-        self.dead_letters.dead_letter(self.rejected)
+    fn write(&self, _: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+        self.dead_letters.dead_letter(self.rejected, progress)
     }
 }
 
@@ -142,20 +150,26 @@ fn write_isolating(
 ) -> Result<(SinkReport, Vec<Rejected>), SinkError> {
     let start = Instant::now();
     let (mut retries, mut written, mut rejected) = (0, Written::default(), Vec::new());
+    let progress = Progress::new(sink.name(), status);
     let mut parts = vec![batch];
     while let Some(part) = parts.pop() {
-        match write_with_retries(sink, part, policy, status) {
+        match write_with_retries(sink, part, &progress, policy, status) {
             Ok(report) => {
                 retries += report.retries;
                 written.items += report.written.items;
                 written.bytes += report.written.bytes;
             }
-            Err(error) if error.retry == Retry::Rejected => {
+            Err(error) if error.retry.pins_messages() => {
                 let mut concerned = part.iter().filter(|e| sink.writes_for(e));
                 match (concerned.next(), concerned.next()) {
                     (Some(entry), None) => {
-                        warn!(sink = sink.name(), partition = entry.partition, offset = entry.offset, %error, "message rejected: to the dead-letter topic");
-                        rejected.push(Rejected { partition: entry.partition, offset: entry.offset, error });
+                        let (partition, offset) = (entry.partition, entry.offset);
+                        if error.retry == Retry::Panicked {
+                            error!(sink = sink.name(), partition, offset, %error, "a sink panicked on this message (a bug): to the dead-letter topic as internal_error");
+                        } else {
+                            warn!(sink = sink.name(), partition, offset, %error, "message rejected: to the dead-letter topic");
+                        }
+                        rejected.push(Rejected { partition, offset, error });
                     }
                     _ => {
                         let (first, second) = part.split_at(part.len() / 2);
@@ -168,8 +182,10 @@ fn write_isolating(
         }
     }
     // One message refused alone proves nothing about the sink: it is dead-lettered. Two or more,
-    // and nothing accepted, is the sink's configuration.
-    if rejected.len() >= 2 && rejected.len() == batch.iter().filter(|e| sink.writes_for(e)).count() {
+    // and nothing accepted, is the sink's configuration. (Panics are bugs that values trigger,
+    // whatever the configuration: each such message is dead-lettered.)
+    let refused = rejected.iter().filter(|r| r.error.retry == Retry::Rejected).count();
+    if refused >= 2 && refused == batch.iter().filter(|e| sink.writes_for(e)).count() {
         let first = &rejected[0].error;
         return Err(SinkError::new(
             sink.name(),
@@ -183,13 +199,19 @@ fn write_isolating(
 fn write_with_retries(
     sink: &dyn Sink,
     batch: &[Entry],
+    progress: &Progress,
     policy: &RetryPolicy,
     status: &Status,
 ) -> Result<SinkReport, SinkError> {
     let start = Instant::now();
     let mut attempt = 1;
     loop {
-        let result = sink.write(batch);
+        // A panic while the sink builds or writes is caught here, on the thread that runs it, so
+        // that it can be pinned on one message like a rejection (the panic hook has logged where).
+        progress.new_attempt();
+        let result = catch_unwind(AssertUnwindSafe(|| sink.write(batch, progress))).unwrap_or_else(|panic| {
+            Err(SinkError::new(sink.name(), Retry::Panicked, format_args!("panicked: {}", panic_message(&*panic))))
+        });
         status.flush_progress();
         match result {
             Ok(written) => {
@@ -207,9 +229,11 @@ fn write_with_retries(
                 let pause = policy.backoff(attempt, rand::rng().random::<f64>());
                 warn!(sink = sink.name(), attempt, backoff_ms = pause.as_millis() as u64, %error, "sink write failed; retrying");
                 std::thread::sleep(pause);
+                // The backoff is waiting by design, not a stall.
+                status.flush_progress();
                 attempt = attempt.saturating_add(1);
             }
-            Err(error) if error.retry == Retry::Rejected => return Err(error),
+            Err(error) if error.retry.pins_messages() => return Err(error),
             Err(error) => {
                 status.sink_failed(sink.name(), &error.message);
                 crate::metrics::flush_failed(sink.name());
@@ -244,7 +268,7 @@ mod tests {
         fn name(&self) -> &'static str {
             self.name
         }
-        fn write(&self, _: &[Entry]) -> Result<Written, SinkError> {
+        fn write(&self, _: &[Entry], _: &Progress) -> Result<Written, SinkError> {
             self.log.lock().unwrap().push(self.name);
             if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
                 Err(SinkError::new(self.name, self.retry, "boom"))
@@ -327,7 +351,7 @@ mod tests {
         fn writes_for(&self, _: &Entry) -> bool {
             true
         }
-        fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+        fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
             if batch.iter().any(|e| self.bad.contains(&e.offset)) {
                 return Err(SinkError::new("picky", Retry::Rejected, "Code: 27. Cannot parse input"));
             }
@@ -341,7 +365,7 @@ mod tests {
     struct Recorder(Mutex<Vec<i64>>);
 
     impl DeadLetters for std::sync::Arc<Recorder> {
-        fn dead_letter(&self, rejected: &[Rejected]) -> Result<Written, SinkError> {
+        fn dead_letter(&self, rejected: &[Rejected], _: &Progress) -> Result<Written, SinkError> {
             self.0.lock().unwrap().extend(rejected.iter().map(|r| r.offset));
             Ok(Written { items: rejected.len() as u64, bytes: 0 })
         }
@@ -405,6 +429,82 @@ mod tests {
         let error =
             flush(&entries(3), &Sinks::new(vec![vec![Box::new(picky)]]), &FAST, &Status::default()).unwrap_err();
         assert_eq!(error.retry, Retry::Fatal);
+    }
+
+    /// Panics on any write that holds one of `bad` (a bug some value triggers).
+    struct Panicky {
+        bad: Vec<i64>,
+        accepted: Mutex<Vec<i64>>,
+    }
+
+    impl Sink for Panicky {
+        fn name(&self) -> &'static str {
+            "panicky"
+        }
+        fn writes_for(&self, _: &Entry) -> bool {
+            true
+        }
+        fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
+            if batch.iter().any(|e| self.bad.contains(&e.offset)) {
+                panic!("overflow when adding duration to instant");
+            }
+            self.accepted.lock().unwrap().extend(batch.iter().map(|e| e.offset));
+            Ok(Written { items: batch.len() as u64, bytes: 0 })
+        }
+    }
+
+    #[test]
+    fn a_sink_that_panics_is_narrowed_down_to_the_messages_that_cause_it_which_are_internal_errors() {
+        let recorder = std::sync::Arc::new(Recorder::default());
+        // Every message of the batch panics but one: still not taken for misconfiguration.
+        let panicky = std::sync::Arc::new(Panicky { bad: vec![0, 2, 3], accepted: Mutex::new(Vec::new()) });
+        let sinks =
+            Sinks { stages: vec![vec![Box::new(panicky.clone())]], rejections: Some(Box::new(recorder.clone())) };
+        let report = flush(&entries(4), &sinks, &FAST, &Status::default()).unwrap();
+        assert_eq!(report.rejected.iter().map(|r| r.offset).collect::<Vec<_>>(), [0, 2, 3]);
+        assert!(report.rejected.iter().all(|r| r.reason() == crate::recording::Reason::InternalError));
+        assert!(report.rejected[0].error.message.contains("panicked: overflow when adding duration"));
+        assert_eq!(*recorder.0.lock().unwrap(), [0, 2, 3]);
+        assert_eq!(*panicky.accepted.lock().unwrap(), [1]);
+        let all_bad = Panicky { bad: vec![0, 1], accepted: Mutex::new(Vec::new()) };
+        let sinks = Sinks { stages: vec![vec![Box::new(all_bad)]], rejections: Some(Box::new(recorder.clone())) };
+        assert_eq!(flush(&entries(2), &sinks, &FAST, &Status::default()).unwrap().rejected.len(), 2);
+    }
+
+    /// Stores entries one by one; the first attempt fails on every `nth` entry.
+    struct Tail {
+        nth: i64,
+        uploads: Mutex<Vec<i64>>,
+    }
+
+    impl Sink for Tail {
+        fn name(&self) -> &'static str {
+            "tail"
+        }
+        fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+            let first_attempt = self.uploads.lock().unwrap().is_empty();
+            let mut failure = None;
+            for entry in batch.iter().filter(|e| !progress.is_stored(crate::sink::Piece::of(e, 0))) {
+                self.uploads.lock().unwrap().push(entry.offset);
+                if first_attempt && entry.offset % self.nth == 0 {
+                    let error = SinkError::new("tail", Retry::Retryable, "timed out");
+                    progress.failed(&error);
+                    failure = Some(error);
+                } else {
+                    progress.stored(crate::sink::Piece::of(entry, 0));
+                }
+            }
+            failure.map_or(Ok(Written::default()), Err)
+        }
+    }
+
+    #[test]
+    fn a_retry_writes_only_what_the_failed_attempt_did_not_store() {
+        let tail = std::sync::Arc::new(Tail { nth: 20, uploads: Mutex::new(Vec::new()) });
+        let sinks = Sinks::new(vec![vec![Box::new(tail.clone())]]);
+        let report = flush(&entries(100), &sinks, &FAST, &Status::default()).unwrap();
+        assert_eq!(report.sinks[0].retries, 1);
+        assert_eq!(tail.uploads.lock().unwrap().len(), 105, "100 uploads, then the 5 that failed");
     }
 
     #[test]

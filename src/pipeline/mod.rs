@@ -344,12 +344,11 @@ impl Pipeline {
             for (_, invalid) in batch.invalid() {
                 *invalid_by_reason.entry(invalid.error.reason.as_str()).or_default() += 1;
             }
-            if let Ok(report) = &result
-                && !report.rejected.is_empty()
-            {
-                let rejected = report.rejected.len() as u64;
-                valid = valid.saturating_sub(rejected);
-                *invalid_by_reason.entry(Reason::RejectedBySink.as_str()).or_default() += rejected;
+            if let Ok(report) = &result {
+                for rejected in &report.rejected {
+                    valid = valid.saturating_sub(1);
+                    *invalid_by_reason.entry(rejected.reason().as_str()).or_default() += 1;
+                }
             }
             Flushed { generation, offsets, reason, valid, invalid_by_reason, result }
         });
@@ -384,8 +383,8 @@ impl Pipeline {
             report.sinks.iter().map(|s| (s.sink, s.took, s.retries, s.written)),
         );
         self.status.flushed.fetch_add(offsets.len() as u64, Ordering::Relaxed);
-        for _ in &report.rejected {
-            self.status.record_invalid(Reason::RejectedBySink.as_str());
+        for rejected in &report.rejected {
+            self.status.record_invalid(rejected.reason().as_str());
         }
         for sink in &report.sinks {
             self.status.record_sink(sink.sink, sink.took, sink.written);

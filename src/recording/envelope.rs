@@ -15,6 +15,13 @@ use super::error::{InvalidRecording, Reason};
 /// The only message type this service accepts.
 pub const RECORDING_TYPE: &str = "replay_recording_not_chunked";
 
+/// The latest `received` accepted: 2106-02-07T06:28:15Z, the last second a ClickHouse `DateTime`
+/// holds. Every reader of what a segment produces stores `received` as one — the rows'
+/// `timestamp`, the billing outcome's `timestamp` in snuba's outcomes tables — and Sentry's own
+/// consumer fails on anything past year 9999 (`datetime.fromtimestamp`). The edge writes its
+/// receive time here, so a later value is corrupt or forged: dead-lettered, never clamped.
+pub const MAX_RECEIVED: u64 = u32::MAX as u64;
+
 /// Retention applied when the message says 0 or nothing.
 pub const DEFAULT_RETENTION_DAYS: u16 = 30;
 
@@ -96,13 +103,24 @@ pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
             format_args!("replay_id {replay_id:?} is not 32 lowercase hex characters"),
         )
     })?;
+    let org_id = required(wire.org_id, "org_id")?;
+    let project_id = required(wire.project_id, "project_id")?;
+    let received = required(wire.received, "received")?;
+    if received > MAX_RECEIVED {
+        return Err(InvalidRecording::new(
+            Reason::InvalidReceived,
+            format_args!(
+                "received {received} is later than {MAX_RECEIVED} (2106-02-07T06:28:15Z), the last second the outputs can hold"
+            ),
+        ));
+    }
     Ok(Envelope {
         replay_id,
         replay_uuid,
         key_id: wire.key_id,
-        org_id: required(wire.org_id, "org_id")?,
-        project_id: required(wire.project_id, "project_id")?,
-        received: required(wire.received, "received")?,
+        org_id,
+        project_id,
+        received,
         retention_days: match wire.retention_days {
             None | Some(0) => DEFAULT_RETENTION_DAYS,
             Some(days) => days,
@@ -260,6 +278,24 @@ pub(crate) mod tests {
         // Optional fields may be absent.
         for field in ["key_id", "retention_days", "replay_event", "replay_video", "version"] {
             assert!(decode(&edited(|map| map.retain(|(k, _)| k.as_str() != Some(field)))).is_ok(), "{field}");
+        }
+    }
+
+    #[test]
+    fn received_past_what_a_datetime_column_holds_is_invalid_received() {
+        let with = |received: u64| {
+            edited(|map| {
+                let field = map.iter_mut().find(|(k, _)| k.as_str() == Some("received")).unwrap();
+                field.1 = rmpv::Value::from(received);
+            })
+        };
+        for ok in [0, 1_796_012_448, MAX_RECEIVED] {
+            assert_eq!(decode(&with(ok)).unwrap().received, ok);
+        }
+        for far in [MAX_RECEIVED + 1, 253_402_300_800, u64::MAX] {
+            let err = decode(&with(far)).unwrap_err();
+            assert_eq!(err.reason, Reason::InvalidReceived, "{far}");
+            assert!(err.detail.contains(&far.to_string()), "{}", err.detail);
         }
     }
 

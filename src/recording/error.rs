@@ -18,6 +18,9 @@ pub enum Reason {
     WrongType,
     /// `replay_id` is not 32 lowercase hex characters.
     InvalidReplayId,
+    /// `received` is later than the last second every reader of the outputs can store
+    /// ([`super::envelope::MAX_RECEIVED`]).
+    InvalidReceived,
     /// The payload has no `\n` separating the JSON header from the body.
     MissingHeader,
     /// The header line is not JSON with a non-negative integer `segment_id`.
@@ -45,6 +48,7 @@ impl Reason {
             Reason::MissingField => "missing_field",
             Reason::WrongType => "wrong_type",
             Reason::InvalidReplayId => "invalid_replay_id",
+            Reason::InvalidReceived => "invalid_received",
             Reason::MissingHeader => "missing_header",
             Reason::InvalidHeader => "invalid_header",
             Reason::InvalidBody => "invalid_body",
@@ -96,11 +100,12 @@ mod tests {
     use super::*;
 
     /// Every reason (a new variant fails `as_str`'s match until it is listed here too).
-    const ALL: [Reason; 12] = [
+    const ALL: [Reason; 13] = [
         Reason::InvalidMsgpack,
         Reason::MissingField,
         Reason::WrongType,
         Reason::InvalidReplayId,
+        Reason::InvalidReceived,
         Reason::MissingHeader,
         Reason::InvalidHeader,
         Reason::InvalidBody,

@@ -214,13 +214,18 @@ pub fn process_guarded(value: &[u8], limits: &Limits, inflater: &mut Inflater) -
 
 fn guarded<T>(work: impl FnOnce() -> Result<T, InvalidRecording>) -> Result<T, InvalidRecording> {
     catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".to_owned());
+        let message = panic_message(&*panic);
         Err(InvalidRecording::new(Reason::InternalError, format_args!("processing panicked: {message}")))
     })
+}
+
+/// The text a caught panic carries (`panic!`'s formatted message), for a dead letter's detail.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 
 use std::collections::HashSet;
 
-use super::{Entry, Outcome, Retry, Sink, SinkError, Written};
+use super::{Entry, Outcome, Progress, Retry, Sink, SinkError, Written};
 use crate::recording::{KafkaPosition, ReplayRow};
 use crate::secret::Secret;
 
@@ -446,7 +446,9 @@ impl Sink for ClickHouseSink {
         matches!(&entry.outcome, Outcome::Valid(p) if p.has_rows())
     }
 
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+    /// One INSERT per chunk, all or nothing: a retry inserts the whole batch again, and the
+    /// table's `ReplacingMergeTree` collapses what an earlier attempt wrote.
+    fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
         // The timer must be made inside the runtime: this thread is not one of its workers.
         let rows = super::block_on(async {
             let error = match tokio::time::timeout(self.timeout, self.insert(batch)).await {

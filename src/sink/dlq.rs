@@ -21,13 +21,15 @@ use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use tracing::warn;
 
+use super::progress::keep_telling;
 use super::publish::classify_producer_error;
 use super::{
-    DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Rejected, Retry, Sink, SinkError, Written,
+    DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Piece, Progress, Rejected, Retry, Sink,
+    SinkError, Written,
 };
 use crate::kafka::consumer::key_and_timestamp;
 use crate::kafka::refetch::Refetcher;
-use crate::recording::{InvalidRecording, Reason};
+use crate::recording::InvalidRecording;
 
 #[derive(Clone)]
 pub struct DlqSink {
@@ -60,13 +62,13 @@ impl DlqSink {
     /// Sends one dead letter: whole when it fits the topic, otherwise its value (and a long key)
     /// to the object store and a pointer record to the topic. A record librdkafka refuses as too
     /// large takes the second path too.
-    fn send(&self, entry: &Entry, message: &InvalidMessage) -> Result<DeliveryFuture, SinkError> {
+    fn send(&self, entry: &Entry, message: &InvalidMessage, progress: &Progress) -> Result<DeliveryFuture, SinkError> {
         let letter_headers = headers(entry, message);
         let key = message.key.as_deref();
         let size =
             message.value.len() + key.map_or(0, <[u8]>::len) + headers_len(&letter_headers) + RECORD_OVERHEAD_BYTES;
         if size > self.max_record_bytes {
-            return self.send_pointer(entry, message, letter_headers);
+            return self.send_pointer(entry, message, letter_headers, progress);
         }
         let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).payload(&message.value).headers(letter_headers);
         if let Some(key) = key {
@@ -76,7 +78,7 @@ impl DlqSink {
             Ok(delivery) => Ok(delivery),
             // Rare: the headers are built again rather than cloned for every dead letter.
             Err((e, _)) if classify_producer_error(&e) == Retry::Rejected => {
-                self.send_pointer(entry, message, headers(entry, message))
+                self.send_pointer(entry, message, headers(entry, message), progress)
             }
             Err((e, _)) => Err(SinkError::from_error(self.name(), classify_producer_error(&e), e)),
         }
@@ -90,6 +92,7 @@ impl DlqSink {
         entry: &Entry,
         message: &InvalidMessage,
         headers: OwnedHeaders,
+        progress: &Progress,
     ) -> Result<DeliveryFuture, SinkError> {
         let Some(store) = &self.overflow else {
             return Err(SinkError::new(
@@ -102,7 +105,7 @@ impl DlqSink {
             ));
         };
         let object = format!("dlq/{}/{}/{}", message.topic, entry.partition, entry.offset);
-        store.put(&object, &message.value)?;
+        put_once(store.as_ref(), &object, &message.value, Piece::of(entry, VALUE_COPY), progress)?;
         let location = store.location(&object);
         let bytes = message.value.len().to_string();
         let mut headers = headers
@@ -112,7 +115,7 @@ impl DlqSink {
         let key_location;
         if let Some(long) = key.filter(|k| k.len() > MAX_POINTER_KEY_BYTES) {
             let object = format!("{object}.key");
-            store.put(&object, long)?;
+            put_once(store.as_ref(), &object, long, Piece::of(entry, KEY_COPY), progress)?;
             key_location = store.location(&object);
             headers = headers.insert(Header { key: "key_location", value: Some(key_location.as_str()) });
             key = None;
@@ -124,6 +127,21 @@ impl DlqSink {
         warn!(partition = entry.partition, offset = entry.offset, bytes = message.value.len(), %location, "dead letter too large for its topic: value kept in the blob store");
         self.producer.send_result(record).map_err(|(e, _)| SinkError::from_error(self.name(), pointer_retry(&e), e))
     }
+}
+
+/// Stores `bytes` at `key` unless an earlier attempt did.
+fn put_once(
+    store: &dyn ObjectStore,
+    key: &str,
+    bytes: &[u8],
+    piece: Piece,
+    progress: &Progress,
+) -> Result<(), SinkError> {
+    if !progress.is_stored(piece) {
+        store.put(key, bytes).inspect_err(|e| progress.failed(e))?;
+        progress.stored(piece);
+    }
+    Ok(())
 }
 
 /// A pointer record is small: the topic refusing it is configuration, not data.
@@ -167,16 +185,18 @@ pub struct RejectedToDlq {
 }
 
 impl DeadLetters for RejectedToDlq {
-    fn dead_letter(&self, rejected: &[Rejected]) -> Result<Written, SinkError> {
+    fn dead_letter(&self, rejected: &[Rejected], progress: &Progress) -> Result<Written, SinkError> {
         let mut entries = Vec::with_capacity(rejected.len());
         for r in rejected {
+            if progress.is_stored(Piece { partition: r.partition, offset: r.offset, index: RECORD }) {
+                continue;
+            }
             let original = self
                 .source
                 .fetch(r.partition, r.offset, self.timeout)
                 .map_err(|e| SinkError::from_error("rejected", Retry::Retryable, e))?;
             let (key, timestamp) = key_and_timestamp(&original);
-            let error =
-                InvalidRecording::new(Reason::RejectedBySink, format_args!("{}: {}", r.error.sink, r.error.message));
+            let error = InvalidRecording::new(r.reason(), format_args!("{}: {}", r.error.sink, r.error.message));
             let value = original.payload().unwrap_or_default().to_vec();
             let message = InvalidMessage {
                 error,
@@ -192,7 +212,7 @@ impl DeadLetters for RejectedToDlq {
                 outcome: Outcome::Invalid(Box::new(message)),
             });
         }
-        self.dlq.write(&entries)
+        self.dlq.write(&entries, progress)
     }
 }
 
@@ -205,36 +225,59 @@ impl Sink for DlqSink {
         matches!(entry.outcome, Outcome::Invalid(_))
     }
 
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+    /// Sends the dead letters an earlier attempt did not deliver; what a failed attempt stored
+    /// (records, blob-store copies) is not sent again.
+    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
         let letters: Vec<(&Entry, &InvalidMessage)> = batch.invalid().collect();
-        let mut deliveries = Vec::with_capacity(letters.len());
+        let written = Written {
+            items: letters.len() as u64,
+            bytes: letters.iter().map(|(_, message)| message.value.len() as u64).sum(),
+        };
+        let (mut sent, mut deliveries) = (Vec::new(), Vec::new());
         for &(entry, message) in &letters {
-            deliveries.push(self.send(entry, message)?);
+            if !progress.is_stored(Piece::of(entry, RECORD)) {
+                deliveries.push(self.send(entry, message, progress)?);
+                sent.push((entry, message));
+            }
         }
         if deliveries.is_empty() {
-            return Ok(Written::default());
+            return Ok(written);
         }
         self.producer.poll(Duration::ZERO);
         // A broker whose topic limit is below `max_record_bytes` refuses the record on delivery:
         // that dead letter goes the pointer's way.
-        let mut pointers = Vec::new();
-        for (&(entry, message), delivery) in letters.iter().zip(super::block_on(join_all(deliveries))) {
+        let (mut failure, mut pointed, mut pointers) = (None, Vec::new(), Vec::new());
+        for ((entry, message), delivery) in sent.into_iter().zip(super::block_on(join_all(deliveries))) {
             match delivered(delivery, classify_producer_error) {
+                Ok(()) => progress.stored(Piece::of(entry, RECORD)),
                 Err(e) if e.retry == Retry::Rejected => {
-                    pointers.push(self.send_pointer(entry, message, headers(entry, message))?);
+                    pointers.push(self.send_pointer(entry, message, headers(entry, message), progress)?);
+                    pointed.push(entry);
                 }
-                other => other?,
+                Err(e) => {
+                    progress.failed(&e);
+                    keep_telling(&mut failure, e);
+                }
             }
         }
-        for delivery in super::block_on(join_all(pointers)) {
-            delivered(delivery, pointer_retry)?;
+        for (entry, delivery) in pointed.into_iter().zip(super::block_on(join_all(pointers))) {
+            match delivered(delivery, pointer_retry) {
+                Ok(()) => progress.stored(Piece::of(entry, RECORD)),
+                Err(e) => {
+                    progress.failed(&e);
+                    keep_telling(&mut failure, e);
+                }
+            }
         }
-        Ok(Written {
-            items: letters.len() as u64,
-            bytes: letters.iter().map(|(_, message)| message.value.len() as u64).sum(),
-        })
+        failure.map_or(Ok(written), Err)
     }
 }
+
+/// The pieces of one dead letter: its record on the topic, and the blob-store copies of an
+/// oversized one (value, long key).
+const RECORD: u32 = 0;
+const VALUE_COPY: u32 = 1;
+const KEY_COPY: u32 = 2;
 
 /// The outcome of one delivery, its error classified by `classify`.
 fn delivered(

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use rdkafka::producer::FutureProducer;
 
 use super::publish::{Publisher, Record};
-use super::{Entries, Entry, Retry, Sink, SinkError, Written};
+use super::{Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
 use crate::metrics;
 use crate::recording::occurrence::IssueKind;
 use crate::recording::{AnalyticsEvent, EventTopic, IssueGates};
@@ -82,12 +82,19 @@ impl Sink for EventsSink {
         "events"
     }
 
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
         let mut announced = Vec::new();
         let (mut rage_clicks, mut hydration_errors) = (0, 0);
-        let events = batch.valid().flat_map(|processed| processed.events(&self.issues));
+        // Numbered before any is left out, so that a retry names each event the same.
+        let events = batch.iter().flat_map(|entry| {
+            let events = match &entry.outcome {
+                Outcome::Valid(processed) => processed.events(&self.issues),
+                Outcome::Invalid(_) => Vec::new(),
+            };
+            (0..).zip(events).map(move |(n, event)| (Piece::of(entry, n), event))
+        });
         let records = events
-            .filter(|event| match event {
+            .filter(|(_, event)| match event {
                 AnalyticsEvent::FirstReplay(first) => {
                     let new = !self.seen().contains(first.project_id) && !announced.contains(&first.project_id);
                     if new {
@@ -104,12 +111,12 @@ impl Sink for EventsSink {
                 }
                 _ => true,
             })
-            .map(|event| {
+            .map(|(piece, event)| {
                 let (topic, key) = (self.topics.name(event.topic()), event.key());
                 let value = event.into_json().map_err(|e| SinkError::from_error(self.name(), Retry::Rejected, e))?;
-                Ok(Record { topic, key, value })
+                Ok(Record { piece, topic, key, value })
             });
-        let written = self.publisher.publish(records)?;
+        let written = self.publisher.publish(records, progress)?;
         metrics::occurrences_published(rage_clicks, hydration_errors);
         let mut seen = self.seen();
         for project in announced {
@@ -145,7 +152,12 @@ mod tests {
         let project = segment_0.ids.project_id;
         let batch =
             Batch { entries: vec![Entry { partition: 0, offset: 0, outcome: Outcome::Valid(Box::new(segment_0)) }] };
-        let (result, sink) = tokio::task::spawn_blocking(move || (sink.write(&batch), sink)).await.unwrap();
+        let (result, sink) = tokio::task::spawn_blocking(move || {
+            let status = crate::health::Status::default();
+            (sink.write(&batch, &Progress::new("events", &status)), sink)
+        })
+        .await
+        .unwrap();
         assert_eq!(result.unwrap_err().retry, Retry::Retryable);
         assert!(!sink.seen().contains(project), "announced although never delivered");
     }

@@ -5,7 +5,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use super::{Entries, Entry, ObjectStore, Retry, Sink, SinkError, Written};
+use super::{Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
 
 pub struct FilesystemBlobSink {
     root: PathBuf,
@@ -42,10 +42,15 @@ impl Sink for FilesystemBlobSink {
         "blobs"
     }
 
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
+    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
         let mut written = Written::default();
-        for processed in batch.valid() {
-            self.put(&processed.blob.key, &processed.blob.bytes)?;
+        for entry in batch {
+            let Outcome::Valid(processed) = &entry.outcome else { continue };
+            let piece = Piece::of(entry, 0);
+            if !progress.is_stored(piece) {
+                self.put(&processed.blob.key, &processed.blob.bytes).inspect_err(|e| progress.failed(e))?;
+                progress.stored(piece);
+            }
             written.items += 1;
             written.bytes += processed.blob.bytes.len() as u64;
         }

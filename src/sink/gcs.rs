@@ -10,7 +10,8 @@ use futures::StreamExt;
 use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_storage::client::Storage;
 
-use super::{Entries, Entry, ObjectStore, Retry, Sink, SinkError, Written};
+use super::progress::keep_telling;
+use super::{Entries, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
 
 /// Retry classification: 408, 429 and 5xx, timeouts and transport trouble are retried; 400 and
 /// 413 (this object refused) are rejections; other 4xx (permissions, missing bucket) are fatal.
@@ -86,16 +87,58 @@ impl Sink for GcsSink {
         "gcs"
     }
 
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
-        let uploads = batch.valid().map(|p| self.upload(&p.blob.key, p.blob.bytes.clone()));
-        let results: Vec<Result<(), SinkError>> =
+    /// Uploads the objects not stored by an earlier attempt of this write, `concurrency` at a
+    /// time. Each upload that ends is reported; after `concurrency` failures in a row (the
+    /// server is down or hung, not slow) no new upload starts and the attempt ends with the
+    /// first error, to be retried after a backoff — rather than waiting out one timeout per
+    /// remaining object.
+    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+        let pending = batch.iter().filter_map(|entry| match &entry.outcome {
+            Outcome::Valid(p) if !progress.is_stored(Piece::of(entry, 0)) => Some((Piece::of(entry, 0), &p.blob)),
+            _ => None,
+        });
+        let uploads = pending.map(|(piece, blob)| async move {
+            if progress.looks_down(self.concurrency) {
+                return Err(None);
+            }
+            match self.upload(&blob.key, blob.bytes.clone()).await {
+                Ok(()) => {
+                    progress.stored(piece);
+                    Ok(())
+                }
+                Err(error) => {
+                    progress.failed(&error);
+                    Err(Some(error))
+                }
+            }
+        });
+        let results: Vec<Result<(), Option<SinkError>>> =
             super::block_on(futures::stream::iter(uploads).buffer_unordered(self.concurrency).collect());
-        results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        if let Some(error) = first_error(results) {
+            return Err(error);
+        }
         Ok(Written {
             items: batch.valid().count() as u64,
             bytes: batch.valid().map(|p| p.blob.bytes.len() as u64).sum(),
         })
     }
+}
+
+/// The attempt's error: the one that says most among the uploads (`Err(None)`: an upload not
+/// started, the attempt having given up).
+fn first_error(results: Vec<Result<(), Option<SinkError>>>) -> Option<SinkError> {
+    let mut kept = None;
+    for result in results {
+        match result {
+            Ok(()) => {}
+            Err(Some(error)) => keep_telling(&mut kept, error),
+            Err(None) => {
+                let gave_up = SinkError::new("gcs", Retry::Retryable, "uploads not started: the server looks down");
+                keep_telling(&mut kept, gave_up);
+            }
+        }
+    }
+    kept
 }
 
 impl GcsSink {

@@ -21,6 +21,7 @@ pub mod events;
 pub mod filesystem;
 pub mod gcs;
 pub mod null;
+pub mod progress;
 pub mod publish;
 pub mod snuba;
 
@@ -28,8 +29,9 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
+pub use self::progress::{Piece, Progress};
 pub use crate::metrics::Written;
-use crate::recording::{InvalidRecording, Processed};
+use crate::recording::{InvalidRecording, Processed, Reason};
 
 /// Runs `future` to completion from a flush's blocking thread, on the service's runtime: the
 /// async clients (hyper for GCS and ClickHouse, rdkafka's queue waits) need its reactor and
@@ -115,6 +117,17 @@ pub enum Retry {
     Rejected,
     /// Configuration: retrying the same write fails the same way, for any data.
     Fatal,
+    /// A bug: the sink panicked building or writing these entries. Handled like a rejection —
+    /// the flush narrows it down to the message that causes it — but that message is
+    /// dead-lettered as `internal_error`, and the sink is not taken for misconfigured.
+    Panicked,
+}
+
+impl Retry {
+    /// Whether the flush narrows the failure down to single messages and dead-letters them.
+    pub fn pins_messages(self) -> bool {
+        matches!(self, Retry::Rejected | Retry::Panicked)
+    }
 }
 
 /// A failed sink write: which sink, whether a retry can help, what happened — and the client's
@@ -150,7 +163,7 @@ impl PartialEq for SinkError {
 
 impl Eq for SinkError {}
 
-/// A message a sink refused on its own.
+/// A message a sink refused on its own, or panicked on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejected {
     pub partition: i32,
@@ -158,9 +171,19 @@ pub struct Rejected {
     pub error: SinkError,
 }
 
+impl Rejected {
+    /// The dead letter's reason: `internal_error` for a panic, `rejected_by_sink` otherwise.
+    pub fn reason(&self) -> Reason {
+        match self.error.retry {
+            Retry::Panicked => Reason::InternalError,
+            _ => Reason::RejectedBySink,
+        }
+    }
+}
+
 /// Dead-letters messages a sink rejected, with their original bytes.
 pub trait DeadLetters: Send + Sync {
-    fn dead_letter(&self, rejected: &[Rejected]) -> Result<Written, SinkError>;
+    fn dead_letter(&self, rejected: &[Rejected], progress: &Progress) -> Result<Written, SinkError>;
 }
 
 /// A flush destination.
@@ -168,9 +191,11 @@ pub trait Sink: Send + Sync {
     /// Short fixed name, used as a metric tag and in logs.
     fn name(&self) -> &'static str;
 
-    /// Writes what this sink stores from `batch`, durably, before returning, and says how much.
-    /// Idempotent: a retry or a redelivered batch writes the same keys.
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError>;
+    /// Writes what this sink stores from `batch`, durably, before returning, and says how much
+    /// (the whole batch's, pieces stored by earlier attempts included). Idempotent: a retry or a
+    /// redelivered batch writes the same keys. `progress` is this write's across its retries: a
+    /// sink that stores piece by piece skips what it marks stored, and reports each request.
+    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError>;
 
     /// Whether this sink writes anything for `entry` (valid messages by default): a rejection
     /// is pinned on a part of the batch holding one such entry.
@@ -185,8 +210,8 @@ impl<T: Sink + ?Sized> Sink for std::sync::Arc<T> {
         (**self).name()
     }
 
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
-        (**self).write(batch)
+    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+        (**self).write(batch, progress)
     }
 
     fn writes_for(&self, entry: &Entry) -> bool {

@@ -1,8 +1,9 @@
 //! Publishing JSON records to Kafka for the sinks that write to topics (`events`, `snuba`):
 //! records are sent as they are built and awaited in windows of [`DELIVERY_WINDOW_BYTES`], so a
 //! large batch never holds all its values at once; the write returns only once every delivery
-//! is acknowledged, and the first failure is its error. Also what every Kafka destination
-//! shares: how a producer error is classified, and the startup check that its topics exist.
+//! is acknowledged, and the first failure is its error. A record an earlier attempt delivered is
+//! not sent again (each names its [`Piece`]). Also what every Kafka destination shares: how a
+//! producer error is classified, and the startup check that its topics exist.
 
 use std::time::Duration;
 
@@ -10,7 +11,8 @@ use futures::future::join_all;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
-use super::{Retry, SinkError, Written};
+use super::progress::keep_telling;
+use super::{Piece, Progress, Retry, SinkError, Written};
 
 /// Bytes of values awaiting delivery at once within one write.
 pub const DELIVERY_WINDOW_BYTES: usize = 8 * 1024 * 1024;
@@ -20,6 +22,8 @@ const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One message to publish.
 pub struct Record<'a> {
+    /// Which message of the batch it belongs to, and which of that message's records it is.
+    pub piece: Piece,
     pub topic: &'a str,
     pub key: Option<String>,
     pub value: Vec<u8>,
@@ -36,18 +40,24 @@ impl Publisher {
         Publisher { producer, sink }
     }
 
-    /// Publishes every record, stopping at the first one that cannot be built.
+    /// Publishes every record `progress` does not have as delivered, stopping at the first one
+    /// that cannot be built. Counts every record, delivered before or now.
     pub fn publish<'a>(
         &self,
         records: impl IntoIterator<Item = Result<Record<'a>, SinkError>>,
+        progress: &Progress,
     ) -> Result<Written, SinkError> {
         let mut written = Written::default();
         let mut window = Vec::new();
         let mut window_bytes = 0;
+        let mut failure = None;
         for record in records {
-            let Record { topic, key, value } = record?;
+            let Record { piece, topic, key, value } = record?;
             written.items += 1;
             written.bytes += value.len() as u64;
+            if progress.is_stored(piece) {
+                continue;
+            }
             window_bytes += value.len();
             let producer = &self.producer;
             window.push(async move {
@@ -56,27 +66,39 @@ impl Publisher {
                     Some(key) => record.key(key),
                     None => record,
                 };
-                producer.send(record, QUEUE_TIMEOUT).await
+                (piece, producer.send(record, QUEUE_TIMEOUT).await)
             });
             if window_bytes >= DELIVERY_WINDOW_BYTES {
-                self.deliver(std::mem::take(&mut window))?;
+                self.deliver(std::mem::take(&mut window), progress, &mut failure);
                 window_bytes = 0;
             }
         }
-        self.deliver(window)?;
-        Ok(written)
+        self.deliver(window, progress, &mut failure);
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(written),
+        }
     }
 
-    /// Waits for every delivery; the first failure is the write's error.
-    fn deliver<F, T>(&self, deliveries: Vec<F>) -> Result<(), SinkError>
+    /// Waits for every delivery, marking each one acknowledged; keeps the failure that says most
+    /// (a refused record before a timeout) in `failure`.
+    fn deliver<F, T>(&self, deliveries: Vec<F>, progress: &Progress, failure: &mut Option<SinkError>)
     where
-        F: std::future::Future<Output = Result<T, (rdkafka::error::KafkaError, rdkafka::message::OwnedMessage)>>,
+        F: std::future::Future<
+                Output = (Piece, Result<T, (rdkafka::error::KafkaError, rdkafka::message::OwnedMessage)>),
+            >,
     {
         // The producer waits on the runtime's timers when its queue is full.
-        for delivery in super::block_on(join_all(deliveries)) {
-            delivery.map_err(|(e, _)| SinkError::from_error(self.sink, classify_producer_error(&e), e))?;
+        for (piece, delivery) in super::block_on(join_all(deliveries)) {
+            match delivery {
+                Ok(_) => progress.stored(piece),
+                Err((e, _)) => {
+                    let error = SinkError::from_error(self.sink, classify_producer_error(&e), e);
+                    progress.failed(&error);
+                    keep_telling(failure, error);
+                }
+            }
         }
-        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@
 use rdkafka::producer::FutureProducer;
 
 use super::publish::{Publisher, Record};
-use super::{Entries, Entry, Outcome, Retry, Sink, SinkError, Written};
+use super::{Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
 use crate::recording::snuba;
 
 pub struct SnubaSink {
@@ -26,14 +26,18 @@ impl Sink for SnubaSink {
         "snuba"
     }
 
-    fn write(&self, batch: &[Entry]) -> Result<Written, SinkError> {
-        let records = batch.valid().flat_map(|processed| match snuba::messages(processed) {
-            Ok(messages) => {
-                messages.into_iter().map(|value| Ok(Record { topic: &self.topic, key: None, value })).collect()
+    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+        let records = batch.iter().flat_map(|entry| {
+            let Outcome::Valid(processed) = &entry.outcome else { return Vec::new() };
+            match snuba::messages(processed) {
+                Ok(messages) => (0..)
+                    .zip(messages)
+                    .map(|(n, value)| Ok(Record { piece: Piece::of(entry, n), topic: &self.topic, key: None, value }))
+                    .collect(),
+                Err(e) => vec![Err(SinkError::from_error(self.name(), Retry::Rejected, e))],
             }
-            Err(e) => vec![Err(SinkError::from_error(self.name(), Retry::Rejected, e))],
         });
-        self.publisher.publish(records)
+        self.publisher.publish(records, progress)
     }
 
     fn writes_for(&self, entry: &Entry) -> bool {
