@@ -255,14 +255,128 @@ pub fn router(status: Arc<Status>) -> Router {
         .with_state(status)
 }
 
-/// Serves the endpoints on `listener` until the process exits.
+/// Connections the probe server holds at most. Probes open one connection each and close it
+/// (the kubelet sends `Connection: close`), so a handful is ever in use; past this, accepting one
+/// closes the oldest — which, under a flood of idle sockets, is one of the flood's.
+pub const MAX_PROBE_CONNECTIONS: usize = 128;
+
+/// How long a client may take to send a request's headers before its connection is closed.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The longest a probe connection lives, whatever it does (a slow reader of `/status` too).
+pub const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(10);
+
+/// The probe server's open connections, oldest first, each with what closes it.
+#[derive(Default)]
+struct Connections {
+    next_id: u64,
+    open: std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<()>)>,
+}
+
+impl Connections {
+    /// Registers a new connection; when at the cap, the oldest is told to close.
+    fn open(&mut self, close: tokio::sync::oneshot::Sender<()>) -> u64 {
+        if self.open.len() >= MAX_PROBE_CONNECTIONS
+            && let Some((_, oldest)) = self.open.pop_front()
+        {
+            let _ = oldest.send(());
+        }
+        self.next_id += 1;
+        self.open.push_back((self.next_id, close));
+        self.next_id
+    }
+
+    fn closed(&mut self, id: u64) {
+        self.open.retain(|(open, _)| *open != id);
+    }
+}
+
+/// Serves the endpoints on `listener` until the process exits. Nothing a client does can take
+/// file descriptors from the sinks or keep the probes from answering: at most
+/// [`MAX_PROBE_CONNECTIONS`] connections are held (the oldest closed first), a request's headers
+/// must arrive within [`HEADER_READ_TIMEOUT`], a connection lives at most
+/// [`MAX_CONNECTION_LIFETIME`], and a failed accept (out of descriptors) is waited out.
 pub async fn serve(listener: tokio::net::TcpListener, status: Arc<Status>) -> std::io::Result<()> {
-    axum::serve(listener, router(status)).await
+    let app = router(status);
+    let connections = Arc::new(Mutex::new(Connections::default()));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::debug!(%error, "probe server: accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let (close, closed) = tokio::sync::oneshot::channel();
+        let id = lock(&connections).open(close);
+        let (app, connections) = (app.clone(), connections.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                tower_service::Service::call(&mut app.clone(), request)
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .keep_alive(false)
+                .max_buf_size(64 * 1024)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::select! {
+                _ = connection => {}
+                _ = closed => {}
+                _ = tokio::time::sleep(MAX_CONNECTION_LIFETIME) => {}
+            }
+            lock(&connections).closed(id);
+        });
+        // Under a flood accepts are always ready: let the connection just accepted be read
+        // (a probe's request is already in its socket) before more accepts can make it the
+        // oldest.
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Raises the soft limit on open file descriptors to the hard limit, and returns both. A
+/// container's soft limit is often 1 024 while its hard limit is far higher; the sinks' connection
+/// pools, the Kafka clients and the probe server all draw on it, and nothing is gained by running
+/// out early.
+pub fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is a valid, writable rlimit for the duration of each call.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            limit.rlim_cur = limit.rlim_max;
+        }
+    }
+    Ok((limit.rlim_cur, limit.rlim_max))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn past_the_cap_the_oldest_connection_is_closed() {
+        let mut connections = Connections::default();
+        let mut receivers = Vec::new();
+        for _ in 0..MAX_PROBE_CONNECTIONS + 2 {
+            let (close, closed) = tokio::sync::oneshot::channel();
+            connections.open(close);
+            receivers.push(closed);
+        }
+        assert_eq!(connections.open.len(), MAX_PROBE_CONNECTIONS);
+        let told: Vec<bool> = receivers.iter_mut().map(|r| r.try_recv().is_ok()).collect();
+        assert_eq!(told.iter().filter(|t| **t).count(), 2);
+        assert!(told[0] && told[1], "the two oldest");
+        connections.closed(3);
+        assert_eq!(connections.open.len(), MAX_PROBE_CONNECTIONS - 1);
+    }
 
     #[test]
     fn ready_from_initialisation_until_shutdown_whatever_the_assignment() {

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rayon::prelude::*;
 use rdkafka::producer::FutureProducer;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use replay_ingest::config::{
     BlobSinkKind, ClickHouseArgs, ConsumeArgs, EventsSinkKind, KafkaArgs, LimitArgs, RowsSinkKind, producer_properties,
@@ -245,6 +245,12 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.http_listen)
         .await
         .with_context(|| format!("binding the health endpoint on {}", args.http_listen))?;
+    // As Go's runtime does at start: the soft limit (often 1 024 in containers) is a default, not
+    // a budget, and running out of descriptors fails every sink request at once.
+    match health::raise_fd_limit() {
+        Ok((soft, hard)) => info!(soft, hard, "file descriptor limit"),
+        Err(error) => warn!(%error, "could not raise the file descriptor limit"),
+    }
     info!(listen = %args.http_listen, topic = %args.topic, group = %args.group_id, "starting");
     tokio::spawn(health::serve(listener, status.clone()));
     let sinks = sinks(args, &status).await?;

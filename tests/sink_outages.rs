@@ -221,3 +221,60 @@ async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands() {
     let got = read_dlq(&names.dlq, &names.topic, &originals(&sent), dead.len(), Duration::from_secs(30));
     assert_eq!(got.into_iter().collect::<std::collections::BTreeSet<_>>(), dead, "every dead letter, after the outage");
 }
+
+/// A flood of idle and half-sent connections against the probe port of a service whose file
+/// descriptors are limited to 1 024, soft and hard (it cannot raise them): 10 000 connections
+/// held open, half of them idle, half stopping mid-header. The probes answer within a second
+/// throughout, and ingestion goes on: every message's blob reaches GCS and everything commits.
+/// (Without the connection cap and the header timeout: every GCS request failed with "cannot
+/// connect" and nothing committed while the sockets were open.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need() {
+    if !needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let service = Service::start_with_fd_limit(&args(&names, &statsd, dir.path()), 1024);
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
+
+    let port = service.port;
+    let flood = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut held = Vec::new();
+        for i in 0..10_000 {
+            let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { continue };
+            if i % 2 == 1 {
+                let _ = stream.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+            }
+            held.push(stream);
+        }
+        held
+    });
+    let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 200).await;
+    let mut probes = 0;
+    while !flood.is_finished() {
+        assert_eq!(service.probe("/health/live"), Some(200), "live within a second during the flood");
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = flood.await.unwrap();
+    assert!(held.len() >= 9_000, "the flood opened {} connections", held.len());
+    for _ in 0..5 {
+        assert_eq!(service.probe("/health/ready"), Some(200), "ready within a second, the flood held open");
+    }
+    wait_for("everything committed with the flood held open", JOIN_AND_FLUSH, || {
+        committed(&names.group, &names.topic, 2) == expected_commits(&report)
+    })
+    .await;
+    drop(held);
+    assert_eq!(service.terminate(), Some(0));
+    let gcs = gcs_client().await;
+    for sent in &sent {
+        let Expected::Blob { key, digest: expected } = &sent.expected else { unreachable!("valid fixtures only") };
+        let stored = try_read_object(&gcs, &names.bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(digest(&stored), *expected, "{key} byte for byte");
+    }
+    println!("probes answered during the flood: {probes}");
+}

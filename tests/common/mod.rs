@@ -480,17 +480,47 @@ impl Service {
 
     /// Starts the service with its logs (stderr) going to `logs`.
     pub fn start_with_logs(args: &[String], logs: Stdio) -> Service {
+        Self::spawn(args, logs, None)
+    }
+
+    /// Starts the service with soft and hard limits of `limit` open file descriptors (as a
+    /// container whose hard limit is low), so that it cannot raise its own.
+    pub fn start_with_fd_limit(args: &[String], limit: u64) -> Service {
+        let logs = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() { Stdio::inherit() } else { Stdio::null() };
+        Self::spawn(args, logs, Some(limit))
+    }
+
+    fn spawn(args: &[String], logs: Stdio, fd_limit: Option<u64>) -> Service {
+        use std::os::unix::process::CommandExt;
         let port = args.iter().position(|a| a == "--http-listen").and_then(|i| args.get(i + 1)).unwrap();
         let port = port.rsplit(':').next().unwrap().parse().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(logs)
-            .spawn()
-            .expect("start the service");
-        Service { child, port }
+        let mut command = Command::new(env!("CARGO_BIN_EXE_replay-ingest"));
+        command.args(args).env("RUST_LOG", "info").env("NO_COLOR", "1").stdout(Stdio::null()).stderr(logs);
+        if let Some(limit) = fd_limit {
+            // SAFETY: only setrlimit, async-signal-safe, runs between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                    match libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) {
+                        0 => Ok(()),
+                        _ => Err(std::io::Error::last_os_error()),
+                    }
+                });
+            }
+        }
+        Service { child: command.spawn().expect("start the service"), port }
+    }
+
+    /// `GET path` the way the kubelet probes: a new connection, one second to answer.
+    pub fn probe(&self, path: &str) -> Option<u16> {
+        use std::io::{Read, Write};
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        response.split_whitespace().nth(1)?.parse().ok()
     }
 
     /// `/status` as JSON, or `None` while the endpoint is not up.
