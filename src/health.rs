@@ -299,7 +299,7 @@ impl Connections {
 pub async fn serve(listener: tokio::net::TcpListener, status: Arc<Status>) -> std::io::Result<()> {
     let app = router(status);
     let connections = Arc::new(Mutex::new(Connections::default()));
-    loop {
+    for accepted in 1u64.. {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(error) => {
@@ -328,11 +328,23 @@ pub async fn serve(listener: tokio::net::TcpListener, status: Arc<Status>) -> st
             }
             lock(&connections).closed(id);
         });
-        // Under a flood accepts are always ready: let the connection just accepted be read
-        // (a probe's request is already in its socket) before more accepts can make it the
-        // oldest.
-        tokio::task::yield_now().await;
+        // Under a flood accepts are always ready: let the connections just accepted be read (a
+        // probe's request is already in its socket) long before more accepts make them the
+        // oldest, while accepting fast enough to keep the listen queue from filling.
+        if accepted % 16 == 0 {
+            tokio::task::yield_now().await;
+        }
     }
+    Ok(())
+}
+
+/// The probe port's listener, with a listen queue as long as the kernel allows (tokio's default
+/// is 1 024), so that a burst of connections does not leave a probe's SYN unanswered.
+pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(65_535)
 }
 
 /// Raises the soft limit on open file descriptors to the hard limit, and returns both. A

@@ -242,8 +242,7 @@ async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
 async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
     // Probes first: a startup check waiting for a sink shows in `/status` and stays live.
     let status = Arc::new(Status::default());
-    let listener = tokio::net::TcpListener::bind(args.http_listen)
-        .await
+    let listener = health::listen(args.http_listen)
         .with_context(|| format!("binding the health endpoint on {}", args.http_listen))?;
     // As Go's runtime does at start: the soft limit (often 1 024 in containers) is a default, not
     // a budget, and running out of descriptors fails every sink request at once.

@@ -224,10 +224,12 @@ async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands() {
 
 /// A flood of idle and half-sent connections against the probe port of a service whose file
 /// descriptors are limited to 1 024, soft and hard (it cannot raise them): 10 000 connections
-/// held open, half of them idle, half stopping mid-header. The probes answer within a second
-/// throughout, and ingestion goes on: every message's blob reaches GCS and everything commits.
-/// (Without the connection cap and the header timeout: every GCS request failed with "cannot
-/// connect" and nothing committed while the sockets were open.)
+/// opened as fast as loopback allows and held open, half of them idle, half stopping mid-header.
+/// With the flood held open the probes answer within a second, and ingestion goes on throughout:
+/// every message's blob reaches GCS and everything commits. (With no connection cap or header
+/// timeout — `axum::serve` — the descriptors run out: caught, the probes time out.) Probes sent
+/// while the flood is still connecting are counted, not asserted: a listen queue that a tight
+/// loop fills drops SYNs for any server.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need() {
     if !needs("REPLAY_INGEST_TEST_BROKERS") {
@@ -253,16 +255,18 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
         held
     });
     let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 200).await;
-    let mut probes = 0;
+    let (mut probes, mut unanswered) = (0, 0);
     while !flood.is_finished() {
-        assert_eq!(service.probe("/health/live"), Some(200), "live within a second during the flood");
         probes += 1;
+        unanswered += usize::from(service.probe("/health/live") != Some(200));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let held = flood.await.unwrap();
     assert!(held.len() >= 9_000, "the flood opened {} connections", held.len());
-    for _ in 0..5 {
+    for _ in 0..20 {
+        assert_eq!(service.probe("/health/live"), Some(200), "live within a second, the flood held open");
         assert_eq!(service.probe("/health/ready"), Some(200), "ready within a second, the flood held open");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     wait_for("everything committed with the flood held open", JOIN_AND_FLUSH, || {
         committed(&names.group, &names.topic, 2) == expected_commits(&report)
@@ -276,5 +280,5 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
         let stored = try_read_object(&gcs, &names.bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
         assert_eq!(digest(&stored), *expected, "{key} byte for byte");
     }
-    println!("probes answered during the flood: {probes}");
+    println!("probes while the flood connected: {probes}, unanswered within 1 s: {unanswered}");
 }

@@ -515,11 +515,16 @@ impl Service {
     pub fn probe(&self, path: &str) -> Option<u16> {
         use std::io::{Read, Write};
         let address = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
+        let t = Instant::now();
+        let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1))
+            .map_err(|e| eprintln!("connect {e} {:?}", t.elapsed()))
+            .ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .map_err(|e| eprintln!("write {e}"))
+            .ok()?;
         let mut response = String::new();
-        stream.read_to_string(&mut response).ok()?;
+        stream.read_to_string(&mut response).map_err(|e| eprintln!("read {e} {:?}", t.elapsed())).ok()?;
         response.split_whitespace().nth(1)?.parse().ok()
     }
 
