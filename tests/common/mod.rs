@@ -20,6 +20,7 @@ use replay_ingest::recording::{self, KafkaPosition, Limits, ReplayRow};
 use replay_ingest::sink::{Batch, Entry, Outcome};
 
 pub mod load;
+pub mod proxy;
 pub mod snuba;
 pub mod tls;
 

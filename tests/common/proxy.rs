@@ -1,0 +1,128 @@
+//! An HTTP/1.1 proxy in front of a stack service (the GCS emulator, ClickHouse) that forwards
+//! each request whole and lets the test decide, per request, to pass the answer on, to hold it
+//! back (a latency tail), or to answer in the upstream's place (a load balancer that turns an
+//! error into a `200`). The requests it saw are counted per decision.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+/// What the proxy does with one request.
+pub enum Action {
+    /// The upstream's answer, at once.
+    Forward,
+    /// The upstream's answer (the request was made), held back this long first.
+    Delay(Duration),
+    /// The request is made upstream, but the client gets this answer instead.
+    Answer { status: u16, headers: Vec<(&'static str, String)>, body: String },
+}
+
+/// The method and path-and-query of a request, and how many requests came before it.
+pub struct Seen<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub body: &'a [u8],
+    pub nth: usize,
+}
+
+type Decide = dyn Fn(&Seen) -> Action + Send + Sync;
+
+pub struct Proxy {
+    pub endpoint: String,
+    pub requests: Arc<AtomicUsize>,
+    pub delayed: Arc<AtomicUsize>,
+    pub answered: Arc<AtomicUsize>,
+    /// Paths of the requests, in order.
+    pub paths: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proxy {
+    /// Listens on 127.0.0.1 and forwards to `upstream` (`http://host:port`).
+    pub async fn start(upstream: &str, decide: impl Fn(&Seen) -> Action + Send + Sync + 'static) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = Proxy {
+            endpoint: format!("http://{}", listener.local_addr().unwrap()),
+            requests: Arc::default(),
+            delayed: Arc::default(),
+            answered: Arc::default(),
+            paths: Arc::default(),
+        };
+        let shared = Shared {
+            upstream: upstream.trim_end_matches('/').to_owned(),
+            client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            decide: Arc::new(decide),
+            requests: proxy.requests.clone(),
+            delayed: proxy.delayed.clone(),
+            answered: proxy.answered.clone(),
+            paths: proxy.paths.clone(),
+        };
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| shared.clone().handle(request));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        proxy
+    }
+}
+
+#[derive(Clone)]
+struct Shared {
+    upstream: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    decide: Arc<Decide>,
+    requests: Arc<AtomicUsize>,
+    delayed: Arc<AtomicUsize>,
+    answered: Arc<AtomicUsize>,
+    paths: Arc<Mutex<Vec<String>>>,
+}
+
+impl Shared {
+    async fn handle(self, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let (mut parts, body) = request.into_parts();
+        let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let path = parts.uri.path_and_query().map(|p| p.as_str().to_owned()).unwrap_or_default();
+        let nth = self.requests.fetch_add(1, Ordering::SeqCst);
+        self.paths.lock().unwrap().push(path.clone());
+        let action = (self.decide)(&Seen { method: parts.method.as_str(), path: &path, body: &body, nth });
+        parts.uri = format!("{}{path}", self.upstream).parse().unwrap();
+        parts.headers.remove(hyper::header::HOST);
+        let answer = match self.client.request(Request::from_parts(parts, Full::new(body))).await {
+            Ok(response) => {
+                let (parts, body) = response.into_parts();
+                let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                Response::from_parts(parts, Full::new(body))
+            }
+            Err(error) => Response::builder().status(502).body(Full::new(Bytes::from(error.to_string()))).unwrap(),
+        };
+        Ok(match action {
+            Action::Forward => answer,
+            Action::Delay(delay) => {
+                self.delayed.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                answer
+            }
+            Action::Answer { status, headers, body } => {
+                self.answered.fetch_add(1, Ordering::SeqCst);
+                let mut response = Response::builder().status(status);
+                for (name, value) in headers {
+                    response = response.header(name, value);
+                }
+                response.body(Full::new(Bytes::from(body))).unwrap()
+            }
+        })
+    }
+}
