@@ -282,3 +282,52 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
     }
     println!("probes while the flood connected: {probes}, unanswered within 1 s: {unanswered}");
 }
+
+/// A blob store hung for longer than the stall timeout (here 20 s against 4 s; in production a
+/// 30-minute hang against 300 s), with one upload at a time so that a single attempt over the
+/// batch would last 40 s: every upload that times out is progress, so the service stays live the
+/// whole time, shows the outage from the first failed request, and lands every blob when the
+/// store answers again. (Progress only when a whole attempt ended: liveness failed after 4 s.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
+    if !needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let mut args = with_flag(args(&names, &statsd, dir.path()), "--buffer-max-age-ms", "3000");
+    args.extend(["--flush-stall-timeout-ms", "4000", "--gcs-upload-concurrency", "1"].map(String::from));
+    let service = Service::start(&args);
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
+    let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 40).await;
+    wait_for("the messages consumed", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["consumed"].as_u64() >= Some(40))
+    })
+    .await;
+    let hung = Hung::begin("gcs");
+    let started = std::time::Instant::now();
+    let mut outage_seen = None;
+    while started.elapsed() < Duration::from_secs(20) {
+        assert_eq!(service.probe("/health/live"), Some(200), "live {:?} into the hang", started.elapsed());
+        if outage_seen.is_none() && service.status().is_some_and(|s| s["outages"]["gcs"]["since_ms"].is_u64()) {
+            outage_seen = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let outage_seen = outage_seen.expect("the outage shows in /status");
+    assert!(committed(&names.group, &names.topic, 2).is_empty(), "nothing committed during the hang");
+    drop(hung);
+    wait_for("everything committed once GCS answers", JOIN_AND_FLUSH, || {
+        committed(&names.group, &names.topic, 2) == expected_commits(&report)
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+    let gcs = gcs_client().await;
+    for sent in &sent {
+        let Expected::Blob { key, digest: expected } = &sent.expected else { unreachable!("valid fixtures only") };
+        let stored = try_read_object(&gcs, &names.bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(digest(&stored), *expected, "{key} byte for byte");
+    }
+    println!("outage in /status {outage_seen:?} after the hang began");
+}
