@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
 use rdkafka::ClientConfig;
 
@@ -18,7 +19,7 @@ use crate::secret::Secret;
 pub struct LimitArgs {
     /// Largest decompressed segment body, in bytes. Larger bodies are rejected as `too_large`
     /// (never truncated). Bounds the memory one message can take while it is processed.
-    #[arg(long, env = "REPLAY_INGEST_MAX_DECOMPRESSED_BYTES", default_value_t = DEFAULT_MAX_DECOMPRESSED_BYTES)]
+    #[arg(long, env = "REPLAY_INGEST_MAX_DECOMPRESSED_BYTES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=17_179_869_184), default_value_t = DEFAULT_MAX_DECOMPRESSED_BYTES)]
     pub max_decompressed_bytes: usize,
     /// Most click rows written per segment; further clicks are counted but not stored.
     #[arg(long, env = "REPLAY_INGEST_MAX_CLICKS_PER_SEGMENT", default_value_t = RowLimits::default().max_clicks)]
@@ -236,6 +237,16 @@ impl KafkaArgs {
     }
 }
 
+/// `url` starts with `http://` or `https://` and names a host: anything else (`ftp://`, a bare
+/// host, a typo) would otherwise be waited on for ever as "not reachable yet".
+fn http_url(flag: &str, url: &str) -> Result<(), String> {
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+    match rest {
+        Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(()),
+        _ => Err(format!("{flag} {url:?} is not an http:// or https:// URL with a host")),
+    }
+}
+
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlobSinkKind {
     /// Google Cloud Storage, `--gcs-bucket`.
@@ -279,7 +290,7 @@ pub struct GcsArgs {
     #[arg(long, env = "REPLAY_INGEST_GCS_ANONYMOUS")]
     pub gcs_anonymous: bool,
     /// Uploads in flight per flush. More hides latency; each holds a connection.
-    #[arg(long, env = "REPLAY_INGEST_GCS_UPLOAD_CONCURRENCY", default_value_t = 32)]
+    #[arg(long, env = "REPLAY_INGEST_GCS_UPLOAD_CONCURRENCY", value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024), default_value_t = 32)]
     pub gcs_upload_concurrency: usize,
 }
 
@@ -303,11 +314,16 @@ pub struct ClickHouseArgs {
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE")]
     pub clickhouse_password_file: Option<PathBuf>,
     /// Rows per INSERT; larger batches are split.
-    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_CHUNK_ROWS", default_value_t = 100_000)]
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_CHUNK_ROWS", value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000_000), default_value_t = 100_000)]
     pub clickhouse_chunk_rows: usize,
 }
 
 impl ClickHouseArgs {
+    /// `--clickhouse-url` is an HTTP(S) URL.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        http_url("--clickhouse-url", &self.clickhouse_url).map_err(ConfigError::Invalid)
+    }
+
     /// The sink's configuration; `timeout` bounds one write attempt.
     pub fn config(&self, timeout: Duration) -> std::io::Result<crate::sink::clickhouse::ClickHouseConfig> {
         let password =
@@ -376,7 +392,7 @@ pub struct MetricsArgs {
     pub statsd_tags: Vec<String>,
     /// How often aggregated metrics are sent, ms. The process waits one interval before it exits,
     /// so that the last one is not lost.
-    #[arg(long, env = "REPLAY_INGEST_STATSD_FLUSH_INTERVAL_MS", default_value_t = 1_000)]
+    #[arg(long, env = "REPLAY_INGEST_STATSD_FLUSH_INTERVAL_MS", value_parser = clap::value_parser!(u64).range(1..=60_000), default_value_t = 1_000)]
     pub statsd_flush_interval_ms: u64,
 }
 
@@ -408,42 +424,42 @@ pub struct ConsumeArgs {
     /// Largest record the dead-letter topic accepts, bytes (its `max.message.bytes`; Kafka's
     /// default is 1 MiB). A larger dead letter keeps its value in the blob store under `dlq/` and
     /// leaves a pointer record on the topic; so does one the broker refuses as too large.
-    #[arg(long, env = "REPLAY_INGEST_DLQ_MAX_MESSAGE_BYTES", default_value_t = 1_000_000)]
+    #[arg(long, env = "REPLAY_INGEST_DLQ_MAX_MESSAGE_BYTES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000_000), default_value_t = 1_000_000)]
     pub dlq_max_message_bytes: usize,
     /// Group session timeout. Lower detects dead members sooner; too low causes spurious
     /// rebalances under load. Must exceed `--drain-deadline-ms`.
-    #[arg(long, env = "REPLAY_INGEST_SESSION_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(long, env = "REPLAY_INGEST_SESSION_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 30_000)]
     pub session_timeout_ms: u64,
     /// librdkafka prefetch per consumer, KiB (`queued.max.messages.kbytes`). Higher smooths
     /// throughput; it adds directly to peak memory.
-    #[arg(long, env = "REPLAY_INGEST_PREFETCH_KBYTES", default_value_t = 64 * 1024)]
+    #[arg(long, env = "REPLAY_INGEST_PREFETCH_KBYTES", value_parser = clap::value_parser!(u64).range(1..=2_097_151), default_value_t = 64 * 1024)]
     pub prefetch_kbytes: u64,
     /// Largest fetch response, bytes (`fetch.max.bytes`). Must hold the largest message (15 MB
     /// upstream).
-    #[arg(long, env = "REPLAY_INGEST_FETCH_MAX_BYTES", default_value_t = 32 * 1024 * 1024)]
+    #[arg(long, env = "REPLAY_INGEST_FETCH_MAX_BYTES", value_parser = clap::value_parser!(u64).range(1..=2_147_483_135), default_value_t = 32 * 1024 * 1024)]
     pub fetch_max_bytes: u64,
     /// Largest message accepted upstream, bytes; the buffer must hold at least one.
-    #[arg(long, env = "REPLAY_INGEST_MAX_MESSAGE_BYTES", default_value_t = 15_000_000)]
+    #[arg(long, env = "REPLAY_INGEST_MAX_MESSAGE_BYTES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000_000), default_value_t = 15_000_000)]
     pub max_message_bytes: usize,
 
     /// Flush when the buffer holds this many messages. Larger batches mean fewer, bigger writes.
-    #[arg(long, env = "REPLAY_INGEST_BUFFER_MAX_MESSAGES", default_value_t = 1000)]
+    #[arg(long, env = "REPLAY_INGEST_BUFFER_MAX_MESSAGES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000), default_value_t = 1000)]
     pub buffer_max_messages: usize,
     /// Memory budget for buffered data (mostly blobs), bytes: the open buffer plus the batches
     /// being flushed. The open buffer closes at budget ÷ (max-flushes-in-flight + 1); with a
     /// backlog, RSS stays near this plus librdkafka's prefetch.
-    #[arg(long, env = "REPLAY_INGEST_BUFFER_MAX_BYTES", default_value_t = 256 * 1024 * 1024)]
+    #[arg(long, env = "REPLAY_INGEST_BUFFER_MAX_BYTES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_099_511_627_776), default_value_t = 256 * 1024 * 1024)]
     pub buffer_max_bytes: usize,
     /// Flush a buffer whose first message is this old, ms. Bounds end-to-end latency (and how
     /// much is redelivered after a crash).
-    #[arg(long, env = "REPLAY_INGEST_BUFFER_MAX_AGE_MS", default_value_t = 5_000)]
+    #[arg(long, env = "REPLAY_INGEST_BUFFER_MAX_AGE_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 5_000)]
     pub buffer_max_age_ms: u64,
     /// Flushes that may run at once while the next buffer fills. More overlaps slow sinks; each
     /// holds a full buffer in memory.
-    #[arg(long, env = "REPLAY_INGEST_MAX_FLUSHES_IN_FLIGHT", default_value_t = 1)]
+    #[arg(long, env = "REPLAY_INGEST_MAX_FLUSHES_IN_FLIGHT", value_parser = RangedU64ValueParser::<usize>::new().range(1..=64), default_value_t = 1)]
     pub max_flushes_in_flight: usize,
     /// Threads that decompress and parse messages (0 = one per CPU).
-    #[arg(long, env = "REPLAY_INGEST_PROCESSING_THREADS", default_value_t = 0)]
+    #[arg(long, env = "REPLAY_INGEST_PROCESSING_THREADS", value_parser = RangedU64ValueParser::<usize>::new().range(0..=1024), default_value_t = 0)]
     pub processing_threads: usize,
 
     /// Attempts per sink per flush before the service stops (non-zero exit, nothing committed);
@@ -453,22 +469,22 @@ pub struct ConsumeArgs {
     pub flush_max_attempts: u32,
     /// Deadline of one sink request, ms: a GCS upload, a ClickHouse write attempt, a Kafka
     /// delivery. Past it the attempt fails and is retried.
-    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 30_000)]
     pub sink_timeout_ms: u64,
     /// Liveness fails when a flush goes this long without any sink attempt ending (a wedged
     /// flush: the pod is restarted); a flush that keeps retrying is not wedged. Above the sink
     /// timeout.
-    #[arg(long, env = "REPLAY_INGEST_FLUSH_STALL_TIMEOUT_MS", default_value_t = 300_000)]
+    #[arg(long, env = "REPLAY_INGEST_FLUSH_STALL_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000), default_value_t = 300_000)]
     pub flush_stall_timeout_ms: u64,
     /// First retry backoff, ms; doubles per attempt, full jitter.
-    #[arg(long, env = "REPLAY_INGEST_FLUSH_INITIAL_BACKOFF_MS", default_value_t = 200)]
+    #[arg(long, env = "REPLAY_INGEST_FLUSH_INITIAL_BACKOFF_MS", value_parser = clap::value_parser!(u64).range(0..=3_600_000), default_value_t = 200)]
     pub flush_initial_backoff_ms: u64,
     /// Longest retry backoff, ms.
-    #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_BACKOFF_MS", default_value_t = 10_000)]
+    #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_BACKOFF_MS", value_parser = clap::value_parser!(u64).range(0..=3_600_000), default_value_t = 10_000)]
     pub flush_max_backoff_ms: u64,
     /// Time allowed to flush and commit on shutdown or partition revoke, ms. Must be below the
     /// session timeout and the pod's termination grace period.
-    #[arg(long, env = "REPLAY_INGEST_DRAIN_DEADLINE_MS", default_value_t = 20_000)]
+    #[arg(long, env = "REPLAY_INGEST_DRAIN_DEADLINE_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 20_000)]
     pub drain_deadline_ms: u64,
 
     /// Where blobs go.
@@ -520,15 +536,22 @@ impl ConsumeArgs {
                 self.drain_deadline_ms, self.session_timeout_ms
             ));
         }
-        if self.buffer_max_messages == 0 || self.max_flushes_in_flight == 0 || self.sink_timeout_ms == 0 {
-            return Err(
-                "--buffer-max-messages, --max-flushes-in-flight and --sink-timeout-ms must be at least 1".into()
-            );
-        }
         if self.flush_stall_timeout_ms <= self.sink_timeout_ms {
             return Err(format!(
                 "--flush-stall-timeout-ms ({}) must exceed --sink-timeout-ms ({}): an attempt that times out is progress, not a stall",
                 self.flush_stall_timeout_ms, self.sink_timeout_ms
+            ));
+        }
+        if self.flush_initial_backoff_ms > self.flush_max_backoff_ms {
+            return Err(format!(
+                "--flush-initial-backoff-ms ({}) must not exceed --flush-max-backoff-ms ({})",
+                self.flush_initial_backoff_ms, self.flush_max_backoff_ms
+            ));
+        }
+        if self.flush_max_backoff_ms >= self.flush_stall_timeout_ms {
+            return Err(format!(
+                "--flush-max-backoff-ms ({}) must be below --flush-stall-timeout-ms ({}): a flush waiting out its backoff makes no request, and would be taken for a stalled one",
+                self.flush_max_backoff_ms, self.flush_stall_timeout_ms
             ));
         }
         if self.buffer_limits().max_bytes < self.max_message_bytes {
@@ -536,6 +559,12 @@ impl ConsumeArgs {
                 "--buffer-max-bytes ({}) ÷ (--max-flushes-in-flight + 1) must hold one message of --max-message-bytes ({})",
                 self.buffer_max_bytes, self.max_message_bytes
             ));
+        }
+        if self.rows_sink == RowsSinkKind::Clickhouse {
+            http_url("--clickhouse-url", &self.clickhouse.clickhouse_url)?;
+        }
+        if let Some(endpoint) = self.gcs.gcs_endpoint.as_deref().filter(|_| self.blob_sink == BlobSinkKind::Gcs) {
+            http_url("--gcs-endpoint", endpoint)?;
         }
         if self.blob_sink == BlobSinkKind::Gcs && self.gcs.gcs_bucket.is_none() {
             return Err("--blob-sink gcs needs --gcs-bucket (or REPLAY_INGEST_GCS_BUCKET)".into());
@@ -653,6 +682,44 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--drain-deadline-ms"), "{err}");
+    }
+
+    #[test]
+    fn numeric_flags_out_of_range_are_refused_naming_the_flag() {
+        for (flag, value) in [
+            ("--processing-threads", "100000"),
+            ("--max-decompressed-bytes", "0"),
+            ("--max-message-bytes", "0"),
+            ("--prefetch-kbytes", "99999999999"),
+            ("--gcs-upload-concurrency", "0"),
+            ("--buffer-max-messages", "0"),
+            ("--sink-timeout-ms", "0"),
+            ("--max-flushes-in-flight", "0"),
+        ] {
+            let error = Cli::try_parse_from(["x", flag, value]).err().unwrap_or_else(|| panic!("{flag} {value}"));
+            assert!(error.to_string().contains(flag), "{flag}: {error}");
+        }
+        assert_eq!(parse(&["--processing-threads", "0"]).processing_threads, 0, "0: one per CPU");
+    }
+
+    #[test]
+    fn backoffs_must_be_ordered_and_below_the_stall_timeout() {
+        let base = ["--blob-sink", "null"];
+        let err = parse(&[&base[..], &["--flush-initial-backoff-ms", "20000"]].concat()).validate().unwrap_err();
+        assert!(err.to_string().contains("--flush-initial-backoff-ms"), "{err}");
+        let err = parse(&[&base[..], &["--flush-max-backoff-ms", "300000"]].concat()).validate().unwrap_err();
+        assert!(err.to_string().contains("--flush-stall-timeout-ms"), "{err}");
+    }
+
+    #[test]
+    fn urls_other_than_http_and_https_are_refused() {
+        for url in ["ftp://clickhouse:8123", "clickhouse:8123", "http://", "https:///x"] {
+            let err = parse(&["--blob-sink", "null", "--clickhouse-url", url]).validate().unwrap_err();
+            assert!(err.to_string().contains("--clickhouse-url"), "{url}: {err}");
+        }
+        assert!(parse(&["--blob-sink", "null", "--clickhouse-url", "https://ch.internal:8443"]).validate().is_ok());
+        let err = parse(&["--gcs-bucket", "b", "--gcs-endpoint", "ftp://x"]).validate().unwrap_err();
+        assert!(err.to_string().contains("--gcs-endpoint"), "{err}");
     }
 
     #[test]

@@ -92,10 +92,14 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Consume(args) => run_consume(*args).await,
             Command::Migrate(args) => {
+                args.validate()?;
                 // Migrations are DDL: no write-attempt deadline applies.
                 let config =
                     args.config(std::time::Duration::from_secs(600)).context("reading --clickhouse-password-file")?;
-                let features = clickhouse::migrate(&config).await.context("migrating ClickHouse")?;
+                let features = clickhouse::migrate(&config)
+                    .await
+                    .map_err(|e| clickhouse::setup_error(&e, &config))
+                    .context("migrating ClickHouse")?;
                 info!(?features, database = %config.database, table = %config.table, "ClickHouse table ready");
                 Ok(())
             }
@@ -108,10 +112,26 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!("{e:#}");
+            error!("{}", said_once(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each cause only if the text so far does not already say it (a
+/// sink's message often repeats its client's error, which is also its source).
+fn said_once(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&said);
+        }
+    }
+    text
 }
 
 fn producer(
@@ -179,9 +199,8 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
             let config = args.clickhouse.config(args.sink_timeout()).context("reading --clickhouse-password-file")?;
             startup::until_ready("clickhouse", status, || async {
                 if args.migrate_on_start {
-                    let features = clickhouse::migrate(&config)
-                        .await
-                        .map_err(|e| SinkError::new("clickhouse", clickhouse::classify(&e), e))?;
+                    let features =
+                        clickhouse::migrate(&config).await.map_err(|e| clickhouse::setup_error(&e, &config))?;
                     info!(?features, table = %config.table, "ClickHouse table ready");
                 }
                 clickhouse::check_table(&config).await

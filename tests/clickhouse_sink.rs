@@ -135,3 +135,49 @@ async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types
     let down = ClickHouseConfig { url: format!("http://127.0.0.1:{}", common::free_port()), ..config };
     assert_eq!(check_table(&down).await.unwrap_err().retry, Retry::Retryable);
 }
+
+/// An INSERT answered `200` with a ClickHouse exception — what a proxy or load balancer in
+/// between can send — is an error classified by its code like any other: with the exception
+/// code in `X-ClickHouse-Exception-Code` (how ClickHouse marks one, and what a proxy that passes
+/// headers keeps), and with the exception only in the body, ending as ClickHouse ends it (its
+/// version). (A body exception without either is not seen: the client reads INSERT answers
+/// itself — docs/reliability.md.)
+#[tokio::test(flavor = "multi_thread")]
+async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
+    use common::proxy::{Action, Proxy};
+    if !common::needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
+    let config = config(&common::unique("replays").replace('-', "_"));
+    migrate(&config).await.unwrap();
+    let memory = "Code: 241. DB::Exception: Memory limit (total) exceeded: would use 9.31 GiB. (MEMORY_LIMIT_EXCEEDED)";
+    let parse = "Code: 27. DB::Exception: Cannot parse input: expected '\\t' before: 'x': (at row 3)";
+    let auth = "Code: 516. DB::Exception: default: Authentication failed. (AUTHENTICATION_FAILED)";
+    let version = " (version 25.8.16.10001 (official build))\n";
+    let cases = [
+        (Some("241"), memory.to_owned(), Retry::Retryable),
+        (Some("27"), parse.to_owned(), Retry::Rejected),
+        (Some("516"), auth.to_owned(), Retry::Fatal),
+        (None, format!("{memory}{version}"), Retry::Retryable),
+        (None, format!("{parse}{version}"), Retry::Rejected),
+    ];
+    for (code, body, expected) in cases {
+        let answer = (code, body.clone());
+        let proxy = Proxy::start(&common::clickhouse_url(), move |seen| match seen.path.contains("INSERT") {
+            true => Action::Answer {
+                status: 200,
+                headers: answer.0.map(|c| ("X-ClickHouse-Exception-Code", c.to_owned())).into_iter().collect(),
+                body: answer.1.clone(),
+            },
+            false => Action::Forward,
+        })
+        .await;
+        let sink = ClickHouseSink::new(&ClickHouseConfig { url: proxy.endpoint.clone(), ..config.clone() });
+        let result =
+            tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch())).await.unwrap();
+        let error = result.expect_err(&format!("200 with {code:?} and {body:?} is not success"));
+        assert_eq!(error.retry, expected, "{code:?} {body:?}: {error}");
+        assert!(proxy.answered.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    }
+    assert!(read_back(&config).await.is_empty(), "no INSERT reached the server");
+}

@@ -62,3 +62,36 @@ async fn with_every_destination_in_place_the_checks_pass_having_written_the_prob
     );
     assert_eq!(service.terminate(), Some(0));
 }
+
+/// Refused ClickHouse credentials are a configuration error: the service exits at once with one
+/// line that names the flags to fix and does not show the password (before: waited on for ever
+/// as "not reachable yet"). The same for `migrate`.
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_clickhouse_credentials_stop_the_service_naming_the_flags() {
+    if !needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
+    let names = Names::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("clickhouse-password");
+    std::fs::write(&secret, "not-the-password-7f3a").unwrap();
+    let mut args = names.args(free_port(), dir.path());
+    args.extend(["--clickhouse-password-file".to_owned(), secret.to_string_lossy().into_owned()]);
+    let (exit, log) = run_until_exit(&args).await;
+    assert_eq!(exit, Some(1), "{log}");
+    let line = log.lines().find(|l| l.contains("ERROR")).unwrap_or_else(|| panic!("an error line: {log}"));
+    assert!(
+        line.contains("authentication as \"default\" failed") && line.contains("--clickhouse-password-file"),
+        "{line}"
+    );
+    assert!(!log.contains("not reachable yet") && !log.contains("not-the-password-7f3a"), "{log}");
+    assert_eq!(line.matches("Code: 193").count() + line.matches("Code: 516").count(), 1, "said once: {line}");
+
+    let migrate = std::process::Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .args(["migrate", "--clickhouse-url", &clickhouse_url(), "--clickhouse-password-file"])
+        .arg(&secret)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&migrate.stderr);
+    assert!(!migrate.status.success() && stderr.contains("--clickhouse-password-file"), "{stderr}");
+}

@@ -27,8 +27,8 @@ const REJECTED_CODES: [u32; 14] = [6, 26, 27, 32, 33, 38, 41, 53, 69, 70, 72, 11
 
 /// ClickHouse error codes no data can fix: the configuration is wrong. 16
 /// NO_SUCH_COLUMN_IN_TABLE, 36 BAD_ARGUMENTS, 43 ILLEGAL_TYPE_OF_ARGUMENT, 60 UNKNOWN_TABLE,
-/// 62 SYNTAX_ERROR, 81 UNKNOWN_DATABASE, 192 UNKNOWN_USER, 516 AUTHENTICATION_FAILED.
-const FATAL_CODES: [u32; 8] = [16, 36, 43, 60, 62, 81, 192, 516];
+/// 62 SYNTAX_ERROR, 81 UNKNOWN_DATABASE, and the [`AUTHENTICATION_CODES`].
+const FATAL_CODES: [u32; 10] = [16, 36, 43, 60, 62, 81, 192, 193, 194, 516];
 
 /// Partitions one INSERT may touch. Rows are partitioned by `(retention_days,
 /// toMonday(timestamp))`; half the server's default limit leaves room for a server time zone
@@ -80,6 +80,43 @@ pub fn classify(error: &clickhouse::error::Error) -> Retry {
         Error::SchemaMismatch(_) | Error::InvalidParams(_) | Error::Unsupported(_) => Retry::Fatal,
         _ => Retry::Retryable,
     }
+}
+
+/// ClickHouse error codes for credentials it refuses: 192 UNKNOWN_USER, 193 WRONG_PASSWORD, 194
+/// REQUIRED_PASSWORD, 516 AUTHENTICATION_FAILED.
+const AUTHENTICATION_CODES: [u32; 4] = [192, 193, 194, 516];
+
+/// A failed request before any data was written (the startup check, a migration), as an operator
+/// must read it: refused credentials and an untrusted certificate are configuration errors that
+/// name what to fix; a TLS handshake that fails otherwise says so; the rest is classified as
+/// [`classify`] does, with every cause in the message.
+pub fn setup_error(error: &clickhouse::error::Error, config: &ClickHouseConfig) -> SinkError {
+    let detail = super::describe(error);
+    let at = &config.url;
+    let (retry, message) = match error {
+        clickhouse::error::Error::BadResponse(m)
+            if error_code(m).is_some_and(|c| AUTHENTICATION_CODES.contains(&c)) =>
+        {
+            let user = &config.user;
+            (
+                Retry::Fatal,
+                format!(
+                    "authentication as {user:?} failed at {at} (check --clickhouse-user and --clickhouse-password-file): {detail}"
+                ),
+            )
+        }
+        _ if detail.contains("invalid peer certificate") => (
+            Retry::Fatal,
+            format!(
+                "TLS: the certificate of {at} is not trusted (a private CA's bundle goes in SSL_CERT_FILE): {detail}"
+            ),
+        ),
+        _ if detail.contains("tls") || detail.contains("TLS") || detail.contains("handshake") => {
+            (classify(error), format!("TLS handshake with {at} failed: {detail}"))
+        }
+        _ => (classify(error), format!("at {at}: {detail}")),
+    };
+    SinkError::new("clickhouse", retry, message)
 }
 
 /// The `Code: N` ClickHouse puts in its error messages.
@@ -352,7 +389,7 @@ pub async fn check_table(config: &ClickHouseConfig) -> Result<(), SinkError> {
         .bind(&config.table)
         .fetch_all()
         .await
-        .map_err(|e| SinkError::new("clickhouse", classify(&e), format_args!("at {}: {e}", config.url)))?;
+        .map_err(|e| setup_error(&e, config))?;
     let table = format!("{}.{}", config.database, config.table);
     if found.is_empty() {
         let message =
@@ -498,6 +535,35 @@ mod tests {
         }
         assert_eq!(classify(&Error::TimedOut), Retry::Retryable);
         assert_eq!(classify(&Error::SchemaMismatch("x".into())), Retry::Fatal);
+    }
+
+    #[test]
+    fn refused_credentials_and_untrusted_certificates_are_configuration_errors_naming_the_fix() {
+        let config = ClickHouseConfig {
+            url: "https://ch:8443".into(),
+            database: "d".into(),
+            table: "t".into(),
+            user: "ingest".into(),
+            password: Default::default(),
+            chunk_rows: 1,
+            timeout: std::time::Duration::from_secs(1),
+        };
+        for code in [193, 516] {
+            let error =
+                setup_error(&Error::BadResponse(format!("Code: {code}. DB::Exception: wrong password")), &config);
+            assert_eq!(error.retry, Retry::Fatal);
+            assert!(error.message.contains("--clickhouse-password-file") && error.message.contains("\"ingest\""));
+        }
+        let untrusted = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let error = setup_error(&Error::Network(Box::new(untrusted)), &config);
+        assert_eq!(error.retry, Retry::Fatal);
+        assert!(
+            error.message.starts_with("TLS: the certificate of https://ch:8443 is not trusted"),
+            "{}",
+            error.message
+        );
+        let refused = setup_error(&Error::Network(Box::new(std::io::Error::other("connection refused"))), &config);
+        assert_eq!(refused.retry, Retry::Retryable, "down is not misconfigured");
     }
 
     #[test]

@@ -75,7 +75,16 @@ impl GcsSink {
             .send_buffered();
         let error = match tokio::time::timeout(self.timeout, upload).await {
             Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => SinkError::from_error("gcs", classify(&e), e),
+            Ok(Err(e)) if matches!(e.http_status_code(), Some(401 | 403)) => {
+                let message = format!(
+                    "permission denied ({}): the credentials (Workload Identity, GOOGLE_APPLICATION_CREDENTIALS, --gcs-anonymous) may not write to --gcs-bucket {}: {}",
+                    e.http_status_code().unwrap_or_default(),
+                    self.name,
+                    super::describe(&e)
+                );
+                SinkError { message, ..SinkError::from_error("gcs", Retry::Fatal, e) }
+            }
+            Ok(Err(e)) => SinkError { message: super::describe(&e), ..SinkError::from_error("gcs", classify(&e), e) },
             Err(_) => SinkError::new("gcs", Retry::Retryable, format_args!("timed out after {:?}", self.timeout)),
         };
         Err(SinkError { message: format!("{}: {}", self.location(key), error.message), ..error })

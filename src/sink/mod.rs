@@ -154,6 +154,22 @@ impl SinkError {
     }
 }
 
+/// `error` and its causes, each said once: clients wrap the cause that matters (a refused
+/// certificate, a reset connection) in errors that say only "client error (Connect)".
+pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let said = next.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = next.source();
+    }
+    text
+}
+
 /// Two errors are the same failure when sink, class and message are (the source is detail).
 impl PartialEq for SinkError {
     fn eq(&self, other: &Self) -> bool {

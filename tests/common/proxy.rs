@@ -21,7 +21,7 @@ pub enum Action {
     Forward,
     /// The upstream's answer (the request was made), held back this long first.
     Delay(Duration),
-    /// The request is made upstream, but the client gets this answer instead.
+    /// This answer, in the upstream's place (the request is not forwarded).
     Answer { status: u16, headers: Vec<(&'static str, String)>, body: String },
 }
 
@@ -98,6 +98,14 @@ impl Shared {
         let nth = self.requests.fetch_add(1, Ordering::SeqCst);
         self.paths.lock().unwrap().push(path.clone());
         let action = (self.decide)(&Seen { method: parts.method.as_str(), path: &path, body: &body, nth });
+        if let Action::Answer { status, headers, body } = action {
+            self.answered.fetch_add(1, Ordering::SeqCst);
+            let mut response = Response::builder().status(status);
+            for (name, value) in headers {
+                response = response.header(name, value);
+            }
+            return Ok(response.body(Full::new(Bytes::from(body))).unwrap());
+        }
         parts.uri = format!("{}{path}", self.upstream).parse().unwrap();
         parts.headers.remove(hyper::header::HOST);
         let answer = match self.client.request(Request::from_parts(parts, Full::new(body))).await {
@@ -108,21 +116,10 @@ impl Shared {
             }
             Err(error) => Response::builder().status(502).body(Full::new(Bytes::from(error.to_string()))).unwrap(),
         };
-        Ok(match action {
-            Action::Forward => answer,
-            Action::Delay(delay) => {
-                self.delayed.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(delay).await;
-                answer
-            }
-            Action::Answer { status, headers, body } => {
-                self.answered.fetch_add(1, Ordering::SeqCst);
-                let mut response = Response::builder().status(status);
-                for (name, value) in headers {
-                    response = response.header(name, value);
-                }
-                response.body(Full::new(Bytes::from(body))).unwrap()
-            }
-        })
+        if let Action::Delay(delay) = action {
+            self.delayed.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+        }
+        Ok(answer)
     }
 }
