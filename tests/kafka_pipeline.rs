@@ -113,7 +113,8 @@ async fn crafted_messages_cost_a_bounded_amount_and_the_next_message_follows() {
     assert!(written.contains(&"30/2/0badc0de0badc0de0badc0de0badc0de/0".to_owned()), "{written:?}");
     let reasons: BTreeSet<String> =
         read_dlq(&dlq, &topic, &originals(&sent), dead, Duration::from_secs(30)).into_iter().map(|d| d.2).collect();
-    assert_eq!(reasons, BTreeSet::from(["invalid_header".to_owned(), "invalid_replay_event".to_owned()]));
+    let expected = ["invalid_header", "invalid_received", "invalid_replay_event"].map(String::from);
+    assert_eq!(reasons, BTreeSet::from(expected));
     assert!(peak_rss_kib < 512 * 1024, "peak RSS {peak_rss_kib} KiB");
 }
 
@@ -368,4 +369,48 @@ async fn a_member_without_partitions_is_ready_and_a_rebalance_does_not_make_the_
     assert_eq!((ready(&first), ready(&second)), (Some(200), Some(200)), "both ready, idle or not");
     assert_eq!(first.terminate(), Some(0));
     assert_eq!(second.terminate(), Some(0));
+}
+
+/// Segments 0 received in year 10000 and at the largest u64 among valid messages, on a group of
+/// two members with every real sink: each such message is dead-lettered as `invalid_received`,
+/// everything else is written (an outcome for every valid segment 0), the group commits to the
+/// end and neither member exits. (Before: the billing outcome's timestamp panicked the flush, and
+/// every member that took the partition over died the same way.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_far_future_received_among_valid_messages_is_dead_lettered_and_no_member_exits() {
+    if !needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
+    let names = Names::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (first_statsd, second_statsd) = (Statsd::bind(), Statsd::bind());
+    let mut first = Service::start(&names.args(first_statsd.port(), dir.path()));
+    let mut second = Service::start(&names.args(second_statsd.port(), dir.path()));
+    let far: Vec<Vec<u8>> =
+        hostile::all().into_iter().filter(|h| h.invalid_reason == Some("invalid_received")).map(|h| h.value).collect();
+    assert_eq!(far.len(), 2);
+    let mut values: Vec<Vec<u8>> = (0..40).map(|i| common::load::fixture_copy(&small_fixtures(true), i)).collect();
+    values.insert(10, far[0].clone());
+    values.insert(30, far[1].clone());
+    let (report, sent) =
+        produce_values(&names.topic, values.into_iter().zip(0..).map(|(v, i)| (v, test_key(i))).collect()).await;
+    wait_for("everything committed", JOIN_AND_FLUSH, || {
+        committed(&names.group, &names.topic, 2) == expected_commits(&report)
+    })
+    .await;
+    for member in [&mut first, &mut second] {
+        assert!(member.child.try_wait().unwrap().is_none(), "no member exited");
+    }
+    let (_, dead) = outcomes(&sent);
+    let got = read_dlq(&names.dlq, &names.topic, &originals(&sent), dead.len(), Duration::from_secs(30));
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|letter| letter.2 == "invalid_received"), "{got:?}");
+    let segment_0s = sent
+        .iter()
+        .filter_map(|s| replay_ingest::recording::process(&s.value, &Default::default()).ok())
+        .filter(|p| p.ids.segment_id == 0)
+        .count();
+    let billed = read_messages(&names.outcomes, segment_0s, Duration::from_secs(30));
+    assert_eq!(billed.len(), segment_0s, "an outcome for every valid segment 0");
+    assert_eq!((first.terminate(), second.terminate()), (Some(0), Some(0)));
 }

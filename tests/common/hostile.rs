@@ -221,7 +221,29 @@ pub fn all() -> Vec<Hostile> {
 
     // A segment id past u32: rows store a u32, so blob key and row could disagree.
     write("segment-id-overflow", message(r#"{"segment_id":4294967296}"#, &zlib(b"[]"), None), Some("invalid_header"));
+
+    // A segment 0 received in year 10000, and at the largest u64: its billing outcome's
+    // timestamp overflowed and panicked the flush, crash-looping every member that took it.
+    for (name, received) in [("received-year-10000", 253_402_300_800), ("received-u64-max", u64::MAX)] {
+        let value = with_received(&message(header, &zlib(b"[]"), Some(replay_event)), received);
+        write(name, value, Some("invalid_received"));
+    }
     all
+}
+
+/// `value` (a message map) with `received` replaced.
+pub fn with_received(value: &[u8], received: u64) -> Vec<u8> {
+    let rmpv::Value::Map(mut map) = rmpv::decode::read_value(&mut &value[..]).unwrap() else {
+        unreachable!("a message is a map")
+    };
+    for (key, field) in map.iter_mut() {
+        if key.as_str() == Some("received") {
+            *field = received.into();
+        }
+    }
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &rmpv::Value::Map(map)).unwrap();
+    out
 }
 
 fn adler32(data: &[u8]) -> u32 {
