@@ -1,7 +1,9 @@
 //! The chaos harness: two members of one group (a third joins and leaves now and then) consume a
 //! stream of recorded fixtures under fresh replay ids and crafted (hostile) messages, with every
 //! real sink, while members are killed with SIGKILL, leave and join, ClickHouse stops, GCS hangs
-//! (SIGSTOP) and the broker hangs. At the end, with every fault cleared, it checks from the
+//! (SIGSTOP), GCS answers one upload in twenty past the sink deadline (a latency tail, through a
+//! proxy), 5 000 idle connections flood each member's probe port (each member limited to 1 024
+//! descriptors) and the broker hangs. At the end, with every fault cleared, it checks from the
 //! stores themselves: every valid segment's blob byte for byte and its rows, every invalid
 //! message on the dead-letter topic with its reason, the group's commits at the end of every
 //! partition, and no member exiting unless killed or asked to leave. One summary line.
@@ -33,6 +35,12 @@ const RATE: u64 = 10;
 const HOSTILE_EVERY: u64 = 40;
 /// How long the group may take to commit everything once the faults end.
 const SETTLE: Duration = Duration::from_secs(300);
+/// Open file descriptors each member may have, soft and hard.
+const MEMBER_FD_LIMIT: u64 = 1024;
+/// Connections a flood opens against each member's probe port.
+const FLOOD_CONNECTIONS: usize = 5_000;
+/// Each sink request's deadline; the latency tail holds answers back past it.
+const SINK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What one message must become.
 enum Fate {
@@ -134,7 +142,8 @@ impl Member {
         self.starts += 1;
         // Each start appends to the member's log.
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        self.service = Some(Service::start_with_logs(args, log.into()));
+        // As a container whose hard limit is 1 024: the member cannot raise it.
+        self.service = Some(Service::spawn(args, log.into(), Some(MEMBER_FD_LIMIT)));
         self.leaving = false;
     }
 
@@ -221,13 +230,18 @@ enum Fault {
     ClickHouseUp,
     GcsHang,
     GcsResume,
+    GcsTail,
+    GcsTailEnd,
+    Flood,
+    FloodEnd,
     BrokerHang,
     BrokerResume,
 }
 
 /// The schedule for a run of `seconds`: member churn every few seconds (kills of either member,
 /// leaves and rejoins, a third member joining and leaving) and, in parallel, ClickHouse down,
-/// GCS hung and the broker hung in turn with gaps between.
+/// GCS hung, the broker hung, a GCS latency tail and a connection flood in turn with gaps
+/// between.
 fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
     let scale = |full: u64| (full * seconds / 900).clamp(full / 4, full);
     let (clickhouse, gcs, broker, gap) = (scale(60), scale(40), scale(20), scale(40));
@@ -250,10 +264,12 @@ fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
         (Fault::ClickHouseDown, Fault::ClickHouseUp, clickhouse),
         (Fault::GcsHang, Fault::GcsResume, gcs),
         (Fault::BrokerHang, Fault::BrokerResume, broker),
+        (Fault::GcsTail, Fault::GcsTailEnd, gcs),
+        (Fault::Flood, Fault::FloodEnd, broker),
     ];
     let mut n = 0;
-    while t + infra[n % 3].2 <= seconds {
-        let (down, up, length) = infra[n % 3];
+    while t + infra[n % infra.len()].2 <= seconds {
+        let (down, up, length) = infra[n % infra.len()];
         plan.push((Duration::from_secs(t), down));
         plan.push((Duration::from_secs(t + length), up));
         t += length + gap;
@@ -279,8 +295,29 @@ async fn chaos() {
     let dir = tempfile::tempdir().unwrap();
     // DogStatsD datagrams land here and are never read (an unbound port would log errors).
     let statsd = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let args = |names: &Names| names.args(statsd.local_addr().unwrap().port(), dir.path());
+    // GCS through a proxy that, while the tail is on, holds back every 20th upload's answer past
+    // the sink deadline (the upload itself is made).
+    let tail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gcs_proxy = common::proxy::Proxy::start(&gcs_endpoint(), {
+        let tail = tail.clone();
+        move |seen| match tail.load(std::sync::atomic::Ordering::Relaxed) && seen.nth % 20 == 19 {
+            true => common::proxy::Action::Delay(SINK_TIMEOUT + Duration::from_secs(1)),
+            false => common::proxy::Action::Forward,
+        }
+    })
+    .await;
+    let args = |names: &Names| {
+        let args = with_flag(
+            names.args(statsd.local_addr().unwrap().port(), dir.path()),
+            "--gcs-endpoint",
+            &gcs_proxy.endpoint,
+        );
+        let mut args = args;
+        args.extend(["--sink-timeout-ms".to_owned(), SINK_TIMEOUT.as_millis().to_string()]);
+        args
+    };
     let _restore = Restore;
+    let flood: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
 
     let mut members = [Member::new("a", dir.path()), Member::new("b", dir.path()), Member::new("c", dir.path())];
     members[0].start(&args(&names));
@@ -340,6 +377,32 @@ async fn chaos() {
                     assert!(signal_stack("gcs", "-CONT"), "signal gcs");
                     continue;
                 }
+                Fault::GcsTail => {
+                    tail.store(true, std::sync::atomic::Ordering::Relaxed);
+                    "gcs latency tails"
+                }
+                Fault::GcsTailEnd => {
+                    tail.store(false, std::sync::atomic::Ordering::Relaxed);
+                    continue;
+                }
+                Fault::Flood => {
+                    let ports: Vec<u16> = members.iter().filter_map(|m| m.service.as_ref().map(|s| s.port)).collect();
+                    let flood = flood.clone();
+                    tokio::task::spawn_blocking(move || {
+                        for port in ports {
+                            for _ in 0..FLOOD_CONNECTIONS {
+                                if let Ok(stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                                    flood.lock().unwrap().push(stream);
+                                }
+                            }
+                        }
+                    });
+                    "connection floods"
+                }
+                Fault::FloodEnd => {
+                    flood.lock().unwrap().clear();
+                    continue;
+                }
                 Fault::BrokerHang => {
                     assert!(signal_stack("kafka", "-STOP"), "signal kafka");
                     "broker hangs"
@@ -373,6 +436,8 @@ async fn chaos() {
 
     // Faults over: every store up, the pair running, production stopped. Settle.
     drop(_restore);
+    tail.store(false, std::sync::atomic::Ordering::Relaxed);
+    flood.lock().unwrap().clear();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     producer.await.unwrap();
     for member in &mut members[..2] {

@@ -491,7 +491,8 @@ impl Service {
         Self::spawn(args, logs, Some(limit))
     }
 
-    fn spawn(args: &[String], logs: Stdio, fd_limit: Option<u64>) -> Service {
+    /// Starts the service with its logs going to `logs` and, if given, a file descriptor limit.
+    pub fn spawn(args: &[String], logs: Stdio, fd_limit: Option<u64>) -> Service {
         use std::os::unix::process::CommandExt;
         let port = args.iter().position(|a| a == "--http-listen").and_then(|i| args.get(i + 1)).unwrap();
         let port = port.rsplit(':').next().unwrap().parse().unwrap();
