@@ -138,10 +138,10 @@ async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types
 
 /// An INSERT answered `200` with a ClickHouse exception — what a proxy or load balancer in
 /// between can send — is an error classified by its code like any other: with the exception
-/// code in `X-ClickHouse-Exception-Code` (how ClickHouse marks one, and what a proxy that passes
-/// headers keeps), and with the exception only in the body, ending as ClickHouse ends it (its
-/// version). (A body exception without either is not seen: the client reads INSERT answers
-/// itself — docs/reliability.md.)
+/// code in `X-ClickHouse-Exception-Code` (how ClickHouse marks one), with the exception in the
+/// body ending as ClickHouse ends it (its version), and with the exception alone in the body,
+/// in today's format and in 18.16's (before: counted as written, so committed messages had blobs
+/// and no rows).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
     use common::proxy::{Action, Proxy};
@@ -160,6 +160,14 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
         (Some("516"), auth.to_owned(), Retry::Fatal),
         (None, format!("{memory}{version}"), Retry::Retryable),
         (None, format!("{parse}{version}"), Retry::Rejected),
+        (None, format!("{parse}\n"), Retry::Rejected),
+        (None, memory.to_owned(), Retry::Retryable),
+        (
+            None,
+            "Code: 193, e.displayText() = DB::Exception: Wrong password for user default, e.what() = DB::Exception\n"
+                .to_owned(),
+            Retry::Fatal,
+        ),
     ];
     for (code, body, expected) in cases {
         let answer = (code, body.clone());
@@ -177,6 +185,8 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
             tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch())).await.unwrap();
         let error = result.expect_err(&format!("200 with {code:?} and {body:?} is not success"));
         assert_eq!(error.retry, expected, "{code:?} {body:?}: {error}");
+        let said = format!("Code: {}", code.unwrap_or(&body[6..9]));
+        assert!(error.message.contains(said.trim_end_matches([',', '.'])), "the exception in the error: {error}");
         assert!(proxy.answered.load(std::sync::atomic::Ordering::SeqCst) >= 1);
     }
     assert!(read_back(&config).await.is_empty(), "no INSERT reached the server");

@@ -71,11 +71,11 @@ pub fn classify(error: &clickhouse::error::Error) -> Retry {
         Error::BadResponse(message) if message.contains("Too many partitions for single INSERT block") => {
             Retry::Rejected
         }
-        Error::BadResponse(message) => match error_code(message) {
-            Some(code) if REJECTED_CODES.contains(&code) => Retry::Rejected,
-            Some(code) if FATAL_CODES.contains(&code) => Retry::Fatal,
-            _ => Retry::Retryable,
-        },
+        Error::BadResponse(message) => by_code(message),
+        // A `200` whose body is an exception (`clickhouse_http`): the exception decides.
+        Error::Network(cause) if let Some(exception) = super::clickhouse_http::exception_in_200(cause.as_ref()) => {
+            by_code(&exception.0)
+        }
         Error::Network(_) | Error::TimedOut | Error::Compression(_) | Error::Decompression(_) => Retry::Retryable,
         Error::SchemaMismatch(_) | Error::InvalidParams(_) | Error::Unsupported(_) => Retry::Fatal,
         _ => Retry::Retryable,
@@ -117,6 +117,15 @@ pub fn setup_error(error: &clickhouse::error::Error, config: &ClickHouseConfig) 
         _ => (classify(error), format!("at {at}: {detail}")),
     };
     SinkError::new("clickhouse", retry, message)
+}
+
+/// The class of a server error, from its code.
+fn by_code(message: &str) -> Retry {
+    match error_code(message) {
+        Some(code) if REJECTED_CODES.contains(&code) => Retry::Rejected,
+        Some(code) if FATAL_CODES.contains(&code) => Retry::Fatal,
+        _ => Retry::Retryable,
+    }
 }
 
 /// The `Code: N` ClickHouse puts in its error messages.
@@ -353,7 +362,7 @@ pub struct ClickHouseConfig {
 }
 
 pub fn client(config: &ClickHouseConfig) -> clickhouse::Client {
-    clickhouse::Client::default()
+    super::clickhouse_http::clickhouse_client()
         .with_url(&config.url)
         .with_user(&config.user)
         .with_password(config.password.expose())
@@ -506,7 +515,8 @@ impl Sink for ClickHouseSink {
                     return Err(mismatch);
                 }
             }
-            Err(SinkError::from_error(self.name(), classify(&error), error))
+            let message = super::describe(&error);
+            Err(SinkError { message, ..SinkError::from_error(self.name(), classify(&error), error) })
         })?;
         Ok(Written { items: rows, bytes: 0 })
     }

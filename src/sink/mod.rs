@@ -16,6 +16,7 @@
 //! [`block_on`], the one way this is done.
 
 pub mod clickhouse;
+pub mod clickhouse_http;
 pub mod dlq;
 pub mod events;
 pub mod filesystem;

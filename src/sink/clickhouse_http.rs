@@ -1,0 +1,247 @@
+//! The HTTP client the ClickHouse sink talks through: the clickhouse crate's own (hyper, rustls
+//! with the system trust store or `SSL_CERT_FILE`, TCP keep-alive, a short idle pool), with each
+//! connection watched for one thing the crate misses — a `200` whose body is a ClickHouse
+//! exception without the `X-ClickHouse-Exception-Code` header or the `(version …)` ending that
+//! the crate recognises (what a proxy or load balancer in between can send). Such an answer fails
+//! the request with [`ExceptionIn200`], which [`super::clickhouse::classify`] classifies by its
+//! code like any other ClickHouse error.
+//!
+//! The watch reads the bytes hyper reads: it notes each status line and, while the status is
+//! `200`, looks for `Code: N` followed by `DB::Exception` (both formats ClickHouse has used),
+//! keeping the last few bytes of each read so a split pattern is found too. Answers to INSERTs
+//! are empty; the service's SELECTs read only system tables.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::Uri;
+use hyper::rt::{Read, ReadBuf, ReadBufCursor, Write};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::TokioExecutor;
+
+/// A ClickHouse exception found in the body of a `200` answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("answered 200 with an exception in the body: {0}")]
+pub struct ExceptionIn200(pub String);
+
+/// A [`clickhouse::Client`] whose connections are watched.
+pub fn clickhouse_client() -> clickhouse::Client {
+    let mut http = HttpConnector::new();
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    http.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
+        .map(|builder| builder.https_or_http().enable_http1().wrap_connector(http.clone()));
+    let connector = match https {
+        Ok(https) => Watched(Inner::Https(https)),
+        // No usable trust store (none in the image, no SSL_CERT_FILE): plain HTTP works, and an
+        // `https://` URL fails with the connector's own error.
+        Err(_) => Watched(Inner::Http(http)),
+    };
+    // The request body type is the crate's own: inferred from its one client implementation.
+    let pool = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(2)).build(connector);
+    clickhouse::Client::with_http_client(pool)
+}
+
+#[derive(Clone)]
+enum Inner {
+    Https(hyper_rustls::HttpsConnector<HttpConnector>),
+    Http(HttpConnector),
+}
+
+/// A connector whose connections are [`WatchedStream`]s.
+#[derive(Clone)]
+pub struct Watched(Inner);
+
+type Boxed = Box<dyn std::error::Error + Send + Sync>;
+type Stream = hyper_rustls::MaybeHttpsStream<hyper_util::rt::TokioIo<tokio::net::TcpStream>>;
+
+impl tower_service::Service<Uri> for Watched {
+    type Response = WatchedStream<Stream>;
+    type Error = Boxed;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Boxed>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Boxed>> {
+        match &mut self.0 {
+            Inner::Https(https) => https.poll_ready(cx),
+            Inner::Http(http) => http.poll_ready(cx).map_err(Into::into),
+        }
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        match &mut self.0 {
+            Inner::Https(https) => {
+                let connecting = https.call(uri);
+                Box::pin(async move { Ok(WatchedStream::new(connecting.await?)) })
+            }
+            Inner::Http(http) => {
+                let connecting = http.call(uri);
+                Box::pin(async move { Ok(WatchedStream::new(hyper_rustls::MaybeHttpsStream::Http(connecting.await?))) })
+            }
+        }
+    }
+}
+
+/// Bytes of one read kept for the next, so that a pattern split between reads is found.
+const CARRY: usize = 96;
+/// Longest exception text reported.
+const MAX_TEXT: usize = 512;
+
+pub struct WatchedStream<S> {
+    inner: S,
+    watch: Watch,
+}
+
+impl<S> WatchedStream<S> {
+    fn new(inner: S) -> Self {
+        WatchedStream { inner, watch: Watch::default() }
+    }
+}
+
+/// What the watch has seen on one connection.
+#[derive(Default)]
+struct Watch {
+    /// The last status line was `200`.
+    ok: bool,
+    /// The end of the previous read.
+    carry: Vec<u8>,
+}
+
+impl Watch {
+    /// Looks at `read` (the bytes one read returned); an exception in a `200` answer is returned.
+    fn saw(&mut self, read: &[u8]) -> Option<ExceptionIn200> {
+        let mut window = std::mem::take(&mut self.carry);
+        window.extend_from_slice(read);
+        if let Some(at) = memchr::memmem::rfind(&window, b"HTTP/1.1 ")
+            && let Some(code) = window.get(at + 9..at + 12)
+        {
+            self.ok = code == b"200";
+        }
+        let found = self.ok.then(|| exception(&window)).flatten();
+        let keep = window.len().saturating_sub(CARRY);
+        self.carry = window.split_off(keep);
+        found
+    }
+}
+
+/// `Code: N. DB::Exception: …` or `Code: N, e.displayText() = DB::Exception: …` in `window`.
+fn exception(window: &[u8]) -> Option<ExceptionIn200> {
+    let mut from = 0;
+    while let Some(found) = memchr::memmem::find(&window[from..], b"Code: ") {
+        let code = from + found;
+        let rest = &window[code + 6..];
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        let after = &rest[digits..];
+        if digits > 0
+            && (after.starts_with(b". DB::Exception") || after.starts_with(b", e.displayText() = DB::Exception"))
+        {
+            let end = window[code..].iter().position(|b| *b == b'\n').map_or(window.len(), |n| code + n);
+            return Some(ExceptionIn200(String::from_utf8_lossy(&window[code..end.min(code + MAX_TEXT)]).into_owned()));
+        }
+        from = code + 6;
+    }
+    None
+}
+
+impl<S: Read + Unpin> Read for WatchedStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let mut scratch = [0u8; 16 * 1024];
+        let room = buf.remaining().min(scratch.len());
+        let mut read = ReadBuf::new(&mut scratch[..room]);
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_read(cx, read.unfilled()) {
+            Poll::Ready(Ok(())) => {
+                let filled = read.filled();
+                if let Some(exception) = this.watch.saw(filled) {
+                    return Poll::Ready(Err(std::io::Error::other(exception)));
+                }
+                buf.put_slice(filled);
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: Write + Unpin> Write for WatchedStream<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+}
+
+impl<S: Connection> Connection for WatchedStream<S> {
+    fn connected(&self) -> Connected {
+        self.inner.connected()
+    }
+}
+
+/// The ClickHouse exception a failed request carried in a `200` answer, if that is what failed
+/// it (it travels as an I/O error, whose `source` skips the error it wraps).
+pub fn exception_in_200<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a ExceptionIn200> {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        let wrapped =
+            error.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).map(|e| e as &dyn std::error::Error);
+        if let Some(found) = wrapped.unwrap_or(error).downcast_ref::<ExceptionIn200>() {
+            return Some(found);
+        }
+        cause = error.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exception_in_a_200_is_found_whatever_the_reads_and_only_in_a_200() {
+        let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 61\r\n\r\nCode: 27. DB::Exception: Cannot parse input: expected '\\t'\n";
+        for split in [1, 7, 40, 60, answer.len()] {
+            let mut watch = Watch::default();
+            let (first, second) = answer.split_at(split.min(answer.len()));
+            let found = watch.saw(first).or_else(|| watch.saw(second)).expect("found");
+            assert_eq!(found.0, "Code: 27. DB::Exception: Cannot parse input: expected '\\t'", "split at {split}");
+        }
+        let old = b"HTTP/1.1 200 OK\r\n\r\nCode: 193, e.displayText() = DB::Exception: Wrong password, e.what() = DB::Exception\n";
+        assert!(Watch::default().saw(old).unwrap().0.starts_with("Code: 193, e.displayText()"));
+        let error = b"HTTP/1.1 500 Internal Server Error\r\n\r\nCode: 27. DB::Exception: x\n";
+        assert_eq!(Watch::default().saw(error), None, "a non-200 answer is the crate's to read");
+        let mut keep_alive = Watch::default();
+        assert_eq!(keep_alive.saw(b"HTTP/1.1 500 Internal Server Error\r\n\r\nCode: 27. DB::Exception: x\n"), None);
+        assert!(keep_alive.saw(b"HTTP/1.1 200 OK\r\n\r\nCode: 241. DB::Exception: Memory limit\n").is_some());
+        assert_eq!(Watch::default().saw(b"HTTP/1.1 200 OK\r\n\r\n"), None);
+        assert_eq!(
+            Watch::default().saw(b"HTTP/1.1 200 OK\r\n\r\nCode: 12 and later DB::Exception"),
+            None,
+            "too far apart"
+        );
+    }
+}
