@@ -46,6 +46,16 @@ fn args(names: &Names, statsd: &Statsd, dir: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// Every sent (valid) message's blob is in `bucket`, byte for byte.
+async fn every_blob_in_gcs(bucket: &str, sent: impl IntoIterator<Item = &Sent>) {
+    let gcs = gcs_client().await;
+    for sent in sent {
+        let Expected::Blob { key, digest: expected } = &sent.expected else { unreachable!("valid fixtures only") };
+        let stored = try_read_object(&gcs, bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(digest(&stored), *expected, "{key} byte for byte");
+    }
+}
+
 /// Waits until the service has consumed `consumed` messages and failed `sink`'s writes at least
 /// `attempts` times, then checks that the broker's commits have not moved from `commits`.
 async fn riding_out(
@@ -90,12 +100,7 @@ async fn a_hung_blob_store_is_ridden_out_and_every_blob_lands() {
     })
     .await;
     assert_eq!(service.terminate(), Some(0));
-    let gcs = gcs_client().await;
-    for sent in first_sent.iter().chain(&second_sent) {
-        let Expected::Blob { key, digest: expected } = &sent.expected else { unreachable!("valid fixtures only") };
-        let stored = try_read_object(&gcs, &names.bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert_eq!(digest(&stored), *expected, "{key} byte for byte");
-    }
+    every_blob_in_gcs(&names.bucket, first_sent.iter().chain(&second_sent)).await;
     let metrics = statsd.read();
     let retries = metrics.counters.get("replay_ingest.flush.retries|sink:gcs").copied().unwrap_or(0.0);
     assert!(retries >= 3.0, "flush.retries counts the timed-out attempts: {retries}");
@@ -274,12 +279,7 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
     .await;
     drop(held);
     assert_eq!(service.terminate(), Some(0));
-    let gcs = gcs_client().await;
-    for sent in &sent {
-        let Expected::Blob { key, digest: expected } = &sent.expected else { unreachable!("valid fixtures only") };
-        let stored = try_read_object(&gcs, &names.bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert_eq!(digest(&stored), *expected, "{key} byte for byte");
-    }
+    every_blob_in_gcs(&names.bucket, &sent).await;
     println!("probes while the flood connected: {probes}, unanswered within 1 s: {unanswered}");
 }
 
@@ -323,11 +323,6 @@ async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
     })
     .await;
     assert_eq!(service.terminate(), Some(0));
-    let gcs = gcs_client().await;
-    for sent in &sent {
-        let Expected::Blob { key, digest: expected } = &sent.expected else { unreachable!("valid fixtures only") };
-        let stored = try_read_object(&gcs, &names.bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert_eq!(digest(&stored), *expected, "{key} byte for byte");
-    }
+    every_blob_in_gcs(&names.bucket, &sent).await;
     println!("outage in /status {outage_seen:?} after the hang began");
 }
