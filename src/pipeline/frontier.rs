@@ -42,6 +42,17 @@ impl Frontier {
         self.partitions.iter_mut().filter_map(|(&id, p)| p.advanced.take().map(|offset| (id, offset))).collect()
     }
 
+    /// A commit of `positions` failed (a rebalance moved the group's generation on, the
+    /// coordinator was away): they are reported again by the next `take_advanced`, unless the
+    /// partition moved further since or was forgotten (revoked).
+    pub fn uncommitted(&mut self, positions: &[(i32, i64)]) {
+        for &(partition, offset) in positions {
+            if let Some(p) = self.partitions.get_mut(&partition) {
+                p.advanced = Some(p.advanced.map_or(offset, |later| later.max(offset)));
+            }
+        }
+    }
+
     /// Messages tracked but not yet durable.
     pub fn pending(&self) -> usize {
         self.partitions.values().map(|p| p.pending.len()).sum()
@@ -58,6 +69,25 @@ impl Frontier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_commit_is_reported_again_unless_overtaken_or_revoked() {
+        let mut f = Frontier::default();
+        for (partition, offset) in [(0, 5), (1, 9)] {
+            f.track(partition, offset);
+            f.complete(partition, offset);
+        }
+        let failed = f.take_advanced();
+        assert_eq!(failed, [(0, 6), (1, 10)]);
+        f.track(0, 6);
+        f.complete(0, 6);
+        f.forget(&[1]);
+        f.uncommitted(&failed);
+        assert_eq!(f.take_advanced(), [(0, 7)], "partition 0 moved on; partition 1 is someone else's");
+        f.uncommitted(&[(0, 7)]);
+        assert_eq!(f.take_advanced(), [(0, 7)]);
+        assert!(f.take_advanced().is_empty());
+    }
 
     #[test]
     fn commits_only_up_to_the_first_message_not_yet_durable() {

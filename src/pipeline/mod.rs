@@ -275,7 +275,7 @@ impl Pipeline {
                     None => return Err(PipelineError::PollerGone),
                 },
                 () = tokio::time::sleep_until(age_deadline.unwrap_or_else(tokio::time::Instant::now)), if age_deadline.is_some() => {}
-                _ = heartbeat.tick() => {}
+                _ = heartbeat.tick() => self.commit(),
             }
             self.start_flushes(Instant::now());
             self.backpressure()?;
@@ -409,8 +409,13 @@ impl Pipeline {
                 metrics::committed();
                 self.status.record_commit(&positions);
             }
-            // Not fatal: the next commit covers these offsets; at worst they are redelivered.
-            Err(error) => warn!(%error, ?positions, "offset commit failed"),
+            // Not fatal: retried at the next heartbeat (or covered by the next flush's commit),
+            // so an idle member does not leave its last offsets uncommitted; at worst they are
+            // redelivered.
+            Err(error) => {
+                warn!(%error, ?positions, "offset commit failed: retried");
+                self.frontier.uncommitted(&positions);
+            }
         }
     }
 
