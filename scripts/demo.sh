@@ -18,17 +18,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== local stack: Kafka (tansu), ClickHouse, GCS emulator"
+echo "== local stack: Apache Kafka, ClickHouse, GCS emulator"
 scripts/stack.sh up
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
 echo "== building replay-ingest (release)"
-cargo build --locked --release --quiet --bin replay-ingest --example produce
+cargo build --locked --release --quiet --bin replay-ingest --example produce --example topics
 bin=${CARGO_TARGET_DIR:-target}/release/replay-ingest
 produce=${CARGO_TARGET_DIR:-target}/release/examples/produce
-for topic in ingest-replay-recordings:4 ingest-replay-recordings-dlq:1 outcomes-billing:1 replay-analytics:1 ingest-occurrences:1; do
-  "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions "${topic#*:}" "${topic%:*}" >/dev/null
-done
+# Every topic with the settings Sentry gives it (the recordings topic takes 15 MB messages).
+"${CARGO_TARGET_DIR:-target}"/release/examples/topics --brokers "$REPLAY_INGEST_TEST_BROKERS" \
+  ingest-replay-recordings:4 ingest-replay-recordings-dlq:1 outcomes-billing:1 replay-analytics:1 ingest-occurrences:1
 python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=demo', data=b'{\"name\":\"replays\"}', headers={'content-type': 'application/json'}))"
 
 port=$(free_port)

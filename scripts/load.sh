@@ -20,11 +20,11 @@ trap 'scripts/stack.sh down >/dev/null' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
-cargo build --locked --release --quiet --bin replay-ingest --example bare_consume --example produce
+cargo build --locked --release --quiet --bin replay-ingest --example bare_consume --example produce --example topics
 bin=${CARGO_TARGET_DIR:-target}/release/replay-ingest
 topic=load-$RANDOM$RANDOM
-"$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 4 "$topic" >/dev/null
-"$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 1 "$topic-dlq" >/dev/null
+topics=${CARGO_TARGET_DIR:-target}/release/examples/topics
+"$topics" --brokers "$REPLAY_INGEST_TEST_BROKERS" "$topic:4:ingest-replay-recordings" "$topic-dlq:1"
 
 echo "producing $COUNT messages (${LOAD_FIXTURES:-recorded fixture mix}) to $topic"
 # shellcheck disable=SC2086
@@ -34,7 +34,7 @@ bare=$("${CARGO_TARGET_DIR:-target}"/release/examples/bare_consume "$REPLAY_INGE
 port=$(free_port)
 if [ "${LOAD_SINKS:-null}" = real ]; then
   python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=load', data=b'{\"name\":\"$topic\"}', headers={'content-type': 'application/json'}))"
-  for t in outcomes analytics issues; do "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 1 "$topic-$t" >/dev/null; done
+  "$topics" --brokers "$REPLAY_INGEST_TEST_BROKERS" "$topic-outcomes:1:outcomes-billing" "$topic-analytics:1" "$topic-issues:1:ingest-occurrences"
   sinks=(--blob-sink gcs --gcs-bucket "$topic" --gcs-endpoint "$REPLAY_INGEST_TEST_GCS_ENDPOINT" --gcs-anonymous
     --rows-sink clickhouse --clickhouse-url "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" --clickhouse-table "load_${topic//-/_}" --migrate-on-start
     --events-sink kafka --outcomes-topic "$topic-outcomes" --analytics-topic "$topic-analytics" --issues-topic "$topic-issues")

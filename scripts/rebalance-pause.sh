@@ -18,14 +18,14 @@ trap 'scripts/stack.sh down >/dev/null' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
-cargo build --locked --release --quiet --bin replay-ingest --example produce
+cargo build --locked --release --quiet --bin replay-ingest --example produce --example topics
 export REBALANCE_BIN=${CARGO_TARGET_DIR:-target}/release/replay-ingest
 export REBALANCE_PRODUCE=${CARGO_TARGET_DIR:-target}/release/examples/produce
 
 for strategy in range cooperative-sticky; do
   topic=rebalance-$strategy-$RANDOM$RANDOM
-  "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 8 "$topic" >/dev/null
-  "$REPLAY_INGEST_TANSU" topic create --broker "tcp://$REPLAY_INGEST_TEST_BROKERS" --partitions 1 "$topic-dlq" >/dev/null
+  "${CARGO_TARGET_DIR:-target}"/release/examples/topics --brokers "$REPLAY_INGEST_TEST_BROKERS" \
+    "$topic:8:ingest-replay-recordings" "$topic-dlq:1"
   python3 - "$strategy" "$topic" "$RATE" <<'PY'
 import json, os, signal, subprocess, sys, threading, time, urllib.request, glob, socket
 

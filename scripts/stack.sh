@@ -5,14 +5,22 @@
 #   scripts/stack.sh status   what runs, where
 #   scripts/stack.sh stop|start kafka|clickhouse|gcs   one service, keeping its data (fault tests)
 # Idempotent. Installs go to $REPLAY_INGEST_CACHE (default ~/.cache/replay-ingest); runtime state
-# (pids, logs, env file) to $REPLAY_INGEST_STACK_DIR (default /tmp/replay-ingest-stack).
-# `source "$REPLAY_INGEST_STACK_DIR/stack.env"` exports REPLAY_INGEST_TEST_BROKERS.
+# (pids, logs, the broker's log directory, env file) to $REPLAY_INGEST_STACK_DIR (default
+# /tmp/replay-ingest-stack). `source "$REPLAY_INGEST_STACK_DIR/stack.env"` exports
+# REPLAY_INGEST_TEST_BROKERS.
+# Kafka is Apache Kafka $KAFKA_VERSION from its Maven Central jars, KRaft combined mode (one node,
+# broker and controller), its log directory on disk: `start kafka` after a SIGKILL brings the same
+# broker back on the same data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CACHE=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
 STATE=${REPLAY_INGEST_STACK_DIR:-/tmp/replay-ingest-stack}
 KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-19092}
+KAFKA_CONTROLLER_PORT=${REPLAY_INGEST_KAFKA_CONTROLLER_PORT:-19093}
+KAFKA_VERSION=4.4.0
+KAFKA_HOME=$CACHE/kafka/$KAFKA_VERSION
+KAFKA_DATA=$STATE/kafka-data
 CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-18123}
 CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$((CLICKHOUSE_PORT + 1))}
 GCS_PORT=${REPLAY_INGEST_GCS_PORT:-14443}
@@ -54,14 +62,122 @@ start_gcs() {
   wait_port gcs "$GCS_PORT" "$STATE/gcs.log"
 }
 
+install_kafka() {
+  [ -f "$KAFKA_HOME/.complete" ] && return 0
+  if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
+    echo "stack: installing Java 17 and Maven (Debian)"
+    apt-get update -qq >/dev/null || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null \
+      || die "apt-get could not install openjdk-17-jre-headless and maven"
+  fi
+  echo "stack: fetching Apache Kafka $KAFKA_VERSION (org.apache.kafka:kafka_2.13, Maven Central)"
+  local libs=$KAFKA_HOME/libs.partial
+  rm -rf "$libs" "$KAFKA_HOME/libs"
+  mkdir -p "$libs"
+  cat >"$KAFKA_HOME/pom.xml" <<XML
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.replay-ingest</groupId><artifactId>kafka-runtime</artifactId><version>0</version><packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_VERSION</version></dependency>
+  </dependencies>
+</project>
+XML
+  mvn -q -B -f "$KAFKA_HOME/pom.xml" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$libs" \
+    >"$KAFKA_HOME/fetch.log" 2>&1 || { tail -20 "$KAFKA_HOME/fetch.log" >&2; die "maven could not fetch kafka_2.13:$KAFKA_VERSION"; }
+  # The POMs leave out the SLF4J binding: without it the broker logs nothing, not even why it
+  # failed to start. The one for slf4j-api 1.7 (what Kafka uses), at Kafka's own log4j version.
+  local log4j
+  log4j=$(find "$libs" -name 'log4j-core-*.jar' -printf '%f\n' | sed 's/^log4j-core-\(.*\)\.jar$/\1/')
+  [ -n "$log4j" ] || die "kafka_2.13:$KAFKA_VERSION brought no log4j-core"
+  mvn -q -B dependency:copy -Dartifact="org.apache.logging.log4j:log4j-slf4j-impl:$log4j" -DoutputDirectory="$libs" \
+    >>"$KAFKA_HOME/fetch.log" 2>&1 || { tail -20 "$KAFKA_HOME/fetch.log" >&2; die "maven could not fetch log4j-slf4j-impl:$log4j"; }
+  cat >"$KAFKA_HOME/log4j2.properties" <<'PROPS'
+status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = STDOUT
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+PROPS
+  mv "$libs" "$KAFKA_HOME/libs"
+  echo "kafka_2.13 $KAFKA_VERSION, log4j $log4j" >"$KAFKA_HOME/.complete"
+}
+
+# One node, broker and controller, on 127.0.0.1 only, with settings for tests: every internal
+# topic with one replica and one partition, no delay before a classic group's first rebalance,
+# fast KIP-848 heartbeats, a short broker session so a broker restarted after SIGKILL registers
+# again in seconds, and topics only where a test or script creates them.
+kafka_properties() {
+  cat <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$KAFKA_DATA
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=1
+auto.create.topics.enable=false
+group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=1000
+group.consumer.min.heartbeat.interval.ms=500
+group.consumer.heartbeat.interval.ms=1000
+group.consumer.min.session.timeout.ms=6000
+group.consumer.session.timeout.ms=10000
+broker.heartbeat.interval.ms=500
+broker.session.timeout.ms=3000
+num.network.threads=2
+num.io.threads=2
+background.threads=4
+log.cleaner.dedupe.buffer.size=16777216
+PROPS
+}
+
+# The JVM for the broker and its storage tool: a small heap, the serial collector, the client
+# compiler only (quicker to start, and plenty for tests).
+KAFKA_JAVA=(java -Xms64m -Xmx384m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true
+  "-Dlog4j2.configurationFile=$KAFKA_HOME/log4j2.properties" -cp "$KAFKA_HOME/libs/*")
+
 start_kafka() {
   if running kafka; then return 0; fi
   port_open "$KAFKA_PORT" && die "127.0.0.1:$KAFKA_PORT is taken by something else"
-  local url="tcp://127.0.0.1:$KAFKA_PORT"
-  nohup "$TANSU" broker --listener-url "$url" --advertised-listener-url "$url" \
-    --storage-engine memory://tansu/ >"$STATE/kafka.log" 2>&1 &
+  port_open "$KAFKA_CONTROLLER_PORT" && die "127.0.0.1:$KAFKA_CONTROLLER_PORT is taken by something else"
+  kafka_properties >"$STATE/kafka.properties"
+  # Formatted once; the controller's address is written into the metadata log then, so a
+  # restart must use the same controller port (and never formats again).
+  if [ ! -f "$KAFKA_DATA/meta.properties" ]; then
+    local id
+    id=$(python3 -c 'import base64, os; print(base64.urlsafe_b64encode(b"\x01" + os.urandom(15)).decode().rstrip("="))')
+    "${KAFKA_JAVA[@]}" kafka.tools.StorageTool format --standalone -t "$id" -c "$STATE/kafka.properties" \
+      >"$STATE/kafka.format.log" 2>&1 || { cat "$STATE/kafka.format.log" >&2; die "kafka storage format failed"; }
+  fi
+  : >"$STATE/kafka.log"
+  setsid nohup "${KAFKA_JAVA[@]}" kafka.Kafka "$STATE/kafka.properties" >"$STATE/kafka.log" 2>&1 </dev/null &
   echo $! >"$STATE/kafka.pid"
-  wait_port kafka "$KAFKA_PORT" "$STATE/kafka.log"
+  for _ in $(seq 1 600); do
+    grep -q 'Kafka Server started' "$STATE/kafka.log" && port_open "$KAFKA_PORT" && return 0
+    running kafka || { tail -30 "$STATE/kafka.log" >&2; die "kafka exited while starting (log: $STATE/kafka.log)"; }
+    sleep 0.1
+  done
+  tail -30 "$STATE/kafka.log" >&2
+  die "kafka did not start within 60 s (log: $STATE/kafka.log)"
 }
 
 install_clickhouse() {
@@ -115,6 +231,7 @@ XML
 up() {
   mkdir -p "$STATE" "$CACHE"
   install_pypi_stack
+  install_kafka
   install_clickhouse
   start_kafka
   start_clickhouse
@@ -140,12 +257,12 @@ stop() {
 
 down() {
   for name in kafka clickhouse gcs; do stop "$name"; done
-  rm -rf /dev/shm/replay-ingest-clickhouse-"$CLICKHOUSE_PORT"
+  rm -rf /dev/shm/replay-ingest-clickhouse-"$CLICKHOUSE_PORT" "$KAFKA_DATA"
   rm -f "$STATE/stack.env"
 }
 
 status() {
-  if running kafka; then echo "kafka (tansu): 127.0.0.1:$KAFKA_PORT pid $(cat "$STATE/kafka.pid")"; else echo "kafka: stopped"; fi
+  if running kafka; then echo "kafka (Apache Kafka $KAFKA_VERSION): 127.0.0.1:$KAFKA_PORT pid $(cat "$STATE/kafka.pid")"; else echo "kafka: stopped"; fi
   if running clickhouse; then echo "clickhouse: http://127.0.0.1:$CLICKHOUSE_PORT pid $(cat "$STATE/clickhouse.pid")"; else echo "clickhouse: stopped"; fi
   if running gcs; then echo "gcs (fake-gcs-server): http://127.0.0.1:$GCS_PORT pid $(cat "$STATE/gcs.pid")"; else echo "gcs: stopped"; fi
 }

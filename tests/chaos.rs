@@ -3,7 +3,8 @@
 //! real sink, while members are killed with SIGKILL, leave and join, ClickHouse stops, GCS hangs
 //! (SIGSTOP), GCS answers one upload in twenty past the sink deadline (a latency tail, through a
 //! proxy), 5 000 idle connections flood each member's probe port (each member limited to 1 024
-//! descriptors) and the broker hangs. At the end, with every fault cleared, it checks from the
+//! descriptors), the broker hangs, and the broker is killed (SIGKILL) or stopped and started again
+//! on its log directory. At the end, with every fault cleared, it checks from the
 //! stores themselves: every valid segment's blob byte for byte and its rows, every invalid
 //! message on the dead-letter topic with its reason, the group's commits at the end of every
 //! partition, and no member exiting unless killed or asked to leave. One summary line.
@@ -181,7 +182,8 @@ struct OwnStack;
 impl OwnStack {
     fn start() -> OwnStack {
         let dir = tempfile::Builder::new().prefix("replay-ingest-chaos.").tempdir().unwrap().keep();
-        let ports = ["KAFKA", "CLICKHOUSE", "CLICKHOUSE_TCP", "GCS"].map(|name| (name, free_port()));
+        let ports =
+            ["KAFKA", "KAFKA_CONTROLLER", "CLICKHOUSE", "CLICKHOUSE_TCP", "GCS"].map(|name| (name, free_port()));
         // SAFETY: set before this test starts any thread that reads the environment.
         unsafe {
             std::env::set_var("REPLAY_INGEST_STACK_DIR", &dir);
@@ -216,7 +218,9 @@ impl Drop for Restore {
         signal_stack("gcs", "-CONT");
         signal_stack("kafka", "-CONT");
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/stack.sh");
-        let _ = std::process::Command::new("bash").args([script, "start", "clickhouse"]).status();
+        for service in ["clickhouse", "kafka"] {
+            let _ = std::process::Command::new("bash").args([script, "start", service]).status();
+        }
     }
 }
 
@@ -236,12 +240,16 @@ enum Fault {
     FloodEnd,
     BrokerHang,
     BrokerResume,
+    BrokerKill,
+    BrokerStop,
+    BrokerStart,
 }
 
 /// The schedule for a run of `seconds`: member churn every few seconds (kills of either member,
-/// leaves and rejoins, a third member joining and leaving) and, in parallel, ClickHouse down,
-/// GCS hung, the broker hung, a GCS latency tail and a connection flood in turn with gaps
-/// between.
+/// leaves and rejoins, a third member joining and leaving) and, in parallel, in turn with gaps
+/// between: ClickHouse down, the broker killed and started again, GCS hung, the broker stopped
+/// cleanly and started again, the broker hung, a GCS latency tail, a connection flood, the
+/// broker killed again.
 fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
     let scale = |full: u64| (full * seconds / 900).clamp(full / 4, full);
     let (clickhouse, gcs, broker, gap) = (scale(60), scale(40), scale(20), scale(40));
@@ -262,10 +270,13 @@ fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
     let mut t = gap / 2;
     let infra = [
         (Fault::ClickHouseDown, Fault::ClickHouseUp, clickhouse),
+        (Fault::BrokerKill, Fault::BrokerStart, broker),
         (Fault::GcsHang, Fault::GcsResume, gcs),
+        (Fault::BrokerStop, Fault::BrokerStart, broker),
         (Fault::BrokerHang, Fault::BrokerResume, broker),
         (Fault::GcsTail, Fault::GcsTailEnd, gcs),
         (Fault::Flood, Fault::FloodEnd, broker),
+        (Fault::BrokerKill, Fault::BrokerStart, broker),
     ];
     let mut n = 0;
     while t + infra[n % infra.len()].2 <= seconds {
@@ -411,6 +422,19 @@ async fn chaos() {
                     assert!(signal_stack("kafka", "-CONT"), "signal kafka");
                     continue;
                 }
+                Fault::BrokerKill => {
+                    assert!(signal_stack("kafka", "-KILL"), "signal kafka");
+                    "broker SIGKILLs"
+                }
+                Fault::BrokerStop => {
+                    stack(&["stop", "kafka"]);
+                    "broker clean restarts"
+                }
+                Fault::BrokerStart => {
+                    // The same broker on the same log directory.
+                    stack(&["start", "kafka"]);
+                    continue;
+                }
             };
             *counts.entry(what).or_default() += 1;
         }
@@ -519,4 +543,5 @@ async fn chaos() {
     assert_eq!((missing_rows, extra_rows), (0, 0), "every valid segment's rows, and no others");
     assert_eq!((missing_dead, extra_dead), (0, 0), "every invalid message dead-lettered with its reason");
     assert!(counts.get("kills").copied().unwrap_or(0) >= 3, "{counts:?}");
+    assert!(counts.get("broker SIGKILLs").copied().unwrap_or(0) >= 1, "{counts:?}");
 }

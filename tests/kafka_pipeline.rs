@@ -1,4 +1,4 @@
-//! The consumer pipeline against the real local broker (tansu), with the filesystem blob sink and
+//! The consumer pipeline against the real local broker (Apache Kafka), with the filesystem blob sink and
 //! the real dead-letter producer. Run through `scripts/test.sh`, which starts the broker.
 
 mod common;

@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 use google_cloud_storage::client::Storage;
 use load::Produced;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::FutureProducer;
@@ -23,6 +21,7 @@ pub mod load;
 pub mod proxy;
 pub mod snuba;
 pub mod tls;
+pub mod topics;
 
 /// Whether the environment variable `var` that an integration test needs (the local stack's
 /// `REPLAY_INGEST_TEST_BROKERS`, chDB's interpreter) is set. Without it — a bare `cargo test` —
@@ -59,16 +58,21 @@ pub async fn create_topic(name: &str, partitions: i32) {
     create_topic_on(&kafka(), name, partitions).await
 }
 
-/// `create_topic` on the cluster `base` points at.
-pub async fn create_topic_on(base: &ClientConfig, name: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = base.create().expect("admin client");
-    let results = admin
-        .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
-        .await
-        .expect("create_topics");
-    for result in results {
-        result.unwrap_or_else(|(topic, code)| panic!("creating {topic}: {code:?}"));
+/// The Sentry topic a test's topic stands for, by the prefix `unique` gave its name.
+fn stands_for(name: &str) -> &'static str {
+    match name.rsplit_once('-').map_or(name, |(prefix, _)| prefix) {
+        "rec" => "ingest-replay-recordings",
+        "replay-events" => "ingest-replay-events",
+        "outcomes" => "outcomes-billing",
+        "issues" => "ingest-occurrences",
+        _ => "",
     }
+}
+
+/// `create_topic` on the cluster `base` points at, with the settings Sentry gives the topic it
+/// stands for, so the broker enforces production's limits (`topics::sentry_topic_config`).
+pub async fn create_topic_on(base: &ClientConfig, name: &str, partitions: i32) {
+    topics::create_topic_as(base, name, partitions, stands_for(name)).await.unwrap_or_else(|e| panic!("{e}"));
 }
 
 pub fn producer() -> FutureProducer {
