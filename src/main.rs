@@ -183,10 +183,11 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
     if args.rows_sink == RowsSinkKind::Snuba {
         topics.push(args.replay_events_topic.clone());
     }
+    let check_config = args.kafka.client_config(&producer_properties(args.max_message_bytes, args.sink_timeout()))?;
     startup::until_ready("kafka", status, || {
-        let (producer, topics, timeout) = (dlq_producer.clone(), topics.clone(), args.sink_timeout());
+        let (config, topics, timeout) = (check_config.clone(), topics.clone(), args.sink_timeout());
         async move {
-            tokio::task::spawn_blocking(move || publish::check_topics(&producer, &topics, timeout))
+            tokio::task::spawn_blocking(move || publish::check_topics(&config, &topics, timeout))
                 .await
                 .unwrap_or_else(|e| Err(SinkError::new("kafka", Retry::Fatal, e)))
         }

@@ -223,6 +223,23 @@ async fn members_joining_and_leaving_under_load_lose_nothing_and_hand_over_witho
     if !needs("REPLAY_INGEST_TEST_BROKERS") {
         return;
     }
+    members_join_and_leave_under_load(&[]).await;
+}
+
+/// The same with the consumer group protocol of KIP-848 (the broker assigns; revocations and
+/// assignments arrive through the same callbacks, incrementally).
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_consumer_group_protocol_members_joining_and_leaving_under_load_lose_nothing() {
+    if !needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
+    members_join_and_leave_under_load(&["--kafka-property", "group.protocol=consumer"]).await;
+}
+
+/// A member consumes under continuous load; a second joins; the first leaves. The members'
+/// consumed counts add up to exactly what was produced, every blob and dead letter once, and the
+/// member that only gained partitions never drained. `protocol`: extra flags for both members.
+async fn members_join_and_leave_under_load(protocol: &[&str]) {
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 4).await;
     create_topic(&dlq, 1).await;
@@ -232,7 +249,9 @@ async fn members_joining_and_leaving_under_load_lose_nothing_and_hand_over_witho
     let args = || {
         let args =
             with_flag(service_args(&topic, &dlq, &group, dir.path(), free_port()), "--session-timeout-ms", "10000");
-        with_flag(with_flag(args, "--drain-deadline-ms", "8000"), "--buffer-max-age-ms", "2000")
+        let mut args = with_flag(with_flag(args, "--drain-deadline-ms", "8000"), "--buffer-max-age-ms", "2000");
+        args.extend(protocol.iter().map(|s| s.to_string()));
+        args
     };
 
     // Each member reports metrics to a port of its own (every 100 ms, lag every 500 ms).

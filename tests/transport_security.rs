@@ -1,13 +1,13 @@
-//! TLS and SASL to the sinks, through a TLS-terminating proxy whose certificate only the test's
-//! CA signs, in front of a broker of the test's own (tansu) and the local ClickHouse.
+//! TLS and SASL to the sinks: Kafka through the listeners of an Apache Kafka broker of the
+//! test's own (its certificate signed by the test's CA), ClickHouse through a TLS-terminating
+//! proxy in front of the local server.
 //!
 //! - SSL end to end: the service trusts that CA (`--kafka-ssl-ca-location`), consumes,
-//!   dead-letters and commits, every connection through TLS;
-//! - SASL_SSL: the service completes TLS and starts the SASL handshake with the configured
-//!   mechanism and the password from a mounted file, never printing it. The local broker cannot
-//!   complete SASL (docs/local-stack.md, "tansu and SASL"), so authentication itself is not
-//!   exercised here: the broker's refusal is what the service must report, staying unready;
-//! - an untrusted broker certificate: refused, reported, unready;
+//!   dead-letters and commits, every client over TLS (the broker's only client listeners are
+//!   SSL and SASL ones);
+//! - SASL end to end, each way operators set it up: SCRAM-SHA-512 inside TLS, PLAIN inside TLS,
+//!   SCRAM-SHA-512 and PLAIN in the clear — the password from a mounted file, never printed;
+//! - a wrong password and an untrusted certificate: one error naming what to fix, exit 1;
 //! - ClickHouse over `https://`: trusted through `SSL_CERT_FILE`, refused without it;
 //! - secrets given in the environment never show in `--help` or in errors.
 
@@ -15,102 +15,51 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::kafka::SecureBroker;
 use common::tls::TestCa;
 use common::*;
 use rdkafka::ClientConfig;
 
+const USER: &str = "replay";
 const PASSWORD: &str = "s3cr3t-sasl-password";
 
-/// A tansu broker on its own port, advertising a TLS proxy in front of it; stopped on drop.
-struct Broker {
-    child: Child,
-    ca: TestCa,
-    tls_port: u16,
-    handshakes: Arc<AtomicUsize>,
+/// The test's own clients: SASL_SSL with SCRAM-SHA-512, trusting the broker's CA.
+fn admin(broker: &SecureBroker) -> ClientConfig {
+    ClientConfig::new()
+        .set("bootstrap.servers", broker.address("SASL_SSL"))
+        .set("security.protocol", "SASL_SSL")
+        .set("sasl.mechanism", "SCRAM-SHA-512")
+        .set("sasl.username", USER)
+        .set("sasl.password", PASSWORD)
+        .set("ssl.ca.location", broker.ca.ca_file().to_str().unwrap())
+        .clone()
 }
 
-impl Broker {
-    fn start() -> Broker {
-        let ca = TestCa::new();
-        let tls_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let tls_port = tls_listener.local_addr().unwrap().port();
-        let port = free_port();
-        let child = Command::new(std::env::var("REPLAY_INGEST_TANSU").unwrap())
-            .args(["broker", "--listener-url", &format!("tcp://127.0.0.1:{port}")])
-            .args(["--advertised-listener-url", &format!("tcp://127.0.0.1:{tls_port}")])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start tansu");
-        let handshakes = ca.proxy(tls_listener, port);
-        let broker = Broker { child, ca, tls_port, handshakes };
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return broker;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("tansu did not open 127.0.0.1:{port}");
-    }
-
-    /// A client configuration over TLS, trusting the broker's CA (the test's own clients).
-    fn tls_client(&self) -> ClientConfig {
-        ClientConfig::new()
-            .set("bootstrap.servers", format!("127.0.0.1:{}", self.tls_port))
-            .set("security.protocol", "SSL")
-            .set("ssl.ca.location", self.ca.ca_file().to_str().unwrap())
-            .clone()
-    }
-
-    /// Service flags for this broker: `security` flags, local sinks.
-    fn service_args(&self, topic: &str, dlq: &str, blob_dir: &Path, security: &[&str]) -> Vec<String> {
-        let args = service_args(topic, dlq, &unique("group"), blob_dir, free_port());
-        let mut args = with_flag(args, "--brokers", &format!("127.0.0.1:{}", self.tls_port));
-        args.extend(security.iter().map(|s| s.to_string()));
-        args
-    }
+/// Service flags for `listener` of `broker`: `security` flags, local sinks.
+fn service_args(
+    broker: &SecureBroker,
+    listener: &str,
+    topic: &str,
+    dlq: &str,
+    blob_dir: &Path,
+    security: &[&str],
+) -> Vec<String> {
+    let args = common::service_args(topic, dlq, &unique("group"), blob_dir, free_port());
+    let mut args = with_flag(args, "--brokers", &broker.address(listener));
+    args.extend(security.iter().map(|s| s.to_string()));
+    args
 }
 
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Waits until the service's log holds `needle`; returns the log (or fails showing its end).
-async fn log_shows(log: &Path, needle: &str) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let logs = std::fs::read_to_string(log).unwrap_or_default();
-        if logs.contains(needle) {
-            return logs;
-        }
-        if std::time::Instant::now() > deadline {
-            let tail: Vec<&str> = logs.lines().rev().take(15).collect();
-            panic!(
-                "the log never showed {needle:?}; its end:\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn over_tls_the_service_consumes_dead_letters_and_commits() {
-    if !needs("REPLAY_INGEST_TANSU") {
-        return;
-    }
-    let broker = Broker::start();
-    let base = broker.tls_client();
-    let (topic, dlq) = (unique("tls"), unique("tls-dlq"));
+/// Produces valid and invalid fixtures to a fresh topic of `broker`, runs the service through
+/// `listener` with `security`, and checks that every blob is written, every dead letter reaches
+/// the topic and everything commits. Returns the service's log.
+async fn end_to_end(broker: &SecureBroker, listener: &str, security: &[&str]) -> String {
+    let base = admin(broker);
+    let (topic, dlq) = (unique("rec"), unique("dlq"));
     create_topic_on(&base, &topic, 1).await;
     create_topic_on(&base, &dlq, 1).await;
     let fixtures: Vec<Vec<u8>> = [small_fixtures(true), small_fixtures(false)].concat();
@@ -118,16 +67,17 @@ async fn over_tls_the_service_consumes_dead_letters_and_commits() {
     let (report, sent) = produce_values_with(&producer_on(&base), &topic, messages).await;
     let (blobs, dead) = outcomes(&sent);
     assert!(!blobs.is_empty() && !dead.is_empty());
-    let before = broker.handshakes.load(Ordering::Relaxed);
 
     let dir = tempfile::tempdir().unwrap();
     let blob_dir = dir.path().join("blobs");
-    let ca = broker.ca.ca_file();
-    let security = ["--kafka-security-protocol", "SSL", "--kafka-ssl-ca-location", ca.to_str().unwrap()];
-    let args = broker.service_args(&topic, &dlq, &blob_dir, &security);
+    let args = service_args(broker, listener, &topic, &dlq, &blob_dir, security);
     let group = args[args.iter().position(|a| a == "--group-id").unwrap() + 1].clone();
-    let service = Service::start(&args);
-    wait_for("every blob written", Duration::from_secs(60), || blobs_under(&blob_dir) == blobs).await;
+    let log = dir.path().join("service.log");
+    let service = Service::start_logging_to(&args, &log);
+    wait_for(&format!("every blob written through {listener}"), Duration::from_secs(60), || {
+        blobs_under(&blob_dir) == blobs
+    })
+    .await;
     let letters = read_messages_on(&base, &dlq, dead.len(), Duration::from_secs(30));
     let letters = check_dead_letters(letters, &topic, &originals(&sent));
     assert_eq!(letters.into_iter().collect::<BTreeSet<_>>(), dead);
@@ -136,78 +86,108 @@ async fn over_tls_the_service_consumes_dead_letters_and_commits() {
     })
     .await;
     assert_eq!(service.terminate(), Some(0));
-    assert!(broker.handshakes.load(Ordering::Relaxed) > before, "the service's clients went through TLS");
+    std::fs::read_to_string(&log).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn sasl_ssl_authenticates_after_tls_with_the_mounted_password_and_never_prints_it() {
-    if !needs("REPLAY_INGEST_TANSU") {
+async fn over_tls_the_service_consumes_dead_letters_and_commits() {
+    if !needs("REPLAY_INGEST_KAFKA_HOME") {
         return;
     }
-    let broker = Broker::start();
-    let (topic, dlq) = (unique("sasl"), unique("sasl-dlq"));
-    create_topic_on(&broker.tls_client(), &topic, 1).await;
-    create_topic_on(&broker.tls_client(), &dlq, 1).await;
+    let broker = SecureBroker::start(USER, PASSWORD);
+    let ca = broker.ca.ca_file();
+    end_to_end(&broker, "SSL", &["--kafka-security-protocol", "SSL", "--kafka-ssl-ca-location", ca.to_str().unwrap()])
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn over_sasl_every_mechanism_authenticates_with_the_mounted_password_and_never_prints_it() {
+    if !needs("REPLAY_INGEST_KAFKA_HOME") {
+        return;
+    }
+    let broker = SecureBroker::start(USER, PASSWORD);
     let dir = tempfile::tempdir().unwrap();
     let password_file = dir.path().join("kafka-password");
     std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
     let ca = broker.ca.ca_file();
-    let security = [
-        "--kafka-security-protocol",
-        "SASL_SSL",
-        "--kafka-sasl-mechanism",
-        "SCRAM-SHA-512",
-        "--kafka-sasl-username",
-        "replay",
-        "--kafka-sasl-password-file",
-        password_file.to_str().unwrap(),
-        "--kafka-ssl-ca-location",
-        ca.to_str().unwrap(),
-        "--sink-timeout-ms",
-        "2000",
-    ];
-    let log = dir.path().join("service.log");
-    let before = broker.handshakes.load(Ordering::Relaxed);
-    let service = Service::start_logging_to(&broker.service_args(&topic, &dlq, &dir.path().join("b"), &security), &log);
-    // TLS completed (the proxy counts it), then the SASL handshake began with SCRAM-SHA-512 on a
-    // sasl_ssl connection; the broker refuses it and the startup check says so.
-    let logs = log_shows(&log, "SASL SCRAM-SHA-512 mechanism handshake failed").await;
-    assert!(logs.contains("sasl_ssl://127.0.0.1"), "{logs}");
-    assert!(broker.handshakes.load(Ordering::Relaxed) > before, "SASL ran inside TLS");
-    let logs = log_shows(&log, "not reachable yet check=\"kafka\"").await;
-    let (code, _) = service.get("/health/ready").expect("the probe answers");
-    assert_eq!(code, 503, "not ready while the cluster refuses the credentials");
-    service.kill9();
-    assert!(!logs.contains(PASSWORD), "the password is never logged:\n{logs}");
+    for (listener, mechanism) in [
+        ("SASL_SSL", "SCRAM-SHA-512"),
+        ("SASL_SSL", "PLAIN"),
+        ("SASL_PLAINTEXT", "SCRAM-SHA-512"),
+        ("SASL_PLAINTEXT", "PLAIN"),
+    ] {
+        let mut security = vec![
+            "--kafka-security-protocol",
+            listener,
+            "--kafka-sasl-mechanism",
+            mechanism,
+            "--kafka-sasl-username",
+            USER,
+            "--kafka-sasl-password-file",
+            password_file.to_str().unwrap(),
+        ];
+        if listener == "SASL_SSL" {
+            security.extend(["--kafka-ssl-ca-location", ca.to_str().unwrap()]);
+        }
+        let log = end_to_end(&broker, listener, &security).await;
+        assert!(!log.contains(PASSWORD), "{listener} {mechanism}: the password is never logged:\n{log}");
+    }
 }
 
+/// A wrong password, and a broker certificate another CA signed: the startup check stops the
+/// service with one error line naming what to fix (before: waited on for ever as "not
+/// reachable yet"), before it joins the group, the password in no line.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_broker_certificate_the_ca_did_not_sign_is_refused_and_reported() {
-    if !needs("REPLAY_INGEST_TANSU") {
+async fn a_wrong_password_or_an_untrusted_certificate_stops_the_service_naming_the_fix() {
+    if !needs("REPLAY_INGEST_KAFKA_HOME") {
         return;
     }
-    let broker = Broker::start();
-    let (topic, dlq) = (unique("tls"), unique("tls-dlq"));
-    create_topic_on(&broker.tls_client(), &topic, 1).await;
-    create_topic_on(&broker.tls_client(), &dlq, 1).await;
-    let other = TestCa::new();
+    let broker = SecureBroker::start(USER, PASSWORD);
+    let (topic, dlq) = (unique("rec"), unique("dlq"));
+    create_topic_on(&admin(&broker), &topic, 1).await;
+    create_topic_on(&admin(&broker), &dlq, 1).await;
     let dir = tempfile::tempdir().unwrap();
-    let ca = other.ca_file();
-    let security = [
-        "--kafka-security-protocol",
-        "SSL",
-        "--kafka-ssl-ca-location",
-        ca.to_str().unwrap(),
-        "--sink-timeout-ms",
-        "2000",
+    let wrong = dir.path().join("wrong-password");
+    std::fs::write(&wrong, "not-the-password-9c1e").unwrap();
+    let other_ca = TestCa::new();
+    let (ca, other) = (broker.ca.ca_file(), other_ca.ca_file());
+    let cases: [(&str, Vec<&str>, &str); 3] = [
+        (
+            "SASL_SSL",
+            vec![
+                "--kafka-sasl-mechanism",
+                "SCRAM-SHA-512",
+                "--kafka-sasl-username",
+                USER,
+                "--kafka-ssl-ca-location",
+                ca.to_str().unwrap(),
+            ],
+            "the brokers refused the login",
+        ),
+        (
+            "SASL_PLAINTEXT",
+            vec!["--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-username", USER],
+            "the brokers refused the login",
+        ),
+        ("SSL", vec!["--kafka-ssl-ca-location", other.to_str().unwrap()], "TLS with the brokers failed"),
     ];
-    let log = dir.path().join("service.log");
-    let service = Service::start_logging_to(&broker.service_args(&topic, &dlq, &dir.path().join("b"), &security), &log);
-    log_shows(&log, "certificate verify failed").await;
-    log_shows(&log, "not reachable yet check=\"kafka\"").await;
-    let (code, _) = service.get("/health/ready").expect("the probe answers");
-    assert_eq!(code, 503);
-    service.kill9();
+    for (listener, flags, says) in cases {
+        let mut security = vec!["--kafka-security-protocol", listener, "--sink-timeout-ms", "3000"];
+        security.extend(flags);
+        if listener != "SSL" {
+            security.extend(["--kafka-sasl-password-file", wrong.to_str().unwrap()]);
+        }
+        let log = dir.path().join(format!("{listener}.log"));
+        let args = service_args(&broker, listener, &topic, &dlq, &dir.path().join("b"), &security);
+        let exit = Service::start_logging_to(&args, &log).exit_within(Duration::from_secs(60)).await;
+        let logs = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(exit, Some(1), "{listener}: {logs}");
+        // The service's own verdict (librdkafka logs each refused connection beside it).
+        let errors: Vec<&str> = logs.lines().filter(|l| l.contains("ERROR replay_ingest:")).collect();
+        assert_eq!(errors.len(), 1, "{listener}: one error line of the service's:\n{logs}");
+        assert!(errors[0].contains(says), "{listener}: {}", errors[0]);
+        assert!(!logs.contains("not-the-password-9c1e") && !logs.contains("partitions assigned"), "{logs}");
+    }
 }
 
 #[test]

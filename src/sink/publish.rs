@@ -118,13 +118,63 @@ pub fn classify_producer_error(error: &KafkaError) -> Retry {
     }
 }
 
-/// The startup check for topics: every one of `topics` exists. Reads the metadata of all topics,
-/// because asking for one by name creates it on brokers that auto-create topics. An unreachable
-/// cluster is transient; a missing topic is configuration.
-pub fn check_topics(producer: &FutureProducer, topics: &[String], timeout: Duration) -> Result<(), SinkError> {
-    let metadata = producer.client().fetch_metadata(None, timeout).map_err(|e| {
-        SinkError::new("kafka", classify_producer_error(&e), format_args!("reading topic metadata: {e}"))
-    })?;
+/// What librdkafka reports beside a request that a login or a certificate was refused (it
+/// retries such connections, so the request itself only times out).
+#[derive(Default)]
+struct Refusals(std::sync::Mutex<Option<(RDKafkaErrorCode, String)>>);
+
+impl rdkafka::ClientContext for Refusals {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(
+            code @ (RDKafkaErrorCode::Authentication
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::SSL),
+        ) = error.rdkafka_error_code()
+        {
+            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((code, reason.to_owned()));
+        }
+    }
+}
+
+impl rdkafka::producer::ProducerContext for Refusals {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
+
+/// The startup check for topics, with a client of its own made from the producers' `config`:
+/// every one of `topics` exists. Reads the metadata of all topics, because asking for one by
+/// name creates it on brokers that auto-create topics. An unreachable cluster is transient; a
+/// missing topic is configuration, and so are credentials or a certificate the brokers refuse —
+/// named with the flags that set them.
+pub fn check_topics(config: &rdkafka::ClientConfig, topics: &[String], timeout: Duration) -> Result<(), SinkError> {
+    let client: rdkafka::producer::BaseProducer<Refusals> = config
+        .create_with_context(Refusals::default())
+        .map_err(|e| SinkError::new("kafka", Retry::Fatal, format_args!("creating a Kafka client: {e}")))?;
+    let metadata = match client.client().fetch_metadata(None, timeout) {
+        Ok(metadata) => metadata,
+        Err(e) => {
+            // Serve the error callbacks the failed connections queued.
+            client.poll(Duration::from_millis(100));
+            let refused = client.context().0.lock().unwrap_or_else(|p| p.into_inner()).take();
+            return Err(match refused {
+                Some((RDKafkaErrorCode::SSL, reason)) => SinkError::new(
+                    "kafka",
+                    Retry::Fatal,
+                    format_args!("TLS with the brokers failed (is their CA --kafka-ssl-ca-location?): {reason}"),
+                ),
+                Some((_, reason)) => SinkError::new(
+                    "kafka",
+                    Retry::Fatal,
+                    format_args!(
+                        "the brokers refused the login (check --kafka-sasl-mechanism, --kafka-sasl-username and the password in --kafka-sasl-password-file or REPLAY_INGEST_KAFKA_SASL_PASSWORD): {reason}"
+                    ),
+                ),
+                None => {
+                    SinkError::new("kafka", classify_producer_error(&e), format_args!("reading topic metadata: {e}"))
+                }
+            });
+        }
+    };
     let missing: Vec<&str> = topics
         .iter()
         .map(String::as_str)

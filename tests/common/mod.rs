@@ -17,6 +17,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use replay_ingest::recording::{self, KafkaPosition, Limits, ReplayRow};
 use replay_ingest::sink::{Batch, Entry, Outcome};
 
+pub mod kafka;
 pub mod load;
 pub mod proxy;
 pub mod snuba;

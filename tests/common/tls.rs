@@ -31,6 +31,9 @@ impl TestCa {
 
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ca.pem"), ca_cert.pem()).unwrap();
+        // A PEM keystore as Kafka reads one: the PKCS#8 key, then the chain.
+        let keystore = format!("{}{}{}", server_key.serialize_pem(), server_cert.pem(), ca_cert.pem());
+        std::fs::write(dir.path().join("server.pem"), keystore).unwrap();
         let chain = vec![CertificateDer::from(server_cert.der().to_vec())];
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der()));
         let config =
@@ -46,6 +49,11 @@ impl TestCa {
     /// The CA certificate (PEM), for the client to trust.
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("ca.pem")
+    }
+
+    /// The server's key and certificate chain in one PEM file (Kafka's `ssl.keystore.type=PEM`).
+    pub fn keystore_file(&self) -> PathBuf {
+        self.dir.path().join("server.pem")
     }
 
     /// A proxy on `listener` terminating TLS and forwarding to 127.0.0.1:`target`; runs until the

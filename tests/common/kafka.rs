@@ -1,0 +1,112 @@
+//! An Apache Kafka broker of a test's own, from the jars the stack fetched
+//! (`REPLAY_INGEST_KAFKA_HOME`), with the security listeners the stack's broker does not have:
+//! SSL and SASL_SSL with a certificate the test's CA signs, SASL_PLAINTEXT, each taking PLAIN
+//! and SCRAM-SHA-512 where SASL applies. One node, KRaft combined mode, on 127.0.0.1; stopped
+//! when dropped.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+use super::tls::TestCa;
+
+pub struct SecureBroker {
+    child: Child,
+    _dir: tempfile::TempDir,
+    pub ca: TestCa,
+    /// Listener name (`SSL`, `SASL_SSL`, `SASL_PLAINTEXT`) → port.
+    pub ports: BTreeMap<&'static str, u16>,
+}
+
+impl SecureBroker {
+    /// Starts the broker with `user` known to PLAIN and SCRAM-SHA-512 with `password`.
+    pub fn start(user: &str, password: &str) -> SecureBroker {
+        let home = std::env::var("REPLAY_INGEST_KAFKA_HOME").expect("REPLAY_INGEST_KAFKA_HOME (scripts/stack.sh up)");
+        let ca = TestCa::new();
+        let dir = tempfile::tempdir().unwrap();
+        let (plain, controller) = (free_port(), free_port());
+        let ports: BTreeMap<&'static str, u16> =
+            ["SSL", "SASL_SSL", "SASL_PLAINTEXT"].into_iter().map(|name| (name, free_port())).collect();
+        let listeners: Vec<String> = ports.iter().map(|(name, port)| format!("{name}://127.0.0.1:{port}")).collect();
+        let keystore = ca.keystore_file();
+        let plain_login =
+            format!("org.apache.kafka.common.security.plain.PlainLoginModule required user_{user}=\"{password}\";");
+        let scram_login = "org.apache.kafka.common.security.scram.ScramLoginModule required;";
+        let mut properties = format!(
+            "process.roles=broker,controller\nnode.id=1\n\
+             controller.quorum.bootstrap.servers=127.0.0.1:{controller}\n\
+             listeners=PLAINTEXT://127.0.0.1:{plain},CONTROLLER://127.0.0.1:{controller},{}\n\
+             controller.listener.names=CONTROLLER\ninter.broker.listener.name=PLAINTEXT\n\
+             listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,SASL_PLAINTEXT:SASL_PLAINTEXT\n\
+             log.dirs={}\noffsets.topic.replication.factor=1\noffsets.topic.num.partitions=1\n\
+             transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
+             share.coordinator.state.topic.replication.factor=1\nshare.coordinator.state.topic.min.isr=1\n\
+             group.initial.rebalance.delay.ms=0\ngroup.min.session.timeout.ms=1000\nauto.create.topics.enable=false\n\
+             num.network.threads=2\nnum.io.threads=2\n",
+            listeners.join(","),
+            dir.path().join("data").display()
+        );
+        for listener in ["ssl", "sasl_ssl"] {
+            properties += &format!(
+                "listener.name.{listener}.ssl.keystore.type=PEM\nlistener.name.{listener}.ssl.keystore.location={}\n",
+                keystore.display()
+            );
+        }
+        for listener in ["sasl_ssl", "sasl_plaintext"] {
+            properties += &format!(
+                "listener.name.{listener}.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512\n\
+                 listener.name.{listener}.plain.sasl.jaas.config={plain_login}\n\
+                 listener.name.{listener}.scram-sha-512.sasl.jaas.config={scram_login}\n"
+            );
+        }
+        let config = dir.path().join("server.properties");
+        std::fs::write(&config, properties).unwrap();
+        let java = |main: &str| {
+            let mut command = Command::new("java");
+            command
+                .args(["-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
+                .arg(format!("-Dlog4j2.configurationFile={home}/log4j2.properties"))
+                .args(["-cp", &format!("{home}/libs/*"), main]);
+            command
+        };
+        let scram = format!("SCRAM-SHA-512=[name={user},password={password}]");
+        let formatted = java("kafka.tools.StorageTool")
+            .args(["format", "--standalone", "-t", "AAECAwQFBgcICQoLDA0ODw", "-c"])
+            .arg(&config)
+            .args(["--add-scram", &scram])
+            .output()
+            .expect("run the storage tool");
+        assert!(formatted.status.success(), "format: {}", String::from_utf8_lossy(&formatted.stdout));
+        let log = dir.path().join("kafka.log");
+        let child = java("kafka.Kafka")
+            .arg(&config)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start kafka");
+        let broker = SecureBroker { child, _dir: dir, ca, ports };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(&log).unwrap_or_default().contains("Kafka Server started") {
+            assert!(
+                Instant::now() < deadline,
+                "kafka did not start: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        broker
+    }
+
+    /// `127.0.0.1:PORT` of listener `name`.
+    pub fn address(&self, name: &str) -> String {
+        format!("127.0.0.1:{}", self.ports[name])
+    }
+}
+
+impl Drop for SecureBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
