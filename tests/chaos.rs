@@ -538,6 +538,16 @@ async fn chaos() {
         failures.len(),
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    if commits != end {
+        for member in &members {
+            eprintln!(
+                "member {} (started {} times), the end of its log:\n{}",
+                member.name,
+                member.starts,
+                member.log_tail()
+            );
+        }
+    }
     assert_eq!(commits, end, "the group commits to the end of every partition");
     assert_eq!((missing_blobs, wrong_blobs), (0, 0), "every valid segment's blob, byte for byte");
     assert_eq!((missing_rows, extra_rows), (0, 0), "every valid segment's rows, and no others");

@@ -326,3 +326,51 @@ async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
     every_blob_in_gcs(&names.bucket, &sent).await;
     println!("outage in /status {outage_seen:?} after the hang began");
 }
+
+/// `consumer.lag` tells the truth: per partition it equals the broker's high watermark minus the
+/// group's committed offset, during a backlog (GCS hung, so nothing commits while 60 messages
+/// wait) and after it drains (0 everywhere).
+#[tokio::test(flavor = "multi_thread")]
+async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    if !needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let mut args = args(&names, &statsd, dir.path());
+    args.extend(["--kafka-property", "statistics.interval.ms=200"].map(String::from));
+    let service = Service::start(&args);
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
+    let watermarks: BaseConsumer = kafka().create().unwrap();
+    // Per partition: the last lag the service reported, and what the broker says.
+    let compare = || {
+        std::thread::sleep(Duration::from_millis(300));
+        let reported = statsd.read_now();
+        (0..2)
+            .map(|partition| {
+                let key = format!("replay_ingest.consumer.lag|partition:{partition}");
+                let lag = reported.values.get(&key).and_then(|v| v.last().copied());
+                let (_, high) = watermarks.fetch_watermarks(&names.topic, partition, Duration::from_secs(5)).unwrap();
+                let committed = committed(&names.group, &names.topic, 2).get(&partition).copied().unwrap_or(0);
+                (lag, (high - committed) as f64)
+            })
+            .collect::<Vec<_>>()
+    };
+    let hung = Hung::begin("gcs");
+    produce_fixtures(&names.topic, &small_fixtures(true), 60).await;
+    wait_for("the backlog reported as it stands", JOIN_AND_FLUSH, || {
+        compare().iter().all(|(lag, truth)| *lag == Some(*truth))
+    })
+    .await;
+    let backlog = compare();
+    assert!(backlog.iter().map(|(_, truth)| truth).sum::<f64>() > 0.0, "a backlog: {backlog:?}");
+    drop(hung);
+    wait_for("the backlog drained and reported as 0", JOIN_AND_FLUSH, || {
+        compare().iter().all(|(lag, truth)| *lag == Some(0.0) && *truth == 0.0)
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+    println!("lag during the backlog (reported, broker): {backlog:?}");
+}

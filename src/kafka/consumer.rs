@@ -94,9 +94,21 @@ impl ClientContext for IngestContext {
     /// this member owns. (A revoked partition's gauge was zeroed on revoke; statistics can still
     /// list it, and must not bring back a value its new owner now reports.)
     fn stats(&self, statistics: rdkafka::Statistics) {
-        let lags = statistics.topics.values().flat_map(|t| t.partitions.iter().map(|(&p, s)| (p, s.consumer_lag)));
+        let lags = statistics.topics.values().flat_map(|t| t.partitions.iter().map(|(&p, s)| (p, lag(s))));
         self.report_lag(lags);
     }
+}
+
+/// What the group still has to read of a partition: the high watermark minus the committed
+/// offset — or, before the group has committed anything there, minus the log start, where it
+/// begins (`auto.offset.reset=earliest`); librdkafka's own `consumer_lag` is unknown (-1) then,
+/// and a fresh group's backlog went unreported. Negative: unknown (no watermark yet).
+fn lag(partition: &rdkafka::statistics::Partition) -> i64 {
+    if partition.hi_offset < 0 {
+        return -1;
+    }
+    let from = if partition.committed_offset >= 0 { partition.committed_offset } else { partition.lo_offset.max(0) };
+    (partition.hi_offset - from).max(0)
 }
 
 impl ConsumerContext for IngestContext {

@@ -810,6 +810,11 @@ impl Statsd {
         while self.received.lock().unwrap().1.elapsed() < Duration::from_millis(200) {
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.read_now()
+    }
+
+    /// Everything received since the last read, at once (while the service keeps sending).
+    pub fn read_now(&self) -> Metrics {
         let text = std::mem::take(&mut self.received.lock().unwrap().0);
         let (mut counters, mut values, mut seen) =
             (BTreeMap::new(), BTreeMap::<String, Vec<f64>>::new(), BTreeSet::new());
