@@ -105,7 +105,7 @@ impl DlqSink {
             ));
         };
         let object = format!("dlq/{}/{}/{}", message.topic, entry.partition, entry.offset);
-        put_once(store.as_ref(), &object, &message.value, Piece::of(entry, VALUE_COPY), progress)?;
+        progress.put_once(store.as_ref(), &object, &message.value, Piece::of(entry, VALUE_COPY))?;
         let location = store.location(&object);
         let bytes = message.value.len().to_string();
         let mut headers = headers
@@ -115,7 +115,7 @@ impl DlqSink {
         let key_location;
         if let Some(long) = key.filter(|k| k.len() > MAX_POINTER_KEY_BYTES) {
             let object = format!("{object}.key");
-            put_once(store.as_ref(), &object, long, Piece::of(entry, KEY_COPY), progress)?;
+            progress.put_once(store.as_ref(), &object, long, Piece::of(entry, KEY_COPY))?;
             key_location = store.location(&object);
             headers = headers.insert(Header { key: "key_location", value: Some(key_location.as_str()) });
             key = None;
@@ -127,21 +127,6 @@ impl DlqSink {
         warn!(partition = entry.partition, offset = entry.offset, bytes = message.value.len(), %location, "dead letter too large for its topic: value kept in the blob store");
         self.producer.send_result(record).map_err(|(e, _)| SinkError::from_error(self.name(), pointer_retry(&e), e))
     }
-}
-
-/// Stores `bytes` at `key` unless an earlier attempt did.
-fn put_once(
-    store: &dyn ObjectStore,
-    key: &str,
-    bytes: &[u8],
-    piece: Piece,
-    progress: &Progress,
-) -> Result<(), SinkError> {
-    if !progress.is_stored(piece) {
-        store.put(key, bytes).inspect_err(|e| progress.failed(e))?;
-        progress.stored(piece);
-    }
-    Ok(())
 }
 
 /// A pointer record is small: the topic refusing it is configuration, not data.

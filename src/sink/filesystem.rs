@@ -46,11 +46,7 @@ impl Sink for FilesystemBlobSink {
         let mut written = Written::default();
         for entry in batch {
             let Outcome::Valid(processed) = &entry.outcome else { continue };
-            let piece = Piece::of(entry, 0);
-            if !progress.is_stored(piece) {
-                self.put(&processed.blob.key, &processed.blob.bytes).inspect_err(|e| progress.failed(e))?;
-                progress.stored(piece);
-            }
+            progress.put_once(self, &processed.blob.key, &processed.blob.bytes, Piece::of(entry, 0))?;
             written.items += 1;
             written.bytes += processed.blob.bytes.len() as u64;
         }

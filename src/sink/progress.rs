@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Entry, Retry, SinkError};
+use super::{Entry, ObjectStore, Retry, SinkError};
 use crate::health::Status;
 
 /// One stored thing within a message's output: its blob, its n-th event, its dead letter.
@@ -70,6 +70,15 @@ impl<'a> Progress<'a> {
         if error.retry == Retry::Retryable {
             self.status.sink_request_failed(self.sink, &error.message);
         }
+    }
+
+    /// Stores `bytes` at `key` in `store`, as `piece`, unless an earlier attempt did.
+    pub fn put_once(&self, store: &dyn ObjectStore, key: &str, bytes: &[u8], piece: Piece) -> Result<(), SinkError> {
+        if !self.is_stored(piece) {
+            store.put(key, bytes).inspect_err(|e| self.failed(e))?;
+            self.stored(piece);
+        }
+        Ok(())
     }
 
     /// `requests` requests in a row failed and none succeeded since: the destination is down
