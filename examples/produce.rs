@@ -26,6 +26,9 @@ struct Cli {
     /// Messages to publish, cycling through the files.
     #[arg(long, default_value_t = 1)]
     count: u64,
+    /// Messages per second, spread evenly; unset: as fast as the broker takes them.
+    #[arg(long)]
+    rate: Option<u64>,
     #[arg(required = true)]
     files: Vec<PathBuf>,
 }
@@ -45,7 +48,8 @@ async fn main() -> anyhow::Result<()> {
         .client_config(&producer_properties(largest, Duration::from_secs(30)))?
         .create()
         .context("creating the Kafka producer")?;
-    let report = load::produce(&producer, &cli.topic, cli.count, |i| (load::fixture_copy(&values, i), None)).await?;
+    let report =
+        load::produce(&producer, &cli.topic, cli.count, cli.rate, |i| (load::fixture_copy(&values, i), None)).await?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

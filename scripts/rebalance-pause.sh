@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# Measures how long rebalances stop consumption, eager (`range`) against cooperative-sticky, with
-# two members under a steady load on the local broker: member A runs alone, B joins (rebalance
-# 1), then A leaves on SIGTERM (rebalance 2). Each member's `/status` is sampled every 20 ms; a
-# pause is the longest time a member that holds partitions through the rebalance consumed
-# nothing while messages were waiting. An observer in a group of its own reads the same topic:
-# its pauses are the broker's, not the rebalance protocol's (tansu answers fetches late while a
-# group join is pending; docs/local-stack.md).
-# Usage: scripts/rebalance-pause.sh [RATE]   (messages per second produced, default 400)
+# Measures how long rebalances stop consumption for the classic protocol's eager `range` and
+# `cooperative-sticky` assignors and for the consumer group protocol (KIP-848,
+# `group.protocol=consumer`), with two members under a steady load on the local Apache Kafka:
+# member A runs alone, B joins (rebalance 1), then A leaves on SIGTERM (rebalance 2). Each
+# member's `/status` is sampled every 20 ms; a pause is the longest time a member that holds
+# partitions through the rebalance consumed nothing while messages were waiting. An observer in
+# a group of its own reads the same topic: its pauses are the broker's and the load's, not the
+# group protocol's.
+# Usage: scripts/rebalance-pause.sh [RATE] [STRATEGY...]
+#   RATE       messages per second produced, default 400
+#   STRATEGY   range, cooperative-sticky or consumer; default all three
 #   REBALANCE_JSON=FILE   also append the results as JSON lines to FILE
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${1:-400}
+shift || true
+STRATEGIES=("$@")
+[ ${#STRATEGIES[@]} -gt 0 ] || STRATEGIES=(range cooperative-sticky consumer)
 
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh rebalance
@@ -22,7 +28,7 @@ cargo build --locked --release --quiet --bin replay-ingest --example produce --e
 export REBALANCE_BIN=${CARGO_TARGET_DIR:-target}/release/replay-ingest
 export REBALANCE_PRODUCE=${CARGO_TARGET_DIR:-target}/release/examples/produce
 
-for strategy in range cooperative-sticky; do
+for strategy in "${STRATEGIES[@]}"; do
   topic=rebalance-$strategy-$RANDOM$RANDOM
   "${CARGO_TARGET_DIR:-target}"/release/examples/topics --brokers "$REPLAY_INGEST_TEST_BROKERS" \
     "$topic:8:ingest-replay-recordings" "$topic-dlq:1"
@@ -36,13 +42,18 @@ small = sorted(f for f in glob.glob("fixtures/segments/*.msgpack") if os.path.ge
 def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
 
+# The consumer protocol's assignor and timing are the broker's (group.consumer.* in
+# scripts/stack.sh); librdkafka refuses partition.assignment.strategy alongside it.
+protocol = (["--kafka-property", "group.protocol=consumer"] if strategy == "consumer"
+            else ["--kafka-property", f"partition.assignment.strategy={strategy}"])
+
 def member(name, group=topic):
     port = free_port()
     args = [os.environ["REBALANCE_BIN"], "consume", "--brokers", brokers, "--topic", topic,
             "--dlq-topic", topic + "-dlq", "--group-id", group, "--http-listen", f"127.0.0.1:{port}",
             "--blob-sink", "null", "--rows-sink", "null", "--events-sink", "null", "--statsd-address", "",
             "--session-timeout-ms", "6000", "--drain-deadline-ms", "5000", "--buffer-max-age-ms", "500",
-            "--kafka-property", f"partition.assignment.strategy={strategy}"]
+            *protocol]
     log = open(f"{os.environ['REPLAY_INGEST_STACK_DIR']}/{name}-{strategy}.log", "w")
     return subprocess.Popen(args, stderr=log, stdout=subprocess.DEVNULL), port
 
@@ -59,18 +70,15 @@ def sample(name, port):
         time.sleep(0.02)
 
 def produce():
-    # Batches of rate/10 every 100 ms: a steady stream.
-    while not stop.is_set():
-        started = time.monotonic()
-        subprocess.run([os.environ["REBALANCE_PRODUCE"], "--brokers", brokers, "--topic", topic,
-                        "--count", str(max(1, rate // 10)), *small], stdout=subprocess.DEVNULL, check=True)
-        time.sleep(max(0.0, 0.1 - (time.monotonic() - started)))
+    # One producer, `rate` a second in steps of 20 ms: a steady stream for the whole run.
+    return subprocess.Popen([os.environ["REBALANCE_PRODUCE"], "--brokers", brokers, "--topic", topic,
+                             "--count", str(rate * 60), "--rate", str(rate), *small], stdout=subprocess.DEVNULL)
 
 a, a_port = member("A")
 threading.Thread(target=sample, args=("A", a_port), daemon=True).start()
 observer, observer_port = member("observer", topic + "-observer")
 threading.Thread(target=sample, args=("observer", observer_port), daemon=True).start()
-threading.Thread(target=produce, daemon=True).start()
+producer = produce()
 time.sleep(10)
 b, b_port = member("B")
 threading.Thread(target=sample, args=("B", b_port), daemon=True).start()
@@ -80,9 +88,10 @@ a.send_signal(signal.SIGTERM)
 left = time.monotonic()
 time.sleep(15)
 stop.set()
+producer.terminate()
 b.send_signal(signal.SIGTERM)
 observer.send_signal(signal.SIGTERM)
-a.wait(); b.wait(); observer.wait()
+a.wait(); b.wait(); observer.wait(); producer.wait()
 
 def longest_stall(series, start, end):
     """Longest time without a new consumed message between start and end, while holding partitions."""

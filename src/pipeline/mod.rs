@@ -117,6 +117,15 @@ struct Flushed {
     result: Result<FlushReport, SinkError>,
 }
 
+/// A commit, run on the blocking pool so that the loop goes on while the broker answers (during
+/// a rebalance it holds a commit until the group settles, seconds with cooperative-sticky).
+struct Committed {
+    /// The assignment generation it was started in; a revoked partition's result is not ours.
+    generation: u64,
+    positions: Vec<(i32, i64)>,
+    result: Result<(), KafkaError>,
+}
+
 /// How the pipeline runs; `config::ConsumeArgs::pipeline_settings` builds it from the flags.
 pub struct Settings {
     /// The consumer's librdkafka configuration (group, commits, prefetch, security).
@@ -179,6 +188,7 @@ pub async fn consume(
         buffer: Buffer::new(settings.buffer),
         frontier: Frontier::default(),
         flushes: JoinSet::new(),
+        commits: JoinSet::new(),
         max_flushes: settings.max_flushes,
         sinks: Arc::new(sinks),
         retry: settings.retry,
@@ -225,6 +235,8 @@ struct Pipeline {
     buffer: Buffer,
     frontier: Frontier,
     flushes: JoinSet<Flushed>,
+    /// The commit in flight, if any (one at a time, so they land in order).
+    commits: JoinSet<Committed>,
     max_flushes: usize,
     sinks: Arc<Sinks>,
     retry: RetryPolicy,
@@ -262,6 +274,9 @@ impl Pipeline {
                 Some(flushed) = self.flushes.join_next() => {
                     let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;
                     self.flushed(flushed)?;
+                }
+                Some(committed) = self.commits.join_next() => {
+                    self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
                 }
                 Some(processed) = self.processing.next() => {
                     self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
@@ -396,18 +411,34 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Commits what became durable since the last commit, unless a commit is in flight (what
+    /// advances meanwhile goes when it returns).
     fn commit(&mut self) {
+        if !self.commits.is_empty() {
+            return;
+        }
         let positions = self.frontier.take_advanced();
         if positions.is_empty() {
             return;
         }
-        // Synchronous, so that a commit is counted only once the broker has confirmed it; one
-        // round trip per flush, off the async worker.
-        let list = commit_list(&self.topic, &positions);
-        match tokio::task::block_in_place(|| self.consumer.commit(&list, CommitMode::Sync)) {
+        let (consumer, list, generation) =
+            (self.consumer.clone(), commit_list(&self.topic, &positions), self.generation);
+        self.commits.spawn_blocking(move || {
+            // Synchronous, so that a commit is counted only once the broker has confirmed it.
+            let result = consumer.commit(&list, CommitMode::Sync);
+            Committed { generation, positions, result }
+        });
+    }
+
+    /// A commit returned. Partitions revoked since it started are left out: their next owner
+    /// commits them.
+    fn committed(&mut self, Committed { generation, positions, result }: Committed) {
+        let positions: Vec<_> = positions.into_iter().filter(|&(p, _)| !self.stale(p, generation)).collect();
+        match result {
             Ok(()) => {
                 metrics::committed();
                 self.status.record_commit(&positions);
+                self.commit();
             }
             // Not fatal: retried at the next heartbeat (or covered by the next flush's commit),
             // so an idle member does not leave its last offsets uncommitted; at worst they are
@@ -523,6 +554,14 @@ impl Pipeline {
                 }
                 None if self.buffer.is_empty() => break,
                 None => {}
+            }
+        }
+        // Every flush is done: the commit in flight, then what is left (a failed one is tried
+        // once more here).
+        for _ in 0..2 {
+            self.commit();
+            while let Some(committed) = self.commits.join_next().await {
+                self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
             }
         }
         info!(pending = self.frontier.pending(), "drained");

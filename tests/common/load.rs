@@ -18,6 +18,9 @@ use replay_ingest::recording::envelope::is_replay_id;
 /// Deliveries awaited at once; bounds the producer's memory on large runs.
 const WINDOW: usize = 5_000;
 
+/// How often a paced run publishes.
+const PACING_STEP: Duration = Duration::from_millis(20);
+
 /// What a produce run delivered.
 #[derive(Debug, Default, Serialize)]
 pub struct Produced {
@@ -77,18 +80,22 @@ pub fn fixture_copy(files: &[Vec<u8>], i: u64) -> Vec<u8> {
 }
 
 /// Publishes `count` messages made by `message(i)` (the value and an optional key), awaiting
-/// every delivery.
+/// every delivery — as fast as the broker takes them, or `rate` a second, spread evenly in steps
+/// of [`PACING_STEP`].
 pub async fn produce(
     producer: &FutureProducer,
     topic: &str,
     count: u64,
+    rate: Option<u64>,
     message: impl Fn(u64) -> (Vec<u8>, Option<Vec<u8>>),
 ) -> Result<Produced, KafkaError> {
     let mut report = Produced::default();
     let start = Instant::now();
+    let per_step =
+        rate.map_or(WINDOW as u64, |rate| (rate * PACING_STEP.as_millis() as u64 / 1000).clamp(1, WINDOW as u64));
     let mut sent = 0u64;
     while sent < count {
-        let window = (count - sent).min(WINDOW as u64);
+        let window = (count - sent).min(per_step);
         let mut pending = Vec::with_capacity(window as usize);
         for i in sent..sent + window {
             let (value, key) = message(i);
@@ -108,6 +115,9 @@ pub async fn produce(
             report.deliveries.push((delivered.partition, delivered.offset));
         }
         sent += window;
+        if let Some(rate) = rate.filter(|&r| r > 0) {
+            tokio::time::sleep_until((start + Duration::from_secs_f64(sent as f64 / rate as f64)).into()).await;
+        }
     }
     producer.flush(Duration::from_secs(30))?;
     report.seconds = start.elapsed().as_secs_f64();

@@ -180,7 +180,7 @@ pub async fn produce_values_with(
     topic: &str,
     messages: Vec<(Vec<u8>, Vec<u8>)>,
 ) -> (Produced, Vec<Sent>) {
-    let report = load::produce(producer, topic, messages.len() as u64, |i| {
+    let report = load::produce(producer, topic, messages.len() as u64, None, |i| {
         let (value, key) = &messages[i as usize];
         (value.clone(), Some(key.clone()))
     })
