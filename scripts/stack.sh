@@ -7,7 +7,7 @@
 # Idempotent. Installs go to $REPLAY_INGEST_CACHE (default ~/.cache/replay-ingest); runtime state
 # (pids, logs, the broker's log directory, env file) to $REPLAY_INGEST_STACK_DIR (default
 # /tmp/replay-ingest-stack). `source "$REPLAY_INGEST_STACK_DIR/stack.env"` exports
-# REPLAY_INGEST_TEST_BROKERS.
+# REPLAY_INGEST_TEST_BROKERS and the rest, the state directory and ports included.
 # Kafka is Apache Kafka $KAFKA_VERSION from its Maven Central jars, KRaft combined mode (one node,
 # broker and controller), its log directory on disk: `start kafka` after a SIGKILL brings the same
 # broker back on the same data.
@@ -234,7 +234,15 @@ up() {
   start_kafka
   start_clickhouse
   start_gcs
+  # The state directory and ports too: a test that stops or starts a component through this
+  # script must reach this stack, not the default one.
   cat >"$STATE/stack.env" <<ENV
+export REPLAY_INGEST_STACK_DIR=$STATE
+export REPLAY_INGEST_KAFKA_PORT=$KAFKA_PORT
+export REPLAY_INGEST_KAFKA_CONTROLLER_PORT=$KAFKA_CONTROLLER_PORT
+export REPLAY_INGEST_CLICKHOUSE_PORT=$CLICKHOUSE_PORT
+export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=$CLICKHOUSE_TCP_PORT
+export REPLAY_INGEST_GCS_PORT=$GCS_PORT
 export REPLAY_INGEST_TEST_BROKERS=127.0.0.1:$KAFKA_PORT
 export REPLAY_INGEST_KAFKA_HOME=$KAFKA_HOME
 export REPLAY_INGEST_TEST_CLICKHOUSE_URL=http://127.0.0.1:$CLICKHOUSE_PORT

@@ -537,6 +537,22 @@ impl ConsumeArgs {
     }
 
     fn problems(&self) -> Result<(), String> {
+        // A revoke's drain runs inside the rebalance callback, so the polling thread does not
+        // poll meanwhile (plus the hand-over's margin).
+        let margin = crate::kafka::consumer::DRAIN_MARGIN.as_millis() as u64;
+        let max_poll_interval =
+            self.kafka.properties()?.iter().find(|(k, _)| k == "max.poll.interval.ms").map(|(_, v)| {
+                v.parse::<u64>()
+                    .map_err(|_| "Kafka property \"max.poll.interval.ms\" is not a number of milliseconds".to_owned())
+            });
+        if let Some(max_poll_interval) = max_poll_interval.transpose()?
+            && self.drain_deadline_ms + margin >= max_poll_interval
+        {
+            return Err(format!(
+                "--drain-deadline-ms ({}) plus {margin} ms must be below max.poll.interval.ms ({max_poll_interval}): the polling thread waits that long for a revoke's drain",
+                self.drain_deadline_ms
+            ));
+        }
         if self.drain_deadline_ms >= self.session_timeout_ms {
             return Err(format!(
                 "--drain-deadline-ms ({}) must be below --session-timeout-ms ({}): a drain that outlives the session loses the partitions mid-commit",
@@ -628,11 +644,30 @@ impl ConsumeArgs {
         })
     }
 
-    /// Consumer properties: manual commits only, bounded prefetch, cooperative (incremental)
-    /// rebalancing — a rebalance revokes only the partitions that move, so members keep consuming
-    /// the rest (`--kafka-property partition.assignment.strategy=range` restores eager).
+    /// What every consumer of the service shares — the group member and the one that re-reads
+    /// rejected messages — besides the brokers, security and `--kafka-property` entries
+    /// (`KafkaArgs::client_config`), so that a property valid for one is valid for the other
+    /// (librdkafka checks `max.poll.interval.ms` against the session timeout, for example).
+    pub fn shared_consumer_properties(&self) -> Vec<(&'static str, String)> {
+        // With the consumer protocol (KIP-848) the broker sets the session and the heartbeats
+        // (librdkafka refuses these).
+        if self.kafka.consumer_group_protocol() {
+            return Vec::new();
+        }
+        vec![
+            ("session.timeout.ms", self.session_timeout_ms.to_string()),
+            // At least three heartbeats per session (librdkafka's 3 s default outlives short sessions).
+            ("heartbeat.interval.ms", (self.session_timeout_ms / 3).clamp(100, 3000).to_string()),
+        ]
+    }
+
+    /// The group member's properties: the shared ones, manual commits only, bounded prefetch,
+    /// cooperative (incremental) rebalancing — a rebalance revokes only the partitions that move,
+    /// so members keep consuming the rest (`--kafka-property partition.assignment.strategy=range`
+    /// restores eager).
     pub fn consumer_properties(&self) -> Vec<(&'static str, String)> {
-        let mut properties = vec![
+        let mut properties = self.shared_consumer_properties();
+        properties.extend([
             ("group.id", self.group_id.clone()),
             ("enable.auto.commit", "false".into()),
             ("enable.auto.offset.store", "false".into()),
@@ -642,17 +677,11 @@ impl ConsumeArgs {
             ("max.partition.fetch.bytes", self.fetch_max_bytes.min(16 * 1024 * 1024).to_string()),
             // Consumer lag per partition for the `consumer.lag` gauge.
             ("statistics.interval.ms", "10000".into()),
-        ];
-        // With the consumer protocol (KIP-848) the broker sets the session, the heartbeats and
-        // the assignment (librdkafka refuses these three); its rebalances are incremental, as
-        // cooperative-sticky's are, through the same callbacks.
+        ]);
+        // With the consumer protocol the broker assigns (librdkafka refuses an assignor); its
+        // rebalances are incremental, as cooperative-sticky's are, through the same callbacks.
         if !self.kafka.consumer_group_protocol() {
-            properties.extend([
-                ("session.timeout.ms", self.session_timeout_ms.to_string()),
-                // At least three heartbeats per session (librdkafka's 3 s default outlives short sessions).
-                ("heartbeat.interval.ms", (self.session_timeout_ms / 3).clamp(100, 3000).to_string()),
-                ("partition.assignment.strategy", "cooperative-sticky".into()),
-            ]);
+            properties.push(("partition.assignment.strategy", "cooperative-sticky".into()));
         }
         properties
     }
@@ -697,6 +726,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--drain-deadline-ms"), "{err}");
+    }
+
+    #[test]
+    fn a_poll_interval_the_drain_can_outlast_is_rejected() {
+        let with = |interval: &str| {
+            parse(&["--blob-sink", "null", "--kafka-property", &format!("max.poll.interval.ms={interval}")]).validate()
+        };
+        let err = with("20500").unwrap_err().to_string();
+        assert!(err.contains("max.poll.interval.ms (20500)") && err.contains("--drain-deadline-ms (20000)"), "{err}");
+        assert!(with("ten").unwrap_err().to_string().contains("not a number"));
+        assert!(with("21001").is_ok());
+    }
+
+    #[test]
+    fn both_consumers_take_every_property_the_group_member_takes() {
+        // The re-fetch consumer once kept librdkafka's 45 s session timeout, and refused a poll
+        // interval below it that the group member took.
+        let args = parse(&[
+            "--blob-sink",
+            "null",
+            "--session-timeout-ms",
+            "6000",
+            "--drain-deadline-ms",
+            "5000",
+            "--kafka-property",
+            "max.poll.interval.ms=20000",
+        ]);
+        args.validate().unwrap();
+        for properties in [args.consumer_properties(), args.shared_consumer_properties()] {
+            let mut config = args.kafka.client_config(&properties).unwrap();
+            config.set("group.id", "g");
+            config.create::<rdkafka::consumer::BaseConsumer>().unwrap_or_else(|e| panic!("{properties:?}: {e}"));
+        }
     }
 
     #[test]

@@ -27,7 +27,7 @@ use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
 use replay_ingest::sink::publish;
 use replay_ingest::sink::snuba::SnubaSink;
 use replay_ingest::sink::{ObjectStore, Retry, Sink, SinkError, filesystem::FilesystemBlobSink, null::NullSink};
-use replay_ingest::startup;
+use replay_ingest::startup::{self, Gated};
 
 #[derive(Parser)]
 #[command(version, about = "Ingests session-replay recording segments.")]
@@ -106,9 +106,11 @@ fn main() -> ExitCode {
             Command::Inspect { .. } => Ok(()),
         }
     });
-    // Work still running now (a consumer close stuck on an unreachable broker) must not hold up
-    // the exit: everything durable has been committed already.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // Work still running now (a flush retrying against a sink that is down, a consumer close
+    // stuck on an unreachable broker) must not hold up the exit: everything durable has been
+    // committed already, and the drain deadline, which the chart's grace period counts on, is
+    // spent.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -147,8 +149,9 @@ fn producer(
 
 /// The flush stages: blobs (and dead letters) first, so no row or event ever points at a missing
 /// blob; then rows and events in parallel. Metrics follow the flush.
-/// Each destination is checked before the service joins the group (`startup`).
-async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
+/// Each destination is checked before the service joins the group; the writes to one that does
+/// not answer yet wait for its check (`startup`).
+async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks> {
     // The blob store also keeps dead letters too large for their topic.
     let (blobs, overflow): (Box<dyn Sink>, Option<Arc<dyn ObjectStore>>) = match args.blob_sink {
         BlobSinkKind::Gcs => {
@@ -161,8 +164,14 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
                 timeout: args.sink_timeout(),
             };
             let gcs = Arc::new(GcsSink::new(&config).await.context("creating the GCS client")?);
-            startup::until_ready("gcs", status, || gcs.check()).await.context("checking the GCS bucket")?;
-            (Box::new(gcs.clone()), Some(gcs))
+            let checked = gcs.clone();
+            let gate = startup::check("gcs", status, move || {
+                let gcs = checked.clone();
+                async move { gcs.check().await }
+            })
+            .await
+            .context("checking the GCS bucket")?;
+            (Box::new(Gated { gate, sink: gcs.clone() }), Some(gcs))
         }
         BlobSinkKind::Filesystem => {
             let files = Arc::new(
@@ -184,8 +193,9 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
         topics.push(args.replay_events_topic.clone());
     }
     let check_config = args.kafka.client_config(&producer_properties(args.max_message_bytes, args.sink_timeout()))?;
-    startup::until_ready("kafka", status, || {
-        let (config, topics, timeout) = (check_config.clone(), topics.clone(), args.sink_timeout());
+    let timeout = args.sink_timeout();
+    let kafka = startup::check("kafka", status, move || {
+        let (config, topics) = (check_config.clone(), topics.clone());
         async move {
             tokio::task::spawn_blocking(move || publish::check_topics(&config, &topics, timeout))
                 .await
@@ -198,22 +208,29 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
     let rows: Box<dyn Sink> = match args.rows_sink {
         RowsSinkKind::Clickhouse => {
             let config = args.clickhouse.config(args.sink_timeout()).context("reading --clickhouse-password-file")?;
-            startup::until_ready("clickhouse", status, || async {
-                if args.migrate_on_start {
-                    let features =
-                        clickhouse::migrate(&config).await.map_err(|e| clickhouse::setup_error(&e, &config))?;
-                    info!(?features, table = %config.table, "ClickHouse table ready");
+            let (checked, migrate) = (config.clone(), args.migrate_on_start);
+            let gate = startup::check("clickhouse", status, move || {
+                let config = checked.clone();
+                async move {
+                    if migrate {
+                        let features =
+                            clickhouse::migrate(&config).await.map_err(|e| clickhouse::setup_error(&e, &config))?;
+                        info!(?features, table = %config.table, "ClickHouse table ready");
+                    }
+                    clickhouse::check_table(&config).await
                 }
-                clickhouse::check_table(&config).await
             })
             .await
             .context("checking the ClickHouse table")?;
-            Box::new(ClickHouseSink::new(&config))
+            Box::new(Gated { gate, sink: ClickHouseSink::new(&config) })
         }
-        RowsSinkKind::Snuba => Box::new(SnubaSink::new(
-            producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
-            &args.replay_events_topic,
-        )),
+        RowsSinkKind::Snuba => Box::new(Gated {
+            gate: kafka.clone(),
+            sink: SnubaSink::new(
+                producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
+                &args.replay_events_topic,
+            ),
+        }),
         RowsSinkKind::Null => Box::new(NullSink),
     };
     let events: Box<dyn Sink> = match args.events_sink {
@@ -229,24 +246,34 @@ async fn sinks(args: &ConsumeArgs, status: &Status) -> anyhow::Result<Sinks> {
                 hydration_error_issues = %args.events.hydration_error_issues,
                 "issue occurrences for these projects"
             );
-            Box::new(EventsSink::new(
-                producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
-                topics,
-                args.events.issue_gates(),
-                args.events.first_replay_cache_size,
-            ))
+            Box::new(Gated {
+                gate: kafka.clone(),
+                sink: EventsSink::new(
+                    producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
+                    topics,
+                    args.events.issue_gates(),
+                    args.events.first_replay_cache_size,
+                ),
+            })
         }
         EventsSinkKind::Null => Box::new(NullSink),
     };
     // Messages a sink rejects are read again from the consumed topic and dead-lettered.
     let rejections = RejectedToDlq {
         dlq: dlq.clone(),
-        source: Refetcher::new(args.kafka.client_config(&[])?, &args.topic, &format!("{}-refetch", args.group_id))
-            .context("creating the Kafka consumer that re-reads rejected messages")?,
+        source: Refetcher::new(
+            args.kafka.client_config(&args.shared_consumer_properties())?,
+            &args.topic,
+            &format!("{}-refetch", args.group_id),
+        )
+        .context("creating the Kafka consumer that re-reads rejected messages")?,
         source_topic: args.topic.clone(),
         timeout: args.sink_timeout(),
     };
-    Ok(Sinks { stages: vec![vec![blobs, Box::new(dlq)], vec![rows, events]], rejections: Some(Box::new(rejections)) })
+    Ok(Sinks {
+        stages: vec![vec![blobs, Box::new(Gated { gate: kafka, sink: dlq.clone() })], vec![rows, events]],
+        rejections: Some(Box::new(rejections)),
+    })
 }
 
 async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {

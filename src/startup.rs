@@ -1,46 +1,134 @@
-//! Checks made before joining the group: every destination exists and takes writes, so that a
-//! wrong bucket, table or topic stops the service at once with a message naming it, instead of
-//! failing the first flush after messages were consumed.
+//! Checks of every destination at start — it exists and takes writes — so that a wrong bucket,
+//! table or topic stops the service at once with a message naming it, instead of failing the
+//! first flush after messages were consumed.
 //!
-//! A destination that is down is not a configuration error: its check is retried (capped
-//! backoff, shown in `/status` as an outage, liveness kept) until it answers, so a sink restarting
-//! at the same time as the service does not become a restart loop.
+//! A destination that does not answer is not a configuration error, and must not keep the
+//! service out of its group: scaling out during an outage is when new members are needed most.
+//! So each check is tried once before joining; a configuration error stops the service there.
+//! A destination that does not answer yet is checked again in the background (capped backoff,
+//! shown in `/status` as an outage) while the service joins and consumes, and the sinks that
+//! write there wait behind a [`Gate`]: their writes fail as retryable (the flush retries, as in
+//! any outage; nothing is committed) until the check passes — after the table's migration, for
+//! ClickHouse. A configuration error found by a later check fails the next write there with it,
+//! which stops the service, nothing of that flush committed.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::health::Status;
-use crate::sink::{Retry, SinkError};
+use crate::metrics::Written;
+use crate::sink::progress::Progress;
+use crate::sink::{Entry, Retry, Sink, SinkError};
 
-/// The longest wait between two tries; well under the liveness window.
+/// The first wait between two tries, and the longest (well under the liveness window).
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
-/// Runs `check` until it passes. A transient failure is retried; any other is returned.
-pub async fn until_ready<F, Fut>(what: &'static str, status: &Status, mut check: F) -> Result<(), SinkError>
+/// Whether a destination's startup check has passed.
+pub struct Gate {
+    state: Mutex<State>,
+}
+
+enum State {
+    /// Not yet: the last try's error.
+    Waiting(String),
+    Passed,
+    Failed(SinkError),
+}
+
+impl Gate {
+    fn new(state: State) -> Arc<Gate> {
+        Arc::new(Gate { state: Mutex::new(state) })
+    }
+
+    fn set(&self, state: State) {
+        *self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = state;
+    }
+
+    /// `Ok` once the check passed; an error for `sink` to fail its write with otherwise.
+    fn open(&self, sink: &'static str) -> Result<(), SinkError> {
+        match &*self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+            State::Passed => Ok(()),
+            State::Waiting(error) => {
+                Err(SinkError::new(sink, Retry::Retryable, format!("startup check not passed yet: {error}")))
+            }
+            State::Failed(error) => Err(error.clone()),
+        }
+    }
+}
+
+/// Checks `what` once; a configuration error is returned. A destination that does not answer
+/// is checked again in the background until it passes: the returned gate opens then.
+pub async fn check<F, Fut>(what: &'static str, status: &Arc<Status>, mut check: F) -> Result<Arc<Gate>, SinkError>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), SinkError>> + Send + 'static,
+{
+    status.beat();
+    match check().await {
+        Ok(()) => Ok(Gate::new(State::Passed)),
+        Err(error) if error.retry == Retry::Retryable => {
+            status.sink_failed(what, &error.message);
+            warn!(check = what, %error, "startup check: not reachable yet; joining the group anyway, writes there wait for it");
+            let gate = Gate::new(State::Waiting(error.message));
+            tokio::spawn(keep_checking(what, status.clone(), check, gate.clone()));
+            Ok(gate)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+async fn keep_checking<F, Fut>(what: &'static str, status: Arc<Status>, mut check: F, gate: Arc<Gate>)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), SinkError>>,
 {
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = FIRST_BACKOFF;
     loop {
-        status.beat();
+        tokio::time::sleep(backoff).await;
         match check().await {
             Ok(()) => {
-                if let Some(waited) = status.sink_recovered(what) {
-                    info!(check = what, waited_ms = waited.as_millis() as u64, "startup check passed after waiting");
-                }
-                return Ok(());
+                let waited = status.sink_recovered(what).unwrap_or_default();
+                info!(check = what, waited_ms = waited.as_millis() as u64, "startup check passed after waiting");
+                gate.set(State::Passed);
+                return;
             }
             Err(error) if error.retry == Retry::Retryable => {
                 status.sink_failed(what, &error.message);
-                warn!(check = what, %error, retry_in_ms = backoff.as_millis() as u64, "startup check: not reachable yet");
-                tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
+                warn!(check = what, %error, retry_in_ms = backoff.as_millis() as u64, "startup check: not reachable yet");
+                gate.set(State::Waiting(error.message));
             }
-            Err(error) => return Err(error),
+            Err(error) => {
+                error!(check = what, %error, "startup check failed: the next write there stops the service");
+                gate.set(State::Failed(error));
+                return;
+            }
         }
+    }
+}
+
+/// A sink whose writes wait for its destination's startup check.
+pub struct Gated<S> {
+    pub gate: Arc<Gate>,
+    pub sink: S,
+}
+
+impl<S: Sink> Sink for Gated<S> {
+    fn name(&self) -> &'static str {
+        self.sink.name()
+    }
+
+    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+        self.gate.open(self.sink.name())?;
+        self.sink.write(batch, progress)
+    }
+
+    fn writes_for(&self, entry: &Entry) -> bool {
+        self.sink.writes_for(entry)
     }
 }
 
@@ -49,34 +137,79 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    #[tokio::test(start_paused = true)]
-    async fn transient_failures_are_waited_out_and_shown_as_an_outage_meanwhile() {
-        let status = Status::default();
-        let tries = AtomicU32::new(0);
-        let check = || async {
-            let tried = tries.fetch_add(1, Ordering::SeqCst);
-            if tried >= 2 {
-                let outage = &status.report()["outages"]["gcs"];
-                assert_eq!(outage["failed_attempts"], tried, "{outage}");
-                assert_eq!(outage["last_error"], "connection refused");
-            }
-            if tried < 5 { Err(SinkError::new("gcs", Retry::Retryable, "connection refused")) } else { Ok(()) }
+    /// A check failing `failures` times (as `retry`), then passing; and how often it ran.
+    fn flaky(
+        failures: u32,
+        retry: Retry,
+    ) -> (Arc<AtomicU32>, impl FnMut() -> std::future::Ready<Result<(), SinkError>>) {
+        let tries = Arc::new(AtomicU32::new(0));
+        let counted = tries.clone();
+        let check = move || {
+            let tried = counted.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(if tried < failures {
+                Err(SinkError::new("gcs", retry, "connection refused"))
+            } else {
+                Ok(())
+            })
         };
-        until_ready("gcs", &status, check).await.unwrap();
-        assert_eq!(tries.load(Ordering::SeqCst), 6);
-        assert_eq!(status.report()["outages"], serde_json::json!({}), "the outage cleared when the check passed");
-        assert!(status.live(), "the wait keeps liveness");
+        (tries, check)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_destination_that_answers_opens_its_gate_at_once() {
+        let status = Arc::new(Status::default());
+        let (tries, check) = flaky(0, Retry::Retryable);
+        let gate = super::check("gcs", &status, check).await.unwrap();
+        assert!(gate.open("gcs").is_ok());
+        assert_eq!(tries.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_configuration_error_is_returned_at_once() {
-        let status = Status::default();
-        let tries = AtomicU32::new(0);
-        let check = || async {
-            tries.fetch_add(1, Ordering::SeqCst);
-            Err(SinkError::new("gcs", Retry::Fatal, "bucket not found"))
-        };
-        let error = until_ready("gcs", &status, check).await.unwrap_err();
+        let status = Arc::new(Status::default());
+        let (tries, check) = flaky(u32::MAX, Retry::Fatal);
+        let error = super::check("gcs", &status, check).await.err().unwrap();
         assert_eq!((error.retry, tries.load(Ordering::SeqCst)), (Retry::Fatal, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_destination_that_does_not_answer_is_waited_for_in_the_background_and_shown_as_an_outage() {
+        let status = Arc::new(Status::default());
+        let (tries, check) = flaky(5, Retry::Retryable);
+        let gate = super::check("gcs", &status, check).await.unwrap();
+        let closed = gate.open("gcs").unwrap_err();
+        assert_eq!(closed.retry, Retry::Retryable, "{closed}");
+        assert!(closed.message.contains("connection refused"), "{closed}");
+        assert_eq!(status.report()["outages"]["gcs"]["failed_attempts"], 1);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(status.report()["outages"]["gcs"]["failed_attempts"], 3, "retried meanwhile, with backoff");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(tries.load(Ordering::SeqCst), 6);
+        assert!(gate.open("gcs").is_ok());
+        assert_eq!(status.report()["outages"], serde_json::json!({}), "the outage cleared when the check passed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_configuration_error_found_later_fails_the_next_write_with_it() {
+        let status = Arc::new(Status::default());
+        let tries = Arc::new(AtomicU32::new(0));
+        let counted = tries.clone();
+        let check = move || {
+            let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+            let retry = if first { Retry::Retryable } else { Retry::Fatal };
+            std::future::ready(Err(SinkError::new(
+                "gcs",
+                retry,
+                if first { "connection refused" } else { "bucket not found" },
+            )))
+        };
+        let gated =
+            Gated { gate: super::check("gcs", &status, check).await.unwrap(), sink: crate::sink::null::NullSink };
+        let progress = Progress::new("gcs", &status);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let error = gated.write(&[], &progress).unwrap_err();
+        assert_eq!((error.retry, error.message.as_str()), (Retry::Fatal, "bucket not found"));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(tries.load(Ordering::SeqCst), 2, "not checked again");
     }
 }

@@ -1,10 +1,12 @@
 //! ClickHouse faults with the real service: the server stops mid-run and comes back once the
 //! service has failed a flush five times (retried, nothing committed in between, every segment
 //! stored); the server is down when the
-//! service starts (waited for, live, shown in `/status`); and a column altered to another type
+//! service starts (shown in `/status`, live, the member joins and consumes, its writes wait for
+//! the server, the table's migration first); and a column altered to another type
 //! while the service runs (a configuration error: the service stops, non-zero, naming the
-//! column, nothing committed past it). Its own test binary:
-//! stopping a shared server must not disturb other tests.
+//! column, nothing committed past it); and a member joining during a long outage (it gets
+//! partitions at once, the first member stays in the group, nothing is lost). Its own test
+//! binary: stopping a shared server must not disturb other tests.
 
 mod common;
 
@@ -146,7 +148,7 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn clickhouse_down_at_startup_is_waited_for_live_and_shown_then_consumption_starts() {
+async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joins_and_consumes() {
     if !needs("REPLAY_INGEST_TEST_BROKERS") {
         return;
     }
@@ -160,14 +162,138 @@ async fn clickhouse_down_at_startup_is_waited_for_live_and_shown_then_consumptio
     })
     .await;
     assert_eq!(service.status().unwrap()["live"], true, "waiting for a sink is not a wedged process");
-    drop(outage);
-
+    // A sink that does not answer keeps no member out of its group (scaling out during an
+    // outage): it joins and consumes; the writes there wait for the check, nothing commits.
     let fixtures = small_fixtures(true);
     let (sent, _) = produce_fixtures(&names.topic, &fixtures, 5).await;
+    wait_for("joined and consuming during the outage", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["ready"] == true && s["consumed"] == 5)
+    })
+    .await;
+    assert!(committed(&names.group, &names.topic, 2).is_empty(), "nothing committed before ClickHouse answers");
+    drop(outage);
+
     wait_for("everything committed once ClickHouse is up", JOIN_AND_FLUSH, || {
         committed(&names.group, &names.topic, 2) == expected_commits(&sent)
     })
     .await;
     assert_eq!(service.status().unwrap()["outages"], serde_json::json!({}));
     assert_eq!(service.terminate(), Some(0));
+}
+
+/// Scale-out during an outage, as an operator meets it: one member under steady load with
+/// ClickHouse answering 503 (a proxy in front of the shared server), intake paused behind the
+/// failing flush for longer than `max.poll.interval.ms`, then a second member joins. The
+/// polling thread never blocks on the pipeline, so the first member stays in the group (it would
+/// be taken for stuck otherwise) and the rebalance is served at once: the joiner owns
+/// partitions within seconds while ClickHouse is still down. A SIGTERM to the joiner during the
+/// outage exits within its drain deadline; the first member takes the partitions back, still
+/// during the outage; once ClickHouse answers, everything commits and nothing is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothing_is_lost() {
+    if !needs("REPLAY_INGEST_TEST_BROKERS") {
+        return;
+    }
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const MAX_POLL_INTERVAL: Duration = Duration::from_secs(20);
+    const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+    // The proxy forwards to the shared server, which the other tests stop.
+    let _serial = SERIAL.lock().await;
+    let names = Names::with_partitions(4).await;
+    let down = Arc::new(AtomicBool::new(false));
+    let proxy = {
+        let down = down.clone();
+        proxy::Proxy::start(&clickhouse_url(), move |_| {
+            if down.load(Ordering::SeqCst) {
+                proxy::Action::Answer { status: 503, headers: vec![], body: "down for the test".into() }
+            } else {
+                proxy::Action::Forward
+            }
+        })
+        .await
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let statsd = Statsd::bind();
+    let mut args = with_flag(names.args(statsd.port(), dir.path()), "--clickhouse-url", &proxy.endpoint);
+    args = with_flag(args, "--session-timeout-ms", "6000");
+    args = with_flag(args, "--drain-deadline-ms", &DRAIN_DEADLINE.as_millis().to_string());
+    let max_poll = format!("max.poll.interval.ms={}", MAX_POLL_INTERVAL.as_millis());
+    args.extend(
+        ["--buffer-max-messages", "4", "--max-flushes-in-flight", "1", "--kafka-property", &max_poll].map(String::from),
+    );
+    let member = |name: &str| {
+        let args = with_flag(args.clone(), "--http-listen", &format!("127.0.0.1:{}", free_port()));
+        let log = dir.path().join(format!("{name}.log"));
+        (Service::start_logging_to(&args, &log), log)
+    };
+    let owned = |service: &Service| service.status().map_or(0, |s| s["partitions"].as_array().map_or(0, Vec::len));
+
+    let (a, a_log) = member("a");
+    let fixtures = small_fixtures(true);
+    let (first, mut sent) = produce_fixtures(&names.topic, &fixtures, 8).await;
+    wait_for("first batch committed", JOIN_AND_FLUSH, || a.committed() == expected_commits(&first)).await;
+
+    // Steady load through the whole outage: two messages every 250 ms.
+    down.store(true, Ordering::SeqCst);
+    let producing = Arc::new(AtomicBool::new(true));
+    let load = {
+        let (topic, fixtures, producing) = (names.topic.clone(), fixtures.clone(), producing.clone());
+        tokio::spawn(async move {
+            let mut sent = Vec::new();
+            while producing.load(Ordering::SeqCst) {
+                sent.extend(produce_fixtures(&topic, &fixtures, 2).await.1);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            sent
+        })
+    };
+    let outage = std::time::Instant::now();
+    wait_for("intake paused behind the failing flush", JOIN_AND_FLUSH, || {
+        a.status()
+            .is_some_and(|s| s["paused"] == true && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(3))
+    })
+    .await;
+    // Paused for longer than the poll interval: a member that stopped polling would be out of the
+    // group by now.
+    tokio::time::sleep((MAX_POLL_INTERVAL + Duration::from_secs(5)).saturating_sub(outage.elapsed())).await;
+    assert_eq!(owned(&a), 4, "the first member is still in the group, with every partition");
+
+    let (b, b_log) = member("b");
+    let joined = std::time::Instant::now();
+    wait_for("the joiner owns partitions while ClickHouse is down", Duration::from_secs(20), || owned(&b) > 0).await;
+    let took = joined.elapsed();
+    wait_for("the first member gave some up", Duration::from_secs(10), || owned(&a) < 4).await;
+    assert!(down.load(Ordering::SeqCst) && a.status().unwrap()["outages"]["clickhouse"].is_object(), "still down");
+
+    // Its drain cannot finish (ClickHouse is down): it gives up at the deadline, leaves the
+    // group with what is left of it, and exits 1; the second is for the process to end.
+    b.signal_term();
+    let exit = b.exit_within(DRAIN_DEADLINE + Duration::from_secs(1)).await;
+    let b_said = std::fs::read_to_string(&b_log).unwrap_or_default();
+    assert_eq!(exit, Some(1), "a SIGTERM during the outage exits within the drain deadline:\n{b_said}");
+    wait_for("the first member takes every partition back", Duration::from_secs(30), || owned(&a) == 4).await;
+
+    down.store(false, Ordering::SeqCst);
+    producing.store(false, Ordering::SeqCst);
+    sent.extend(load.await.unwrap());
+    let last: std::collections::BTreeMap<i32, i64> = sent.iter().fold(Default::default(), |mut last, s| {
+        let next = last.entry(s.partition).or_insert(0);
+        *next = (*next).max(s.offset + 1);
+        last
+    });
+    wait_for("everything committed once ClickHouse answers", JOIN_AND_FLUSH, || {
+        committed(&names.group, &names.topic, 4) == last
+    })
+    .await;
+    assert_eq!(a.terminate(), Some(0));
+
+    let log = std::fs::read_to_string(&a_log).unwrap();
+    assert!(!log.contains("poll interval"), "librdkafka never took the member for stuck:\n{log}");
+    let rows = clickhouse_rows(&names.table).await;
+    let segments: std::collections::BTreeSet<_> =
+        rows.iter().filter(|r| r.is_segment()).map(|r| (r.replay_id, r.segment_id)).collect();
+    assert_eq!(segments.len(), sent.len(), "a row for every segment");
+    every_blob_in_gcs(&names.bucket, &sent).await;
+    eprintln!("the joiner owned partitions {took:?} after it started; {} messages", sent.len());
 }

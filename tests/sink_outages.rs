@@ -46,16 +46,6 @@ fn args(names: &Names, statsd: &Statsd, dir: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
-/// Every sent (valid) message's blob is in `bucket`, byte for byte.
-async fn every_blob_in_gcs(bucket: &str, sent: impl IntoIterator<Item = &Sent>) {
-    let gcs = gcs_client().await;
-    for sent in sent {
-        let Expected::Blob { key, digest: expected } = &sent.expected else { unreachable!("valid fixtures only") };
-        let stored = try_read_object(&gcs, bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert_eq!(digest(&stored), *expected, "{key} byte for byte");
-    }
-}
-
 /// Waits until the service has consumed `consumed` messages and failed `sink`'s writes at least
 /// `attempts` times, then checks that the broker's commits have not moved from `commits`.
 async fn riding_out(

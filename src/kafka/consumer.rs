@@ -1,62 +1,84 @@
 //! The consumer's polling thread.
 //!
-//! librdkafka wants `poll` called continuously (heartbeat of `max.poll.interval.ms`, rebalance
-//! callbacks). A dedicated thread polls and forwards owned messages over a bounded data channel
-//! to the pipeline; the pipeline pauses partitions (not the thread) for backpressure.
+//! librdkafka wants `poll` called continuously (rebalance callbacks run inside it, and a member
+//! that has not called it for `max.poll.interval.ms` is taken for stuck and leaves the group). A
+//! dedicated thread polls and hands messages over to the pipeline within a bound of messages and
+//! bytes in transit ([`Handoff`]). It never blocks on the pipeline: a message that finds no room
+//! within one poll interval is held, the assigned partitions are paused, and the thread goes on
+//! polling — serving rebalances — until the pipeline takes the message; then they are resumed.
+//! So backpressure, however long (a sink down for minutes), never keeps a rebalance waiting.
 //!
-//! Control — assignments and revocations — travels a separate, unbounded channel that the
-//! pipeline reads whatever its backpressure, so a revoke never waits behind data. Each
+//! Revocations travel a separate, unbounded channel that the pipeline reads whatever its
+//! backpressure, so a revoke never waits behind data. Each
 //! revocation starts a new *generation*; every forwarded message carries the generation it was
 //! polled in, and the pipeline drops messages (and ignores flushes) of an earlier generation, so
 //! nothing is committed for partitions this member no longer owns. On revoke the thread waits —
 //! at most the drain deadline — for the pipeline to flush and commit, then lets librdkafka
 //! release the partitions.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::Offset;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientContext, TopicPartitionList};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tracing::{info, warn};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
 
+use super::handoff::{Handoff, Reserved};
 use crate::health::Status;
 
-/// A polled message, with its share of the data channel's byte budget (released when dropped)
-/// and the generation it was polled in.
+/// How long `poll` waits for a message, and how long a message waits for room in the hand-over
+/// before the partitions are paused: rebalance callbacks run at least this often.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What the rebalance callback waits beyond the drain deadline for the pipeline to answer.
+pub const DRAIN_MARGIN: Duration = Duration::from_secs(1);
+
+/// A polled message, with its room in the hand-over (given back when dropped) and the
+/// generation it was polled in.
 pub struct Polled {
     pub message: OwnedMessage,
-    pub bytes: OwnedSemaphorePermit,
+    pub room: super::handoff::Ticket,
     pub generation: u64,
 }
 
-/// Rebalance events, on the control channel.
-pub enum Control {
-    /// Partitions newly assigned to this member.
-    Assigned { partitions: Vec<i32>, generation: u64 },
-    /// `partitions` are being revoked; messages of earlier generations are no longer ours.
-    /// Drain what can be made durable within the deadline, commit it, then send on `done`.
-    Revoke { partitions: Vec<i32>, generation: u64, done: std_mpsc::SyncSender<()> },
+/// `partitions` are being revoked; messages of earlier generations are no longer ours. The
+/// pipeline drains what can be made durable within the deadline, commits it, then sends on
+/// `done`.
+pub struct Revoke {
+    pub partitions: Vec<i32>,
+    pub generation: u64,
+    pub done: std_mpsc::SyncSender<()>,
 }
 
 pub struct IngestContext {
-    control: mpsc::UnboundedSender<Control>,
+    revokes: mpsc::UnboundedSender<Revoke>,
     generation: Arc<AtomicU64>,
     drain_deadline: Duration,
     /// Where the partitions this member owns are kept (and shown in `/status`): the callbacks
     /// below are the one place that changes them.
     status: Arc<Status>,
+    /// Whether the polling thread has paused intake; the callbacks keep partitions that arrive
+    /// or leave meanwhile in step.
+    paused: AtomicBool,
 }
 
 impl IngestContext {
-    pub fn new(control: mpsc::UnboundedSender<Control>, drain_deadline: Duration, status: Arc<Status>) -> Self {
-        IngestContext { control, generation: Arc::new(AtomicU64::new(0)), drain_deadline, status }
+    pub fn new(revokes: mpsc::UnboundedSender<Revoke>, drain_deadline: Duration, status: Arc<Status>) -> Self {
+        IngestContext {
+            revokes,
+            generation: Arc::new(AtomicU64::new(0)),
+            drain_deadline,
+            status,
+            paused: AtomicBool::new(false),
+        }
     }
 
     /// `(partition, lag)` from librdkafka's statistics, reported for owned partitions only;
@@ -112,29 +134,41 @@ fn lag(partition: &rdkafka::statistics::Partition) -> i64 {
 }
 
 impl ConsumerContext for IngestContext {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
             let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
             let ids = ids(partitions);
             info!(partitions = ?ids, generation, "partitions revoked: draining");
             self.lost(&ids);
+            // librdkafka keeps a partition's pause flag: one given up while paused would stay
+            // paused when it comes back.
+            if self.paused.load(Ordering::Acquire)
+                && let Err(error) = consumer.resume(partitions)
+            {
+                warn!(%error, "cannot resume the partitions given up");
+            }
             let (done, drained) = std_mpsc::sync_channel(1);
             // The pipeline bounds its own drain by the deadline; the margin covers the hand-over.
-            let wait = self.drain_deadline + Duration::from_secs(1);
-            let revoke = Control::Revoke { partitions: ids, generation, done };
-            if self.control.send(revoke).is_ok() && drained.recv_timeout(wait).is_err() {
+            let wait = self.drain_deadline + DRAIN_MARGIN;
+            let revoke = Revoke { partitions: ids, generation, done };
+            if self.revokes.send(revoke).is_ok() && drained.recv_timeout(wait).is_err() {
                 warn!(deadline_ms = self.drain_deadline.as_millis() as u64, "drain did not answer before the deadline");
             }
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
             let ids = ids(partitions);
             self.gained(&ids);
+            // New partitions join intake's pause.
+            if self.paused.load(Ordering::Acquire)
+                && let Err(error) = consumer.pause(partitions)
+            {
+                warn!(%error, "cannot pause the partitions assigned");
+            }
             let generation = self.generation.load(Ordering::Acquire);
             info!(partitions = ?ids, generation, "partitions assigned");
-            let _ = self.control.send(Control::Assigned { partitions: ids, generation });
         }
     }
 }
@@ -145,53 +179,102 @@ fn ids(partitions: &TopicPartitionList) -> Vec<i32> {
 
 pub type IngestConsumer = BaseConsumer<IngestContext>;
 
-/// Polls until `stop` is set, forwarding messages tagged with the current generation; each first
-/// takes its size from `bytes` (all of it for a message larger than the whole budget), so the
-/// channel holds a bounded number of bytes. Closing `bytes` stops the thread. Returns the thread
-/// handle.
+/// Polls until `stop` is set or the pipeline is gone, handing messages over tagged with the
+/// generation they were polled in. Returns the thread handle.
 pub fn spawn_poller(
     consumer: Arc<IngestConsumer>,
-    events: mpsc::Sender<Polled>,
-    bytes: Arc<Semaphore>,
+    events: mpsc::UnboundedSender<Polled>,
+    handoff: Arc<Handoff>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
     let generation = consumer.context().generation();
-    let budget = u32::try_from(bytes.available_permits()).unwrap_or(u32::MAX);
+    let poller = Poller { consumer, events, handoff, generation, held: VecDeque::new(), paused_since: None };
     thread::Builder::new()
         .name("kafka-poll".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                match consumer.poll(Duration::from_millis(100)) {
-                    Some(Ok(message)) => {
-                        let size = message.payload().map_or(0, <[u8]>::len);
-                        let share = u32::try_from(size).unwrap_or(u32::MAX).clamp(1, budget.max(1));
-                        let Ok(permit) = futures::executor::block_on(bytes.clone().acquire_many_owned(share)) else {
-                            break;
-                        };
-                        let polled = Polled {
-                            message: message.detach(),
-                            bytes: permit,
-                            generation: generation.load(Ordering::Acquire),
-                        };
-                        if events.blocking_send(polled).is_err() {
-                            break;
-                        }
-                    }
-                    Some(Err(KafkaError::PartitionEOF(_))) | None => {}
-                    Some(Err(error)) => warn!(%error, "consumer error"),
-                }
-            }
-        })
+        .spawn(move || poller.run(&stop))
         .unwrap_or_else(|e| panic!("cannot spawn the Kafka polling thread: {e}"))
 }
 
-/// `partitions` of `topic` as a list (for pause and resume).
-pub fn partition_list(topic: &str, partitions: &[i32]) -> TopicPartitionList {
-    let mut list = TopicPartitionList::new();
-    for &partition in partitions {
-        list.add_partition(topic, partition);
+struct Poller {
+    consumer: Arc<IngestConsumer>,
+    events: mpsc::UnboundedSender<Polled>,
+    handoff: Arc<Handoff>,
+    generation: Arc<AtomicU64>,
+    /// Polled, not yet handed over (in order), with their generations. While anything is held
+    /// the assigned partitions are paused, so this holds a message or two.
+    held: VecDeque<(OwnedMessage, u64)>,
+    /// When intake was paused, while it is.
+    paused_since: Option<Instant>,
+}
+
+impl Poller {
+    fn run(mut self, stop: &AtomicBool) {
+        while !stop.load(Ordering::Acquire) {
+            if !self.hand_over() {
+                return;
+            }
+            // While a message is held, `poll` only serves callbacks (the partitions are paused)
+            // and must not wait: the hand-over does.
+            let timeout = if self.held.is_empty() { POLL_INTERVAL } else { Duration::ZERO };
+            match self.consumer.poll(timeout) {
+                Some(Ok(message)) => self.held.push_back((message.detach(), self.generation.load(Ordering::Acquire))),
+                Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+                Some(Err(error)) => warn!(%error, "consumer error"),
+            }
+            if !self.held.is_empty() {
+                // A revoke ran in that poll: what is held of the partitions given up is their
+                // next owner's, and must not keep the others paused.
+                let owned = self.consumer.context().status.partitions();
+                self.held.retain(|(message, _)| owned.contains(&message.partition()));
+            }
+        }
     }
-    list
+
+    /// Hands over what is held, oldest first, waiting at most one poll interval for room; pauses
+    /// intake while something is left and resumes it once nothing is. `false`: the pipeline is
+    /// gone.
+    fn hand_over(&mut self) -> bool {
+        let deadline = Instant::now() + POLL_INTERVAL;
+        while let Some((message, _)) = self.held.front() {
+            let size = message.payload().map_or(0, <[u8]>::len);
+            match self.handoff.reserve(size, deadline.saturating_duration_since(Instant::now())) {
+                Reserved::Room(room) => {
+                    let Some((message, generation)) = self.held.pop_front() else { break };
+                    if self.events.send(Polled { message, room, generation }).is_err() {
+                        return false;
+                    }
+                }
+                Reserved::Full => break,
+                Reserved::Closed => return false,
+            }
+        }
+        self.pause(!self.held.is_empty());
+        true
+    }
+
+    /// Pauses or resumes every assigned partition, when intake's state changes. (A failure is
+    /// logged and tried again at the next poll.)
+    fn pause(&mut self, pause: bool) {
+        if pause == self.paused_since.is_some() {
+            return;
+        }
+        let context = self.consumer.context();
+        let result = self.consumer.assignment().and_then(|assignment| {
+            if pause { self.consumer.pause(&assignment) } else { self.consumer.resume(&assignment) }
+        });
+        if let Err(error) = result {
+            error!(%error, pause, "cannot pause or resume the assigned partitions");
+            return;
+        }
+        context.paused.store(pause, Ordering::Release);
+        // The pipeline reports its own backpressure (`/status` `paused`, `consumer.paused_ms`).
+        if pause {
+            self.paused_since = Some(Instant::now());
+            debug!(held = self.held.len(), "no room in the hand-over: partitions paused");
+        } else if let Some(since) = self.paused_since.take() {
+            debug!(paused_ms = since.elapsed().as_millis() as u64, "partitions resumed");
+        }
+    }
 }
 
 /// `(partition, next offset)` pairs as a commit list for `topic`.

@@ -1,5 +1,6 @@
-//! Kafka plumbing: the consumer's polling thread and rebalance callbacks, and re-reading single
-//! messages.
+//! Kafka plumbing: the consumer's polling thread and rebalance callbacks, the bound on messages
+//! in transit to the pipeline, and re-reading single messages.
 
 pub mod consumer;
+pub mod handoff;
 pub mod refetch;

@@ -11,9 +11,10 @@
 //! One task owns all state (buffer, frontier, in-flight work) and reacts to whatever happens
 //! next — a rebalance, shutdown, a finished flush, a processed message, a polled one, the
 //! buffer's age deadline — so there are no locks and every transition is in this file. While a
-//! flush runs the next buffer fills; when the buffer is full and no flush slot is free the
-//! assigned partitions are paused until a flush completes. Rebalances arrive on their own
-//! channel, read whatever the backpressure. Shutdown and partition revocation share one drain,
+//! flush runs the next buffer fills; when the buffer is full and no flush slot is free the task
+//! takes no more polled messages until a flush completes, and the polling thread, finding no
+//! room to hand messages over, pauses the assigned partitions while it goes on polling
+//! (`kafka::consumer`). Rebalances arrive on their own channel, read whatever the backpressure. Shutdown and partition revocation share one drain,
 //! bounded by `--drain-deadline-ms`: process what was polled, flush everything, commit
 //! synchronously. Rebalancing is cooperative: a revoke names only the partitions that move, and
 //! the member goes on consuming the others. A revoke whose drain misses the deadline gives up
@@ -38,15 +39,15 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
-use tokio::sync::Semaphore;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
 use crate::health::Status;
 use crate::kafka::consumer::{
-    Control, IngestConsumer, IngestContext, Polled, commit_list, key_and_timestamp, partition_list, spawn_poller,
+    IngestConsumer, IngestContext, Polled, Revoke, commit_list, key_and_timestamp, spawn_poller,
 };
+use crate::kafka::handoff::Handoff;
 use crate::metrics;
 use crate::recording::{self, Limits, Reason};
 use crate::sink::{Entries, Entry, InvalidMessage, Outcome, SinkError};
@@ -54,14 +55,14 @@ use buffer::{Buffer, BufferLimits, CloseReason, should_pause};
 use flush::{FlushReport, RetryPolicy, Sinks};
 use frontier::Frontier;
 
-/// Messages between the polling thread and the pipeline. Each may be up to 15 MB: the bounds
-/// keep the hand-off small next to librdkafka's own (bounded) prefetch. While intake is paused
-/// the pipeline stops reading it, so a full buffer grows by at most the messages already being
+/// Messages in transit between the polling thread and the pipeline. Each may be up to 15 MB:
+/// the bounds keep the hand-over small next to librdkafka's own (bounded) prefetch. While the
+/// buffer is full the pipeline takes none, so it grows by at most the messages already being
 /// processed.
-const POLLED_CHANNEL_CAPACITY: usize = 16;
+const POLLED_IN_TRANSIT: usize = 16;
 
-/// Bytes of message values in that channel (a larger message passes alone).
-pub const POLLED_CHANNEL_BYTES: usize = 32 * 1024 * 1024;
+/// Bytes of message values in transit (a larger message passes alone).
+pub const POLLED_IN_TRANSIT_BYTES: usize = 32 * 1024 * 1024;
 
 /// Messages being processed or waiting for an earlier one to finish (arrival order is kept).
 /// A wide window keeps every core busy behind one large segment at the head.
@@ -149,16 +150,16 @@ pub async fn consume(
     status: Arc<Status>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), PipelineError> {
-    let (polled_tx, polled_rx) = mpsc::channel(POLLED_CHANNEL_CAPACITY);
-    let polled_bytes = Arc::new(Semaphore::new(POLLED_CHANNEL_BYTES));
-    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let (polled_tx, polled_rx) = mpsc::unbounded_channel();
+    let handoff = Handoff::new(POLLED_IN_TRANSIT, POLLED_IN_TRANSIT_BYTES);
+    let (revokes_tx, revokes_rx) = mpsc::unbounded_channel();
     status.set_flush_stall(settings.flush_stall);
-    let context = IngestContext::new(control_tx, settings.drain_deadline, status.clone());
+    let context = IngestContext::new(revokes_tx, settings.drain_deadline, status.clone());
     let consumer: Arc<IngestConsumer> = Arc::new(settings.consumer.create_with_context(context)?);
     consumer.subscribe(&[&settings.topic])?;
     status.initialised.store(true, Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
-    let poller = spawn_poller(consumer.clone(), polled_tx, polled_bytes.clone(), stop.clone());
+    let poller = spawn_poller(consumer.clone(), polled_tx, handoff.clone(), stop.clone());
 
     let threads = match settings.processing_threads {
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -178,7 +179,7 @@ pub async fn consume(
         topic: settings.topic,
         consumer: consumer.clone(),
         polled: polled_rx,
-        control: control_rx,
+        revokes: revokes_rx,
         generation: 0,
         revoked: HashMap::new(),
         pool: Arc::new(pool),
@@ -194,22 +195,31 @@ pub async fn consume(
         retry: settings.retry,
         drain_deadline: settings.drain_deadline,
         status,
-        paused: false,
         paused_since: None,
     };
-    let result = pipeline.run(shutdown).await;
+    // A shutdown is bounded by the drain deadline as a whole (the chart's grace period counts on
+    // it): leaving the group gets what the drain left of it.
+    let shutdown_at = std::sync::OnceLock::new();
+    let result = pipeline
+        .run(async {
+            shutdown.await;
+            let _ = shutdown_at.set(Instant::now());
+        })
+        .await;
+    let close_budget =
+        shutdown_at.get().map_or(settings.drain_deadline, |at| settings.drain_deadline.saturating_sub(at.elapsed()));
     stop.store(true, Ordering::Release);
-    // Wakes a poller waiting for channel bytes.
-    polled_bytes.close();
-    // The pipeline (and its receiver) is gone, so the poller cannot block on a full channel.
+    // Wakes a poller waiting for room.
+    handoff.close();
     // Closing the consumer runs the revoke callback, which blocks: off the async runtime. Leaving
-    // the group needs the broker; if it is unreachable, do not outlive the drain deadline (the
-    // offsets are already committed, and the session expires on its own).
+    // the group needs the broker; if it is unreachable, or the drain took the whole deadline, do
+    // not outlive the deadline (the offsets are already committed, and the session expires on
+    // its own).
     let close = tokio::task::spawn_blocking(move || {
         let _ = poller.join();
         drop(consumer);
     });
-    if tokio::time::timeout(settings.drain_deadline, close).await.is_err() {
+    if tokio::time::timeout(close_budget, close).await.is_err() {
         warn!("closing the Kafka consumer did not finish within the drain deadline; exiting anyway");
     }
     result
@@ -218,8 +228,8 @@ pub async fn consume(
 struct Pipeline {
     topic: String,
     consumer: Arc<IngestConsumer>,
-    polled: mpsc::Receiver<Polled>,
-    control: mpsc::UnboundedReceiver<Control>,
+    polled: mpsc::UnboundedReceiver<Polled>,
+    revokes: mpsc::UnboundedReceiver<Revoke>,
     /// The current assignment generation (one per revoke).
     generation: u64,
     /// Partition → the generation its last revoke started. A message polled, or a flush started,
@@ -242,8 +252,7 @@ struct Pipeline {
     retry: RetryPolicy,
     drain_deadline: Duration,
     status: Arc<Status>,
-    paused: bool,
-    /// When intake was last paused, for the paused-time metric.
+    /// Since when intake is paused behind a full buffer, while it is.
     paused_since: Option<Instant>,
 }
 
@@ -264,13 +273,10 @@ impl Pipeline {
                     self.status.stopping.store(true, Ordering::Relaxed);
                     return self.drain().await.map_err(|_| PipelineError::DrainDeadline(self.drain_deadline))?;
                 }
-                Some(control) = self.control.recv() => match control {
-                    Control::Assigned { partitions, generation } => self.assigned(&partitions, generation)?,
-                    Control::Revoke { partitions, generation, done } => {
-                        self.revoke(&partitions, generation).await?;
-                        let _ = done.send(());
-                    }
-                },
+                Some(Revoke { partitions, generation, done }) = self.revokes.recv() => {
+                    self.revoke(&partitions, generation).await?;
+                    let _ = done.send(());
+                }
                 Some(flushed) = self.flushes.join_next() => {
                     let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;
                     self.flushed(flushed)?;
@@ -281,7 +287,7 @@ impl Pipeline {
                 Some(processed) = self.processing.next() => {
                     self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
                 }
-                polled = self.polled.recv(), if !self.paused && self.window_open() => match polled {
+                polled = self.polled.recv(), if self.takes_messages() => match polled {
                     Some(polled) if !self.stale(polled.message.partition(), polled.generation) => {
                         self.process(polled.message, polled.generation);
                     }
@@ -293,12 +299,38 @@ impl Pipeline {
                 _ = heartbeat.tick() => self.commit(),
             }
             self.start_flushes(Instant::now());
-            self.backpressure()?;
+            self.backpressure();
         }
     }
 
-    fn window_open(&self) -> bool {
-        self.processing.len() < PROCESSING_WINDOW_MESSAGES && self.processing_bytes < PROCESSING_WINDOW_BYTES
+    /// Whether the loop takes another polled message: the processing window has room, and intake
+    /// is not paused. (When it does not, the polling thread soon finds no room to hand messages
+    /// over, and pauses the partitions.)
+    fn takes_messages(&self) -> bool {
+        self.paused_since.is_none()
+            && self.processing.len() < PROCESSING_WINDOW_MESSAGES
+            && self.processing_bytes < PROCESSING_WINDOW_BYTES
+    }
+
+    /// Pauses intake when the buffer is full and no flush can start; resumes when one can.
+    fn backpressure(&mut self) {
+        let pause = should_pause(self.buffer.is_full(), self.flushes.len(), self.max_flushes);
+        if pause == self.paused_since.is_some() {
+            return;
+        }
+        if pause {
+            self.paused_since = Some(Instant::now());
+            self.status.pauses.fetch_add(1, Ordering::Relaxed);
+            info!(
+                buffer_messages = self.buffer.len(),
+                buffer_bytes = self.buffer.bytes(),
+                "buffer full: intake paused"
+            );
+        } else if let Some(since) = self.paused_since.take() {
+            metrics::paused_for(since.elapsed());
+            info!(paused_ms = since.elapsed().as_millis() as u64, "flush done: intake resumed");
+        }
+        self.status.paused.store(pause, Ordering::Relaxed);
     }
 
     /// Whether something of `partition` from `generation` predates the partition's last revoke.
@@ -450,45 +482,6 @@ impl Pipeline {
         }
     }
 
-    /// Pauses intake when the buffer is full and no flush can start; resumes when one can.
-    fn backpressure(&mut self) -> Result<(), PipelineError> {
-        let pause = should_pause(self.buffer.is_full(), self.flushes.len(), self.max_flushes);
-        if pause == self.paused {
-            return Ok(());
-        }
-        let assignment = self.consumer.assignment()?;
-        if pause {
-            self.consumer.pause(&assignment)?;
-            self.paused_since = Some(Instant::now());
-            self.status.pauses.fetch_add(1, Ordering::Relaxed);
-            info!(
-                buffer_messages = self.buffer.len(),
-                buffer_bytes = self.buffer.bytes(),
-                "buffer full: partitions paused"
-            );
-        } else {
-            self.consumer.resume(&assignment)?;
-            if let Some(since) = self.paused_since.take() {
-                metrics::paused_for(since.elapsed());
-            }
-            info!("flush done: partitions resumed");
-        }
-        self.paused = pause;
-        self.status.paused.store(pause, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// New partitions join intake's pause state. (Partitions given up while paused were resumed
-    /// on revoke: librdkafka keeps a partition's pause flag, so one coming back would otherwise
-    /// stay paused for good.)
-    fn assigned(&mut self, partitions: &[i32], generation: u64) -> Result<(), PipelineError> {
-        self.generation = self.generation.max(generation);
-        if self.paused {
-            self.consumer.pause(&partition_list(&self.topic, partitions))?;
-        }
-        Ok(())
-    }
-
     /// `partitions` are revoked — all of them with eager assignment, some with cooperative
     /// (incremental) rebalancing: drain within the deadline, so that everything polled so far,
     /// whatever its partition, is durable and committed. What the drain could not finish in time
@@ -511,19 +504,6 @@ impl Pipeline {
         self.buffer.retain(|partition| !partitions.contains(&partition));
         self.publish_buffer();
         self.frontier.forget(partitions);
-        // librdkafka keeps a partition's pause flag: one given up while paused would stay paused
-        // when it comes back.
-        if self.paused {
-            self.consumer.resume(&partition_list(&self.topic, partitions))?;
-        }
-        // The rebalance callback has taken the revoked partitions out of `status` already.
-        if self.status.partitions().is_empty() {
-            if let Some(since) = self.paused_since.take() {
-                metrics::paused_for(since.elapsed());
-            }
-            self.paused = false;
-            self.status.paused.store(false, Ordering::Relaxed);
-        }
         self.status.rebalances.fetch_add(1, Ordering::Relaxed);
         metrics::rebalanced();
         Ok(())

@@ -642,6 +642,16 @@ pub async fn gcs_client() -> Storage {
         .unwrap()
 }
 
+/// Every sent (valid) message's blob is in `bucket`, byte for byte.
+pub async fn every_blob_in_gcs(bucket: &str, sent: impl IntoIterator<Item = &Sent>) {
+    let gcs = gcs_client().await;
+    for sent in sent {
+        let Expected::Blob { key, digest: expected } = &sent.expected else { unreachable!("valid fixtures only") };
+        let stored = try_read_object(&gcs, bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(digest(&stored), *expected, "{key} byte for byte");
+    }
+}
+
 /// An object's bytes, or why they could not be read (e.g. it does not exist).
 pub async fn try_read_object(client: &Storage, bucket: &str, key: &str) -> Result<Vec<u8>, String> {
     let mut response =
