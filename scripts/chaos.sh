@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The chaos harness (tests/chaos.rs), on a stack of its own: two members with every real sink,
 # fixtures and crafted messages produced throughout, while members are killed (SIGKILL), leave
-# and join, ClickHouse stops, GCS hangs and the broker hangs; then every store is checked.
+# and join, ClickHouse stops (once with a member joining half way), GCS hangs or answers late,
+# the broker hangs, is SIGKILLed or restarted cleanly; then every store is checked.
 # Prints one summary line (and the failure, if any).
 # Usage: scripts/chaos.sh [SECONDS]   seconds of faults, default 900 (the test command runs 120)
 set -euo pipefail

@@ -3,8 +3,10 @@
 //! real sink, while members are killed with SIGKILL, leave and join, ClickHouse stops, GCS hangs
 //! (SIGSTOP), GCS answers one upload in twenty past the sink deadline (a latency tail, through a
 //! proxy), 5 000 idle connections flood each member's probe port (each member limited to 1 024
-//! descriptors), the broker hangs, and the broker is killed (SIGKILL) or stopped and started again
-//! on its log directory. At the end, with every fault cleared, it checks from the
+//! descriptors), the broker hangs, the broker is killed (SIGKILL) or stopped and started again
+//! on its log directory, and a member joins half way through a ClickHouse outage longer than
+//! `max.poll.interval.ms` (scale-out during an outage: it must own partitions within 30 s, the
+//! others staying in the group). At the end, with every fault cleared, it checks from the
 //! stores themselves: every valid segment's blob byte for byte and its rows, every invalid
 //! message on the dead-letter topic with its reason, the group's commits at the end of every
 //! partition, and no member exiting unless killed or asked to leave. One summary line.
@@ -42,6 +44,11 @@ const MEMBER_FD_LIMIT: u64 = 1024;
 const FLOOD_CONNECTIONS: usize = 5_000;
 /// Each sink request's deadline; the latency tail holds answers back past it.
 const SINK_TIMEOUT: Duration = Duration::from_secs(2);
+/// The members' `max.poll.interval.ms`: shorter than the longest ClickHouse outage, so a member
+/// that stopped polling behind a failing flush would be taken for stuck.
+const MAX_POLL_INTERVAL: Duration = Duration::from_secs(20);
+/// How soon a member joining during an outage must own partitions.
+const SCALE_OUT_WITHIN: Duration = Duration::from_secs(30);
 
 /// What one message must become.
 enum Fate {
@@ -243,13 +250,15 @@ enum Fault {
     BrokerKill,
     BrokerStop,
     BrokerStart,
+    /// ClickHouse stops, and the third member joins after this long.
+    ScaleOutDuringOutage(Duration),
 }
 
 /// The schedule for a run of `seconds`: member churn every few seconds (kills of either member,
 /// leaves and rejoins, a third member joining and leaving) and, in parallel, in turn with gaps
 /// between: ClickHouse down, the broker killed and started again, GCS hung, the broker stopped
 /// cleanly and started again, the broker hung, a GCS latency tail, a connection flood, the
-/// broker killed again.
+/// broker killed again, ClickHouse down with a member joining half way.
 fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
     let scale = |full: u64| (full * seconds / 900).clamp(full / 4, full);
     let (clickhouse, gcs, broker, gap) = (scale(60), scale(40), scale(20), scale(40));
@@ -277,6 +286,7 @@ fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
         (Fault::GcsTail, Fault::GcsTailEnd, gcs),
         (Fault::Flood, Fault::FloodEnd, broker),
         (Fault::BrokerKill, Fault::BrokerStart, broker),
+        (Fault::ScaleOutDuringOutage(Duration::from_secs(clickhouse / 2)), Fault::ClickHouseUp, clickhouse),
     ];
     let mut n = 0;
     while t + infra[n % infra.len()].2 <= seconds {
@@ -325,6 +335,7 @@ async fn chaos() {
         );
         let mut args = args;
         args.extend(["--sink-timeout-ms".to_owned(), SINK_TIMEOUT.as_millis().to_string()]);
+        args.extend(["--kafka-property".to_owned(), format!("max.poll.interval.ms={}", MAX_POLL_INTERVAL.as_millis())]);
         args
     };
     let _restore = Restore;
@@ -342,6 +353,9 @@ async fn chaos() {
     let mut failures: Vec<String> = Vec::new();
     let mut plan = schedule(seconds).into_iter().peekable();
     let mut third_leaves_at: Option<Instant> = None;
+    // A scale-out pending (when the third member joins), and one joined (since when).
+    let (mut scale_out_at, mut scaled_out): (Option<Instant>, Option<Instant>) = (None, None);
+    let mut scale_outs: Vec<Duration> = Vec::new();
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(seconds) || plan.peek().is_some() {
         while let Some(&(at, fault)) = plan.peek() {
@@ -435,8 +449,38 @@ async fn chaos() {
                     stack(&["start", "kafka"]);
                     continue;
                 }
+                Fault::ScaleOutDuringOutage(join_after) => {
+                    stack(&["stop", "clickhouse"]);
+                    scale_out_at = Some(Instant::now() + join_after);
+                    "scale-outs during a ClickHouse outage"
+                }
             };
             *counts.entry(what).or_default() += 1;
+        }
+        if scale_out_at.is_some_and(|t| Instant::now() >= t) {
+            scale_out_at = None;
+            if members[2].service.is_none() {
+                members[2].start(&args(&names));
+            }
+            scaled_out = Some(Instant::now());
+            third_leaves_at = Some(Instant::now() + SCALE_OUT_WITHIN + Duration::from_secs(10));
+        }
+        if let Some(since) = scaled_out {
+            let owns = members[2]
+                .service
+                .as_ref()
+                .and_then(Service::status)
+                .is_some_and(|s| s["partitions"].as_array().is_some_and(|p| !p.is_empty()));
+            if owns {
+                scale_outs.push(since.elapsed());
+                scaled_out = None;
+            } else if since.elapsed() > SCALE_OUT_WITHIN {
+                failures.push(format!(
+                    "the member that joined during the ClickHouse outage owned no partition within {SCALE_OUT_WITHIN:?}:\n{}",
+                    members[2].log_tail()
+                ));
+                scaled_out = None;
+            }
         }
         if third_leaves_at.is_some_and(|t| Instant::now() >= t) {
             members[2].leave();
@@ -527,7 +571,7 @@ async fn chaos() {
         "chaos: {seconds} s of faults ({}); {} messages ({valid} valid, {} invalid); blobs missing {missing_blobs}, \
          differing {wrong_blobs}; rows missing {missing_rows} of {}, unexpected {extra_rows}; dead letters missing \
          {missing_dead} of {}, unexpected {extra_dead}; commits at the end: {} (settled in {:.0} s); members exiting \
-         on their own: {}",
+         on their own: {}; members joining during an outage owned partitions after {:?}",
         faults.join(", "),
         produced.len(),
         produced.len() - valid,
@@ -536,6 +580,7 @@ async fn chaos() {
         if commits == end { "yes" } else { "NO" },
         settled_in.as_secs_f64(),
         failures.len(),
+        scale_outs,
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     if commits != end {
