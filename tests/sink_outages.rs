@@ -187,7 +187,7 @@ async fn an_events_outage_is_ridden_out_and_every_event_lands() {
     let (names, sent) = broker_hang_run(&small_fixtures(true), "events").await;
 
     // At least once: a delivery that timed out in the hang may still reach the topic when the
-    // broker resumes, beside its retry (README, "Guarantees").
+    // broker resumes, beside its retry (docs/architecture.md, "Guarantees").
     let announced = read_messages(&names.analytics, 1, Duration::from_secs(30));
     assert!(!announced.is_empty(), "the first-replay event is sent after the outage");
     assert!(announced.iter().all(|m| m.key.as_deref() == Some(&b"42"[..])), "keyed by its project");
@@ -211,7 +211,7 @@ async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands() {
     let (names, sent) = broker_hang_run(&small_fixtures(false), "dlq").await;
 
     // At least once: the deliveries that timed out in the hang reach the topic when the broker
-    // resumes, beside their retries (README, "Guarantees"); none is lost.
+    // resumes, beside their retries (docs/architecture.md, "Guarantees"); none is lost.
     let (_, dead) = outcomes(&sent);
     let got = read_dlq(&names.dlq, &names.topic, &originals(&sent), dead.len(), Duration::from_secs(30));
     assert_eq!(got.into_iter().collect::<std::collections::BTreeSet<_>>(), dead, "every dead letter, after the outage");
