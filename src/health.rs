@@ -193,12 +193,13 @@ impl Status {
         *lock(&self.invalid_by_reason).entry(reason).or_default() += 1;
     }
 
-    pub fn record_sink(&self, sink: &'static str, took: std::time::Duration, written: crate::metrics::Written) {
+    /// What `sink` wrote in one flush: `items` items of `bytes` bytes in `took`.
+    pub fn record_sink(&self, sink: &'static str, took: std::time::Duration, items: u64, bytes: u64) {
         let mut sinks = lock(&self.sinks);
         let totals = sinks.entry(sink).or_default();
         totals.seconds += took.as_secs_f64();
-        totals.items += written.items;
-        totals.bytes += written.bytes;
+        totals.items += items;
+        totals.bytes += bytes;
     }
 
     pub fn record_commit(&self, positions: &[(i32, i64)]) {

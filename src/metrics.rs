@@ -158,13 +158,6 @@ pub const SENTRY_RAGE_CLICK_DETECTED: &str = "replay.rage_click_detected";
 pub const SENTRY_RAGE_CLICK_ISSUES: &str = "replay.rage_click_issue_creation_with_replay_event";
 pub const SENTRY_HYDRATION_ISSUES: &str = "replay.hydration_error_issue_creation_with_replay_event";
 
-/// What one sink wrote in one flush.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Written {
-    pub items: u64,
-    pub bytes: u64,
-}
-
 pub fn consumed() {
     counter!(MESSAGES_CONSUMED).increment(1);
 }
@@ -226,7 +219,8 @@ pub fn flushed(
     close_reason: &'static str,
     valid: u64,
     invalid_by_reason: impl Iterator<Item = (&'static str, u64)>,
-    sinks: impl Iterator<Item = (&'static str, Duration, u32, Written)>,
+    // Each sink: its name, how long its write took, its retries, the items and bytes it wrote.
+    sinks: impl Iterator<Item = (&'static str, Duration, u32, u64, u64)>,
 ) {
     counter!(MESSAGES_PROCESSED).increment(valid);
     let mut batch = valid;
@@ -235,10 +229,10 @@ pub fn flushed(
         batch += n;
     }
     histogram!(FLUSH_BATCH_MESSAGES, "close_reason" => close_reason).record(batch as f64);
-    for (sink, took, retries, written) in sinks {
+    for (sink, took, retries, items, bytes) in sinks {
         histogram!(FLUSH_DURATION_MS, "sink" => sink).record(took.as_secs_f64() * 1000.0);
-        counter!(FLUSH_ITEMS, "sink" => sink).increment(written.items);
-        counter!(FLUSH_BYTES, "sink" => sink).increment(written.bytes);
+        counter!(FLUSH_ITEMS, "sink" => sink).increment(items);
+        counter!(FLUSH_BYTES, "sink" => sink).increment(bytes);
         if retries > 0 {
             counter!(FLUSH_RETRIES, "sink" => sink).increment(u64::from(retries));
         }

@@ -19,9 +19,8 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 use crate::health::Status;
-use crate::metrics::Written;
 use crate::sink::progress::Progress;
-use crate::sink::{Entry, Retry, Sink, SinkError};
+use crate::sink::{Entry, Retry, Sink, SinkError, Written};
 
 /// The first wait between two tries, and the longest (well under the liveness window).
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);

@@ -37,10 +37,8 @@ impl Drop for ClickHouseDown {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let _serial = SERIAL.lock().await;
     let names = Names::create().await;
     let fixtures = small_fixtures(true);
@@ -98,10 +96,8 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_column_altered_while_running_stops_the_service_naming_it_without_committing_past_it() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let _serial = SERIAL.lock().await;
     let names = Names::create().await;
     let fixtures = small_fixtures(true);
@@ -148,10 +144,8 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joins_and_consumes() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let _serial = SERIAL.lock().await;
     let names = Names::create().await;
     let outage = ClickHouseDown::begin();
@@ -190,10 +184,8 @@ async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joi
 /// outage exits within its drain deadline; the first member takes the partitions back, still
 /// during the outage; once ClickHouse answers, everything commits and nothing is lost.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothing_is_lost() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     const MAX_POLL_INTERVAL: Duration = Duration::from_secs(20);

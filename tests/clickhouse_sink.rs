@@ -40,10 +40,8 @@ fn assert_same_rows(got: &[ReplayRow], expected: &[ReplayRow]) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
-    if !common::needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let config = config(&common::unique("replays").replace('-', "_"));
     migrate(&config).await.unwrap();
     let batch = common::fixture_batch();
@@ -85,10 +83,8 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
-    if !common::needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let config = config(&common::unique("wrong").replace('-', "_"));
     migrate(&config).await.unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
@@ -107,10 +103,8 @@ async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types_and_passes_a_migrated_one() {
-    if !common::needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let config = config(&common::unique("check").replace('-', "_"));
     let missing = check_table(&config).await.unwrap_err();
     assert_eq!(missing.retry, Retry::Fatal);
@@ -143,11 +137,9 @@ async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types
 /// in today's format and in 18.16's (before: counted as written, so committed messages had blobs
 /// and no rows).
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
     use common::proxy::{Action, Proxy};
-    if !common::needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let config = config(&common::unique("replays").replace('-', "_"));
     migrate(&config).await.unwrap();
     let memory = "Code: 241. DB::Exception: Memory limit (total) exceeded: would use 9.31 GiB. (MEMORY_LIMIT_EXCEEDED)";

@@ -15,10 +15,8 @@ use serde_json::json;
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn every_fixture_lands_once_as_a_blob_or_on_the_dlq_and_offsets_commit_to_the_end() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 3).await;
     create_topic(&dlq, 1).await;
@@ -40,10 +38,8 @@ async fn every_fixture_lands_once_as_a_blob_or_on_the_dlq_and_offsets_commit_to_
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_restarted_service_resumes_after_its_commits_without_skipping_or_repeating() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 2).await;
     create_topic(&dlq, 1).await;
@@ -77,10 +73,8 @@ async fn a_restarted_service_resumes_after_its_commits_without_skipping_or_repea
 /// the regular segment behind them is processed, the offsets reach the end, and the service's
 /// peak RSS stays far below what the old copies needed.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn crafted_messages_cost_a_bounded_amount_and_the_next_message_follows() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 1).await;
     create_topic(&dlq, 1).await;
@@ -131,10 +125,8 @@ fn last_offsets(reports: &[common::load::Produced]) -> BTreeMap<i32, i64> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 3).await;
     create_topic(&dlq, 1).await;
@@ -219,20 +211,16 @@ fn consumed_at_exit(log: &std::path::Path) -> u64 {
 /// blob with the same bytes.) The drain deadline is generous here, so that only a broken drain,
 /// not a slow machine, can cause a redelivery.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn members_joining_and_leaving_under_load_lose_nothing_and_hand_over_without_redelivery() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     members_join_and_leave_under_load(&[]).await;
 }
 
 /// The same with the consumer group protocol of KIP-848 (the broker assigns; revocations and
 /// assignments arrive through the same callbacks, incrementally).
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn with_the_consumer_group_protocol_members_joining_and_leaving_under_load_lose_nothing() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     members_join_and_leave_under_load(&["--kafka-property", "group.protocol=consumer"]).await;
 }
 
@@ -345,10 +333,8 @@ async fn members_join_and_leave_under_load(protocol: &[&str]) {
 /// shutting down", so idle members and rebalances do not hold up a rollout under the
 /// PodDisruptionBudget). `/status` lists the partitions each member owns.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_member_without_partitions_is_ready_and_a_rebalance_does_not_make_the_other_unready() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let (topic, dlq, group) = (unique("idle"), unique("dlq"), unique("group"));
     create_topic(&topic, 1).await;
     create_topic(&dlq, 1).await;
@@ -396,10 +382,8 @@ async fn a_member_without_partitions_is_ready_and_a_rebalance_does_not_make_the_
 /// end and neither member exits. (Before: the billing outcome's timestamp panicked the flush, and
 /// every member that took the partition over died the same way.)
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_far_future_received_among_valid_messages_is_dead_lettered_and_no_member_exits() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let names = Names::create().await;
     let dir = tempfile::tempdir().unwrap();
     let (first_statsd, second_statsd) = (Statsd::bind(), Statsd::bind());

@@ -52,10 +52,8 @@ impl Sink for FailingSink {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_completes() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 2).await;
     let (report, _) = produce_fixtures(&topic, &small_fixtures(true), 300).await;
@@ -110,10 +108,8 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
     produce_fixtures(&topic, &small_fixtures(true), 5).await;
@@ -136,10 +132,8 @@ async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_fatal_sink_error_is_not_retried() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
     produce_fixtures(&topic, &small_fixtures(true), 2).await;

@@ -91,10 +91,8 @@ fn cpu_ticks() -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_service_never_exits() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let _shared = CPU_MEASURED.read().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
@@ -127,10 +125,8 @@ async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_serv
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let _alone = CPU_MEASURED.write().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
@@ -158,10 +154,8 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries_on() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let _shared = CPU_MEASURED.read().await;
     let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
     create_topic(&topic, 2).await;
@@ -229,10 +223,8 @@ impl Sink for Picky {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let _shared = CPU_MEASURED.read().await;
     let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
     create_topic(&topic, 2).await;

@@ -16,10 +16,8 @@ async fn run_until_exit(args: &[String]) -> (Option<i32>, String) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_missing_bucket_stops_the_service_naming_it_before_anything_is_consumed() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let names = Names::create().await;
     produce_fixtures(&names.topic, &all_fixtures(), 3).await;
     let dir = tempfile::tempdir().unwrap();
@@ -32,10 +30,8 @@ async fn a_missing_bucket_stops_the_service_naming_it_before_anything_is_consume
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_missing_topic_stops_the_service_naming_it() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let names = Names::create().await;
     let dir = tempfile::tempdir().unwrap();
     for flag in ["--dlq-topic", "--outcomes-topic", "--topic"] {
@@ -48,10 +44,8 @@ async fn a_missing_topic_stops_the_service_naming_it() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn with_every_destination_in_place_the_checks_pass_having_written_the_probe_object() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let names = Names::create().await;
     let dir = tempfile::tempdir().unwrap();
     let service = Service::start(&names.args(free_port(), dir.path()));
@@ -67,10 +61,8 @@ async fn with_every_destination_in_place_the_checks_pass_having_written_the_prob
 /// line that names the flags to fix and does not show the password (before: waited on for ever
 /// as "not reachable yet"). The same for `migrate`.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn refused_clickhouse_credentials_stop_the_service_naming_the_flags() {
-    if !needs("REPLAY_INGEST_TEST_BROKERS") {
-        return;
-    }
     let names = Names::create().await;
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("clickhouse-password");

@@ -90,10 +90,8 @@ async fn end_to_end(broker: &SecureBroker, listener: &str, security: &[&str]) ->
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn over_tls_the_service_consumes_dead_letters_and_commits() {
-    if !needs("REPLAY_INGEST_KAFKA_HOME") {
-        return;
-    }
     let broker = SecureBroker::start(USER, PASSWORD);
     let ca = broker.ca.ca_file();
     end_to_end(&broker, "SSL", &["--kafka-security-protocol", "SSL", "--kafka-ssl-ca-location", ca.to_str().unwrap()])
@@ -101,10 +99,8 @@ async fn over_tls_the_service_consumes_dead_letters_and_commits() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn over_sasl_every_mechanism_authenticates_with_the_mounted_password_and_never_prints_it() {
-    if !needs("REPLAY_INGEST_KAFKA_HOME") {
-        return;
-    }
     let broker = SecureBroker::start(USER, PASSWORD);
     let dir = tempfile::tempdir().unwrap();
     let password_file = dir.path().join("kafka-password");
@@ -138,10 +134,8 @@ async fn over_sasl_every_mechanism_authenticates_with_the_mounted_password_and_n
 /// service with one error line naming what to fix (before: waited on for ever as "not
 /// reachable yet"), before it joins the group, the password in no line.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn a_wrong_password_or_an_untrusted_certificate_stops_the_service_naming_the_fix() {
-    if !needs("REPLAY_INGEST_KAFKA_HOME") {
-        return;
-    }
     let broker = SecureBroker::start(USER, PASSWORD);
     let (topic, dlq) = (unique("rec"), unique("dlq"));
     create_topic_on(&admin(&broker), &topic, 1).await;
@@ -220,10 +214,8 @@ fn help_and_errors_never_show_secrets_from_the_environment() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn clickhouse_over_https_trusts_the_ca_ssl_cert_file_names_and_refuses_any_other() {
-    if !needs("REPLAY_INGEST_TEST_CLICKHOUSE_URL") {
-        return;
-    }
     let ca = TestCa::new();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let https_port = listener.local_addr().unwrap().port();

@@ -427,14 +427,14 @@ impl Pipeline {
             flushed.reason.as_str(),
             flushed.valid,
             flushed.invalid_by_reason.into_iter(),
-            report.sinks.iter().map(|s| (s.sink, s.took, s.retries, s.written)),
+            report.sinks.iter().map(|s| (s.sink, s.took, s.retries, s.written.items, s.written.bytes)),
         );
         self.status.flushed.fetch_add(offsets.len() as u64, Ordering::Relaxed);
         for rejected in &report.rejected {
             self.status.record_invalid(rejected.reason().as_str());
         }
         for sink in &report.sinks {
-            self.status.record_sink(sink.sink, sink.took, sink.written);
+            self.status.record_sink(sink.sink, sink.took, sink.written.items, sink.written.bytes);
         }
         for (partition, offset) in offsets {
             self.frontier.complete(partition, offset);

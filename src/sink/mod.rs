@@ -16,7 +16,6 @@
 //! [`block_on`], the one way this is done.
 
 pub mod clickhouse;
-pub mod clickhouse_http;
 pub mod dlq;
 pub mod events;
 pub mod filesystem;
@@ -31,7 +30,12 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub use self::progress::{Piece, Progress};
-pub use crate::metrics::Written;
+/// What one sink wrote in one flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Written {
+    pub items: u64,
+    pub bytes: u64,
+}
 use crate::recording::{InvalidRecording, Processed, Reason};
 
 /// Runs `future` to completion from a flush's blocking thread, on the service's runtime: the

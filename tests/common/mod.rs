@@ -24,22 +24,6 @@ pub mod snuba;
 pub mod tls;
 pub mod topics;
 
-/// Whether the environment variable `var` that an integration test needs (the local stack's
-/// `REPLAY_INGEST_TEST_BROKERS`, chDB's interpreter) is set. Without it — a bare `cargo test` —
-/// the test says so in one line and returns, passing; the test command
-/// (`REPLAY_INGEST_REQUIRE_STACK=1`) fails it instead, so there nothing is skipped.
-pub fn needs(var: &str) -> bool {
-    if std::env::var_os(var).is_some() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("REPLAY_INGEST_REQUIRE_STACK").is_none(),
-        "{var} is not set, and REPLAY_INGEST_REQUIRE_STACK says every integration test must run"
-    );
-    eprintln!("skipped: {var} is not set — scripts/test.sh starts the local stack and runs every test");
-    false
-}
-
 pub fn brokers() -> String {
     std::env::var("REPLAY_INGEST_TEST_BROKERS")
         .expect("REPLAY_INGEST_TEST_BROKERS is not set: start the local stack with `scripts/stack.sh up` and source its stack.env (scripts/test.sh does both)")
