@@ -27,25 +27,40 @@ struct Fixture {
 
 fn fixtures() -> Vec<Fixture> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/segments");
-    let mut paths: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut paths: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     paths.sort();
-    paths.into_iter().map(|p| Fixture { value: std::fs::read(p).unwrap() }).collect()
+    paths
+        .into_iter()
+        .map(|p| Fixture {
+            value: std::fs::read(p).unwrap(),
+        })
+        .collect()
 }
 
 fn body(value: &[u8]) -> &[u8] {
-    payload::split(envelope::decode(value).unwrap().payload).unwrap().body
+    payload::split(envelope::decode(value).unwrap().payload)
+        .unwrap()
+        .body
 }
 
 /// The streaming zlib-rs decoder, as `process` used before libdeflate.
 fn inflate(value: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    flate2::read::ZlibDecoder::new(body(value)).read_to_end(&mut out).unwrap();
+    flate2::read::ZlibDecoder::new(body(value))
+        .read_to_end(&mut out)
+        .unwrap();
     out
 }
 
 fn bench(c: &mut Criterion) {
     let fixtures = fixtures();
-    let json_bytes: u64 = fixtures.iter().map(|f| inflate(&f.value).len() as u64).sum();
+    let json_bytes: u64 = fixtures
+        .iter()
+        .map(|f| inflate(&f.value).len() as u64)
+        .sum();
     let limits = Limits::default();
 
     let mut group = c.benchmark_group("fixture_mix");
@@ -63,7 +78,11 @@ fn bench(c: &mut Criterion) {
     group.bench_function("libdeflate_only", |b| {
         b.iter(|| {
             for f in &fixtures {
-                black_box(libdeflate.zlib_decompress(body(&f.value), &mut out).unwrap());
+                black_box(
+                    libdeflate
+                        .zlib_decompress(body(&f.value), &mut out)
+                        .unwrap(),
+                );
             }
         })
     });
@@ -71,7 +90,9 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut types = 0u64;
             for f in &fixtures {
-                let len = libdeflate.zlib_decompress(body(&f.value), &mut out).unwrap();
+                let len = libdeflate
+                    .zlib_decompress(body(&f.value), &mut out)
+                    .unwrap();
                 let json = simdutf8::basic::from_utf8(&out[..len]).unwrap();
                 for event in sonic_rs::to_array_iter(json) {
                     for pair in sonic_rs::to_object_iter(event.unwrap().as_raw_str()) {
@@ -106,7 +127,11 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             for f in &fixtures {
                 let processed = recording::process_with(&f.value, &limits, &mut inflater).unwrap();
-                black_box((processed.rows(Default::default()), processed.events(&Default::default()), processed));
+                black_box((
+                    processed.rows(Default::default()),
+                    processed.events(&Default::default()),
+                    processed,
+                ));
             }
         })
     });
@@ -114,7 +139,10 @@ fn bench(c: &mut Criterion) {
 
     // Small segments (under 64 KiB on the wire: most of real traffic) are dominated by per-message
     // costs, not by bytes: reported per message.
-    let small: Vec<&Fixture> = fixtures.iter().filter(|f| f.value.len() < 64 * 1024).collect();
+    let small: Vec<&Fixture> = fixtures
+        .iter()
+        .filter(|f| f.value.len() < 64 * 1024)
+        .collect();
     let mut group = c.benchmark_group("small_segments");
     group.throughput(Throughput::Elements(small.len() as u64));
     group.sample_size(30);
@@ -122,7 +150,11 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             for f in &small {
                 let processed = recording::process_with(&f.value, &limits, &mut inflater).unwrap();
-                black_box((processed.rows(Default::default()), processed.events(&Default::default()), processed));
+                black_box((
+                    processed.rows(Default::default()),
+                    processed.events(&Default::default()),
+                    processed,
+                ));
             }
         })
     });

@@ -42,7 +42,9 @@ fn main() {
             }
         }
     }
-    let (seconds, cpu_seconds) = start.map_or((0.0, 0.0), |(s, cpu)| (s.elapsed().as_secs_f64(), cpu_seconds() - cpu));
+    let (seconds, cpu_seconds) = start.map_or((0.0, 0.0), |(s, cpu)| {
+        (s.elapsed().as_secs_f64(), cpu_seconds() - cpu)
+    });
     let (steady_messages, steady_seconds, steady_cpu_seconds) = match (p10, p90) {
         (Some((t1, c1, m1)), Some((t2, c2, m2))) => (m2 - m1, (t2 - t1).as_secs_f64(), c2 - c1),
         _ => (messages, seconds, cpu_seconds),
@@ -61,6 +63,7 @@ fn cpu_seconds() -> f64 {
     // fields 14 and 15.
     let after_name = &stat[stat.rfind(')').expect("stat has a command name") + 2..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     ticks as f64 / 100.0
 }

@@ -34,7 +34,10 @@ struct Message {
 
 impl Message {
     fn with_payload(&self, header: &str, body: &[u8]) -> Message {
-        Message { payload: [header.as_bytes(), b"\n", body].concat(), ..self.clone() }
+        Message {
+            payload: [header.as_bytes(), b"\n", body].concat(),
+            ..self.clone()
+        }
     }
 }
 
@@ -64,7 +67,9 @@ fn main() {
     let env = envelope::decode(&real).unwrap();
     let split = payload::split(env.payload).unwrap();
     let mut inflater = payload::Inflater::default();
-    let json = payload::decompress(&split, 1 << 30, &mut inflater).unwrap().into_owned();
+    let json = payload::decompress(&split, 1 << 30, &mut inflater)
+        .unwrap()
+        .into_owned();
     let base = Message {
         kind: "replay_recording_not_chunked".into(),
         replay_id: env.replay_id.into(),
@@ -85,36 +90,75 @@ fn main() {
     let full = encode(&base);
     write("bad-msgpack", &full[..full.len() / 3]);
     write("not-a-map", &rmp_serde::to_vec(&base).unwrap());
-    write("wrong-type", &encode(&Message { kind: "replay_recording".into(), ..base.clone() }));
+    write(
+        "wrong-type",
+        &encode(&Message {
+            kind: "replay_recording".into(),
+            ..base.clone()
+        }),
+    );
     write(
         "bad-replay-id",
-        &encode(&Message { replay_id: "d9923410-7707-4a45-2fb7-80b1bacaf6d0".into(), ..base.clone() }),
+        &encode(&Message {
+            replay_id: "d9923410-7707-4a45-2fb7-80b1bacaf6d0".into(),
+            ..base.clone()
+        }),
     );
-    write("invalid-replay-event", &encode(&Message { replay_event: Some(b"{\"urls\": [".to_vec()), ..base.clone() }));
+    write(
+        "invalid-replay-event",
+        &encode(&Message {
+            replay_event: Some(b"{\"urls\": [".to_vec()),
+            ..base.clone()
+        }),
+    );
 
     // Invalid payloads.
     write(
         "missing-header",
-        &encode(&Message { payload: b"[{\"type\":0,\"data\":{},\"timestamp\":1}]".to_vec(), ..base.clone() }),
+        &encode(&Message {
+            payload: b"[{\"type\":0,\"data\":{},\"timestamp\":1}]".to_vec(),
+            ..base.clone()
+        }),
     );
-    write("malformed-header", &encode(&base.with_payload("{\"segment_id\":\"zero\"}", &zlib(&json))));
+    write(
+        "malformed-header",
+        &encode(&base.with_payload("{\"segment_id\":\"zero\"}", &zlib(&json))),
+    );
     let mut corrupt = zlib(&json);
     let mid = corrupt.len() / 2;
     corrupt[mid..mid + 8].copy_from_slice(b"\xff\x00\xff\x00\xff\x00\xff\x00");
-    write("corrupt-zlib", &encode(&base.with_payload(header, &corrupt)));
+    write(
+        "corrupt-zlib",
+        &encode(&base.with_payload(header, &corrupt)),
+    );
     let compressed = zlib(&json);
-    write("truncated-zlib", &encode(&base.with_payload(header, &compressed[..compressed.len() * 2 / 3])));
+    write(
+        "truncated-zlib",
+        &encode(&base.with_payload(header, &compressed[..compressed.len() * 2 / 3])),
+    );
     // 101 MiB of JSON whitespace inside an array: over the 100 MiB default cap, ~100 KiB on the wire.
     let mut bomb = vec![b' '; 101 << 20];
     bomb[0] = b'[';
     *bomb.last_mut().unwrap() = b']';
-    write("zlib-bomb", &encode(&base.with_payload(header, &zlib(&bomb))));
-    write("body-not-an-array", &encode(&base.with_payload(header, &zlib(b"{\"type\":2}"))));
+    write(
+        "zlib-bomb",
+        &encode(&base.with_payload(header, &zlib(&bomb))),
+    );
+    write(
+        "body-not-an-array",
+        &encode(&base.with_payload(header, &zlib(b"{\"type\":2}"))),
+    );
 
     // Valid, unusual encodings of the same segment.
     write("raw-json-body", &encode(&base.with_payload(header, &json)));
-    write("gzip-body", &encode(&base.with_payload(header, &gzip(&json))));
-    write("zstd-body", &encode(&base.with_payload(header, &zstd::encode_all(json.as_slice(), 3).unwrap())));
+    write(
+        "gzip-body",
+        &encode(&base.with_payload(header, &gzip(&json))),
+    );
+    write(
+        "zstd-body",
+        &encode(&base.with_payload(header, &zstd::encode_all(json.as_slice(), 3).unwrap())),
+    );
 
     // Valid segment with malformed events among good ones: each is skipped and counted.
     let text = String::from_utf8(json.clone()).unwrap();
@@ -127,7 +171,10 @@ fn main() {
         "{\"type\":4,\"data\":{\"href\":\"https://example.com/\"}}",
     ];
     let mixed = format!("[{},{}", malformed.join(","), &text[1..]);
-    write("malformed-events", &encode(&base.with_payload(header, &zlib(mixed.as_bytes()))));
+    write(
+        "malformed-events",
+        &encode(&base.with_payload(header, &zlib(mixed.as_bytes()))),
+    );
 
     // A mobile segment: taps, a video, no DOM.
     let mobile_events = br#"[

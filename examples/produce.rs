@@ -21,7 +21,11 @@ use replay_ingest::config::{KafkaArgs, producer_properties};
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,
-    #[arg(long, env = "REPLAY_INGEST_TOPIC", default_value = "ingest-replay-recordings")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_TOPIC",
+        default_value = "ingest-replay-recordings"
+    )]
     topic: String,
     /// Messages to publish, cycling through the files.
     #[arg(long, default_value_t = 1)]
@@ -48,8 +52,10 @@ async fn main() -> anyhow::Result<()> {
         .client_config(&producer_properties(largest, Duration::from_secs(30)))?
         .create()
         .context("creating the Kafka producer")?;
-    let report =
-        load::produce(&producer, &cli.topic, cli.count, cli.rate, |i| (load::fixture_copy(&values, i), None)).await?;
+    let report = load::produce(&producer, &cli.topic, cli.count, cli.rate, |i| {
+        (load::fixture_copy(&values, i), None)
+    })
+    .await?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

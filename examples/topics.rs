@@ -34,9 +34,13 @@ async fn main() -> anyhow::Result<()> {
         let (Some(name), Some(partitions)) = (parts.next(), parts.next()) else {
             bail!("{spec:?} is not NAME:PARTITIONS[:SENTRY_TOPIC]");
         };
-        let partitions: i32 = partitions.parse().with_context(|| format!("partitions in {spec:?}"))?;
+        let partitions: i32 = partitions
+            .parse()
+            .with_context(|| format!("partitions in {spec:?}"))?;
         let sentry_topic = parts.next().unwrap_or(name);
-        topics::create_topic_as(&base, name, partitions, sentry_topic).await.map_err(anyhow::Error::msg)?;
+        topics::create_topic_as(&base, name, partitions, sentry_topic)
+            .await
+            .map_err(anyhow::Error::msg)?;
     }
     Ok(())
 }

@@ -11,7 +11,9 @@ use rdkafka::ClientConfig;
 
 use crate::pipeline::buffer::BufferLimits;
 use crate::pipeline::flush::RetryPolicy;
-use crate::recording::{DEFAULT_MAX_DECOMPRESSED_BYTES, IssueGates, Limits, ProjectFilter, RowLimits};
+use crate::recording::{
+    DEFAULT_MAX_DECOMPRESSED_BYTES, IssueGates, Limits, ProjectFilter, RowLimits,
+};
 use crate::secret::Secret;
 
 /// Per-message processing limits.
@@ -34,7 +36,10 @@ impl LimitArgs {
     pub fn limits(&self, republish_replay_event: bool) -> Limits {
         Limits {
             max_decompressed_bytes: self.max_decompressed_bytes,
-            rows: RowLimits { max_clicks: self.max_clicks_per_segment, max_taps: self.max_taps_per_segment },
+            rows: RowLimits {
+                max_clicks: self.max_clicks_per_segment,
+                max_taps: self.max_taps_per_segment,
+            },
             republish_replay_event,
         }
     }
@@ -44,19 +49,32 @@ impl LimitArgs {
 #[derive(Args, Debug, Clone)]
 pub struct KafkaArgs {
     /// Bootstrap brokers, comma-separated `host:port`.
-    #[arg(long, env = "REPLAY_INGEST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_KAFKA_BROKERS",
+        default_value = "127.0.0.1:9092"
+    )]
     pub brokers: String,
     /// How clients talk to the brokers: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL.
     #[arg(long, env = "REPLAY_INGEST_KAFKA_SECURITY_PROTOCOL", value_enum, ignore_case = true, default_value_t = SecurityProtocol::Plaintext)]
     pub kafka_security_protocol: SecurityProtocol,
     /// SASL mechanism (with a SASL_* protocol): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
-    #[arg(long, env = "REPLAY_INGEST_KAFKA_SASL_MECHANISM", value_enum, ignore_case = true)]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_KAFKA_SASL_MECHANISM",
+        value_enum,
+        ignore_case = true
+    )]
     pub kafka_sasl_mechanism: Option<SaslMechanism>,
     /// SASL user name.
     #[arg(long, env = "REPLAY_INGEST_KAFKA_SASL_USERNAME")]
     pub kafka_sasl_username: Option<String>,
     /// SASL password: from a Secret-backed variable; never on a command line or in a ConfigMap.
-    #[arg(long, env = "REPLAY_INGEST_KAFKA_SASL_PASSWORD", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_KAFKA_SASL_PASSWORD",
+        hide_env_values = true
+    )]
     pub kafka_sasl_password: Option<Secret>,
     /// File holding the SASL password (a mounted Kubernetes Secret); wins over the variable.
     #[arg(long, env = "REPLAY_INGEST_KAFKA_SASL_PASSWORD_FILE")]
@@ -66,10 +84,18 @@ pub struct KafkaArgs {
     #[arg(long, env = "REPLAY_INGEST_KAFKA_SSL_CA_LOCATION")]
     pub kafka_ssl_ca_location: Option<PathBuf>,
     /// Client certificate (PEM), for brokers that authenticate clients by TLS (mTLS).
-    #[arg(long, env = "REPLAY_INGEST_KAFKA_SSL_CERTIFICATE_LOCATION", requires = "kafka_ssl_key_location")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_KAFKA_SSL_CERTIFICATE_LOCATION",
+        requires = "kafka_ssl_key_location"
+    )]
     pub kafka_ssl_certificate_location: Option<PathBuf>,
     /// Private key (PEM) of the client certificate.
-    #[arg(long, env = "REPLAY_INGEST_KAFKA_SSL_KEY_LOCATION", requires = "kafka_ssl_certificate_location")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_KAFKA_SSL_KEY_LOCATION",
+        requires = "kafka_ssl_certificate_location"
+    )]
     pub kafka_ssl_key_location: Option<PathBuf>,
     /// File holding the private key's passphrase, if it has one.
     #[arg(long, env = "REPLAY_INGEST_KAFKA_SSL_KEY_PASSWORD_FILE")]
@@ -111,12 +137,18 @@ pub enum SecurityProtocol {
 
 /// The name a flag value is given on the command line — librdkafka's name for it.
 fn value_name(value: impl ValueEnum) -> String {
-    value.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
+    value
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
 }
 
 impl SecurityProtocol {
     fn sasl(self) -> bool {
-        matches!(self, SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl)
+        matches!(
+            self,
+            SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
+        )
     }
 
     fn tls(self) -> bool {
@@ -138,7 +170,9 @@ pub enum SaslMechanism {
 /// Property keys that hold secrets: refused in `--kafka-property`, whose variable lives in a
 /// ConfigMap and whose flag shows in `ps`.
 fn is_secret_property(key: &str) -> bool {
-    ["password", "secret", "ssl.key.pem"].iter().any(|word| key.contains(word))
+    ["password", "secret", "ssl.key.pem"]
+        .iter()
+        .any(|word| key.contains(word))
 }
 
 impl KafkaArgs {
@@ -146,8 +180,10 @@ impl KafkaArgs {
     /// Whether `--kafka-property group.protocol=consumer` asks for the consumer group protocol
     /// of KIP-848, where the broker owns the session, the heartbeats and the assignment.
     pub fn consumer_group_protocol(&self) -> bool {
-        self.properties()
-            .is_ok_and(|p| p.iter().any(|(k, v)| k == "group.protocol" && v.eq_ignore_ascii_case("consumer")))
+        self.properties().is_ok_and(|p| {
+            p.iter()
+                .any(|(k, v)| k == "group.protocol" && v.eq_ignore_ascii_case("consumer"))
+        })
     }
 
     pub fn properties(&self) -> Result<Vec<(String, String)>, String> {
@@ -177,15 +213,22 @@ impl KafkaArgs {
 
     fn problems(&self) -> Result<(), String> {
         let protocol = self.kafka_security_protocol;
-        let has_password = self.kafka_sasl_password.is_some() || self.kafka_sasl_password_file.is_some();
+        let has_password =
+            self.kafka_sasl_password.is_some() || self.kafka_sasl_password_file.is_some();
         if protocol.sasl() {
-            if self.kafka_sasl_mechanism.is_none() || self.kafka_sasl_username.is_none() || !has_password {
+            if self.kafka_sasl_mechanism.is_none()
+                || self.kafka_sasl_username.is_none()
+                || !has_password
+            {
                 return Err(format!(
                     "--kafka-security-protocol {} needs --kafka-sasl-mechanism, --kafka-sasl-username and a password (--kafka-sasl-password-file or REPLAY_INGEST_KAFKA_SASL_PASSWORD)",
                     value_name(protocol)
                 ));
             }
-        } else if self.kafka_sasl_mechanism.is_some() || self.kafka_sasl_username.is_some() || has_password {
+        } else if self.kafka_sasl_mechanism.is_some()
+            || self.kafka_sasl_username.is_some()
+            || has_password
+        {
             return Err(format!(
                 "SASL settings are given but --kafka-security-protocol is {}: use SASL_SSL (or SASL_PLAINTEXT)",
                 value_name(protocol)
@@ -209,21 +252,29 @@ impl KafkaArgs {
     pub fn client_config(&self, defaults: &[(&str, String)]) -> Result<ClientConfig, ConfigError> {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.brokers);
-        config.set("security.protocol", value_name(self.kafka_security_protocol));
+        config.set(
+            "security.protocol",
+            value_name(self.kafka_security_protocol),
+        );
         if let Some(mechanism) = self.kafka_sasl_mechanism {
             config.set("sasl.mechanism", value_name(mechanism));
         }
         if let Some(username) = &self.kafka_sasl_username {
             config.set("sasl.username", username);
         }
-        let password =
-            Secret::from_file_or(self.kafka_sasl_password_file.as_deref(), self.kafka_sasl_password.as_ref())?;
+        let password = Secret::from_file_or(
+            self.kafka_sasl_password_file.as_deref(),
+            self.kafka_sasl_password.as_ref(),
+        )?;
         if let Some(password) = password {
             config.set("sasl.password", password.expose());
         }
         let files = [
             ("ssl.ca.location", &self.kafka_ssl_ca_location),
-            ("ssl.certificate.location", &self.kafka_ssl_certificate_location),
+            (
+                "ssl.certificate.location",
+                &self.kafka_ssl_certificate_location,
+            ),
             ("ssl.key.location", &self.kafka_ssl_key_location),
         ];
         for (key, file) in files {
@@ -231,7 +282,9 @@ impl KafkaArgs {
                 config.set(key, file.to_string_lossy());
             }
         }
-        if let Some(passphrase) = Secret::from_file_or(self.kafka_ssl_key_password_file.as_deref(), None)? {
+        if let Some(passphrase) =
+            Secret::from_file_or(self.kafka_ssl_key_password_file.as_deref(), None)?
+        {
             config.set("ssl.key.password", passphrase.expose());
         }
         for (key, value) in defaults {
@@ -247,10 +300,14 @@ impl KafkaArgs {
 /// `url` starts with `http://` or `https://` and names a host: anything else (`ftp://`, a bare
 /// host, a typo) would otherwise be waited on for ever as "not reachable yet".
 fn http_url(flag: &str, url: &str) -> Result<(), String> {
-    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
     match rest {
         Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(()),
-        _ => Err(format!("{flag} {url:?} is not an http:// or https:// URL with a host")),
+        _ => Err(format!(
+            "{flag} {url:?} is not an http:// or https:// URL with a host"
+        )),
     }
 }
 
@@ -306,16 +363,32 @@ pub struct GcsArgs {
 pub struct ClickHouseArgs {
     /// HTTP interface URL, `http://` or `https://` (TLS; the server's certificate is checked
     /// against the system's trust store, or the PEM bundle `SSL_CERT_FILE` names).
-    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_URL", default_value = "http://127.0.0.1:8123")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_CLICKHOUSE_URL",
+        default_value = "http://127.0.0.1:8123"
+    )]
     pub clickhouse_url: String,
-    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_DATABASE", default_value = "default")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_CLICKHOUSE_DATABASE",
+        default_value = "default"
+    )]
     pub clickhouse_database: String,
-    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_TABLE", default_value = "replays_local")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_CLICKHOUSE_TABLE",
+        default_value = "replays_local"
+    )]
     pub clickhouse_table: String,
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_USER", default_value = "default")]
     pub clickhouse_user: String,
     /// Password, from a Secret-backed variable: it never belongs on a command line.
-    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD",
+        hide_env_values = true
+    )]
     pub clickhouse_password: Option<Secret>,
     /// File holding the password (a mounted Kubernetes Secret); wins over the variable.
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE")]
@@ -332,10 +405,15 @@ impl ClickHouseArgs {
     }
 
     /// The sink's configuration; `timeout` bounds one write attempt.
-    pub fn config(&self, timeout: Duration) -> std::io::Result<crate::sink::clickhouse::ClickHouseConfig> {
-        let password =
-            Secret::from_file_or(self.clickhouse_password_file.as_deref(), self.clickhouse_password.as_ref())?
-                .unwrap_or_default();
+    pub fn config(
+        &self,
+        timeout: Duration,
+    ) -> std::io::Result<crate::sink::clickhouse::ClickHouseConfig> {
+        let password = Secret::from_file_or(
+            self.clickhouse_password_file.as_deref(),
+            self.clickhouse_password.as_ref(),
+        )?
+        .unwrap_or_default();
         Ok(crate::sink::clickhouse::ClickHouseConfig {
             url: self.clickhouse_url.clone(),
             database: self.clickhouse_database.clone(),
@@ -353,14 +431,26 @@ impl ClickHouseArgs {
 pub struct EventsArgs {
     /// Billing outcomes (segment 0 of every replay): Sentry sends accepted outcomes to
     /// `outcomes-billing`.
-    #[arg(long, env = "REPLAY_INGEST_OUTCOMES_TOPIC", default_value = "outcomes-billing")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_OUTCOMES_TOPIC",
+        default_value = "outcomes-billing"
+    )]
     pub outcomes_topic: String,
     /// "First replay received" per project.
-    #[arg(long, env = "REPLAY_INGEST_ANALYTICS_TOPIC", default_value = "replay-analytics")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_ANALYTICS_TOPIC",
+        default_value = "replay-analytics"
+    )]
     pub analytics_topic: String,
     /// Issue Platform occurrences for rage clicks and hydration errors (Sentry's occurrence
     /// consumer reads `ingest-occurrences`).
-    #[arg(long, env = "REPLAY_INGEST_ISSUES_TOPIC", default_value = "ingest-occurrences")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_ISSUES_TOPIC",
+        default_value = "ingest-occurrences"
+    )]
     pub issues_topic: String,
     /// Projects whose rage clicks become issues: `off`, `all`, or project ids (`1,42`). Sentry's
     /// project option `sentry:replay_rage_click_issues`, on by default.
@@ -368,10 +458,18 @@ pub struct EventsArgs {
     pub rage_click_issues: ProjectFilter,
     /// Projects whose hydration errors become issues: `off`, `all`, or project ids. Sentry's
     /// project option `sentry:replay_hydration_error_issues`, on by default.
-    #[arg(long, env = "REPLAY_INGEST_HYDRATION_ERROR_ISSUES", default_value = "all")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_HYDRATION_ERROR_ISSUES",
+        default_value = "all"
+    )]
     pub hydration_error_issues: ProjectFilter,
     /// Projects remembered as already announced; older ones may be announced again.
-    #[arg(long, env = "REPLAY_INGEST_FIRST_REPLAY_CACHE_SIZE", default_value_t = 100_000)]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_FIRST_REPLAY_CACHE_SIZE",
+        default_value_t = 100_000
+    )]
     pub first_replay_cache_size: usize,
 }
 
@@ -389,13 +487,25 @@ impl EventsArgs {
 pub struct MetricsArgs {
     /// DogStatsD address: `host:port` (UDP) or `unixgram:///path`; empty disables metrics. In
     /// Kubernetes point it at the node's agent (host IP or the agent's socket).
-    #[arg(long, env = "REPLAY_INGEST_STATSD_ADDRESS", default_value = "127.0.0.1:8125")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_STATSD_ADDRESS",
+        default_value = "127.0.0.1:8125"
+    )]
     pub statsd_address: String,
     /// Prefix of every metric name.
-    #[arg(long, env = "REPLAY_INGEST_STATSD_PREFIX", default_value = "replay_ingest")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_STATSD_PREFIX",
+        default_value = "replay_ingest"
+    )]
     pub statsd_prefix: String,
     /// Tags on every metric, `key:value` (e.g. `env:prod`); keep them low-cardinality.
-    #[arg(long = "statsd-tag", env = "REPLAY_INGEST_STATSD_TAGS", value_delimiter = ',')]
+    #[arg(
+        long = "statsd-tag",
+        env = "REPLAY_INGEST_STATSD_TAGS",
+        value_delimiter = ','
+    )]
     pub statsd_tags: Vec<String>,
     /// How often aggregated metrics are sent, ms. The process waits one interval before it exits,
     /// so that the last one is not lost.
@@ -420,13 +530,21 @@ pub struct ConsumeArgs {
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// Topic of recording segments.
-    #[arg(long, env = "REPLAY_INGEST_TOPIC", default_value = "ingest-replay-recordings")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_TOPIC",
+        default_value = "ingest-replay-recordings"
+    )]
     pub topic: String,
     /// Consumer group. Scale out by running more members than 1, up to the partition count.
     #[arg(long, env = "REPLAY_INGEST_GROUP_ID", default_value = "replay-ingest")]
     pub group_id: String,
     /// Dead-letter topic for invalid messages (original bytes plus `reason`/`detail` headers).
-    #[arg(long, env = "REPLAY_INGEST_DLQ_TOPIC", default_value = "ingest-replay-recordings-dlq")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_DLQ_TOPIC",
+        default_value = "ingest-replay-recordings-dlq"
+    )]
     pub dlq_topic: String,
     /// Largest record the dead-letter topic accepts, bytes (its `max.message.bytes`; Kafka's
     /// default is 1 MiB). A larger dead letter keeps its value in the blob store under `dlq/` and
@@ -506,7 +624,11 @@ pub struct ConsumeArgs {
     #[arg(long, env = "REPLAY_INGEST_ROWS_SINK", value_enum, default_value_t = RowsSinkKind::Clickhouse)]
     pub rows_sink: RowsSinkKind,
     /// Topic of `--rows-sink snuba`: snuba's replays consumer reads it.
-    #[arg(long, env = "REPLAY_INGEST_REPLAY_EVENTS_TOPIC", default_value = "ingest-replay-events")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_REPLAY_EVENTS_TOPIC",
+        default_value = "ingest-replay-events"
+    )]
     pub replay_events_topic: String,
     #[command(flatten)]
     pub clickhouse: ClickHouseArgs,
@@ -522,7 +644,11 @@ pub struct ConsumeArgs {
     pub metrics: MetricsArgs,
 
     /// Address of the health and status endpoint (`/health/live`, `/health/ready`, `/status`).
-    #[arg(long, env = "REPLAY_INGEST_HTTP_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_HTTP_LISTEN",
+        default_value = "127.0.0.1:8080"
+    )]
     pub http_listen: SocketAddr,
 
     #[command(flatten)]
@@ -540,10 +666,16 @@ impl ConsumeArgs {
         // A revoke's drain runs inside the rebalance callback, so the polling thread does not
         // poll meanwhile (plus the hand-over's margin).
         let margin = crate::kafka::consumer::DRAIN_MARGIN.as_millis() as u64;
-        let max_poll_interval =
-            self.kafka.properties()?.iter().find(|(k, _)| k == "max.poll.interval.ms").map(|(_, v)| {
-                v.parse::<u64>()
-                    .map_err(|_| "Kafka property \"max.poll.interval.ms\" is not a number of milliseconds".to_owned())
+        let max_poll_interval = self
+            .kafka
+            .properties()?
+            .iter()
+            .find(|(k, _)| k == "max.poll.interval.ms")
+            .map(|(_, v)| {
+                v.parse::<u64>().map_err(|_| {
+                    "Kafka property \"max.poll.interval.ms\" is not a number of milliseconds"
+                        .to_owned()
+                })
             });
         if let Some(max_poll_interval) = max_poll_interval.transpose()?
             && self.drain_deadline_ms + margin >= max_poll_interval
@@ -586,7 +718,12 @@ impl ConsumeArgs {
         if self.rows_sink == RowsSinkKind::Clickhouse {
             http_url("--clickhouse-url", &self.clickhouse.clickhouse_url)?;
         }
-        if let Some(endpoint) = self.gcs.gcs_endpoint.as_deref().filter(|_| self.blob_sink == BlobSinkKind::Gcs) {
+        if let Some(endpoint) = self
+            .gcs
+            .gcs_endpoint
+            .as_deref()
+            .filter(|_| self.blob_sink == BlobSinkKind::Gcs)
+        {
             http_url("--gcs-endpoint", endpoint)?;
         }
         if self.blob_sink == BlobSinkKind::Gcs && self.gcs.gcs_bucket.is_none() {
@@ -657,7 +794,10 @@ impl ConsumeArgs {
         vec![
             ("session.timeout.ms", self.session_timeout_ms.to_string()),
             // At least three heartbeats per session (librdkafka's 3 s default outlives short sessions).
-            ("heartbeat.interval.ms", (self.session_timeout_ms / 3).clamp(100, 3000).to_string()),
+            (
+                "heartbeat.interval.ms",
+                (self.session_timeout_ms / 3).clamp(100, 3000).to_string(),
+            ),
         ]
     }
 
@@ -672,9 +812,15 @@ impl ConsumeArgs {
             ("enable.auto.commit", "false".into()),
             ("enable.auto.offset.store", "false".into()),
             ("auto.offset.reset", "earliest".into()),
-            ("queued.max.messages.kbytes", self.prefetch_kbytes.to_string()),
+            (
+                "queued.max.messages.kbytes",
+                self.prefetch_kbytes.to_string(),
+            ),
             ("fetch.max.bytes", self.fetch_max_bytes.to_string()),
-            ("max.partition.fetch.bytes", self.fetch_max_bytes.min(16 * 1024 * 1024).to_string()),
+            (
+                "max.partition.fetch.bytes",
+                self.fetch_max_bytes.min(16 * 1024 * 1024).to_string(),
+            ),
             // Consumer lag per partition for the `consumer.lag` gauge.
             ("statistics.interval.ms", "10000".into()),
         ]);
@@ -689,10 +835,16 @@ impl ConsumeArgs {
 
 /// Producer properties for the dead-letter and event topics: fully acknowledged writes, each
 /// delivery failing (and retried by the flush) past `timeout`.
-pub fn producer_properties(max_message_bytes: usize, timeout: Duration) -> Vec<(&'static str, String)> {
+pub fn producer_properties(
+    max_message_bytes: usize,
+    timeout: Duration,
+) -> Vec<(&'static str, String)> {
     vec![
         ("acks", "all".into()),
-        ("message.max.bytes", (max_message_bytes + 1024 * 1024).to_string()),
+        (
+            "message.max.bytes",
+            (max_message_bytes + 1024 * 1024).to_string(),
+        ),
         ("message.timeout.ms", timeout.as_millis().to_string()),
         ("linger.ms", "5".into()),
     ]
@@ -710,32 +862,62 @@ mod tests {
     }
 
     fn parse(extra: &[&str]) -> ConsumeArgs {
-        Cli::try_parse_from(std::iter::once("x").chain(extra.iter().copied())).unwrap().args
+        Cli::try_parse_from(std::iter::once("x").chain(extra.iter().copied()))
+            .unwrap()
+            .args
     }
 
     #[test]
     fn the_defaults_are_valid_once_a_bucket_is_named() {
-        assert!(parse(&[]).validate().unwrap_err().to_string().contains("--gcs-bucket"));
+        assert!(
+            parse(&[])
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--gcs-bucket")
+        );
         assert!(parse(&["--gcs-bucket", "replays"]).validate().is_ok());
     }
 
     #[test]
     fn a_drain_deadline_beyond_the_session_timeout_is_rejected() {
-        let err = parse(&["--blob-sink", "null", "--drain-deadline-ms", "30000", "--session-timeout-ms", "30000"])
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let err = parse(&[
+            "--blob-sink",
+            "null",
+            "--drain-deadline-ms",
+            "30000",
+            "--session-timeout-ms",
+            "30000",
+        ])
+        .validate()
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("--drain-deadline-ms"), "{err}");
     }
 
     #[test]
     fn a_poll_interval_the_drain_can_outlast_is_rejected() {
         let with = |interval: &str| {
-            parse(&["--blob-sink", "null", "--kafka-property", &format!("max.poll.interval.ms={interval}")]).validate()
+            parse(&[
+                "--blob-sink",
+                "null",
+                "--kafka-property",
+                &format!("max.poll.interval.ms={interval}"),
+            ])
+            .validate()
         };
         let err = with("20500").unwrap_err().to_string();
-        assert!(err.contains("max.poll.interval.ms (20500)") && err.contains("--drain-deadline-ms (20000)"), "{err}");
-        assert!(with("ten").unwrap_err().to_string().contains("not a number"));
+        assert!(
+            err.contains("max.poll.interval.ms (20500)")
+                && err.contains("--drain-deadline-ms (20000)"),
+            "{err}"
+        );
+        assert!(
+            with("ten")
+                .unwrap_err()
+                .to_string()
+                .contains("not a number")
+        );
         assert!(with("21001").is_ok());
     }
 
@@ -754,10 +936,15 @@ mod tests {
             "max.poll.interval.ms=20000",
         ]);
         args.validate().unwrap();
-        for properties in [args.consumer_properties(), args.shared_consumer_properties()] {
+        for properties in [
+            args.consumer_properties(),
+            args.shared_consumer_properties(),
+        ] {
             let mut config = args.kafka.client_config(&properties).unwrap();
             config.set("group.id", "g");
-            config.create::<rdkafka::consumer::BaseConsumer>().unwrap_or_else(|e| panic!("{properties:?}: {e}"));
+            config
+                .create::<rdkafka::consumer::BaseConsumer>()
+                .unwrap_or_else(|e| panic!("{properties:?}: {e}"));
         }
     }
 
@@ -773,42 +960,87 @@ mod tests {
             ("--sink-timeout-ms", "0"),
             ("--max-flushes-in-flight", "0"),
         ] {
-            let error = Cli::try_parse_from(["x", flag, value]).err().unwrap_or_else(|| panic!("{flag} {value}"));
+            let error = Cli::try_parse_from(["x", flag, value])
+                .err()
+                .unwrap_or_else(|| panic!("{flag} {value}"));
             assert!(error.to_string().contains(flag), "{flag}: {error}");
         }
-        assert_eq!(parse(&["--processing-threads", "0"]).processing_threads, 0, "0: one per CPU");
+        assert_eq!(
+            parse(&["--processing-threads", "0"]).processing_threads,
+            0,
+            "0: one per CPU"
+        );
     }
 
     #[test]
     fn backoffs_must_be_ordered_and_below_the_stall_timeout() {
         let base = ["--blob-sink", "null"];
-        let err = parse(&[&base[..], &["--flush-initial-backoff-ms", "20000"]].concat()).validate().unwrap_err();
-        assert!(err.to_string().contains("--flush-initial-backoff-ms"), "{err}");
-        let err = parse(&[&base[..], &["--flush-max-backoff-ms", "300000"]].concat()).validate().unwrap_err();
-        assert!(err.to_string().contains("--flush-stall-timeout-ms"), "{err}");
+        let err = parse(&[&base[..], &["--flush-initial-backoff-ms", "20000"]].concat())
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("--flush-initial-backoff-ms"),
+            "{err}"
+        );
+        let err = parse(&[&base[..], &["--flush-max-backoff-ms", "300000"]].concat())
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("--flush-stall-timeout-ms"),
+            "{err}"
+        );
     }
 
     #[test]
     fn urls_other_than_http_and_https_are_refused() {
-        for url in ["ftp://clickhouse:8123", "clickhouse:8123", "http://", "https:///x"] {
-            let err = parse(&["--blob-sink", "null", "--clickhouse-url", url]).validate().unwrap_err();
+        for url in [
+            "ftp://clickhouse:8123",
+            "clickhouse:8123",
+            "http://",
+            "https:///x",
+        ] {
+            let err = parse(&["--blob-sink", "null", "--clickhouse-url", url])
+                .validate()
+                .unwrap_err();
             assert!(err.to_string().contains("--clickhouse-url"), "{url}: {err}");
         }
-        assert!(parse(&["--blob-sink", "null", "--clickhouse-url", "https://ch.internal:8443"]).validate().is_ok());
-        let err = parse(&["--gcs-bucket", "b", "--gcs-endpoint", "ftp://x"]).validate().unwrap_err();
+        assert!(
+            parse(&[
+                "--blob-sink",
+                "null",
+                "--clickhouse-url",
+                "https://ch.internal:8443"
+            ])
+            .validate()
+            .is_ok()
+        );
+        let err = parse(&["--gcs-bucket", "b", "--gcs-endpoint", "ftp://x"])
+            .validate()
+            .unwrap_err();
         assert!(err.to_string().contains("--gcs-endpoint"), "{err}");
     }
 
     #[test]
     fn a_buffer_smaller_than_one_message_is_rejected() {
-        let err = parse(&["--blob-sink", "null", "--buffer-max-bytes", "20000000"]).validate().unwrap_err().to_string();
+        let err = parse(&["--blob-sink", "null", "--buffer-max-bytes", "20000000"])
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--buffer-max-bytes"), "{err}");
     }
 
     #[test]
     fn kafka_properties_pass_through_as_key_value_pairs_commas_included() {
-        let args = parse(&["--kafka-property", "client.id=a", "--kafka-property", "debug = cgrp,fetch"]);
-        let expected = [("client.id".into(), "a".into()), ("debug".into(), "cgrp,fetch".into())];
+        let args = parse(&[
+            "--kafka-property",
+            "client.id=a",
+            "--kafka-property",
+            "debug = cgrp,fetch",
+        ]);
+        let expected = [
+            ("client.id".into(), "a".into()),
+            ("debug".into(), "cgrp,fetch".into()),
+        ];
         assert_eq!(args.kafka.properties().unwrap(), expected);
         // The environment variable holds one property per line.
         let args = parse(&["--kafka-property", "client.id=a\ndebug=cgrp,fetch\n"]);
@@ -817,10 +1049,25 @@ mod tests {
 
     #[test]
     fn kafka_property_errors_never_echo_a_value_and_secrets_are_refused() {
-        let err = parse(&["--kafka-property", "hunter2"]).kafka.properties().unwrap_err();
-        assert!(err.contains("property 1 is not key=value") && !err.contains("hunter2"), "{err}");
-        for key in ["sasl.password", "ssl.key.password", "sasl.oauthbearer.client.secret"] {
-            let args = parse(&["--blob-sink", "null", "--kafka-property", &format!("{key}=hunter2")]);
+        let err = parse(&["--kafka-property", "hunter2"])
+            .kafka
+            .properties()
+            .unwrap_err();
+        assert!(
+            err.contains("property 1 is not key=value") && !err.contains("hunter2"),
+            "{err}"
+        );
+        for key in [
+            "sasl.password",
+            "ssl.key.password",
+            "sasl.oauthbearer.client.secret",
+        ] {
+            let args = parse(&[
+                "--blob-sink",
+                "null",
+                "--kafka-property",
+                &format!("{key}=hunter2"),
+            ]);
             let err = args.validate().unwrap_err().to_string();
             assert!(err.contains(key) && err.contains("-file"), "{err}");
             assert!(!err.contains("hunter2"), "{err}");
@@ -829,16 +1076,48 @@ mod tests {
 
     #[test]
     fn sasl_and_tls_settings_must_match_the_security_protocol() {
-        let sasl = ["--blob-sink", "null", "--kafka-security-protocol", "SASL_SSL"];
-        assert!(parse(&sasl).validate().unwrap_err().to_string().contains("--kafka-sasl-mechanism"));
-        let complete = [&sasl[..], &["--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-username", "u"]].concat();
+        let sasl = [
+            "--blob-sink",
+            "null",
+            "--kafka-security-protocol",
+            "SASL_SSL",
+        ];
+        assert!(
+            parse(&sasl)
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--kafka-sasl-mechanism")
+        );
+        let complete = [
+            &sasl[..],
+            &[
+                "--kafka-sasl-mechanism",
+                "scram-sha-512",
+                "--kafka-sasl-username",
+                "u",
+            ],
+        ]
+        .concat();
         assert!(parse(&complete).validate().is_err(), "no password");
         let with_password = [&complete[..], &["--kafka-sasl-password", "p"]].concat();
         assert!(parse(&with_password).validate().is_ok());
         let stray = ["--blob-sink", "null", "--kafka-sasl-username", "u"];
-        assert!(parse(&stray).validate().unwrap_err().to_string().contains("SASL settings"));
+        assert!(
+            parse(&stray)
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("SASL settings")
+        );
         let stray_tls = ["--blob-sink", "null", "--kafka-ssl-ca-location", "/ca.pem"];
-        assert!(parse(&stray_tls).validate().unwrap_err().to_string().contains("TLS files"));
+        assert!(
+            parse(&stray_tls)
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("TLS files")
+        );
     }
 
     #[test]
@@ -861,14 +1140,24 @@ mod tests {
             file.to_str().unwrap(),
         ]);
         args.validate().unwrap();
-        let config = args.kafka.client_config(&args.consumer_properties()).unwrap();
+        let config = args
+            .kafka
+            .client_config(&args.consumer_properties())
+            .unwrap();
         assert_eq!(config.get("security.protocol"), Some("SASL_SSL"));
-        assert_eq!(config.get("sasl.password"), Some("from-the-secret"), "the file wins");
+        assert_eq!(
+            config.get("sasl.password"),
+            Some("from-the-secret"),
+            "the file wins"
+        );
         // librdkafka built without TLS or SASL refuses these properties at creation.
         let consumer: rdkafka::consumer::BaseConsumer = config.create().expect("a SASL_SSL client");
         drop(consumer);
         let shown = format!("{args:?}");
-        assert!(!shown.contains("from-the-variable") && !shown.contains("from-the-secret"), "{shown}");
+        assert!(
+            !shown.contains("from-the-variable") && !shown.contains("from-the-secret"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -31,7 +31,10 @@ pub const LIVENESS_STALE_AFTER: Duration = Duration::from_secs(30);
 pub const DEFAULT_FLUSH_STALL: Duration = Duration::from_secs(300);
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Shared, lock-free (but for the commit map) view of the pipeline's state.
@@ -118,20 +121,22 @@ impl Status {
 
     pub fn live(&self) -> bool {
         let now = now_ms();
-        let beating =
-            now.saturating_sub(self.heartbeat_ms.load(Ordering::Relaxed)) < LIVENESS_STALE_AFTER.as_millis() as u64;
+        let beating = now.saturating_sub(self.heartbeat_ms.load(Ordering::Relaxed))
+            < LIVENESS_STALE_AFTER.as_millis() as u64;
         let stall = match self.flush_stall_ms.load(Ordering::Relaxed) {
             0 => DEFAULT_FLUSH_STALL.as_millis() as u64,
             ms => ms,
         };
         let flushing = self.flushes_in_flight.load(Ordering::Relaxed) > 0;
-        let stalled = flushing && now.saturating_sub(self.flush_progress_ms.load(Ordering::Relaxed)) >= stall;
+        let stalled =
+            flushing && now.saturating_sub(self.flush_progress_ms.load(Ordering::Relaxed)) >= stall;
         beating && !stalled
     }
 
     /// How long a flush may go without a sink attempt ending before liveness fails.
     pub fn set_flush_stall(&self, stall: Duration) {
-        self.flush_stall_ms.store(stall.as_millis().max(1) as u64, Ordering::Relaxed);
+        self.flush_stall_ms
+            .store(stall.as_millis().max(1) as u64, Ordering::Relaxed);
     }
 
     /// A flush started, or a sink attempt ended (either way): the flush is not wedged.
@@ -163,7 +168,9 @@ impl Status {
 
     /// A sink attempt succeeded: its outage, if any, is over. Returns how long it lasted.
     pub fn sink_recovered(&self, sink: &'static str) -> Option<Duration> {
-        lock(&self.outages).remove(sink).map(|o| Duration::from_millis(now_ms().saturating_sub(o.since_ms)))
+        lock(&self.outages)
+            .remove(sink)
+            .map(|o| Duration::from_millis(now_ms().saturating_sub(o.since_ms)))
     }
 
     /// Partitions given to this member (a rebalance may add to the ones it has).
@@ -194,7 +201,13 @@ impl Status {
     }
 
     /// What `sink` wrote in one flush: `items` items of `bytes` bytes in `took`.
-    pub fn record_sink(&self, sink: &'static str, took: std::time::Duration, items: u64, bytes: u64) {
+    pub fn record_sink(
+        &self,
+        sink: &'static str,
+        took: std::time::Duration,
+        items: u64,
+        bytes: u64,
+    ) {
         let mut sinks = lock(&self.sinks);
         let totals = sinks.entry(sink).or_default();
         totals.seconds += took.as_secs_f64();
@@ -241,18 +254,33 @@ impl Status {
 
 /// The maps hold plain counters: a panic elsewhere cannot leave them inconsistent.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn code(ok: bool) -> StatusCode {
-    if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+    if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
 }
 
 pub fn router(status: Arc<Status>) -> Router {
     Router::new()
-        .route("/health/live", get(|State(s): State<Arc<Status>>| async move { code(s.live()) }))
-        .route("/health/ready", get(|State(s): State<Arc<Status>>| async move { code(s.ready()) }))
-        .route("/status", get(|State(s): State<Arc<Status>>| async move { axum::Json(s.report()) }))
+        .route(
+            "/health/live",
+            get(|State(s): State<Arc<Status>>| async move { code(s.live()) }),
+        )
+        .route(
+            "/health/ready",
+            get(|State(s): State<Arc<Status>>| async move { code(s.ready()) }),
+        )
+        .route(
+            "/status",
+            get(|State(s): State<Arc<Status>>| async move { axum::Json(s.report()) }),
+        )
         .with_state(status)
 }
 
@@ -313,9 +341,11 @@ pub async fn serve(listener: tokio::net::TcpListener, status: Arc<Status>) -> st
         let id = lock(&connections).open(close);
         let (app, connections) = (app.clone(), connections.clone());
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-                tower_service::Service::call(&mut app.clone(), request)
-            });
+            let service = hyper::service::service_fn(
+                move |request: hyper::Request<hyper::body::Incoming>| {
+                    tower_service::Service::call(&mut app.clone(), request)
+                },
+            );
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -342,7 +372,11 @@ pub async fn serve(listener: tokio::net::TcpListener, status: Arc<Status>) -> st
 /// The probe port's listener, with a listen queue as long as the kernel allows (tokio's default
 /// is 1 024), so that a burst of connections does not leave a probe's SYN unanswered.
 pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    let socket = if address.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
     socket.set_reuseaddr(true)?;
     socket.bind(address)?;
     socket.listen(65_535)
@@ -353,14 +387,20 @@ pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpL
 /// pools, the Kafka clients and the probe server all draw on it, and nothing is gained by running
 /// out early.
 pub fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: `limit` is a valid, writable rlimit for the duration of each call.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
             return Err(std::io::Error::last_os_error());
         }
         if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -398,7 +438,10 @@ mod tests {
         s.initialised.store(true, Ordering::Relaxed);
         assert!(s.ready(), "an idle member (no partitions) is ready");
         s.draining.store(true, Ordering::Relaxed);
-        assert!(s.ready(), "a revoke's drain during a rebalance is not unreadiness");
+        assert!(
+            s.ready(),
+            "a revoke's drain during a rebalance is not unreadiness"
+        );
         s.stopping.store(true, Ordering::Relaxed);
         assert!(!s.ready());
     }
@@ -424,7 +467,10 @@ mod tests {
         assert!(!s.live(), "no sink attempt ended within the stall timeout");
         s.sink_failed("gcs", "503");
         s.flush_progress();
-        assert!(s.live(), "a failed attempt is progress: retrying is not wedged");
+        assert!(
+            s.live(),
+            "a failed attempt is progress: retrying is not wedged"
+        );
         s.flushes_in_flight.store(0, Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(60));
         s.beat();
@@ -438,7 +484,10 @@ mod tests {
         s.sink_failed("clickhouse", "Code: 210");
         let snapshot = s.snapshot();
         let outage = &snapshot.outages["clickhouse"];
-        assert_eq!((outage.failed_attempts, outage.last_error.as_str()), (2, "Code: 210"));
+        assert_eq!(
+            (outage.failed_attempts, outage.last_error.as_str()),
+            (2, "Code: 210")
+        );
         assert!(s.sink_recovered("clickhouse").is_some());
         assert!(s.snapshot().outages.is_empty());
     }

@@ -80,18 +80,32 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
                     .collect(),
             })
         }
-        Err(e) => serde_json::to_string(&Invalid { file, ok: false, reason: e.reason.as_str(), detail: &e.detail }),
+        Err(e) => serde_json::to_string(&Invalid {
+            file,
+            ok: false,
+            reason: e.reason.as_str(),
+            detail: &e.detail,
+        }),
     };
     // Only strings, numbers, maps and sequences: serialisation cannot fail; if it ever did, the
     // line still says so rather than being empty.
     line.unwrap_or_else(|e| {
         let detail = format!("rendering the report failed: {e}");
-        let invalid = Invalid { file, ok: false, reason: recording::Reason::InternalError.as_str(), detail: &detail };
-        serde_json::to_string(&invalid).unwrap_or_else(|_| format!("{{\"ok\":false,\"detail\":{detail:?}}}"))
+        let invalid = Invalid {
+            file,
+            ok: false,
+            reason: recording::Reason::InternalError.as_str(),
+            detail: &detail,
+        };
+        serde_json::to_string(&invalid)
+            .unwrap_or_else(|_| format!("{{\"ok\":false,\"detail\":{detail:?}}}"))
     })
 }
 
 /// Processes one message value and renders its report line.
 pub fn inspect(file: &str, value: &[u8], limits: &Limits) -> String {
-    report_line(file, &recording::process_guarded(value, limits, &mut recording::Inflater::default()))
+    report_line(
+        file,
+        &recording::process_guarded(value, limits, &mut recording::Inflater::default()),
+    )
 }

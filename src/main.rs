@@ -13,7 +13,8 @@ use rdkafka::producer::FutureProducer;
 use tracing::{error, info, warn};
 
 use replay_ingest::config::{
-    BlobSinkKind, ClickHouseArgs, ConsumeArgs, EventsSinkKind, KafkaArgs, LimitArgs, RowsSinkKind, producer_properties,
+    BlobSinkKind, ClickHouseArgs, ConsumeArgs, EventsSinkKind, KafkaArgs, LimitArgs, RowsSinkKind,
+    producer_properties,
 };
 use replay_ingest::health::{self, Status};
 use replay_ingest::inspect;
@@ -26,7 +27,9 @@ use replay_ingest::sink::events::{EventTopics, EventsSink};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
 use replay_ingest::sink::publish;
 use replay_ingest::sink::snuba::SnubaSink;
-use replay_ingest::sink::{ObjectStore, Retry, Sink, SinkError, filesystem::FilesystemBlobSink, null::NullSink};
+use replay_ingest::sink::{
+    ObjectStore, Retry, Sink, SinkError, filesystem::FilesystemBlobSink, null::NullSink,
+};
 use replay_ingest::startup::{self, Gated};
 
 #[derive(Parser)]
@@ -48,11 +51,18 @@ enum LogFormat {
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
 fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
     }
 }
 
@@ -155,7 +165,11 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
     // The blob store also keeps dead letters too large for their topic.
     let (blobs, overflow): (Box<dyn Sink>, Option<Arc<dyn ObjectStore>>) = match args.blob_sink {
         BlobSinkKind::Gcs => {
-            let bucket = args.gcs.gcs_bucket.clone().context("--gcs-bucket is required with --blob-sink gcs")?;
+            let bucket = args
+                .gcs
+                .gcs_bucket
+                .clone()
+                .context("--gcs-bucket is required with --blob-sink gcs")?;
             let config = GcsConfig {
                 bucket,
                 endpoint: args.gcs.gcs_endpoint.clone(),
@@ -163,7 +177,11 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
                 concurrency: args.gcs.gcs_upload_concurrency,
                 timeout: args.sink_timeout(),
             };
-            let gcs = Arc::new(GcsSink::new(&config).await.context("creating the GCS client")?);
+            let gcs = Arc::new(
+                GcsSink::new(&config)
+                    .await
+                    .context("creating the GCS client")?,
+            );
             let checked = gcs.clone();
             let gate = startup::check("gcs", status, move || {
                 let gcs = checked.clone();
@@ -171,7 +189,13 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
             })
             .await
             .context("checking the GCS bucket")?;
-            (Box::new(Gated { gate, sink: gcs.clone() }), Some(gcs))
+            (
+                Box::new(Gated {
+                    gate,
+                    sink: gcs.clone(),
+                }),
+                Some(gcs),
+            )
         }
         BlobSinkKind::Filesystem => {
             let files = Arc::new(
@@ -186,13 +210,21 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
     let mut topics = vec![args.topic.clone(), args.dlq_topic.clone()];
     if args.events_sink == EventsSinkKind::Kafka {
         topics.extend(
-            [&args.events.outcomes_topic, &args.events.analytics_topic, &args.events.issues_topic].map(Clone::clone),
+            [
+                &args.events.outcomes_topic,
+                &args.events.analytics_topic,
+                &args.events.issues_topic,
+            ]
+            .map(Clone::clone),
         );
     }
     if args.rows_sink == RowsSinkKind::Snuba {
         topics.push(args.replay_events_topic.clone());
     }
-    let check_config = args.kafka.client_config(&producer_properties(args.max_message_bytes, args.sink_timeout()))?;
+    let check_config = args.kafka.client_config(&producer_properties(
+        args.max_message_bytes,
+        args.sink_timeout(),
+    ))?;
     let timeout = args.sink_timeout();
     let kafka = startup::check("kafka", status, move || {
         let (config, topics) = (check_config.clone(), topics.clone());
@@ -204,17 +236,26 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
     })
     .await
     .context("checking the Kafka topics")?;
-    let dlq = DlqSink::new(dlq_producer, &args.dlq_topic, args.dlq_max_message_bytes, overflow);
+    let dlq = DlqSink::new(
+        dlq_producer,
+        &args.dlq_topic,
+        args.dlq_max_message_bytes,
+        overflow,
+    );
     let rows: Box<dyn Sink> = match args.rows_sink {
         RowsSinkKind::Clickhouse => {
-            let config = args.clickhouse.config(args.sink_timeout()).context("reading --clickhouse-password-file")?;
+            let config = args
+                .clickhouse
+                .config(args.sink_timeout())
+                .context("reading --clickhouse-password-file")?;
             let (checked, migrate) = (config.clone(), args.migrate_on_start);
             let gate = startup::check("clickhouse", status, move || {
                 let config = checked.clone();
                 async move {
                     if migrate {
-                        let features =
-                            clickhouse::migrate(&config).await.map_err(|e| clickhouse::setup_error(&e, &config))?;
+                        let features = clickhouse::migrate(&config)
+                            .await
+                            .map_err(|e| clickhouse::setup_error(&e, &config))?;
                         info!(?features, table = %config.table, "ClickHouse table ready");
                     }
                     clickhouse::check_table(&config).await
@@ -222,7 +263,10 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
             })
             .await
             .context("checking the ClickHouse table")?;
-            Box::new(Gated { gate, sink: ClickHouseSink::new(&config) })
+            Box::new(Gated {
+                gate,
+                sink: ClickHouseSink::new(&config),
+            })
         }
         RowsSinkKind::Snuba => Box::new(Gated {
             gate: kafka.clone(),
@@ -262,7 +306,8 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
     let rejections = RejectedToDlq {
         dlq: dlq.clone(),
         source: Refetcher::new(
-            args.kafka.client_config(&args.shared_consumer_properties())?,
+            args.kafka
+                .client_config(&args.shared_consumer_properties())?,
             &args.topic,
             &format!("{}-refetch", args.group_id),
         )
@@ -271,15 +316,24 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
         timeout: args.sink_timeout(),
     };
     Ok(Sinks {
-        stages: vec![vec![blobs, Box::new(Gated { gate: kafka, sink: dlq.clone() })], vec![rows, events]],
+        stages: vec![
+            vec![
+                blobs,
+                Box::new(Gated {
+                    gate: kafka,
+                    sink: dlq.clone(),
+                }),
+            ],
+            vec![rows, events],
+        ],
         rejections: Some(Box::new(rejections)),
     })
 }
 
 async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
     args.validate()?;
-    let exporter =
-        replay_ingest::metrics::install(&args.metrics.settings()).context("starting the DogStatsD exporter")?;
+    let exporter = replay_ingest::metrics::install(&args.metrics.settings())
+        .context("starting the DogStatsD exporter")?;
     let result = serve(&args).await;
     // Whether the service stopped cleanly or not, what it counted last is sent before it exits.
     exporter.flush_before_exit().await;
@@ -300,7 +354,13 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
     info!(listen = %args.http_listen, topic = %args.topic, group = %args.group_id, "starting");
     tokio::spawn(health::serve(listener, status.clone()));
     let sinks = sinks(args, &status).await?;
-    pipeline::consume(args.pipeline_settings()?, sinks, status.clone(), shutdown_signal()).await?;
+    pipeline::consume(
+        args.pipeline_settings()?,
+        sinks,
+        status.clone(),
+        shutdown_signal(),
+    )
+    .await?;
     info!(
         consumed = status.consumed.load(Ordering::Relaxed),
         flushed = status.flushed.load(Ordering::Relaxed),
@@ -328,12 +388,16 @@ async fn shutdown_signal() {
 fn run_inspect(files: &[PathBuf], limits: &Limits) -> ExitCode {
     // Files are processed in parallel; lines are printed in argument order. Processing threads
     // get the stack processing needs (the global pool is configured once, here).
-    let _ = rayon::ThreadPoolBuilder::new().stack_size(replay_ingest::recording::PROCESSING_STACK_BYTES).build_global();
+    let _ = rayon::ThreadPoolBuilder::new()
+        .stack_size(replay_ingest::recording::PROCESSING_STACK_BYTES)
+        .build_global();
     let lines: Vec<Result<String, String>> = files
         .par_iter()
         .map(|path| {
             let name = path.display().to_string();
-            std::fs::read(path).map(|value| inspect::inspect(&name, &value, limits)).map_err(|e| format!("{name}: {e}"))
+            std::fs::read(path)
+                .map(|value| inspect::inspect(&name, &value, limits))
+                .map_err(|e| format!("{name}: {e}"))
         })
         .collect();
     let mut stdout = std::io::stdout().lock();
@@ -351,5 +415,9 @@ fn run_inspect(files: &[PathBuf], limits: &Limits) -> ExitCode {
             }
         }
     }
-    if unreadable { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+    if unreadable {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }

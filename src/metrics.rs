@@ -96,7 +96,9 @@ pub enum InstallError {
 /// explicit tag of either name wins) and the configured tags.
 pub fn install(settings: &Settings<'_>) -> Result<Exporter, InstallError> {
     if settings.address.is_empty() {
-        return Ok(Exporter { flush_interval: None });
+        return Ok(Exporter {
+            flush_interval: None,
+        });
     }
     let mut labels = settings
         .tags
@@ -106,7 +108,10 @@ pub fn install(settings: &Settings<'_>) -> Result<Exporter, InstallError> {
             None => Err(InstallError::Tag(tag.clone())),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    for (key, value) in [("service", "replay-ingest"), ("version", env!("CARGO_PKG_VERSION"))] {
+    for (key, value) in [
+        ("service", "replay-ingest"),
+        ("version", env!("CARGO_PKG_VERSION")),
+    ] {
         if !labels.iter().any(|l| l.key() == key) {
             labels.insert(0, metrics::Label::new(key, value));
         }
@@ -119,7 +124,9 @@ pub fn install(settings: &Settings<'_>) -> Result<Exporter, InstallError> {
         .with_telemetry(false)
         .send_histograms_as_distributions(true)
         .install()?;
-    Ok(Exporter { flush_interval: Some(settings.flush_interval) })
+    Ok(Exporter {
+        flush_interval: Some(settings.flush_interval),
+    })
 }
 
 pub const MESSAGES_CONSUMED: &str = "messages.consumed";
@@ -152,7 +159,8 @@ pub const SENTRY_VIDEO_COUNT: &str = "replays.recording_consumer.replay_video_co
 pub const SENTRY_VIDEO_SIZE: &str = "replays.recording_consumer.replay_video_size";
 pub const SENTRY_VIDEO_EVENT_SIZE: &str = "replays.recording_consumer.replay_video_event_size";
 pub const SENTRY_SHOULD_PUBLISH: &str = "replays.should_publish_replay_event";
-pub const SENTRY_MISSING_REPLAY_EVENT: &str = "sentry.replays.consumer.recording.missing-replay-event";
+pub const SENTRY_MISSING_REPLAY_EVENT: &str =
+    "sentry.replays.consumer.recording.missing-replay-event";
 pub const SENTRY_HYDRATION_BREADCRUMBS: &str = "replay.hydration_error_breadcrumb";
 pub const SENTRY_RAGE_CLICK_DETECTED: &str = "replay.rage_click_detected";
 pub const SENTRY_RAGE_CLICK_ISSUES: &str = "replay.rage_click_issue_creation_with_replay_event";
@@ -190,12 +198,20 @@ pub fn processed_segment(p: &Processed, memory: usize, took: Duration) {
         histogram!(SENTRY_VIDEO_SIZE).record(p.video_bytes as f64);
         histogram!(SENTRY_VIDEO_EVENT_SIZE).record(p.blob.bytes.len() as f64);
     }
-    let publishes = if p.writes_segment_row { "True" } else { "False" };
+    let publishes = if p.writes_segment_row {
+        "True"
+    } else {
+        "False"
+    };
     counter!(SENTRY_SHOULD_PUBLISH, "value" => publishes).increment(1);
     if p.replay_event.is_none() {
         counter!(SENTRY_MISSING_REPLAY_EVENT).increment(1);
     }
-    counter!(SENTRY_HYDRATION_BREADCRUMBS).increment(p.extracted.breadcrumbs_by_category.get("replay.hydrate-error"));
+    counter!(SENTRY_HYDRATION_BREADCRUMBS).increment(
+        p.extracted
+            .breadcrumbs_by_category
+            .get("replay.hydrate-error"),
+    );
 }
 
 /// Issue occurrences delivered by one write.

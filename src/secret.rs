@@ -22,11 +22,17 @@ impl Secret {
     /// A file's content wins over `value` (a mounted Kubernetes Secret is the preferred source);
     /// the trailing newline editors and `kubectl create secret --from-file` leave is dropped.
     /// Errors name the file, never its content.
-    pub fn from_file_or(file: Option<&Path>, value: Option<&Secret>) -> std::io::Result<Option<Secret>> {
+    pub fn from_file_or(
+        file: Option<&Path>,
+        value: Option<&Secret>,
+    ) -> std::io::Result<Option<Secret>> {
         match file {
             Some(path) => match std::fs::read_to_string(path) {
                 Ok(text) => Ok(Some(Secret(text.trim_end_matches(['\n', '\r']).to_owned()))),
-                Err(e) => Err(std::io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))),
+                Err(e) => Err(std::io::Error::new(
+                    e.kind(),
+                    format!("reading {}: {e}", path.display()),
+                )),
             },
             None => Ok(value.cloned()),
         }
@@ -35,7 +41,11 @@ impl Secret {
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() { "Secret(empty)" } else { "Secret(redacted)" })
+        f.write_str(if self.0.is_empty() {
+            "Secret(empty)"
+        } else {
+            "Secret(redacted)"
+        })
     }
 }
 
@@ -64,7 +74,10 @@ mod tests {
         let file = dir.path().join("password");
         std::fs::write(&file, "from-file\n").unwrap();
         let env = Secret::new("from-env");
-        assert_eq!(Secret::from_file_or(Some(&file), Some(&env)).unwrap(), Some(Secret::new("from-file")));
+        assert_eq!(
+            Secret::from_file_or(Some(&file), Some(&env)).unwrap(),
+            Some(Secret::new("from-file"))
+        );
         assert_eq!(Secret::from_file_or(None, Some(&env)).unwrap(), Some(env));
         let missing = Secret::from_file_or(Some(&dir.path().join("absent")), None).unwrap_err();
         assert!(missing.to_string().contains("absent"), "{missing}");

@@ -40,20 +40,31 @@ enum State {
 
 impl Gate {
     fn new(state: State) -> Arc<Gate> {
-        Arc::new(Gate { state: Mutex::new(state) })
+        Arc::new(Gate {
+            state: Mutex::new(state),
+        })
     }
 
     fn set(&self, state: State) {
-        *self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = state;
+        *self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = state;
     }
 
     /// `Ok` once the check passed; an error for `sink` to fail its write with otherwise.
     fn open(&self, sink: &'static str) -> Result<(), SinkError> {
-        match &*self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+        match &*self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        {
             State::Passed => Ok(()),
-            State::Waiting(error) => {
-                Err(SinkError::new(sink, Retry::Retryable, format!("startup check not passed yet: {error}")))
-            }
+            State::Waiting(error) => Err(SinkError::new(
+                sink,
+                Retry::Retryable,
+                format!("startup check not passed yet: {error}"),
+            )),
             State::Failed(error) => Err(error.clone()),
         }
     }
@@ -61,7 +72,11 @@ impl Gate {
 
 /// Checks `what` once; a configuration error is returned. A destination that does not answer
 /// is checked again in the background until it passes: the returned gate opens then.
-pub async fn check<F, Fut>(what: &'static str, status: &Arc<Status>, mut check: F) -> Result<Arc<Gate>, SinkError>
+pub async fn check<F, Fut>(
+    what: &'static str,
+    status: &Arc<Status>,
+    mut check: F,
+) -> Result<Arc<Gate>, SinkError>
 where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = Result<(), SinkError>> + Send + 'static,
@@ -80,8 +95,12 @@ where
     }
 }
 
-async fn keep_checking<F, Fut>(what: &'static str, status: Arc<Status>, mut check: F, gate: Arc<Gate>)
-where
+async fn keep_checking<F, Fut>(
+    what: &'static str,
+    status: Arc<Status>,
+    mut check: F,
+    gate: Arc<Gate>,
+) where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), SinkError>>,
 {
@@ -91,7 +110,11 @@ where
         match check().await {
             Ok(()) => {
                 let waited = status.sink_recovered(what).unwrap_or_default();
-                info!(check = what, waited_ms = waited.as_millis() as u64, "startup check passed after waiting");
+                info!(
+                    check = what,
+                    waited_ms = waited.as_millis() as u64,
+                    "startup check passed after waiting"
+                );
                 gate.set(State::Passed);
                 return;
             }
@@ -140,7 +163,10 @@ mod tests {
     fn flaky(
         failures: u32,
         retry: Retry,
-    ) -> (Arc<AtomicU32>, impl FnMut() -> std::future::Ready<Result<(), SinkError>>) {
+    ) -> (
+        Arc<AtomicU32>,
+        impl FnMut() -> std::future::Ready<Result<(), SinkError>>,
+    ) {
         let tries = Arc::new(AtomicU32::new(0));
         let counted = tries.clone();
         let check = move || {
@@ -168,11 +194,15 @@ mod tests {
         let status = Arc::new(Status::default());
         let (tries, check) = flaky(u32::MAX, Retry::Fatal);
         let error = super::check("gcs", &status, check).await.err().unwrap();
-        assert_eq!((error.retry, tries.load(Ordering::SeqCst)), (Retry::Fatal, 1));
+        assert_eq!(
+            (error.retry, tries.load(Ordering::SeqCst)),
+            (Retry::Fatal, 1)
+        );
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_destination_that_does_not_answer_is_waited_for_in_the_background_and_shown_as_an_outage() {
+    async fn a_destination_that_does_not_answer_is_waited_for_in_the_background_and_shown_as_an_outage()
+     {
         let status = Arc::new(Status::default());
         let (tries, check) = flaky(5, Retry::Retryable);
         let gate = super::check("gcs", &status, check).await.unwrap();
@@ -181,11 +211,19 @@ mod tests {
         assert!(closed.message.contains("connection refused"), "{closed}");
         assert_eq!(status.report()["outages"]["gcs"]["failed_attempts"], 1);
         tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(status.report()["outages"]["gcs"]["failed_attempts"], 3, "retried meanwhile, with backoff");
+        assert_eq!(
+            status.report()["outages"]["gcs"]["failed_attempts"],
+            3,
+            "retried meanwhile, with backoff"
+        );
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(tries.load(Ordering::SeqCst), 6);
         assert!(gate.open("gcs").is_ok());
-        assert_eq!(status.report()["outages"], serde_json::json!({}), "the outage cleared when the check passed");
+        assert_eq!(
+            status.report()["outages"],
+            serde_json::json!({}),
+            "the outage cleared when the check passed"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -195,19 +233,32 @@ mod tests {
         let counted = tries.clone();
         let check = move || {
             let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
-            let retry = if first { Retry::Retryable } else { Retry::Fatal };
+            let retry = if first {
+                Retry::Retryable
+            } else {
+                Retry::Fatal
+            };
             std::future::ready(Err(SinkError::new(
                 "gcs",
                 retry,
-                if first { "connection refused" } else { "bucket not found" },
+                if first {
+                    "connection refused"
+                } else {
+                    "bucket not found"
+                },
             )))
         };
-        let gated =
-            Gated { gate: super::check("gcs", &status, check).await.unwrap(), sink: crate::sink::null::NullSink };
+        let gated = Gated {
+            gate: super::check("gcs", &status, check).await.unwrap(),
+            sink: crate::sink::null::NullSink,
+        };
         let progress = Progress::new("gcs", &status);
         tokio::time::sleep(Duration::from_secs(1)).await;
         let error = gated.write(&[], &progress).unwrap_err();
-        assert_eq!((error.retry, error.message.as_str()), (Retry::Fatal, "bucket not found"));
+        assert_eq!(
+            (error.retry, error.message.as_str()),
+            (Retry::Fatal, "bucket not found")
+        );
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(tries.load(Ordering::SeqCst), 2, "not checked again");
     }

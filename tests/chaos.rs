@@ -52,7 +52,11 @@ const SCALE_OUT_WITHIN: Duration = Duration::from_secs(30);
 
 /// What one message must become.
 enum Fate {
-    Valid { blob_key: String, blob_hash: u64, rows: Vec<RowKey> },
+    Valid {
+        blob_key: String,
+        blob_hash: u64,
+        rows: Vec<RowKey>,
+    },
     Invalid(&'static str),
 }
 
@@ -60,7 +64,12 @@ enum Fate {
 type RowKey = (u64, u32, uuid::Uuid, uuid::Uuid);
 
 fn row_key(row: &recording::ReplayRow) -> RowKey {
-    (row.project_id, row.timestamp / 86_400, row.replay_id, row.event_hash)
+    (
+        row.project_id,
+        row.timestamp / 86_400,
+        row.replay_id,
+        row.event_hash,
+    )
 }
 
 fn fate(value: &[u8]) -> Fate {
@@ -83,9 +92,14 @@ struct Produced {
 }
 
 /// Produces `RATE` messages a second until `stop`, recording where each landed and its fate.
-async fn produce(topic: String, stop: Arc<std::sync::atomic::AtomicBool>, out: Arc<Mutex<Vec<Produced>>>) {
+async fn produce(
+    topic: String,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    out: Arc<Mutex<Vec<Produced>>>,
+) {
     let fixtures = Arc::new(all_fixtures());
-    let hostile: Arc<Vec<Vec<u8>>> = Arc::new(hostile::all().into_iter().map(|h| h.value).collect());
+    let hostile: Arc<Vec<Vec<u8>>> =
+        Arc::new(hostile::all().into_iter().map(|h| h.value).collect());
     let producer: FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("message.max.bytes", "16000000")
@@ -116,14 +130,27 @@ async fn produce(topic: String, stop: Arc<std::sync::atomic::AtomicBool>, out: A
         .unwrap();
         i += RATE;
         let sends = batch.iter().map(|(value, key, _)| {
-            producer.send(FutureRecord::<[u8], [u8]>::to(&topic).payload(value).key(key), Duration::from_secs(600))
+            producer.send(
+                FutureRecord::<[u8], [u8]>::to(&topic)
+                    .payload(value)
+                    .key(key),
+                Duration::from_secs(600),
+            )
         });
         let deliveries = join_all(sends).await;
-        let landed = deliveries.into_iter().zip(batch).map(|(delivery, (value, key, fate))| {
-            let delivery = delivery.map_err(|(e, _)| e).expect("produce");
-            let original = Original::new(Some(key), &value);
-            Produced { partition: delivery.partition, offset: delivery.offset, fate, original }
-        });
+        let landed = deliveries
+            .into_iter()
+            .zip(batch)
+            .map(|(delivery, (value, key, fate))| {
+                let delivery = delivery.map_err(|(e, _)| e).expect("produce");
+                let original = Original::new(Some(key), &value);
+                Produced {
+                    partition: delivery.partition,
+                    offset: delivery.offset,
+                    fate,
+                    original,
+                }
+            });
         out.lock().unwrap().extend(landed);
         // Pace to RATE a second on average.
         let due = start + Duration::from_secs(i / RATE);
@@ -143,13 +170,23 @@ struct Member {
 
 impl Member {
     fn new(name: &'static str, dir: &Path) -> Member {
-        Member { name, service: None, leaving: false, log: dir.join(format!("{name}.log")), starts: 0 }
+        Member {
+            name,
+            service: None,
+            leaving: false,
+            log: dir.join(format!("{name}.log")),
+            starts: 0,
+        }
     }
 
     fn start(&mut self, args: &[String]) {
         self.starts += 1;
         // Each start appends to the member's log.
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         // As a container whose hard limit is 1 024: the member cannot raise it.
         self.service = Some(Service::spawn(args, log.into(), Some(MEMBER_FD_LIMIT)));
         self.leaving = false;
@@ -163,7 +200,9 @@ impl Member {
 
     fn leave(&mut self) {
         if let Some(service) = &self.service {
-            let _ = std::process::Command::new("kill").args(["-TERM", &service.child.id().to_string()]).status();
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &service.child.id().to_string()])
+                .status();
             self.leaving = true;
         }
     }
@@ -177,7 +216,14 @@ impl Member {
 
     fn log_tail(&self) -> String {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        log.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+        log.lines()
+            .rev()
+            .take(15)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 
@@ -188,9 +234,19 @@ struct OwnStack;
 
 impl OwnStack {
     fn start() -> OwnStack {
-        let dir = tempfile::Builder::new().prefix("replay-ingest-chaos.").tempdir().unwrap().keep();
-        let ports =
-            ["KAFKA", "KAFKA_CONTROLLER", "CLICKHOUSE", "CLICKHOUSE_TCP", "GCS"].map(|name| (name, free_port()));
+        let dir = tempfile::Builder::new()
+            .prefix("replay-ingest-chaos.")
+            .tempdir()
+            .unwrap()
+            .keep();
+        let ports = [
+            "KAFKA",
+            "KAFKA_CONTROLLER",
+            "CLICKHOUSE",
+            "CLICKHOUSE_TCP",
+            "GCS",
+        ]
+        .map(|name| (name, free_port()));
         // SAFETY: set before this test starts any thread that reads the environment.
         unsafe {
             std::env::set_var("REPLAY_INGEST_STACK_DIR", &dir);
@@ -199,8 +255,12 @@ impl OwnStack {
             }
         }
         stack(&["up"]);
-        for line in std::fs::read_to_string(dir.join("stack.env")).unwrap().lines() {
-            if let Some((key, value)) = line.strip_prefix("export ").and_then(|l| l.split_once('=')) {
+        for line in std::fs::read_to_string(dir.join("stack.env"))
+            .unwrap()
+            .lines()
+        {
+            if let Some((key, value)) = line.strip_prefix("export ").and_then(|l| l.split_once('='))
+            {
                 // SAFETY: as above.
                 unsafe { std::env::set_var(key, value) };
             }
@@ -212,7 +272,9 @@ impl OwnStack {
 impl Drop for OwnStack {
     fn drop(&mut self) {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/stack.sh");
-        let _ = std::process::Command::new("bash").args([script, "down"]).status();
+        let _ = std::process::Command::new("bash")
+            .args([script, "down"])
+            .status();
     }
 }
 
@@ -226,7 +288,9 @@ impl Drop for Restore {
         signal_stack("kafka", "-CONT");
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/stack.sh");
         for service in ["clickhouse", "kafka"] {
-            let _ = std::process::Command::new("bash").args([script, "start", service]).status();
+            let _ = std::process::Command::new("bash")
+                .args([script, "start", service])
+                .status();
         }
     }
 }
@@ -264,7 +328,14 @@ fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
     let (clickhouse, gcs, broker, gap) = (scale(60), scale(40), scale(20), scale(40));
     let churn_every = (seconds / 36).clamp(5, 25);
     let mut plan = Vec::new();
-    let churn = [Fault::Kill(0), Fault::Kill(1), Fault::Leave(0), Fault::Kill(1), Fault::JoinThird, Fault::Kill(0)];
+    let churn = [
+        Fault::Kill(0),
+        Fault::Kill(1),
+        Fault::Leave(0),
+        Fault::Kill(1),
+        Fault::JoinThird,
+        Fault::Kill(0),
+    ];
     let mut t = churn_every;
     let mut n = 0;
     while t < seconds {
@@ -286,7 +357,11 @@ fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
         (Fault::GcsTail, Fault::GcsTailEnd, gcs),
         (Fault::Flood, Fault::FloodEnd, broker),
         (Fault::BrokerKill, Fault::BrokerStart, broker),
-        (Fault::ScaleOutDuringOutage(Duration::from_secs(clickhouse / 2)), Fault::ClickHouseUp, clickhouse),
+        (
+            Fault::ScaleOutDuringOutage(Duration::from_secs(clickhouse / 2)),
+            Fault::ClickHouseUp,
+            clickhouse,
+        ),
     ];
     let mut n = 0;
     while t + infra[n % infra.len()].2 <= seconds {
@@ -305,11 +380,18 @@ fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
 fn nothing_is_lost_and_no_member_fails_under_kills_rebalances_and_sink_outages() {
     // The stack first, while this is the only thread; then the runtime.
     let _stack = OwnStack::start();
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(chaos());
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(chaos());
 }
 
 async fn chaos() {
-    let seconds: u64 = std::env::var("CHAOS_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
+    let seconds: u64 = std::env::var("CHAOS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120);
     let names = Names::with_partitions(4).await;
     let dir = tempfile::tempdir().unwrap();
     // DogStatsD datagrams land here and are never read (an unbound port would log errors).
@@ -332,14 +414,24 @@ async fn chaos() {
             &gcs_proxy.endpoint,
         );
         let mut args = args;
-        args.extend(["--sink-timeout-ms".to_owned(), SINK_TIMEOUT.as_millis().to_string()]);
-        args.extend(["--kafka-property".to_owned(), format!("max.poll.interval.ms={}", MAX_POLL_INTERVAL.as_millis())]);
+        args.extend([
+            "--sink-timeout-ms".to_owned(),
+            SINK_TIMEOUT.as_millis().to_string(),
+        ]);
+        args.extend([
+            "--kafka-property".to_owned(),
+            format!("max.poll.interval.ms={}", MAX_POLL_INTERVAL.as_millis()),
+        ]);
         args
     };
     let _restore = Restore;
     let flood: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
 
-    let mut members = [Member::new("a", dir.path()), Member::new("b", dir.path()), Member::new("c", dir.path())];
+    let mut members = [
+        Member::new("a", dir.path()),
+        Member::new("b", dir.path()),
+        Member::new("c", dir.path()),
+    ];
     members[0].start(&args(&names));
     members[1].start(&args(&names));
 
@@ -409,12 +501,17 @@ async fn chaos() {
                     continue;
                 }
                 Fault::Flood => {
-                    let ports: Vec<u16> = members.iter().filter_map(|m| m.service.as_ref().map(|s| s.port)).collect();
+                    let ports: Vec<u16> = members
+                        .iter()
+                        .filter_map(|m| m.service.as_ref().map(|s| s.port))
+                        .collect();
                     let flood = flood.clone();
                     tokio::task::spawn_blocking(move || {
                         for port in ports {
                             for _ in 0..FLOOD_CONNECTIONS {
-                                if let Ok(stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                                if let Ok(stream) =
+                                    std::net::TcpStream::connect(("127.0.0.1", port))
+                                {
                                     flood.lock().unwrap().push(stream);
                                 }
                             }
@@ -490,7 +587,11 @@ async fn chaos() {
             if let Some(code) = member.exited()
                 && !member.leaving
             {
-                failures.push(format!("member {} exited on its own ({code:?}):\n{}", member.name, member.log_tail()));
+                failures.push(format!(
+                    "member {} exited on its own ({code:?}):\n{}",
+                    member.name,
+                    member.log_tail()
+                ));
             }
             let killed = member.service.is_none() && !member.leaving;
             if i < 2 && killed {
@@ -525,17 +626,26 @@ async fn chaos() {
     let settled_in = settle.elapsed();
     for member in &mut members {
         if let Some(code) = member.exited() {
-            failures.push(format!("member {} exited on its own ({code:?}):\n{}", member.name, member.log_tail()));
+            failures.push(format!(
+                "member {} exited on its own ({code:?}):\n{}",
+                member.name,
+                member.log_tail()
+            ));
         }
     }
 
     // What the stores hold.
     let gcs = gcs_client().await;
-    let (mut valid, mut missing_blobs, mut wrong_blobs, mut expected_rows) = (0, 0, 0, BTreeSet::new());
+    let (mut valid, mut missing_blobs, mut wrong_blobs, mut expected_rows) =
+        (0, 0, 0, BTreeSet::new());
     let mut expected_dead = BTreeSet::new();
     for p in &produced {
         match &p.fate {
-            Fate::Valid { blob_key, blob_hash, rows } => {
+            Fate::Valid {
+                blob_key,
+                blob_hash,
+                rows,
+            } => {
                 valid += 1;
                 match try_read_object(&gcs, &names.bucket, blob_key).await {
                     Ok(bytes) if digest(&bytes) == *blob_hash => {}
@@ -549,13 +659,24 @@ async fn chaos() {
             }
         }
     }
-    let originals: BTreeMap<(i32, i64), Original> =
-        produced.iter().map(|p| ((p.partition, p.offset), p.original.clone())).collect();
-    let stored_rows: BTreeSet<RowKey> = clickhouse_rows(&names.table).await.iter().map(row_key).collect();
-    let dead: BTreeSet<(i32, i64, String)> =
-        read_dlq(&names.dlq, &names.topic, &originals, expected_dead.len(), Duration::from_secs(60))
-            .into_iter()
-            .collect();
+    let originals: BTreeMap<(i32, i64), Original> = produced
+        .iter()
+        .map(|p| ((p.partition, p.offset), p.original.clone()))
+        .collect();
+    let stored_rows: BTreeSet<RowKey> = clickhouse_rows(&names.table)
+        .await
+        .iter()
+        .map(row_key)
+        .collect();
+    let dead: BTreeSet<(i32, i64, String)> = read_dlq(
+        &names.dlq,
+        &names.topic,
+        &originals,
+        expected_dead.len(),
+        Duration::from_secs(60),
+    )
+    .into_iter()
+    .collect();
     let missing_rows = expected_rows.difference(&stored_rows).count();
     let extra_rows = stored_rows.difference(&expected_rows).count();
     let missing_dead = expected_dead.difference(&dead).count();
@@ -564,7 +685,10 @@ async fn chaos() {
         member.leave();
     }
 
-    let faults: Vec<String> = counts.iter().map(|(what, n)| format!("{n} {what}")).collect();
+    let faults: Vec<String> = counts
+        .iter()
+        .map(|(what, n)| format!("{n} {what}"))
+        .collect();
     println!(
         "chaos: {seconds} s of faults ({}); {} messages ({valid} valid, {} invalid); blobs missing {missing_blobs}, \
          differing {wrong_blobs}; rows missing {missing_rows} of {}, unexpected {extra_rows}; dead letters missing \
@@ -591,10 +715,28 @@ async fn chaos() {
             );
         }
     }
-    assert_eq!(commits, end, "the group commits to the end of every partition");
-    assert_eq!((missing_blobs, wrong_blobs), (0, 0), "every valid segment's blob, byte for byte");
-    assert_eq!((missing_rows, extra_rows), (0, 0), "every valid segment's rows, and no others");
-    assert_eq!((missing_dead, extra_dead), (0, 0), "every invalid message dead-lettered with its reason");
+    assert_eq!(
+        commits, end,
+        "the group commits to the end of every partition"
+    );
+    assert_eq!(
+        (missing_blobs, wrong_blobs),
+        (0, 0),
+        "every valid segment's blob, byte for byte"
+    );
+    assert_eq!(
+        (missing_rows, extra_rows),
+        (0, 0),
+        "every valid segment's rows, and no others"
+    );
+    assert_eq!(
+        (missing_dead, extra_dead),
+        (0, 0),
+        "every invalid message dead-lettered with its reason"
+    );
     assert!(counts.get("kills").copied().unwrap_or(0) >= 3, "{counts:?}");
-    assert!(counts.get("broker SIGKILLs").copied().unwrap_or(0) >= 1, "{counts:?}");
+    assert!(
+        counts.get("broker SIGKILLs").copied().unwrap_or(0) >= 1,
+        "{counts:?}"
+    );
 }

@@ -50,7 +50,10 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
     args.extend(["--buffer-max-messages", "4", "--max-flushes-in-flight", "1"].map(String::from));
     let service = Service::start(&args);
     let (first, _) = produce_fixtures(&names.topic, &fixtures, 10).await;
-    wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
+    wait_for("first batch committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&first)
+    })
+    .await;
 
     let outage = ClickHouseDown::begin();
     let (second, _) = produce_fixtures(&names.topic, &fixtures, 10).await;
@@ -58,41 +61,83 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
     // (without limit, the default), and the broker's commits stay where they were. Waiting on
     // what the service says, not on a clock, so that the check is made during a real outage with
     // messages in hand.
-    wait_for("intake paused behind a flush failing again and again", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| {
-            s["paused"] == true
-                && s["consumed"].as_u64() >= Some(18)
-                && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(5)
-        })
-    })
+    wait_for(
+        "intake paused behind a flush failing again and again",
+        JOIN_AND_FLUSH,
+        || {
+            service.status().is_some_and(|s| {
+                s["paused"] == true
+                    && s["consumed"].as_u64() >= Some(18)
+                    && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(5)
+            })
+        },
+    )
     .await;
     assert_eq!(
         committed(&names.group, &names.topic, 2),
         expected_commits(&first),
         "nothing committed during the outage"
     );
-    assert_eq!(service.status().unwrap()["flushed"], 10, "the failing flush is not counted as done");
+    assert_eq!(
+        service.status().unwrap()["flushed"],
+        10,
+        "the failing flush is not counted as done"
+    );
     drop(outage);
 
     let mut target = expected_commits(&first);
     target.extend(expected_commits(&second));
-    wait_for("everything committed after the outage", JOIN_AND_FLUSH, || {
-        committed(&names.group, &names.topic, 2) == target
-    })
+    wait_for(
+        "everything committed after the outage",
+        JOIN_AND_FLUSH,
+        || committed(&names.group, &names.topic, 2) == target,
+    )
     .await;
     assert_eq!(service.terminate(), Some(0));
-    let segments = clickhouse_rows(&names.table).await.iter().filter(|r| r.is_segment()).count();
+    let segments = clickhouse_rows(&names.table)
+        .await
+        .iter()
+        .filter(|r| r.is_segment())
+        .count();
     assert_eq!(segments, 20, "every segment row stored once");
 
     // What the outage looked like in the metrics.
     let metrics = statsd.read();
-    let retries = metrics.counters.get("replay_ingest.flush.retries|sink:clickhouse").copied().unwrap_or(0.0);
-    assert!(retries >= 5.0, "flush.retries counts the failed attempts: {retries}\n{}", metrics.text);
-    let paused = metrics.counters.get("replay_ingest.consumer.paused_ms").copied().unwrap_or(0.0);
-    assert!(paused > 0.0, "consumer.paused_ms counts the pause: {}", metrics.text);
-    let outage_ms = metrics.values.get("replay_ingest.sink.outage_ms|sink:clickhouse").cloned().unwrap_or_default();
-    assert!(outage_ms.iter().any(|&ms| ms > 0.0), "sink.outage_ms shows the outage: {outage_ms:?}");
-    assert!(!metrics.counters.contains_key("replay_ingest.flush.errors|sink:clickhouse"), "no flush gave up");
+    let retries = metrics
+        .counters
+        .get("replay_ingest.flush.retries|sink:clickhouse")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(
+        retries >= 5.0,
+        "flush.retries counts the failed attempts: {retries}\n{}",
+        metrics.text
+    );
+    let paused = metrics
+        .counters
+        .get("replay_ingest.consumer.paused_ms")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(
+        paused > 0.0,
+        "consumer.paused_ms counts the pause: {}",
+        metrics.text
+    );
+    let outage_ms = metrics
+        .values
+        .get("replay_ingest.sink.outage_ms|sink:clickhouse")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        outage_ms.iter().any(|&ms| ms > 0.0),
+        "sink.outage_ms shows the outage: {outage_ms:?}"
+    );
+    assert!(
+        !metrics
+            .counters
+            .contains_key("replay_ingest.flush.errors|sink:clickhouse"),
+        "no flush gave up"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -106,13 +151,27 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
     let statsd = Statsd::bind();
     // A long metrics interval: the error counted just before the exit must still be sent, because
     // the process waits for the exporter's next send before it exits.
-    let args = with_flag(names.args(statsd.port(), dir.path()), "--statsd-flush-interval-ms", "3000");
+    let args = with_flag(
+        names.args(statsd.port(), dir.path()),
+        "--statsd-flush-interval-ms",
+        "3000",
+    );
     let service = Service::start_logging_to(&args, &log);
     let (first, _) = produce_fixtures(&names.topic, &fixtures, 5).await;
-    wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
+    wait_for("first batch committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&first)
+    })
+    .await;
 
     let client = replay_ingest::sink::clickhouse::client(&clickhouse_config(&names.table));
-    client.query(&format!("ALTER TABLE {} MODIFY COLUMN click_node_id Date", names.table)).execute().await.unwrap();
+    client
+        .query(&format!(
+            "ALTER TABLE {} MODIFY COLUMN click_node_id Date",
+            names.table
+        ))
+        .execute()
+        .await
+        .unwrap();
     produce_fixtures(&names.topic, &fixtures, 5).await;
     assert_eq!(
         service.exit_within(JOIN_AND_FLUSH).await,
@@ -122,16 +181,24 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
     let log = std::fs::read_to_string(&log).unwrap();
     // The exit comes from the flush (after consuming; not a startup check), with the cause, on
     // the first attempt: a configuration error is not retried.
-    let last = log.lines().rfind(|l| l.contains("ERROR replay_ingest: ")).unwrap_or_default();
+    let last = log
+        .lines()
+        .rfind(|l| l.contains("ERROR replay_ingest: "))
+        .unwrap_or_default();
     assert!(
         last.contains("flush failed, nothing of it committed")
             && last.contains("column click_node_id is Date, expected UInt32"),
         "the service's exit error names the failed flush and the cause:\n{log}"
     );
-    assert!(!log.contains("sink write failed; retrying"), "a configuration error is not retried:\n{log}");
+    assert!(
+        !log.contains("sink write failed; retrying"),
+        "a configuration error is not retried:\n{log}"
+    );
     let metrics = statsd.read();
     assert_eq!(
-        metrics.counters.get("replay_ingest.flush.errors|sink:clickhouse"),
+        metrics
+            .counters
+            .get("replay_ingest.flush.errors|sink:clickhouse"),
         Some(&1.0),
         "flush.errors counts the flush that gave up, sent before the exit:\n{}",
         metrics.text
@@ -152,24 +219,41 @@ async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joi
     let dir = tempfile::tempdir().unwrap();
     let service = Service::start(&names.args(free_port(), dir.path()));
     wait_for("the wait shown in /status", Duration::from_secs(30), || {
-        service.status().is_some_and(|s| s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(2))
+        service
+            .status()
+            .is_some_and(|s| s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(2))
     })
     .await;
-    assert_eq!(service.status().unwrap()["live"], true, "waiting for a sink is not a wedged process");
+    assert_eq!(
+        service.status().unwrap()["live"],
+        true,
+        "waiting for a sink is not a wedged process"
+    );
     // A sink that does not answer keeps no member out of its group (scaling out during an
     // outage): it joins and consumes; the writes there wait for the check, nothing commits.
     let fixtures = small_fixtures(true);
     let (sent, _) = produce_fixtures(&names.topic, &fixtures, 5).await;
-    wait_for("joined and consuming during the outage", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["ready"] == true && s["consumed"] == 5)
-    })
+    wait_for(
+        "joined and consuming during the outage",
+        JOIN_AND_FLUSH,
+        || {
+            service
+                .status()
+                .is_some_and(|s| s["ready"] == true && s["consumed"] == 5)
+        },
+    )
     .await;
-    assert!(committed(&names.group, &names.topic, 2).is_empty(), "nothing committed before ClickHouse answers");
+    assert!(
+        committed(&names.group, &names.topic, 2).is_empty(),
+        "nothing committed before ClickHouse answers"
+    );
     drop(outage);
 
-    wait_for("everything committed once ClickHouse is up", JOIN_AND_FLUSH, || {
-        committed(&names.group, &names.topic, 2) == expected_commits(&sent)
-    })
+    wait_for(
+        "everything committed once ClickHouse is up",
+        JOIN_AND_FLUSH,
+        || committed(&names.group, &names.topic, 2) == expected_commits(&sent),
+    )
     .await;
     assert_eq!(service.status().unwrap()["outages"], serde_json::json!({}));
     assert_eq!(service.terminate(), Some(0));
@@ -198,7 +282,11 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
         let down = down.clone();
         proxy::Proxy::start(&clickhouse_url(), move |_| {
             if down.load(Ordering::SeqCst) {
-                proxy::Action::Answer { status: 503, headers: vec![], body: "down for the test".into() }
+                proxy::Action::Answer {
+                    status: 503,
+                    headers: vec![],
+                    body: "down for the test".into(),
+                }
             } else {
                 proxy::Action::Forward
             }
@@ -207,30 +295,58 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
     };
     let dir = tempfile::tempdir().unwrap();
     let statsd = Statsd::bind();
-    let mut args = with_flag(names.args(statsd.port(), dir.path()), "--clickhouse-url", &proxy.endpoint);
+    let mut args = with_flag(
+        names.args(statsd.port(), dir.path()),
+        "--clickhouse-url",
+        &proxy.endpoint,
+    );
     args = with_flag(args, "--session-timeout-ms", "6000");
-    args = with_flag(args, "--drain-deadline-ms", &DRAIN_DEADLINE.as_millis().to_string());
+    args = with_flag(
+        args,
+        "--drain-deadline-ms",
+        &DRAIN_DEADLINE.as_millis().to_string(),
+    );
     let max_poll = format!("max.poll.interval.ms={}", MAX_POLL_INTERVAL.as_millis());
     args.extend(
-        ["--buffer-max-messages", "4", "--max-flushes-in-flight", "1", "--kafka-property", &max_poll].map(String::from),
+        [
+            "--buffer-max-messages",
+            "4",
+            "--max-flushes-in-flight",
+            "1",
+            "--kafka-property",
+            &max_poll,
+        ]
+        .map(String::from),
     );
     let member = |name: &str| {
-        let args = with_flag(args.clone(), "--http-listen", &format!("127.0.0.1:{}", free_port()));
+        let args = with_flag(
+            args.clone(),
+            "--http-listen",
+            &format!("127.0.0.1:{}", free_port()),
+        );
         let log = dir.path().join(format!("{name}.log"));
         (Service::start_logging_to(&args, &log), log)
     };
-    let owned = |service: &Service| service.status().map_or(0, |s| s["partitions"].as_array().map_or(0, Vec::len));
+    let owned = |service: &Service| {
+        service
+            .status()
+            .map_or(0, |s| s["partitions"].as_array().map_or(0, Vec::len))
+    };
 
     let (a, a_log) = member("a");
     let fixtures = small_fixtures(true);
     let (first, mut sent) = produce_fixtures(&names.topic, &fixtures, 8).await;
-    wait_for("first batch committed", JOIN_AND_FLUSH, || a.committed() == expected_commits(&first)).await;
+    wait_for("first batch committed", JOIN_AND_FLUSH, || {
+        a.committed() == expected_commits(&first)
+    })
+    .await;
 
     // Steady load through the whole outage: two messages every 250 ms.
     down.store(true, Ordering::SeqCst);
     let producing = Arc::new(AtomicBool::new(true));
     let load = {
-        let (topic, fixtures, producing) = (names.topic.clone(), fixtures.clone(), producing.clone());
+        let (topic, fixtures, producing) =
+            (names.topic.clone(), fixtures.clone(), producing.clone());
         tokio::spawn(async move {
             let mut sent = Vec::new();
             while producing.load(Ordering::SeqCst) {
@@ -241,51 +357,98 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
         })
     };
     let outage = std::time::Instant::now();
-    wait_for("intake paused behind the failing flush", JOIN_AND_FLUSH, || {
-        a.status()
-            .is_some_and(|s| s["paused"] == true && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(3))
-    })
+    wait_for(
+        "intake paused behind the failing flush",
+        JOIN_AND_FLUSH,
+        || {
+            a.status().is_some_and(|s| {
+                s["paused"] == true
+                    && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(3)
+            })
+        },
+    )
     .await;
     // Paused for longer than the poll interval: a member that stopped polling would be out of the
     // group by now.
-    tokio::time::sleep((MAX_POLL_INTERVAL + Duration::from_secs(5)).saturating_sub(outage.elapsed())).await;
-    assert_eq!(owned(&a), 4, "the first member is still in the group, with every partition");
+    tokio::time::sleep(
+        (MAX_POLL_INTERVAL + Duration::from_secs(5)).saturating_sub(outage.elapsed()),
+    )
+    .await;
+    assert_eq!(
+        owned(&a),
+        4,
+        "the first member is still in the group, with every partition"
+    );
 
     let (b, b_log) = member("b");
     let joined = std::time::Instant::now();
-    wait_for("the joiner owns partitions while ClickHouse is down", Duration::from_secs(20), || owned(&b) > 0).await;
+    wait_for(
+        "the joiner owns partitions while ClickHouse is down",
+        Duration::from_secs(20),
+        || owned(&b) > 0,
+    )
+    .await;
     let took = joined.elapsed();
-    wait_for("the first member gave some up", Duration::from_secs(10), || owned(&a) < 4).await;
-    assert!(down.load(Ordering::SeqCst) && a.status().unwrap()["outages"]["clickhouse"].is_object(), "still down");
+    wait_for(
+        "the first member gave some up",
+        Duration::from_secs(10),
+        || owned(&a) < 4,
+    )
+    .await;
+    assert!(
+        down.load(Ordering::SeqCst) && a.status().unwrap()["outages"]["clickhouse"].is_object(),
+        "still down"
+    );
 
     // Its drain cannot finish (ClickHouse is down): it gives up at the deadline, leaves the
     // group with what is left of it, and exits 1; the second is for the process to end.
     b.signal_term();
     let exit = b.exit_within(DRAIN_DEADLINE + Duration::from_secs(1)).await;
     let b_said = std::fs::read_to_string(&b_log).unwrap_or_default();
-    assert_eq!(exit, Some(1), "a SIGTERM during the outage exits within the drain deadline:\n{b_said}");
-    wait_for("the first member takes every partition back", Duration::from_secs(30), || owned(&a) == 4).await;
+    assert_eq!(
+        exit,
+        Some(1),
+        "a SIGTERM during the outage exits within the drain deadline:\n{b_said}"
+    );
+    wait_for(
+        "the first member takes every partition back",
+        Duration::from_secs(30),
+        || owned(&a) == 4,
+    )
+    .await;
 
     down.store(false, Ordering::SeqCst);
     producing.store(false, Ordering::SeqCst);
     sent.extend(load.await.unwrap());
-    let last: std::collections::BTreeMap<i32, i64> = sent.iter().fold(Default::default(), |mut last, s| {
-        let next = last.entry(s.partition).or_insert(0);
-        *next = (*next).max(s.offset + 1);
-        last
-    });
-    wait_for("everything committed once ClickHouse answers", JOIN_AND_FLUSH, || {
-        committed(&names.group, &names.topic, 4) == last
-    })
+    let last: std::collections::BTreeMap<i32, i64> =
+        sent.iter().fold(Default::default(), |mut last, s| {
+            let next = last.entry(s.partition).or_insert(0);
+            *next = (*next).max(s.offset + 1);
+            last
+        });
+    wait_for(
+        "everything committed once ClickHouse answers",
+        JOIN_AND_FLUSH,
+        || committed(&names.group, &names.topic, 4) == last,
+    )
     .await;
     assert_eq!(a.terminate(), Some(0));
 
     let log = std::fs::read_to_string(&a_log).unwrap();
-    assert!(!log.contains("poll interval"), "librdkafka never took the member for stuck:\n{log}");
+    assert!(
+        !log.contains("poll interval"),
+        "librdkafka never took the member for stuck:\n{log}"
+    );
     let rows = clickhouse_rows(&names.table).await;
-    let segments: std::collections::BTreeSet<_> =
-        rows.iter().filter(|r| r.is_segment()).map(|r| (r.replay_id, r.segment_id)).collect();
+    let segments: std::collections::BTreeSet<_> = rows
+        .iter()
+        .filter(|r| r.is_segment())
+        .map(|r| (r.replay_id, r.segment_id))
+        .collect();
     assert_eq!(segments.len(), sent.len(), "a row for every segment");
     every_blob_in_gcs(&names.bucket, &sent).await;
-    eprintln!("the joiner owned partitions {took:?} after it started; {} messages", sent.len());
+    eprintln!(
+        "the joiner owned partitions {took:?} after it started; {} messages",
+        sent.len()
+    );
 }

@@ -9,7 +9,11 @@ use replay_ingest::sink::clickhouse::{ClickHouseConfig, ClickHouseSink, check_ta
 use replay_ingest::sink::{Batch, Retry};
 
 fn config(table: &str) -> ClickHouseConfig {
-    ClickHouseConfig { database: "replay_ingest_test".into(), chunk_rows: 7, ..common::clickhouse_config(table) }
+    ClickHouseConfig {
+        database: "replay_ingest_test".into(),
+        chunk_rows: 7,
+        ..common::clickhouse_config(table)
+    }
 }
 
 /// What the table holds after merging: per deduplication key (project, day, replay, event
@@ -17,7 +21,15 @@ fn config(table: &str) -> ClickHouseConfig {
 fn expected_rows(batch: &Batch) -> Vec<ReplayRow> {
     let mut merged = std::collections::BTreeMap::new();
     for row in common::rows_of(batch) {
-        merged.insert((row.replay_id, row.event_hash, row.project_id, row.timestamp / 86_400), row);
+        merged.insert(
+            (
+                row.replay_id,
+                row.event_hash,
+                row.project_id,
+                row.timestamp / 86_400,
+            ),
+            row,
+        );
     }
     merged.into_values().collect()
 }
@@ -26,9 +38,19 @@ fn expected_rows(batch: &Batch) -> Vec<ReplayRow> {
 /// differently from Rust, so sort here).
 async fn read_back(config: &ClickHouseConfig) -> Vec<ReplayRow> {
     let client = replay_ingest::sink::clickhouse::client(config);
-    let mut rows =
-        client.query(&format!("SELECT ?fields FROM {} FINAL", config.table)).fetch_all::<ReplayRow>().await.unwrap();
-    rows.sort_by_key(|r| (r.replay_id, r.event_hash, r.project_id, r.timestamp / 86_400));
+    let mut rows = client
+        .query(&format!("SELECT ?fields FROM {} FINAL", config.table))
+        .fetch_all::<ReplayRow>()
+        .await
+        .unwrap();
+    rows.sort_by_key(|r| {
+        (
+            r.replay_id,
+            r.event_hash,
+            r.project_id,
+            r.timestamp / 86_400,
+        )
+    });
     rows
 }
 
@@ -46,11 +68,28 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
     migrate(&config).await.unwrap();
     let batch = common::fixture_batch();
     let expected = expected_rows(&batch);
-    assert!(expected.iter().any(|r| r.click_is_rage == 1), "fixtures include a rage click");
-    assert!(expected.iter().any(|r| !r.tap_view_id.is_empty()), "and taps");
-    assert!(expected.iter().any(|r| r.is_segment() && !r.error_ids.is_empty()), "and segment rows");
-    assert!(expected.iter().any(|r| r.ip_address_v4.is_some()), "and an IPv4 address");
-    assert!(expected.iter().any(|r| r.ip_address_v6.is_some()), "and an IPv6 address");
+    assert!(
+        expected.iter().any(|r| r.click_is_rage == 1),
+        "fixtures include a rage click"
+    );
+    assert!(
+        expected.iter().any(|r| !r.tap_view_id.is_empty()),
+        "and taps"
+    );
+    assert!(
+        expected
+            .iter()
+            .any(|r| r.is_segment() && !r.error_ids.is_empty()),
+        "and segment rows"
+    );
+    assert!(
+        expected.iter().any(|r| r.ip_address_v4.is_some()),
+        "and an IPv4 address"
+    );
+    assert!(
+        expected.iter().any(|r| r.ip_address_v6.is_some()),
+        "and an IPv6 address"
+    );
 
     let sink = ClickHouseSink::new(&config);
     let written = tokio::task::spawn_blocking({
@@ -64,22 +103,44 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
 
     // The same batch again (a redelivery): after merging, still one row per event_hash.
     let (_, sink) = written;
-    tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch())).await.unwrap().unwrap();
+    tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch()))
+        .await
+        .unwrap()
+        .unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
-    let count_final: u64 =
-        client.query(&format!("SELECT count() FROM {} FINAL", config.table)).fetch_one().await.unwrap();
-    assert_eq!(count_final as usize, expected.len(), "collapsed at read time");
+    let count_final: u64 = client
+        .query(&format!("SELECT count() FROM {} FINAL", config.table))
+        .fetch_one()
+        .await
+        .unwrap();
+    assert_eq!(
+        count_final as usize,
+        expected.len(),
+        "collapsed at read time"
+    );
     // OPTIMIZE is a no-op while a background merge runs: repeat it until the parts are merged.
     let mut count = 0;
     for _ in 0..40 {
-        client.query(&format!("OPTIMIZE TABLE {} FINAL", config.table)).execute().await.unwrap();
-        count = client.query(&format!("SELECT count() FROM {}", config.table)).fetch_one::<u64>().await.unwrap();
+        client
+            .query(&format!("OPTIMIZE TABLE {} FINAL", config.table))
+            .execute()
+            .await
+            .unwrap();
+        count = client
+            .query(&format!("SELECT count() FROM {}", config.table))
+            .fetch_one::<u64>()
+            .await
+            .unwrap();
         if count as usize == expected.len() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
-    assert_eq!(count as usize, expected.len(), "collapsed on disk after OPTIMIZE … FINAL");
+    assert_eq!(
+        count as usize,
+        expected.len(),
+        "collapsed on disk after OPTIMIZE … FINAL"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -88,34 +149,77 @@ async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
     let config = config(&common::unique("wrong").replace('-', "_"));
     migrate(&config).await.unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
-    client.query(&format!("ALTER TABLE {} MODIFY COLUMN click_node_id Date", config.table)).execute().await.unwrap();
-    client.query(&format!("ALTER TABLE {} MODIFY COLUMN replay_type UInt64", config.table)).execute().await.unwrap();
+    client
+        .query(&format!(
+            "ALTER TABLE {} MODIFY COLUMN click_node_id Date",
+            config.table
+        ))
+        .execute()
+        .await
+        .unwrap();
+    client
+        .query(&format!(
+            "ALTER TABLE {} MODIFY COLUMN replay_type UInt64",
+            config.table
+        ))
+        .execute()
+        .await
+        .unwrap();
     let sink = ClickHouseSink::new(&config);
     // RowBinary carries no types: the server misreads the rows and answers with a data error or
     // an absurd allocation, depending on the bytes. Either way the sink names the cause.
-    let error = tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch()))
-        .await
-        .unwrap()
-        .unwrap_err();
+    let error =
+        tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch()))
+            .await
+            .unwrap()
+            .unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
-    assert!(error.message.contains("column replay_type is UInt64, expected Nullable(String)"), "{error}");
-    assert!(error.message.contains("column click_node_id is Date, expected UInt32"), "{error}");
+    assert!(
+        error
+            .message
+            .contains("column replay_type is UInt64, expected Nullable(String)"),
+        "{error}"
+    );
+    assert!(
+        error
+            .message
+            .contains("column click_node_id is Date, expected UInt32"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
-async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types_and_passes_a_migrated_one() {
+async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types_and_passes_a_migrated_one()
+ {
     let config = config(&common::unique("check").replace('-', "_"));
     let missing = check_table(&config).await.unwrap_err();
     assert_eq!(missing.retry, Retry::Fatal);
-    assert!(missing.message.contains("does not exist") && missing.message.contains("migrate"), "{missing}");
+    assert!(
+        missing.message.contains("does not exist") && missing.message.contains("migrate"),
+        "{missing}"
+    );
 
     migrate(&config).await.unwrap();
     check_table(&config).await.unwrap();
 
     let client = replay_ingest::sink::clickhouse::client(&config);
-    client.query(&format!("ALTER TABLE {} DROP COLUMN tap_view_id", config.table)).execute().await.unwrap();
-    client.query(&format!("ALTER TABLE {} MODIFY COLUMN urls String", config.table)).execute().await.unwrap();
+    client
+        .query(&format!(
+            "ALTER TABLE {} DROP COLUMN tap_view_id",
+            config.table
+        ))
+        .execute()
+        .await
+        .unwrap();
+    client
+        .query(&format!(
+            "ALTER TABLE {} MODIFY COLUMN urls String",
+            config.table
+        ))
+        .execute()
+        .await
+        .unwrap();
     let lacking = check_table(&config).await.unwrap_err();
     assert_eq!(lacking.retry, Retry::Fatal);
     assert!(
@@ -126,8 +230,14 @@ async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types
     );
 
     // Nothing listening: the server is down, which is waited out, not a configuration error.
-    let down = ClickHouseConfig { url: format!("http://127.0.0.1:{}", common::free_port()), ..config };
-    assert_eq!(check_table(&down).await.unwrap_err().retry, Retry::Retryable);
+    let down = ClickHouseConfig {
+        url: format!("http://127.0.0.1:{}", common::free_port()),
+        ..config
+    };
+    assert_eq!(
+        check_table(&down).await.unwrap_err().retry,
+        Retry::Retryable
+    );
 }
 
 /// An INSERT answered `200` with a ClickHouse exception — what a proxy or load balancer in
@@ -143,7 +253,8 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
     let config = config(&common::unique("replays").replace('-', "_"));
     migrate(&config).await.unwrap();
     let memory = "Code: 241. DB::Exception: Memory limit (total) exceeded: would use 9.31 GiB. (MEMORY_LIMIT_EXCEEDED)";
-    let parse = "Code: 27. DB::Exception: Cannot parse input: expected '\\t' before: 'x': (at row 3)";
+    let parse =
+        "Code: 27. DB::Exception: Cannot parse input: expected '\\t' before: 'x': (at row 3)";
     let auth = "Code: 516. DB::Exception: default: Authentication failed. (AUTHENTICATION_FAILED)";
     let version = " (version 25.8.16.10001 (official build))\n";
     let cases = [
@@ -163,23 +274,41 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
     ];
     for (code, body, expected) in cases {
         let answer = (code, body.clone());
-        let proxy = Proxy::start(&common::clickhouse_url(), move |seen| match seen.path.contains("INSERT") {
-            true => Action::Answer {
-                status: 200,
-                headers: answer.0.map(|c| ("X-ClickHouse-Exception-Code", c.to_owned())).into_iter().collect(),
-                body: answer.1.clone(),
-            },
-            false => Action::Forward,
+        let proxy = Proxy::start(&common::clickhouse_url(), move |seen| {
+            match seen.path.contains("INSERT") {
+                true => Action::Answer {
+                    status: 200,
+                    headers: answer
+                        .0
+                        .map(|c| ("X-ClickHouse-Exception-Code", c.to_owned()))
+                        .into_iter()
+                        .collect(),
+                    body: answer.1.clone(),
+                },
+                false => Action::Forward,
+            }
         })
         .await;
-        let sink = ClickHouseSink::new(&ClickHouseConfig { url: proxy.endpoint.clone(), ..config.clone() });
-        let result =
-            tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch())).await.unwrap();
+        let sink = ClickHouseSink::new(&ClickHouseConfig {
+            url: proxy.endpoint.clone(),
+            ..config.clone()
+        });
+        let result = tokio::task::spawn_blocking(move || {
+            common::write_once(&sink, &common::fixture_batch())
+        })
+        .await
+        .unwrap();
         let error = result.expect_err(&format!("200 with {code:?} and {body:?} is not success"));
         assert_eq!(error.retry, expected, "{code:?} {body:?}: {error}");
         let said = format!("Code: {}", code.unwrap_or(&body[6..9]));
-        assert!(error.message.contains(said.trim_end_matches([',', '.'])), "the exception in the error: {error}");
+        assert!(
+            error.message.contains(said.trim_end_matches([',', '.'])),
+            "the exception in the error: {error}"
+        );
         assert!(proxy.answered.load(std::sync::atomic::Ordering::SeqCst) >= 1);
     }
-    assert!(read_back(&config).await.is_empty(), "no INSERT reached the server");
+    assert!(
+        read_back(&config).await.is_empty(),
+        "no INSERT reached the server"
+    );
 }

@@ -22,7 +22,12 @@ const PRODUCER_LIMIT: usize = 100_000;
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn dead_letters_too_large_for_their_topic_keep_their_value_in_the_blob_store() {
-    let (topic, group, dlq, bucket) = (unique("rec"), unique("group"), unique("dlq"), unique("blobs"));
+    let (topic, group, dlq, bucket) = (
+        unique("rec"),
+        unique("group"),
+        unique("dlq"),
+        unique("blobs"),
+    );
     create_topic(&topic, 1).await;
     create_topic(&dlq, 1).await;
     create_bucket(&bucket);
@@ -32,14 +37,21 @@ async fn dead_letters_too_large_for_their_topic_keep_their_value_in_the_blob_sto
     let long_key = vec![b'k'; 2000];
     let messages: Vec<(Vec<u8>, Vec<u8>)> = vec![
         (b"small".to_vec(), b"not a segment".to_vec()),
-        (long_key.clone(), (0..2_000_000u32).map(|i| (i % 251) as u8).collect()),
+        (
+            long_key.clone(),
+            (0..2_000_000u32).map(|i| (i % 251) as u8).collect(),
+        ),
         (b"medium".to_vec(), vec![b'x'; 150_000]),
     ];
     let producer = producer();
     let mut offsets = Vec::new();
     for (key, value) in &messages {
         let record = FutureRecord::to(&topic).key(key).payload(value);
-        let delivery = producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
+        let delivery = producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
         offsets.push(delivery.offset);
     }
 
@@ -60,8 +72,10 @@ async fn dead_letters_too_large_for_their_topic_keep_their_value_in_the_blob_sto
         .create()
         .unwrap();
     let overflow: Arc<dyn ObjectStore> = gcs.clone();
-    let sinks =
-        Sinks::new(vec![vec![Box::new(gcs), Box::new(DlqSink::new(dlq_producer, &dlq, 1_000_000, Some(overflow)))]]);
+    let sinks = Sinks::new(vec![vec![
+        Box::new(gcs),
+        Box::new(DlqSink::new(dlq_producer, &dlq, 1_000_000, Some(overflow))),
+    ]]);
     let args = consume_args(&topic, &group, &[]);
     let status = Arc::new(Status::default());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -72,29 +86,52 @@ async fn dead_letters_too_large_for_their_topic_keep_their_value_in_the_blob_sto
         pipeline::consume(args.pipeline_settings().unwrap(), sinks, status, shutdown).await
     });
     let end = [(0, offsets[2] + 1)].into_iter().collect();
-    wait_for("everything committed", Duration::from_secs(60), || committed(&group, &topic, 1) == end).await;
+    wait_for("everything committed", Duration::from_secs(60), || {
+        committed(&group, &topic, 1) == end
+    })
+    .await;
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 
     let dead = read_messages(&dlq, 3, Duration::from_secs(30));
     assert_eq!(dead.len(), 3, "one dead letter per message");
     for ((key, value), offset) in messages.iter().zip(&offsets) {
-        let letter = dead.iter().find(|m| m.headers["original_offset"] == offset.to_string()).unwrap();
+        let letter = dead
+            .iter()
+            .find(|m| m.headers["original_offset"] == offset.to_string())
+            .unwrap();
         assert_eq!(letter.headers["reason"], "invalid_msgpack");
         assert_eq!(letter.headers["original_topic"], topic);
         if value.len() < PRODUCER_LIMIT {
-            assert_eq!((letter.key.as_ref(), &letter.value), (Some(key), value), "small enough: whole");
+            assert_eq!(
+                (letter.key.as_ref(), &letter.value),
+                (Some(key), value),
+                "small enough: whole"
+            );
             assert!(!letter.headers.contains_key("payload_location"));
             continue;
         }
         let object = format!("dlq/{topic}/0/{offset}");
-        assert!(letter.value.is_empty(), "the record does not carry the value");
-        assert_eq!(letter.headers["payload_location"], format!("gs://{bucket}/{object}"));
+        assert!(
+            letter.value.is_empty(),
+            "the record does not carry the value"
+        );
+        assert_eq!(
+            letter.headers["payload_location"],
+            format!("gs://{bucket}/{object}")
+        );
         assert_eq!(letter.headers["payload_bytes"], value.len().to_string());
-        assert_eq!(&read_object(&bucket, &object).await, value, "the value, byte for byte");
+        assert_eq!(
+            &read_object(&bucket, &object).await,
+            value,
+            "the value, byte for byte"
+        );
         if key.len() > 1024 {
             assert_eq!(letter.key, None, "a long key travels with the value");
-            assert_eq!(letter.headers["key_location"], format!("gs://{bucket}/{object}.key"));
+            assert_eq!(
+                letter.headers["key_location"],
+                format!("gs://{bucket}/{object}.key")
+            );
             assert_eq!(&read_object(&bucket, &format!("{object}.key")).await, key);
         } else {
             assert_eq!(letter.key.as_ref(), Some(key));

@@ -11,7 +11,9 @@ use replay_ingest::recording::{
 use serde_json::Value;
 
 fn fixture_dir(kind: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(kind)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(kind)
 }
 
 fn fixtures(kind: &str) -> Vec<PathBuf> {
@@ -35,9 +37,15 @@ fn valid(name: &str) -> Processed {
 }
 
 /// Where the messages sit in Kafka, for the rows (`partition`, `offset` columns).
-const AT: KafkaPosition = KafkaPosition { partition: 3, offset: 1234 };
+const AT: KafkaPosition = KafkaPosition {
+    partition: 3,
+    offset: 1234,
+};
 /// Issues for every project, as Sentry defaults.
-const ALL: IssueGates = IssueGates { rage_clicks: ProjectFilter::All, hydration_errors: ProjectFilter::All };
+const ALL: IssueGates = IssueGates {
+    rage_clicks: ProjectFilter::All,
+    hydration_errors: ProjectFilter::All,
+};
 
 #[test]
 fn inspect_output_of_every_fixture_matches_its_snapshot() {
@@ -58,9 +66,21 @@ fn every_recorded_segment_is_valid_and_fully_parsed() {
         let p = valid(&name);
         assert_eq!(p.extracted.invalid_events, 0, "{name}");
         assert!(p.extracted.events > 0, "{name}");
-        assert_eq!(p.blob.key, format!("90/42/{}/{}", p.ids.replay_id, p.ids.segment_id), "{name}");
-        assert_eq!(p.body_encoding.as_str(), "zlib", "{name}: the JS SDK sends zlib");
-        assert_eq!(p.rows(AT).iter().filter(|r| r.is_segment()).count(), 1, "{name}");
+        assert_eq!(
+            p.blob.key,
+            format!("90/42/{}/{}", p.ids.replay_id, p.ids.segment_id),
+            "{name}"
+        );
+        assert_eq!(
+            p.body_encoding.as_str(),
+            "zlib",
+            "{name}: the JS SDK sends zlib"
+        );
+        assert_eq!(
+            p.rows(AT).iter().filter(|r| r.is_segment()).count(),
+            1,
+            "{name}"
+        );
     }
 }
 
@@ -82,16 +102,28 @@ fn hostile_fixtures_are_rejected_with_their_reason() {
     for (name, reason) in expected {
         let err = process("synthetic", name).expect_err(name);
         assert_eq!(err.reason, reason, "{name}: {}", err.detail);
-        assert!(!err.detail.is_empty() && !err.detail.contains('\n'), "{name}");
+        assert!(
+            !err.detail.is_empty() && !err.detail.contains('\n'),
+            "{name}"
+        );
     }
 }
 
 #[test]
 fn the_zlib_bomb_is_rejected_without_inflating_past_the_cap() {
-    let tight = Limits { max_decompressed_bytes: 1 << 20, ..Limits::default() };
+    let tight = Limits {
+        max_decompressed_bytes: 1 << 20,
+        ..Limits::default()
+    };
     let value = std::fs::read(fixture_dir("synthetic").join("zlib-bomb.msgpack")).unwrap();
     let err = recording::process(&value, &tight).unwrap_err();
-    assert_eq!((err.reason, err.detail.as_str()), (Reason::TooLarge, "body decompresses to more than 1048576 bytes"));
+    assert_eq!(
+        (err.reason, err.detail.as_str()),
+        (
+            Reason::TooLarge,
+            "body decompresses to more than 1048576 bytes"
+        )
+    );
 }
 
 #[test]
@@ -132,11 +164,19 @@ fn malformed_events_are_skipped_and_the_rest_of_the_segment_is_kept() {
 fn the_mobile_segment_yields_tap_rows_and_a_video_pack_blob() {
     let p = process("synthetic", "mobile-taps-video").unwrap();
     let rows = p.rows(AT);
-    let taps: Vec<_> = rows.iter().filter(|r| !r.tap_view_id.is_empty()).map(|r| r.tap_view_id.as_str()).collect();
+    let taps: Vec<_> = rows
+        .iter()
+        .filter(|r| !r.tap_view_id.is_empty())
+        .map(|r| r.tap_view_id.as_str())
+        .collect();
     assert_eq!(taps, ["checkout_button", "back"]);
     let mut inflater = recording::Inflater::default();
     let packed = recording::payload::decompress(
-        &recording::payload::Payload { segment_id: 0, encoding: recording::BodyEncoding::Zlib, body: &p.blob.bytes },
+        &recording::payload::Payload {
+            segment_id: 0,
+            encoding: recording::BodyEncoding::Zlib,
+            body: &p.blob.bytes,
+        },
         usize::MAX,
         &mut inflater,
     )
@@ -145,7 +185,10 @@ fn the_mobile_segment_yields_tap_rows_and_a_video_pack_blob() {
     assert_eq!(u32::from_be_bytes(packed[1..5].try_into().unwrap()), 4096);
     assert_eq!(packed.len(), 5 + 4096 + p.uncompressed_bytes);
     let segment = p.rows(AT).into_iter().find(|r| r.is_segment()).unwrap();
-    assert_eq!((segment.platform.as_str(), segment.device_model.as_deref()), ("android", Some("Pixel 9")));
+    assert_eq!(
+        (segment.platform.as_str(), segment.device_model.as_deref()),
+        ("android", Some("Pixel 9"))
+    );
     assert_eq!(segment.tags_key, ["plan"]);
 }
 
@@ -153,12 +196,25 @@ fn the_mobile_segment_yields_tap_rows_and_a_video_pack_blob() {
 fn the_interactions_recording_has_clicks_typing_and_a_multi_click() {
     let first = valid("interactions-0");
     let x = &first.extracted;
-    assert!(x.breadcrumbs_by_category.get("ui.input") >= 2, "typing into two fields");
-    let cart = x.clicks.iter().find(|c| c.id == "add-to-cart").expect("click on add-to-cart");
-    assert_eq!((cart.testid.as_str(), cart.component_name.as_str()), ("add-to-cart", "AddToCartButton"));
+    assert!(
+        x.breadcrumbs_by_category.get("ui.input") >= 2,
+        "typing into two fields"
+    );
+    let cart = x
+        .clicks
+        .iter()
+        .find(|c| c.id == "add-to-cart")
+        .expect("click on add-to-cart");
+    assert_eq!(
+        (cart.testid.as_str(), cart.component_name.as_str()),
+        ("add-to-cart", "AddToCartButton")
+    );
     assert_eq!(cart.classes, ["btn", "btn-primary", "cta"]);
     assert!(x.clicks.iter().all(|c| !c.is_dead && !c.is_rage));
-    assert!(x.incremental_by_source.get("Mutation") > 0, "clicks changed the DOM");
+    assert!(
+        x.incremental_by_source.get("Mutation") > 0,
+        "clicks changed the DOM"
+    );
     let multi = [valid("interactions-1"), valid("interactions-2")]
         .into_iter()
         .flat_map(|p| p.extracted.multi_clicks)
@@ -170,12 +226,24 @@ fn the_interactions_recording_has_clicks_typing_and_a_multi_click() {
 fn the_dead_click_recording_reports_a_dead_but_not_rage_click() {
     let dead: Vec<_> = fixtures("segments")
         .iter()
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("dead-click"))
-        .flat_map(|p| valid(&p.file_stem().unwrap().to_string_lossy()).extracted.clicks)
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("dead-click")
+        })
+        .flat_map(|p| {
+            valid(&p.file_stem().unwrap().to_string_lossy())
+                .extracted
+                .clicks
+        })
         .filter(|c| c.is_dead)
         .collect();
     assert_eq!(dead.len(), 1);
-    assert_eq!((dead[0].tag.as_str(), dead[0].id.as_str(), dead[0].is_rage), ("button", "broken-save", false));
+    assert_eq!(
+        (dead[0].tag.as_str(), dead[0].id.as_str(), dead[0].is_rage),
+        ("button", "broken-save", false)
+    );
 }
 
 #[test]
@@ -183,13 +251,24 @@ fn the_rage_click_recording_reports_a_rage_click_and_an_issue_occurrence() {
     let p = valid("rage-click-1");
     let rage: Vec<_> = p.extracted.rage_clicks().collect();
     assert_eq!(rage.len(), 1);
-    assert_eq!((rage[0].tag.as_str(), rage[0].id.as_str()), ("a", "download"));
+    assert_eq!(
+        (rage[0].tag.as_str(), rage[0].id.as_str()),
+        ("a", "download")
+    );
     let occurrence = p.events(&ALL).into_iter().find_map(|e| match e {
         AnalyticsEvent::Occurrence(o) => Some(o),
         _ => None,
     });
-    assert_eq!(occurrence.unwrap().key, format!("{}-42", rage[0].selector), "fingerprinted by the selector");
-    let row = p.rows(AT).into_iter().find(|r| r.click_node_id != 0).unwrap();
+    assert_eq!(
+        occurrence.unwrap().key,
+        format!("{}-42", rage[0].selector),
+        "fingerprinted by the selector"
+    );
+    let row = p
+        .rows(AT)
+        .into_iter()
+        .find(|r| r.click_node_id != 0)
+        .unwrap();
     assert_eq!((row.click_is_dead, row.click_is_rage), (1, 1));
 }
 
@@ -201,23 +280,66 @@ fn the_network_recording_has_requests_with_known_sizes_and_navigations() {
         .extracted
         .requests
         .iter()
-        .map(|r| (r.op.as_str(), &*r.url, r.method.as_deref(), r.status_code, r.request_size, r.response_size))
+        .map(|r| {
+            (
+                r.op.as_str(),
+                &*r.url,
+                r.method.as_deref(),
+                r.status_code,
+                r.request_size,
+                r.response_size,
+            )
+        })
         .collect();
     assert_eq!(
         requests,
         [
-            ("resource.fetch", "/api/search", Some("POST"), Some(200), Some(1012), Some(1153)),
-            ("resource.xhr", "/api/profile", Some("GET"), Some(200), None, Some(323)),
-            ("resource.fetch", "/api/missing", Some("GET"), Some(404), None, Some(9)),
+            (
+                "resource.fetch",
+                "/api/search",
+                Some("POST"),
+                Some(200),
+                Some(1012),
+                Some(1153)
+            ),
+            (
+                "resource.xhr",
+                "/api/profile",
+                Some("GET"),
+                Some(200),
+                None,
+                Some(323)
+            ),
+            (
+                "resource.fetch",
+                "/api/missing",
+                Some("GET"),
+                Some(404),
+                None,
+                Some(9)
+            ),
         ]
     );
     let second = valid("network-1");
-    let ops: Vec<_> = second.extracted.navigations.iter().map(|n| n.op.as_str()).collect();
+    let ops: Vec<_> = second
+        .extracted
+        .navigations
+        .iter()
+        .map(|n| n.op.as_str())
+        .collect();
     assert!(
-        ops.contains(&"navigation.push") && ops.contains(&"navigation") && ops.contains(&"navigation.navigate"),
+        ops.contains(&"navigation.push")
+            && ops.contains(&"navigation")
+            && ops.contains(&"navigation.navigate"),
         "{ops:?}"
     );
-    assert!(second.extracted.urls.iter().any(|u| u.ends_with("/network-2.html?tab=settings")));
+    assert!(
+        second
+            .extracted
+            .urls
+            .iter()
+            .any(|u| u.ends_with("/network-2.html?tab=settings"))
+    );
 }
 
 #[test]
@@ -229,7 +351,11 @@ fn the_console_recording_counts_levels_and_reports_the_hydration_error() {
     assert_eq!(p.extracted.hydration_errors.len(), 1);
     assert!(p.events(&ALL).iter().any(|e| e.kind() == "hydration_error"));
     let segment = p.rows(AT).into_iter().find(|r| r.is_segment()).unwrap();
-    assert_eq!(segment.error_ids.len(), 2, "the captured hydration error and the uncaught TypeError");
+    assert_eq!(
+        segment.error_ids.len(),
+        2,
+        "the captured hydration error and the uncaught TypeError"
+    );
 }
 
 #[test]
@@ -237,7 +363,11 @@ fn the_large_dom_recording_is_a_multi_megabyte_full_snapshot() {
     let p = valid("large-dom-0");
     assert!(p.uncompressed_bytes > 5 << 20, "{}", p.uncompressed_bytes);
     assert_eq!(p.extracted.events_by_type.get("FullSnapshot"), 1);
-    assert_eq!(p.blob.bytes.len(), p.compressed_bytes, "zlib stored as received");
+    assert_eq!(
+        p.blob.bytes.len(),
+        p.compressed_bytes,
+        "zlib stored as received"
+    );
 }
 
 #[test]
@@ -248,16 +378,24 @@ fn segment_zero_bills_one_replay_and_proposes_a_first_replay() {
         _ => None,
     });
     let outcome = outcome.expect("segment 0 has an outcome");
-    assert_eq!((outcome.outcome, outcome.category, outcome.quantity), (0, 7, 1));
-    assert_eq!((outcome.org_id, outcome.project_id, outcome.key_id), (1, 42, Some(7)));
-    assert_eq!(outcome.event_id, p.ids.replay_id);
-    assert!(p.events(&ALL).iter().any(|e| matches!(e, AnalyticsEvent::FirstReplay(_))));
-    assert!(
-        valid("console-1")
-            .events(&ALL)
-            .iter()
-            .all(|e| !matches!(e, AnalyticsEvent::Outcome(_) | AnalyticsEvent::FirstReplay(_)))
+    assert_eq!(
+        (outcome.outcome, outcome.category, outcome.quantity),
+        (0, 7, 1)
     );
+    assert_eq!(
+        (outcome.org_id, outcome.project_id, outcome.key_id),
+        (1, 42, Some(7))
+    );
+    assert_eq!(outcome.event_id, p.ids.replay_id);
+    assert!(
+        p.events(&ALL)
+            .iter()
+            .any(|e| matches!(e, AnalyticsEvent::FirstReplay(_)))
+    );
+    assert!(valid("console-1").events(&ALL).iter().all(|e| !matches!(
+        e,
+        AnalyticsEvent::Outcome(_) | AnalyticsEvent::FirstReplay(_)
+    )));
 }
 
 #[test]

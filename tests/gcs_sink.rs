@@ -26,7 +26,11 @@ fn batch_of(fixtures: &[Vec<u8>], count: u64) -> Batch {
         .map(|i| common::load::fixture_copy(fixtures, i))
         .filter_map(|value| recording::process(&value, &Limits::default()).ok())
         .enumerate()
-        .map(|(i, p)| Entry { partition: 0, offset: i as i64, outcome: Outcome::Valid(Box::new(p)) })
+        .map(|(i, p)| Entry {
+            partition: 0,
+            offset: i as i64,
+            outcome: Outcome::Valid(Box::new(p)),
+        })
         .collect();
     Batch { entries }
 }
@@ -53,26 +57,42 @@ async fn every_blob_reads_back_byte_for_byte_and_rewrites_are_idempotent() {
     let sink = GcsSink::new(&config(&bucket)).await.unwrap();
     let batch = fixture_batch();
     let (written, sink, batch) =
-        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch), sink, batch)).await.unwrap();
+        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch), sink, batch))
+            .await
+            .unwrap();
     let written = written.unwrap();
     assert_eq!(written.items as usize, batch.valid().count());
     for p in batch.valid() {
-        assert_eq!(read_object(&bucket, &p.blob.key).await, p.blob.bytes.as_ref(), "{}", p.blob.key);
+        assert_eq!(
+            read_object(&bucket, &p.blob.key).await,
+            p.blob.bytes.as_ref(),
+            "{}",
+            p.blob.key
+        );
     }
     // A redelivered batch rewrites the same keys with the same bytes.
     let (again, _, batch) =
-        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch), sink, batch)).await.unwrap();
+        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch), sink, batch))
+            .await
+            .unwrap();
     again.unwrap();
     let large = batch.valid().max_by_key(|p| p.blob.bytes.len()).unwrap();
-    assert_eq!(read_object(&bucket, &large.blob.key).await, large.blob.bytes.as_ref());
+    assert_eq!(
+        read_object(&bucket, &large.blob.key).await,
+        large.blob.bytes.as_ref()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_missing_bucket_is_a_fatal_error() {
-    let sink = GcsSink::new(&config(&common::unique("missing"))).await.unwrap();
-    let error =
-        tokio::task::spawn_blocking(move || common::write_once(&sink, &fixture_batch())).await.unwrap().unwrap_err();
+    let sink = GcsSink::new(&config(&common::unique("missing")))
+        .await
+        .unwrap();
+    let error = tokio::task::spawn_blocking(move || common::write_once(&sink, &fixture_batch()))
+        .await
+        .unwrap()
+        .unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
 }
 
@@ -94,16 +114,23 @@ impl Scripted {
             for mut stream in listener.incoming().flatten() {
                 // The request ends with the multipart closing boundary (or, for anything else,
                 // a pause in the stream).
-                stream.set_read_timeout(Some(std::time::Duration::from_millis(500))).unwrap();
+                stream
+                    .set_read_timeout(Some(std::time::Duration::from_millis(500)))
+                    .unwrap();
                 let mut request = Vec::new();
                 let mut chunk = [0u8; 65536];
                 while let Ok(n @ 1..) = stream.read(&mut chunk) {
                     request.extend_from_slice(&chunk[..n]);
-                    if String::from_utf8_lossy(&request).trim_end().ends_with("--\r\n0") {
+                    if String::from_utf8_lossy(&request)
+                        .trim_end()
+                        .ends_with("--\r\n0")
+                    {
                         break;
                     }
                 }
-                kept.lock().unwrap().push(String::from_utf8_lossy(&request).into_owned());
+                kept.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&request).into_owned());
                 let body = format!(r#"{{"error":{{"code":{status},"message":"scripted"}}}}"#);
                 let _ = write!(
                     stream,
@@ -116,7 +143,9 @@ impl Scripted {
     }
 
     async fn sink(&self) -> GcsSink {
-        GcsSink::new(&scripted_config("scripted", self.endpoint.clone())).await.unwrap()
+        GcsSink::new(&scripted_config("scripted", self.endpoint.clone()))
+            .await
+            .unwrap()
     }
 }
 
@@ -125,9 +154,18 @@ async fn blobs_are_uploaded_as_octet_streams() {
     let scripted = Scripted::answering(200);
     let _ = scripted.sink().await.check().await;
     let requests = scripted.requests.lock().unwrap();
-    let upload = requests.iter().find(|r| r.contains("uploadType=multipart")).expect("an upload request");
-    let metadata = upload.split("name=\"metadata\"").nth(1).expect("a metadata part");
-    assert!(metadata.contains(r#""contentType":"application/octet-stream""#), "{upload}");
+    let upload = requests
+        .iter()
+        .find(|r| r.contains("uploadType=multipart"))
+        .expect("an upload request");
+    let metadata = upload
+        .split("name=\"metadata\"")
+        .nth(1)
+        .expect("a metadata part");
+    assert!(
+        metadata.contains(r#""contentType":"application/octet-stream""#),
+        "{upload}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -145,9 +183,17 @@ async fn each_status_gcs_answers_with_is_retried_rejected_or_fatal() {
         (404, Retry::Fatal),
     ] {
         let scripted = Scripted::answering(status);
-        let error = scripted.sink().await.check().await.expect_err("an error status fails the upload");
+        let error = scripted
+            .sink()
+            .await
+            .check()
+            .await
+            .expect_err("an error status fails the upload");
         assert_eq!(error.retry, class, "HTTP {status}: {error}");
-        assert!(error.message.contains("gs://scripted/"), "the error names the object: {error}");
+        assert!(
+            error.message.contains("gs://scripted/"),
+            "the error names the object: {error}"
+        );
     }
 }
 
@@ -163,9 +209,11 @@ async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
     use replay_ingest::pipeline::flush::{RetryPolicy, Sinks, flush};
     let bucket = common::unique("blobs");
     create_bucket(&bucket);
-    let proxy = Proxy::start(&gcs_endpoint(), |seen| match seen.path.contains("uploadType=") && seen.nth % 20 == 19 {
-        true => Action::Delay(std::time::Duration::from_millis(1500)),
-        false => Action::Forward,
+    let proxy = Proxy::start(&gcs_endpoint(), |seen| {
+        match seen.path.contains("uploadType=") && seen.nth % 20 == 19 {
+            true => Action::Delay(std::time::Duration::from_millis(1500)),
+            false => Action::Forward,
+        }
     })
     .await;
     let config = GcsConfig {
@@ -188,7 +236,13 @@ async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
     .await
     .unwrap();
     let report = report.expect("the flush succeeds through the tail");
-    let uploads = proxy.paths.lock().unwrap().iter().filter(|p| p.contains("uploadType=")).count();
+    let uploads = proxy
+        .paths
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|p| p.contains("uploadType="))
+        .count();
     let amplification = uploads as f64 / 600.0;
     println!(
         "latency tail: {uploads} uploads for 600 blobs ({amplification:.3}×), {} held back, {} attempts",
@@ -197,6 +251,11 @@ async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
     );
     assert!(amplification <= 1.2, "{uploads} uploads for 600 blobs");
     for processed in batch.valid() {
-        assert_eq!(read_object(&bucket, &processed.blob.key).await, processed.blob.bytes, "{}", processed.blob.key);
+        assert_eq!(
+            read_object(&bucket, &processed.blob.key).await,
+            processed.blob.bytes,
+            "{}",
+            processed.blob.key
+        );
     }
 }

@@ -19,20 +19,36 @@ fn prints_one_json_line_per_file_in_argument_order_and_exits_zero_with_invalid_f
         "fixtures/synthetic/zlib-bomb.msgpack",
     ]);
     assert!(out.status.success());
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 3);
-    assert_eq!((lines[0]["ok"].as_bool(), lines[0]["reason"].as_str()), (Some(false), Some("wrong_type")));
-    assert_eq!((lines[1]["ok"].as_bool(), lines[1]["segment_id"].as_u64()), (Some(true), Some(0)));
+    assert_eq!(
+        (lines[0]["ok"].as_bool(), lines[0]["reason"].as_str()),
+        (Some(false), Some("wrong_type"))
+    );
+    assert_eq!(
+        (lines[1]["ok"].as_bool(), lines[1]["segment_id"].as_u64()),
+        (Some(true), Some(0))
+    );
     assert_eq!(lines[2]["reason"].as_str(), Some("too_large"));
 }
 
 #[test]
 fn an_unreadable_file_is_reported_and_fails_the_command_after_the_others_print() {
-    let out = inspect(&["fixtures/does-not-exist.msgpack", "fixtures/segments/console-1.msgpack"]);
+    let out = inspect(&[
+        "fixtures/does-not-exist.msgpack",
+        "fixtures/segments/console-1.msgpack",
+    ]);
     assert!(!out.status.success());
     assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 1);
-    assert!(String::from_utf8(out.stderr).unwrap().contains("does-not-exist.msgpack"));
+    assert!(
+        String::from_utf8(out.stderr)
+            .unwrap()
+            .contains("does-not-exist.msgpack")
+    );
 }
 
 #[test]

@@ -27,14 +27,37 @@ async fn every_fixture_lands_once_as_a_blob_or_on_the_dlq_and_offsets_commit_to_
     let dir = tempfile::tempdir().unwrap();
     let service = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
     let target = expected_commits(&report);
-    wait_for("every partition committed to its end", JOIN_AND_FLUSH, || service.committed() == target).await;
+    wait_for(
+        "every partition committed to its end",
+        JOIN_AND_FLUSH,
+        || service.committed() == target,
+    )
+    .await;
     assert_eq!(service.terminate(), Some(0), "a clean shutdown exits 0");
 
-    assert_eq!(blobs_under(dir.path()), blobs, "exactly the valid segments' blobs, byte for byte");
-    let mut got = read_dlq(&dlq, &topic, &originals(&sent), dead.len(), Duration::from_secs(30));
+    assert_eq!(
+        blobs_under(dir.path()),
+        blobs,
+        "exactly the valid segments' blobs, byte for byte"
+    );
+    let mut got = read_dlq(
+        &dlq,
+        &topic,
+        &originals(&sent),
+        dead.len(),
+        Duration::from_secs(30),
+    );
     got.sort();
-    assert_eq!(got, dead.into_iter().collect::<Vec<_>>(), "each invalid message on the DLQ once, with its reason");
-    assert_eq!(committed(&group, &topic, 3), target, "the broker has the same commits");
+    assert_eq!(
+        got,
+        dead.into_iter().collect::<Vec<_>>(),
+        "each invalid message on the DLQ once, with its reason"
+    );
+    assert_eq!(
+        committed(&group, &topic, 3),
+        target,
+        "the broker has the same commits"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -43,18 +66,27 @@ async fn a_restarted_service_resumes_after_its_commits_without_skipping_or_repea
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 2).await;
     create_topic(&dlq, 1).await;
-    let fixtures: Vec<Vec<u8>> = all_fixtures().into_iter().filter(|f| f.len() < 100_000).collect();
+    let fixtures: Vec<Vec<u8>> = all_fixtures()
+        .into_iter()
+        .filter(|f| f.len() < 100_000)
+        .collect();
     let dir = tempfile::tempdir().unwrap();
     let args = service_args(&topic, &dlq, &group, dir.path(), free_port());
 
     let (first, first_sent) = produce_fixtures(&topic, &fixtures, 30).await;
     let service = Service::start(&args);
-    wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
+    wait_for("first batch committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&first)
+    })
+    .await;
     assert_eq!(service.terminate(), Some(0));
 
     let (second, second_sent) = produce_fixtures(&topic, &fixtures, 30).await;
     let service = Service::start(&args);
-    wait_for("second batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&second)).await;
+    wait_for("second batch committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&second)
+    })
+    .await;
     let consumed = service.status().unwrap()["consumed"].as_u64().unwrap();
     assert_eq!(service.terminate(), Some(0));
 
@@ -78,7 +110,12 @@ async fn crafted_messages_cost_a_bounded_amount_and_the_next_message_follows() {
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 1).await;
     create_topic(&dlq, 1).await;
-    let crafted = ["href-x-hydration-errors", "href-x-clicks", "long-click-fields", "deep-nesting-events"];
+    let crafted = [
+        "href-x-hydration-errors",
+        "href-x-clicks",
+        "long-click-fields",
+        "deep-nesting-events",
+    ];
     let mut values: Vec<Vec<u8>> = hostile::all()
         .into_iter()
         .filter(|h| crafted.contains(&h.name) || h.invalid_reason.is_some())
@@ -87,26 +124,60 @@ async fn crafted_messages_cost_a_bounded_amount_and_the_next_message_follows() {
     let dead = values.len() - crafted.len();
     let regular = std::fs::read(fixture_dir().join("segments/interactions-0.msgpack")).unwrap();
     values.push(regular.clone());
-    let (report, sent) =
-        produce_values(&topic, values.into_iter().zip(0..).map(|(v, i)| (v, test_key(i))).collect()).await;
+    let (report, sent) = produce_values(
+        &topic,
+        values
+            .into_iter()
+            .zip(0..)
+            .map(|(v, i)| (v, test_key(i)))
+            .collect(),
+    )
+    .await;
 
     let dir = tempfile::tempdir().unwrap();
     let service = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
     let pid = service.child.id();
-    wait_for("every message committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&report)).await;
+    wait_for("every message committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&report)
+    })
+    .await;
     let peak_rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap()
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:").map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap()))
+        .find_map(|l| {
+            l.strip_prefix("VmHWM:")
+                .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap())
+        })
         .unwrap();
-    assert_eq!(service.terminate(), Some(0), "the service is still running and stops cleanly");
+    assert_eq!(
+        service.terminate(),
+        Some(0),
+        "the service is still running and stops cleanly"
+    );
 
-    let regular_key = replay_ingest::recording::process(&regular, &Default::default()).unwrap().blob.key;
+    let regular_key = replay_ingest::recording::process(&regular, &Default::default())
+        .unwrap()
+        .blob
+        .key;
     let written = files_under(dir.path());
-    assert!(written.contains(&regular_key), "the regular segment behind the crafted ones: {written:?}");
-    assert!(written.contains(&"30/2/0badc0de0badc0de0badc0de0badc0de/0".to_owned()), "{written:?}");
-    let reasons: BTreeSet<String> =
-        read_dlq(&dlq, &topic, &originals(&sent), dead, Duration::from_secs(30)).into_iter().map(|d| d.2).collect();
+    assert!(
+        written.contains(&regular_key),
+        "the regular segment behind the crafted ones: {written:?}"
+    );
+    assert!(
+        written.contains(&"30/2/0badc0de0badc0de0badc0de0badc0de/0".to_owned()),
+        "{written:?}"
+    );
+    let reasons: BTreeSet<String> = read_dlq(
+        &dlq,
+        &topic,
+        &originals(&sent),
+        dead,
+        Duration::from_secs(30),
+    )
+    .into_iter()
+    .map(|d| d.2)
+    .collect();
     let expected = ["invalid_header", "invalid_received", "invalid_replay_event"].map(String::from);
     assert_eq!(reasons, BTreeSet::from(expected));
     assert!(peak_rss_kib < 512 * 1024, "peak RSS {peak_rss_kib} KiB");
@@ -154,7 +225,9 @@ async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
     for round in 0..4u64 {
         let service = Service::start(&args);
         wait_for("the service flushing", JOIN_AND_FLUSH, || {
-            service.status().is_some_and(|s| s["flushed"].as_u64().unwrap_or(0) > 0)
+            service
+                .status()
+                .is_some_and(|s| s["flushed"].as_u64().unwrap_or(0) > 0)
         })
         .await;
         // Flushes run every ~200 ms: a kill at an uneven delay lands mid-flush or mid-commit.
@@ -166,8 +239,12 @@ async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
     let target = last_offsets(&reports);
 
     let service = Service::start(&args);
-    wait_for("everything committed after the last restart", JOIN_AND_FLUSH, || committed(&group, &topic, 3) == target)
-        .await;
+    wait_for(
+        "everything committed after the last restart",
+        JOIN_AND_FLUSH,
+        || committed(&group, &topic, 3) == target,
+    )
+    .await;
     assert_eq!(service.terminate(), Some(0));
 
     let (blobs, dead) = outcomes(&expected);
@@ -181,10 +258,21 @@ async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
         missing.first()
     );
     for (key, digest) in &written {
-        assert_eq!(blobs.get(key), Some(digest), "{key}: only produced segments, byte for byte");
+        assert_eq!(
+            blobs.get(key),
+            Some(digest),
+            "{key}: only produced segments, byte for byte"
+        );
     }
-    let got: BTreeSet<_> =
-        read_dlq(&dlq, &topic, &originals(&expected), dead.len(), Duration::from_secs(30)).into_iter().collect();
+    let got: BTreeSet<_> = read_dlq(
+        &dlq,
+        &topic,
+        &originals(&expected),
+        dead.len(),
+        Duration::from_secs(30),
+    )
+    .into_iter()
+    .collect();
     let lost: Vec<_> = dead.difference(&got).collect();
     assert!(
         lost.is_empty(),
@@ -198,9 +286,15 @@ async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
 /// The number a service logged as consumed when it stopped cleanly.
 fn consumed_at_exit(log: &std::path::Path) -> u64 {
     let log = std::fs::read_to_string(log).unwrap();
-    let line =
-        log.lines().find(|l| l.contains("stopped cleanly")).unwrap_or_else(|| panic!("no clean stop in:\n{log}"));
-    line.split_whitespace().find_map(|w| w.strip_prefix("consumed=")).unwrap().parse().unwrap()
+    let line = log
+        .lines()
+        .find(|l| l.contains("stopped cleanly"))
+        .unwrap_or_else(|| panic!("no clean stop in:\n{log}"));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("consumed="))
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 /// A second member joins while messages keep coming, then the first leaves, still under load.
@@ -233,20 +327,40 @@ async fn members_join_and_leave_under_load(protocol: &[&str]) {
     create_topic(&dlq, 1).await;
     let dir = tempfile::tempdir().unwrap();
     let logs = tempfile::tempdir().unwrap();
-    let fixtures: Vec<Vec<u8>> = all_fixtures().into_iter().filter(|f| f.len() < 100_000).collect();
+    let fixtures: Vec<Vec<u8>> = all_fixtures()
+        .into_iter()
+        .filter(|f| f.len() < 100_000)
+        .collect();
     let args = || {
-        let args =
-            with_flag(service_args(&topic, &dlq, &group, dir.path(), free_port()), "--session-timeout-ms", "10000");
-        let mut args = with_flag(with_flag(args, "--drain-deadline-ms", "8000"), "--buffer-max-age-ms", "2000");
+        let args = with_flag(
+            service_args(&topic, &dlq, &group, dir.path(), free_port()),
+            "--session-timeout-ms",
+            "10000",
+        );
+        let mut args = with_flag(
+            with_flag(args, "--drain-deadline-ms", "8000"),
+            "--buffer-max-age-ms",
+            "2000",
+        );
         args.extend(protocol.iter().map(|s| s.to_string()));
         args
     };
 
     // Each member reports metrics to a port of its own (every 100 ms, lag every 500 ms).
     let with_metrics = |args: Vec<String>, statsd: &Statsd| {
-        let mut args = with_flag(args, "--statsd-address", &format!("127.0.0.1:{}", statsd.port()));
+        let mut args = with_flag(
+            args,
+            "--statsd-address",
+            &format!("127.0.0.1:{}", statsd.port()),
+        );
         args.extend(
-            ["--statsd-flush-interval-ms", "100", "--kafka-property", "statistics.interval.ms=500"].map(String::from),
+            [
+                "--statsd-flush-interval-ms",
+                "100",
+                "--kafka-property",
+                "statistics.interval.ms=500",
+            ]
+            .map(String::from),
         );
         args
     };
@@ -269,17 +383,28 @@ async fn members_join_and_leave_under_load(protocol: &[&str]) {
             (reports, expected)
         })
     };
-    let consuming = |s: &Service| s.status().is_some_and(|s| s["assigned"] == true && s["flushed"].as_u64() > Some(0));
-    wait_for("the first member consuming", JOIN_AND_FLUSH, || consuming(&first)).await;
+    let consuming = |s: &Service| {
+        s.status()
+            .is_some_and(|s| s["assigned"] == true && s["flushed"].as_u64() > Some(0))
+    };
+    wait_for("the first member consuming", JOIN_AND_FLUSH, || {
+        consuming(&first)
+    })
+    .await;
 
     // Under load: a second member joins.
     let statsd = Statsd::bind();
     let second = Service::start(&with_metrics(args(), &statsd));
-    wait_for("both members consuming", JOIN_AND_FLUSH, || consuming(&first) && consuming(&second)).await;
+    wait_for("both members consuming", JOIN_AND_FLUSH, || {
+        consuming(&first) && consuming(&second)
+    })
+    .await;
 
     // Under load: one member leaves while messages keep coming.
     assert_eq!(
-        tokio::task::spawn_blocking(move || first.terminate()).await.unwrap(),
+        tokio::task::spawn_blocking(move || first.terminate())
+            .await
+            .unwrap(),
         Some(0),
         "the leaving member drains and exits cleanly"
     );
@@ -287,45 +412,96 @@ async fn members_join_and_leave_under_load(protocol: &[&str]) {
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (reports, expected) = producing.await.unwrap();
     let target = last_offsets(&reports);
-    wait_for("the remaining member commits everything", JOIN_AND_FLUSH, || committed(&group, &topic, 4) == target)
-        .await;
+    wait_for(
+        "the remaining member commits everything",
+        JOIN_AND_FLUSH,
+        || committed(&group, &topic, 4) == target,
+    )
+    .await;
     let status = second.status().unwrap();
     assert_eq!(second.terminate(), Some(0));
 
     // Cooperative rebalancing: partitions only moved to the remaining member, so nothing was
     // ever revoked from it (it never stopped to drain); it ends with all four.
-    assert_eq!(status["rebalances"], 0, "no revoke for the member that only gained partitions");
+    assert_eq!(
+        status["rebalances"], 0,
+        "no revoke for the member that only gained partitions"
+    );
     assert_eq!(status["partitions"], json!([0, 1, 2, 3]));
     let (blobs, dead) = outcomes(&expected);
-    assert_eq!(blobs_under(dir.path()), blobs, "every segment stored, whichever member consumed it");
-    let consumed = (consumed_at_exit(&first_log), status["consumed"].as_u64().unwrap());
+    assert_eq!(
+        blobs_under(dir.path()),
+        blobs,
+        "every segment stored, whichever member consumed it"
+    );
+    let consumed = (
+        consumed_at_exit(&first_log),
+        status["consumed"].as_u64().unwrap(),
+    );
     assert_eq!(
         consumed.0 + consumed.1,
         expected.len() as u64,
         "every message consumed exactly once (leaving member, remaining member: {consumed:?})"
     );
-    let mut got = read_dlq(&dlq, &topic, &originals(&expected), dead.len(), Duration::from_secs(30));
+    let mut got = read_dlq(
+        &dlq,
+        &topic,
+        &originals(&expected),
+        dead.len(),
+        Duration::from_secs(30),
+    );
     got.sort();
-    assert_eq!(got, dead.into_iter().collect::<Vec<_>>(), "each invalid message dead-lettered once");
+    assert_eq!(
+        got,
+        dead.into_iter().collect::<Vec<_>>(),
+        "each invalid message dead-lettered once"
+    );
 
     // The leaving member drained for the partitions it gave away when the second joined (when it
     // left, its shutdown had drained already), and its lag gauges read 0 last: it owns nothing
     // any more, the other member reports them.
     let first_metrics = first_statsd.read();
-    let revokes = first_metrics.counters.get("replay_ingest.consumer.rebalances").copied().unwrap_or(0.0);
-    assert!(revokes >= 1.0, "consumer.rebalances counts each revoke drained: {revokes}\n{}", first_metrics.text);
+    let revokes = first_metrics
+        .counters
+        .get("replay_ingest.consumer.rebalances")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(
+        revokes >= 1.0,
+        "consumer.rebalances counts each revoke drained: {revokes}\n{}",
+        first_metrics.text
+    );
     let last_lags: BTreeMap<&str, f64> = first_metrics
         .values
         .iter()
-        .filter_map(|(k, v)| Some((k.strip_prefix("replay_ingest.consumer.lag|partition:")?, *v.last()?)))
+        .filter_map(|(k, v)| {
+            Some((
+                k.strip_prefix("replay_ingest.consumer.lag|partition:")?,
+                *v.last()?,
+            ))
+        })
         .collect();
-    assert!(!last_lags.is_empty(), "consumer.lag reported per partition:\n{}", first_metrics.text);
-    assert!(last_lags.values().all(|&lag| lag == 0.0), "given-away partitions read 0: {last_lags:?}");
+    assert!(
+        !last_lags.is_empty(),
+        "consumer.lag reported per partition:\n{}",
+        first_metrics.text
+    );
+    assert!(
+        last_lags.values().all(|&lag| lag == 0.0),
+        "given-away partitions read 0: {last_lags:?}"
+    );
     // The remaining member reports the lag of the partitions it holds.
     let metrics = statsd.read();
-    let lagged: BTreeSet<&str> =
-        metrics.values.keys().filter_map(|k| k.strip_prefix("replay_ingest.consumer.lag|partition:")).collect();
-    assert!(!lagged.is_empty(), "consumer.lag reported per partition:\n{}", metrics.text);
+    let lagged: BTreeSet<&str> = metrics
+        .values
+        .keys()
+        .filter_map(|k| k.strip_prefix("replay_ingest.consumer.lag|partition:"))
+        .collect();
+    assert!(
+        !lagged.is_empty(),
+        "consumer.lag reported per partition:\n{}",
+        metrics.text
+    );
 }
 
 /// More members than partitions: the one left without a partition is ready all the same, and the
@@ -341,7 +517,12 @@ async fn a_member_without_partitions_is_ready_and_a_rebalance_does_not_make_the_
     let dir = tempfile::tempdir().unwrap();
     let first = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
     let owns = |s: &Service| s.status().map(|s| s["partitions"].clone());
-    wait_for("the first member owning the partition", JOIN_AND_FLUSH, || owns(&first) == Some(json!([0]))).await;
+    wait_for(
+        "the first member owning the partition",
+        JOIN_AND_FLUSH,
+        || owns(&first) == Some(json!([0])),
+    )
+    .await;
 
     let second = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
     let ready = |s: &Service| s.get("/health/ready").map(|(code, _)| code);
@@ -356,8 +537,7 @@ async fn a_member_without_partitions_is_ready_and_a_rebalance_does_not_make_the_
         }
         let joined = second.status().is_some_and(|s| s["initialised"] == true);
         let owners = (owns(&first), owns(&second));
-        let one_owner =
-            matches!(&owners, (Some(a), Some(b)) if a.as_array().unwrap().len() + b.as_array().unwrap().len() == 1);
+        let one_owner = matches!(&owners, (Some(a), Some(b)) if a.as_array().unwrap().len() + b.as_array().unwrap().len() == 1);
         if joined && one_owner && settled_at.is_none() {
             settled_at = Some(std::time::Instant::now());
         }
@@ -366,12 +546,25 @@ async fn a_member_without_partitions_is_ready_and_a_rebalance_does_not_make_the_
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(settled_at.is_some(), "the group never settled with one owner");
-    assert_eq!(first_unready, 0, "the first member read unready during the rebalance");
+    assert!(
+        settled_at.is_some(),
+        "the group never settled with one owner"
+    );
+    assert_eq!(
+        first_unready, 0,
+        "the first member read unready during the rebalance"
+    );
     let (a, b) = (first.status().unwrap(), second.status().unwrap());
     let idle = if a["assigned"] == true { &b } else { &a };
-    assert_eq!((idle["assigned"].clone(), idle["partitions"].clone()), (json!(false), json!([])));
-    assert_eq!((ready(&first), ready(&second)), (Some(200), Some(200)), "both ready, idle or not");
+    assert_eq!(
+        (idle["assigned"].clone(), idle["partitions"].clone()),
+        (json!(false), json!([]))
+    );
+    assert_eq!(
+        (ready(&first), ready(&second)),
+        (Some(200), Some(200)),
+        "both ready, idle or not"
+    );
     assert_eq!(first.terminate(), Some(0));
     assert_eq!(second.terminate(), Some(0));
 }
@@ -389,31 +582,59 @@ async fn a_far_future_received_among_valid_messages_is_dead_lettered_and_no_memb
     let (first_statsd, second_statsd) = (Statsd::bind(), Statsd::bind());
     let mut first = Service::start(&names.args(first_statsd.port(), dir.path()));
     let mut second = Service::start(&names.args(second_statsd.port(), dir.path()));
-    let far: Vec<Vec<u8>> =
-        hostile::all().into_iter().filter(|h| h.invalid_reason == Some("invalid_received")).map(|h| h.value).collect();
+    let far: Vec<Vec<u8>> = hostile::all()
+        .into_iter()
+        .filter(|h| h.invalid_reason == Some("invalid_received"))
+        .map(|h| h.value)
+        .collect();
     assert_eq!(far.len(), 2);
-    let mut values: Vec<Vec<u8>> = (0..40).map(|i| common::load::fixture_copy(&small_fixtures(true), i)).collect();
+    let mut values: Vec<Vec<u8>> = (0..40)
+        .map(|i| common::load::fixture_copy(&small_fixtures(true), i))
+        .collect();
     values.insert(10, far[0].clone());
     values.insert(30, far[1].clone());
-    let (report, sent) =
-        produce_values(&names.topic, values.into_iter().zip(0..).map(|(v, i)| (v, test_key(i))).collect()).await;
+    let (report, sent) = produce_values(
+        &names.topic,
+        values
+            .into_iter()
+            .zip(0..)
+            .map(|(v, i)| (v, test_key(i)))
+            .collect(),
+    )
+    .await;
     wait_for("everything committed", JOIN_AND_FLUSH, || {
         committed(&names.group, &names.topic, 2) == expected_commits(&report)
     })
     .await;
     for member in [&mut first, &mut second] {
-        assert!(member.child.try_wait().unwrap().is_none(), "no member exited");
+        assert!(
+            member.child.try_wait().unwrap().is_none(),
+            "no member exited"
+        );
     }
     let (_, dead) = outcomes(&sent);
-    let got = read_dlq(&names.dlq, &names.topic, &originals(&sent), dead.len(), Duration::from_secs(30));
+    let got = read_dlq(
+        &names.dlq,
+        &names.topic,
+        &originals(&sent),
+        dead.len(),
+        Duration::from_secs(30),
+    );
     assert_eq!(got.len(), 2);
-    assert!(got.iter().all(|letter| letter.2 == "invalid_received"), "{got:?}");
+    assert!(
+        got.iter().all(|letter| letter.2 == "invalid_received"),
+        "{got:?}"
+    );
     let segment_0s = sent
         .iter()
         .filter_map(|s| replay_ingest::recording::process(&s.value, &Default::default()).ok())
         .filter(|p| p.ids.segment_id == 0)
         .count();
     let billed = read_messages(&names.outcomes, segment_0s, Duration::from_secs(30));
-    assert_eq!(billed.len(), segment_0s, "an outcome for every valid segment 0");
+    assert_eq!(
+        billed.len(),
+        segment_0s,
+        "an outcome for every valid segment 0"
+    );
     assert_eq!((first.terminate(), second.terminate()), (Some(0), Some(0)));
 }

@@ -11,14 +11,25 @@ use common::*;
 fn lines(stderr: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(stderr)
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {l}")))
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {l}"))
+        })
         .collect()
 }
 
 #[test]
 fn a_refused_configuration_is_one_json_error_line() {
     let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-        .args(["consume", "--blob-sink", "null", "--drain-deadline-ms", "40000", "--statsd-address", ""])
+        .args([
+            "consume",
+            "--blob-sink",
+            "null",
+            "--drain-deadline-ms",
+            "40000",
+            "--statsd-address",
+            "",
+        ])
         .env("REPLAY_INGEST_LOG_FORMAT", "json")
         .output()
         .unwrap();
@@ -26,7 +37,13 @@ fn a_refused_configuration_is_one_json_error_line() {
     let lines = lines(&out.stderr);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["level"], "ERROR");
-    assert!(lines[0]["message"].as_str().unwrap().contains("--drain-deadline-ms"), "{lines:?}");
+    assert!(
+        lines[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--drain-deadline-ms"),
+        "{lines:?}"
+    );
     assert!(lines[0]["timestamp"].as_str().unwrap().ends_with('Z'));
 }
 
@@ -44,16 +61,24 @@ async fn a_running_service_logs_json_with_its_fields_at_the_top_level() {
     let log = dir.path().join("service.log");
     let service = Service::start_logging_to(&args, &log);
     wait_for("partitions assigned", Duration::from_secs(30), || {
-        service.get("/health/ready").is_some_and(|(code, _)| code == 200)
+        service
+            .get("/health/ready")
+            .is_some_and(|(code, _)| code == 200)
     })
     .await;
     assert_eq!(service.terminate(), Some(0));
     let lines = lines(&std::fs::read(&log).unwrap());
-    let starting = lines.iter().find(|l| l["message"] == "starting").expect("the starting line");
+    let starting = lines
+        .iter()
+        .find(|l| l["message"] == "starting")
+        .expect("the starting line");
     assert_eq!(starting["level"], "INFO");
     assert_eq!(starting["target"], "replay_ingest");
     assert_eq!(starting["topic"], topic.as_str());
     assert_eq!(starting["group"], group.as_str());
-    let stopped = lines.iter().find(|l| l["message"] == "stopped cleanly").expect("the stop line");
+    let stopped = lines
+        .iter()
+        .find(|l| l["message"] == "stopped cleanly")
+        .expect("the stop line");
     assert_eq!(stopped["consumed"], 0);
 }

@@ -75,7 +75,10 @@ struct Measured {
 
 fn measure(value: &[u8]) -> Measured {
     // The configuration that holds the most: replay events kept to be republished.
-    let limits = Limits { republish_replay_event: true, ..Limits::default() };
+    let limits = Limits {
+        republish_replay_event: true,
+        ..Limits::default()
+    };
     // Once unmeasured: lazily initialised statics are not the segment's.
     drop(recording::process(value, &limits));
     let start = LIVE.with(Cell::get);
@@ -83,7 +86,11 @@ fn measure(value: &[u8]) -> Measured {
     let result = recording::process(value, &limits).map(Box::new);
     let held = LIVE.with(Cell::get) - start;
     let peak = PEAK.with(Cell::get) - start;
-    Measured { result, held: held.max(0) as usize, peak: peak.max(0) as usize }
+    Measured {
+        result,
+        held: held.max(0) as usize,
+        peak: peak.max(0) as usize,
+    }
 }
 
 /// The accounting and bound assertions, for a valid message; returns it.
@@ -91,17 +98,31 @@ fn assert_bounded(name: &str, value: &[u8]) -> Box<Processed> {
     let m = measure(value);
     let p = m.result.unwrap_or_else(|e| panic!("{name}: {e}"));
     let estimate = p.memory_bytes();
-    assert!(estimate >= m.held, "{name}: memory_bytes {estimate} < {} actually held", m.held);
+    assert!(
+        estimate >= m.held,
+        "{name}: memory_bytes {estimate} < {} actually held",
+        m.held
+    );
     assert!(
         estimate as f64 <= 1.25 * m.held as f64 + 64.0,
         "{name}: memory_bytes {estimate} overstates {} actually held",
         m.held
     );
-    assert!(m.held <= p.cost_bound(), "{name}: holds {} > bound {} (input {})", m.held, p.cost_bound(), p.input_bytes);
+    assert!(
+        m.held <= p.cost_bound(),
+        "{name}: holds {} > bound {} (input {})",
+        m.held,
+        p.cost_bound(),
+        p.input_bytes
+    );
     // The decompression buffer starts at most at 4 × the compressed size + 8 MiB (what a thread
     // retains anyway) and doubles up to at most twice the output.
     let peak_bound = 5 * value.len() + 3 * p.input_bytes + 8 * 1024 * 1024;
-    assert!(m.peak <= peak_bound, "{name}: peak {} > {peak_bound}", m.peak);
+    assert!(
+        m.peak <= peak_bound,
+        "{name}: peak {} > {peak_bound}",
+        m.peak
+    );
     p
 }
 
@@ -131,7 +152,11 @@ fn hostile_messages_are_processed_within_the_bound_or_rejected() {
                 let m = measure(&message.value);
                 let error = m.result.err().unwrap_or_else(|| panic!("{name}: accepted"));
                 assert_eq!(error.reason.as_str(), reason, "{name}: {}", error.detail);
-                assert!(m.peak <= 5 * message.value.len() + (8 << 20), "{name}: peak {}", m.peak);
+                assert!(
+                    m.peak <= 5 * message.value.len() + (8 << 20),
+                    "{name}: peak {}",
+                    m.peak
+                );
             }
             None => {
                 let p = assert_bounded(name, &message.value);
@@ -148,19 +173,36 @@ fn check_hostile_outcome(name: &str, p: &Processed) {
         "href-x-hydration-errors" => {
             assert_eq!(x.hydration_errors.len(), 1000);
             let page = x.urls[0].clone();
-            assert!(page.len() <= 8 * 1024 && page.ends_with('…'), "the 5 MiB URL is cut with a marker");
-            assert!(x.hydration_errors.iter().all(|h| h.url.is_none()), "only a breadcrumb's own url is its url");
+            assert!(
+                page.len() <= 8 * 1024 && page.ends_with('…'),
+                "the 5 MiB URL is cut with a marker"
+            );
+            assert!(
+                x.hydration_errors.iter().all(|h| h.url.is_none()),
+                "only a breadcrumb's own url is its url"
+            );
             let events = p.events(&IssueGates::default());
-            assert_eq!(events.len(), 2 + recording::occurrence::MAX_HYDRATION_ISSUES);
+            assert_eq!(
+                events.len(),
+                2 + recording::occurrence::MAX_HYDRATION_ISSUES
+            );
         }
         "href-x-clicks" => {
             assert_eq!((x.clicks.len(), p.rows(Default::default()).len()), (20, 21));
             assert!(x.clicks.iter().all(|c| c.url.is_empty()));
-            assert_eq!(p.events(&IssueGates::default()).len(), 2, "no rage-click issue without the click's own url");
+            assert_eq!(
+                p.events(&IssueGates::default()).len(),
+                2,
+                "no rage-click issue without the click's own url"
+            );
         }
         "long-click-fields" => {
             let c = &x.clicks[0];
-            assert!(c.selector.len() <= 1024 && c.url.len() <= 8 * 1024 && c.text.chars().count() == 1024);
+            assert!(
+                c.selector.len() <= 1024
+                    && c.url.len() <= 8 * 1024
+                    && c.text.chars().count() == 1024
+            );
             assert!(c.classes.iter().all(|class| class.len() <= 1024) && c.classes.len() == 10);
             assert!(x.truncated_values >= 20 * 13);
         }
@@ -168,22 +210,41 @@ fn check_hostile_outcome(name: &str, p: &Processed) {
         "tiny-events" => assert_eq!(x.events, 1_500_000),
         "many-distinct-urls" => {
             let listed = x.urls.len() as u64;
-            assert!(listed * 7000 <= recording::rrweb::MAX_LIST_BYTES as u64, "{listed} URLs listed");
+            assert!(
+                listed * 7000 <= recording::rrweb::MAX_LIST_BYTES as u64,
+                "{listed} URLs listed"
+            );
             assert_eq!((listed + x.dropped_items, x.truncated_values), (10_000, 0));
         }
         "many-interactions" => {
             assert_eq!((x.clicks.len(), x.taps.len()), (20, 20));
             assert!(x.dropped_items > 0);
-            assert!(x.navigations.len() <= 1000 && x.requests.len() <= 1000 && x.multi_clicks.len() <= 1000);
+            assert!(
+                x.navigations.len() <= 1000
+                    && x.requests.len() <= 1000
+                    && x.multi_clicks.len() <= 1000
+            );
         }
         "replay-event-huge-lists" => {
             let event = p.replay_event.as_ref().unwrap();
-            assert_eq!((event.urls.len(), event.error_ids.len(), event.trace_ids.len()), (100, 100, 100));
+            assert_eq!(
+                (
+                    event.urls.len(),
+                    event.error_ids.len(),
+                    event.trace_ids.len()
+                ),
+                (100, 100, 100)
+            );
             assert_eq!(event.tags.len(), recording::replay_event::MAX_TAGS);
             assert!(event.dropped_items >= 199_900 + 2 * 99_900 + 299_000);
         }
         "long-count-keys" => {
-            for counts in [&x.breadcrumbs_by_category, &x.spans_by_op, &x.custom_by_tag, &x.console] {
+            for counts in [
+                &x.breadcrumbs_by_category,
+                &x.spans_by_op,
+                &x.custom_by_tag,
+                &x.console,
+            ] {
                 assert!(counts.len() <= recording::rrweb::MAX_DISTINCT_KEYS + 1);
             }
             assert!(x.truncated_values >= 4 * 70);
@@ -268,5 +329,9 @@ fn a_decompression_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
     let m = measure(&std::fs::read(path).unwrap());
     assert_eq!(m.result.unwrap_err().reason, recording::Reason::TooLarge);
     let cap = recording::DEFAULT_MAX_DECOMPRESSED_BYTES;
-    assert!(m.peak <= cap + cap / 2, "peak {} for a cap of {cap}", m.peak);
+    assert!(
+        m.peak <= cap + cap / 2,
+        "peak {} for a cap of {cap}",
+        m.peak
+    );
 }

@@ -70,7 +70,9 @@ fn normalized(value: Value) -> Value {
     match value {
         Value::Number(n) => serde_json::json!(n.as_f64().unwrap()),
         Value::Array(items) => Value::Array(items.into_iter().map(normalized).collect()),
-        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, normalized(v))).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (k, normalized(v))).collect())
+        }
         other => other,
     }
 }
@@ -81,27 +83,58 @@ async fn snubas_ddl_runs_on_clickhouse_26_and_the_sinks_bytes_insert_and_read_ba
     let python = std::env::var("REPLAY_INGEST_CHDB_PYTHON")
         .expect("REPLAY_INGEST_CHDB_PYTHON: a python with chdb (scripts/test.sh installs one)");
     let (url, bodies) = capture_inserts().await;
-    let config = ClickHouseConfig { url, table: "replays_local".into(), chunk_rows: 100_000, ..clickhouse_config("x") };
+    let config = ClickHouseConfig {
+        url,
+        table: "replays_local".into(),
+        chunk_rows: 100_000,
+        ..clickhouse_config("x")
+    };
     let sink = ClickHouseSink::new(&config);
     let batch = fixture_batch();
     let (written, batch) =
-        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch).unwrap(), batch)).await.unwrap();
+        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch).unwrap(), batch))
+            .await
+            .unwrap();
     let expected = rows_of(&batch);
     assert_eq!(written.items as usize, expected.len());
-    let body: Vec<u8> = bodies.lock().unwrap().iter().flat_map(|b| decompress(b)).collect();
+    let body: Vec<u8> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|b| decompress(b))
+        .collect();
 
     let columns = <ReplayRow as clickhouse::Row>::COLUMN_NAMES;
     let structure: Vec<String> = columns
         .iter()
-        .map(|name| format!("`{name}` {}", TABLE.iter().find(|c| c.name == *name).unwrap().kind))
+        .map(|name| {
+            format!(
+                "`{name}` {}",
+                TABLE.iter().find(|c| c.name == *name).unwrap().kind
+            )
+        })
         .collect();
-    let current = ServerFeatures { version: ServerVersion(26, 9), hash_uuid: true };
+    let current = ServerFeatures {
+        version: ServerVersion(26, 9),
+        hash_uuid: true,
+    };
     let dir = tempfile::tempdir().unwrap();
     let files = [
-        ("ddl.sql", create_table_sql("db", "replays_local", current).into_bytes()),
+        (
+            "ddl.sql",
+            create_table_sql("db", "replays_local", current).into_bytes(),
+        ),
         ("rows.bin", body),
         ("structure.txt", structure.join(", ").into_bytes()),
-        ("columns.txt", columns.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ").into_bytes()),
+        (
+            "columns.txt",
+            columns
+                .iter()
+                .map(|c| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+                .into_bytes(),
+        ),
         ("check.py", CHDB_SCRIPT.as_bytes().to_vec()),
     ];
     for (name, contents) in &files {
@@ -113,11 +146,18 @@ async fn snubas_ddl_runs_on_clickhouse_26_and_the_sinks_bytes_insert_and_read_ba
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "chdb: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "chdb: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 
     let mut lines: Vec<&str> = stdout.lines().filter(|l| !l.trim().is_empty()).collect();
     let checks: Value = serde_json::from_str(lines.pop().unwrap()).unwrap();
-    assert_eq!(checks["wrong"], 0, "materialized counts and hashes computed for every row");
+    assert_eq!(
+        checks["wrong"], 0,
+        "materialized counts and hashes computed for every row"
+    );
     let sorted = |rows: Vec<Value>| {
         let mut rows: Vec<Value> = rows.into_iter().map(normalized).collect();
         rows.sort_by_key(|r| r.to_string());
@@ -132,9 +172,18 @@ async fn snubas_ddl_runs_on_clickhouse_26_and_the_sinks_bytes_insert_and_read_ba
         }
         row
     };
-    let read: Vec<Value> = lines.iter().map(|l| unquote_datetimes(serde_json::from_str(l).unwrap())).collect();
-    let built: Vec<Value> = expected.iter().map(|r| serde_json::to_value(r).unwrap()).collect();
-    assert!(built.iter().any(|r| r["ip_address_v6"] == "2001:db8::1") && built.iter().any(|r| r["click_is_rage"] == 1));
+    let read: Vec<Value> = lines
+        .iter()
+        .map(|l| unquote_datetimes(serde_json::from_str(l).unwrap()))
+        .collect();
+    let built: Vec<Value> = expected
+        .iter()
+        .map(|r| serde_json::to_value(r).unwrap())
+        .collect();
+    assert!(
+        built.iter().any(|r| r["ip_address_v6"] == "2001:db8::1")
+            && built.iter().any(|r| r["click_is_rage"] == 1)
+    );
     let (read, built) = (sorted(read), sorted(built));
     assert_eq!(read.len(), built.len(), "row count");
     for (got, want) in read.iter().zip(&built) {
@@ -143,6 +192,9 @@ async fn snubas_ddl_runs_on_clickhouse_26_and_the_sinks_bytes_insert_and_read_ba
             .filter(|c| got[**c] != want[**c])
             .map(|c| format!("{c}: read {} built {}", got[*c], want[*c]))
             .collect();
-        assert!(differing.is_empty(), "a row reads back differently: {differing:?}");
+        assert!(
+            differing.is_empty(),
+            "a row reads back differently: {differing:?}"
+        );
     }
 }

@@ -25,7 +25,13 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
         let relative = file.strip_prefix(&src).unwrap();
-        let first = relative.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
+        let first = relative
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy()
+            .into_owned();
         let module = first.trim_end_matches(".rs").to_owned();
         if module == "main" || module == "lib" {
             continue;

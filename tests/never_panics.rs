@@ -10,7 +10,10 @@ use proptest::prelude::*;
 use replay_ingest::recording::{self, IssueGates, KafkaPosition, Limits, Processed};
 
 fn limits() -> Limits {
-    Limits { max_decompressed_bytes: 1 << 20, ..Limits::default() }
+    Limits {
+        max_decompressed_bytes: 1 << 20,
+        ..Limits::default()
+    }
 }
 
 fn seed_fixtures() -> Vec<Vec<u8>> {
@@ -29,7 +32,10 @@ fn seed_fixtures() -> Vec<Vec<u8>> {
 
 /// Everything the flush's sinks build from a processed segment, built and serialized.
 fn build_every_output(processed: &Processed) {
-    let at = KafkaPosition { partition: i32::MAX, offset: i64::MAX };
+    let at = KafkaPosition {
+        partition: i32::MAX,
+        offset: i64::MAX,
+    };
     for row in processed.rows(at) {
         serde_json::to_vec(&row).unwrap();
     }
@@ -54,7 +60,9 @@ fn with_fields(
     segment_id: u32,
     publish_disabled: bool,
 ) -> Vec<u8> {
-    let rmpv::Value::Map(mut map) = rmpv::decode::read_value(&mut &fixture[..]).unwrap() else { unreachable!() };
+    let rmpv::Value::Map(mut map) = rmpv::decode::read_value(&mut &fixture[..]).unwrap() else {
+        unreachable!()
+    };
     map.retain(|(k, _)| !matches!(k.as_str(), Some("key_id" | "retention_days")));
     for (k, v) in map.iter_mut() {
         match k.as_str() {

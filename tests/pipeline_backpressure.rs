@@ -58,14 +58,22 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
     create_topic(&topic, 2).await;
     let (report, _) = produce_fixtures(&topic, &small_fixtures(true), 300).await;
 
-    let (writes, messages, largest) = (Arc::default(), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (writes, messages, largest) = (
+        Arc::default(),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
     let sink = SlowSink {
         delay: Duration::from_millis(1500),
         writes: Arc::clone(&writes),
         messages: messages.clone(),
         largest: largest.clone(),
     };
-    let args = consume_args(&topic, &group, &["--buffer-max-messages", "8", "--max-flushes-in-flight", "1"]);
+    let args = consume_args(
+        &topic,
+        &group,
+        &["--buffer-max-messages", "8", "--max-flushes-in-flight", "1"],
+    );
     let status = Arc::new(Status::default());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let service = tokio::spawn({
@@ -85,23 +93,48 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
     });
 
     // While the first flush sleeps, the next buffer fills to its limit, then intake pauses.
-    wait_for("intake paused behind the slow flush", Duration::from_secs(60), || status.paused.load(Ordering::SeqCst))
-        .await;
+    wait_for(
+        "intake paused behind the slow flush",
+        Duration::from_secs(60),
+        || status.paused.load(Ordering::SeqCst),
+    )
+    .await;
     assert_eq!(status.flushes_in_flight.load(Ordering::SeqCst), 1);
-    assert!(status.buffer_messages.load(Ordering::SeqCst) >= 8, "the next buffer filled while the flush ran");
-    assert_eq!(writes.load(Ordering::SeqCst), 0, "paused before the first slow write finished");
+    assert!(
+        status.buffer_messages.load(Ordering::SeqCst) >= 8,
+        "the next buffer filled while the flush ran"
+    );
+    assert_eq!(
+        writes.load(Ordering::SeqCst),
+        0,
+        "paused before the first slow write finished"
+    );
 
     let target = expected_commits(&report);
-    wait_for("everything flushed and committed", Duration::from_secs(120), || committed(&group, &topic, 2) == target)
-        .await;
+    wait_for(
+        "everything flushed and committed",
+        Duration::from_secs(120),
+        || committed(&group, &topic, 2) == target,
+    )
+    .await;
     // A buffer (each batch is one) never grows past its limit plus the messages that were in the
     // processing window when it filled: far below the backlog an unbounded buffer would take.
     let bound = 8 + pipeline::PROCESSING_WINDOW_MESSAGES;
     let largest = largest.load(Ordering::SeqCst);
-    assert!(largest <= bound, "a batch of {largest} messages, over the bound of {bound}");
+    assert!(
+        largest <= bound,
+        "a batch of {largest} messages, over the bound of {bound}"
+    );
     assert!(status.pauses.load(Ordering::SeqCst) >= 1);
-    assert!(!status.paused.load(Ordering::SeqCst), "resumed once flushes caught up");
-    assert_eq!(messages.load(Ordering::SeqCst), 300, "every message written once");
+    assert!(
+        !status.paused.load(Ordering::SeqCst),
+        "resumed once flushes caught up"
+    );
+    assert_eq!(
+        messages.load(Ordering::SeqCst),
+        300,
+        "every message written once"
+    );
 
     stop.send(()).unwrap();
     service.await.unwrap().unwrap();
@@ -115,8 +148,15 @@ async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
     produce_fixtures(&topic, &small_fixtures(true), 5).await;
 
     let attempts = Arc::new(AtomicUsize::new(0));
-    let sink = FailingSink { retry: Retry::Retryable, attempts: attempts.clone() };
-    let args = consume_args(&topic, &group, &["--flush-max-attempts", "3", "--flush-max-backoff-ms", "50"]);
+    let sink = FailingSink {
+        retry: Retry::Retryable,
+        attempts: attempts.clone(),
+    };
+    let args = consume_args(
+        &topic,
+        &group,
+        &["--flush-max-attempts", "3", "--flush-max-backoff-ms", "50"],
+    );
     let never = std::future::pending::<()>();
     let result = pipeline::consume(
         args.pipeline_settings().unwrap(),
@@ -126,9 +166,19 @@ async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
     )
     .await;
 
-    assert!(matches!(result, Err(PipelineError::Flush(ref e)) if e.sink == "failing"), "{result:?}");
-    assert_eq!(attempts.load(Ordering::SeqCst), 3, "retried up to the configured attempts");
-    assert!(committed(&group, &topic, 1).is_empty(), "nothing committed past a failed flush");
+    assert!(
+        matches!(result, Err(PipelineError::Flush(ref e)) if e.sink == "failing"),
+        "{result:?}"
+    );
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        3,
+        "retried up to the configured attempts"
+    );
+    assert!(
+        committed(&group, &topic, 1).is_empty(),
+        "nothing committed past a failed flush"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -139,7 +189,10 @@ async fn a_fatal_sink_error_is_not_retried() {
     produce_fixtures(&topic, &small_fixtures(true), 2).await;
 
     let attempts = Arc::new(AtomicUsize::new(0));
-    let sink = FailingSink { retry: Retry::Fatal, attempts: attempts.clone() };
+    let sink = FailingSink {
+        retry: Retry::Fatal,
+        attempts: attempts.clone(),
+    };
     let args = consume_args(&topic, &group, &[]);
     let result = pipeline::consume(
         args.pipeline_settings().unwrap(),

@@ -38,7 +38,11 @@ impl Sink for Switchable {
             std::thread::sleep(Duration::from_millis(10));
         }
         if self.down.load(Ordering::SeqCst) {
-            return Err(SinkError::new("switchable", Retry::Retryable, "connection refused"));
+            return Err(SinkError::new(
+                "switchable",
+                Retry::Retryable,
+                "connection refused",
+            ));
         }
         self.messages.fetch_add(batch.len(), Ordering::SeqCst);
         Ok(Written::default())
@@ -71,14 +75,22 @@ fn spawn(
     args: ConsumeArgs,
     sink: Switchable,
     status: Arc<Status>,
-) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), pipeline::PipelineError>>) {
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), pipeline::PipelineError>>,
+) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async {
             let _ = stopped.await;
         };
-        pipeline::consume(args.pipeline_settings().unwrap(), Sinks::new(vec![vec![Box::new(sink)]]), status, shutdown)
-            .await
+        pipeline::consume(
+            args.pipeline_settings().unwrap(),
+            Sinks::new(vec![vec![Box::new(sink)]]),
+            status,
+            shutdown,
+        )
+        .await
     });
     (stop, task)
 }
@@ -86,7 +98,12 @@ fn spawn(
 /// CPU time (user + system) this process has used, in clock ticks (1/100 s).
 fn cpu_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
@@ -104,22 +121,36 @@ async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_serv
     let (report, _) = produce_fixtures(&topic, &small_fixtures(true), 20).await;
 
     // Far more attempts than the old limit of 10, and the service is still running.
-    wait_for("40 failed attempts", Duration::from_secs(60), || sink.attempts.load(Ordering::SeqCst) >= 40).await;
+    wait_for("40 failed attempts", Duration::from_secs(60), || {
+        sink.attempts.load(Ordering::SeqCst) >= 40
+    })
+    .await;
     assert!(!task.is_finished(), "an outage never stops the service");
-    assert!(committed(&group, &topic, 1).is_empty(), "nothing committed during the outage");
+    assert!(
+        committed(&group, &topic, 1).is_empty(),
+        "nothing committed during the outage"
+    );
     assert!(status.live(), "retrying is not wedged");
     let outage = &status.report()["outages"]["switchable"];
     assert_eq!(outage["last_error"], "connection refused", "{outage}");
-    assert!(outage["failed_attempts"].as_u64().unwrap() >= 40 && outage["since_ms"].as_u64().unwrap() > 0);
+    assert!(
+        outage["failed_attempts"].as_u64().unwrap() >= 40
+            && outage["since_ms"].as_u64().unwrap() > 0
+    );
 
     sink.down.store(false, Ordering::SeqCst);
     let target = expected_commits(&report);
-    wait_for("everything committed after the outage", Duration::from_secs(60), || {
-        committed(&group, &topic, 1) == target
-    })
+    wait_for(
+        "everything committed after the outage",
+        Duration::from_secs(60),
+        || committed(&group, &topic, 1) == target,
+    )
     .await;
     assert_eq!(sink.messages.load(Ordering::SeqCst), 20);
-    assert!(status.report()["outages"].as_object().unwrap().is_empty(), "the outage is over");
+    assert!(
+        status.report()["outages"].as_object().unwrap().is_empty(),
+        "the outage is over"
+    );
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 }
@@ -136,10 +167,16 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
     let args = consume_args(&topic, &group, &["--max-flushes-in-flight", "1"]);
     let (stop, task) = spawn(args, sink.clone(), status.clone());
     produce_fixtures(&topic, &small_fixtures(true), 10).await;
-    wait_for("a flush hung", Duration::from_secs(60), || sink.attempts.load(Ordering::SeqCst) == 1).await;
+    wait_for("a flush hung", Duration::from_secs(60), || {
+        sink.attempts.load(Ordering::SeqCst) == 1
+    })
+    .await;
     produce_fixtures(&topic, &small_fixtures(true), 10).await;
     // The next buffer fills and passes its 200 ms age while the flush hangs.
-    wait_for("a waiting buffer", Duration::from_secs(30), || status.buffer_messages.load(Ordering::SeqCst) > 0).await;
+    wait_for("a waiting buffer", Duration::from_secs(30), || {
+        status.buffer_messages.load(Ordering::SeqCst) > 0
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let (start, ticks) = (Instant::now(), cpu_ticks());
@@ -148,7 +185,10 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
     assert!(used < 0.05, "{:.1} % of a core while waiting", used * 100.0);
 
     drop(hung);
-    wait_for("both batches written", Duration::from_secs(30), || sink.messages.load(Ordering::SeqCst) == 20).await;
+    wait_for("both batches written", Duration::from_secs(30), || {
+        sink.messages.load(Ordering::SeqCst) == 20
+    })
+    .await;
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 }
@@ -163,32 +203,65 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     let hung = Switchable::default();
     let release = hung.hang();
     let status = Arc::new(Status::default());
-    let (stop, task) = spawn(consume_args(&topic, &group, &[]), hung.clone(), status.clone());
+    let (stop, task) = spawn(
+        consume_args(&topic, &group, &[]),
+        hung.clone(),
+        status.clone(),
+    );
     let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
-    wait_for("the first member's flush hung", Duration::from_secs(60), || hung.attempts.load(Ordering::SeqCst) >= 1)
-        .await;
+    wait_for(
+        "the first member's flush hung",
+        Duration::from_secs(60),
+        || hung.attempts.load(Ordering::SeqCst) >= 1,
+    )
+    .await;
 
     // A second member joins: the first must give up a partition within the drain deadline
     // (1.5 s), without exiting, though its flush never returns; it keeps the other partition.
     let dir = tempfile::tempdir().unwrap();
     let other = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
-    wait_for("the first member revoked", Duration::from_secs(60), || status.rebalances.load(Ordering::SeqCst) >= 1)
-        .await;
-    assert!(!task.is_finished(), "a revoke that misses its drain deadline does not stop the member");
-    wait_for("the second member wrote blobs", Duration::from_secs(60), || !files_under(dir.path()).is_empty()).await;
-    assert_eq!(hung.messages.load(Ordering::SeqCst), 0, "the first member's flush is still hung");
+    wait_for("the first member revoked", Duration::from_secs(60), || {
+        status.rebalances.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    assert!(
+        !task.is_finished(),
+        "a revoke that misses its drain deadline does not stop the member"
+    );
+    wait_for(
+        "the second member wrote blobs",
+        Duration::from_secs(60),
+        || !files_under(dir.path()).is_empty(),
+    )
+    .await;
+    assert_eq!(
+        hung.messages.load(Ordering::SeqCst),
+        0,
+        "the first member's flush is still hung"
+    );
 
     // The sink comes back: the stale flush finishes; the offsets of the partition given away are
     // not committed (its new owner's), those of the partition kept are; the group commits every
     // message exactly to the end.
     drop(release);
     let target = expected_commits(&report);
-    wait_for("everything committed by the group", Duration::from_secs(120), || committed(&group, &topic, 2) == target)
-        .await;
-    wait_for("the stale flush finished", Duration::from_secs(30), || hung.messages.load(Ordering::SeqCst) > 0).await;
+    wait_for(
+        "everything committed by the group",
+        Duration::from_secs(120),
+        || committed(&group, &topic, 2) == target,
+    )
+    .await;
+    wait_for("the stale flush finished", Duration::from_secs(30), || {
+        hung.messages.load(Ordering::SeqCst) > 0
+    })
+    .await;
     let (blobs, _) = outcomes(&sent);
     for (key, digest) in blobs_under(dir.path()) {
-        assert_eq!(blobs.get(&key), Some(&digest), "{key}: only produced segments, byte for byte");
+        assert_eq!(
+            blobs.get(&key),
+            Some(&digest),
+            "{key}: only produced segments, byte for byte"
+        );
     }
     let counted = status.flushed.load(Ordering::SeqCst) as usize;
     assert!(
@@ -213,11 +286,23 @@ impl Sink for Picky {
         "picky"
     }
     fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
-        if batch.iter().any(|e| self.bad.contains(&(e.partition, e.offset))) {
-            return Err(SinkError::new("picky", Retry::Rejected, "Code: 27. Cannot parse input: row 3"));
+        if batch
+            .iter()
+            .any(|e| self.bad.contains(&(e.partition, e.offset)))
+        {
+            return Err(SinkError::new(
+                "picky",
+                Retry::Rejected,
+                "Code: 27. Cannot parse input: row 3",
+            ));
         }
-        self.accepted
-            .fetch_add(batch.iter().filter(|e| matches!(e.outcome, Outcome::Valid(_))).count(), Ordering::SeqCst);
+        self.accepted.fetch_add(
+            batch
+                .iter()
+                .filter(|e| matches!(e.outcome, Outcome::Valid(_)))
+                .count(),
+            Ordering::SeqCst,
+        );
         Ok(Written::default())
     }
 }
@@ -230,17 +315,32 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
     create_topic(&topic, 2).await;
     create_topic(&dlq, 1).await;
     let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
-    let bad: Vec<(i32, i64)> = [&sent[4], &sent[17]].iter().map(|s| (s.partition, s.offset)).collect();
+    let bad: Vec<(i32, i64)> = [&sent[4], &sent[17]]
+        .iter()
+        .map(|s| (s.partition, s.offset))
+        .collect();
 
     let accepted = Arc::new(AtomicUsize::new(0));
     let args = consume_args(&topic, &group, &[]);
     let dlq_sink = DlqSink::new(producer(), &dlq, 1_000_000, None);
-    let config = rdkafka::ClientConfig::new().set("bootstrap.servers", brokers()).clone();
+    let config = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .clone();
     let source = Refetcher::new(config, &topic, &format!("{group}-refetch")).unwrap();
-    let rejections =
-        RejectedToDlq { dlq: dlq_sink.clone(), source, source_topic: topic.clone(), timeout: Duration::from_secs(10) };
+    let rejections = RejectedToDlq {
+        dlq: dlq_sink.clone(),
+        source,
+        source_topic: topic.clone(),
+        timeout: Duration::from_secs(10),
+    };
     let sinks = Sinks {
-        stages: vec![vec![Box::new(Picky { bad: bad.clone(), accepted: accepted.clone() }), Box::new(dlq_sink)]],
+        stages: vec![vec![
+            Box::new(Picky {
+                bad: bad.clone(),
+                accepted: accepted.clone(),
+            }),
+            Box::new(dlq_sink),
+        ]],
         rejections: Some(Box::new(rejections)),
     };
     let status = Arc::new(Status::default());
@@ -256,19 +356,36 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
     });
 
     let target = expected_commits(&report);
-    wait_for("everything committed", Duration::from_secs(60), || committed(&group, &topic, 2) == target).await;
-    assert_eq!(accepted.load(Ordering::SeqCst), 28, "every other message written");
+    wait_for("everything committed", Duration::from_secs(60), || {
+        committed(&group, &topic, 2) == target
+    })
+    .await;
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        28,
+        "every other message written"
+    );
     assert_eq!(status.report()["invalid_by_reason"]["rejected_by_sink"], 2);
 
     let dead = read_messages(&dlq, 2, Duration::from_secs(30));
     assert_eq!(dead.len(), 2, "each rejected message dead-lettered once");
     for Received { value, headers, .. } in &dead {
-        let at = (headers["original_partition"].parse().unwrap(), headers["original_offset"].parse().unwrap());
+        let at = (
+            headers["original_partition"].parse().unwrap(),
+            headers["original_offset"].parse().unwrap(),
+        );
         assert!(bad.contains(&at), "{at:?}");
         let original = sent.iter().find(|s| (s.partition, s.offset) == at).unwrap();
         assert_eq!(value, &original.value, "the original bytes");
-        assert_eq!((headers["reason"].as_str(), headers["sink"].as_str()), ("rejected_by_sink", "picky"));
-        assert!(headers["detail"].starts_with("picky: Code: 27"), "{}", headers["detail"]);
+        assert_eq!(
+            (headers["reason"].as_str(), headers["sink"].as_str()),
+            ("rejected_by_sink", "picky")
+        );
+        assert!(
+            headers["detail"].starts_with("picky: Code: 27"),
+            "{}",
+            headers["detail"]
+        );
     }
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();

@@ -4,8 +4,15 @@ use std::process::Command;
 
 #[test]
 fn readme_documents_every_consume_flag_and_its_environment_variable() {
-    let table = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md")).unwrap();
-    let help = Command::new(env!("CARGO_BIN_EXE_replay-ingest")).args(["consume", "--help"]).output().unwrap();
+    let table = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/configuration.md"
+    ))
+    .unwrap();
+    let help = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .args(["consume", "--help"])
+        .output()
+        .unwrap();
     let help = String::from_utf8(help.stdout).unwrap();
     let flags: Vec<&str> = help
         .lines()
@@ -18,9 +25,15 @@ fn readme_documents_every_consume_flag_and_its_environment_variable() {
         .filter_map(|l| l.trim().strip_prefix("[env: "))
         .filter_map(|l| l.split(['=', ']']).next())
         .collect();
-    assert!(flags.len() > 20 && flags.len() == envs.len(), "{flags:?} {envs:?}");
+    assert!(
+        flags.len() > 20 && flags.len() == envs.len(),
+        "{flags:?} {envs:?}"
+    );
     for (flag, env) in flags.iter().zip(&envs) {
         let row = format!("| `--{flag}` | `{env}` |");
-        assert!(table.contains(&row), "docs/configuration.md lacks the configuration row for --{flag} ({env})");
+        assert!(
+            table.contains(&row),
+            "docs/configuration.md lacks the configuration row for --{flag} ({env})"
+        );
     }
 }

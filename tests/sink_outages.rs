@@ -40,10 +40,14 @@ impl Drop for Hung {
 /// Service flags for `names` with every real sink, one-second sink requests and DogStatsD on
 /// `statsd`.
 fn args(names: &Names, statsd: &Statsd, dir: &std::path::Path) -> Vec<String> {
-    with_flag(names.args(statsd.port(), dir), "--flush-max-backoff-ms", "200")
-        .into_iter()
-        .chain(["--sink-timeout-ms", "1000"].map(String::from))
-        .collect()
+    with_flag(
+        names.args(statsd.port(), dir),
+        "--flush-max-backoff-ms",
+        "200",
+    )
+    .into_iter()
+    .chain(["--sink-timeout-ms", "1000"].map(String::from))
+    .collect()
 }
 
 /// Waits until the service has consumed `consumed` messages and failed `sink`'s writes at least
@@ -55,14 +59,26 @@ async fn riding_out(
     consumed: u64,
     commits: &std::collections::BTreeMap<i32, i64>,
 ) {
-    wait_for(&format!("{consumed} consumed and the {sink} sink failing"), JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| {
-            s["consumed"].as_u64() >= Some(consumed) && s["outages"][sink]["failed_attempts"].as_u64() >= Some(3)
-        })
-    })
+    wait_for(
+        &format!("{consumed} consumed and the {sink} sink failing"),
+        JOIN_AND_FLUSH,
+        || {
+            service.status().is_some_and(|s| {
+                s["consumed"].as_u64() >= Some(consumed)
+                    && s["outages"][sink]["failed_attempts"].as_u64() >= Some(3)
+            })
+        },
+    )
     .await;
-    assert_eq!(committed(&names.group, &names.topic, 2), *commits, "nothing committed during the {sink} outage");
-    assert!(service.status().unwrap()["live"] == true, "waiting out an outage is not a wedged process");
+    assert_eq!(
+        committed(&names.group, &names.topic, 2),
+        *commits,
+        "nothing committed during the {sink} outage"
+    );
+    assert!(
+        service.status().unwrap()["live"] == true,
+        "waiting out an outage is not a wedged process"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -74,7 +90,10 @@ async fn a_hung_blob_store_is_ridden_out_and_every_blob_lands() {
     let service = Service::start(&args(&names, &statsd, dir.path()));
     let fixtures = small_fixtures(true);
     let (first, first_sent) = produce_fixtures(&names.topic, &fixtures, 10).await;
-    wait_for("first batch committed", JOIN_AND_FLUSH, || service.committed() == expected_commits(&first)).await;
+    wait_for("first batch committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&first)
+    })
+    .await;
 
     let hung = Hung::begin("gcs");
     let (second, second_sent) = produce_fixtures(&names.topic, &fixtures, 10).await;
@@ -83,15 +102,24 @@ async fn a_hung_blob_store_is_ridden_out_and_every_blob_lands() {
 
     let mut target = expected_commits(&first);
     target.extend(expected_commits(&second));
-    wait_for("everything committed once GCS answers", JOIN_AND_FLUSH, || {
-        committed(&names.group, &names.topic, 2) == target
-    })
+    wait_for(
+        "everything committed once GCS answers",
+        JOIN_AND_FLUSH,
+        || committed(&names.group, &names.topic, 2) == target,
+    )
     .await;
     assert_eq!(service.terminate(), Some(0));
     every_blob_in_gcs(&names.bucket, first_sent.iter().chain(&second_sent)).await;
     let metrics = statsd.read();
-    let retries = metrics.counters.get("replay_ingest.flush.retries|sink:gcs").copied().unwrap_or(0.0);
-    assert!(retries >= 3.0, "flush.retries counts the timed-out attempts: {retries}");
+    let retries = metrics
+        .counters
+        .get("replay_ingest.flush.retries|sink:gcs")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(
+        retries >= 3.0,
+        "flush.retries counts the timed-out attempts: {retries}"
+    );
 }
 
 /// The probes over HTTP through an outage and a shutdown that cannot drain: live and ready while
@@ -104,11 +132,21 @@ async fn probes_through_an_outage_and_a_shutdown_that_misses_its_drain_deadline(
     let _serial = SERIAL.lock().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let args = with_flag(args(&names, &statsd, dir.path()), "--session-timeout-ms", "10000");
+    let args = with_flag(
+        args(&names, &statsd, dir.path()),
+        "--session-timeout-ms",
+        "10000",
+    );
     let service = Service::start(&with_flag(args, "--drain-deadline-ms", "3000"));
     let probe = |path: &str| service.get(path).map(|(code, _)| code);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
-    assert_eq!((probe("/health/live"), probe("/health/ready")), (Some(200), Some(200)));
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["assigned"] == true)
+    })
+    .await;
+    assert_eq!(
+        (probe("/health/live"), probe("/health/ready")),
+        (Some(200), Some(200))
+    );
 
     let hung = Hung::begin("gcs");
     produce_fixtures(&names.topic, &small_fixtures(true), 5).await;
@@ -121,12 +159,26 @@ async fn probes_through_an_outage_and_a_shutdown_that_misses_its_drain_deadline(
 
     let started = std::time::Instant::now();
     service.signal_term();
-    wait_for("not ready while draining", Duration::from_secs(3), || probe("/health/ready") == Some(503)).await;
+    wait_for("not ready while draining", Duration::from_secs(3), || {
+        probe("/health/ready") == Some(503)
+    })
+    .await;
     assert_eq!(probe("/health/live"), Some(200), "draining is not wedged");
-    assert_eq!(service.exit_within(Duration::from_secs(20)).await, Some(1), "a drain that misses its deadline exits 1");
-    assert!(started.elapsed() >= Duration::from_secs(3), "the drain waited out its deadline: {:?}", started.elapsed());
+    assert_eq!(
+        service.exit_within(Duration::from_secs(20)).await,
+        Some(1),
+        "a drain that misses its deadline exits 1"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "the drain waited out its deadline: {:?}",
+        started.elapsed()
+    );
     drop(hung);
-    assert!(committed(&names.group, &names.topic, 2).is_empty(), "nothing committed of what was not written");
+    assert!(
+        committed(&names.group, &names.topic, 2).is_empty(),
+        "nothing committed of what was not written"
+    );
 }
 
 /// Produces `messages`, waits until the service has consumed them, then hangs the broker before
@@ -139,21 +191,34 @@ async fn broker_hung_around_the_flush(
     messages: &[Vec<u8>],
     sink: &str,
 ) -> (common::load::Produced, Vec<Sent>) {
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["assigned"] == true)
+    })
+    .await;
     let (report, sent) = produce_fixtures(&names.topic, messages, messages.len() as u64).await;
     wait_for("the messages consumed", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["consumed"].as_u64() >= Some(messages.len() as u64))
+        service
+            .status()
+            .is_some_and(|s| s["consumed"].as_u64() >= Some(messages.len() as u64))
     })
     .await;
     let hung = Hung::begin("kafka");
-    wait_for(&format!("the {sink} sink failing while the broker hangs"), Duration::from_secs(30), || {
-        service.status().is_some_and(|s| s["outages"][sink]["failed_attempts"].as_u64() >= Some(2))
-    })
+    wait_for(
+        &format!("the {sink} sink failing while the broker hangs"),
+        Duration::from_secs(30),
+        || {
+            service
+                .status()
+                .is_some_and(|s| s["outages"][sink]["failed_attempts"].as_u64() >= Some(2))
+        },
+    )
     .await;
     drop(hung);
-    wait_for("everything committed once the broker answers", JOIN_AND_FLUSH, || {
-        committed(&names.group, &names.topic, 2) == expected_commits(&report)
-    })
+    wait_for(
+        "everything committed once the broker answers",
+        JOIN_AND_FLUSH,
+        || committed(&names.group, &names.topic, 2) == expected_commits(&report),
+    )
     .await;
     (report, sent)
 }
@@ -164,8 +229,16 @@ async fn broker_hung_around_the_flush(
 async fn broker_hang_run(messages: &[Vec<u8>], sink: &str) -> (Names, Vec<Sent>) {
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let args = with_flag(args(&names, &statsd, dir.path()), "--session-timeout-ms", "10000");
-    let args = with_flag(with_flag(args, "--drain-deadline-ms", "8000"), "--buffer-max-age-ms", "3000");
+    let args = with_flag(
+        args(&names, &statsd, dir.path()),
+        "--session-timeout-ms",
+        "10000",
+    );
+    let args = with_flag(
+        with_flag(args, "--drain-deadline-ms", "8000"),
+        "--buffer-max-age-ms",
+        "3000",
+    );
     let service = Service::start(&args);
     let (_, sent) = broker_hung_around_the_flush(&service, &names, messages, sink).await;
     assert_eq!(service.terminate(), Some(0));
@@ -183,8 +256,16 @@ async fn an_events_outage_is_ridden_out_and_every_event_lands() {
     // At least once: a delivery that timed out in the hang may still reach the topic when the
     // broker resumes, beside its retry (docs/architecture.md, "Guarantees").
     let announced = read_messages(&names.analytics, 1, Duration::from_secs(30));
-    assert!(!announced.is_empty(), "the first-replay event is sent after the outage");
-    assert!(announced.iter().all(|m| m.key.as_deref() == Some(&b"42"[..])), "keyed by its project");
+    assert!(
+        !announced.is_empty(),
+        "the first-replay event is sent after the outage"
+    );
+    assert!(
+        announced
+            .iter()
+            .all(|m| m.key.as_deref() == Some(&b"42"[..])),
+        "keyed by its project"
+    );
     let segment_0s = sent
         .iter()
         .filter_map(|s| recording::process(&s.value, &Limits::default()).ok())
@@ -192,7 +273,10 @@ async fn an_events_outage_is_ridden_out_and_every_event_lands() {
         .count();
     assert!(segment_0s > 0);
     let outcomes: std::collections::BTreeSet<Vec<u8>> =
-        read_messages(&names.outcomes, segment_0s, Duration::from_secs(30)).into_iter().map(|m| m.value).collect();
+        read_messages(&names.outcomes, segment_0s, Duration::from_secs(30))
+            .into_iter()
+            .map(|m| m.value)
+            .collect();
     assert_eq!(outcomes.len(), segment_0s, "an outcome for every segment 0");
 }
 
@@ -205,8 +289,18 @@ async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands() {
     // At least once: the deliveries that timed out in the hang reach the topic when the broker
     // resumes, beside their retries (docs/architecture.md, "Guarantees"); none is lost.
     let (_, dead) = outcomes(&sent);
-    let got = read_dlq(&names.dlq, &names.topic, &originals(&sent), dead.len(), Duration::from_secs(30));
-    assert_eq!(got.into_iter().collect::<std::collections::BTreeSet<_>>(), dead, "every dead letter, after the outage");
+    let got = read_dlq(
+        &names.dlq,
+        &names.topic,
+        &originals(&sent),
+        dead.len(),
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        got.into_iter().collect::<std::collections::BTreeSet<_>>(),
+        dead,
+        "every dead letter, after the outage"
+    );
 }
 
 /// A flood of idle and half-sent connections against the probe port of a service whose file
@@ -224,14 +318,19 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
     let service = Service::start_with_fd_limit(&args(&names, &statsd, dir.path()), 1024);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["assigned"] == true)
+    })
+    .await;
 
     let port = service.port;
     let flood = tokio::task::spawn_blocking(move || {
         use std::io::Write;
         let mut held = Vec::new();
         for i in 0..10_000 {
-            let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { continue };
+            let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                continue;
+            };
             if i % 2 == 1 {
                 let _ = stream.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nX-Slow: ");
             }
@@ -247,15 +346,29 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let held = flood.await.unwrap();
-    assert!(held.len() >= 9_000, "the flood opened {} connections", held.len());
+    assert!(
+        held.len() >= 9_000,
+        "the flood opened {} connections",
+        held.len()
+    );
     for _ in 0..20 {
-        assert_eq!(service.probe("/health/live"), Some(200), "live within a second, the flood held open");
-        assert_eq!(service.probe("/health/ready"), Some(200), "ready within a second, the flood held open");
+        assert_eq!(
+            service.probe("/health/live"),
+            Some(200),
+            "live within a second, the flood held open"
+        );
+        assert_eq!(
+            service.probe("/health/ready"),
+            Some(200),
+            "ready within a second, the flood held open"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    wait_for("everything committed with the flood held open", JOIN_AND_FLUSH, || {
-        committed(&names.group, &names.topic, 2) == expected_commits(&report)
-    })
+    wait_for(
+        "everything committed with the flood held open",
+        JOIN_AND_FLUSH,
+        || committed(&names.group, &names.topic, 2) == expected_commits(&report),
+    )
     .await;
     drop(held);
     assert_eq!(service.terminate(), Some(0));
@@ -274,31 +387,62 @@ async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
     let _serial = SERIAL.lock().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let mut args = with_flag(args(&names, &statsd, dir.path()), "--buffer-max-age-ms", "3000");
-    args.extend(["--flush-stall-timeout-ms", "4000", "--gcs-upload-concurrency", "1"].map(String::from));
+    let mut args = with_flag(
+        args(&names, &statsd, dir.path()),
+        "--buffer-max-age-ms",
+        "3000",
+    );
+    args.extend(
+        [
+            "--flush-stall-timeout-ms",
+            "4000",
+            "--gcs-upload-concurrency",
+            "1",
+        ]
+        .map(String::from),
+    );
     let service = Service::start(&args);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["assigned"] == true)
+    })
+    .await;
     let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 40).await;
     wait_for("the messages consumed", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["consumed"].as_u64() >= Some(40))
+        service
+            .status()
+            .is_some_and(|s| s["consumed"].as_u64() >= Some(40))
     })
     .await;
     let hung = Hung::begin("gcs");
     let started = std::time::Instant::now();
     let mut outage_seen = None;
     while started.elapsed() < Duration::from_secs(20) {
-        assert_eq!(service.probe("/health/live"), Some(200), "live {:?} into the hang", started.elapsed());
-        if outage_seen.is_none() && service.status().is_some_and(|s| s["outages"]["gcs"]["since_ms"].is_u64()) {
+        assert_eq!(
+            service.probe("/health/live"),
+            Some(200),
+            "live {:?} into the hang",
+            started.elapsed()
+        );
+        if outage_seen.is_none()
+            && service
+                .status()
+                .is_some_and(|s| s["outages"]["gcs"]["since_ms"].is_u64())
+        {
             outage_seen = Some(started.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let outage_seen = outage_seen.expect("the outage shows in /status");
-    assert!(committed(&names.group, &names.topic, 2).is_empty(), "nothing committed during the hang");
+    assert!(
+        committed(&names.group, &names.topic, 2).is_empty(),
+        "nothing committed during the hang"
+    );
     drop(hung);
-    wait_for("everything committed once GCS answers", JOIN_AND_FLUSH, || {
-        committed(&names.group, &names.topic, 2) == expected_commits(&report)
-    })
+    wait_for(
+        "everything committed once GCS answers",
+        JOIN_AND_FLUSH,
+        || committed(&names.group, &names.topic, 2) == expected_commits(&report),
+    )
     .await;
     assert_eq!(service.terminate(), Some(0));
     every_blob_in_gcs(&names.bucket, &sent).await;
@@ -318,7 +462,10 @@ async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
     let mut args = args(&names, &statsd, dir.path());
     args.extend(["--kafka-property", "statistics.interval.ms=200"].map(String::from));
     let service = Service::start(&args);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || service.status().is_some_and(|s| s["assigned"] == true)).await;
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["assigned"] == true)
+    })
+    .await;
     let watermarks: BaseConsumer = kafka().create().unwrap();
     // Per partition: the last lag the service reported, and what the broker says.
     let compare = || {
@@ -328,8 +475,13 @@ async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
             .map(|partition| {
                 let key = format!("replay_ingest.consumer.lag|partition:{partition}");
                 let lag = reported.values.get(&key).and_then(|v| v.last().copied());
-                let (_, high) = watermarks.fetch_watermarks(&names.topic, partition, Duration::from_secs(5)).unwrap();
-                let committed = committed(&names.group, &names.topic, 2).get(&partition).copied().unwrap_or(0);
+                let (_, high) = watermarks
+                    .fetch_watermarks(&names.topic, partition, Duration::from_secs(5))
+                    .unwrap();
+                let committed = committed(&names.group, &names.topic, 2)
+                    .get(&partition)
+                    .copied()
+                    .unwrap_or(0);
                 (lag, (high - committed) as f64)
             })
             .collect::<Vec<_>>()
@@ -341,11 +493,20 @@ async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
     })
     .await;
     let backlog = compare();
-    assert!(backlog.iter().map(|(_, truth)| truth).sum::<f64>() > 0.0, "a backlog: {backlog:?}");
+    assert!(
+        backlog.iter().map(|(_, truth)| truth).sum::<f64>() > 0.0,
+        "a backlog: {backlog:?}"
+    );
     drop(hung);
-    wait_for("the backlog drained and reported as 0", JOIN_AND_FLUSH, || {
-        compare().iter().all(|(lag, truth)| *lag == Some(0.0) && *truth == 0.0)
-    })
+    wait_for(
+        "the backlog drained and reported as 0",
+        JOIN_AND_FLUSH,
+        || {
+            compare()
+                .iter()
+                .all(|(lag, truth)| *lag == Some(0.0) && *truth == 0.0)
+        },
+    )
     .await;
     assert_eq!(service.terminate(), Some(0));
     println!("lag during the backlog (reported, broker): {backlog:?}");

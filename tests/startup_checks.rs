@@ -11,7 +11,9 @@ use common::*;
 async fn run_until_exit(args: &[String]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("service.log");
-    let exit = Service::start_logging_to(args, &log).exit_within(Duration::from_secs(60)).await;
+    let exit = Service::start_logging_to(args, &log)
+        .exit_within(Duration::from_secs(60))
+        .await;
     (exit, std::fs::read_to_string(&log).unwrap())
 }
 
@@ -22,10 +24,21 @@ async fn a_missing_bucket_stops_the_service_naming_it_before_anything_is_consume
     produce_fixtures(&names.topic, &all_fixtures(), 3).await;
     let dir = tempfile::tempdir().unwrap();
     let missing = unique("no-such-bucket");
-    let (exit, log) = run_until_exit(&with_flag(names.args(free_port(), dir.path()), "--gcs-bucket", &missing)).await;
+    let (exit, log) = run_until_exit(&with_flag(
+        names.args(free_port(), dir.path()),
+        "--gcs-bucket",
+        &missing,
+    ))
+    .await;
     assert_eq!(exit, Some(1), "{log}");
-    assert!(log.contains("checking the GCS bucket") && log.contains(&missing), "{log}");
-    assert!(!log.contains("partitions assigned"), "stopped before joining the group:\n{log}");
+    assert!(
+        log.contains("checking the GCS bucket") && log.contains(&missing),
+        "{log}"
+    );
+    assert!(
+        !log.contains("partitions assigned"),
+        "stopped before joining the group:\n{log}"
+    );
     assert!(committed(&names.group, &names.topic, 2).is_empty());
 }
 
@@ -36,10 +49,21 @@ async fn a_missing_topic_stops_the_service_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     for flag in ["--dlq-topic", "--outcomes-topic", "--topic"] {
         let missing = unique("no-such-topic");
-        let (exit, log) = run_until_exit(&with_flag(names.args(free_port(), dir.path()), flag, &missing)).await;
+        let (exit, log) = run_until_exit(&with_flag(
+            names.args(free_port(), dir.path()),
+            flag,
+            &missing,
+        ))
+        .await;
         assert_eq!(exit, Some(1), "{flag}: {log}");
-        assert!(log.contains(&format!("topics missing on the cluster: {missing}")), "{flag}: {log}");
-        assert!(!log.contains("partitions assigned"), "{flag}: stopped before joining the group:\n{log}");
+        assert!(
+            log.contains(&format!("topics missing on the cluster: {missing}")),
+            "{flag}: {log}"
+        );
+        assert!(
+            !log.contains("partitions assigned"),
+            "{flag}: stopped before joining the group:\n{log}"
+        );
     }
 }
 
@@ -49,7 +73,10 @@ async fn with_every_destination_in_place_the_checks_pass_having_written_the_prob
     let names = Names::create().await;
     let dir = tempfile::tempdir().unwrap();
     let service = Service::start(&names.args(free_port(), dir.path()));
-    wait_for("ready", Duration::from_secs(60), || service.status().is_some_and(|s| s["ready"] == true)).await;
+    wait_for("ready", Duration::from_secs(60), || {
+        service.status().is_some_and(|s| s["ready"] == true)
+    })
+    .await;
     assert_eq!(
         read_object(&names.bucket, replay_ingest::sink::gcs::PROBE_KEY).await,
         b"written by replay-ingest at startup to check write access\n"
@@ -68,22 +95,44 @@ async fn refused_clickhouse_credentials_stop_the_service_naming_the_flags() {
     let secret = dir.path().join("clickhouse-password");
     std::fs::write(&secret, "not-the-password-7f3a").unwrap();
     let mut args = names.args(free_port(), dir.path());
-    args.extend(["--clickhouse-password-file".to_owned(), secret.to_string_lossy().into_owned()]);
+    args.extend([
+        "--clickhouse-password-file".to_owned(),
+        secret.to_string_lossy().into_owned(),
+    ]);
     let (exit, log) = run_until_exit(&args).await;
     assert_eq!(exit, Some(1), "{log}");
-    let line = log.lines().find(|l| l.contains("ERROR")).unwrap_or_else(|| panic!("an error line: {log}"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("ERROR"))
+        .unwrap_or_else(|| panic!("an error line: {log}"));
     assert!(
-        line.contains("authentication as \"default\" failed") && line.contains("--clickhouse-password-file"),
+        line.contains("authentication as \"default\" failed")
+            && line.contains("--clickhouse-password-file"),
         "{line}"
     );
-    assert!(!log.contains("not reachable yet") && !log.contains("not-the-password-7f3a"), "{log}");
-    assert_eq!(line.matches("Code: 193").count() + line.matches("Code: 516").count(), 1, "said once: {line}");
+    assert!(
+        !log.contains("not reachable yet") && !log.contains("not-the-password-7f3a"),
+        "{log}"
+    );
+    assert_eq!(
+        line.matches("Code: 193").count() + line.matches("Code: 516").count(),
+        1,
+        "said once: {line}"
+    );
 
     let migrate = std::process::Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-        .args(["migrate", "--clickhouse-url", &clickhouse_url(), "--clickhouse-password-file"])
+        .args([
+            "migrate",
+            "--clickhouse-url",
+            &clickhouse_url(),
+            "--clickhouse-password-file",
+        ])
         .arg(&secret)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&migrate.stderr);
-    assert!(!migrate.status.success() && stderr.contains("--clickhouse-password-file"), "{stderr}");
+    assert!(
+        !migrate.status.success() && stderr.contains("--clickhouse-password-file"),
+        "{stderr}"
+    );
 }

@@ -63,7 +63,11 @@ async fn end_to_end(broker: &SecureBroker, listener: &str, security: &[&str]) ->
     create_topic_on(&base, &topic, 1).await;
     create_topic_on(&base, &dlq, 1).await;
     let fixtures: Vec<Vec<u8>> = [small_fixtures(true), small_fixtures(false)].concat();
-    let messages = fixtures.iter().enumerate().map(|(i, f)| (f.clone(), test_key(i as u64))).collect();
+    let messages = fixtures
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.clone(), test_key(i as u64)))
+        .collect();
     let (report, sent) = produce_values_with(&producer_on(&base), &topic, messages).await;
     let (blobs, dead) = outcomes(&sent);
     assert!(!blobs.is_empty() && !dead.is_empty());
@@ -74,9 +78,11 @@ async fn end_to_end(broker: &SecureBroker, listener: &str, security: &[&str]) ->
     let group = args[args.iter().position(|a| a == "--group-id").unwrap() + 1].clone();
     let log = dir.path().join("service.log");
     let service = Service::start_logging_to(&args, &log);
-    wait_for(&format!("every blob written through {listener}"), Duration::from_secs(60), || {
-        blobs_under(&blob_dir) == blobs
-    })
+    wait_for(
+        &format!("every blob written through {listener}"),
+        Duration::from_secs(60),
+        || blobs_under(&blob_dir) == blobs,
+    )
     .await;
     let letters = read_messages_on(&base, &dlq, dead.len(), Duration::from_secs(30));
     let letters = check_dead_letters(letters, &topic, &originals(&sent));
@@ -94,8 +100,17 @@ async fn end_to_end(broker: &SecureBroker, listener: &str, security: &[&str]) ->
 async fn over_tls_the_service_consumes_dead_letters_and_commits() {
     let broker = SecureBroker::start(USER, PASSWORD);
     let ca = broker.ca.ca_file();
-    end_to_end(&broker, "SSL", &["--kafka-security-protocol", "SSL", "--kafka-ssl-ca-location", ca.to_str().unwrap()])
-        .await;
+    end_to_end(
+        &broker,
+        "SSL",
+        &[
+            "--kafka-security-protocol",
+            "SSL",
+            "--kafka-ssl-ca-location",
+            ca.to_str().unwrap(),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -126,7 +141,10 @@ async fn over_sasl_every_mechanism_authenticates_with_the_mounted_password_and_n
             security.extend(["--kafka-ssl-ca-location", ca.to_str().unwrap()]);
         }
         let log = end_to_end(&broker, listener, &security).await;
-        assert!(!log.contains(PASSWORD), "{listener} {mechanism}: the password is never logged:\n{log}");
+        assert!(
+            !log.contains(PASSWORD),
+            "{listener} {mechanism}: the password is never logged:\n{log}"
+        );
     }
 }
 
@@ -160,27 +178,60 @@ async fn a_wrong_password_or_an_untrusted_certificate_stops_the_service_naming_t
         ),
         (
             "SASL_PLAINTEXT",
-            vec!["--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-username", USER],
+            vec![
+                "--kafka-sasl-mechanism",
+                "PLAIN",
+                "--kafka-sasl-username",
+                USER,
+            ],
             "the brokers refused the login",
         ),
-        ("SSL", vec!["--kafka-ssl-ca-location", other.to_str().unwrap()], "TLS with the brokers failed"),
+        (
+            "SSL",
+            vec!["--kafka-ssl-ca-location", other.to_str().unwrap()],
+            "TLS with the brokers failed",
+        ),
     ];
     for (listener, flags, says) in cases {
-        let mut security = vec!["--kafka-security-protocol", listener, "--sink-timeout-ms", "3000"];
+        let mut security = vec![
+            "--kafka-security-protocol",
+            listener,
+            "--sink-timeout-ms",
+            "3000",
+        ];
         security.extend(flags);
         if listener != "SSL" {
             security.extend(["--kafka-sasl-password-file", wrong.to_str().unwrap()]);
         }
         let log = dir.path().join(format!("{listener}.log"));
-        let args = service_args(&broker, listener, &topic, &dlq, &dir.path().join("b"), &security);
-        let exit = Service::start_logging_to(&args, &log).exit_within(Duration::from_secs(60)).await;
+        let args = service_args(
+            &broker,
+            listener,
+            &topic,
+            &dlq,
+            &dir.path().join("b"),
+            &security,
+        );
+        let exit = Service::start_logging_to(&args, &log)
+            .exit_within(Duration::from_secs(60))
+            .await;
         let logs = std::fs::read_to_string(&log).unwrap();
         assert_eq!(exit, Some(1), "{listener}: {logs}");
         // The service's own verdict (librdkafka logs each refused connection beside it).
-        let errors: Vec<&str> = logs.lines().filter(|l| l.contains("ERROR replay_ingest:")).collect();
-        assert_eq!(errors.len(), 1, "{listener}: one error line of the service's:\n{logs}");
+        let errors: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.contains("ERROR replay_ingest:"))
+            .collect();
+        assert_eq!(
+            errors.len(),
+            1,
+            "{listener}: one error line of the service's:\n{logs}"
+        );
         assert!(errors[0].contains(says), "{listener}: {}", errors[0]);
-        assert!(!logs.contains("not-the-password-9c1e") && !logs.contains("partitions assigned"), "{logs}");
+        assert!(
+            !logs.contains("not-the-password-9c1e") && !logs.contains("partitions assigned"),
+            "{logs}"
+        );
     }
 }
 
@@ -201,7 +252,10 @@ fn help_and_errors_never_show_secrets_from_the_environment() {
     };
     let help = run(&["consume", "--help"], "client.id=hunter2-property");
     let text = String::from_utf8_lossy(&help.stdout);
-    assert!(text.contains("REPLAY_INGEST_KAFKA_SASL_PASSWORD") && text.contains("REPLAY_INGEST_KAFKA_PROPERTIES"));
+    assert!(
+        text.contains("REPLAY_INGEST_KAFKA_SASL_PASSWORD")
+            && text.contains("REPLAY_INGEST_KAFKA_PROPERTIES")
+    );
     assert!(!text.contains("hunter2"), "{text}");
 
     for properties in ["sasl.password=hunter2-property", "hunter2-property"] {
@@ -219,15 +273,29 @@ async fn clickhouse_over_https_trusts_the_ca_ssl_cert_file_names_and_refuses_any
     let ca = TestCa::new();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let https_port = listener.local_addr().unwrap().port();
-    let clickhouse_port: u16 = clickhouse_url().rsplit(':').next().unwrap().parse().unwrap();
+    let clickhouse_port: u16 = clickhouse_url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     let handshakes = ca.proxy(listener, clickhouse_port);
     let table = unique("https").replace('-', "_");
     // The local server's `default` user has no password: one is given only where the attempt
     // fails first, to check that the failure does not show it.
     let migrate = |trust: &Path, password: &str| {
         Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-            .args(["migrate", "--clickhouse-url", &format!("https://127.0.0.1:{https_port}")])
-            .args(["--clickhouse-database", "replay_ingest_e2e", "--clickhouse-table", &table])
+            .args([
+                "migrate",
+                "--clickhouse-url",
+                &format!("https://127.0.0.1:{https_port}"),
+            ])
+            .args([
+                "--clickhouse-database",
+                "replay_ingest_e2e",
+                "--clickhouse-table",
+                &table,
+            ])
             .env("SSL_CERT_FILE", trust)
             .env("REPLAY_INGEST_CLICKHOUSE_PASSWORD", password)
             .env("NO_COLOR", "1")
@@ -238,12 +306,22 @@ async fn clickhouse_over_https_trusts_the_ca_ssl_cert_file_names_and_refuses_any
     let refused = migrate(&other.ca_file(), "hunter2-clickhouse");
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
-    assert!(stderr.contains("certificate"), "the error names the certificate: {stderr}");
+    assert!(
+        stderr.contains("certificate"),
+        "the error names the certificate: {stderr}"
+    );
     assert!(!stderr.contains("hunter2"), "{stderr}");
 
     let trusted = migrate(&ca.ca_file(), "");
-    assert!(trusted.status.success(), "{}", String::from_utf8_lossy(&trusted.stderr));
-    assert!(handshakes.load(Ordering::Relaxed) >= 1, "the trusted attempt went through TLS");
+    assert!(
+        trusted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trusted.stderr)
+    );
+    assert!(
+        handshakes.load(Ordering::Relaxed) >= 1,
+        "the trusted attempt went through TLS"
+    );
     // The table the HTTPS connection created is there, seen over plain HTTP.
     assert!(clickhouse_rows(&table).await.is_empty());
 }

@@ -71,7 +71,11 @@ pub struct IngestContext {
 }
 
 impl IngestContext {
-    pub fn new(revokes: mpsc::UnboundedSender<Revoke>, drain_deadline: Duration, status: Arc<Status>) -> Self {
+    pub fn new(
+        revokes: mpsc::UnboundedSender<Revoke>,
+        drain_deadline: Duration,
+        status: Arc<Status>,
+    ) -> Self {
         IngestContext {
             revokes,
             generation: Arc::new(AtomicU64::new(0)),
@@ -116,7 +120,10 @@ impl ClientContext for IngestContext {
     /// this member owns. (A revoked partition's gauge was zeroed on revoke; statistics can still
     /// list it, and must not bring back a value its new owner now reports.)
     fn stats(&self, statistics: rdkafka::Statistics) {
-        let lags = statistics.topics.values().flat_map(|t| t.partitions.iter().map(|(&p, s)| (p, lag(s))));
+        let lags = statistics
+            .topics
+            .values()
+            .flat_map(|t| t.partitions.iter().map(|(&p, s)| (p, lag(s))));
         self.report_lag(lags);
     }
 }
@@ -129,7 +136,11 @@ fn lag(partition: &rdkafka::statistics::Partition) -> i64 {
     if partition.hi_offset < 0 {
         return -1;
     }
-    let from = if partition.committed_offset >= 0 { partition.committed_offset } else { partition.lo_offset.max(0) };
+    let from = if partition.committed_offset >= 0 {
+        partition.committed_offset
+    } else {
+        partition.lo_offset.max(0)
+    };
     (partition.hi_offset - from).max(0)
 }
 
@@ -150,9 +161,16 @@ impl ConsumerContext for IngestContext {
             let (done, drained) = std_mpsc::sync_channel(1);
             // The pipeline bounds its own drain by the deadline; the margin covers the hand-over.
             let wait = self.drain_deadline + DRAIN_MARGIN;
-            let revoke = Revoke { partitions: ids, generation, done };
+            let revoke = Revoke {
+                partitions: ids,
+                generation,
+                done,
+            };
             if self.revokes.send(revoke).is_ok() && drained.recv_timeout(wait).is_err() {
-                warn!(deadline_ms = self.drain_deadline.as_millis() as u64, "drain did not answer before the deadline");
+                warn!(
+                    deadline_ms = self.drain_deadline.as_millis() as u64,
+                    "drain did not answer before the deadline"
+                );
             }
         }
     }
@@ -174,7 +192,11 @@ impl ConsumerContext for IngestContext {
 }
 
 fn ids(partitions: &TopicPartitionList) -> Vec<i32> {
-    partitions.elements().iter().map(|p| p.partition()).collect()
+    partitions
+        .elements()
+        .iter()
+        .map(|p| p.partition())
+        .collect()
 }
 
 pub type IngestConsumer = BaseConsumer<IngestContext>;
@@ -188,7 +210,14 @@ pub fn spawn_poller(
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
     let generation = consumer.context().generation();
-    let poller = Poller { consumer, events, handoff, generation, held: VecDeque::new(), paused_since: None };
+    let poller = Poller {
+        consumer,
+        events,
+        handoff,
+        generation,
+        held: VecDeque::new(),
+        paused_since: None,
+    };
     thread::Builder::new()
         .name("kafka-poll".into())
         .spawn(move || poller.run(&stop))
@@ -215,9 +244,15 @@ impl Poller {
             }
             // While a message is held, `poll` only serves callbacks (the partitions are paused)
             // and must not wait: the hand-over does.
-            let timeout = if self.held.is_empty() { POLL_INTERVAL } else { Duration::ZERO };
+            let timeout = if self.held.is_empty() {
+                POLL_INTERVAL
+            } else {
+                Duration::ZERO
+            };
             match self.consumer.poll(timeout) {
-                Some(Ok(message)) => self.held.push_back((message.detach(), self.generation.load(Ordering::Acquire))),
+                Some(Ok(message)) => self
+                    .held
+                    .push_back((message.detach(), self.generation.load(Ordering::Acquire))),
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {}
                 Some(Err(error)) => warn!(%error, "consumer error"),
             }
@@ -225,7 +260,8 @@ impl Poller {
                 // A revoke ran in that poll: what is held of the partitions given up is their
                 // next owner's, and must not keep the others paused.
                 let owned = self.consumer.context().status.partitions();
-                self.held.retain(|(message, _)| owned.contains(&message.partition()));
+                self.held
+                    .retain(|(message, _)| owned.contains(&message.partition()));
             }
         }
     }
@@ -237,10 +273,23 @@ impl Poller {
         let deadline = Instant::now() + POLL_INTERVAL;
         while let Some((message, _)) = self.held.front() {
             let size = message.payload().map_or(0, <[u8]>::len);
-            match self.handoff.reserve(size, deadline.saturating_duration_since(Instant::now())) {
+            match self
+                .handoff
+                .reserve(size, deadline.saturating_duration_since(Instant::now()))
+            {
                 Reserved::Room(room) => {
-                    let Some((message, generation)) = self.held.pop_front() else { break };
-                    if self.events.send(Polled { message, room, generation }).is_err() {
+                    let Some((message, generation)) = self.held.pop_front() else {
+                        break;
+                    };
+                    if self
+                        .events
+                        .send(Polled {
+                            message,
+                            room,
+                            generation,
+                        })
+                        .is_err()
+                    {
                         return false;
                     }
                 }
@@ -260,7 +309,11 @@ impl Poller {
         }
         let context = self.consumer.context();
         let result = self.consumer.assignment().and_then(|assignment| {
-            if pause { self.consumer.pause(&assignment) } else { self.consumer.resume(&assignment) }
+            if pause {
+                self.consumer.pause(&assignment)
+            } else {
+                self.consumer.resume(&assignment)
+            }
         });
         if let Err(error) = result {
             error!(%error, pause, "cannot pause or resume the assigned partitions");
@@ -270,9 +323,15 @@ impl Poller {
         // The pipeline reports its own backpressure (`/status` `paused`, `consumer.paused_ms`).
         if pause {
             self.paused_since = Some(Instant::now());
-            debug!(held = self.held.len(), "no room in the hand-over: partitions paused");
+            debug!(
+                held = self.held.len(),
+                "no room in the hand-over: partitions paused"
+            );
         } else if let Some(since) = self.paused_since.take() {
-            debug!(paused_ms = since.elapsed().as_millis() as u64, "partitions resumed");
+            debug!(
+                paused_ms = since.elapsed().as_millis() as u64,
+                "partitions resumed"
+            );
         }
     }
 }
@@ -289,7 +348,10 @@ pub fn commit_list(topic: &str, positions: &[(i32, i64)]) -> TopicPartitionList 
 
 /// The message's key and timestamp, for the dead-letter copy.
 pub fn key_and_timestamp(message: &OwnedMessage) -> (Option<Vec<u8>>, Option<i64>) {
-    (message.key().map(<[u8]>::to_vec), message.timestamp().to_millis())
+    (
+        message.key().map(<[u8]>::to_vec),
+        message.timestamp().to_millis(),
+    )
 }
 
 #[cfg(test)]
@@ -297,14 +359,21 @@ mod tests {
     use super::*;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-    fn lag_gauges(snapshotter: &metrics_util::debugging::Snapshotter) -> std::collections::BTreeMap<String, f64> {
+    fn lag_gauges(
+        snapshotter: &metrics_util::debugging::Snapshotter,
+    ) -> std::collections::BTreeMap<String, f64> {
         snapshotter
             .snapshot()
             .into_vec()
             .into_iter()
             .filter_map(|(key, _, _, value)| match value {
                 DebugValue::Gauge(v) => {
-                    let partition = key.key().labels().find(|l| l.key() == "partition")?.value().to_owned();
+                    let partition = key
+                        .key()
+                        .labels()
+                        .find(|l| l.key() == "partition")?
+                        .value()
+                        .to_owned();
                     Some((partition, v.into_inner()))
                 }
                 _ => None,
@@ -318,14 +387,24 @@ mod tests {
         let snapshotter = recorder.snapshotter();
         metrics::with_local_recorder(&recorder, || {
             let status = Arc::new(Status::default());
-            let context = IngestContext::new(mpsc::unbounded_channel().0, Duration::from_secs(1), status.clone());
+            let context = IngestContext::new(
+                mpsc::unbounded_channel().0,
+                Duration::from_secs(1),
+                status.clone(),
+            );
             context.gained(&[0, 1]);
             context.report_lag([(0, 5), (1, 7), (2, 9), (1, -1)].into_iter());
-            assert_eq!(lag_gauges(&snapshotter), [("0".into(), 5.0), ("1".into(), 7.0)].into());
+            assert_eq!(
+                lag_gauges(&snapshotter),
+                [("0".into(), 5.0), ("1".into(), 7.0)].into()
+            );
             context.lost(&[1]);
             // Statistics may still list the partition given away, with its last lag.
             context.report_lag([(0, 4), (1, 7)].into_iter());
-            assert_eq!(lag_gauges(&snapshotter), [("0".into(), 4.0), ("1".into(), 0.0)].into());
+            assert_eq!(
+                lag_gauges(&snapshotter),
+                [("0".into(), 4.0), ("1".into(), 0.0)].into()
+            );
             assert_eq!(status.partitions(), [0].into(), "what /status shows");
         });
     }

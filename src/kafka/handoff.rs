@@ -50,7 +50,9 @@ impl Handoff {
 
     fn lock(&self) -> MutexGuard<'_, InTransit> {
         // The counters stay consistent whatever panicked while holding the lock.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Room for a message of `size` bytes, waiting at most `wait` for it.
@@ -65,13 +67,20 @@ impl Handoff {
             if state.messages < self.max_messages && state.bytes + share <= self.max_bytes {
                 state.messages += 1;
                 state.bytes += share;
-                return Reserved::Room(Ticket { handoff: self.clone(), bytes: share });
+                return Reserved::Room(Ticket {
+                    handoff: self.clone(),
+                    bytes: share,
+                });
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Reserved::Full;
             }
-            state = self.freed.wait_timeout(state, left).unwrap_or_else(|poisoned| poisoned.into_inner()).0;
+            state = self
+                .freed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
         }
     }
 
@@ -110,9 +119,15 @@ mod tests {
     fn messages_and_bytes_are_both_bounded_and_given_back_on_drop() {
         let handoff = Handoff::new(2, 100);
         let a = room(handoff.reserve(60, NO_WAIT));
-        assert!(matches!(handoff.reserve(50, NO_WAIT), Reserved::Full), "bytes");
+        assert!(
+            matches!(handoff.reserve(50, NO_WAIT), Reserved::Full),
+            "bytes"
+        );
         let b = room(handoff.reserve(40, NO_WAIT));
-        assert!(matches!(handoff.reserve(0, NO_WAIT), Reserved::Full), "messages");
+        assert!(
+            matches!(handoff.reserve(0, NO_WAIT), Reserved::Full),
+            "messages"
+        );
         drop(a);
         let _c = room(handoff.reserve(60, NO_WAIT));
         drop(b);
@@ -137,7 +152,12 @@ mod tests {
         let held = room(handoff.reserve(1, NO_WAIT));
         let waiter = {
             let handoff = handoff.clone();
-            std::thread::spawn(move || matches!(handoff.reserve(1, Duration::from_secs(60)), Reserved::Room(_)))
+            std::thread::spawn(move || {
+                matches!(
+                    handoff.reserve(1, Duration::from_secs(60)),
+                    Reserved::Room(_)
+                )
+            })
         };
         std::thread::sleep(Duration::from_millis(20));
         drop(held);
@@ -146,11 +166,19 @@ mod tests {
         let _held = room(handoff.reserve(1, NO_WAIT));
         let waiter = {
             let handoff = handoff.clone();
-            std::thread::spawn(move || matches!(handoff.reserve(1, Duration::from_secs(60)), Reserved::Closed))
+            std::thread::spawn(move || {
+                matches!(
+                    handoff.reserve(1, Duration::from_secs(60)),
+                    Reserved::Closed
+                )
+            })
         };
         std::thread::sleep(Duration::from_millis(20));
         handoff.close();
         assert!(waiter.join().unwrap(), "closing wakes the waiter");
-        assert!(matches!(handoff.reserve(1, NO_WAIT), Reserved::Closed), "closed for good");
+        assert!(
+            matches!(handoff.reserve(1, NO_WAIT), Reserved::Closed),
+            "closed for good"
+        );
     }
 }

@@ -22,15 +22,33 @@ impl Refetcher {
     /// `config` carries the brokers and security settings; `group` names the (never joined)
     /// group librdkafka requires for an assignment.
     pub fn new(mut config: ClientConfig, topic: &str, group: &str) -> Result<Self, KafkaError> {
-        config.set("group.id", group).set("enable.auto.commit", "false").set("enable.partition.eof", "false");
-        Ok(Refetcher { consumer: Mutex::new(config.create()?), topic: topic.to_owned() })
+        config
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false");
+        Ok(Refetcher {
+            consumer: Mutex::new(config.create()?),
+            topic: topic.to_owned(),
+        })
     }
 
     /// The message at `offset` of `partition`, waiting at most `timeout` for it.
-    pub fn fetch(&self, partition: i32, offset: i64, timeout: Duration) -> Result<OwnedMessage, RefetchError> {
-        let at = || Position { topic: self.topic.clone(), partition, offset };
+    pub fn fetch(
+        &self,
+        partition: i32,
+        offset: i64,
+        timeout: Duration,
+    ) -> Result<OwnedMessage, RefetchError> {
+        let at = || Position {
+            topic: self.topic.clone(),
+            partition,
+            offset,
+        };
         // One fetch at a time; a panic elsewhere cannot leave the consumer inconsistent.
-        let consumer = self.consumer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let consumer = self
+            .consumer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut position = TopicPartitionList::new();
         position
             .add_partition_offset(&self.topic, partition, Offset::Offset(offset))
@@ -39,7 +57,9 @@ impl Refetcher {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(message)) if message.partition() == partition && message.offset() == offset => {
+                Some(Ok(message))
+                    if message.partition() == partition && message.offset() == offset =>
+                {
                     return Ok(message.detach());
                 }
                 Some(Ok(_)) | None => {}

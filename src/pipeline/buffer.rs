@@ -49,7 +49,13 @@ pub struct Buffer {
 
 impl Buffer {
     pub fn new(limits: BufferLimits) -> Self {
-        Buffer { limits, entries: Vec::new(), sizes: Vec::new(), bytes: 0, opened: None }
+        Buffer {
+            limits,
+            entries: Vec::new(),
+            sizes: Vec::new(),
+            bytes: 0,
+            opened: None,
+        }
     }
 
     pub fn push(&mut self, entry: Entry, bytes: usize, now: Instant) {
@@ -115,13 +121,19 @@ impl Buffer {
         self.bytes = 0;
         self.opened = None;
         self.sizes.clear();
-        Batch { entries: std::mem::take(&mut self.entries) }
+        Batch {
+            entries: std::mem::take(&mut self.entries),
+        }
     }
 }
 
 /// Whether consumption may continue: it pauses only when the buffer is full *and* no flush can
 /// start to empty it.
-pub fn should_pause(buffer_full: bool, flushes_in_flight: usize, max_flushes_in_flight: usize) -> bool {
+pub fn should_pause(
+    buffer_full: bool,
+    flushes_in_flight: usize,
+    max_flushes_in_flight: usize,
+) -> bool {
     buffer_full && flushes_in_flight >= max_flushes_in_flight
 }
 
@@ -146,13 +158,20 @@ mod tests {
         }
     }
 
-    const LIMITS: BufferLimits = BufferLimits { max_messages: 3, max_bytes: 100, max_age: Duration::from_secs(5) };
+    const LIMITS: BufferLimits = BufferLimits {
+        max_messages: 3,
+        max_bytes: 100,
+        max_age: Duration::from_secs(5),
+    };
 
     #[test]
     fn an_empty_buffer_never_closes() {
         let buffer = Buffer::new(LIMITS);
         let later = Instant::now() + Duration::from_secs(3600);
-        assert_eq!((buffer.close_reason(later), buffer.deadline()), (None, None));
+        assert_eq!(
+            (buffer.close_reason(later), buffer.deadline()),
+            (None, None)
+        );
         assert!(!buffer.is_full());
     }
 
@@ -181,9 +200,15 @@ mod tests {
         let (mut buffer, start) = (Buffer::new(LIMITS), Instant::now());
         buffer.push(entry(1), 1, start);
         buffer.push(entry(2), 1, start + Duration::from_secs(4));
-        assert_eq!(buffer.close_reason(start + Duration::from_millis(4999)), None);
+        assert_eq!(
+            buffer.close_reason(start + Duration::from_millis(4999)),
+            None
+        );
         assert_eq!(buffer.deadline(), Some(start + Duration::from_secs(5)));
-        assert_eq!(buffer.close_reason(start + Duration::from_secs(5)), Some(CloseReason::Age));
+        assert_eq!(
+            buffer.close_reason(start + Duration::from_secs(5)),
+            Some(CloseReason::Age)
+        );
     }
 
     #[test]
@@ -192,8 +217,14 @@ mod tests {
         buffer.push(entry(1), 10, start);
         buffer.push(entry(2), 10, start);
         let batch = buffer.take();
-        assert_eq!(batch.entries.iter().map(|e| e.offset).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!((buffer.len(), buffer.bytes(), buffer.deadline()), (0, 0, None));
+        assert_eq!(
+            batch.entries.iter().map(|e| e.offset).collect::<Vec<_>>(),
+            [1, 2]
+        );
+        assert_eq!(
+            (buffer.len(), buffer.bytes(), buffer.deadline()),
+            (0, 0, None)
+        );
         let later = start + Duration::from_secs(60);
         buffer.push(entry(3), 1, later);
         assert_eq!(buffer.deadline(), Some(later + Duration::from_secs(5)));
@@ -202,12 +233,32 @@ mod tests {
     #[test]
     fn retaining_drops_the_entries_of_revoked_partitions_and_their_bytes() {
         let (mut buffer, now) = (Buffer::new(LIMITS), Instant::now());
-        buffer.push(Entry { partition: 1, ..entry(1) }, 10, now);
-        buffer.push(Entry { partition: 2, ..entry(2) }, 20, now);
+        buffer.push(
+            Entry {
+                partition: 1,
+                ..entry(1)
+            },
+            10,
+            now,
+        );
+        buffer.push(
+            Entry {
+                partition: 2,
+                ..entry(2)
+            },
+            20,
+            now,
+        );
         buffer.retain(|partition| partition != 1);
-        assert_eq!((buffer.len(), buffer.bytes(), buffer.deadline().is_some()), (1, 20, true));
+        assert_eq!(
+            (buffer.len(), buffer.bytes(), buffer.deadline().is_some()),
+            (1, 20, true)
+        );
         buffer.retain(|_| false);
-        assert_eq!((buffer.len(), buffer.bytes(), buffer.deadline()), (0, 0, None));
+        assert_eq!(
+            (buffer.len(), buffer.bytes(), buffer.deadline()),
+            (0, 0, None)
+        );
         assert_eq!(buffer.take().entries.len(), 0);
     }
 

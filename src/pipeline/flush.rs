@@ -38,7 +38,10 @@ pub struct Sinks {
 
 impl Sinks {
     pub fn new(stages: Vec<Vec<Box<dyn Sink>>>) -> Self {
-        Sinks { stages, rejections: None }
+        Sinks {
+            stages,
+            rejections: None,
+        }
     }
 }
 
@@ -54,8 +57,11 @@ impl RetryPolicy {
     /// Full-jitter backoff before retry number `retry` (1-based): uniform in
     /// `[0, min(max_backoff, initial_backoff × 2^(retry-1))]`.
     pub fn backoff(&self, retry: u32, unit_random: f64) -> Duration {
-        let exp = self.initial_backoff.saturating_mul(2u32.saturating_pow(retry.saturating_sub(1)));
-        exp.min(self.max_backoff).mul_f64(unit_random.clamp(0.0, 1.0))
+        let exp = self
+            .initial_backoff
+            .saturating_mul(2u32.saturating_pow(retry.saturating_sub(1)));
+        exp.min(self.max_backoff)
+            .mul_f64(unit_random.clamp(0.0, 1.0))
     }
 }
 
@@ -79,7 +85,12 @@ pub struct FlushReport {
 
 /// Writes `batch` through every stage. `Err` means a sink failed fatally or ran out of attempts:
 /// nothing of this batch may be committed.
-pub fn flush(batch: &[Entry], sinks: &Sinks, policy: &RetryPolicy, status: &Status) -> Result<FlushReport, SinkError> {
+pub fn flush(
+    batch: &[Entry],
+    sinks: &Sinks,
+    policy: &RetryPolicy,
+    status: &Status,
+) -> Result<FlushReport, SinkError> {
     let mut report = FlushReport::default();
     // The sinks of a stage write in parallel, each on a thread of its own that enters the
     // service's runtime, so that `sink::block_on` drives their async clients.
@@ -98,7 +109,11 @@ pub fn flush(batch: &[Entry], sinks: &Sinks, policy: &RetryPolicy, status: &Stat
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(SinkError::new("flush", Retry::Fatal, "a sink panicked"))))
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(SinkError::new("flush", Retry::Fatal, "a sink panicked"))
+                    })
+                })
                 .collect()
         });
         for result in results {
@@ -119,8 +134,17 @@ pub fn flush(batch: &[Entry], sinks: &Sinks, policy: &RetryPolicy, status: &Stat
         // The same message may be rejected by two sinks: dead-lettered once.
         report.rejected.sort_by_key(|r| (r.partition, r.offset));
         report.rejected.dedup_by_key(|r| (r.partition, r.offset));
-        let sink = RejectionSink { dead_letters: dead_letters.as_ref(), rejected: &report.rejected };
-        report.sinks.push(write_with_retries(&sink, &[], &Progress::new(sink.name(), status), policy, status)?);
+        let sink = RejectionSink {
+            dead_letters: dead_letters.as_ref(),
+            rejected: &report.rejected,
+        };
+        report.sinks.push(write_with_retries(
+            &sink,
+            &[],
+            &Progress::new(sink.name(), status),
+            policy,
+            status,
+        )?);
     }
     Ok(report)
 }
@@ -169,7 +193,11 @@ fn write_isolating(
                         } else {
                             warn!(sink = sink.name(), partition, offset, %error, "message rejected: to the dead-letter topic");
                         }
-                        rejected.push(Rejected { partition, offset, error });
+                        rejected.push(Rejected {
+                            partition,
+                            offset,
+                            error,
+                        });
                     }
                     _ => {
                         let (first, second) = part.split_at(part.len() / 2);
@@ -184,16 +212,30 @@ fn write_isolating(
     // One message refused alone proves nothing about the sink: it is dead-lettered. Two or more,
     // and nothing accepted, is the sink's configuration. (Panics are bugs that values trigger,
     // whatever the configuration: each such message is dead-lettered.)
-    let refused = rejected.iter().filter(|r| r.error.retry == Retry::Rejected).count();
+    let refused = rejected
+        .iter()
+        .filter(|r| r.error.retry == Retry::Rejected)
+        .count();
     if refused >= 2 && refused == batch.iter().filter(|e| sink.writes_for(e)).count() {
         let first = &rejected[0].error;
         return Err(SinkError::new(
             sink.name(),
             Retry::Fatal,
-            format_args!("every message of the batch rejected, so the sink is misconfigured: {}", first.message),
+            format_args!(
+                "every message of the batch rejected, so the sink is misconfigured: {}",
+                first.message
+            ),
         ));
     }
-    Ok((SinkReport { sink: sink.name(), took: start.elapsed(), retries, written }, rejected))
+    Ok((
+        SinkReport {
+            sink: sink.name(),
+            took: start.elapsed(),
+            retries,
+            written,
+        },
+        rejected,
+    ))
 }
 
 fn write_with_retries(
@@ -209,20 +251,36 @@ fn write_with_retries(
         // A panic while the sink builds or writes is caught here, on the thread that runs it, so
         // that it can be pinned on one message like a rejection (the panic hook has logged where).
         progress.new_attempt();
-        let result = catch_unwind(AssertUnwindSafe(|| sink.write(batch, progress))).unwrap_or_else(|panic| {
-            Err(SinkError::new(sink.name(), Retry::Panicked, format_args!("panicked: {}", panic_message(&*panic))))
-        });
+        let result = catch_unwind(AssertUnwindSafe(|| sink.write(batch, progress))).unwrap_or_else(
+            |panic| {
+                Err(SinkError::new(
+                    sink.name(),
+                    Retry::Panicked,
+                    format_args!("panicked: {}", panic_message(&*panic)),
+                ))
+            },
+        );
         status.flush_progress();
         match result {
             Ok(written) => {
                 if let Some(lasted) = status.sink_recovered(sink.name()) {
-                    warn!(sink = sink.name(), outage_ms = lasted.as_millis() as u64, "sink recovered");
+                    warn!(
+                        sink = sink.name(),
+                        outage_ms = lasted.as_millis() as u64,
+                        "sink recovered"
+                    );
                     crate::metrics::outage(sink.name(), Duration::ZERO);
                 }
-                return Ok(SinkReport { sink: sink.name(), took: start.elapsed(), retries: attempt - 1, written });
+                return Ok(SinkReport {
+                    sink: sink.name(),
+                    took: start.elapsed(),
+                    retries: attempt - 1,
+                    written,
+                });
             }
             Err(error)
-                if error.retry == Retry::Retryable && (policy.max_attempts == 0 || attempt < policy.max_attempts) =>
+                if error.retry == Retry::Retryable
+                    && (policy.max_attempts == 0 || attempt < policy.max_attempts) =>
             {
                 status.sink_failed(sink.name(), &error.message);
                 crate::metrics::outage(sink.name(), start.elapsed());
@@ -278,8 +336,19 @@ mod tests {
         }
     }
 
-    fn flaky(name: &'static str, failures: u32, retry: Retry, log: &'static Mutex<Vec<&'static str>>) -> Box<dyn Sink> {
-        Box::new(Flaky { name, failures, retry, calls: AtomicU32::new(0), log })
+    fn flaky(
+        name: &'static str,
+        failures: u32,
+        retry: Retry,
+        log: &'static Mutex<Vec<&'static str>>,
+    ) -> Box<dyn Sink> {
+        Box::new(Flaky {
+            name,
+            failures,
+            retry,
+            calls: AtomicU32::new(0),
+            log,
+        })
     }
 
     #[test]
@@ -300,19 +369,35 @@ mod tests {
     fn only_the_failing_sink_is_retried_and_later_stages_wait_for_earlier_ones() {
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
         let sinks = Sinks::new(vec![
-            vec![flaky("blobs", 2, Retry::Retryable, &LOG), flaky("dlq", 0, Retry::Retryable, &LOG)],
+            vec![
+                flaky("blobs", 2, Retry::Retryable, &LOG),
+                flaky("dlq", 0, Retry::Retryable, &LOG),
+            ],
             vec![flaky("rows", 0, Retry::Retryable, &LOG)],
         ]);
         let report = flush(&[], &sinks, &FAST, &Status::default()).unwrap();
         let log = LOG.lock().unwrap().clone();
         assert_eq!(log.iter().filter(|s| **s == "blobs").count(), 3);
         assert_eq!(log.iter().filter(|s| **s == "dlq").count(), 1);
-        assert_eq!(log.last(), Some(&"rows"), "rows only after blobs succeeded: {log:?}");
         assert_eq!(
-            report.sinks.iter().map(|s| (s.sink, s.retries)).collect::<Vec<_>>(),
+            log.last(),
+            Some(&"rows"),
+            "rows only after blobs succeeded: {log:?}"
+        );
+        assert_eq!(
+            report
+                .sinks
+                .iter()
+                .map(|s| (s.sink, s.retries))
+                .collect::<Vec<_>>(),
             [("blobs", 2), ("dlq", 0), ("rows", 0)]
         );
-        assert!(report.sinks.iter().all(|s| s.written == Written { items: 1, bytes: 2 }));
+        assert!(
+            report
+                .sinks
+                .iter()
+                .all(|s| s.written == Written { items: 1, bytes: 2 })
+        );
     }
 
     #[test]
@@ -331,11 +416,17 @@ mod tests {
     fn retryable_failures_are_retried_without_limit_by_default_and_reported_as_an_outage() {
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
         let sinks = Sinks::new(vec![vec![flaky("blobs", 50, Retry::Retryable, &LOG)]]);
-        let unlimited = RetryPolicy { max_attempts: 0, ..FAST };
+        let unlimited = RetryPolicy {
+            max_attempts: 0,
+            ..FAST
+        };
         let status = Status::default();
         let report = flush(&[], &sinks, &unlimited, &status).unwrap();
         assert_eq!(report.sinks[0].retries, 50);
-        assert!(status.sink_recovered("blobs").is_none(), "the outage ended with the success");
+        assert!(
+            status.sink_recovered("blobs").is_none(),
+            "the outage ended with the success"
+        );
     }
 
     /// Rejects any write that holds one of `bad` (by offset); counts what it accepted.
@@ -353,10 +444,20 @@ mod tests {
         }
         fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
             if batch.iter().any(|e| self.bad.contains(&e.offset)) {
-                return Err(SinkError::new("picky", Retry::Rejected, "Code: 27. Cannot parse input"));
+                return Err(SinkError::new(
+                    "picky",
+                    Retry::Rejected,
+                    "Code: 27. Cannot parse input",
+                ));
             }
-            self.accepted.lock().unwrap().extend(batch.iter().map(|e| e.offset));
-            Ok(Written { items: batch.len() as u64, bytes: 0 })
+            self.accepted
+                .lock()
+                .unwrap()
+                .extend(batch.iter().map(|e| e.offset));
+            Ok(Written {
+                items: batch.len() as u64,
+                bytes: 0,
+            })
         }
     }
 
@@ -366,8 +467,14 @@ mod tests {
 
     impl DeadLetters for std::sync::Arc<Recorder> {
         fn dead_letter(&self, rejected: &[Rejected], _: &Progress) -> Result<Written, SinkError> {
-            self.0.lock().unwrap().extend(rejected.iter().map(|r| r.offset));
-            Ok(Written { items: rejected.len() as u64, bytes: 0 })
+            self.0
+                .lock()
+                .unwrap()
+                .extend(rejected.iter().map(|r| r.offset));
+            Ok(Written {
+                items: rejected.len() as u64,
+                bytes: 0,
+            })
         }
     }
 
@@ -377,7 +484,10 @@ mod tests {
                 partition: 0,
                 offset,
                 outcome: crate::sink::Outcome::Invalid(Box::new(crate::sink::InvalidMessage {
-                    error: crate::recording::InvalidRecording::new(crate::recording::Reason::WrongType, "x"),
+                    error: crate::recording::InvalidRecording::new(
+                        crate::recording::Reason::WrongType,
+                        "x",
+                    ),
                     value: vec![],
                     key: None,
                     topic: "t".into(),
@@ -392,32 +502,63 @@ mod tests {
     fn messages_a_sink_rejects_are_found_alone_dead_lettered_and_the_rest_written() {
         let batch = entries(10);
         let recorder = std::sync::Arc::new(Recorder::default());
-        let picky = Picky { bad: vec![3, 7], accepted: Mutex::new(Vec::new()) };
-        let sinks = Sinks { stages: vec![vec![Box::new(picky)]], rejections: Some(Box::new(recorder.clone())) };
+        let picky = Picky {
+            bad: vec![3, 7],
+            accepted: Mutex::new(Vec::new()),
+        };
+        let sinks = Sinks {
+            stages: vec![vec![Box::new(picky)]],
+            rejections: Some(Box::new(recorder.clone())),
+        };
         let report = flush(&batch, &sinks, &FAST, &Status::default()).unwrap();
-        assert_eq!(report.rejected.iter().map(|r| r.offset).collect::<Vec<_>>(), [3, 7]);
+        assert_eq!(
+            report.rejected.iter().map(|r| r.offset).collect::<Vec<_>>(),
+            [3, 7]
+        );
         assert_eq!(report.rejected[0].error.sink, "picky");
-        assert_eq!(*recorder.0.lock().unwrap(), [3, 7], "dead-lettered once each");
-        assert_eq!(report.sinks[0].written.items, 8, "every other message written");
+        assert_eq!(
+            *recorder.0.lock().unwrap(),
+            [3, 7],
+            "dead-lettered once each"
+        );
+        assert_eq!(
+            report.sinks[0].written.items, 8,
+            "every other message written"
+        );
     }
 
     #[test]
     fn a_sink_that_rejects_every_message_is_misconfigured_and_stops_the_flush() {
         let batch = entries(4);
         let recorder = std::sync::Arc::new(Recorder::default());
-        let picky = Picky { bad: vec![0, 1, 2, 3], accepted: Mutex::new(Vec::new()) };
-        let sinks = Sinks { stages: vec![vec![Box::new(picky)]], rejections: Some(Box::new(recorder.clone())) };
+        let picky = Picky {
+            bad: vec![0, 1, 2, 3],
+            accepted: Mutex::new(Vec::new()),
+        };
+        let sinks = Sinks {
+            stages: vec![vec![Box::new(picky)]],
+            rejections: Some(Box::new(recorder.clone())),
+        };
         let error = flush(&batch, &sinks, &FAST, &Status::default()).unwrap_err();
         assert_eq!(error.retry, Retry::Fatal);
         assert!(error.message.contains("misconfigured"), "{}", error.message);
-        assert!(recorder.0.lock().unwrap().is_empty(), "nothing dead-lettered");
+        assert!(
+            recorder.0.lock().unwrap().is_empty(),
+            "nothing dead-lettered"
+        );
     }
 
     #[test]
     fn a_lone_message_refused_is_dead_lettered_not_taken_for_misconfiguration() {
         let recorder = std::sync::Arc::new(Recorder::default());
-        let picky = Picky { bad: vec![0], accepted: Mutex::new(Vec::new()) };
-        let sinks = Sinks { stages: vec![vec![Box::new(picky)]], rejections: Some(Box::new(recorder.clone())) };
+        let picky = Picky {
+            bad: vec![0],
+            accepted: Mutex::new(Vec::new()),
+        };
+        let sinks = Sinks {
+            stages: vec![vec![Box::new(picky)]],
+            rejections: Some(Box::new(recorder.clone())),
+        };
         let report = flush(&entries(1), &sinks, &FAST, &Status::default()).unwrap();
         assert_eq!(report.rejected.len(), 1);
         assert_eq!(*recorder.0.lock().unwrap(), [0]);
@@ -425,9 +566,17 @@ mod tests {
 
     #[test]
     fn a_rejection_with_nowhere_to_dead_letter_it_stops_the_flush() {
-        let picky = Picky { bad: vec![1], accepted: Mutex::new(Vec::new()) };
-        let error =
-            flush(&entries(3), &Sinks::new(vec![vec![Box::new(picky)]]), &FAST, &Status::default()).unwrap_err();
+        let picky = Picky {
+            bad: vec![1],
+            accepted: Mutex::new(Vec::new()),
+        };
+        let error = flush(
+            &entries(3),
+            &Sinks::new(vec![vec![Box::new(picky)]]),
+            &FAST,
+            &Status::default(),
+        )
+        .unwrap_err();
         assert_eq!(error.retry, Retry::Fatal);
     }
 
@@ -448,27 +597,64 @@ mod tests {
             if batch.iter().any(|e| self.bad.contains(&e.offset)) {
                 panic!("overflow when adding duration to instant");
             }
-            self.accepted.lock().unwrap().extend(batch.iter().map(|e| e.offset));
-            Ok(Written { items: batch.len() as u64, bytes: 0 })
+            self.accepted
+                .lock()
+                .unwrap()
+                .extend(batch.iter().map(|e| e.offset));
+            Ok(Written {
+                items: batch.len() as u64,
+                bytes: 0,
+            })
         }
     }
 
     #[test]
-    fn a_sink_that_panics_is_narrowed_down_to_the_messages_that_cause_it_which_are_internal_errors() {
+    fn a_sink_that_panics_is_narrowed_down_to_the_messages_that_cause_it_which_are_internal_errors()
+    {
         let recorder = std::sync::Arc::new(Recorder::default());
         // Every message of the batch panics but one: still not taken for misconfiguration.
-        let panicky = std::sync::Arc::new(Panicky { bad: vec![0, 2, 3], accepted: Mutex::new(Vec::new()) });
-        let sinks =
-            Sinks { stages: vec![vec![Box::new(panicky.clone())]], rejections: Some(Box::new(recorder.clone())) };
+        let panicky = std::sync::Arc::new(Panicky {
+            bad: vec![0, 2, 3],
+            accepted: Mutex::new(Vec::new()),
+        });
+        let sinks = Sinks {
+            stages: vec![vec![Box::new(panicky.clone())]],
+            rejections: Some(Box::new(recorder.clone())),
+        };
         let report = flush(&entries(4), &sinks, &FAST, &Status::default()).unwrap();
-        assert_eq!(report.rejected.iter().map(|r| r.offset).collect::<Vec<_>>(), [0, 2, 3]);
-        assert!(report.rejected.iter().all(|r| r.reason() == crate::recording::Reason::InternalError));
-        assert!(report.rejected[0].error.message.contains("panicked: overflow when adding duration"));
+        assert_eq!(
+            report.rejected.iter().map(|r| r.offset).collect::<Vec<_>>(),
+            [0, 2, 3]
+        );
+        assert!(
+            report
+                .rejected
+                .iter()
+                .all(|r| r.reason() == crate::recording::Reason::InternalError)
+        );
+        assert!(
+            report.rejected[0]
+                .error
+                .message
+                .contains("panicked: overflow when adding duration")
+        );
         assert_eq!(*recorder.0.lock().unwrap(), [0, 2, 3]);
         assert_eq!(*panicky.accepted.lock().unwrap(), [1]);
-        let all_bad = Panicky { bad: vec![0, 1], accepted: Mutex::new(Vec::new()) };
-        let sinks = Sinks { stages: vec![vec![Box::new(all_bad)]], rejections: Some(Box::new(recorder.clone())) };
-        assert_eq!(flush(&entries(2), &sinks, &FAST, &Status::default()).unwrap().rejected.len(), 2);
+        let all_bad = Panicky {
+            bad: vec![0, 1],
+            accepted: Mutex::new(Vec::new()),
+        };
+        let sinks = Sinks {
+            stages: vec![vec![Box::new(all_bad)]],
+            rejections: Some(Box::new(recorder.clone())),
+        };
+        assert_eq!(
+            flush(&entries(2), &sinks, &FAST, &Status::default())
+                .unwrap()
+                .rejected
+                .len(),
+            2
+        );
     }
 
     /// Stores entries one by one; the first attempt fails on every `nth` entry.
@@ -484,7 +670,10 @@ mod tests {
         fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
             let first_attempt = self.uploads.lock().unwrap().is_empty();
             let mut failure = None;
-            for entry in batch.iter().filter(|e| !progress.is_stored(crate::sink::Piece::of(e, 0))) {
+            for entry in batch
+                .iter()
+                .filter(|e| !progress.is_stored(crate::sink::Piece::of(e, 0)))
+            {
                 self.uploads.lock().unwrap().push(entry.offset);
                 if first_attempt && entry.offset % self.nth == 0 {
                     let error = SinkError::new("tail", Retry::Retryable, "timed out");
@@ -500,11 +689,18 @@ mod tests {
 
     #[test]
     fn a_retry_writes_only_what_the_failed_attempt_did_not_store() {
-        let tail = std::sync::Arc::new(Tail { nth: 20, uploads: Mutex::new(Vec::new()) });
+        let tail = std::sync::Arc::new(Tail {
+            nth: 20,
+            uploads: Mutex::new(Vec::new()),
+        });
         let sinks = Sinks::new(vec![vec![Box::new(tail.clone())]]);
         let report = flush(&entries(100), &sinks, &FAST, &Status::default()).unwrap();
         assert_eq!(report.sinks[0].retries, 1);
-        assert_eq!(tail.uploads.lock().unwrap().len(), 105, "100 uploads, then the 5 that failed");
+        assert_eq!(
+            tail.uploads.lock().unwrap().len(),
+            105,
+            "100 uploads, then the 5 that failed"
+        );
     }
 
     #[test]

@@ -20,12 +20,18 @@ pub struct Frontier {
 impl Frontier {
     /// A message entered the buffer.
     pub fn track(&mut self, partition: i32, offset: i64) {
-        self.partitions.entry(partition).or_default().pending.push_back((offset, false));
+        self.partitions
+            .entry(partition)
+            .or_default()
+            .pending
+            .push_back((offset, false));
     }
 
     /// A message's outputs are durable.
     pub fn complete(&mut self, partition: i32, offset: i64) {
-        let Some(p) = self.partitions.get_mut(&partition) else { return };
+        let Some(p) = self.partitions.get_mut(&partition) else {
+            return;
+        };
         if let Ok(i) = p.pending.binary_search_by_key(&offset, |&(o, _)| o)
             && let Some(slot) = p.pending.get_mut(i)
         {
@@ -39,7 +45,10 @@ impl Frontier {
 
     /// `(partition, next offset)` for every partition whose frontier moved since the last call.
     pub fn take_advanced(&mut self) -> Vec<(i32, i64)> {
-        self.partitions.iter_mut().filter_map(|(&id, p)| p.advanced.take().map(|offset| (id, offset))).collect()
+        self.partitions
+            .iter_mut()
+            .filter_map(|(&id, p)| p.advanced.take().map(|offset| (id, offset)))
+            .collect()
     }
 
     /// A commit of `positions` failed (a rebalance moved the group's generation on, the
@@ -83,7 +92,11 @@ mod tests {
         f.complete(0, 6);
         f.forget(&[1]);
         f.uncommitted(&failed);
-        assert_eq!(f.take_advanced(), [(0, 7)], "partition 0 moved on; partition 1 is someone else's");
+        assert_eq!(
+            f.take_advanced(),
+            [(0, 7)],
+            "partition 0 moved on; partition 1 is someone else's"
+        );
         f.uncommitted(&[(0, 7)]);
         assert_eq!(f.take_advanced(), [(0, 7)]);
         assert!(f.take_advanced().is_empty());
@@ -101,7 +114,11 @@ mod tests {
         f.complete(0, 10);
         assert_eq!(f.take_advanced(), [(0, 11)]);
         f.complete(0, 11);
-        assert_eq!(f.take_advanced(), [(0, 14)], "11, 12, 13 done: next to read is 14");
+        assert_eq!(
+            f.take_advanced(),
+            [(0, 14)],
+            "11, 12, 13 done: next to read is 14"
+        );
         assert_eq!(f.pending(), 1);
         assert_eq!(f.take_advanced(), [], "reported once");
     }
@@ -139,6 +156,10 @@ mod tests {
         assert_eq!(f.pending(), 1);
         f.complete(0, 1);
         f.complete(1, 7);
-        assert_eq!(f.take_advanced(), vec![(1, 8)], "only the kept partition commits");
+        assert_eq!(
+            f.take_advanced(),
+            vec![(1, 8)],
+            "only the kept partition commits"
+        );
     }
 }

@@ -206,8 +206,9 @@ pub async fn consume(
             let _ = shutdown_at.set(Instant::now());
         })
         .await;
-    let close_budget =
-        shutdown_at.get().map_or(settings.drain_deadline, |at| settings.drain_deadline.saturating_sub(at.elapsed()));
+    let close_budget = shutdown_at.get().map_or(settings.drain_deadline, |at| {
+        settings.drain_deadline.saturating_sub(at.elapsed())
+    });
     stop.store(true, Ordering::Release);
     // Wakes a poller waiting for room.
     handoff.close();
@@ -220,7 +221,9 @@ pub async fn consume(
         drop(consumer);
     });
     if tokio::time::timeout(close_budget, close).await.is_err() {
-        warn!("closing the Kafka consumer did not finish within the drain deadline; exiting anyway");
+        warn!(
+            "closing the Kafka consumer did not finish within the drain deadline; exiting anyway"
+        );
     }
     result
 }
@@ -265,7 +268,11 @@ impl Pipeline {
             // The age deadline only matters when a flush could start: with every slot busy it
             // would fire again at once, spinning a core until a flush ends.
             let slot_free = self.flushes.len() < self.max_flushes;
-            let age_deadline = self.buffer.deadline().filter(|_| slot_free).map(tokio::time::Instant::from_std);
+            let age_deadline = self
+                .buffer
+                .deadline()
+                .filter(|_| slot_free)
+                .map(tokio::time::Instant::from_std);
             tokio::select! {
                 biased;
                 () = &mut shutdown => {
@@ -328,14 +335,19 @@ impl Pipeline {
             );
         } else if let Some(since) = self.paused_since.take() {
             metrics::paused_for(since.elapsed());
-            info!(paused_ms = since.elapsed().as_millis() as u64, "flush done: intake resumed");
+            info!(
+                paused_ms = since.elapsed().as_millis() as u64,
+                "flush done: intake resumed"
+            );
         }
         self.status.paused.store(pause, Ordering::Relaxed);
     }
 
     /// Whether something of `partition` from `generation` predates the partition's last revoke.
     fn stale(&self, partition: i32, generation: u64) -> bool {
-        self.revoked.get(&partition).is_some_and(|&revoked| generation < revoked)
+        self.revoked
+            .get(&partition)
+            .is_some_and(|&revoked| generation < revoked)
     }
 
     /// consume → process: decompress and parse on the pool.
@@ -348,13 +360,26 @@ impl Pipeline {
         let (limits, topic) = (self.limits, self.topic.clone());
         self.pool.spawn(move || {
             let (entry, bytes) = to_entry(message, &limits, topic);
-            let _ = tx.send(ProcessedEntry { entry, bytes, reservation: size, generation });
+            let _ = tx.send(ProcessedEntry {
+                entry,
+                bytes,
+                reservation: size,
+                generation,
+            });
         });
         self.processing.push_back(rx);
     }
 
     /// process → buffer.
-    fn buffered(&mut self, ProcessedEntry { entry, bytes, reservation, generation }: ProcessedEntry) {
+    fn buffered(
+        &mut self,
+        ProcessedEntry {
+            entry,
+            bytes,
+            reservation,
+            generation,
+        }: ProcessedEntry,
+    ) {
         self.processing_bytes -= reservation;
         if self.stale(entry.partition, generation) {
             // Processed across a revoke whose drain gave up on it.
@@ -380,37 +405,67 @@ impl Pipeline {
     fn start_flush(&mut self, reason: CloseReason) {
         let batch = self.buffer.take();
         self.publish_buffer();
-        let offsets: Vec<(i32, i64)> = batch.entries.iter().map(|e| (e.partition, e.offset)).collect();
-        debug!(messages = offsets.len(), reason = reason.as_str(), "flush started");
-        let (sinks, retry, status, generation) = (self.sinks.clone(), self.retry, self.status.clone(), self.generation);
+        let offsets: Vec<(i32, i64)> = batch
+            .entries
+            .iter()
+            .map(|e| (e.partition, e.offset))
+            .collect();
+        debug!(
+            messages = offsets.len(),
+            reason = reason.as_str(),
+            "flush started"
+        );
+        let (sinks, retry, status, generation) = (
+            self.sinks.clone(),
+            self.retry,
+            self.status.clone(),
+            self.generation,
+        );
         self.status.flush_progress();
         self.flushes.spawn_blocking(move || {
             let result = flush::flush(&batch, &sinks, &retry, &status);
             let mut valid = batch.valid().count() as u64;
             let mut invalid_by_reason = BTreeMap::new();
             for (_, invalid) in batch.invalid() {
-                *invalid_by_reason.entry(invalid.error.reason.as_str()).or_default() += 1;
+                *invalid_by_reason
+                    .entry(invalid.error.reason.as_str())
+                    .or_default() += 1;
             }
             if let Ok(report) = &result {
                 for rejected in &report.rejected {
                     valid = valid.saturating_sub(1);
-                    *invalid_by_reason.entry(rejected.reason().as_str()).or_default() += 1;
+                    *invalid_by_reason
+                        .entry(rejected.reason().as_str())
+                        .or_default() += 1;
                 }
             }
-            Flushed { generation, offsets, reason, valid, invalid_by_reason, result }
+            Flushed {
+                generation,
+                offsets,
+                reason,
+                valid,
+                invalid_by_reason,
+                result,
+            }
         });
-        self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
+        self.status
+            .flushes_in_flight
+            .store(self.flushes.len(), Ordering::Relaxed);
     }
 
     /// flush → commit.
     fn flushed(&mut self, flushed: Flushed) -> Result<(), PipelineError> {
-        self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
+        self.status
+            .flushes_in_flight
+            .store(self.flushes.len(), Ordering::Relaxed);
         // Started before a revoke whose drain gave up on it: the revoked partitions' offsets are
         // someone else's now and are not committed (what the flush wrote is idempotent); those of
         // partitions this member kept are.
         let generation = flushed.generation;
-        let (offsets, given_away): (Vec<_>, Vec<_>) =
-            flushed.offsets.iter().partition(|(partition, _)| !self.stale(*partition, generation));
+        let (offsets, given_away): (Vec<_>, Vec<_>) = flushed
+            .offsets
+            .iter()
+            .partition(|(partition, _)| !self.stale(*partition, generation));
         if !given_away.is_empty() {
             info!(
                 messages = given_away.len(),
@@ -427,14 +482,20 @@ impl Pipeline {
             flushed.reason.as_str(),
             flushed.valid,
             flushed.invalid_by_reason.into_iter(),
-            report.sinks.iter().map(|s| (s.sink, s.took, s.retries, s.written.items, s.written.bytes)),
+            report
+                .sinks
+                .iter()
+                .map(|s| (s.sink, s.took, s.retries, s.written.items, s.written.bytes)),
         );
-        self.status.flushed.fetch_add(offsets.len() as u64, Ordering::Relaxed);
+        self.status
+            .flushed
+            .fetch_add(offsets.len() as u64, Ordering::Relaxed);
         for rejected in &report.rejected {
             self.status.record_invalid(rejected.reason().as_str());
         }
         for sink in &report.sinks {
-            self.status.record_sink(sink.sink, sink.took, sink.written.items, sink.written.bytes);
+            self.status
+                .record_sink(sink.sink, sink.took, sink.written.items, sink.written.bytes);
         }
         for (partition, offset) in offsets {
             self.frontier.complete(partition, offset);
@@ -453,19 +514,36 @@ impl Pipeline {
         if positions.is_empty() {
             return;
         }
-        let (consumer, list, generation) =
-            (self.consumer.clone(), commit_list(&self.topic, &positions), self.generation);
+        let (consumer, list, generation) = (
+            self.consumer.clone(),
+            commit_list(&self.topic, &positions),
+            self.generation,
+        );
         self.commits.spawn_blocking(move || {
             // Synchronous, so that a commit is counted only once the broker has confirmed it.
             let result = consumer.commit(&list, CommitMode::Sync);
-            Committed { generation, positions, result }
+            Committed {
+                generation,
+                positions,
+                result,
+            }
         });
     }
 
     /// A commit returned. Partitions revoked since it started are left out: their next owner
     /// commits them.
-    fn committed(&mut self, Committed { generation, positions, result }: Committed) {
-        let positions: Vec<_> = positions.into_iter().filter(|&(p, _)| !self.stale(p, generation)).collect();
+    fn committed(
+        &mut self,
+        Committed {
+            generation,
+            positions,
+            result,
+        }: Committed,
+    ) {
+        let positions: Vec<_> = positions
+            .into_iter()
+            .filter(|&(p, _)| !self.stale(p, generation))
+            .collect();
         match result {
             Ok(()) => {
                 metrics::committed();
@@ -501,7 +579,8 @@ impl Pipeline {
         for &partition in partitions {
             self.revoked.insert(partition, generation);
         }
-        self.buffer.retain(|partition| !partitions.contains(&partition));
+        self.buffer
+            .retain(|partition| !partitions.contains(&partition));
         self.publish_buffer();
         self.frontier.forget(partitions);
         self.status.rebalances.fetch_add(1, Ordering::Relaxed);
@@ -526,7 +605,9 @@ impl Pipeline {
             if !self.buffer.is_empty() && self.flushes.len() < self.max_flushes {
                 self.start_flush(CloseReason::Drain);
             }
-            self.status.flushes_in_flight.store(self.flushes.len(), Ordering::Relaxed);
+            self.status
+                .flushes_in_flight
+                .store(self.flushes.len(), Ordering::Relaxed);
             match self.flushes.join_next().await {
                 Some(flushed) => {
                     let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;
@@ -549,8 +630,12 @@ impl Pipeline {
     }
 
     fn publish_buffer(&self) {
-        self.status.buffer_messages.store(self.buffer.len(), Ordering::Relaxed);
-        self.status.buffer_bytes.store(self.buffer.bytes(), Ordering::Relaxed);
+        self.status
+            .buffer_messages
+            .store(self.buffer.len(), Ordering::Relaxed);
+        self.status
+            .buffer_bytes
+            .store(self.buffer.bytes(), Ordering::Relaxed);
         metrics::buffer(self.buffer.len(), self.buffer.bytes());
     }
 }
@@ -566,17 +651,27 @@ fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, us
     let (partition, offset) = (message.partition(), message.offset());
     let value = message.payload().unwrap_or_default();
     let start = Instant::now();
-    let result = INFLATER.with_borrow_mut(|inflater| recording::process_guarded(value, limits, inflater));
+    let result =
+        INFLATER.with_borrow_mut(|inflater| recording::process_guarded(value, limits, inflater));
     match result {
         Ok(processed) => {
             let bytes = processed.memory_bytes();
             metrics::processed_segment(&processed, bytes, start.elapsed());
-            (Entry { partition, offset, outcome: Outcome::Valid(Box::new(processed)) }, bytes)
+            (
+                Entry {
+                    partition,
+                    offset,
+                    outcome: Outcome::Valid(Box::new(processed)),
+                },
+                bytes,
+            )
         }
         Err(error) => {
             if error.reason == Reason::InternalError {
                 // A bug, not bad input: someone must look. The message is kept on the DLQ.
-                let replay_id = recording::envelope::decode(value).map(|e| e.replay_id).unwrap_or("unknown");
+                let replay_id = recording::envelope::decode(value)
+                    .map(|e| e.replay_id)
+                    .unwrap_or("unknown");
                 error!(partition, offset, replay_id, detail = %error.detail, "processing failed: message dead-lettered as internal_error");
             } else {
                 // Expected bad input: counted and dead-lettered; DEBUG so a burst cannot flood the logs.
@@ -585,8 +680,22 @@ fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, us
             let (key, timestamp) = key_and_timestamp(&message);
             let value = value.to_vec();
             let bytes = value.len();
-            let invalid = InvalidMessage { error, value, key, topic, timestamp, rejected_by: None };
-            (Entry { partition, offset, outcome: Outcome::Invalid(Box::new(invalid)) }, bytes)
+            let invalid = InvalidMessage {
+                error,
+                value,
+                key,
+                topic,
+                timestamp,
+                rejected_by: None,
+            };
+            (
+                Entry {
+                    partition,
+                    offset,
+                    outcome: Outcome::Invalid(Box::new(invalid)),
+                },
+                bytes,
+            )
         }
     }
 }

@@ -39,12 +39,15 @@ pub fn key(retention_days: u16, project_id: u64, replay_id: &str, segment_id: u3
 /// exactly-sized allocation. Fails only if compressing into memory fails, which it cannot.
 pub fn bytes(payload: &Payload<'_>, json: &[u8], video: Option<&[u8]>) -> io::Result<bytes::Bytes> {
     let stored = match video {
-        None if payload.encoding == BodyEncoding::Zlib && payload.body.len() <= json.len() => payload.body.to_vec(),
+        None if payload.encoding == BodyEncoding::Zlib && payload.body.len() <= json.len() => {
+            payload.body.to_vec()
+        }
         None => zlib(&[json])?,
         Some([]) => zlib(&[&[PACK_RRWEB], json])?,
         Some(video) => {
-            let len = u32::try_from(video.len())
-                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "video longer than 4 GiB"))?;
+            let len = u32::try_from(video.len()).map_err(|_| {
+                io::Error::new(io::ErrorKind::InvalidInput, "video longer than 4 GiB")
+            })?;
             zlib(&[&[PACK_VIDEO], &len.to_be_bytes(), video, json])?
         }
     };
@@ -67,7 +70,9 @@ mod tests {
 
     fn inflate(bytes: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
-        flate2::read::ZlibDecoder::new(bytes).read_to_end(&mut out).unwrap();
+        flate2::read::ZlibDecoder::new(bytes)
+            .read_to_end(&mut out)
+            .unwrap();
         out
     }
 
@@ -75,34 +80,57 @@ mod tests {
 
     #[test]
     fn the_key_is_retention_project_replay_segment() {
-        assert_eq!(key(90, 42, "6aa0d45db9b94b989501ce3be4daf802", 3), "90/42/6aa0d45db9b94b989501ce3be4daf802/3");
+        assert_eq!(
+            key(90, 42, "6aa0d45db9b94b989501ce3be4daf802", 3),
+            "90/42/6aa0d45db9b94b989501ce3be4daf802/3"
+        );
     }
 
     #[test]
     fn a_zlib_body_is_stored_exactly_as_received() {
         let body = b"\x78\x9c not recompressed";
-        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body };
+        let payload = Payload {
+            segment_id: 0,
+            encoding: BodyEncoding::Zlib,
+            body,
+        };
         assert_eq!(bytes(&payload, JSON, None).unwrap(), &body[..]);
     }
 
     #[test]
     fn a_zlib_body_larger_than_its_json_is_stored_as_zlib_of_the_json() {
         let body = vec![0x78; JSON.len() + 1];
-        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &body };
+        let payload = Payload {
+            segment_id: 0,
+            encoding: BodyEncoding::Zlib,
+            body: &body,
+        };
         assert_eq!(inflate(&bytes(&payload, JSON, None).unwrap()), JSON);
     }
 
     #[test]
     fn other_bodies_are_stored_as_zlib_of_the_json() {
         for encoding in [BodyEncoding::Raw, BodyEncoding::Gzip, BodyEncoding::Zstd] {
-            let payload = Payload { segment_id: 0, encoding, body: b"ignored" };
-            assert_eq!(inflate(&bytes(&payload, JSON, None).unwrap()), JSON, "{encoding:?}");
+            let payload = Payload {
+                segment_id: 0,
+                encoding,
+                body: b"ignored",
+            };
+            assert_eq!(
+                inflate(&bytes(&payload, JSON, None).unwrap()),
+                JSON,
+                "{encoding:?}"
+            );
         }
     }
 
     #[test]
     fn video_is_packed_with_its_big_endian_length_before_the_json() {
-        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: b"x" };
+        let payload = Payload {
+            segment_id: 0,
+            encoding: BodyEncoding::Zlib,
+            body: b"x",
+        };
         let packed = inflate(&bytes(&payload, JSON, Some(b"VIDEO")).unwrap());
         assert_eq!(packed, [&[0x01, 0, 0, 0, 5][..], b"VIDEO", JSON].concat());
         let packed = inflate(&bytes(&payload, JSON, Some(b"")).unwrap());

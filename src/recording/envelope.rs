@@ -82,9 +82,15 @@ pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
                 format_args!("value is not a msgpack map (first byte 0x{marker:02x})"),
             ));
         }
-        None => return Err(InvalidRecording::new(Reason::InvalidMsgpack, "empty message value")),
+        None => {
+            return Err(InvalidRecording::new(
+                Reason::InvalidMsgpack,
+                "empty message value",
+            ));
+        }
     }
-    let wire: Wire<'_> = rmp_serde::from_slice(value).map_err(|e| InvalidRecording::new(Reason::InvalidMsgpack, e))?;
+    let wire: Wire<'_> = rmp_serde::from_slice(value)
+        .map_err(|e| InvalidRecording::new(Reason::InvalidMsgpack, e))?;
 
     match wire.kind {
         Some(RECORDING_TYPE) => {}
@@ -97,12 +103,15 @@ pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
         None => return Err(InvalidRecording::new(Reason::WrongType, "type is missing")),
     }
     let replay_id = required(wire.replay_id, "replay_id")?;
-    let replay_uuid = uuid::Uuid::try_parse(replay_id).ok().filter(|_| is_replay_id(replay_id)).ok_or_else(|| {
-        InvalidRecording::new(
-            Reason::InvalidReplayId,
-            format_args!("replay_id {replay_id:?} is not 32 lowercase hex characters"),
-        )
-    })?;
+    let replay_uuid = uuid::Uuid::try_parse(replay_id)
+        .ok()
+        .filter(|_| is_replay_id(replay_id))
+        .ok_or_else(|| {
+            InvalidRecording::new(
+                Reason::InvalidReplayId,
+                format_args!("replay_id {replay_id:?} is not 32 lowercase hex characters"),
+            )
+        })?;
     let org_id = required(wire.org_id, "org_id")?;
     let project_id = required(wire.project_id, "project_id")?;
     let received = required(wire.received, "received")?;
@@ -133,7 +142,9 @@ pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
 }
 
 fn required<T>(field: Option<T>, name: &str) -> Result<T, InvalidRecording> {
-    field.ok_or_else(|| InvalidRecording::new(Reason::MissingField, format_args!("{name} is missing")))
+    field.ok_or_else(|| {
+        InvalidRecording::new(Reason::MissingField, format_args!("{name} is missing"))
+    })
 }
 
 /// 32 lowercase hex characters: a UUID without dashes.
@@ -246,7 +257,12 @@ pub(crate) mod tests {
 
     #[test]
     fn replay_ids_must_be_32_lowercase_hex() {
-        for bad in ["6AA0D45DB9B94B989501CE3BE4DAF802", "6aa0d45d-b9b9-4b98-9501-ce3be4daf802", "xyz", ""] {
+        for bad in [
+            "6AA0D45DB9B94B989501CE3BE4DAF802",
+            "6aa0d45d-b9b9-4b98-9501-ce3be4daf802",
+            "xyz",
+            "",
+        ] {
             let mut msg = TestMessage::new(b"x".to_vec());
             msg.replay_id = bad.into();
             assert_eq!(reason(&msg.encode()), Reason::InvalidReplayId, "{bad}");
@@ -270,14 +286,29 @@ pub(crate) mod tests {
         for field in ["replay_id", "org_id", "project_id", "received", "payload"] {
             let bytes = edited(|map| map.retain(|(k, _)| k.as_str() != Some(field)));
             let err = decode(&bytes).unwrap_err();
-            assert_eq!((err.reason, err.detail), (Reason::MissingField, format!("{field} is missing")));
+            assert_eq!(
+                (err.reason, err.detail),
+                (Reason::MissingField, format!("{field} is missing"))
+            );
         }
         let without_type = edited(|map| map.retain(|(k, _)| k.as_str() != Some("type")));
         let err = decode(&without_type).unwrap_err();
-        assert_eq!((err.reason, err.detail.as_str()), (Reason::WrongType, "type is missing"));
+        assert_eq!(
+            (err.reason, err.detail.as_str()),
+            (Reason::WrongType, "type is missing")
+        );
         // Optional fields may be absent.
-        for field in ["key_id", "retention_days", "replay_event", "replay_video", "version"] {
-            assert!(decode(&edited(|map| map.retain(|(k, _)| k.as_str() != Some(field)))).is_ok(), "{field}");
+        for field in [
+            "key_id",
+            "retention_days",
+            "replay_event",
+            "replay_video",
+            "version",
+        ] {
+            assert!(
+                decode(&edited(|map| map.retain(|(k, _)| k.as_str() != Some(field)))).is_ok(),
+                "{field}"
+            );
         }
     }
 
@@ -285,7 +316,10 @@ pub(crate) mod tests {
     fn received_past_what_a_datetime_column_holds_is_invalid_received() {
         let with = |received: u64| {
             edited(|map| {
-                let field = map.iter_mut().find(|(k, _)| k.as_str() == Some("received")).unwrap();
+                let field = map
+                    .iter_mut()
+                    .find(|(k, _)| k.as_str() == Some("received"))
+                    .unwrap();
                 field.1 = rmpv::Value::from(received);
             })
         };
@@ -312,11 +346,19 @@ pub(crate) mod tests {
             ("replay_event", rmpv::Value::Array(vec![])),
         ] {
             let bytes = edited(|map| {
-                let slot = map.iter_mut().find(|(k, _)| k.as_str() == Some(field)).unwrap();
+                let slot = map
+                    .iter_mut()
+                    .find(|(k, _)| k.as_str() == Some(field))
+                    .unwrap();
                 slot.1 = value.clone();
             });
             let err = decode(&bytes).unwrap_err();
-            assert_eq!(err.reason, Reason::InvalidMsgpack, "{field} = {value}: {}", err.detail);
+            assert_eq!(
+                err.reason,
+                Reason::InvalidMsgpack,
+                "{field} = {value}: {}",
+                err.detail
+            );
         }
     }
 
@@ -341,6 +383,9 @@ pub(crate) mod tests {
         })
         .unwrap();
         let err = decode(&bytes).unwrap_err();
-        assert_eq!((err.reason, err.detail.as_str()), (Reason::MissingField, "org_id is missing"));
+        assert_eq!(
+            (err.reason, err.detail.as_str()),
+            (Reason::MissingField, "org_id is missing")
+        );
     }
 }

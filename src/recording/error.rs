@@ -82,7 +82,11 @@ const MAX_DETAIL_BYTES: usize = 512;
 impl InvalidRecording {
     pub fn new(reason: Reason, detail: impl fmt::Display) -> Self {
         // One line: parser errors quote the input over several lines.
-        let mut detail = detail.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+        let mut detail = detail
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
         if detail.len() > MAX_DETAIL_BYTES {
             let mut end = MAX_DETAIL_BYTES;
             while !detail.is_char_boundary(end) {
@@ -121,7 +125,10 @@ mod tests {
         let names: std::collections::BTreeSet<_> = ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(names.len(), ALL.len());
         for name in names {
-            assert!(name.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{name}");
+            assert!(
+                name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{name}"
+            );
         }
     }
 
@@ -135,7 +142,8 @@ mod tests {
 
     #[test]
     fn details_are_a_single_line() {
-        let err = InvalidRecording::new(Reason::InvalidBody, "EOF at line 1\n\n\t\"urls\": [\n\t..^");
+        let err =
+            InvalidRecording::new(Reason::InvalidBody, "EOF at line 1\n\n\t\"urls\": [\n\t..^");
         assert_eq!(err.detail, "EOF at line 1 \"urls\": [ ..^");
     }
 }

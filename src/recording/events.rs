@@ -175,7 +175,10 @@ mod tests {
     #[test]
     fn the_billing_outcome_is_byte_for_byte_what_sentry_sends() {
         let p = processed(0, None);
-        let outcome = build(&p, &IssueGates::default()).into_iter().find(|e| e.kind() == "outcome").unwrap();
+        let outcome = build(&p, &IssueGates::default())
+            .into_iter()
+            .find(|e| e.kind() == "outcome")
+            .unwrap();
         assert_eq!(outcome.key(), None, "no key, as Sentry publishes it");
         assert_eq!(
             String::from_utf8(outcome.into_json().unwrap()).unwrap(),
@@ -185,13 +188,20 @@ mod tests {
 
     #[test]
     fn occurrences_need_the_replay_event_and_only_segment_zero_has_an_outcome() {
-        let kinds =
-            |p: &Processed| build(p, &IssueGates::default()).iter().map(AnalyticsEvent::kind).collect::<Vec<_>>();
+        let kinds = |p: &Processed| {
+            build(p, &IssueGates::default())
+                .iter()
+                .map(AnalyticsEvent::kind)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(kinds(&processed(0, None)), ["outcome", "first_replay"]);
         let event = r#"{"replay_id":"834f314caae54030a1b0dc52b202f24a","platform":"javascript"}"#;
         let p = processed(1, Some(event));
         assert_eq!(kinds(&p), ["hydration_error"]);
         let occurrence = build(&p, &IssueGates::default()).remove(0);
-        assert_eq!((occurrence.topic(), occurrence.key()), (EventTopic::Issues, Some("1-1".to_owned())));
+        assert_eq!(
+            (occurrence.topic(), occurrence.key()),
+            (EventTopic::Issues, Some("1-1".to_owned()))
+        );
     }
 }

@@ -49,7 +49,8 @@ impl HeapSize for Arc<str> {
 
 impl<T: HeapSize> HeapSize for Vec<T> {
     fn heap_size(&self) -> usize {
-        self.capacity() * std::mem::size_of::<T>() + self.iter().map(HeapSize::heap_size).sum::<usize>()
+        self.capacity() * std::mem::size_of::<T>()
+            + self.iter().map(HeapSize::heap_size).sum::<usize>()
     }
 }
 
@@ -95,7 +96,8 @@ mod tests {
     fn a_shared_string_is_counted_once_across_its_holders() {
         let url: Arc<str> = Arc::from("x".repeat(1000).as_str());
         let holders: Vec<Arc<str>> = (0..100).map(|_| url.clone()).collect();
-        let shares: usize = holders.iter().map(HeapSize::heap_size).sum::<usize>() + url.heap_size();
+        let shares: usize =
+            holders.iter().map(HeapSize::heap_size).sum::<usize>() + url.heap_size();
         assert!((1016..1016 + 101).contains(&shares), "{shares}");
     }
 }

@@ -26,7 +26,9 @@ impl<'a> Text<'a> {
 impl Num {
     /// The value as a non-negative integer, when it is one exactly.
     pub fn as_u64(self) -> Option<u64> {
-        self.0.filter(|v| *v >= 0.0 && v.fract() == 0.0 && *v <= u64::MAX as f64).map(|v| v as u64)
+        self.0
+            .filter(|v| *v >= 0.0 && v.fract() == 0.0 && *v <= u64::MAX as f64)
+            .map(|v| v as u64)
     }
 }
 
@@ -39,7 +41,9 @@ impl RawJson {
     /// `json` when it is strict UTF-8 JSON.
     pub fn parse(json: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(json).ok()?;
-        serde_json::value::RawValue::from_string(text.to_owned()).ok().map(RawJson)
+        serde_json::value::RawValue::from_string(text.to_owned())
+            .ok()
+            .map(RawJson)
     }
 
     pub fn get(&self) -> &serde_json::value::RawValue {
@@ -312,8 +316,20 @@ mod tests {
     #[test]
     fn text_keeps_strings_and_ignores_every_other_type() {
         assert_eq!(probe(r#"{"text":"a\"b"}"#).0.as_deref(), Some("a\"b"));
-        for other in ["1", "-1", "1.5", "true", "null", "[1,[2]]", r#"{"x":{"y":1}}"#] {
-            assert_eq!(probe(&format!(r#"{{"text":{other},"num":2}}"#)), (None, Some(2.0)), "{other}");
+        for other in [
+            "1",
+            "-1",
+            "1.5",
+            "true",
+            "null",
+            "[1,[2]]",
+            r#"{"x":{"y":1}}"#,
+        ] {
+            assert_eq!(
+                probe(&format!(r#"{{"text":{other},"num":2}}"#)),
+                (None, Some(2.0)),
+                "{other}"
+            );
         }
     }
 
@@ -322,7 +338,11 @@ mod tests {
         assert_eq!(probe(r#"{"num":1796012448.69}"#).1, Some(1_796_012_448.69));
         assert_eq!(probe(r#"{"num":-3}"#).1, Some(-3.0));
         for other in [r#""5""#, "true", "null", "[5]", r#"{"n":5}"#] {
-            assert_eq!(probe(&format!(r#"{{"num":{other},"text":"t"}}"#)), (Some("t".into()), None), "{other}");
+            assert_eq!(
+                probe(&format!(r#"{{"num":{other},"text":"t"}}"#)),
+                (Some("t".into()), None),
+                "{other}"
+            );
         }
     }
 
@@ -338,10 +358,20 @@ mod tests {
             let ids: Ids = serde_json::from_str(json).unwrap();
             (ids.id.0.map(Cow::into_owned), ids.flag.0)
         };
-        assert_eq!(read(r#"{"id":"u-1","flag":true}"#), (Some("u-1".into()), true));
-        assert_eq!(read(r#"{"id":18446744073709551615,"flag":1}"#), (Some("18446744073709551615".into()), false));
+        assert_eq!(
+            read(r#"{"id":"u-1","flag":true}"#),
+            (Some("u-1".into()), true)
+        );
+        assert_eq!(
+            read(r#"{"id":18446744073709551615,"flag":1}"#),
+            (Some("18446744073709551615".into()), false)
+        );
         for other in ["-1", "1.5", "true", "null", "[1]", r#"{"a":1}"#] {
-            assert_eq!(read(&format!(r#"{{"id":{other},"flag":"true"}}"#)), (None, false), "{other}");
+            assert_eq!(
+                read(&format!(r#"{{"id":{other},"flag":"true"}}"#)),
+                (None, false),
+                "{other}"
+            );
         }
     }
 

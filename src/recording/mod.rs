@@ -8,7 +8,15 @@
 //!            rows (ClickHouse) ◀─ rows (clicks, taps, segment) ◀───────────┤
 //!            analytics events (Kafka) ◀─ events ◀──────────────────────────┘
 //! ```
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing))]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 pub mod blob;
 pub mod envelope;
@@ -103,7 +111,13 @@ pub struct Processed {
     pub writes_segment_row: bool,
 }
 
-heap::heap_size!(Processed { ids, blob, extracted, replay_event, replay_event_json });
+heap::heap_size!(Processed {
+    ids,
+    blob,
+    extracted,
+    replay_event,
+    replay_event_json
+});
 
 impl Processed {
     /// Heap and inline bytes held while buffered, counted exactly (capacities, shared URLs
@@ -114,12 +128,20 @@ impl Processed {
 
     /// The most [`Processed::memory_bytes`] may be for this input.
     pub fn cost_bound(&self) -> usize {
-        self.input_bytes.saturating_mul(2).saturating_add(COST_BOUND_SLACK)
+        self.input_bytes
+            .saturating_mul(2)
+            .saturating_add(COST_BOUND_SLACK)
     }
 
     /// The ClickHouse rows of this segment, built now; `at` is where its message sat in Kafka.
     pub fn rows(&self, at: KafkaPosition) -> Vec<ReplayRow> {
-        rows::build(&self.ids, at, self.replay_event.as_ref(), self.writes_segment_row, &self.extracted)
+        rows::build(
+            &self.ids,
+            at,
+            self.replay_event.as_ref(),
+            self.writes_segment_row,
+            &self.extracted,
+        )
     }
 
     /// Whether [`Processed::rows`] includes a segment row.
@@ -129,7 +151,9 @@ impl Processed {
 
     /// Whether [`Processed::rows`] has any.
     pub fn has_rows(&self) -> bool {
-        self.has_segment_row() || !self.extracted.clicks.is_empty() || !self.extracted.taps.is_empty()
+        self.has_segment_row()
+            || !self.extracted.clicks.is_empty()
+            || !self.extracted.taps.is_empty()
     }
 
     /// The analytics events of this segment, built now; issue occurrences for the projects
@@ -152,18 +176,29 @@ pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecord
 }
 
 /// [`process`], decompressing with (and into the reused buffer of) `inflater`.
-pub fn process_with(value: &[u8], limits: &Limits, inflater: &mut Inflater) -> Result<Processed, InvalidRecording> {
+pub fn process_with(
+    value: &[u8],
+    limits: &Limits,
+    inflater: &mut Inflater,
+) -> Result<Processed, InvalidRecording> {
     let processed = process_into(value, limits, inflater);
     inflater.release();
     processed
 }
 
-fn process_into(value: &[u8], limits: &Limits, inflater: &mut Inflater) -> Result<Processed, InvalidRecording> {
+fn process_into(
+    value: &[u8],
+    limits: &Limits,
+    inflater: &mut Inflater,
+) -> Result<Processed, InvalidRecording> {
     let env = envelope::decode(value)?;
     let payload = payload::split(env.payload)?;
     let json = payload::decompress(&payload, limits.max_decompressed_bytes, inflater)?;
     let mut extracted = rrweb::extract(&json, limits.rows).map_err(|e| {
-        InvalidRecording::new(Reason::InvalidBody, format_args!("body is not a JSON array of events: {e}"))
+        InvalidRecording::new(
+            Reason::InvalidBody,
+            format_args!("body is not a JSON array of events: {e}"),
+        )
     })?;
     let replay_event = env.replay_event.map(replay_event::parse).transpose()?;
     if let Some(event) = &replay_event {
@@ -172,7 +207,8 @@ fn process_into(value: &[u8], limits: &Limits, inflater: &mut Inflater) -> Resul
     let replay_event_json = env
         .replay_event
         .filter(|_| {
-            (limits.republish_replay_event && env.relay_snuba_publish_disabled) || occurrence::possible(&extracted)
+            (limits.republish_replay_event && env.relay_snuba_publish_disabled)
+                || occurrence::possible(&extracted)
         })
         .and_then(RawJson::parse);
     let ids = SegmentIds {
@@ -186,16 +222,27 @@ fn process_into(value: &[u8], limits: &Limits, inflater: &mut Inflater) -> Resul
         segment_id: payload.segment_id,
     };
     let blob = Blob {
-        key: blob::key(ids.retention_days, ids.project_id, &ids.replay_id, ids.segment_id),
-        bytes: blob::bytes(&payload, &json, env.replay_video)
-            .map_err(|e| InvalidRecording::new(Reason::InternalError, format_args!("building the blob failed: {e}")))?,
+        key: blob::key(
+            ids.retention_days,
+            ids.project_id,
+            &ids.replay_id,
+            ids.segment_id,
+        ),
+        bytes: blob::bytes(&payload, &json, env.replay_video).map_err(|e| {
+            InvalidRecording::new(
+                Reason::InternalError,
+                format_args!("building the blob failed: {e}"),
+            )
+        })?,
     };
     Ok(Processed {
         ids,
         body_encoding: payload.encoding,
         compressed_bytes: payload.body.len(),
         uncompressed_bytes: json.len(),
-        input_bytes: json.len() + env.replay_event.map_or(0, <[u8]>::len) + env.replay_video.map_or(0, <[u8]>::len),
+        input_bytes: json.len()
+            + env.replay_event.map_or(0, <[u8]>::len)
+            + env.replay_video.map_or(0, <[u8]>::len),
         video_bytes: env.replay_video.map_or(0, <[u8]>::len),
         blob,
         extracted,
@@ -208,14 +255,21 @@ fn process_into(value: &[u8], limits: &Limits, inflater: &mut Inflater) -> Resul
 /// [`process`], with a panic — a bug, never bad input — turned into an `internal_error` rejection
 /// so that one message cannot take the process down. The panic itself is reported by the panic
 /// hook (message and location on stderr).
-pub fn process_guarded(value: &[u8], limits: &Limits, inflater: &mut Inflater) -> Result<Processed, InvalidRecording> {
+pub fn process_guarded(
+    value: &[u8],
+    limits: &Limits,
+    inflater: &mut Inflater,
+) -> Result<Processed, InvalidRecording> {
     guarded(|| process_with(value, limits, inflater))
 }
 
 fn guarded<T>(work: impl FnOnce() -> Result<T, InvalidRecording>) -> Result<T, InvalidRecording> {
     catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|panic| {
         let message = panic_message(&*panic);
-        Err(InvalidRecording::new(Reason::InternalError, format_args!("processing panicked: {message}")))
+        Err(InvalidRecording::new(
+            Reason::InternalError,
+            format_args!("processing panicked: {message}"),
+        ))
     })
 }
 
@@ -239,6 +293,9 @@ mod tests {
         assert_eq!(error.reason, Reason::InternalError);
         assert_eq!(error.detail, "processing panicked: index out of bounds");
         let formatted: Result<(), _> = guarded(|| panic!("{} items", 3));
-        assert_eq!(formatted.unwrap_err().detail, "processing panicked: 3 items");
+        assert_eq!(
+            formatted.unwrap_err().detail,
+            "processing panicked: 3 items"
+        );
     }
 }

@@ -48,7 +48,8 @@ pub const MAX_HYDRATION_ISSUES: usize = 20;
 /// Occurrence bytes one segment may produce; later ones are left out.
 pub const MAX_OCCURRENCE_BYTES: usize = 1024 * 1024;
 
-const HYDRATION_SUBTITLE: &str = "Hydration failed - the server rendered HTML didn't match the client.";
+const HYDRATION_SUBTITLE: &str =
+    "Hydration failed - the server rendered HTML didn't match the client.";
 /// Latest instant Python's `datetime` can show: 9999-12-31T23:59:59.
 const MAX_DATETIME_SECONDS: f64 = 253_402_300_799.0;
 
@@ -81,7 +82,11 @@ impl FromStr for ProjectFilter {
             list => {
                 let ids = list
                     .split(',')
-                    .map(|id| id.trim().parse::<u64>().map_err(|_| format!("{id:?} is not a project id")))
+                    .map(|id| {
+                        id.trim()
+                            .parse::<u64>()
+                            .map_err(|_| format!("{id:?} is not a project id"))
+                    })
                     .collect::<Result<BTreeSet<u64>, String>>()?;
                 Ok(ProjectFilter::Only(ids))
             }
@@ -142,16 +147,36 @@ pub fn build(
     if !(rage || hydration) {
         return Vec::new();
     }
-    let Ok(attached) = serde_json::from_str::<Attached<'_>>(raw.get().get()) else { return Vec::new() };
-    let Some(platform) = attached.platform.0 else { return Vec::new() };
+    let Ok(attached) = serde_json::from_str::<Attached<'_>>(raw.get().get()) else {
+        return Vec::new();
+    };
+    let Some(platform) = attached.platform.0 else {
+        return Vec::new();
+    };
     let trace_id = event.trace_ids.first().map(|id| id.simple().to_string());
-    let context = Context { ids, attached: &attached, platform, trace_id: trace_id.as_deref() };
-    let rage_clicks = extracted.rage_clicks().filter(|_| rage).filter(|c| !c.url.is_empty());
-    let hydration_errors = extracted.hydration_errors.iter().filter(|_| hydration).take(MAX_HYDRATION_ISSUES);
+    let context = Context {
+        ids,
+        attached: &attached,
+        platform,
+        trace_id: trace_id.as_deref(),
+    };
+    let rage_clicks = extracted
+        .rage_clicks()
+        .filter(|_| rage)
+        .filter(|c| !c.url.is_empty());
+    let hydration_errors = extracted
+        .hydration_errors
+        .iter()
+        .filter(|_| hydration)
+        .take(MAX_HYDRATION_ISSUES);
     let candidates = rage_clicks
         .enumerate()
         .map(|(i, click)| context.rage_click(i, click))
-        .chain(hydration_errors.enumerate().map(|(i, error)| context.hydration_error(i, error)));
+        .chain(
+            hydration_errors
+                .enumerate()
+                .map(|(i, error)| context.hydration_error(i, error)),
+        );
     let mut occurrences = Vec::new();
     let mut bytes = 0;
     for occurrence in candidates.flatten() {
@@ -220,7 +245,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Pairs<'a> {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut pairs = Vec::new();
                 while let Some(element) = seq.next_element::<&'de RawValue>()? {
-                    let pair = serde_json::from_str::<(Cow<'de, str>, &'de RawValue)>(element.get());
+                    let pair =
+                        serde_json::from_str::<(Cow<'de, str>, &'de RawValue)>(element.get());
                     if let (Ok(pair), true) = (pair, pairs.len() < MAX_TAGS) {
                         pairs.push(pair);
                     }
@@ -241,12 +267,18 @@ struct Dict<'a>(IndexMap<Cow<'a, str>, Cow<'a, RawValue>>);
 
 impl<'a> Dict<'a> {
     fn new(entries: impl IntoIterator<Item = (&'a str, Box<RawValue>)>) -> Self {
-        Dict(entries.into_iter().map(|(k, v)| (Cow::Borrowed(k), Cow::Owned(v))).collect())
+        Dict(
+            entries
+                .into_iter()
+                .map(|(k, v)| (Cow::Borrowed(k), Cow::Owned(v)))
+                .collect(),
+        )
     }
 
     fn update(mut self, pairs: &'a Pairs<'a>) -> Self {
         for (key, value) in &pairs.0 {
-            self.0.insert(Cow::Borrowed(key.as_ref()), Cow::Borrowed(*value));
+            self.0
+                .insert(Cow::Borrowed(key.as_ref()), Cow::Borrowed(*value));
         }
         self
     }
@@ -370,13 +402,28 @@ impl Context<'_> {
         };
         let selector = click.selector.as_str();
         let component = (!click.component_name.is_empty()).then_some(click.component_name.as_str());
-        let mut display =
-            vec![Display { name: "Clicked Element", value: clicked_element(&node).into(), important: false }];
-        display.push(Display { name: "Selector Path", value: selector.into(), important: component.is_none() });
+        let mut display = vec![Display {
+            name: "Clicked Element",
+            value: clicked_element(&node).into(),
+            important: false,
+        }];
+        display.push(Display {
+            name: "Selector Path",
+            value: selector.into(),
+            important: component.is_none(),
+        });
         if let Some(component) = component {
-            display.push(Display { name: "React Component Name", value: component.into(), important: true });
+            display.push(Display {
+                name: "React Component Name",
+                value: component.into(),
+                important: true,
+            });
         }
-        let evidence = Evidence { node: Some(node), selector: Some(selector), component_name: component };
+        let evidence = Evidence {
+            node: Some(node),
+            selector: Some(selector),
+            component_name: component,
+        };
         let seen = Seen {
             kind: IssueKind::RageClick,
             index,
@@ -403,23 +450,47 @@ impl Context<'_> {
         self.occurrence(seen, Evidence::default(), Vec::new())
     }
 
-    fn occurrence(&self, seen: Seen<'_>, evidence: Evidence<'_>, display: Vec<Display<'_>>) -> Option<Occurrence> {
+    fn occurrence(
+        &self,
+        seen: Seen<'_>,
+        evidence: Evidence<'_>,
+        display: Vec<Display<'_>>,
+    ) -> Option<Occurrence> {
         let ids = self.ids;
         let at = python_isoformat(seen.detection_time)?;
         let name = |part: &str| {
-            md5_uuid(&format!("{}:{}:{:?}:{}:{part}", ids.replay_id, ids.segment_id, seen.kind, seen.index))
-                .simple()
-                .to_string()
+            md5_uuid(&format!(
+                "{}:{}:{:?}:{}:{part}",
+                ids.replay_id, ids.segment_id, seen.kind, seen.index
+            ))
+            .simple()
+            .to_string()
         };
         let event_id = name("event");
         let url = seen.url.unwrap_or_default();
-        let culprit = url.char_indices().nth(MAX_CULPRIT_CHARS).map_or(url, |(end, _)| &url[..end]);
-        let tags = Dict::new([("replayId", raw(&ids.replay_id)), ("url", raw(seen.url))]).update(&self.attached.tags);
-        let mut contexts = vec![("replay", raw(ReplayContext { replay_id: &ids.replay_id }))];
-        contexts.extend(self.trace_id.map(|trace_id| ("trace", raw(TraceContext { trace_id }))));
+        let culprit = url
+            .char_indices()
+            .nth(MAX_CULPRIT_CHARS)
+            .map_or(url, |(end, _)| &url[..end]);
+        let tags = Dict::new([("replayId", raw(&ids.replay_id)), ("url", raw(seen.url))])
+            .update(&self.attached.tags);
+        let mut contexts = vec![(
+            "replay",
+            raw(ReplayContext {
+                replay_id: &ids.replay_id,
+            }),
+        )];
+        contexts.extend(
+            self.trace_id
+                .map(|trace_id| ("trace", raw(TraceContext { trace_id }))),
+        );
         let event = Event {
             id: &event_id,
-            environment: self.attached.environment.0.map_or_else(|| Cow::Owned(raw("production")), Cow::Borrowed),
+            environment: self
+                .attached
+                .environment
+                .0
+                .map_or_else(|| Cow::Owned(raw("production")), Cow::Borrowed),
             platform: self.platform,
             project_id: ids.project_id,
             received: &at,
@@ -456,7 +527,11 @@ impl Context<'_> {
             event,
         };
         let value = serde_json::to_vec(&payload).ok()?;
-        Some(Occurrence { kind: seen.kind, key: format!("{}-{}", seen.fingerprint, ids.project_id), value })
+        Some(Occurrence {
+            kind: seen.kind,
+            key: format!("{}-{}", seen.fingerprint, ids.project_id),
+            value,
+        })
     }
 }
 
@@ -488,7 +563,11 @@ fn clicked_element(node: &Node<'_>) -> String {
     let a = &node.attributes;
     let mut out = node.tag_name.to_owned();
     let _ = write!(out, "#{}", a.id.trim());
-    let _ = write!(out, ".{}", a.class.trim().split(' ').collect::<Vec<_>>().join("."));
+    let _ = write!(
+        out,
+        ".{}",
+        a.class.trim().split(' ').collect::<Vec<_>>().join(".")
+    );
     for (name, value) in [
         ("aria", a.aria_label),
         ("role", a.role),
@@ -532,7 +611,11 @@ mod tests {
     const REPLAY: &str = "834f314caae54030a1b0dc52b202f24a";
 
     fn ids() -> SegmentIds {
-        SegmentIds { replay_id: REPLAY.into(), project_id: 1, ..SegmentIds::for_tests(3) }
+        SegmentIds {
+            replay_id: REPLAY.into(),
+            project_id: 1,
+            ..SegmentIds::for_tests(3)
+        }
     }
 
     fn event_json(tags: &str) -> String {
@@ -542,51 +625,91 @@ mod tests {
     }
 
     fn rage_click() -> Click {
-        Click { selector: "button#submit.btn.primary".into(), ..Click::example() }
+        Click {
+            selector: "button#submit.btn.primary".into(),
+            ..Click::example()
+        }
     }
 
     fn occurrences(extracted: &Extracted, raw: &str, gates: &IssueGates) -> Vec<Occurrence> {
         let json = RawJson::parse(raw.as_bytes()).unwrap();
-        build(&ids(), extracted, &json, &replay_event::parse(raw.as_bytes()).unwrap(), gates)
+        build(
+            &ids(),
+            extracted,
+            &json,
+            &replay_event::parse(raw.as_bytes()).unwrap(),
+            gates,
+        )
     }
 
     /// The occurrence as text, with its two generated ids replaced by the example's.
     fn with_example_ids(occurrence: &Occurrence, id: &str, event_id: &str) -> String {
         let value: serde_json::Value = serde_json::from_slice(&occurrence.value).unwrap();
         let text = String::from_utf8(occurrence.value.clone()).unwrap();
-        let (ours, our_event) = (value["id"].as_str().unwrap(), value["event_id"].as_str().unwrap());
+        let (ours, our_event) = (
+            value["id"].as_str().unwrap(),
+            value["event_id"].as_str().unwrap(),
+        );
         assert_eq!(ours.len(), 32, "an id Sentry's consumer parses as a UUID");
         text.replace(ours, id).replace(our_event, event_id)
     }
 
     #[test]
     fn a_rage_click_is_byte_for_byte_sentrys_occurrence() {
-        let extracted = Extracted { clicks: vec![rage_click()], ..Extracted::default() };
+        let extracted = Extracted {
+            clicks: vec![rage_click()],
+            ..Extracted::default()
+        };
         let raw = event_json(r#"[["transaction","/signup"]]"#);
         let found = occurrences(&extracted, &raw, &IssueGates::default());
         assert_eq!(found.len(), 1);
-        assert_eq!((found[0].kind, found[0].key.as_str()), (IssueKind::RageClick, "button#submit.btn.primary-1"));
+        assert_eq!(
+            (found[0].kind, found[0].key.as_str()),
+            (IssueKind::RageClick, "button#submit.btn.primary-1")
+        );
         let expected = r#"{"id":"0e1d2c3b4a5968778695a4b3c2d1e0f9","project_id":1,"event_id":"9f2c1e0a5b7d4c3e8a1b2c3d4e5f6071","fingerprint":["button#submit.btn.primary"],"issue_title":"Rage Click","subtitle":"button#submit.btn.primary","resource_id":null,"evidence_data":{"node":{"id":59,"tagName":"button","attributes":{"id":"submit","class":"btn primary","aria-label":"","role":"button","alt":"","data-testid":"","title":"","data-sentry-component":"SignUpForm"},"textContent":"Submit"},"selector":"button#submit.btn.primary","component_name":"SignUpForm"},"evidence_display":[{"name":"Clicked Element","value":"button#submit.btn.primary[aria=\"\"][role=\"button\"][alt=\"\"][data-test-id=\"\"][title=\"\"][data-sentry-component=\"SignUpForm\"]","important":false},{"name":"Selector Path","value":"button#submit.btn.primary","important":false},{"name":"React Component Name","value":"SignUpForm","important":true}],"type":5002,"detection_time":1702848658.0,"level":"error","culprit":"https://example.com/signup","initial_issue_priority":null,"assignee":null,"payload_type":"occurrence","event":{"id":"9f2c1e0a5b7d4c3e8a1b2c3d4e5f6071","environment":"production","platform":"javascript","project_id":1,"received":"2023-12-17T21:30:58+00:00","tags":{"replayId":"834f314caae54030a1b0dc52b202f24a","url":"https://example.com/signup","transaction":"/signup"},"timestamp":"2023-12-17T21:30:58+00:00","contexts":{"replay":{"replay_id":"834f314caae54030a1b0dc52b202f24a"},"trace":{"trace_id":"2cd798d70f9346089026d2014a826629"},"browser":{"name":"Chrome","version":"120.0.0","type":"browser"},"os":{"name":"Mac OS X","version":"10.15.7","type":"os"}},"level":"error","user":{"id":"42","email":"a@example.com","ip_address":"203.0.113.9"},"release":"frontend@1.2.3","sdk":{"name":"sentry.javascript.react","version":"7.91.0"},"dist":null,"event_id":"9f2c1e0a5b7d4c3e8a1b2c3d4e5f6071"}}"#;
         assert_eq!(
-            with_example_ids(&found[0], "0e1d2c3b4a5968778695a4b3c2d1e0f9", "9f2c1e0a5b7d4c3e8a1b2c3d4e5f6071"),
+            with_example_ids(
+                &found[0],
+                "0e1d2c3b4a5968778695a4b3c2d1e0f9",
+                "9f2c1e0a5b7d4c3e8a1b2c3d4e5f6071"
+            ),
             expected
         );
-        assert_eq!(occurrences(&extracted, &raw, &IssueGates::default()), found, "the same segment, the same bytes");
+        assert_eq!(
+            occurrences(&extracted, &raw, &IssueGates::default()),
+            found,
+            "the same segment, the same bytes"
+        );
     }
 
     #[test]
     fn a_hydration_error_is_sentrys_occurrence_and_without_a_url_has_an_empty_culprit() {
-        let error = |url: Option<&str>| HydrationError { timestamp: 1_702_848_661.25, url: url.map(Into::into) };
+        let error = |url: Option<&str>| HydrationError {
+            timestamp: 1_702_848_661.25,
+            url: url.map(Into::into),
+        };
         let extracted = Extracted {
             hydration_errors: vec![error(Some("https://example.com/signup")), error(None)],
             ..Extracted::default()
         };
-        let found = occurrences(&extracted, &event_json(r#"[["transaction","/signup"]]"#), &IssueGates::default());
+        let found = occurrences(
+            &extracted,
+            &event_json(r#"[["transaction","/signup"]]"#),
+            &IssueGates::default(),
+        );
         assert_eq!(found.len(), 2);
-        assert_eq!((found[0].kind, found[0].key.as_str()), (IssueKind::HydrationError, "1-1"));
+        assert_eq!(
+            (found[0].kind, found[0].key.as_str()),
+            (IssueKind::HydrationError, "1-1")
+        );
         let expected = r#"{"id":"71c3e5a7b9d14f2688aa0b1c2d3e4f50","project_id":1,"event_id":"5b8a2f0e9c7d4e6fa1b2c3d4e5f60718","fingerprint":["1"],"issue_title":"Hydration Error","subtitle":"Hydration failed - the server rendered HTML didn't match the client.","resource_id":null,"evidence_data":{},"evidence_display":[],"type":5003,"detection_time":1702848661.25,"level":"error","culprit":"https://example.com/signup","initial_issue_priority":null,"assignee":null,"payload_type":"occurrence","event":{"id":"5b8a2f0e9c7d4e6fa1b2c3d4e5f60718","environment":"production","platform":"javascript","project_id":1,"received":"2023-12-17T21:31:01.250000+00:00","tags":{"replayId":"834f314caae54030a1b0dc52b202f24a","url":"https://example.com/signup","transaction":"/signup"},"timestamp":"2023-12-17T21:31:01.250000+00:00","contexts":{"replay":{"replay_id":"834f314caae54030a1b0dc52b202f24a"},"trace":{"trace_id":"2cd798d70f9346089026d2014a826629"},"browser":{"name":"Chrome","version":"120.0.0","type":"browser"},"os":{"name":"Mac OS X","version":"10.15.7","type":"os"}},"level":"error","user":{"id":"42","email":"a@example.com","ip_address":"203.0.113.9"},"release":"frontend@1.2.3","sdk":{"name":"sentry.javascript.react","version":"7.91.0"},"dist":null,"event_id":"5b8a2f0e9c7d4e6fa1b2c3d4e5f60718"}}"#;
         assert_eq!(
-            with_example_ids(&found[0], "71c3e5a7b9d14f2688aa0b1c2d3e4f50", "5b8a2f0e9c7d4e6fa1b2c3d4e5f60718"),
+            with_example_ids(
+                &found[0],
+                "71c3e5a7b9d14f2688aa0b1c2d3e4f50",
+                "5b8a2f0e9c7d4e6fa1b2c3d4e5f60718"
+            ),
             expected
         );
         let without: serde_json::Value = serde_json::from_slice(&found[1].value).unwrap();
@@ -595,17 +718,28 @@ mod tests {
             without["event"]["tags"],
             serde_json::json!({"replayId": REPLAY, "url": null, "transaction": "/signup"})
         );
-        assert_ne!(without["id"], serde_json::from_slice::<serde_json::Value>(&found[0].value).unwrap()["id"]);
+        assert_ne!(
+            without["id"],
+            serde_json::from_slice::<serde_json::Value>(&found[0].value).unwrap()["id"]
+        );
     }
 
     #[test]
     fn replay_tags_and_contexts_override_the_generated_ones_in_place() {
-        let extracted = Extracted { clicks: vec![rage_click()], ..Extracted::default() };
-        let raw = event_json(r#"{"url":"/mine","replayId":"x","z":"1"}"#)
-            .replace(r#""contexts":{"#, r#""contexts":{"trace":{"trace_id":"own"},"#);
+        let extracted = Extracted {
+            clicks: vec![rage_click()],
+            ..Extracted::default()
+        };
+        let raw = event_json(r#"{"url":"/mine","replayId":"x","z":"1"}"#).replace(
+            r#""contexts":{"#,
+            r#""contexts":{"trace":{"trace_id":"own"},"#,
+        );
         let found = occurrences(&extracted, &raw, &IssueGates::default());
         let text = String::from_utf8(found[0].value.clone()).unwrap();
-        assert!(text.contains(r#""tags":{"replayId":"x","url":"/mine","z":"1"}"#), "{text}");
+        assert!(
+            text.contains(r#""tags":{"replayId":"x","url":"/mine","z":"1"}"#),
+            "{text}"
+        );
         assert!(text.contains(r#""contexts":{"replay":{"replay_id":"834f314caae54030a1b0dc52b202f24a"},"trace":{"trace_id":"own"},"browser""#), "{text}");
     }
 
@@ -613,8 +747,15 @@ mod tests {
     fn occurrences_follow_the_project_switches_and_sentrys_conditions() {
         let mut no_url = rage_click();
         no_url.url = "".into();
-        let plain = Click { is_rage: false, is_dead: false, ..rage_click() };
-        let error = HydrationError { timestamp: 1_702_848_661.0, url: None };
+        let plain = Click {
+            is_rage: false,
+            is_dead: false,
+            ..rage_click()
+        };
+        let error = HydrationError {
+            timestamp: 1_702_848_661.0,
+            url: None,
+        };
         let extracted = Extracted {
             clicks: vec![rage_click(), no_url, plain],
             hydration_errors: vec![error],
@@ -622,22 +763,44 @@ mod tests {
         };
         let raw = event_json("[]");
         let kinds = |gates: IssueGates| -> Vec<IssueKind> {
-            occurrences(&extracted, &raw, &gates).iter().map(|o| o.kind).collect()
+            occurrences(&extracted, &raw, &gates)
+                .iter()
+                .map(|o| o.kind)
+                .collect()
         };
         let only = |ids: &str| ids.parse::<ProjectFilter>().unwrap();
-        assert_eq!(kinds(IssueGates::default()), [IssueKind::RageClick, IssueKind::HydrationError]);
         assert_eq!(
-            kinds(IssueGates { rage_clicks: only("off"), ..IssueGates::default() }),
+            kinds(IssueGates::default()),
+            [IssueKind::RageClick, IssueKind::HydrationError]
+        );
+        assert_eq!(
+            kinds(IssueGates {
+                rage_clicks: only("off"),
+                ..IssueGates::default()
+            }),
             [IssueKind::HydrationError]
         );
         assert_eq!(
-            kinds(IssueGates { rage_clicks: only("7, 1"), hydration_errors: only("2") }),
+            kinds(IssueGates {
+                rage_clicks: only("7, 1"),
+                hydration_errors: only("2")
+            }),
             [IssueKind::RageClick]
         );
-        assert!(kinds(IssueGates { rage_clicks: only("off"), hydration_errors: only("off") }).is_empty());
+        assert!(
+            kinds(IssueGates {
+                rage_clicks: only("off"),
+                hydration_errors: only("off")
+            })
+            .is_empty()
+        );
         let no_platform = raw.replace(r#""platform":"javascript","#, "");
-        assert!(occurrences(&extracted, &no_platform, &IssueGates::default()).is_empty(), "Sentry fails without one");
-        let null_environment = raw.replace(r#""environment":"production""#, r#""environment":null"#);
+        assert!(
+            occurrences(&extracted, &no_platform, &IssueGates::default()).is_empty(),
+            "Sentry fails without one"
+        );
+        let null_environment =
+            raw.replace(r#""environment":"production""#, r#""environment":null"#);
         let found = occurrences(&extracted, &null_environment, &IssueGates::default());
         assert!(String::from_utf8_lossy(&found[0].value).contains(r#""environment":null"#));
         let no_environment = raw.replace(r#""environment":"production","#, "");
@@ -650,15 +813,26 @@ mod tests {
         for text in ["off", "all", "1,42"] {
             assert_eq!(text.parse::<ProjectFilter>().unwrap().to_string(), text);
         }
-        assert_eq!(" 42 , 1 ".parse::<ProjectFilter>().unwrap().to_string(), "1,42");
-        assert!("1,x".parse::<ProjectFilter>().unwrap_err().contains("\"x\""));
+        assert_eq!(
+            " 42 , 1 ".parse::<ProjectFilter>().unwrap().to_string(),
+            "1,42"
+        );
+        assert!(
+            "1,x"
+                .parse::<ProjectFilter>()
+                .unwrap_err()
+                .contains("\"x\"")
+        );
         assert!("".parse::<ProjectFilter>().is_err());
     }
 
     #[test]
     fn a_segment_s_occurrences_stop_at_their_byte_budget() {
         let clicks: Vec<Click> = (0..20).map(|_| rage_click()).collect();
-        let extracted = Extracted { clicks, ..Extracted::default() };
+        let extracted = Extracted {
+            clicks,
+            ..Extracted::default()
+        };
         let big_tags = format!(r#"[["big","{}"]]"#, "x".repeat(200_000));
         let found = occurrences(&extracted, &event_json(&big_tags), &IssueGates::default());
         assert_eq!(found.len(), MAX_OCCURRENCE_BYTES / 200_000);
@@ -667,9 +841,18 @@ mod tests {
 
     #[test]
     fn isoformat_is_pythons() {
-        assert_eq!(python_isoformat(1_702_848_658.0).unwrap(), "2023-12-17T21:30:58+00:00");
-        assert_eq!(python_isoformat(1_702_848_661.25).unwrap(), "2023-12-17T21:31:01.250000+00:00");
-        assert_eq!(python_isoformat(0.000_000_4), Some("1970-01-01T00:00:00+00:00".into()));
+        assert_eq!(
+            python_isoformat(1_702_848_658.0).unwrap(),
+            "2023-12-17T21:30:58+00:00"
+        );
+        assert_eq!(
+            python_isoformat(1_702_848_661.25).unwrap(),
+            "2023-12-17T21:31:01.250000+00:00"
+        );
+        assert_eq!(
+            python_isoformat(0.000_000_4),
+            Some("1970-01-01T00:00:00+00:00".into())
+        );
         assert_eq!(python_isoformat(-1.0), None);
         assert_eq!(python_isoformat(f64::NAN), None);
     }

@@ -43,11 +43,15 @@ impl BodyEncoding {
             [0x28, 0xb5, 0x2f, 0xfd, ..] => Ok(BodyEncoding::Zstd),
             // CMF byte: deflate with a window of at most 32 KiB, and a valid FCHECK.
             [cmf, flg, ..]
-                if cmf & 0x0f == 8 && cmf >> 4 <= 7 && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0 =>
+                if cmf & 0x0f == 8
+                    && cmf >> 4 <= 7
+                    && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0 =>
             {
                 Ok(BodyEncoding::Zlib)
             }
-            _ if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') => Ok(BodyEncoding::Raw),
+            _ if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') => {
+                Ok(BodyEncoding::Raw)
+            }
             [] => Err(InvalidRecording::new(Reason::InvalidBody, "body is empty")),
             [first, ..] => Err(InvalidRecording::new(
                 Reason::InvalidBody,
@@ -75,10 +79,12 @@ struct Header {
 
 /// Splits and validates the header line and detects the body encoding.
 pub fn split(payload: &[u8]) -> Result<Payload<'_>, InvalidRecording> {
-    let newline = payload
-        .iter()
-        .position(|&b| b == b'\n')
-        .ok_or_else(|| InvalidRecording::new(Reason::MissingHeader, "payload has no newline after the header"))?;
+    let newline = payload.iter().position(|&b| b == b'\n').ok_or_else(|| {
+        InvalidRecording::new(
+            Reason::MissingHeader,
+            "payload has no newline after the header",
+        )
+    })?;
     let (header, rest) = payload.split_at(newline);
     let body = rest.get(1..).unwrap_or_default();
     let header: Header = serde_json::from_slice(header).map_err(|e| {
@@ -90,7 +96,11 @@ pub fn split(payload: &[u8]) -> Result<Payload<'_>, InvalidRecording> {
             ),
         )
     })?;
-    Ok(Payload { segment_id: header.segment_id, encoding: BodyEncoding::detect(body)?, body })
+    Ok(Payload {
+        segment_id: header.segment_id,
+        encoding: BodyEncoding::detect(body)?,
+        body,
+    })
 }
 
 /// Reusable decompression state for one processing thread: libdeflate's decompressor, an output
@@ -122,13 +132,20 @@ const MIN_ATTEMPT_BYTES: usize = 16 << 10;
 
 impl Default for Inflater {
     fn default() -> Self {
-        Inflater { decompressor: libdeflater::Decompressor::new(), out: Vec::new(), expansion: INITIAL_EXPANSION }
+        Inflater {
+            decompressor: libdeflater::Decompressor::new(),
+            out: Vec::new(),
+            expansion: INITIAL_EXPANSION,
+        }
     }
 }
 
 impl std::fmt::Debug for Inflater {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inflater").field("out", &self.out.len()).field("expansion", &self.expansion).finish()
+        f.debug_struct("Inflater")
+            .field("out", &self.out.len())
+            .field("expansion", &self.expansion)
+            .finish()
     }
 }
 
@@ -152,7 +169,11 @@ impl Inflater {
     /// corrupt stream can overflow before libdeflate reaches its damage) — is decoded again by the
     /// streaming decoder, whose verdict and message are reported: `truncated_body`, `too_large`
     /// and `invalid_body` stay exact. Only invalid bodies pay that second pass.
-    fn inflate<'a>(&'a mut self, payload: &Payload<'a>, cap: usize) -> Result<Cow<'a, [u8]>, InvalidRecording> {
+    fn inflate<'a>(
+        &'a mut self,
+        payload: &Payload<'a>,
+        cap: usize,
+    ) -> Result<Cow<'a, [u8]>, InvalidRecording> {
         let input = payload.body;
         // The learned expansion with half again as headroom — which never pushes a buffer that
         // would be kept past what is kept (it would be freed and allocated again each time) —
@@ -163,7 +184,12 @@ impl Inflater {
             guess if expected <= RETAINED_OUTPUT_BYTES => guess.min(RETAINED_OUTPUT_BYTES),
             guess => guess,
         };
-        let first = guess.min(input.len().saturating_mul(4).saturating_add(RETAINED_OUTPUT_BYTES));
+        let first = guess.min(
+            input
+                .len()
+                .saturating_mul(4)
+                .saturating_add(RETAINED_OUTPUT_BYTES),
+        );
         let mut size = first.max(MIN_ATTEMPT_BYTES).max(self.out.len()).min(cap);
         loop {
             if self.out.len() < size {
@@ -181,11 +207,14 @@ impl Inflater {
             match result {
                 Ok(written) => {
                     let observed = written / input.len().max(1) + 1;
-                    self.expansion = ((self.expansion * 3 + observed) / 4).clamp(1, MAX_LEARNED_EXPANSION);
+                    self.expansion =
+                        ((self.expansion * 3 + observed) / 4).clamp(1, MAX_LEARNED_EXPANSION);
                     return Ok(Cow::Borrowed(self.out.get(..written).unwrap_or_default()));
                 }
                 // Doubling: at most twice the work of one pass, and a buffer at most twice the output.
-                Err(DecompressionError::InsufficientSpace) if size < cap => size = size.saturating_mul(2).min(cap),
+                Err(DecompressionError::InsufficientSpace) if size < cap => {
+                    size = size.saturating_mul(2).min(cap)
+                }
                 // Over the cap, or bad: the streaming decoder decides (a corrupt stream can
                 // overflow a buffer before libdeflate reaches the damage it would report). Over
                 // the cap, its output is not needed: it goes through a small chunk, so that a
@@ -196,7 +225,9 @@ impl Inflater {
                         .and_then(|_| streaming(payload, cap, Output::Keep))
                         .map(Cow::Owned);
                 }
-                Err(DecompressionError::BadData) => return streaming(payload, cap, Output::Keep).map(Cow::Owned),
+                Err(DecompressionError::BadData) => {
+                    return streaming(payload, cap, Output::Keep).map(Cow::Owned);
+                }
             }
         }
     }
@@ -219,13 +250,23 @@ pub fn decompress<'a>(
 
 /// The streaming decoders: zstd, and the reference verdict on zlib and gzip bodies libdeflate
 /// calls bad (truncated or corrupt, and why).
-fn streaming(payload: &Payload<'_>, cap: usize, output: Output) -> Result<Vec<u8>, InvalidRecording> {
+fn streaming(
+    payload: &Payload<'_>,
+    cap: usize,
+    output: Output,
+) -> Result<Vec<u8>, InvalidRecording> {
     match payload.encoding {
         BodyEncoding::Zlib => inflate_zlib(payload.body, cap, output),
-        BodyEncoding::Gzip => read_capped(flate2::read::GzDecoder::new(payload.body), payload.body.len(), cap, output),
+        BodyEncoding::Gzip => read_capped(
+            flate2::read::GzDecoder::new(payload.body),
+            payload.body.len(),
+            cap,
+            output,
+        ),
         BodyEncoding::Zstd => {
-            let decoder = zstd::stream::read::Decoder::with_buffer(payload.body)
-                .map_err(|e| InvalidRecording::new(Reason::InvalidBody, format_args!("zstd: {e}")))?;
+            let decoder = zstd::stream::read::Decoder::with_buffer(payload.body).map_err(|e| {
+                InvalidRecording::new(Reason::InvalidBody, format_args!("zstd: {e}"))
+            })?;
             read_capped(decoder.single_frame(), payload.body.len(), cap, output)
         }
         BodyEncoding::Raw => Ok(payload.body.to_vec()),
@@ -252,7 +293,10 @@ fn initial_capacity(compressed: usize, cap: usize) -> usize {
 }
 
 fn too_large(cap: usize) -> InvalidRecording {
-    InvalidRecording::new(Reason::TooLarge, format_args!("body decompresses to more than {cap} bytes"))
+    InvalidRecording::new(
+        Reason::TooLarge,
+        format_args!("body decompresses to more than {cap} bytes"),
+    )
 }
 
 /// zlib through flate2's low-level API: it reports whether the stream reached its end marker,
@@ -286,7 +330,9 @@ fn inflate_zlib(input: &[u8], cap: usize, output: Output) -> Result<Vec<u8>, Inv
             }
         }
         let (in_before, out_before) = (inflater.total_in(), out.len());
-        let rest = input.get(usize::try_from(in_before).unwrap_or(usize::MAX)..).unwrap_or_default();
+        let rest = input
+            .get(usize::try_from(in_before).unwrap_or(usize::MAX)..)
+            .unwrap_or_default();
         // zlib-rs often says only "repeated call with bad state": where it broke is what helps.
         let status = match inflater.decompress_vec(rest, &mut out, FlushDecompress::None) {
             Ok(status) => status,
@@ -306,13 +352,20 @@ fn inflate_zlib(input: &[u8], cap: usize, output: Output) -> Result<Vec<u8>, Inv
             return Err(too_large(cap));
         }
         if status == Status::StreamEnd {
-            return Ok(if output == Output::Keep { out } else { Vec::new() });
+            return Ok(if output == Output::Keep {
+                out
+            } else {
+                Vec::new()
+            });
         }
         let stalled = inflater.total_in() == in_before && out.len() == out_before;
         if out.len() < out.capacity() && (rest.is_empty() || stalled) {
             return Err(InvalidRecording::new(
                 Reason::TruncatedBody,
-                format_args!("zlib stream of {} bytes ends without its end marker", input.len()),
+                format_args!(
+                    "zlib stream of {} bytes ends without its end marker",
+                    input.len()
+                ),
             ));
         }
     }
@@ -320,7 +373,12 @@ fn inflate_zlib(input: &[u8], cap: usize, output: Output) -> Result<Vec<u8>, Inv
 
 /// Reads a decoder to its end, failing past `cap`. Decoders here report a stream that ends early
 /// as `UnexpectedEof`.
-fn read_capped(decoder: impl Read, compressed: usize, cap: usize, output: Output) -> Result<Vec<u8>, InvalidRecording> {
+fn read_capped(
+    decoder: impl Read,
+    compressed: usize,
+    cap: usize,
+    output: Output,
+) -> Result<Vec<u8>, InvalidRecording> {
     let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
     let mut decoder = decoder.take(limit);
     let mut out = Vec::new();
@@ -329,12 +387,14 @@ fn read_capped(decoder: impl Read, compressed: usize, cap: usize, output: Output
             out.reserve_exact(initial_capacity(compressed, cap));
             decoder.read_to_end(&mut out)
         }
-        Output::Discard => io::copy(&mut decoder, &mut io::sink()).map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        Output::Discard => io::copy(&mut decoder, &mut io::sink())
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
     };
     let read = read.map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => {
-            InvalidRecording::new(Reason::TruncatedBody, format_args!("stream ends early: {e}"))
-        }
+        io::ErrorKind::UnexpectedEof => InvalidRecording::new(
+            Reason::TruncatedBody,
+            format_args!("stream ends early: {e}"),
+        ),
         _ => InvalidRecording::new(Reason::InvalidBody, e),
     })?;
     if read > cap {
@@ -348,7 +408,8 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    const JSON: &[u8] = br#"[{"type":4,"data":{"href":"https://example.com/"},"timestamp":1700000000000}]"#;
+    const JSON: &[u8] =
+        br#"[{"type":4,"data":{"href":"https://example.com/"},"timestamp":1700000000000}]"#;
 
     pub(crate) fn zlib(data: &[u8]) -> Vec<u8> {
         let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
@@ -395,12 +456,20 @@ mod tests {
 
     #[test]
     fn the_largest_segment_id_is_u32_max() {
-        assert_eq!(split(b"{\"segment_id\":4294967295}\n[]").unwrap().segment_id, u32::MAX);
+        assert_eq!(
+            split(b"{\"segment_id\":4294967295}\n[]")
+                .unwrap()
+                .segment_id,
+            u32::MAX
+        );
     }
 
     #[test]
     fn a_payload_without_newline_has_no_header() {
-        assert_eq!(split(b"{\"segment_id\":0}").unwrap_err().reason, Reason::MissingHeader);
+        assert_eq!(
+            split(b"{\"segment_id\":0}").unwrap_err().reason,
+            Reason::MissingHeader
+        );
     }
 
     #[test]
@@ -415,14 +484,24 @@ mod tests {
             "",
         ] {
             let payload = format!("{header}\n[]");
-            assert_eq!(split(payload.as_bytes()).unwrap_err().reason, Reason::InvalidHeader, "{header}");
+            assert_eq!(
+                split(payload.as_bytes()).unwrap_err().reason,
+                Reason::InvalidHeader,
+                "{header}"
+            );
         }
     }
 
     #[test]
     fn an_unknown_body_encoding_is_invalid() {
-        assert_eq!(split(b"{\"segment_id\":0}\nhello").unwrap_err().reason, Reason::InvalidBody);
-        assert_eq!(split(b"{\"segment_id\":0}\n").unwrap_err().reason, Reason::InvalidBody);
+        assert_eq!(
+            split(b"{\"segment_id\":0}\nhello").unwrap_err().reason,
+            Reason::InvalidBody
+        );
+        assert_eq!(
+            split(b"{\"segment_id\":0}\n").unwrap_err().reason,
+            Reason::InvalidBody
+        );
     }
 
     #[test]
@@ -431,11 +510,22 @@ mod tests {
         for (encoding, compressed) in [
             (BodyEncoding::Zlib, zlib(&big)),
             (BodyEncoding::Gzip, gzip(&big)),
-            (BodyEncoding::Zstd, zstd::encode_all(big.as_slice(), 3).unwrap()),
+            (
+                BodyEncoding::Zstd,
+                zstd::encode_all(big.as_slice(), 3).unwrap(),
+            ),
         ] {
             let cut = &compressed[..compressed.len() / 2];
-            let payload = Payload { segment_id: 0, encoding, body: cut };
-            assert_eq!(decode(&payload, 10 << 20).unwrap_err().reason, Reason::TruncatedBody, "{encoding:?}");
+            let payload = Payload {
+                segment_id: 0,
+                encoding,
+                body: cut,
+            };
+            assert_eq!(
+                decode(&payload, 10 << 20).unwrap_err().reason,
+                Reason::TruncatedBody,
+                "{encoding:?}"
+            );
         }
     }
 
@@ -443,7 +533,11 @@ mod tests {
     fn an_unbounded_cap_still_grows_the_output_geometrically() {
         let big = vec![b'x'; 4 << 20];
         let compressed = zlib(&big);
-        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &compressed };
+        let payload = Payload {
+            segment_id: 0,
+            encoding: BodyEncoding::Zlib,
+            body: &compressed,
+        };
         assert_eq!(decode(&payload, usize::MAX).unwrap().len(), big.len());
     }
 
@@ -453,9 +547,16 @@ mod tests {
         let mid = compressed.len() / 2;
         compressed[mid] ^= 0xff;
         compressed[mid + 1] ^= 0x55;
-        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &compressed };
+        let payload = Payload {
+            segment_id: 0,
+            encoding: BodyEncoding::Zlib,
+            body: &compressed,
+        };
         let reason = decode(&payload, 1 << 20).unwrap_err().reason;
-        assert!(matches!(reason, Reason::InvalidBody | Reason::TruncatedBody), "{reason:?}");
+        assert!(
+            matches!(reason, Reason::InvalidBody | Reason::TruncatedBody),
+            "{reason:?}"
+        );
     }
 
     #[test]
@@ -464,17 +565,36 @@ mod tests {
         for (encoding, compressed) in [
             (BodyEncoding::Zlib, zlib(&zeros)),
             (BodyEncoding::Gzip, gzip(&zeros)),
-            (BodyEncoding::Zstd, zstd::encode_all(zeros.as_slice(), 3).unwrap()),
+            (
+                BodyEncoding::Zstd,
+                zstd::encode_all(zeros.as_slice(), 3).unwrap(),
+            ),
             (BodyEncoding::Raw, zeros.clone()),
         ] {
-            let payload = Payload { segment_id: 0, encoding, body: &compressed };
-            assert_eq!(decode(&payload, (1 << 20) - 1).unwrap_err().reason, Reason::TooLarge, "{encoding:?}");
-            assert_eq!(decode(&payload, 1 << 20).unwrap().len(), 1 << 20, "{encoding:?} exactly at the cap");
+            let payload = Payload {
+                segment_id: 0,
+                encoding,
+                body: &compressed,
+            };
+            assert_eq!(
+                decode(&payload, (1 << 20) - 1).unwrap_err().reason,
+                Reason::TooLarge,
+                "{encoding:?}"
+            );
+            assert_eq!(
+                decode(&payload, 1 << 20).unwrap().len(),
+                1 << 20,
+                "{encoding:?} exactly at the cap"
+            );
         }
     }
 
     fn gzip_or_zlib(encoding: BodyEncoding, data: &[u8]) -> Vec<u8> {
-        if encoding == BodyEncoding::Gzip { gzip(data) } else { zlib(data) }
+        if encoding == BodyEncoding::Gzip {
+            gzip(data)
+        } else {
+            zlib(data)
+        }
     }
 
     #[test]
@@ -486,9 +606,16 @@ mod tests {
             for encoding in [BodyEncoding::Zlib, BodyEncoding::Gzip] {
                 let data: Vec<u8> = (0..len).map(|i| b"aaaaaaaab{}[]\\"[i % 14]).collect();
                 let body = gzip_or_zlib(encoding, &data);
-                let payload = Payload { segment_id: 0, encoding, body: &body };
+                let payload = Payload {
+                    segment_id: 0,
+                    encoding,
+                    body: &body,
+                };
                 let out = decompress(&payload, 64 << 20, &mut inflater).unwrap();
-                assert!(matches!(out, Cow::Borrowed(_)), "{encoding:?} {len}: decoded in place");
+                assert!(
+                    matches!(out, Cow::Borrowed(_)),
+                    "{encoding:?} {len}: decoded in place"
+                );
                 assert_eq!(out, data.as_slice(), "{encoding:?} {len}");
                 inflater.release();
                 assert!(inflater.retained_bytes() <= RETAINED_OUTPUT_BYTES, "{len}");
@@ -502,15 +629,31 @@ mod tests {
         let data = vec![b'x'; 300_000];
         for encoding in [BodyEncoding::Zlib, BodyEncoding::Gzip] {
             let body = gzip_or_zlib(encoding, &data);
-            let payload = Payload { segment_id: 0, encoding, body: &body };
-            for (cap, ok) in [(299_999, false), (300_000, true), (17_000, false), (1, false)] {
+            let payload = Payload {
+                segment_id: 0,
+                encoding,
+                body: &body,
+            };
+            for (cap, ok) in [
+                (299_999, false),
+                (300_000, true),
+                (17_000, false),
+                (1, false),
+            ] {
                 let mut inflater = Inflater::default();
                 let result = decompress(&payload, cap, &mut inflater).map(|out| out.len());
                 match ok {
                     true => assert_eq!(result.unwrap(), data.len(), "{encoding:?} cap {cap}"),
-                    false => assert_eq!(result.unwrap_err().reason, Reason::TooLarge, "{encoding:?} cap {cap}"),
+                    false => assert_eq!(
+                        result.unwrap_err().reason,
+                        Reason::TooLarge,
+                        "{encoding:?} cap {cap}"
+                    ),
                 }
-                assert!(inflater.retained_bytes() <= cap.max(MIN_ATTEMPT_BYTES.min(cap)), "{encoding:?} cap {cap}");
+                assert!(
+                    inflater.retained_bytes() <= cap.max(MIN_ATTEMPT_BYTES.min(cap)),
+                    "{encoding:?} cap {cap}"
+                );
             }
         }
     }
@@ -519,12 +662,23 @@ mod tests {
     fn a_bomb_does_not_teach_the_inflater_to_over_allocate() {
         let mut inflater = Inflater::default();
         let bomb = zlib(&vec![b' '; 8 << 20]);
-        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &bomb };
-        assert_eq!(decompress(&payload, 64 << 20, &mut inflater).unwrap().len(), 8 << 20);
+        let payload = Payload {
+            segment_id: 0,
+            encoding: BodyEncoding::Zlib,
+            body: &bomb,
+        };
+        assert_eq!(
+            decompress(&payload, 64 << 20, &mut inflater).unwrap().len(),
+            8 << 20
+        );
         assert_eq!(inflater.expansion, MAX_LEARNED_EXPANSION);
         inflater.release();
         let small = zlib(JSON);
-        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &small };
+        let payload = Payload {
+            segment_id: 0,
+            encoding: BodyEncoding::Zlib,
+            body: &small,
+        };
         assert_eq!(decompress(&payload, 64 << 20, &mut inflater).unwrap(), JSON);
         assert!(inflater.retained_bytes() <= RETAINED_OUTPUT_BYTES);
     }
@@ -535,7 +689,11 @@ mod tests {
         for encoding in [BodyEncoding::Zlib, BodyEncoding::Gzip] {
             let body = gzip_or_zlib(encoding, &big);
             let cut = &body[..body.len() / 2];
-            let payload = Payload { segment_id: 0, encoding, body: cut };
+            let payload = Payload {
+                segment_id: 0,
+                encoding,
+                body: cut,
+            };
             assert_eq!(
                 decode(&payload, 10 << 20).unwrap_err(),
                 streaming(&payload, 10 << 20, Output::Keep).unwrap_err()
@@ -544,12 +702,24 @@ mod tests {
         let mut corrupt = zlib(&big);
         let mid = corrupt.len() / 2;
         corrupt[mid..mid + 8].fill(0xff);
-        let payload = Payload { segment_id: 0, encoding: BodyEncoding::Zlib, body: &corrupt };
+        let payload = Payload {
+            segment_id: 0,
+            encoding: BodyEncoding::Zlib,
+            body: &corrupt,
+        };
         let error = decode(&payload, 10 << 20).unwrap_err();
         assert_eq!(error.reason, Reason::InvalidBody);
         // Where it broke, for whoever reads the dead letter.
-        assert!(error.detail.starts_with("zlib: corrupt stream at byte "), "{}", error.detail);
-        assert!(error.detail.contains(&format!(" of {} (", corrupt.len())), "{}", error.detail);
+        assert!(
+            error.detail.starts_with("zlib: corrupt stream at byte "),
+            "{}",
+            error.detail
+        );
+        assert!(
+            error.detail.contains(&format!(" of {} (", corrupt.len())),
+            "{}",
+            error.detail
+        );
     }
 
     proptest::proptest! {

@@ -340,20 +340,33 @@ fn uuids(list: TextList<'_>, dropped: &mut u64) -> Vec<Uuid> {
 pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     // A derived struct would also accept a positional array.
     if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(InvalidRecording::new(Reason::InvalidReplayEvent, "replay_event is not a JSON object"));
+        return Err(InvalidRecording::new(
+            Reason::InvalidReplayEvent,
+            "replay_event is not a JSON object",
+        ));
     }
-    let json = simdutf8::basic::from_utf8(json)
-        .map_err(|_| InvalidRecording::new(Reason::InvalidReplayEvent, "replay_event is not valid UTF-8"))?;
+    let json = simdutf8::basic::from_utf8(json).map_err(|_| {
+        InvalidRecording::new(
+            Reason::InvalidReplayEvent,
+            "replay_event is not valid UTF-8",
+        )
+    })?;
     // The parser recurses per level: a deeper document would overflow the stack. It reads one
     // value (anything after it is an error before it is parsed), so that value is what counts.
     if scan::too_deep(json.trim_start()) {
         return Err(InvalidRecording::new(
             Reason::InvalidReplayEvent,
-            format_args!("replay_event nests deeper than {} levels", scan::MAX_NESTING),
+            format_args!(
+                "replay_event nests deeper than {} levels",
+                scan::MAX_NESTING
+            ),
         ));
     }
     let wire: Wire<'_> = serde_json::from_str(json).map_err(|e| {
-        InvalidRecording::new(Reason::InvalidReplayEvent, format_args!("replay_event is not a JSON object: {e}"))
+        InvalidRecording::new(
+            Reason::InvalidReplayEvent,
+            format_args!("replay_event is not a JSON object: {e}"),
+        )
     })?;
     let contexts = wire.contexts.0;
     let user = wire.user.0;
@@ -373,14 +386,26 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
         if key == "transaction" {
             title = value.map(Cow::into_owned);
         } else {
-            tags.push((key.into_owned(), value.map(Cow::into_owned).unwrap_or_default()));
+            tags.push((
+                key.into_owned(),
+                value.map(Cow::into_owned).unwrap_or_default(),
+            ));
         }
     }
     tags.shrink_to_fit();
     Ok(ReplayEvent {
-        replay_id: wire.replay_id.as_str().and_then(|id| Uuid::try_parse(id).ok()),
-        segment_id: wire.segment_id.as_u64().and_then(|id| u32::try_from(id).ok()),
-        event_hash: wire.event_hash.as_str().and_then(|hash| Uuid::try_parse(hash).ok()),
+        replay_id: wire
+            .replay_id
+            .as_str()
+            .and_then(|id| Uuid::try_parse(id).ok()),
+        segment_id: wire
+            .segment_id
+            .as_u64()
+            .and_then(|id| u32::try_from(id).ok()),
+        event_hash: wire
+            .event_hash
+            .as_str()
+            .and_then(|hash| Uuid::try_parse(hash).ok()),
         timestamp: wire.timestamp.0,
         replay_start_timestamp: wire.replay_start_timestamp.0,
         urls,
@@ -440,14 +465,35 @@ mod tests {
         )
         .unwrap();
         assert_eq!(event.timestamp, Some(1_796_012_453.5));
-        assert_eq!(event.urls, [Url::from("https://a/"), Url::from("https://b/")]);
+        assert_eq!(
+            event.urls,
+            [Url::from("https://a/"), Url::from("https://b/")]
+        );
         assert_eq!(event.error_ids.len(), 1, "non-UUID ids are dropped");
-        assert_eq!((event.sdk_name.as_str(), event.sdk_version.as_str()), ("sentry.javascript.browser", "11.12.0"));
-        assert_eq!((event.user_id.as_deref(), event.ip_address.as_deref()), (Some("42"), Some("127.0.0.1")));
-        assert_eq!((event.browser_name.as_str(), event.os_name.as_str()), ("Chrome", "Linux"));
-        assert_eq!((event.session_sample_rate, event.error_sample_rate), (Some(1.0), Some(0.5)));
+        assert_eq!(
+            (event.sdk_name.as_str(), event.sdk_version.as_str()),
+            ("sentry.javascript.browser", "11.12.0")
+        );
+        assert_eq!(
+            (event.user_id.as_deref(), event.ip_address.as_deref()),
+            (Some("42"), Some("127.0.0.1"))
+        );
+        assert_eq!(
+            (event.browser_name.as_str(), event.os_name.as_str()),
+            ("Chrome", "Linux")
+        );
+        assert_eq!(
+            (event.session_sample_rate, event.error_sample_rate),
+            (Some(1.0), Some(0.5))
+        );
         // A value that is not a string counts as null: "" (Relay only ever sends strings).
-        assert_eq!(event.tags, [("plan".to_owned(), "pro".to_owned()), ("n".to_owned(), String::new())]);
+        assert_eq!(
+            event.tags,
+            [
+                ("plan".to_owned(), "pro".to_owned()),
+                ("n".to_owned(), String::new())
+            ]
+        );
     }
 
     #[test]
@@ -456,7 +502,11 @@ mod tests {
             br#"{"tags":[["transaction","/a"],["a","1"],["b",null],["broken"],["transaction","/b"],[1,"x"],["c","3","extra"]]}"#,
         )
         .unwrap();
-        let tags: Vec<(&str, &str)> = event.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let tags: Vec<(&str, &str)> = event
+            .tags
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         assert_eq!(tags, [("a", "1"), ("b", ""), ("c", "3")]);
         assert_eq!(event.title.as_deref(), Some("/b"));
         let null_title = parse(br#"{"tags":[["transaction","/a"],["transaction",null]]}"#).unwrap();
@@ -472,39 +522,70 @@ mod tests {
             "contexts":{"ota_updates":{"channel":"prod","runtime_version":"1","update_id":"u"}}}"#,
         )
         .unwrap();
-        assert_eq!(event.replay_id.unwrap().simple().to_string(), "834f314caae54030a1b0dc52b202f24a");
-        assert_eq!((event.segment_id, event.event_hash, event.is_archived), (Some(70_000), None, true));
-        assert_eq!((event.user_id.as_deref(), event.user_name.as_deref()), (Some("42"), Some("ada")));
+        assert_eq!(
+            event.replay_id.unwrap().simple().to_string(),
+            "834f314caae54030a1b0dc52b202f24a"
+        );
+        assert_eq!(
+            (event.segment_id, event.event_hash, event.is_archived),
+            (Some(70_000), None, true)
+        );
+        assert_eq!(
+            (event.user_id.as_deref(), event.user_name.as_deref()),
+            (Some("42"), Some("ada"))
+        );
         assert_eq!((event.user_email, event.ip_address), (None, None));
-        assert_eq!((event.geo_city.as_str(), event.geo_country_code.as_str()), ("Austin", "US"));
+        assert_eq!(
+            (event.geo_city.as_str(), event.geo_country_code.as_str()),
+            ("Austin", "US")
+        );
         assert_eq!(event.ota_updates_channel, "prod");
         assert_eq!(event.segment_names, ["checkout"]);
     }
 
     #[test]
     fn wrong_typed_fields_become_empty_instead_of_failing() {
-        let event = parse(br#"{"urls":"x","sdk":5,"user":[1],"contexts":{"os":"linux"},"timestamp":"now"}"#).unwrap();
+        let event = parse(
+            br#"{"urls":"x","sdk":5,"user":[1],"contexts":{"os":"linux"},"timestamp":"now"}"#,
+        )
+        .unwrap();
         assert_eq!(event, ReplayEvent::default());
     }
 
     #[test]
     fn lists_are_cut_as_relay_cuts_them_and_tags_to_their_cap() {
         let urls: Vec<String> = (0..150).map(|i| format!(r#""/{i}""#)).collect();
-        let tags: Vec<String> = (0..MAX_TAGS + 5).map(|i| format!(r#"["k{i}","v"]"#)).collect();
-        let doc = format!(r#"{{"urls":[{}],"tags":[{}]}}"#, urls.join(","), tags.join(","));
+        let tags: Vec<String> = (0..MAX_TAGS + 5)
+            .map(|i| format!(r#"["k{i}","v"]"#))
+            .collect();
+        let doc = format!(
+            r#"{{"urls":[{}],"tags":[{}]}}"#,
+            urls.join(","),
+            tags.join(",")
+        );
         let event = parse(doc.as_bytes()).unwrap();
-        assert_eq!((event.urls.len(), event.tags.len()), (MAX_LIST_ENTRIES, MAX_TAGS));
+        assert_eq!(
+            (event.urls.len(), event.tags.len()),
+            (MAX_LIST_ENTRIES, MAX_TAGS)
+        );
         assert_eq!(event.dropped_items, 50 + 5);
     }
 
     #[test]
     fn a_document_nested_deeper_than_the_parser_allows_is_invalid() {
         let deep = format!(r#"{{"user":{}{}}}"#, "[".repeat(200), "]".repeat(200));
-        assert_eq!(parse(deep.as_bytes()).unwrap_err().reason, Reason::InvalidReplayEvent);
+        assert_eq!(
+            parse(deep.as_bytes()).unwrap_err().reason,
+            Reason::InvalidReplayEvent
+        );
         // Leading whitespace, an unterminated document, or depth after the document: all refused
         // without recursing (a stack overflow here would abort the test binary).
         let deep_open = format!(r#"{{"user":{}"#, "[".repeat(100_000));
-        let deep_after = format!(r#"{{"user":1}} {}{}"#, "[".repeat(100_000), "]".repeat(100_000));
+        let deep_after = format!(
+            r#"{{"user":1}} {}{}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
         for doc in [format!(" \n\t{deep}"), deep_open, deep_after] {
             let error = parse(doc.as_bytes()).unwrap_err();
             assert_eq!(error.reason, Reason::InvalidReplayEvent, "{}", error.detail);
@@ -521,7 +602,13 @@ mod tests {
 
     #[test]
     fn a_document_that_is_not_an_object_is_invalid() {
-        for doc in [&b"[1]"[..], b"not json", b"", b"{\"urls\":[", b"{\"release\":\"\xc3\"}"] {
+        for doc in [
+            &b"[1]"[..],
+            b"not json",
+            b"",
+            b"{\"urls\":[",
+            b"{\"release\":\"\xc3\"}",
+        ] {
             assert_eq!(parse(doc).unwrap_err().reason, Reason::InvalidReplayEvent);
         }
     }

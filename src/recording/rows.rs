@@ -122,7 +122,10 @@ mod ipv4_column {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(ip: &Option<Ipv4Addr>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(
+        ip: &Option<Ipv4Addr>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         match ip {
             Some(ip) if serializer.is_human_readable() => serializer.serialize_some(ip),
             Some(ip) => serializer.serialize_some(&u32::from(*ip)),
@@ -130,7 +133,9 @@ mod ipv4_column {
         }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Ipv4Addr>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Ipv4Addr>, D::Error> {
         if deserializer.is_human_readable() {
             Option::<Ipv4Addr>::deserialize(deserializer)
         } else {
@@ -264,16 +269,35 @@ pub fn build(
     publish_replay_event: bool,
     extracted: &Extracted,
 ) -> Vec<ReplayRow> {
-    let environment = replay_event.map(|e| e.environment.as_str()).unwrap_or_default();
+    let environment = replay_event
+        .map(|e| e.environment.as_str())
+        .unwrap_or_default();
     let segment = replay_event.filter(|_| publish_replay_event);
-    let mut rows = Vec::with_capacity(usize::from(segment.is_some()) + extracted.clicks.len() + extracted.taps.len());
+    let mut rows = Vec::with_capacity(
+        usize::from(segment.is_some()) + extracted.clicks.len() + extracted.taps.len(),
+    );
     rows.extend(segment.map(|event| segment_row(ids, at, event)));
-    rows.extend(extracted.clicks.iter().map(|c| click_row(ids, at, environment, c)));
-    rows.extend(extracted.taps.iter().map(|t| tap_row(ids, at, environment, t)));
+    rows.extend(
+        extracted
+            .clicks
+            .iter()
+            .map(|c| click_row(ids, at, environment, c)),
+    );
+    rows.extend(
+        extracted
+            .taps
+            .iter()
+            .map(|t| tap_row(ids, at, environment, t)),
+    );
     rows
 }
 
-pub fn click_row(ids: &SegmentIds, at: KafkaPosition, environment: &str, click: &Click) -> ReplayRow {
+pub fn click_row(
+    ids: &SegmentIds,
+    at: KafkaPosition,
+    environment: &str,
+    click: &Click,
+) -> ReplayRow {
     let hash = click_event_hash(&ids.replay_id, click.timestamp, click.node_id);
     ReplayRow {
         environment: Some(environment.to_owned()),
@@ -311,11 +335,18 @@ pub fn tap_row(ids: &SegmentIds, at: KafkaPosition, environment: &str, tap: &Tap
 /// sample rates `-1.0` when absent. Its timestamp is the event's, else the time the edge
 /// received the segment.
 pub fn segment_row(ids: &SegmentIds, at: KafkaPosition, event: &ReplayEvent) -> ReplayRow {
-    let timestamp = event.timestamp.map_or(seconds(ids.received as f64), seconds);
+    let timestamp = event
+        .timestamp
+        .map_or(seconds(ids.received as f64), seconds);
     // A missing `segment_id` leaves the column NULL, as in snuba; the hash, which snuba would
     // randomise, comes from the recording's segment id so that a redelivery collapses.
-    let hash = event.event_hash.unwrap_or_else(|| segment_event_hash(event.segment_id.unwrap_or(ids.segment_id)));
-    let ip = event.ip_address.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok());
+    let hash = event
+        .event_hash
+        .unwrap_or_else(|| segment_event_hash(event.segment_id.unwrap_or(ids.segment_id)));
+    let ip = event
+        .ip_address
+        .as_deref()
+        .and_then(|ip| ip.parse::<IpAddr>().ok());
     let (ip_address_v4, ip_address_v6) = match ip {
         Some(IpAddr::V4(v4)) => (Some(v4), None),
         Some(IpAddr::V6(v6)) => (None, Some(v6)),
@@ -382,21 +413,32 @@ mod tests {
     #[test]
     fn click_event_hash_is_md5_of_replay_second_and_node_as_a_uuid() {
         // md5("6aa0d45db9b94b989501ce3be4daf802179601244814") computed independently.
-        let expected = Uuid::from_bytes(Md5::digest(format!("{REPLAY}179601244814").as_bytes()).into());
+        let expected =
+            Uuid::from_bytes(Md5::digest(format!("{REPLAY}179601244814").as_bytes()).into());
         assert_eq!(click_event_hash(REPLAY, 1_796_012_448.69, 14), expected);
-        assert_eq!(click_event_hash(REPLAY, 1_796_012_448.01, 14), expected, "sub-second part is dropped");
+        assert_eq!(
+            click_event_hash(REPLAY, 1_796_012_448.01, 14),
+            expected,
+            "sub-second part is dropped"
+        );
         assert_ne!(click_event_hash(REPLAY, 1_796_012_448.0, 15), expected);
     }
 
     #[test]
     fn md5_uuid_matches_a_known_digest() {
         // md5("") = d41d8cd98f00b204e9800998ecf8427e
-        assert_eq!(md5_uuid("").simple().to_string(), "d41d8cd98f00b204e9800998ecf8427e");
+        assert_eq!(
+            md5_uuid("").simple().to_string(),
+            "d41d8cd98f00b204e9800998ecf8427e"
+        );
     }
 
     #[test]
     fn tap_event_hash_uses_the_view_id() {
-        assert_eq!(tap_event_hash(REPLAY, 10.5, "btn"), md5_uuid(&format!("{REPLAY}10btn")));
+        assert_eq!(
+            tap_event_hash(REPLAY, 10.5, "btn"),
+            md5_uuid(&format!("{REPLAY}10btn"))
+        );
     }
 
     /// Identifiers of the examples in snuba's compatibility notes: replay `834f314c…`, project 1,
@@ -413,7 +455,10 @@ mod tests {
         }
     }
 
-    const AT: KafkaPosition = KafkaPosition { partition: 0, offset: 1 };
+    const AT: KafkaPosition = KafkaPosition {
+        partition: 0,
+        offset: 1,
+    };
 
     fn json(row: &ReplayRow) -> serde_json::Value {
         serde_json::to_value(row).unwrap()
@@ -436,20 +481,45 @@ mod tests {
     fn a_click_row_is_what_snuba_writes_for_the_published_click() {
         let click = Click::example();
         let expected: serde_json::Value = serde_json::from_str(r#"{"browser_name":"","browser_version":"","click_alt":"","click_aria_label":"","click_class":["btn","primary"],"click_component_name":"SignUpForm","click_id":"submit","click_is_dead":1,"click_is_rage":1,"click_node_id":59,"click_role":"button","click_tag":"button","click_testid":"","click_text":"Submit","click_title":"","debug_id":"00000000-0000-0000-0000-000000000000","device_brand":"","device_family":"","device_model":"","device_name":"","dist":"","environment":"production","error_id":"00000000-0000-0000-0000-000000000000","error_ids":[],"error_sample_rate":-1.0,"event_hash":"b7b845ec-03c1-7023-2ebf-18bd11f9f69a","fatal_id":"00000000-0000-0000-0000-000000000000","info_id":"00000000-0000-0000-0000-000000000000","ip_address_v4":null,"ip_address_v6":null,"is_archived":0,"offset":1,"os_name":"","os_version":"","ota_updates_channel":"","ota_updates_runtime_version":"","ota_updates_update_id":"","partition":0,"platform":"","project_id":1,"release":"","replay_id":"834f314c-aae5-4030-a1b0-dc52b202f24a","replay_start_timestamp":null,"replay_type":"","retention_days":90,"sdk_name":"","sdk_version":"","segment_id":null,"session_sample_rate":-1.0,"tags.key":[],"tags.value":[],"tap_message":"","tap_view_class":"","tap_view_id":"","timestamp":1702848658,"title":null,"trace_ids":[],"urls":[],"segment_names":[],"user_email":"","user_id":"","user_name":"","user":"","user_geo_city":"","user_geo_country_code":"","user_geo_region":"","user_geo_subdivision":"","viewed_by_id":0,"warning_id":"00000000-0000-0000-0000-000000000000"}"#).unwrap();
-        assert_eq!(json(&click_row(&example_ids(), AT, "production", &click)), expected);
+        assert_eq!(
+            json(&click_row(&example_ids(), AT, "production", &click)),
+            expected
+        );
     }
 
     #[test]
     fn segment_ids_above_u16_are_null_and_users_fall_back_in_snubas_order() {
         let event = |doc: &str| crate::recording::replay_event::parse(doc.as_bytes()).unwrap();
-        let row = segment_row(&example_ids(), AT, &event(r#"{"segment_id":70000,"user":{"ip_address":"10.0.0.1"}}"#));
+        let row = segment_row(
+            &example_ids(),
+            AT,
+            &event(r#"{"segment_id":70000,"user":{"ip_address":"10.0.0.1"}}"#),
+        );
         assert_eq!(row.segment_id, None);
-        assert_eq!(row.event_hash.hyphenated().to_string(), "3078a255-aee8-6ecc-4ac1-eb36b69af2f0");
-        assert_eq!((row.ip_address_v4, row.user.as_deref()), (Some(Ipv4Addr::new(10, 0, 0, 1)), Some("10.0.0.1")));
+        assert_eq!(
+            row.event_hash.hyphenated().to_string(),
+            "3078a255-aee8-6ecc-4ac1-eb36b69af2f0"
+        );
+        assert_eq!(
+            (row.ip_address_v4, row.user.as_deref()),
+            (Some(Ipv4Addr::new(10, 0, 0, 1)), Some("10.0.0.1"))
+        );
         assert_eq!((row.error_sample_rate, row.title), (Some(-1.0), None));
-        let row = segment_row(&example_ids(), AT, &event(r#"{"user":{"id":"","username":"ada"}}"#));
-        assert_eq!(row.user.as_deref(), Some(""), "a present but empty id still wins");
-        let row = segment_row(&example_ids(), AT, &event(r#"{"user":{"username":"ada","email":"a@b"}}"#));
+        let row = segment_row(
+            &example_ids(),
+            AT,
+            &event(r#"{"user":{"id":"","username":"ada"}}"#),
+        );
+        assert_eq!(
+            row.user.as_deref(),
+            Some(""),
+            "a present but empty id still wins"
+        );
+        let row = segment_row(
+            &example_ids(),
+            AT,
+            &event(r#"{"user":{"username":"ada","email":"a@b"}}"#),
+        );
         assert_eq!(row.user.as_deref(), Some("ada"));
     }
 

@@ -49,7 +49,12 @@ const CLOSE_FOLDED: u8 = b'}';
 
 #[cfg_attr(any(target_arch = "x86_64", target_arch = "aarch64"), allow(dead_code))]
 fn masks_scalar(block: &[u8; BLOCK]) -> Masks {
-    let mut m = Masks { quote: 0, backslash: 0, open: 0, close: 0 };
+    let mut m = Masks {
+        quote: 0,
+        backslash: 0,
+        open: 0,
+        close: 0,
+    };
     for (i, &b) in block.iter().enumerate() {
         let bit = 1u64 << i;
         match b {
@@ -73,13 +78,20 @@ fn masks(block: &[u8; BLOCK]) -> Masks {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
 fn masks_sse2(block: &[u8; BLOCK]) -> Masks {
-    use std::arch::x86_64::{__m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8};
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
+    };
     let quote = _mm_set1_epi8(b'"' as i8);
     let backslash = _mm_set1_epi8(b'\\' as i8);
     let fold = _mm_set1_epi8(0x20);
     let open = _mm_set1_epi8(OPEN_FOLDED as i8);
     let close = _mm_set1_epi8(CLOSE_FOLDED as i8);
-    let mut m = Masks { quote: 0, backslash: 0, open: 0, close: 0 };
+    let mut m = Masks {
+        quote: 0,
+        backslash: 0,
+        open: 0,
+        close: 0,
+    };
     for (lane, chunk) in block.chunks_exact(16).enumerate() {
         // SAFETY: `chunk` is exactly 16 readable bytes; `loadu` has no alignment requirement.
         let v = unsafe { _mm_loadu_si128(chunk.as_ptr().cast::<__m128i>()) };
@@ -111,12 +123,16 @@ fn avx2_available() -> bool {
 #[target_feature(enable = "avx2")]
 fn masks_avx2(block: &[u8; BLOCK]) -> Masks {
     use std::arch::x86_64::{
-        __m256i, _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_or_si256, _mm256_set1_epi8,
+        __m256i, _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_or_si256,
+        _mm256_set1_epi8,
     };
     let (lo, hi) = block.split_at(32);
     // SAFETY: both halves are exactly 32 readable bytes; `loadu` has no alignment requirement.
     let (lo, hi) = unsafe {
-        (_mm256_loadu_si256(lo.as_ptr().cast::<__m256i>()), _mm256_loadu_si256(hi.as_ptr().cast::<__m256i>()))
+        (
+            _mm256_loadu_si256(lo.as_ptr().cast::<__m256i>()),
+            _mm256_loadu_si256(hi.as_ptr().cast::<__m256i>()),
+        )
     };
     let fold = _mm256_set1_epi8(0x20);
     let (lo_folded, hi_folded) = (_mm256_or_si256(lo, fold), _mm256_or_si256(hi, fold));
@@ -144,7 +160,9 @@ fn avx512_available() -> bool {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512bw")]
 fn masks_avx512(block: &[u8; BLOCK]) -> Masks {
-    use std::arch::x86_64::{_mm512_cmpeq_epi8_mask, _mm512_loadu_si512, _mm512_or_si512, _mm512_set1_epi8};
+    use std::arch::x86_64::{
+        _mm512_cmpeq_epi8_mask, _mm512_loadu_si512, _mm512_or_si512, _mm512_set1_epi8,
+    };
     // SAFETY: `block` is exactly 64 readable bytes; `loadu` has no alignment requirement.
     let v = unsafe { _mm512_loadu_si512(block.as_ptr().cast()) };
     let folded = _mm512_or_si512(v, _mm512_set1_epi8(0x20));
@@ -160,8 +178,14 @@ fn masks_avx512(block: &[u8; BLOCK]) -> Masks {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "pclmulqdq")]
 fn prefix_xor_clmul(x: u64) -> u64 {
-    use std::arch::x86_64::{_mm_clmulepi64_si128, _mm_cvtsi128_si64, _mm_set_epi64x, _mm_set1_epi8};
-    _mm_cvtsi128_si64(_mm_clmulepi64_si128(_mm_set_epi64x(0, x as i64), _mm_set1_epi8(-1), 0)) as u64
+    use std::arch::x86_64::{
+        _mm_clmulepi64_si128, _mm_cvtsi128_si64, _mm_set_epi64x, _mm_set1_epi8,
+    };
+    _mm_cvtsi128_si64(_mm_clmulepi64_si128(
+        _mm_set_epi64x(0, x as i64),
+        _mm_set1_epi8(-1),
+        0,
+    )) as u64
 }
 
 /// The baseline masks: NEON is part of aarch64.
@@ -175,10 +199,12 @@ fn masks(block: &[u8; BLOCK]) -> Masks {
 #[target_feature(enable = "neon")]
 fn masks_neon(block: &[u8; BLOCK]) -> Masks {
     use std::arch::aarch64::{
-        uint8x16_t, vandq_u8, vceqq_u8, vdupq_n_u8, vgetq_lane_u64, vld1q_u8, vorrq_u8, vpaddq_u8, vreinterpretq_u64_u8,
+        uint8x16_t, vandq_u8, vceqq_u8, vdupq_n_u8, vgetq_lane_u64, vld1q_u8, vorrq_u8, vpaddq_u8,
+        vreinterpretq_u64_u8,
     };
     // SAFETY: `block` is 64 readable bytes, four loads of 16.
-    let v: [uint8x16_t; 4] = std::array::from_fn(|i| unsafe { vld1q_u8(block.as_ptr().add(16 * i)) });
+    let v: [uint8x16_t; 4] =
+        std::array::from_fn(|i| unsafe { vld1q_u8(block.as_ptr().add(16 * i)) });
     let fold = vdupq_n_u8(0x20);
     let folded = v.map(|v| vorrq_u8(v, fold));
     // Bit `i % 8` of each byte, so that three pairwise additions pack 64 comparison results
@@ -251,7 +277,10 @@ pub fn too_deep(value: &str) -> bool {
 /// it and, with `DEPTH`, an upper bound of its nesting depth (at most 64 levels above the true
 /// depth; [`nesting_exceeds`] is exact). Without `DEPTH` the bound is 0: the scan's hot path
 /// does not pay for it.
-fn skip_container<const DEPTH: bool>(json: &[u8], start: usize) -> Result<(usize, u64), SyntaxError> {
+fn skip_container<const DEPTH: bool>(
+    json: &[u8],
+    start: usize,
+) -> Result<(usize, u64), SyntaxError> {
     #[cfg(target_arch = "x86_64")]
     if avx512_available() {
         // SAFETY: every feature `skip_avx512` is compiled for was detected on this CPU.
@@ -268,13 +297,23 @@ fn skip_container<const DEPTH: bool>(json: &[u8], start: usize) -> Result<(usize
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,pclmulqdq,popcnt,bmi1")]
 fn skip_avx2<const DEPTH: bool>(json: &[u8], start: usize) -> Result<(usize, u64), SyntaxError> {
-    skip_blocks::<DEPTH>(json, start, |block| masks_avx2(block), |x| prefix_xor_clmul(x))
+    skip_blocks::<DEPTH>(
+        json,
+        start,
+        |block| masks_avx2(block),
+        |x| prefix_xor_clmul(x),
+    )
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512bw,avx2,pclmulqdq,popcnt,bmi1")]
 fn skip_avx512<const DEPTH: bool>(json: &[u8], start: usize) -> Result<(usize, u64), SyntaxError> {
-    skip_blocks::<DEPTH>(json, start, |block| masks_avx512(block), |x| prefix_xor_clmul(x))
+    skip_blocks::<DEPTH>(
+        json,
+        start,
+        |block| masks_avx512(block),
+        |x| prefix_xor_clmul(x),
+    )
 }
 
 /// The block loop, generic over how masks and prefix XORs are computed; inlined into each
@@ -286,9 +325,17 @@ fn skip_blocks<const DEPTH: bool>(
     masks: impl Fn(&[u8; BLOCK]) -> Masks,
     prefix_xor: impl Fn(u64) -> u64,
 ) -> Result<(usize, u64), SyntaxError> {
-    let mut state = SkipState { depth: 0, deepest: 0, escape_carry: 0, string_carry: 0 };
+    let mut state = SkipState {
+        depth: 0,
+        deepest: 0,
+        escape_carry: 0,
+        string_carry: 0,
+    };
     let mut pos = start;
-    while let Some(block) = json.get(pos..pos.saturating_add(BLOCK)).and_then(|b| <&[u8; BLOCK]>::try_from(b).ok()) {
+    while let Some(block) = json
+        .get(pos..pos.saturating_add(BLOCK))
+        .and_then(|b| <&[u8; BLOCK]>::try_from(b).ok())
+    {
         if let Some(end) = state.block::<DEPTH>(masks(block), &prefix_xor) {
             return Ok((pos + end, state.deepest));
         }
@@ -297,12 +344,18 @@ fn skip_blocks<const DEPTH: bool>(
     let rest = json.get(pos..).unwrap_or_default();
     if !rest.is_empty() {
         let mut padded = [b' '; BLOCK];
-        padded.get_mut(..rest.len()).unwrap_or_default().copy_from_slice(rest);
+        padded
+            .get_mut(..rest.len())
+            .unwrap_or_default()
+            .copy_from_slice(rest);
         if let Some(end) = state.block::<DEPTH>(masks(&padded), &prefix_xor) {
             return Ok((pos + end, state.deepest));
         }
     }
-    Err(SyntaxError { offset: json.len(), expected: "the end of an object or array" })
+    Err(SyntaxError {
+        offset: json.len(),
+        expected: "the end of an object or array",
+    })
 }
 
 /// What one block of a skip hands to the next.
@@ -316,7 +369,11 @@ struct SkipState {
 impl SkipState {
     /// Takes one block's masks; `Some(i)` when the container ends just before byte `i` of it.
     #[inline(always)]
-    fn block<const DEPTH: bool>(&mut self, m: Masks, prefix_xor: impl Fn(u64) -> u64) -> Option<usize> {
+    fn block<const DEPTH: bool>(
+        &mut self,
+        m: Masks,
+        prefix_xor: impl Fn(u64) -> u64,
+    ) -> Option<usize> {
         let quotes = m.quote & !escaped(m.backslash, &mut self.escape_carry);
         let in_string = prefix_xor(quotes) ^ self.string_carry;
         self.string_carry = ((in_string as i64) >> 63) as u64;
@@ -368,7 +425,10 @@ impl<'a> Scanner<'a> {
     }
 
     fn error<T>(&self, expected: &'static str) -> Result<T, SyntaxError> {
-        Err(SyntaxError { offset: self.pos, expected })
+        Err(SyntaxError {
+            offset: self.pos,
+            expected,
+        })
     }
 
     fn skip_ws(&mut self) {
@@ -395,7 +455,11 @@ impl<'a> Scanner<'a> {
     /// Ensures nothing but whitespace is left.
     pub fn end(&mut self) -> Result<(), SyntaxError> {
         self.skip_ws();
-        if self.pos == self.json.len() { Ok(()) } else { self.error("the end of the input") }
+        if self.pos == self.json.len() {
+            Ok(())
+        } else {
+            self.error("the end of the input")
+        }
     }
 
     /// A string's raw contents (escapes left as is), validating its escapes.
@@ -418,7 +482,12 @@ impl<'a> Scanner<'a> {
             }
             match self.bytes().get(i + 1) {
                 Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
-                Some(b'u') if self.bytes().get(i + 2..i + 6).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) => {
+                Some(b'u')
+                    if self
+                        .bytes()
+                        .get(i + 2..i + 6)
+                        .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) =>
+                {
                     i += 6
                 }
                 _ => {
@@ -432,7 +501,10 @@ impl<'a> Scanner<'a> {
     /// A number or literal token, validated.
     fn scalar(&mut self) -> Result<&'a str, SyntaxError> {
         let start = self.pos;
-        while matches!(self.peek(), Some(b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z' | b'+' | b'-' | b'.')) {
+        while matches!(
+            self.peek(),
+            Some(b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z' | b'+' | b'-' | b'.')
+        ) {
             self.pos += 1;
         }
         let token = self.slice(start);
@@ -465,7 +537,11 @@ impl<'a> Scanner<'a> {
 
     /// Enters an array; then call `next_element` until it returns `false`.
     pub fn begin_array(&mut self) -> Result<(), SyntaxError> {
-        if self.eat(b'[') { Ok(()) } else { self.error("'['") }
+        if self.eat(b'[') {
+            Ok(())
+        } else {
+            self.error("'['")
+        }
     }
 
     /// Moves to the next element of the current array; `false` after its `]`.
@@ -477,7 +553,11 @@ impl<'a> Scanner<'a> {
             return self.error("',' or ']'");
         }
         self.skip_ws();
-        if self.peek().is_none() { self.error("an array element") } else { Ok(true) }
+        if self.peek().is_none() {
+            self.error("an array element")
+        } else {
+            Ok(true)
+        }
     }
 
     /// Whether the next value (after whitespace) is an object.
@@ -488,7 +568,11 @@ impl<'a> Scanner<'a> {
 
     /// Enters an object; then call `next_key` until it returns `None`.
     pub fn begin_object(&mut self) -> Result<(), SyntaxError> {
-        if self.eat(b'{') { Ok(()) } else { self.error("'{'") }
+        if self.eat(b'{') {
+            Ok(())
+        } else {
+            self.error("'{'")
+        }
     }
 
     /// The next key (raw) of the current object, with the `:` consumed; `None` after its `}`.
@@ -630,10 +714,20 @@ mod tests {
 
     #[test]
     fn scalars_are_validated() {
-        for ok in ["0", "-0.5", "1e9", "1796012448.69", "true", "null", "\"a\\u00e9\""] {
+        for ok in [
+            "0",
+            "-0.5",
+            "1e9",
+            "1796012448.69",
+            "true",
+            "null",
+            "\"a\\u00e9\"",
+        ] {
             assert_eq!(skip(ok).unwrap(), ok);
         }
-        for bad in ["01", "1.", "+1", "tru", "nul", "\"\\x\"", "\"open", "-", "1e", ".5"] {
+        for bad in [
+            "01", "1.", "+1", "tru", "nul", "\"\\x\"", "\"open", "-", "1e", ".5",
+        ] {
             assert!(skip(bad).is_err(), "{bad}");
         }
     }
@@ -641,7 +735,10 @@ mod tests {
     #[test]
     fn field_finds_a_key_without_scanning_past_it() {
         assert_eq!(field(r#"{"source":0,"adds":[{"x":"#, "source"), Some("0"));
-        assert_eq!(field(r#"{"a":{"source":1},"source":2}"#, "source"), Some("2"));
+        assert_eq!(
+            field(r#"{"a":{"source":1},"source":2}"#, "source"),
+            Some("2")
+        );
         assert_eq!(field(r#"[{"source":1}]"#, "source"), None);
         assert_eq!(field(r#"{"a":1}"#, "source"), None);
     }

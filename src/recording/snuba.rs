@@ -41,7 +41,10 @@ pub fn messages(p: &Processed) -> Result<Vec<Vec<u8>>, serde_json::Error> {
             payload,
         })?);
     }
-    let environment = p.replay_event.as_ref().map_or("", |e| e.environment.as_str());
+    let environment = p
+        .replay_event
+        .as_ref()
+        .map_or("", |e| e.environment.as_str());
     let envelope = |payload| Envelope {
         project_id: ids.project_id,
         replay_id: &ids.replay_id,
@@ -52,13 +55,31 @@ pub fn messages(p: &Processed) -> Result<Vec<Vec<u8>>, serde_json::Error> {
     };
     let clicks = &p.extracted.clicks;
     if !clicks.is_empty() {
-        let items = Items::Clicks { clicks: clicks.iter().map(|c| ClickItem::new(&ids.replay_id, c)).collect() };
-        messages.push(serde_json::to_vec(&envelope(Inner { environment, replay_id: &ids.replay_id, items }))?);
+        let items = Items::Clicks {
+            clicks: clicks
+                .iter()
+                .map(|c| ClickItem::new(&ids.replay_id, c))
+                .collect(),
+        };
+        messages.push(serde_json::to_vec(&envelope(Inner {
+            environment,
+            replay_id: &ids.replay_id,
+            items,
+        }))?);
     }
     let taps = &p.extracted.taps;
     if !taps.is_empty() {
-        let items = Items::Taps { taps: taps.iter().map(|t| TapItem::new(&ids.replay_id, t)).collect() };
-        messages.push(serde_json::to_vec(&envelope(Inner { environment, replay_id: &ids.replay_id, items }))?);
+        let items = Items::Taps {
+            taps: taps
+                .iter()
+                .map(|t| TapItem::new(&ids.replay_id, t))
+                .collect(),
+        };
+        messages.push(serde_json::to_vec(&envelope(Inner {
+            environment,
+            replay_id: &ids.replay_id,
+            items,
+        }))?);
     }
     Ok(messages)
 }
@@ -126,7 +147,9 @@ impl<'a> ClickItem<'a> {
             aria_label: &c.aria_label,
             class: &c.classes,
             component_name: &c.component_name,
-            event_hash: click_event_hash(replay_id, c.timestamp, c.node_id).hyphenated().to_string(),
+            event_hash: click_event_hash(replay_id, c.timestamp, c.node_id)
+                .hyphenated()
+                .to_string(),
             id: &c.id,
             is_dead: u8::from(c.is_dead),
             is_rage: u8::from(c.is_rage),
@@ -157,7 +180,9 @@ impl<'a> TapItem<'a> {
             view_id: &t.view_id,
             view_class: &t.view_class,
             timestamp: seconds(t.timestamp),
-            event_hash: tap_event_hash(replay_id, t.timestamp, &t.view_id).hyphenated().to_string(),
+            event_hash: tap_event_hash(replay_id, t.timestamp, &t.view_id)
+                .hyphenated()
+                .to_string(),
         }
     }
 }

@@ -24,8 +24,8 @@ use tracing::warn;
 use super::progress::keep_telling;
 use super::publish::classify_producer_error;
 use super::{
-    DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Piece, Progress, Rejected, Retry, Sink,
-    SinkError, Written,
+    DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Piece, Progress, Rejected,
+    Retry, Sink, SinkError, Written,
 };
 use crate::kafka::consumer::key_and_timestamp;
 use crate::kafka::refetch::Refetcher;
@@ -56,21 +56,35 @@ impl DlqSink {
         max_record_bytes: usize,
         overflow: Option<Arc<dyn ObjectStore>>,
     ) -> Self {
-        DlqSink { producer, topic: topic.into(), max_record_bytes, overflow }
+        DlqSink {
+            producer,
+            topic: topic.into(),
+            max_record_bytes,
+            overflow,
+        }
     }
 
     /// Sends one dead letter: whole when it fits the topic, otherwise its value (and a long key)
     /// to the object store and a pointer record to the topic. A record librdkafka refuses as too
     /// large takes the second path too.
-    fn send(&self, entry: &Entry, message: &InvalidMessage, progress: &Progress) -> Result<DeliveryFuture, SinkError> {
+    fn send(
+        &self,
+        entry: &Entry,
+        message: &InvalidMessage,
+        progress: &Progress,
+    ) -> Result<DeliveryFuture, SinkError> {
         let letter_headers = headers(entry, message);
         let key = message.key.as_deref();
-        let size =
-            message.value.len() + key.map_or(0, <[u8]>::len) + headers_len(&letter_headers) + RECORD_OVERHEAD_BYTES;
+        let size = message.value.len()
+            + key.map_or(0, <[u8]>::len)
+            + headers_len(&letter_headers)
+            + RECORD_OVERHEAD_BYTES;
         if size > self.max_record_bytes {
             return self.send_pointer(entry, message, letter_headers, progress);
         }
-        let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).payload(&message.value).headers(letter_headers);
+        let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic)
+            .payload(&message.value)
+            .headers(letter_headers);
         if let Some(key) = key {
             record = record.key(key);
         }
@@ -80,7 +94,11 @@ impl DlqSink {
             Err((e, _)) if classify_producer_error(&e) == Retry::Rejected => {
                 self.send_pointer(entry, message, headers(entry, message), progress)
             }
-            Err((e, _)) => Err(SinkError::from_error(self.name(), classify_producer_error(&e), e)),
+            Err((e, _)) => Err(SinkError::from_error(
+                self.name(),
+                classify_producer_error(&e),
+                e,
+            )),
         }
     }
 
@@ -105,27 +123,45 @@ impl DlqSink {
             ));
         };
         let object = format!("dlq/{}/{}/{}", message.topic, entry.partition, entry.offset);
-        progress.put_once(store.as_ref(), &object, &message.value, Piece::of(entry, VALUE_COPY))?;
+        progress.put_once(
+            store.as_ref(),
+            &object,
+            &message.value,
+            Piece::of(entry, VALUE_COPY),
+        )?;
         let location = store.location(&object);
         let bytes = message.value.len().to_string();
         let mut headers = headers
-            .insert(Header { key: "payload_location", value: Some(location.as_str()) })
-            .insert(Header { key: "payload_bytes", value: Some(bytes.as_str()) });
+            .insert(Header {
+                key: "payload_location",
+                value: Some(location.as_str()),
+            })
+            .insert(Header {
+                key: "payload_bytes",
+                value: Some(bytes.as_str()),
+            });
         let mut key = message.key.as_deref();
         let key_location;
         if let Some(long) = key.filter(|k| k.len() > MAX_POINTER_KEY_BYTES) {
             let object = format!("{object}.key");
             progress.put_once(store.as_ref(), &object, long, Piece::of(entry, KEY_COPY))?;
             key_location = store.location(&object);
-            headers = headers.insert(Header { key: "key_location", value: Some(key_location.as_str()) });
+            headers = headers.insert(Header {
+                key: "key_location",
+                value: Some(key_location.as_str()),
+            });
             key = None;
         }
-        let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).payload(&[]).headers(headers);
+        let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic)
+            .payload(&[])
+            .headers(headers);
         if let Some(key) = key {
             record = record.key(key);
         }
         warn!(partition = entry.partition, offset = entry.offset, bytes = message.value.len(), %location, "dead letter too large for its topic: value kept in the blob store");
-        self.producer.send_result(record).map_err(|(e, _)| SinkError::from_error(self.name(), pointer_retry(&e), e))
+        self.producer
+            .send_result(record)
+            .map_err(|(e, _)| SinkError::from_error(self.name(), pointer_retry(&e), e))
     }
 }
 
@@ -143,20 +179,44 @@ fn headers(entry: &Entry, message: &InvalidMessage) -> OwnedHeaders {
     let offset = entry.offset.to_string();
     let timestamp = message.timestamp.map(|t| t.to_string()).unwrap_or_default();
     let headers = OwnedHeaders::new()
-        .insert(Header { key: "reason", value: Some(message.error.reason.as_str()) })
-        .insert(Header { key: "detail", value: Some(message.error.detail.as_str()) })
-        .insert(Header { key: "original_topic", value: Some(message.topic.as_str()) })
-        .insert(Header { key: "original_partition", value: Some(partition.as_str()) })
-        .insert(Header { key: "original_offset", value: Some(offset.as_str()) })
-        .insert(Header { key: "original_timestamp", value: Some(timestamp.as_str()) });
+        .insert(Header {
+            key: "reason",
+            value: Some(message.error.reason.as_str()),
+        })
+        .insert(Header {
+            key: "detail",
+            value: Some(message.error.detail.as_str()),
+        })
+        .insert(Header {
+            key: "original_topic",
+            value: Some(message.topic.as_str()),
+        })
+        .insert(Header {
+            key: "original_partition",
+            value: Some(partition.as_str()),
+        })
+        .insert(Header {
+            key: "original_offset",
+            value: Some(offset.as_str()),
+        })
+        .insert(Header {
+            key: "original_timestamp",
+            value: Some(timestamp.as_str()),
+        });
     match message.rejected_by {
-        Some(sink) => headers.insert(Header { key: "sink", value: Some(sink) }),
+        Some(sink) => headers.insert(Header {
+            key: "sink",
+            value: Some(sink),
+        }),
         None => headers,
     }
 }
 
 fn headers_len(headers: &OwnedHeaders) -> usize {
-    headers.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len)).sum()
+    headers
+        .iter()
+        .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+        .sum()
 }
 
 /// Dead-letters messages a sink rejected: their original bytes are read again from the consumed
@@ -170,10 +230,18 @@ pub struct RejectedToDlq {
 }
 
 impl DeadLetters for RejectedToDlq {
-    fn dead_letter(&self, rejected: &[Rejected], progress: &Progress) -> Result<Written, SinkError> {
+    fn dead_letter(
+        &self,
+        rejected: &[Rejected],
+        progress: &Progress,
+    ) -> Result<Written, SinkError> {
         let mut entries = Vec::with_capacity(rejected.len());
         for r in rejected {
-            if progress.is_stored(Piece { partition: r.partition, offset: r.offset, index: RECORD }) {
+            if progress.is_stored(Piece {
+                partition: r.partition,
+                offset: r.offset,
+                index: RECORD,
+            }) {
                 continue;
             }
             let original = self
@@ -181,7 +249,10 @@ impl DeadLetters for RejectedToDlq {
                 .fetch(r.partition, r.offset, self.timeout)
                 .map_err(|e| SinkError::from_error("rejected", Retry::Retryable, e))?;
             let (key, timestamp) = key_and_timestamp(&original);
-            let error = InvalidRecording::new(r.reason(), format_args!("{}: {}", r.error.sink, r.error.message));
+            let error = InvalidRecording::new(
+                r.reason(),
+                format_args!("{}: {}", r.error.sink, r.error.message),
+            );
             let value = original.payload().unwrap_or_default().to_vec();
             let message = InvalidMessage {
                 error,
@@ -216,7 +287,10 @@ impl Sink for DlqSink {
         let letters: Vec<(&Entry, &InvalidMessage)> = batch.invalid().collect();
         let written = Written {
             items: letters.len() as u64,
-            bytes: letters.iter().map(|(_, message)| message.value.len() as u64).sum(),
+            bytes: letters
+                .iter()
+                .map(|(_, message)| message.value.len() as u64)
+                .sum(),
         };
         let (mut sent, mut deliveries) = (Vec::new(), Vec::new());
         for &(entry, message) in &letters {
@@ -232,11 +306,18 @@ impl Sink for DlqSink {
         // A broker whose topic limit is below `max_record_bytes` refuses the record on delivery:
         // that dead letter goes the pointer's way.
         let (mut failure, mut pointed, mut pointers) = (None, Vec::new(), Vec::new());
-        for ((entry, message), delivery) in sent.into_iter().zip(super::block_on(join_all(deliveries))) {
+        for ((entry, message), delivery) in
+            sent.into_iter().zip(super::block_on(join_all(deliveries)))
+        {
             match delivered(delivery, classify_producer_error) {
                 Ok(()) => progress.stored(Piece::of(entry, RECORD)),
                 Err(e) if e.retry == Retry::Rejected => {
-                    pointers.push(self.send_pointer(entry, message, headers(entry, message), progress)?);
+                    pointers.push(self.send_pointer(
+                        entry,
+                        message,
+                        headers(entry, message),
+                        progress,
+                    )?);
                     pointed.push(entry);
                 }
                 Err(e) => {
@@ -272,6 +353,10 @@ fn delivered(
     match delivery {
         Ok(Ok(_)) => Ok(()),
         Ok(Err((e, _))) => Err(SinkError::new("dlq", classify(&e), e)),
-        Err(Canceled) => Err(SinkError::new("dlq", Retry::Retryable, "producer dropped the delivery")),
+        Err(Canceled) => Err(SinkError::new(
+            "dlq",
+            Retry::Retryable,
+            "producer dropped the delivery",
+        )),
     }
 }

@@ -66,14 +66,30 @@ pub struct EventsSink {
 }
 
 impl EventsSink {
-    pub fn new(producer: FutureProducer, topics: EventTopics, issues: IssueGates, first_replay_cache: usize) -> Self {
-        let seen = SeenProjects { set: HashSet::new(), order: VecDeque::new(), capacity: first_replay_cache };
-        EventsSink { publisher: Publisher::new(producer, "events"), topics, issues, seen: Mutex::new(seen) }
+    pub fn new(
+        producer: FutureProducer,
+        topics: EventTopics,
+        issues: IssueGates,
+        first_replay_cache: usize,
+    ) -> Self {
+        let seen = SeenProjects {
+            set: HashSet::new(),
+            order: VecDeque::new(),
+            capacity: first_replay_cache,
+        };
+        EventsSink {
+            publisher: Publisher::new(producer, "events"),
+            topics,
+            issues,
+            seen: Mutex::new(seen),
+        }
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, SeenProjects> {
         // Plain data: a panic elsewhere cannot leave it inconsistent.
-        self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -91,12 +107,15 @@ impl Sink for EventsSink {
                 Outcome::Valid(processed) => processed.events(&self.issues),
                 Outcome::Invalid(_) => Vec::new(),
             };
-            (0..).zip(events).map(move |(n, event)| (Piece::of(entry, n), event))
+            (0..)
+                .zip(events)
+                .map(move |(n, event)| (Piece::of(entry, n), event))
         });
         let records = events
             .filter(|(_, event)| match event {
                 AnalyticsEvent::FirstReplay(first) => {
-                    let new = !self.seen().contains(first.project_id) && !announced.contains(&first.project_id);
+                    let new = !self.seen().contains(first.project_id)
+                        && !announced.contains(&first.project_id);
                     if new {
                         announced.push(first.project_id);
                     }
@@ -113,8 +132,15 @@ impl Sink for EventsSink {
             })
             .map(|(piece, event)| {
                 let (topic, key) = (self.topics.name(event.topic()), event.key());
-                let value = event.into_json().map_err(|e| SinkError::from_error(self.name(), Retry::Rejected, e))?;
-                Ok(Record { piece, topic, key, value })
+                let value = event
+                    .into_json()
+                    .map_err(|e| SinkError::from_error(self.name(), Retry::Rejected, e))?;
+                Ok(Record {
+                    piece,
+                    topic,
+                    key,
+                    value,
+                })
             });
         let written = self.publisher.publish(records, progress)?;
         metrics::occurrences_published(rage_clicks, hydration_errors);
@@ -136,22 +162,41 @@ mod tests {
     /// never sent) leaves the project unannounced, so that the flush's retry sends the event.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_first_replay_event_that_was_not_delivered_is_not_marked_as_sent() {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let producer: FutureProducer = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", closed.to_string())
             .set("message.timeout.ms", "200")
             .create()
             .unwrap();
-        let topics = EventTopics { outcomes: "o".into(), analytics: "a".into(), issues: "i".into() };
+        let topics = EventTopics {
+            outcomes: "o".into(),
+            analytics: "a".into(),
+            issues: "i".into(),
+        };
         let sink = EventsSink::new(producer, topics, IssueGates::default(), 16);
-        let segment_0 = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/segments"))
-            .unwrap()
-            .filter_map(|f| recording::process(&std::fs::read(f.unwrap().path()).unwrap(), &Limits::default()).ok())
-            .find(|p| p.ids.segment_id == 0)
-            .unwrap();
+        let segment_0 =
+            std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/segments"))
+                .unwrap()
+                .filter_map(|f| {
+                    recording::process(
+                        &std::fs::read(f.unwrap().path()).unwrap(),
+                        &Limits::default(),
+                    )
+                    .ok()
+                })
+                .find(|p| p.ids.segment_id == 0)
+                .unwrap();
         let project = segment_0.ids.project_id;
-        let batch =
-            Batch { entries: vec![Entry { partition: 0, offset: 0, outcome: Outcome::Valid(Box::new(segment_0)) }] };
+        let batch = Batch {
+            entries: vec![Entry {
+                partition: 0,
+                offset: 0,
+                outcome: Outcome::Valid(Box::new(segment_0)),
+            }],
+        };
         let (result, sink) = tokio::task::spawn_blocking(move || {
             let status = crate::health::Status::default();
             (sink.write(&batch, &Progress::new("events", &status)), sink)
@@ -159,12 +204,19 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(result.unwrap_err().retry, Retry::Retryable);
-        assert!(!sink.seen().contains(project), "announced although never delivered");
+        assert!(
+            !sink.seen().contains(project),
+            "announced although never delivered"
+        );
     }
 
     #[test]
     fn the_seen_set_is_bounded_and_forgets_the_oldest_first() {
-        let mut seen = SeenProjects { set: HashSet::new(), order: VecDeque::new(), capacity: 2 };
+        let mut seen = SeenProjects {
+            set: HashSet::new(),
+            order: VecDeque::new(),
+            capacity: 2,
+        };
         seen.insert(1);
         seen.insert(2);
         seen.insert(2);

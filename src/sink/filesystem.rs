@@ -45,8 +45,15 @@ impl Sink for FilesystemBlobSink {
     fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
         let mut written = Written::default();
         for entry in batch {
-            let Outcome::Valid(processed) = &entry.outcome else { continue };
-            progress.put_once(self, &processed.blob.key, &processed.blob.bytes, Piece::of(entry, 0))?;
+            let Outcome::Valid(processed) = &entry.outcome else {
+                continue;
+            };
+            progress.put_once(
+                self,
+                &processed.blob.key,
+                &processed.blob.bytes,
+                Piece::of(entry, 0),
+            )?;
             written.items += 1;
             written.bytes += processed.blob.bytes.len() as u64;
         }

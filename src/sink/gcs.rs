@@ -11,7 +11,9 @@ use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_storage::client::Storage;
 
 use super::progress::keep_telling;
-use super::{Entries, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
+use super::{
+    Entries, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError, Written,
+};
 
 /// Retry classification: 408, 429 and 5xx, timeouts and transport trouble are retried; 400 and
 /// 413 (this object refused) are rejections; other 4xx (permissions, missing bucket) are fatal.
@@ -56,7 +58,9 @@ impl GcsSink {
             builder = builder.with_endpoint(endpoint);
         }
         if config.anonymous {
-            builder = builder.with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build());
+            builder = builder.with_credentials(
+                google_cloud_auth::credentials::anonymous::Builder::new().build(),
+            );
         }
         Ok(GcsSink {
             client: builder.build().await?,
@@ -82,12 +86,25 @@ impl GcsSink {
                     self.name,
                     super::describe(&e)
                 );
-                SinkError { message, ..SinkError::from_error("gcs", Retry::Fatal, e) }
+                SinkError {
+                    message,
+                    ..SinkError::from_error("gcs", Retry::Fatal, e)
+                }
             }
-            Ok(Err(e)) => SinkError { message: super::describe(&e), ..SinkError::from_error("gcs", classify(&e), e) },
-            Err(_) => SinkError::new("gcs", Retry::Retryable, format_args!("timed out after {:?}", self.timeout)),
+            Ok(Err(e)) => SinkError {
+                message: super::describe(&e),
+                ..SinkError::from_error("gcs", classify(&e), e)
+            },
+            Err(_) => SinkError::new(
+                "gcs",
+                Retry::Retryable,
+                format_args!("timed out after {:?}", self.timeout),
+            ),
         };
-        Err(SinkError { message: format!("{}: {}", self.location(key), error.message), ..error })
+        Err(SinkError {
+            message: format!("{}: {}", self.location(key), error.message),
+            ..error
+        })
     }
 }
 
@@ -103,7 +120,9 @@ impl Sink for GcsSink {
     /// remaining object.
     fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
         let pending = batch.iter().filter_map(|entry| match &entry.outcome {
-            Outcome::Valid(p) if !progress.is_stored(Piece::of(entry, 0)) => Some((Piece::of(entry, 0), &p.blob)),
+            Outcome::Valid(p) if !progress.is_stored(Piece::of(entry, 0)) => {
+                Some((Piece::of(entry, 0), &p.blob))
+            }
             _ => None,
         });
         let uploads = pending.map(|(piece, blob)| async move {
@@ -121,8 +140,11 @@ impl Sink for GcsSink {
                 }
             }
         });
-        let results: Vec<Result<(), Option<SinkError>>> =
-            super::block_on(futures::stream::iter(uploads).buffer_unordered(self.concurrency).collect());
+        let results: Vec<Result<(), Option<SinkError>>> = super::block_on(
+            futures::stream::iter(uploads)
+                .buffer_unordered(self.concurrency)
+                .collect(),
+        );
         if let Some(error) = first_error(results) {
             return Err(error);
         }
@@ -142,7 +164,11 @@ fn first_error(results: Vec<Result<(), Option<SinkError>>>) -> Option<SinkError>
             Ok(()) => {}
             Err(Some(error)) => keep_telling(&mut kept, error),
             Err(None) => {
-                let gave_up = SinkError::new("gcs", Retry::Retryable, "uploads not started: the server looks down");
+                let gave_up = SinkError::new(
+                    "gcs",
+                    Retry::Retryable,
+                    "uploads not started: the server looks down",
+                );
                 keep_telling(&mut kept, gave_up);
             }
         }
@@ -154,7 +180,9 @@ impl GcsSink {
     /// The startup check: writes a small object at [`PROBE_KEY`], which proves the bucket exists
     /// and the credentials may write to it (the same call the flush makes, classified the same).
     pub async fn check(&self) -> Result<(), SinkError> {
-        let probe = bytes::Bytes::from_static(b"written by replay-ingest at startup to check write access\n");
+        let probe = bytes::Bytes::from_static(
+            b"written by replay-ingest at startup to check write access\n",
+        );
         self.upload(PROBE_KEY, probe).await
     }
 }

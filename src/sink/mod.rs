@@ -150,12 +150,26 @@ pub struct SinkError {
 impl SinkError {
     /// A failure described by `message` alone.
     pub fn new(sink: &'static str, retry: Retry, message: impl fmt::Display) -> Self {
-        SinkError { sink, retry, message: message.to_string(), source: None }
+        SinkError {
+            sink,
+            retry,
+            message: message.to_string(),
+            source: None,
+        }
     }
 
     /// A failure the client reported as `error`, kept as the source.
-    pub fn from_error(sink: &'static str, retry: Retry, error: impl std::error::Error + Send + Sync + 'static) -> Self {
-        SinkError { sink, retry, message: error.to_string(), source: Some(Arc::new(error)) }
+    pub fn from_error(
+        sink: &'static str,
+        retry: Retry,
+        error: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        SinkError {
+            sink,
+            retry,
+            message: error.to_string(),
+            source: Some(Arc::new(error)),
+        }
     }
 }
 
@@ -204,7 +218,8 @@ impl Rejected {
 
 /// Dead-letters messages a sink rejected, with their original bytes.
 pub trait DeadLetters: Send + Sync {
-    fn dead_letter(&self, rejected: &[Rejected], progress: &Progress) -> Result<Written, SinkError>;
+    fn dead_letter(&self, rejected: &[Rejected], progress: &Progress)
+    -> Result<Written, SinkError>;
 }
 
 /// A flush destination.

@@ -27,7 +27,11 @@ pub struct Piece {
 
 impl Piece {
     pub fn of(entry: &Entry, index: u32) -> Self {
-        Piece { partition: entry.partition, offset: entry.offset, index }
+        Piece {
+            partition: entry.partition,
+            offset: entry.offset,
+            index,
+        }
     }
 }
 
@@ -41,7 +45,12 @@ pub struct Progress<'a> {
 
 impl<'a> Progress<'a> {
     pub fn new(sink: &'static str, status: &'a Status) -> Self {
-        Progress { sink, status, stored: Mutex::new(HashSet::new()), failed_in_a_row: AtomicUsize::new(0) }
+        Progress {
+            sink,
+            status,
+            stored: Mutex::new(HashSet::new()),
+            failed_in_a_row: AtomicUsize::new(0),
+        }
     }
 
     /// A new attempt starts: failures of the last one no longer count towards
@@ -73,7 +82,13 @@ impl<'a> Progress<'a> {
     }
 
     /// Stores `bytes` at `key` in `store`, as `piece`, unless an earlier attempt did.
-    pub fn put_once(&self, store: &dyn ObjectStore, key: &str, bytes: &[u8], piece: Piece) -> Result<(), SinkError> {
+    pub fn put_once(
+        &self,
+        store: &dyn ObjectStore,
+        key: &str,
+        bytes: &[u8],
+        piece: Piece,
+    ) -> Result<(), SinkError> {
         if !self.is_stored(piece) {
             store.put(key, bytes).inspect_err(|e| self.failed(e))?;
             self.stored(piece);
@@ -89,7 +104,9 @@ impl<'a> Progress<'a> {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<Piece>> {
         // A set of plain keys: a panic elsewhere cannot leave it inconsistent.
-        self.stored.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.stored
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -109,17 +126,26 @@ mod tests {
     fn stored_pieces_are_remembered_and_failures_open_an_outage_at_once() {
         let status = Status::default();
         let progress = Progress::new("gcs", &status);
-        let piece = Piece { partition: 1, offset: 7, index: 0 };
+        let piece = Piece {
+            partition: 1,
+            offset: 7,
+            index: 0,
+        };
         assert!(!progress.is_stored(piece));
         progress.failed(&SinkError::new("gcs", Retry::Retryable, "timed out"));
         progress.failed(&SinkError::new("gcs", Retry::Retryable, "timed out"));
         assert!(progress.looks_down(2) && !progress.looks_down(3));
         assert!(
-            status.report()["outages"]["gcs"]["since_ms"].as_u64().is_some(),
+            status.report()["outages"]["gcs"]["since_ms"]
+                .as_u64()
+                .is_some(),
             "outage from the first failed request"
         );
         progress.stored(piece);
         assert!(progress.is_stored(piece) && !progress.is_stored(Piece { index: 1, ..piece }));
-        assert!(!progress.looks_down(1), "a success ends the run of failures");
+        assert!(
+            !progress.looks_down(1),
+            "a success ends the run of failures"
+        );
     }
 }

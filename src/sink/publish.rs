@@ -52,7 +52,12 @@ impl Publisher {
         let mut window_bytes = 0;
         let mut failure = None;
         for record in records {
-            let Record { piece, topic, key, value } = record?;
+            let Record {
+                piece,
+                topic,
+                key,
+                value,
+            } = record?;
             written.items += 1;
             written.bytes += value.len() as u64;
             if progress.is_stored(piece) {
@@ -82,10 +87,17 @@ impl Publisher {
 
     /// Waits for every delivery, marking each one acknowledged; keeps the failure that says most
     /// (a refused record before a timeout) in `failure`.
-    fn deliver<F, T>(&self, deliveries: Vec<F>, progress: &Progress, failure: &mut Option<SinkError>)
-    where
+    fn deliver<F, T>(
+        &self,
+        deliveries: Vec<F>,
+        progress: &Progress,
+        failure: &mut Option<SinkError>,
+    ) where
         F: std::future::Future<
-                Output = (Piece, Result<T, (rdkafka::error::KafkaError, rdkafka::message::OwnedMessage)>),
+                Output = (
+                    Piece,
+                    Result<T, (rdkafka::error::KafkaError, rdkafka::message::OwnedMessage)>,
+                ),
             >,
     {
         // The producer waits on the runtime's timers when its queue is full.
@@ -113,7 +125,10 @@ pub fn classify_producer_error(error: &KafkaError) -> Retry {
             | RDKafkaErrorCode::InvalidMessageSize
             | RDKafkaErrorCode::InvalidRecord,
         ) => Retry::Rejected,
-        Some(RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed) => Retry::Fatal,
+        Some(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed,
+        ) => Retry::Fatal,
         _ => Retry::Retryable,
     }
 }
@@ -146,21 +161,38 @@ impl rdkafka::producer::ProducerContext for Refusals {
 /// name creates it on brokers that auto-create topics. An unreachable cluster is transient; a
 /// missing topic is configuration, and so are credentials or a certificate the brokers refuse —
 /// named with the flags that set them.
-pub fn check_topics(config: &rdkafka::ClientConfig, topics: &[String], timeout: Duration) -> Result<(), SinkError> {
+pub fn check_topics(
+    config: &rdkafka::ClientConfig,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<(), SinkError> {
     let client: rdkafka::producer::BaseProducer<Refusals> = config
         .create_with_context(Refusals::default())
-        .map_err(|e| SinkError::new("kafka", Retry::Fatal, format_args!("creating a Kafka client: {e}")))?;
+        .map_err(|e| {
+            SinkError::new(
+                "kafka",
+                Retry::Fatal,
+                format_args!("creating a Kafka client: {e}"),
+            )
+        })?;
     let metadata = match client.client().fetch_metadata(None, timeout) {
         Ok(metadata) => metadata,
         Err(e) => {
             // Serve the error callbacks the failed connections queued.
             client.poll(Duration::from_millis(100));
-            let refused = client.context().0.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let refused = client
+                .context()
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
             return Err(match refused {
                 Some((RDKafkaErrorCode::SSL, reason)) => SinkError::new(
                     "kafka",
                     Retry::Fatal,
-                    format_args!("TLS with the brokers failed (is their CA --kafka-ssl-ca-location?): {reason}"),
+                    format_args!(
+                        "TLS with the brokers failed (is their CA --kafka-ssl-ca-location?): {reason}"
+                    ),
                 ),
                 Some((_, reason)) => SinkError::new(
                     "kafka",
@@ -169,16 +201,23 @@ pub fn check_topics(config: &rdkafka::ClientConfig, topics: &[String], timeout: 
                         "the brokers refused the login (check --kafka-sasl-mechanism, --kafka-sasl-username and the password in --kafka-sasl-password-file or REPLAY_INGEST_KAFKA_SASL_PASSWORD): {reason}"
                     ),
                 ),
-                None => {
-                    SinkError::new("kafka", classify_producer_error(&e), format_args!("reading topic metadata: {e}"))
-                }
+                None => SinkError::new(
+                    "kafka",
+                    classify_producer_error(&e),
+                    format_args!("reading topic metadata: {e}"),
+                ),
             });
         }
     };
     let missing: Vec<&str> = topics
         .iter()
         .map(String::as_str)
-        .filter(|name| !metadata.topics().iter().any(|t| t.name() == *name && t.error().is_none()))
+        .filter(|name| {
+            !metadata
+                .topics()
+                .iter()
+                .any(|t| t.name() == *name && t.error().is_none())
+        })
         .collect();
     if missing.is_empty() {
         Ok(())
@@ -201,10 +240,16 @@ mod tests {
         assert_eq!(classify_producer_error(&oversized), Retry::Rejected);
         let auth = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
         assert_eq!(classify_producer_error(&auth), Retry::Fatal);
-        for code in
-            [RDKafkaErrorCode::QueueFull, RDKafkaErrorCode::MessageTimedOut, RDKafkaErrorCode::BrokerTransportFailure]
-        {
-            assert_eq!(classify_producer_error(&KafkaError::MessageProduction(code)), Retry::Retryable, "{code:?}");
+        for code in [
+            RDKafkaErrorCode::QueueFull,
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::BrokerTransportFailure,
+        ] {
+            assert_eq!(
+                classify_producer_error(&KafkaError::MessageProduction(code)),
+                Retry::Retryable,
+                "{code:?}"
+            );
         }
     }
 }

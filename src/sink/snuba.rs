@@ -17,7 +17,10 @@ pub struct SnubaSink {
 
 impl SnubaSink {
     pub fn new(producer: FutureProducer, topic: impl Into<String>) -> Self {
-        SnubaSink { publisher: Publisher::new(producer, "snuba"), topic: topic.into() }
+        SnubaSink {
+            publisher: Publisher::new(producer, "snuba"),
+            topic: topic.into(),
+        }
     }
 }
 
@@ -28,11 +31,20 @@ impl Sink for SnubaSink {
 
     fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
         let records = batch.iter().flat_map(|entry| {
-            let Outcome::Valid(processed) = &entry.outcome else { return Vec::new() };
+            let Outcome::Valid(processed) = &entry.outcome else {
+                return Vec::new();
+            };
             match snuba::messages(processed) {
                 Ok(messages) => (0..)
                     .zip(messages)
-                    .map(|(n, value)| Ok(Record { piece: Piece::of(entry, n), topic: &self.topic, key: None, value }))
+                    .map(|(n, value)| {
+                        Ok(Record {
+                            piece: Piece::of(entry, n),
+                            topic: &self.topic,
+                            key: None,
+                            value,
+                        })
+                    })
                     .collect(),
                 Err(e) => vec![Err(SinkError::from_error(self.name(), Retry::Rejected, e))],
             }

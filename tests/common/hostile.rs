@@ -48,7 +48,10 @@ fn zlib(data: &[u8]) -> Vec<u8> {
 
 /// A message value around a body (compressed or raw JSON) and an optional replay event.
 pub fn message(segment_header: &str, body: &[u8], replay_event: Option<&[u8]>) -> Vec<u8> {
-    value(&[segment_header.as_bytes(), b"\n", body].concat(), replay_event)
+    value(
+        &[segment_header.as_bytes(), b"\n", body].concat(),
+        replay_event,
+    )
 }
 
 /// A valid message value around an arbitrary payload (header line included).
@@ -97,7 +100,11 @@ fn span(op: &str, description: &str, data: &str) -> String {
 
 /// A rage click (slow click that timed out after 5 clicks) on a node; `url` omitted when empty.
 fn rage_click(node: u64, selector: &str, class: &str, text: &str, url: &str) -> String {
-    let url = if url.is_empty() { String::new() } else { format!(r#","url":"{url}""#) };
+    let url = if url.is_empty() {
+        String::new()
+    } else {
+        format!(r#","url":"{url}""#)
+    };
     breadcrumb(
         "ui.slowClickDetected",
         &format!(
@@ -115,29 +122,49 @@ pub fn all() -> Vec<Hostile> {
     let mut all = Vec::new();
     let mut write = |name: &'static str, value: Vec<u8>, expected: Option<&'static str>| {
         assert!(value.len() <= 15_000_000, "{name}: {} bytes", value.len());
-        all.push(Hostile { name, value, invalid_reason: expected });
+        all.push(Hostile {
+            name,
+            value,
+            invalid_reason: expected,
+        });
     };
     let header = r#"{"segment_id":0}"#;
-    let replay_event = br#"{"type":"replay_event","timestamp":1796012449.0,"urls":[],"platform":"javascript"}"#;
+    let replay_event =
+        br#"{"type":"replay_event","timestamp":1796012449.0,"urls":[],"platform":"javascript"}"#;
 
     // The reported outage: a 5 MiB page URL that 1 000 hydration errors refer to.
     let href = format!("https://example.com/{}", "h".repeat(5 * MIB));
     let body = events(
-        std::iter::once(meta(&href)).chain((0..1000).map(|_| breadcrumb("replay.hydrate-error", r#","data":{}"#))),
+        std::iter::once(meta(&href))
+            .chain((0..1000).map(|_| breadcrumb("replay.hydrate-error", r#","data":{}"#))),
     );
-    write("href-x-hydration-errors", message(header, &zlib(&body), Some(replay_event)), None);
+    write(
+        "href-x-hydration-errors",
+        message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
 
     // The same URL behind 1 000 rage clicks without their own url (20 become rows and events).
     let body = events(
-        std::iter::once(meta(&href)).chain((0..1000).map(|i| rage_click(i, "button.buy", "btn primary", "Buy", ""))),
+        std::iter::once(meta(&href))
+            .chain((0..1000).map(|i| rage_click(i, "button.buy", "btn primary", "Buy", ""))),
     );
-    write("href-x-clicks", message(header, &zlib(&body), Some(replay_event)), None);
+    write(
+        "href-x-clicks",
+        message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
 
     // 20 rage clicks whose selector, class names, text and url are 1 MiB each.
     let long = "x".repeat(MIB);
     let class = vec!["c".repeat(MIB / 10); 10].join(" ");
-    let body = events((0..20).map(|i| rage_click(i, &long, &class, &long, &format!("https://e/{long}"))));
-    write("long-click-fields", message(header, &zlib(&body), Some(replay_event)), None);
+    let body =
+        events((0..20).map(|i| rage_click(i, &long, &class, &long, &format!("https://e/{long}"))));
+    write(
+        "long-click-fields",
+        message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
 
     // A million levels of nesting where the parsers recurse: Meta data, breadcrumb data and
     // category, span data. Each event is skipped; the segment is valid.
@@ -145,12 +172,18 @@ pub fn all() -> Vec<Hostile> {
     let body = events([
         format!(r#"{{"type":4,"timestamp":{TS},"data":{{"href":{deep}}}}}"#),
         breadcrumb("ui.click", &format!(r#","data":{{"node":{deep}}}"#)),
-        format!(r#"{{"type":5,"timestamp":{TS},"data":{{"tag":"breadcrumb","payload":{{"category":{deep}}}}}}}"#),
+        format!(
+            r#"{{"type":5,"timestamp":{TS},"data":{{"tag":"breadcrumb","payload":{{"category":{deep}}}}}}}"#
+        ),
         span("resource.fetch", "/api", &deep),
         format!(r#"{{"type":2,"timestamp":{TS},"data":{{"node":{deep}}}}}"#),
         meta("https://example.com/ok"),
     ]);
-    write("deep-nesting-events", message(header, &zlib(&body), Some(replay_event)), None);
+    write(
+        "deep-nesting-events",
+        message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
 
     // The replay event nested a million levels deep: invalid_replay_event.
     let deep_event = format!(r#"{{"urls":{deep}}}"#);
@@ -161,41 +194,88 @@ pub fn all() -> Vec<Hostile> {
     );
 
     // 1.5 million tiny incremental events (87 MB of JSON).
-    let body = events((0..1_500_000).map(|i| format!(r#"{{"type":3,"timestamp":{},"data":{{"source":1}}}}"#, TS + i)));
-    write("tiny-events", message(header, &zlib(&body), Some(replay_event)), None);
+    let body = events((0..1_500_000).map(|i| {
+        format!(
+            r#"{{"type":3,"timestamp":{},"data":{{"source":1}}}}"#,
+            TS + i
+        )
+    }));
+    write(
+        "tiny-events",
+        message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
 
     // 10 000 distinct 7 KiB page URLs sharing their first 7 000 bytes: deduplication must stay
     // linear, and the list within its byte budget.
     let prefix = format!("https://example.com/{}", "p".repeat(7000));
     let body = events((0..10_000).map(|i| meta(&format!("{prefix}/{i}"))));
-    write("many-distinct-urls", message(header, &zlib(&body), Some(replay_event)), None);
+    write(
+        "many-distinct-urls",
+        message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
 
     // 15 000 of every interaction the extractor keeps, each with a 1 KiB url.
     let url = format!("https://example.com/{}", "u".repeat(1024));
     let body = events((0..15_000).flat_map(|i| {
         [
             rage_click(i, "a.link", "x y", "t", &url),
-            breadcrumb("ui.tap", r#","message":"Checkout","data":{"view.class":"Button","view.id":"checkout"}"#),
-            breadcrumb("ui.multiClick", r#","message":"button#add","data":{"node":{"id":1},"clickCount":4}"#),
-            breadcrumb("navigation", &format!(r#","data":{{"from":"{url}","to":"{url}/{i}"}}"#)),
-            span("resource.fetch", &format!("{url}/api/{i}"), r#"{"method":"GET","statusCode":200}"#),
-            span("web-vital", "largest-contentful-paint", r#"{"value":2.5,"rating":"good"}"#),
-            breadcrumb("replay.hydrate-error", &format!(r#","data":{{"url":"{url}/{i}"}}"#)),
+            breadcrumb(
+                "ui.tap",
+                r#","message":"Checkout","data":{"view.class":"Button","view.id":"checkout"}"#,
+            ),
+            breadcrumb(
+                "ui.multiClick",
+                r#","message":"button#add","data":{"node":{"id":1},"clickCount":4}"#,
+            ),
+            breadcrumb(
+                "navigation",
+                &format!(r#","data":{{"from":"{url}","to":"{url}/{i}"}}"#),
+            ),
+            span(
+                "resource.fetch",
+                &format!("{url}/api/{i}"),
+                r#"{"method":"GET","statusCode":200}"#,
+            ),
+            span(
+                "web-vital",
+                "largest-contentful-paint",
+                r#"{"value":2.5,"rating":"good"}"#,
+            ),
+            breadcrumb(
+                "replay.hydrate-error",
+                &format!(r#","data":{{"url":"{url}/{i}"}}"#),
+            ),
             breadcrumb("console", r#","level":"error""#),
         ]
     }));
-    write("many-interactions", message(header, &zlib(&body), Some(replay_event)), None);
+    write(
+        "many-interactions",
+        message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
 
     // A replay event with 200 000 urls, 100 000 error and trace ids and 300 000 tags.
     let uuid = "2f045a65095a407da962d4ca1e905a53";
     let replay_event_huge = format!(
         r#"{{"type":"replay_event","urls":[{}],"error_ids":[{}],"trace_ids":[{}],"tags":{{{}}}}}"#,
-        (0..200_000).map(|i| format!(r#""/{i}""#)).collect::<Vec<_>>().join(","),
+        (0..200_000)
+            .map(|i| format!(r#""/{i}""#))
+            .collect::<Vec<_>>()
+            .join(","),
         vec![format!(r#""{uuid}""#); 100_000].join(","),
         vec![format!(r#""{uuid}""#); 100_000].join(","),
-        (0..300_000).map(|i| format!(r#""k{i}":"v""#)).collect::<Vec<_>>().join(","),
+        (0..300_000)
+            .map(|i| format!(r#""k{i}":"v""#))
+            .collect::<Vec<_>>()
+            .join(","),
     );
-    write("replay-event-huge-lists", message(header, &zlib(b"[]"), Some(replay_event_huge.as_bytes())), None);
+    write(
+        "replay-event-huge-lists",
+        message(header, &zlib(b"[]"), Some(replay_event_huge.as_bytes())),
+        None,
+    );
 
     // 70 distinct 128 KiB breadcrumb categories, span ops, custom tags and console levels.
     let key = |i: usize| format!("{i}{}", "k".repeat(128 * 1024));
@@ -203,11 +283,18 @@ pub fn all() -> Vec<Hostile> {
         [
             breadcrumb(&key(i), ""),
             span(&key(i), "d", "{}"),
-            format!(r#"{{"type":5,"timestamp":{TS},"data":{{"tag":"{}","payload":{{}}}}}}"#, key(i)),
+            format!(
+                r#"{{"type":5,"timestamp":{TS},"data":{{"tag":"{}","payload":{{}}}}}}"#,
+                key(i)
+            ),
             breadcrumb("console", &format!(r#","level":"{}""#, key(i))),
         ]
     }));
-    write("long-count-keys", message(header, &zlib(&body), Some(replay_event)), None);
+    write(
+        "long-count-keys",
+        message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
 
     // A zlib stream padded with 2 million empty stored blocks around a 2-byte JSON body: 10 MB
     // on the wire for nothing; the blob must not keep the padding.
@@ -220,11 +307,18 @@ pub fn all() -> Vec<Hostile> {
     write("zlib-padding", message(header, &padded, None), None);
 
     // A segment id past u32: rows store a u32, so blob key and row could disagree.
-    write("segment-id-overflow", message(r#"{"segment_id":4294967296}"#, &zlib(b"[]"), None), Some("invalid_header"));
+    write(
+        "segment-id-overflow",
+        message(r#"{"segment_id":4294967296}"#, &zlib(b"[]"), None),
+        Some("invalid_header"),
+    );
 
     // A segment 0 received in year 10000, and at the largest u64: its billing outcome's
     // timestamp overflowed and panicked the flush, crash-looping every member that took it.
-    for (name, received) in [("received-year-10000", 253_402_300_800), ("received-u64-max", u64::MAX)] {
+    for (name, received) in [
+        ("received-year-10000", 253_402_300_800),
+        ("received-u64-max", u64::MAX),
+    ] {
         let value = with_received(&message(header, &zlib(b"[]"), Some(replay_event)), received);
         write(name, value, Some("invalid_received"));
     }

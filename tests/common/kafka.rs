@@ -22,16 +22,23 @@ pub struct SecureBroker {
 impl SecureBroker {
     /// Starts the broker with `user` known to PLAIN and SCRAM-SHA-512 with `password`.
     pub fn start(user: &str, password: &str) -> SecureBroker {
-        let home = std::env::var("REPLAY_INGEST_KAFKA_HOME").expect("REPLAY_INGEST_KAFKA_HOME (scripts/stack.sh up)");
+        let home = std::env::var("REPLAY_INGEST_KAFKA_HOME")
+            .expect("REPLAY_INGEST_KAFKA_HOME (scripts/stack.sh up)");
         let ca = TestCa::new();
         let dir = tempfile::tempdir().unwrap();
         let (plain, controller) = (free_port(), free_port());
-        let ports: BTreeMap<&'static str, u16> =
-            ["SSL", "SASL_SSL", "SASL_PLAINTEXT"].into_iter().map(|name| (name, free_port())).collect();
-        let listeners: Vec<String> = ports.iter().map(|(name, port)| format!("{name}://127.0.0.1:{port}")).collect();
+        let ports: BTreeMap<&'static str, u16> = ["SSL", "SASL_SSL", "SASL_PLAINTEXT"]
+            .into_iter()
+            .map(|name| (name, free_port()))
+            .collect();
+        let listeners: Vec<String> = ports
+            .iter()
+            .map(|(name, port)| format!("{name}://127.0.0.1:{port}"))
+            .collect();
         let keystore = ca.keystore_file();
-        let plain_login =
-            format!("org.apache.kafka.common.security.plain.PlainLoginModule required user_{user}=\"{password}\";");
+        let plain_login = format!(
+            "org.apache.kafka.common.security.plain.PlainLoginModule required user_{user}=\"{password}\";"
+        );
         let scram_login = "org.apache.kafka.common.security.scram.ScramLoginModule required;";
         let mut properties = format!(
             "process.roles=broker,controller\nnode.id=1\n\
@@ -65,19 +72,36 @@ impl SecureBroker {
         let java = |main: &str| {
             let mut command = Command::new("java");
             command
-                .args(["-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
-                .arg(format!("-Dlog4j2.configurationFile={home}/log4j2.properties"))
+                .args([
+                    "-Xms64m",
+                    "-Xmx384m",
+                    "-XX:+UseSerialGC",
+                    "-XX:TieredStopAtLevel=1",
+                ])
+                .arg(format!(
+                    "-Dlog4j2.configurationFile={home}/log4j2.properties"
+                ))
                 .args(["-cp", &format!("{home}/libs/*"), main]);
             command
         };
         let scram = format!("SCRAM-SHA-512=[name={user},password={password}]");
         let formatted = java("kafka.tools.StorageTool")
-            .args(["format", "--standalone", "-t", "AAECAwQFBgcICQoLDA0ODw", "-c"])
+            .args([
+                "format",
+                "--standalone",
+                "-t",
+                "AAECAwQFBgcICQoLDA0ODw",
+                "-c",
+            ])
             .arg(&config)
             .args(["--add-scram", &scram])
             .output()
             .expect("run the storage tool");
-        assert!(formatted.status.success(), "format: {}", String::from_utf8_lossy(&formatted.stdout));
+        assert!(
+            formatted.status.success(),
+            "format: {}",
+            String::from_utf8_lossy(&formatted.stdout)
+        );
         let log = dir.path().join("kafka.log");
         let child = java("kafka.Kafka")
             .arg(&config)
@@ -85,9 +109,17 @@ impl SecureBroker {
             .stderr(Stdio::null())
             .spawn()
             .expect("start kafka");
-        let broker = SecureBroker { child, _dir: dir, ca, ports };
+        let broker = SecureBroker {
+            child,
+            _dir: dir,
+            ca,
+            ports,
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !std::fs::read_to_string(&log).unwrap_or_default().contains("Kafka Server started") {
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("Kafka Server started")
+        {
             assert!(
                 Instant::now() < deadline,
                 "kafka did not start: {}",

@@ -43,10 +43,15 @@ pub fn with_replay_id(value: &[u8], replay_id: &str) -> Option<Vec<u8>> {
         rmpv::Value::Map(map) => map,
         _ => return None,
     };
-    let slot = map.iter_mut().find(|(k, _)| k.as_str() == Some("replay_id"))?;
+    let slot = map
+        .iter_mut()
+        .find(|(k, _)| k.as_str() == Some("replay_id"))?;
     let old = slot.1.as_str().filter(|id| is_replay_id(id))?.to_owned();
     slot.1 = rmpv::Value::from(replay_id);
-    if let Some((_, rmpv::Value::Binary(event))) = map.iter_mut().find(|(k, _)| k.as_str() == Some("replay_event")) {
+    if let Some((_, rmpv::Value::Binary(event))) = map
+        .iter_mut()
+        .find(|(k, _)| k.as_str() == Some("replay_event"))
+    {
         *event = replace_all(event, old.as_bytes(), replay_id.as_bytes());
     }
     let mut out = Vec::with_capacity(value.len());
@@ -91,8 +96,9 @@ pub async fn produce(
 ) -> Result<Produced, KafkaError> {
     let mut report = Produced::default();
     let start = Instant::now();
-    let per_step =
-        rate.map_or(WINDOW as u64, |rate| (rate * PACING_STEP.as_millis() as u64 / 1000).clamp(1, WINDOW as u64));
+    let per_step = rate.map_or(WINDOW as u64, |rate| {
+        (rate * PACING_STEP.as_millis() as u64 / 1000).clamp(1, WINDOW as u64)
+    });
     let mut sent = 0u64;
     while sent < count {
         let window = (count - sent).min(per_step);
@@ -111,12 +117,19 @@ pub async fn produce(
         for delivery in join_all(pending).await {
             let delivered = delivery.map_err(|(e, _)| e)?;
             report.messages += 1;
-            report.last_offsets.insert(delivered.partition, delivered.offset);
-            report.deliveries.push((delivered.partition, delivered.offset));
+            report
+                .last_offsets
+                .insert(delivered.partition, delivered.offset);
+            report
+                .deliveries
+                .push((delivered.partition, delivered.offset));
         }
         sent += window;
         if let Some(rate) = rate.filter(|&r| r > 0) {
-            tokio::time::sleep_until((start + Duration::from_secs_f64(sent as f64 / rate as f64)).into()).await;
+            tokio::time::sleep_until(
+                (start + Duration::from_secs_f64(sent as f64 / rate as f64)).into(),
+            )
+            .await;
         }
     }
     producer.flush(Duration::from_secs(30))?;

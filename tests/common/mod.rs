@@ -36,7 +36,9 @@ pub fn unique(prefix: &str) -> String {
 
 /// A client configuration for the local stack's broker.
 pub fn kafka() -> ClientConfig {
-    ClientConfig::new().set("bootstrap.servers", brokers()).clone()
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .clone()
 }
 
 pub async fn create_topic(name: &str, partitions: i32) {
@@ -57,7 +59,9 @@ fn stands_for(name: &str) -> &'static str {
 /// `create_topic` on the cluster `base` points at, with the settings Sentry gives the topic it
 /// stands for, so the broker enforces production's limits (`topics::sentry_topic_config`).
 pub async fn create_topic_on(base: &ClientConfig, name: &str, partitions: i32) {
-    topics::create_topic_as(base, name, partitions, stands_for(name)).await.unwrap_or_else(|e| panic!("{e}"));
+    topics::create_topic_as(base, name, partitions, stands_for(name))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 pub fn producer() -> FutureProducer {
@@ -65,7 +69,11 @@ pub fn producer() -> FutureProducer {
 }
 
 pub fn producer_on(base: &ClientConfig) -> FutureProducer {
-    base.clone().set("acks", "all").set("message.max.bytes", "16000000").create().expect("producer")
+    base.clone()
+        .set("acks", "all")
+        .set("message.max.bytes", "16000000")
+        .create()
+        .expect("producer")
 }
 
 pub fn fixture_dir() -> PathBuf {
@@ -76,7 +84,11 @@ pub fn fixture_dir() -> PathBuf {
 pub fn all_fixtures() -> Vec<Vec<u8>> {
     let mut paths: Vec<PathBuf> = ["segments", "synthetic"]
         .iter()
-        .flat_map(|d| std::fs::read_dir(fixture_dir().join(d)).unwrap().map(|e| e.unwrap().path()))
+        .flat_map(|d| {
+            std::fs::read_dir(fixture_dir().join(d))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+        })
         .filter(|p| p.extension().is_some_and(|e| e == "msgpack"))
         .collect();
     paths.sort();
@@ -110,7 +122,10 @@ pub fn digest(bytes: &[u8]) -> u64 {
 /// What `value` must become.
 pub fn expected_for(value: &[u8]) -> Expected {
     match recording::process(value, &Limits::default()) {
-        Ok(p) => Expected::Blob { key: p.blob.key, digest: digest(&p.blob.bytes) },
+        Ok(p) => Expected::Blob {
+            key: p.blob.key,
+            digest: digest(&p.blob.bytes),
+        },
         Err(e) => Expected::Dlq(e.reason.as_str()),
     }
 }
@@ -126,7 +141,11 @@ pub struct Original {
 
 impl Original {
     pub fn new(key: Option<Vec<u8>>, value: &[u8]) -> Original {
-        Original { key, len: value.len(), digest: digest(value) }
+        Original {
+            key,
+            len: value.len(),
+            digest: digest(value),
+        }
     }
 }
 
@@ -148,13 +167,22 @@ pub fn test_key(i: u64) -> Vec<u8> {
 
 /// Produces `count` fixture copies, each with its own key; returns the delivery report and every
 /// message's fate.
-pub async fn produce_fixtures(topic: &str, fixtures: &[Vec<u8>], count: u64) -> (Produced, Vec<Sent>) {
-    let copies: Vec<(Vec<u8>, Vec<u8>)> = (0..count).map(|i| (load::fixture_copy(fixtures, i), test_key(i))).collect();
+pub async fn produce_fixtures(
+    topic: &str,
+    fixtures: &[Vec<u8>],
+    count: u64,
+) -> (Produced, Vec<Sent>) {
+    let copies: Vec<(Vec<u8>, Vec<u8>)> = (0..count)
+        .map(|i| (load::fixture_copy(fixtures, i), test_key(i)))
+        .collect();
     produce_values(topic, copies).await
 }
 
 /// Produces `(value, key)` pairs in order; returns the delivery report and every message's fate.
-pub async fn produce_values(topic: &str, messages: Vec<(Vec<u8>, Vec<u8>)>) -> (Produced, Vec<Sent>) {
+pub async fn produce_values(
+    topic: &str,
+    messages: Vec<(Vec<u8>, Vec<u8>)>,
+) -> (Produced, Vec<Sent>) {
     produce_values_with(&producer(), topic, messages).await
 }
 
@@ -192,13 +220,24 @@ pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64
 }
 
 /// `committed` on the cluster `base` points at.
-pub fn committed_on(base: &ClientConfig, group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
-    let consumer: BaseConsumer = base.clone().set("group.id", group).create().expect("consumer");
+pub fn committed_on(
+    base: &ClientConfig,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> BTreeMap<i32, i64> {
+    let consumer: BaseConsumer = base
+        .clone()
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
     let mut list = TopicPartitionList::new();
     for p in 0..partitions {
         list.add_partition(topic, p);
     }
-    let committed = consumer.committed_offsets(list, Duration::from_secs(10)).expect("committed offsets");
+    let committed = consumer
+        .committed_offsets(list, Duration::from_secs(10))
+        .expect("committed offsets");
     committed
         .elements()
         .iter()
@@ -211,7 +250,11 @@ pub fn committed_on(base: &ClientConfig, group: &str, topic: &str, partitions: i
 
 /// `last delivered offset + 1` per partition: where the committed offsets must end up.
 pub fn expected_commits(report: &Produced) -> BTreeMap<i32, i64> {
-    report.last_offsets.iter().map(|(&p, &o)| (p, o + 1)).collect()
+    report
+        .last_offsets
+        .iter()
+        .map(|(&p, &o)| (p, o + 1))
+        .collect()
 }
 
 /// One message read back from a topic.
@@ -228,7 +271,12 @@ pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<Receiv
 }
 
 /// `read_messages` from the cluster `base` points at.
-pub fn read_messages_on(base: &ClientConfig, topic: &str, count: usize, timeout: Duration) -> Vec<Received> {
+pub fn read_messages_on(
+    base: &ClientConfig,
+    topic: &str,
+    count: usize,
+    timeout: Duration,
+) -> Vec<Received> {
     let consumer: BaseConsumer = base
         .clone()
         .set("group.id", unique("reader"))
@@ -241,14 +289,21 @@ pub fn read_messages_on(base: &ClientConfig, topic: &str, count: usize, timeout:
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
     let mut last_seen = Instant::now();
-    while Instant::now() < deadline && (out.len() < count || last_seen.elapsed() < Duration::from_secs(1)) {
+    while Instant::now() < deadline
+        && (out.len() < count || last_seen.elapsed() < Duration::from_secs(1))
+    {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
             last_seen = Instant::now();
             let headers = m
                 .headers()
                 .map(|h| {
                     h.iter()
-                        .map(|h| (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                        .map(|h| {
+                            (
+                                h.key.to_owned(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
@@ -273,7 +328,11 @@ pub fn read_dlq(
     count: usize,
     timeout: Duration,
 ) -> Vec<(i32, i64, String)> {
-    check_dead_letters(read_messages(topic, count, timeout), source_topic, originals)
+    check_dead_letters(
+        read_messages(topic, count, timeout),
+        source_topic,
+        originals,
+    )
 }
 
 /// Checks each dead letter against the message it copies (see `read_dlq`).
@@ -284,34 +343,54 @@ pub fn check_dead_letters(
 ) -> Vec<(i32, i64, String)> {
     received
         .into_iter()
-        .map(|Received { key, value, headers: h }| {
-            assert!(!h["detail"].is_empty(), "every DLQ message says why: {h:?}");
-            assert_eq!(h["original_topic"], source_topic, "{h:?}");
-            let at: (i32, i64) = (h["original_partition"].parse().unwrap(), h["original_offset"].parse().unwrap());
-            let timestamp: i64 = h["original_timestamp"].parse().unwrap_or_else(|_| panic!("a timestamp: {h:?}"));
-            assert!(timestamp > 1_500_000_000_000, "the original's timestamp in ms: {h:?}");
-            let original =
-                originals.get(&at).unwrap_or_else(|| panic!("a dead letter for a message never produced: {h:?}"));
-            assert_eq!(key, original.key, "the dead letter keeps the original key ({at:?})");
-            match h.get("payload_location") {
-                None => assert_eq!(
-                    (value.len(), digest(&value)),
-                    (original.len, original.digest),
-                    "the dead letter keeps the original bytes ({at:?})"
-                ),
-                Some(_) => {
-                    assert!(value.is_empty(), "a pointer record carries no value");
-                    assert_eq!(h["payload_bytes"], original.len.to_string(), "{h:?}");
+        .map(
+            |Received {
+                 key,
+                 value,
+                 headers: h,
+             }| {
+                assert!(!h["detail"].is_empty(), "every DLQ message says why: {h:?}");
+                assert_eq!(h["original_topic"], source_topic, "{h:?}");
+                let at: (i32, i64) = (
+                    h["original_partition"].parse().unwrap(),
+                    h["original_offset"].parse().unwrap(),
+                );
+                let timestamp: i64 = h["original_timestamp"]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("a timestamp: {h:?}"));
+                assert!(
+                    timestamp > 1_500_000_000_000,
+                    "the original's timestamp in ms: {h:?}"
+                );
+                let original = originals
+                    .get(&at)
+                    .unwrap_or_else(|| panic!("a dead letter for a message never produced: {h:?}"));
+                assert_eq!(
+                    key, original.key,
+                    "the dead letter keeps the original key ({at:?})"
+                );
+                match h.get("payload_location") {
+                    None => assert_eq!(
+                        (value.len(), digest(&value)),
+                        (original.len, original.digest),
+                        "the dead letter keeps the original bytes ({at:?})"
+                    ),
+                    Some(_) => {
+                        assert!(value.is_empty(), "a pointer record carries no value");
+                        assert_eq!(h["payload_bytes"], original.len.to_string(), "{h:?}");
+                    }
                 }
-            }
-            (at.0, at.1, h["reason"].clone())
-        })
+                (at.0, at.1, h["reason"].clone())
+            },
+        )
         .collect()
 }
 
 /// The originals of `sent`, by partition and offset, for `read_dlq`.
 pub fn originals(sent: &[Sent]) -> BTreeMap<(i32, i64), Original> {
-    sent.iter().map(|s| ((s.partition, s.offset), s.original.clone())).collect()
+    sent.iter()
+        .map(|s| ((s.partition, s.offset), s.original.clone()))
+        .collect()
 }
 
 /// Blob key → digest of the blob's bytes.
@@ -353,13 +432,20 @@ pub fn blobs_under(dir: &Path) -> Blobs {
 /// Every file under `dir`, as paths relative to it.
 pub fn files_under(dir: &Path) -> Vec<String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
         for entry in entries.flatten() {
             let path = entry.path();
             if path.is_dir() {
                 walk(root, &path, out);
             } else {
-                out.push(path.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+                out.push(
+                    path.strip_prefix(root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                );
             }
         }
     }
@@ -373,14 +459,21 @@ pub fn files_under(dir: &Path) -> Vec<String> {
 pub async fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !condition() {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// The service as a child process, as operators run it.
@@ -391,33 +484,64 @@ pub struct Service {
 
 /// Parsed `consume` flags for running the pipeline in-process (local sinks, fast joins), plus
 /// `extra` flags; validated like the binary validates them.
-pub fn consume_args(topic: &str, group: &str, extra: &[&str]) -> replay_ingest::config::ConsumeArgs {
+pub fn consume_args(
+    topic: &str,
+    group: &str,
+    extra: &[&str],
+) -> replay_ingest::config::ConsumeArgs {
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
         args: replay_ingest::config::ConsumeArgs,
     }
-    let mut argv = service_args(topic, &unique("dlq"), group, &std::env::temp_dir(), free_port());
+    let mut argv = service_args(
+        topic,
+        &unique("dlq"),
+        group,
+        &std::env::temp_dir(),
+        free_port(),
+    );
     argv.remove(0); // "consume"
     argv.extend(extra.iter().map(|s| s.to_string()));
-    let args = <Cli as clap::Parser>::try_parse_from(std::iter::once("test".to_string()).chain(argv)).unwrap().args;
+    let args =
+        <Cli as clap::Parser>::try_parse_from(std::iter::once("test".to_string()).chain(argv))
+            .unwrap()
+            .args;
     args.validate().unwrap();
     args
 }
 
 /// `args` with the value of `flag` replaced.
 pub fn with_flag(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
-    let at = args.iter().position(|a| a == flag).unwrap_or_else(|| panic!("{flag} is not among {args:?}"));
+    let at = args
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("{flag} is not among {args:?}"));
     args[at + 1] = value.into();
     args
 }
 
 /// Flags for a test run with local sinks (filesystem blobs, no rows, events or metrics).
-pub fn service_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: u16) -> Vec<String> {
+pub fn service_args(
+    topic: &str,
+    dlq: &str,
+    group: &str,
+    blob_dir: &Path,
+    port: u16,
+) -> Vec<String> {
     let mut args = base_args(topic, dlq, group, blob_dir, port);
     args.extend(
-        ["--blob-sink", "filesystem", "--rows-sink", "null", "--events-sink", "null", "--statsd-address", ""]
-            .map(String::from),
+        [
+            "--blob-sink",
+            "filesystem",
+            "--rows-sink",
+            "null",
+            "--events-sink",
+            "null",
+            "--statsd-address",
+            "",
+        ]
+        .map(String::from),
     );
     args
 }
@@ -459,7 +583,11 @@ pub fn base_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: u16
 impl Service {
     pub fn start(args: &[String]) -> Service {
         // REPLAY_INGEST_TEST_LOGS=1 shows the service's logs.
-        let logs = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() { Stdio::inherit() } else { Stdio::null() };
+        let logs = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
         Self::start_with_logs(args, logs)
     }
 
@@ -476,22 +604,38 @@ impl Service {
     /// Starts the service with soft and hard limits of `limit` open file descriptors (as a
     /// container whose hard limit is low), so that it cannot raise its own.
     pub fn start_with_fd_limit(args: &[String], limit: u64) -> Service {
-        let logs = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() { Stdio::inherit() } else { Stdio::null() };
+        let logs = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
         Self::spawn(args, logs, Some(limit))
     }
 
     /// Starts the service with its logs going to `logs` and, if given, a file descriptor limit.
     pub fn spawn(args: &[String], logs: Stdio, fd_limit: Option<u64>) -> Service {
         use std::os::unix::process::CommandExt;
-        let port = args.iter().position(|a| a == "--http-listen").and_then(|i| args.get(i + 1)).unwrap();
+        let port = args
+            .iter()
+            .position(|a| a == "--http-listen")
+            .and_then(|i| args.get(i + 1))
+            .unwrap();
         let port = port.rsplit(':').next().unwrap().parse().unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_replay-ingest"));
-        command.args(args).env("RUST_LOG", "info").env("NO_COLOR", "1").stdout(Stdio::null()).stderr(logs);
+        command
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(logs);
         if let Some(limit) = fd_limit {
             // SAFETY: only setrlimit, async-signal-safe, runs between fork and exec.
             unsafe {
                 command.pre_exec(move || {
-                    let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                    let rlimit = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
                     match libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) {
                         0 => Ok(()),
                         _ => Err(std::io::Error::last_os_error()),
@@ -499,7 +643,10 @@ impl Service {
                 });
             }
         }
-        Service { child: command.spawn().expect("start the service"), port }
+        Service {
+            child: command.spawn().expect("start the service"),
+            port,
+        }
     }
 
     /// `GET path` the way the kubelet probes: a new connection, one second to answer.
@@ -511,11 +658,17 @@ impl Service {
             .map_err(|e| eprintln!("connect {e} {:?}", t.elapsed()))
             .ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .map_err(|e| eprintln!("write {e}"))
-            .ok()?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .map_err(|e| eprintln!("write {e}"))
+        .ok()?;
         let mut response = String::new();
-        stream.read_to_string(&mut response).map_err(|e| eprintln!("read {e} {:?}", t.elapsed())).ok()?;
+        stream
+            .read_to_string(&mut response)
+            .map_err(|e| eprintln!("read {e} {:?}", t.elapsed()))
+            .ok()?;
         response.split_whitespace().nth(1)?.parse().ok()
     }
 
@@ -538,13 +691,21 @@ impl Service {
 
     /// Sends SIGTERM without waiting for the exit.
     pub fn signal_term(&self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
     }
 
     pub fn committed(&self) -> BTreeMap<i32, i64> {
         self.status()
-            .and_then(|s| serde_json::from_value::<BTreeMap<String, i64>>(s["committed"].clone()).ok())
-            .map(|m| m.into_iter().map(|(k, v)| (k.parse().unwrap(), v)).collect())
+            .and_then(|s| {
+                serde_json::from_value::<BTreeMap<String, i64>>(s["committed"].clone()).ok()
+            })
+            .map(|m| {
+                m.into_iter()
+                    .map(|(k, v)| (k.parse().unwrap(), v))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -589,11 +750,13 @@ impl Drop for Service {
 // ---------------------------------------------------------------------------------------------
 
 pub fn gcs_endpoint() -> String {
-    std::env::var("REPLAY_INGEST_TEST_GCS_ENDPOINT").expect("REPLAY_INGEST_TEST_GCS_ENDPOINT (scripts/stack.sh up)")
+    std::env::var("REPLAY_INGEST_TEST_GCS_ENDPOINT")
+        .expect("REPLAY_INGEST_TEST_GCS_ENDPOINT (scripts/stack.sh up)")
 }
 
 pub fn clickhouse_url() -> String {
-    std::env::var("REPLAY_INGEST_TEST_CLICKHOUSE_URL").expect("REPLAY_INGEST_TEST_CLICKHOUSE_URL (scripts/stack.sh up)")
+    std::env::var("REPLAY_INGEST_TEST_CLICKHOUSE_URL")
+        .expect("REPLAY_INGEST_TEST_CLICKHOUSE_URL (scripts/stack.sh up)")
 }
 
 pub fn create_bucket(name: &str) {
@@ -613,7 +776,9 @@ pub fn create_bucket(name: &str) {
 }
 
 pub async fn read_object(bucket: &str, key: &str) -> Vec<u8> {
-    try_read_object(&gcs_client().await, bucket, key).await.unwrap()
+    try_read_object(&gcs_client().await, bucket, key)
+        .await
+        .unwrap()
 }
 
 /// A GCS client for the emulator.
@@ -630,18 +795,34 @@ pub async fn gcs_client() -> Storage {
 pub async fn every_blob_in_gcs(bucket: &str, sent: impl IntoIterator<Item = &Sent>) {
     let gcs = gcs_client().await;
     for sent in sent {
-        let Expected::Blob { key, digest: expected } = &sent.expected else { unreachable!("valid fixtures only") };
-        let stored = try_read_object(&gcs, bucket, key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+        let Expected::Blob {
+            key,
+            digest: expected,
+        } = &sent.expected
+        else {
+            unreachable!("valid fixtures only")
+        };
+        let stored = try_read_object(&gcs, bucket, key)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
         assert_eq!(digest(&stored), *expected, "{key} byte for byte");
     }
 }
 
 /// An object's bytes, or why they could not be read (e.g. it does not exist).
 pub async fn try_read_object(client: &Storage, bucket: &str, key: &str) -> Result<Vec<u8>, String> {
-    let mut response =
-        client.read_object(format!("projects/_/buckets/{bucket}"), key).send().await.map_err(|e| e.to_string())?;
+    let mut response = client
+        .read_object(format!("projects/_/buckets/{bucket}"), key)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
     let mut contents = Vec::new();
-    while let Some(chunk) = response.next().await.transpose().map_err(|e| e.to_string())? {
+    while let Some(chunk) = response
+        .next()
+        .await
+        .transpose()
+        .map_err(|e| e.to_string())?
+    {
         contents.extend_from_slice(&chunk);
     }
     Ok(contents)
@@ -743,8 +924,16 @@ pub fn clickhouse_config(table: &str) -> replay_ingest::sink::clickhouse::ClickH
 
 pub async fn clickhouse_rows(table: &str) -> Vec<replay_ingest::recording::ReplayRow> {
     let client = replay_ingest::sink::clickhouse::client(&clickhouse_config(table));
-    client.query(&format!("OPTIMIZE TABLE {table} FINAL")).execute().await.unwrap();
-    client.query(&format!("SELECT ?fields FROM {table} FINAL")).fetch_all().await.unwrap()
+    client
+        .query(&format!("OPTIMIZE TABLE {table} FINAL"))
+        .execute()
+        .await
+        .unwrap();
+    client
+        .query(&format!("SELECT ?fields FROM {table} FINAL"))
+        .fetch_all()
+        .await
+        .unwrap()
 }
 
 /// A DogStatsD listener on 127.0.0.1 for the service's metrics. A thread drains the socket as
@@ -776,7 +965,9 @@ impl Drop for Statsd {
 impl Statsd {
     pub fn bind() -> Statsd {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
         let port = socket.local_addr().unwrap().port();
         let received = std::sync::Arc::new(std::sync::Mutex::new((String::new(), Instant::now())));
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -792,7 +983,11 @@ impl Statsd {
                 }
             }
         });
-        Statsd { port, received, stop }
+        Statsd {
+            port,
+            received,
+            stop,
+        }
     }
 
     pub fn port(&self) -> u16 {
@@ -810,18 +1005,38 @@ impl Statsd {
     /// Everything received since the last read, at once (while the service keeps sending).
     pub fn read_now(&self) -> Metrics {
         let text = std::mem::take(&mut self.received.lock().unwrap().0);
-        let (mut counters, mut values, mut seen) =
-            (BTreeMap::new(), BTreeMap::<String, Vec<f64>>::new(), BTreeSet::new());
+        let (mut counters, mut values, mut seen) = (
+            BTreeMap::new(),
+            BTreeMap::<String, Vec<f64>>::new(),
+            BTreeSet::new(),
+        );
         for line in text.lines().filter(|l| !l.is_empty()) {
             let (name, rest) = line.split_once(':').unwrap();
             let mut parts = rest.split('|');
             let (value, kind) = (parts.next().unwrap(), parts.next().unwrap());
             // Every metric carries the unified service tags; keys keep only the metric's own.
-            let all_tags: Vec<&str> = parts.find_map(|p| p.strip_prefix('#')).unwrap_or("").split(',').collect();
-            let global = [concat!("version:", env!("CARGO_PKG_VERSION")), "service:replay-ingest"];
-            assert!(global.iter().all(|g| all_tags.contains(g)), "{line}: without the global tags {global:?}");
-            let tags: Vec<&str> = all_tags.into_iter().filter(|t| !global.contains(t)).collect();
-            let key = if tags.is_empty() { name.to_owned() } else { format!("{name}|{}", tags.join(",")) };
+            let all_tags: Vec<&str> = parts
+                .find_map(|p| p.strip_prefix('#'))
+                .unwrap_or("")
+                .split(',')
+                .collect();
+            let global = [
+                concat!("version:", env!("CARGO_PKG_VERSION")),
+                "service:replay-ingest",
+            ];
+            assert!(
+                global.iter().all(|g| all_tags.contains(g)),
+                "{line}: without the global tags {global:?}"
+            );
+            let tags: Vec<&str> = all_tags
+                .into_iter()
+                .filter(|t| !global.contains(t))
+                .collect();
+            let key = if tags.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{name}|{}", tags.join(","))
+            };
             let samples = value.split(':').map(|v| v.parse::<f64>().unwrap());
             if kind == "c" {
                 *counters.entry(key.clone()).or_default() += samples.sum::<f64>();
@@ -830,15 +1045,26 @@ impl Statsd {
             }
             seen.insert(key);
         }
-        Metrics { text, counters, values, seen }
+        Metrics {
+            text,
+            counters,
+            values,
+            seen,
+        }
     }
 }
 
 /// Sends `signal` to a stack service (`kafka`, `gcs`) by its pid file; whether it was delivered.
 pub fn signal_stack(service: &str, signal: &str) -> bool {
-    let dir = std::env::var("REPLAY_INGEST_STACK_DIR").unwrap_or_else(|_| "/tmp/replay-ingest-stack".into());
-    let Ok(pid) = std::fs::read_to_string(format!("{dir}/{service}.pid")) else { return false };
-    std::process::Command::new("kill").args([signal, pid.trim()]).status().is_ok_and(|s| s.success())
+    let dir = std::env::var("REPLAY_INGEST_STACK_DIR")
+        .unwrap_or_else(|_| "/tmp/replay-ingest-stack".into());
+    let Ok(pid) = std::fs::read_to_string(format!("{dir}/{service}.pid")) else {
+        return false;
+    };
+    std::process::Command::new("kill")
+        .args([signal, pid.trim()])
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Runs `scripts/stack.sh` against the stack the test script started.
@@ -864,12 +1090,19 @@ pub fn fixture_batch() -> Batch {
         .filter_map(|value| recording::process(value, &Limits::default()).ok())
         .map(|mut p| {
             if let Some(event) = p.replay_event.as_mut().filter(|_| p.writes_segment_row) {
-                event.ip_address = addresses.next().map(String::from).or(event.ip_address.take());
+                event.ip_address = addresses
+                    .next()
+                    .map(String::from)
+                    .or(event.ip_address.take());
             }
             p
         })
         .enumerate()
-        .map(|(i, p)| Entry { partition: 1, offset: i as i64, outcome: Outcome::Valid(Box::new(p)) })
+        .map(|(i, p)| Entry {
+            partition: 1,
+            offset: i as i64,
+            outcome: Outcome::Valid(Box::new(p)),
+        })
         .collect();
     Batch { entries }
 }
@@ -879,7 +1112,10 @@ pub fn rows_of(batch: &Batch) -> Vec<ReplayRow> {
     batch
         .iter()
         .flat_map(|e| match &e.outcome {
-            Outcome::Valid(p) => p.rows(KafkaPosition { partition: e.partition, offset: e.offset }),
+            Outcome::Valid(p) => p.rows(KafkaPosition {
+                partition: e.partition,
+                offset: e.offset,
+            }),
             Outcome::Invalid(_) => Vec::new(),
         })
         .collect()
@@ -891,5 +1127,8 @@ pub fn write_once(
     batch: &[Entry],
 ) -> Result<replay_ingest::sink::Written, replay_ingest::sink::SinkError> {
     let status = replay_ingest::health::Status::default();
-    sink.write(batch, &replay_ingest::sink::Progress::new(sink.name(), &status))
+    sink.write(
+        batch,
+        &replay_ingest::sink::Progress::new(sink.name(), &status),
+    )
 }

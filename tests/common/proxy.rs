@@ -22,7 +22,11 @@ pub enum Action {
     /// The upstream's answer (the request was made), held back this long first.
     Delay(Duration),
     /// This answer, in the upstream's place (the request is not forwarded).
-    Answer { status: u16, headers: Vec<(&'static str, String)>, body: String },
+    Answer {
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        body: String,
+    },
 }
 
 /// The method and path-and-query of a request, and how many requests came before it.
@@ -46,7 +50,10 @@ pub struct Proxy {
 
 impl Proxy {
     /// Listens on 127.0.0.1 and forwards to `upstream` (`http://host:port`).
-    pub async fn start(upstream: &str, decide: impl Fn(&Seen) -> Action + Send + Sync + 'static) -> Proxy {
+    pub async fn start(
+        upstream: &str,
+        decide: impl Fn(&Seen) -> Action + Send + Sync + 'static,
+    ) -> Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy = Proxy {
             endpoint: format!("http://{}", listener.local_addr().unwrap()),
@@ -68,7 +75,8 @@ impl Proxy {
             while let Ok((stream, _)) = listener.accept().await {
                 let shared = shared.clone();
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |request| shared.clone().handle(request));
+                    let service =
+                        hyper::service::service_fn(move |request| shared.clone().handle(request));
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
@@ -93,12 +101,30 @@ struct Shared {
 impl Shared {
     async fn handle(self, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
         let (mut parts, body) = request.into_parts();
-        let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-        let path = parts.uri.path_and_query().map(|p| p.as_str().to_owned()).unwrap_or_default();
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let path = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_default();
         let nth = self.requests.fetch_add(1, Ordering::SeqCst);
         self.paths.lock().unwrap().push(path.clone());
-        let action = (self.decide)(&Seen { method: parts.method.as_str(), path: &path, body: &body, nth });
-        if let Action::Answer { status, headers, body } = action {
+        let action = (self.decide)(&Seen {
+            method: parts.method.as_str(),
+            path: &path,
+            body: &body,
+            nth,
+        });
+        if let Action::Answer {
+            status,
+            headers,
+            body,
+        } = action
+        {
             self.answered.fetch_add(1, Ordering::SeqCst);
             let mut response = Response::builder().status(status);
             for (name, value) in headers {
@@ -108,13 +134,24 @@ impl Shared {
         }
         parts.uri = format!("{}{path}", self.upstream).parse().unwrap();
         parts.headers.remove(hyper::header::HOST);
-        let answer = match self.client.request(Request::from_parts(parts, Full::new(body))).await {
+        let answer = match self
+            .client
+            .request(Request::from_parts(parts, Full::new(body)))
+            .await
+        {
             Ok(response) => {
                 let (parts, body) = response.into_parts();
-                let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let body = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
                 Response::from_parts(parts, Full::new(body))
             }
-            Err(error) => Response::builder().status(502).body(Full::new(Bytes::from(error.to_string()))).unwrap(),
+            Err(error) => Response::builder()
+                .status(502)
+                .body(Full::new(Bytes::from(error.to_string())))
+                .unwrap(),
         };
         if let Action::Delay(delay) = action {
             self.delayed.fetch_add(1, Ordering::SeqCst);

@@ -17,8 +17,14 @@ pub fn rows(message: &[u8], partition: u16, offset: u64) -> Result<Vec<Row>, Str
     let envelope: Value = serde_json::from_slice(message).map_err(|e| format!("not JSON: {e}"))?;
     let envelope = envelope.as_object().ok_or("not an object")?;
     number(envelope.get("start_time"), "start_time")?.ok_or("no start_time")?;
-    let replay_id = uuid(envelope.get("replay_id").ok_or("no replay_id")?, "replay_id")?;
-    let project_id = envelope.get("project_id").and_then(Value::as_u64).ok_or("project_id")?;
+    let replay_id = uuid(
+        envelope.get("replay_id").ok_or("no replay_id")?,
+        "replay_id",
+    )?;
+    let project_id = envelope
+        .get("project_id")
+        .and_then(Value::as_u64)
+        .ok_or("project_id")?;
     let retention_days = envelope
         .get("retention_days")
         .and_then(Value::as_u64)
@@ -28,9 +34,14 @@ pub fn rows(message: &[u8], partition: u16, offset: u64) -> Result<Vec<Row>, Str
         Value::Array(bytes) => {
             let bytes: Vec<u8> = bytes
                 .iter()
-                .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()).ok_or("payload byte"))
+                .map(|b| {
+                    b.as_u64()
+                        .and_then(|b| u8::try_from(b).ok())
+                        .ok_or("payload byte")
+                })
                 .collect::<Result<_, _>>()?;
-            serde_json::from_slice(&bytes).map_err(|e| format!("payload bytes are not JSON: {e}"))?
+            serde_json::from_slice(&bytes)
+                .map_err(|e| format!("payload bytes are not JSON: {e}"))?
         }
         object @ Value::Object(_) => object.clone(),
         _ => return Err("payload is neither bytes nor an object".into()),
@@ -38,7 +49,10 @@ pub fn rows(message: &[u8], partition: u16, offset: u64) -> Result<Vec<Row>, Str
     let payload = payload.as_object().ok_or("payload is not an object")?;
     let base = |replay_id: Uuid| {
         let mut row = default_row();
-        row.insert("replay_id".into(), json!(replay_id.hyphenated().to_string()));
+        row.insert(
+            "replay_id".into(),
+            json!(replay_id.hyphenated().to_string()),
+        );
         row.insert("project_id".into(), json!(project_id));
         row.insert("retention_days".into(), json!(retention_days));
         row.insert("partition".into(), json!(partition));
@@ -64,11 +78,26 @@ pub fn rows(message: &[u8], partition: u16, offset: u64) -> Result<Vec<Row>, Str
                     row.insert(column.into(), json!(required_string(click.get(key), key)?));
                 }
                 let component = optional_string(click.get("component_name"), "component_name")?;
-                row.insert("click_component_name".into(), json!(component.unwrap_or_default()));
-                row.insert("click_class".into(), json!(strings(click.get("class"), "class")?.ok_or("class")?));
-                row.insert("click_is_dead".into(), json!(small(click.get("is_dead"), "is_dead", 255)?));
-                row.insert("click_is_rage".into(), json!(small(click.get("is_rage"), "is_rage", 255)?));
-                row.insert("click_node_id".into(), json!(small(click.get("node_id"), "node_id", u64::from(u32::MAX))?));
+                row.insert(
+                    "click_component_name".into(),
+                    json!(component.unwrap_or_default()),
+                );
+                row.insert(
+                    "click_class".into(),
+                    json!(strings(click.get("class"), "class")?.ok_or("class")?),
+                );
+                row.insert(
+                    "click_is_dead".into(),
+                    json!(small(click.get("is_dead"), "is_dead", 255)?),
+                );
+                row.insert(
+                    "click_is_rage".into(),
+                    json!(small(click.get("is_rage"), "is_rage", 255)?),
+                );
+                row.insert(
+                    "click_node_id".into(),
+                    json!(small(click.get("node_id"), "node_id", u64::from(u32::MAX))?),
+                );
                 Ok(())
             },
         ),
@@ -77,9 +106,11 @@ pub fn rows(message: &[u8], partition: u16, offset: u64) -> Result<Vec<Row>, Str
             "taps",
             || base(replay_id),
             |tap, row| {
-                for (column, key) in
-                    [("tap_message", "message"), ("tap_view_class", "view_class"), ("tap_view_id", "view_id")]
-                {
+                for (column, key) in [
+                    ("tap_message", "message"),
+                    ("tap_view_class", "view_class"),
+                    ("tap_view_id", "view_id"),
+                ] {
                     row.insert(column.into(), json!(required_string(tap.get(key), key)?));
                 }
                 Ok(())
@@ -99,12 +130,18 @@ fn item_rows(
     base: impl Fn() -> Row,
     fill: impl Fn(&Map<String, Value>, &mut Row) -> Result<(), String>,
 ) -> Result<Vec<Row>, String> {
-    let environment = optional_string(payload.get("environment"), "environment")?.unwrap_or_default();
-    let items = payload.get(list).and_then(Value::as_array).ok_or_else(|| format!("no {list}"))?;
+    let environment =
+        optional_string(payload.get("environment"), "environment")?.unwrap_or_default();
+    let items = payload
+        .get(list)
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("no {list}"))?;
     items
         .iter()
         .map(|item| {
-            let item = item.as_object().ok_or_else(|| format!("an element of {list} is not an object"))?;
+            let item = item
+                .as_object()
+                .ok_or_else(|| format!("an element of {list} is not an object"))?;
             let mut row = base();
             fill(item, &mut row)?;
             let event_hash = uuid(item.get("event_hash").ok_or("no event_hash")?, "event_hash")?;
@@ -118,44 +155,80 @@ fn item_rows(
 }
 
 fn segment_row(event: &Map<String, Value>, base: impl Fn(Uuid) -> Row) -> Result<Row, String> {
-    let replay_id = uuid(event.get("replay_id").ok_or("no payload replay_id")?, "replay_id")?;
+    let replay_id = uuid(
+        event.get("replay_id").ok_or("no payload replay_id")?,
+        "replay_id",
+    )?;
     let timestamp = number(event.get("timestamp"), "timestamp")?.ok_or("no payload timestamp")?;
     let mut row = base(replay_id);
     let segment_id = match event.get("segment_id") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().filter(|s| *s <= u64::from(u32::MAX)).ok_or("segment_id")?),
+        Some(v) => Some(
+            v.as_u64()
+                .filter(|s| *s <= u64::from(u32::MAX))
+                .ok_or("segment_id")?,
+        ),
     };
     let event_hash = match event.get("event_hash") {
         Some(v) if !v.is_null() => uuid(v, "event_hash")?,
         _ => {
-            let segment_id = segment_id.ok_or("no segment_id: snuba would draw a random event_hash")?;
+            let segment_id =
+                segment_id.ok_or("no segment_id: snuba would draw a random event_hash")?;
             Uuid::from_bytes(Md5::digest(segment_id.to_string().as_bytes()).into())
         }
     };
-    row.insert("event_hash".into(), json!(event_hash.hyphenated().to_string()));
-    row.insert("segment_id".into(), json!(segment_id.filter(|s| *s <= 65_535)));
+    row.insert(
+        "event_hash".into(),
+        json!(event_hash.hyphenated().to_string()),
+    );
+    row.insert(
+        "segment_id".into(),
+        json!(segment_id.filter(|s| *s <= 65_535)),
+    );
     let tags = match event.get("tags") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(pairs)) => pairs
             .iter()
             .map(|pair| match pair.as_array().map(Vec::as_slice) {
-                Some([Value::String(k), v]) => Ok((k.clone(), optional_string(Some(v), "tag value")?)),
+                Some([Value::String(k), v]) => {
+                    Ok((k.clone(), optional_string(Some(v), "tag value")?))
+                }
                 _ => Err(format!("tag {pair} is not a [string, string|null] pair")),
             })
             .collect::<Result<_, String>>()?,
         Some(other) => return Err(format!("tags {other} are not a list of pairs")),
     };
-    let title = tags.iter().rfind(|(k, _)| k == "transaction").map(|(_, v)| v.clone());
+    let title = tags
+        .iter()
+        .rfind(|(k, _)| k == "transaction")
+        .map(|(_, v)| v.clone());
     row.insert("title".into(), json!(title.flatten()));
-    let rest: Vec<_> = tags.into_iter().filter(|(k, _)| k != "transaction").collect();
-    row.insert("tags.key".into(), json!(rest.iter().map(|(k, _)| k).collect::<Vec<_>>()));
-    row.insert("tags.value".into(), json!(rest.iter().map(|(_, v)| v.clone().unwrap_or_default()).collect::<Vec<_>>()));
+    let rest: Vec<_> = tags
+        .into_iter()
+        .filter(|(k, _)| k != "transaction")
+        .collect();
+    row.insert(
+        "tags.key".into(),
+        json!(rest.iter().map(|(k, _)| k).collect::<Vec<_>>()),
+    );
+    row.insert(
+        "tags.value".into(),
+        json!(
+            rest.iter()
+                .map(|(_, v)| v.clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+        ),
+    );
 
     let user = object(event.get("user"), "user")?;
     let user_id = match user.and_then(|u| u.get("id")) {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
-        Some(n) => Some(n.as_u64().ok_or("user.id is a negative or fractional number")?.to_string()),
+        Some(n) => Some(
+            n.as_u64()
+                .ok_or("user.id is a negative or fractional number")?
+                .to_string(),
+        ),
     };
     let user_field = |key: &str| optional_string(user.and_then(|u| u.get(key)), key);
     let (username, email) = (user_field("username")?, user_field("email")?);
@@ -165,7 +238,12 @@ fn segment_row(event: &Map<String, Value>, base: impl Fn(Uuid) -> Row) -> Result
         Some(IpAddr::V6(v6)) => (None, Some(v6.to_string())),
         None => (None, None),
     };
-    let shown = user_id.clone().or(username.clone()).or(email.clone()).or(v4.clone()).or(v6.clone());
+    let shown = user_id
+        .clone()
+        .or(username.clone())
+        .or(email.clone())
+        .or(v4.clone())
+        .or(v6.clone());
     row.insert("user".into(), json!(shown.unwrap_or_default()));
     row.insert("user_id".into(), json!(user_id.unwrap_or_default()));
     row.insert("user_name".into(), json!(username.unwrap_or_default()));
@@ -205,7 +283,10 @@ fn segment_row(event: &Map<String, Value>, base: impl Fn(Uuid) -> Row) -> Result
         );
     }
     for key in ["platform", "environment", "release", "dist", "replay_type"] {
-        row.insert(key.into(), json!(optional_string(event.get(key), key)?.unwrap_or_default()));
+        row.insert(
+            key.into(),
+            json!(optional_string(event.get(key), key)?.unwrap_or_default()),
+        );
     }
     let archived = match event.get("is_archived") {
         None | Some(Value::Null) => false,
@@ -214,18 +295,28 @@ fn segment_row(event: &Map<String, Value>, base: impl Fn(Uuid) -> Row) -> Result
     };
     row.insert("is_archived".into(), json!(u8::from(archived)));
     row.insert("timestamp".into(), json!(saturate(timestamp)));
-    let start = number(event.get("replay_start_timestamp"), "replay_start_timestamp")?;
+    let start = number(
+        event.get("replay_start_timestamp"),
+        "replay_start_timestamp",
+    )?;
     row.insert("replay_start_timestamp".into(), json!(start.map(saturate)));
     for key in ["trace_ids", "error_ids"] {
         let ids = strings(event.get(key), key)?.unwrap_or_default();
         let ids: Vec<String> = ids
             .iter()
-            .map(|id| Uuid::try_parse(id).map(|u| u.hyphenated().to_string()).map_err(|_| format!("{key}: {id}")))
+            .map(|id| {
+                Uuid::try_parse(id)
+                    .map(|u| u.hyphenated().to_string())
+                    .map_err(|_| format!("{key}: {id}"))
+            })
             .collect::<Result<_, _>>()?;
         row.insert(key.into(), json!(ids));
     }
     for key in ["urls", "segment_names"] {
-        row.insert(key.into(), json!(strings(event.get(key), key)?.unwrap_or_default()));
+        row.insert(
+            key.into(),
+            json!(strings(event.get(key), key)?.unwrap_or_default()),
+        );
     }
     Ok(row)
 }
@@ -243,13 +334,19 @@ fn saturate(seconds: f64) -> u32 {
 }
 
 fn uuid(value: &Value, what: &str) -> Result<Uuid, String> {
-    value.as_str().and_then(|s| Uuid::try_parse(s).ok()).ok_or_else(|| format!("{what} {value} is not a UUID"))
+    value
+        .as_str()
+        .and_then(|s| Uuid::try_parse(s).ok())
+        .ok_or_else(|| format!("{what} {value} is not a UUID"))
 }
 
 fn number(value: Option<&Value>, what: &str) -> Result<Option<f64>, String> {
     match value {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| format!("{what} {v} is not a number")),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| format!("{what} {v} is not a number")),
     }
 }
 
@@ -261,7 +358,10 @@ fn small(value: Option<&Value>, what: &str, max: u64) -> Result<u64, String> {
 }
 
 fn required_string(value: Option<&Value>, what: &str) -> Result<String, String> {
-    value.and_then(Value::as_str).map(str::to_owned).ok_or_else(|| format!("{what} {value:?} is not a string"))
+    value
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{what} {value:?} is not a string"))
 }
 
 fn optional_string(value: Option<&Value>, what: &str) -> Result<Option<String>, String> {
@@ -275,14 +375,19 @@ fn optional_string(value: Option<&Value>, what: &str) -> Result<Option<String>, 
 fn strings(value: Option<&Value>, what: &str) -> Result<Option<Vec<String>>, String> {
     match value {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Array(items)) => {
-            items.iter().map(|i| required_string(Some(i), what)).collect::<Result<_, _>>().map(Some)
-        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| required_string(Some(i), what))
+            .collect::<Result<_, _>>()
+            .map(Some),
         Some(other) => Err(format!("{what} {other} is not a list of strings")),
     }
 }
 
-fn object<'a>(value: Option<&'a Value>, what: &str) -> Result<Option<&'a Map<String, Value>>, String> {
+fn object<'a>(
+    value: Option<&'a Value>,
+    what: &str,
+) -> Result<Option<&'a Map<String, Value>>, String> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(map)) => Ok(Some(map)),

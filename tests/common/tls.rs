@@ -22,28 +22,39 @@ impl TestCa {
         let ca_key = KeyPair::generate().unwrap();
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name.push(DnType::CommonName, "replay-ingest test CA");
+        ca.distinguished_name
+            .push(DnType::CommonName, "replay-ingest test CA");
         let ca_cert = ca.self_signed(&ca_key).unwrap();
         let issuer = Issuer::new(ca, ca_key);
         let server_key = KeyPair::generate().unwrap();
-        let server = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        let server =
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
         let server_cert = server.signed_by(&server_key, &issuer).unwrap();
 
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ca.pem"), ca_cert.pem()).unwrap();
         // A PEM keystore as Kafka reads one: the PKCS#8 key, then the chain.
-        let keystore = format!("{}{}{}", server_key.serialize_pem(), server_cert.pem(), ca_cert.pem());
+        let keystore = format!(
+            "{}{}{}",
+            server_key.serialize_pem(),
+            server_cert.pem(),
+            ca_cert.pem()
+        );
         std::fs::write(dir.path().join("server.pem"), keystore).unwrap();
         let chain = vec![CertificateDer::from(server_cert.der().to_vec())];
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der()));
-        let config =
-            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_no_client_auth()
-                .with_single_cert(chain, key)
-                .unwrap();
-        TestCa { dir, acceptor: TlsAcceptor::from(Arc::new(config)) }
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+        TestCa {
+            dir,
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+        }
     }
 
     /// The CA certificate (PEM), for the client to trust.
@@ -67,7 +78,9 @@ impl TestCa {
             while let Ok((client, _)) = listener.accept().await {
                 let (acceptor, counter) = (acceptor.clone(), counter.clone());
                 tokio::spawn(async move {
-                    let Ok(mut tls) = acceptor.accept(client).await else { return };
+                    let Ok(mut tls) = acceptor.accept(client).await else {
+                        return;
+                    };
                     counter.fetch_add(1, Ordering::Relaxed);
                     if let Ok(mut server) = TcpStream::connect(("127.0.0.1", target)).await {
                         let _ = tokio::io::copy_bidirectional(&mut tls, &mut server).await;

@@ -11,18 +11,22 @@ use rdkafka::client::DefaultClientContext;
 /// not declare, such as this service's dead-letter topic: the broker's defaults, 1 MiB).
 pub fn sentry_topic_config(sentry_topic: &str) -> &'static [(&'static str, &'static str)] {
     match sentry_topic {
-        "ingest-replay-recordings" => {
-            &[("compression.type", "lz4"), ("retention.ms", "86400000"), ("max.message.bytes", "15000000")]
-        }
+        "ingest-replay-recordings" => &[
+            ("compression.type", "lz4"),
+            ("retention.ms", "86400000"),
+            ("max.message.bytes", "15000000"),
+        ],
         "ingest-replay-events" => &[
             ("compression.type", "lz4"),
             ("message.timestamp.type", "LogAppendTime"),
             ("max.message.bytes", "10000000"),
             ("retention.ms", "86400000"),
         ],
-        "outcomes-billing" => {
-            &[("compression.type", "lz4"), ("retention.ms", "86400000"), ("segment.bytes", "262144000")]
-        }
+        "outcomes-billing" => &[
+            ("compression.type", "lz4"),
+            ("retention.ms", "86400000"),
+            ("segment.bytes", "262144000"),
+        ],
         "ingest-occurrences" => &[("compression.type", "lz4"), ("retention.ms", "86400000")],
         "snuba-items" => &[
             ("compression.type", "lz4"),
@@ -41,13 +45,16 @@ pub async fn create_topic_as(
     partitions: i32,
     sentry_topic: &str,
 ) -> Result<(), String> {
-    let admin: AdminClient<DefaultClientContext> = base.create().map_err(|e| format!("admin client: {e}"))?;
+    let admin: AdminClient<DefaultClientContext> =
+        base.create().map_err(|e| format!("admin client: {e}"))?;
     let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
     for (key, value) in sentry_topic_config(sentry_topic) {
         topic = topic.set(key, value);
     }
-    let results =
-        admin.create_topics(&[topic], &AdminOptions::new()).await.map_err(|e| format!("create_topics: {e}"))?;
+    let results = admin
+        .create_topics(&[topic], &AdminOptions::new())
+        .await
+        .map_err(|e| format!("create_topics: {e}"))?;
     for result in results {
         result.map_err(|(topic, code)| format!("creating {topic}: {code:?}"))?;
     }

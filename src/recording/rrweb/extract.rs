@@ -15,10 +15,18 @@ use crate::recording::scan::{self, Scanner, SyntaxError};
 pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError> {
     // The fast check first; the one that says where only for the (invalid) bodies that fail it.
     let json = simdutf8::basic::from_utf8(json).or_else(|_| {
-        simdutf8::compat::from_utf8(json).map_err(|e| SyntaxError { offset: e.valid_up_to(), expected: "valid UTF-8" })
+        simdutf8::compat::from_utf8(json).map_err(|e| SyntaxError {
+            offset: e.valid_up_to(),
+            expected: "valid UTF-8",
+        })
     })?;
-    let mut extractor =
-        Extractor { out: Extracted::default(), limits, current_url: None, seen_urls: HashSet::new(), list_bytes: 0 };
+    let mut extractor = Extractor {
+        out: Extracted::default(),
+        limits,
+        current_url: None,
+        seen_urls: HashSet::new(),
+        list_bytes: 0,
+    };
     let mut scanner = Scanner::new(json);
     scanner.begin_array()?;
     let mut first = true;
@@ -51,7 +59,8 @@ pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError>
 
 /// A raw scalar as a number; strings, literals and containers are not numbers.
 fn number(raw: Option<&str>) -> Option<f64> {
-    raw.and_then(|r| r.parse::<f64>().ok()).filter(|v| v.is_finite())
+    raw.and_then(|r| r.parse::<f64>().ok())
+        .filter(|v| v.is_finite())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -61,7 +70,11 @@ fn number(raw: Option<&str>) -> Option<f64> {
 /// rrweb `timestamp` is milliseconds; SDK spans and some custom events carry seconds. Anything
 /// below 10^11 (a date in 1973 as ms, in 5138 as s) is taken as seconds.
 fn to_millis(timestamp: f64) -> Option<u64> {
-    let ms = if timestamp < 1e11 { timestamp * 1000.0 } else { timestamp };
+    let ms = if timestamp < 1e11 {
+        timestamp * 1000.0
+    } else {
+        timestamp
+    };
     (ms.is_finite() && ms >= 0.0 && ms < u64::MAX as f64).then_some(ms as u64)
 }
 
@@ -183,7 +196,10 @@ impl Extractor {
 
     fn incremental(&mut self, data: Option<&str>) -> bool {
         // `source` is the first key rrweb writes: the scan stops there, before the mutation.
-        match data.and_then(|d| scan::field(d, "source")).and_then(|s| s.parse::<u64>().ok()) {
+        match data
+            .and_then(|d| scan::field(d, "source"))
+            .and_then(|s| s.parse::<u64>().ok())
+        {
             Some(source) => {
                 self.out.incremental_by_source.add(source);
                 true
@@ -211,8 +227,12 @@ impl Extractor {
         };
         let payload = custom.payload.as_ref().map(|p| p.get());
         let valid = match tag {
-            "breadcrumb" => payload.and_then(parse::<Breadcrumb>).is_some_and(|b| self.breadcrumb(b, ts_ms)),
-            "performanceSpan" => payload.and_then(parse::<Span>).is_some_and(|s| self.span(s, ts_ms)),
+            "breadcrumb" => payload
+                .and_then(parse::<Breadcrumb>)
+                .is_some_and(|b| self.breadcrumb(b, ts_ms)),
+            "performanceSpan" => payload
+                .and_then(parse::<Span>)
+                .is_some_and(|s| self.span(s, ts_ms)),
             _ => true,
         };
         // Only events that are kept are counted: a skipped one counts as invalid, not by tag.
@@ -233,19 +253,37 @@ impl Extractor {
         match category {
             "ui.click" | "ui.slowClickDetected" => match parse_data::<ClickData>(&crumb.data) {
                 Some(data) => {
-                    self.click(message, data, ts_seconds, category == "ui.slowClickDetected");
+                    self.click(
+                        message,
+                        data,
+                        ts_seconds,
+                        category == "ui.slowClickDetected",
+                    );
                     true
                 }
                 None => false,
             },
             "ui.multiClick" => match parse_data::<ClickData>(&crumb.data) {
                 Some(data) => {
-                    let node_id = data.node.as_ref().and_then(|n| n.id.as_u64()).or(data.node_id.as_u64());
+                    let node_id = data
+                        .node
+                        .as_ref()
+                        .and_then(|n| n.id.as_u64())
+                        .or(data.node_id.as_u64());
                     let click_count = data.click_count.as_u64().unwrap_or(0);
                     if self.admit::<MultiClick>(message.len().min(MAX_TEXT_BYTES)) {
                         let selector = self.capped(message, MAX_TEXT_BYTES);
-                        let item = MultiClick { timestamp_ms: ts_ms, node_id, selector, click_count };
-                        push_bounded(&mut self.out.multi_clicks, item, &mut self.out.dropped_items);
+                        let item = MultiClick {
+                            timestamp_ms: ts_ms,
+                            node_id,
+                            selector,
+                            click_count,
+                        };
+                        push_bounded(
+                            &mut self.out.multi_clicks,
+                            item,
+                            &mut self.out.dropped_items,
+                        );
                     }
                     true
                 }
@@ -257,8 +295,12 @@ impl Extractor {
                         let tap = Tap {
                             timestamp: ts_seconds,
                             message: self.capped(message, MAX_TEXT_BYTES),
-                            view_class: self.capped(data.view_class.as_str().unwrap_or_default(), MAX_TEXT_BYTES),
-                            view_id: self.capped(data.view_id.as_str().unwrap_or_default(), MAX_TEXT_BYTES),
+                            view_class: self.capped(
+                                data.view_class.as_str().unwrap_or_default(),
+                                MAX_TEXT_BYTES,
+                            ),
+                            view_id: self
+                                .capped(data.view_id.as_str().unwrap_or_default(), MAX_TEXT_BYTES),
                         };
                         self.out.taps.push(tap);
                     }
@@ -270,7 +312,8 @@ impl Extractor {
                 Some(data) => {
                     if let Some(to) = data.to.as_str() {
                         let from = data.from.as_str();
-                        let text = to.len().min(MAX_URL_BYTES) + from.map_or(0, |f| f.len().min(MAX_URL_BYTES));
+                        let text = to.len().min(MAX_URL_BYTES)
+                            + from.map_or(0, |f| f.len().min(MAX_URL_BYTES));
                         if self.admit::<Navigation>(text) {
                             let item = Navigation {
                                 timestamp_ms: ts_ms,
@@ -278,7 +321,11 @@ impl Extractor {
                                 from: from.map(|f| self.url(f)),
                                 to: self.url(to),
                             };
-                            push_bounded(&mut self.out.navigations, item, &mut self.out.dropped_items);
+                            push_bounded(
+                                &mut self.out.navigations,
+                                item,
+                                &mut self.out.dropped_items,
+                            );
                         }
                     }
                     true
@@ -294,8 +341,15 @@ impl Extractor {
                     let own = data.url.as_str();
                     if self.admit::<HydrationError>(own.map_or(0, |u| u.len().min(MAX_URL_BYTES))) {
                         let url = own.map(|url| self.url(url));
-                        let item = HydrationError { timestamp: ts_seconds, url };
-                        push_bounded(&mut self.out.hydration_errors, item, &mut self.out.dropped_items);
+                        let item = HydrationError {
+                            timestamp: ts_seconds,
+                            url,
+                        };
+                        push_bounded(
+                            &mut self.out.hydration_errors,
+                            item,
+                            &mut self.out.dropped_items,
+                        );
                     }
                     true
                 }
@@ -310,11 +364,16 @@ impl Extractor {
     /// issue reports.
     fn click(&mut self, selector: &str, data: ClickData<'_>, timestamp: f64, slow: bool) {
         let Some(node) = data.node else { return };
-        let Some(node_id) = node.id.as_u64() else { return };
+        let Some(node_id) = node.id.as_u64() else {
+            return;
+        };
         let tag_name = node.tag_name.as_str().unwrap_or_default();
         let (tag, cut) = truncate(tag_name, 32);
         let tag = tag.to_ascii_lowercase();
-        let time_after_click_ms = data.time_after_click_ms.0.or(data.time_after_click_ms_lower.0);
+        let time_after_click_ms = data
+            .time_after_click_ms
+            .0
+            .or(data.time_after_click_ms_lower.0);
         let click_count = data.click_count.0.or(data.click_count_lower.0);
         let is_dead = slow
             && data.end_reason.as_str() == Some("timeout")
@@ -340,7 +399,10 @@ impl Extractor {
             .take(10)
             .map(|class| self.capped(class, MAX_TEXT_BYTES))
             .collect();
-        let url = data.url.as_str().map_or_else(|| Arc::from(""), |url| self.url(url));
+        let url = data
+            .url
+            .as_str()
+            .map_or_else(|| Arc::from(""), |url| self.url(url));
         let click = Click {
             timestamp,
             node_id,
@@ -371,12 +433,21 @@ impl Extractor {
             return false;
         };
         self.count(|o| &mut o.spans_by_op, op);
-        let ts_ms = span.start_timestamp.0.and_then(to_millis).unwrap_or(event_ms);
+        let ts_ms = span
+            .start_timestamp
+            .0
+            .and_then(to_millis)
+            .unwrap_or(event_ms);
         let description = span.description.as_str().unwrap_or_default();
         if op.starts_with("navigation.") {
             let to = self.visit(description);
             if self.admit::<Navigation>(op.len().min(MAX_TEXT_BYTES)) {
-                let item = Navigation { timestamp_ms: ts_ms, op: self.capped(op, MAX_TEXT_BYTES), from: None, to };
+                let item = Navigation {
+                    timestamp_ms: ts_ms,
+                    op: self.capped(op, MAX_TEXT_BYTES),
+                    from: None,
+                    to,
+                };
                 push_bounded(&mut self.out.navigations, item, &mut self.out.dropped_items);
             }
             return true;
@@ -387,10 +458,13 @@ impl Extractor {
                     return false;
                 };
                 let size = |direct: Num, nested: &Option<BodySize>| {
-                    direct.as_u64().or_else(|| nested.as_ref().and_then(|n| n.size.as_u64()))
+                    direct
+                        .as_u64()
+                        .or_else(|| nested.as_ref().and_then(|n| n.size.as_u64()))
                 };
                 let method = data.method.as_str();
-                let text = description.len().min(MAX_URL_BYTES) + method.map_or(0, |m| m.len().min(MAX_TEXT_BYTES));
+                let text = description.len().min(MAX_URL_BYTES)
+                    + method.map_or(0, |m| m.len().min(MAX_TEXT_BYTES));
                 if self.admit::<Request>(text + op.len()) {
                     let item = Request {
                         timestamp_ms: ts_ms,
@@ -410,7 +484,8 @@ impl Extractor {
                     return false;
                 };
                 let rating = data.rating.as_str();
-                let text = description.len().min(MAX_TEXT_BYTES) + rating.map_or(0, |r| r.len().min(MAX_TEXT_BYTES));
+                let text = description.len().min(MAX_TEXT_BYTES)
+                    + rating.map_or(0, |r| r.len().min(MAX_TEXT_BYTES));
                 if self.admit::<WebVital>(text) {
                     let item = WebVital {
                         timestamp_ms: ts_ms,
@@ -435,7 +510,11 @@ mod tests {
     const TS: u64 = 1_796_012_448_000;
 
     fn extract_events(events: &[String]) -> Extracted {
-        extract(format!("[{}]", events.join(",")).as_bytes(), RowLimits::default()).unwrap()
+        extract(
+            format!("[{}]", events.join(",")).as_bytes(),
+            RowLimits::default(),
+        )
+        .unwrap()
     }
 
     fn breadcrumb(category: &str, extra: &str) -> String {
@@ -460,39 +539,63 @@ mod tests {
     }
 
     fn click_with_node(node: &str) -> String {
-        breadcrumb("ui.click", &format!(r#","message":"div > button","data":{{"nodeId":3,"node":{node}}}"#))
+        breadcrumb(
+            "ui.click",
+            &format!(r#","message":"div > button","data":{{"nodeId":3,"node":{node}}}"#),
+        )
     }
 
     #[test]
     fn events_are_counted_by_type_and_incremental_source() {
         let x = extract_events(&[
-            format!(r#"{{"type":2,"data":{{"node":{{"type":0,"childNodes":[]}}}},"timestamp":{TS}}}"#),
+            format!(
+                r#"{{"type":2,"data":{{"node":{{"type":0,"childNodes":[]}}}},"timestamp":{TS}}}"#
+            ),
             format!(r#"{{"type":3,"data":{{"source":0,"adds":[]}},"timestamp":{TS}}}"#),
             format!(r#"{{"type":3,"data":{{"source":1,"positions":[]}},"timestamp":{TS}}}"#),
             format!(r#"{{"type":3,"data":{{"source":1,"positions":[]}},"timestamp":{TS}}}"#),
             format!(r#"{{"type":9,"data":{{}},"timestamp":{TS}}}"#),
         ]);
         assert_eq!(x.events, 5);
-        assert_eq!((x.events_by_type.get("FullSnapshot"), x.events_by_type.get("IncrementalSnapshot")), (1, 3));
+        assert_eq!(
+            (
+                x.events_by_type.get("FullSnapshot"),
+                x.events_by_type.get("IncrementalSnapshot")
+            ),
+            (1, 3)
+        );
         assert_eq!(x.events_by_type.get("Unknown"), 1);
-        assert_eq!((x.incremental_by_source.get("Mutation"), x.incremental_by_source.get("MouseMove")), (1, 2));
+        assert_eq!(
+            (
+                x.incremental_by_source.get("Mutation"),
+                x.incremental_by_source.get("MouseMove")
+            ),
+            (1, 2)
+        );
     }
 
     #[test]
     fn data_before_type_is_classified_the_same() {
-        let x = extract_events(&[format!(r#"{{"data":{{"source":3}},"timestamp":{TS},"type":3}}"#)]);
+        let x = extract_events(&[format!(
+            r#"{{"data":{{"source":3}},"timestamp":{TS},"type":3}}"#
+        )]);
         assert_eq!(x.incremental_by_source.get("Scroll"), 1);
     }
 
     #[test]
-    fn the_test_id_is_the_first_non_empty_of_its_three_spellings_and_several_do_not_lose_the_click() {
+    fn the_test_id_is_the_first_non_empty_of_its_three_spellings_and_several_do_not_lose_the_click()
+    {
         let testid = |attributes: &str| {
-            let x =
-                extract_events(&[click_with_node(&format!(r#"{{"id":3,"tagName":"a","attributes":{attributes}}}"#))]);
+            let x = extract_events(&[click_with_node(&format!(
+                r#"{{"id":3,"tagName":"a","attributes":{attributes}}}"#
+            ))]);
             assert_eq!(x.invalid_events, 0, "{attributes}");
             x.clicks[0].testid.clone()
         };
-        assert_eq!(testid(r#"{"testId":"a","data-testid":"b","data-test-id":"c"}"#), "a");
+        assert_eq!(
+            testid(r#"{"testId":"a","data-testid":"b","data-test-id":"c"}"#),
+            "a"
+        );
         assert_eq!(testid(r#"{"testId":"","data-testid":"b"}"#), "b");
         assert_eq!(testid(r#"{"data-test-id":"c"}"#), "c");
         assert_eq!(testid(r#"{"testId":7}"#), "");
@@ -510,13 +613,24 @@ mod tests {
 
     #[test]
     fn rage_clicks_past_the_click_rows_limit_are_kept_for_their_reports() {
-        let mut events: Vec<String> = (0..25).map(|_| click_with_node(r#"{"id":3,"tagName":"a"}"#)).collect();
+        let mut events: Vec<String> = (0..25)
+            .map(|_| click_with_node(r#"{"id":3,"tagName":"a"}"#))
+            .collect();
         events.insert(22, slow_click("button", "timeout", 7000, 5));
         let x = extract_events(&events);
-        assert_eq!(x.clicks.len(), RowLimits::default().max_clicks, "rows stop at Sentry's 20");
+        assert_eq!(
+            x.clicks.len(),
+            RowLimits::default().max_clicks,
+            "rows stop at Sentry's 20"
+        );
         assert_eq!((x.late_rage_clicks.len(), x.rage_clicks().count()), (1, 1));
-        let many: Vec<String> = (0..100).map(|_| slow_click("button", "timeout", 7000, 5)).collect();
-        assert_eq!(extract_events(&many).rage_clicks().count(), 2 * RowLimits::default().max_clicks);
+        let many: Vec<String> = (0..100)
+            .map(|_| slow_click("button", "timeout", 7000, 5))
+            .collect();
+        assert_eq!(
+            extract_events(&many).rage_clicks().count(),
+            2 * RowLimits::default().max_clicks
+        );
     }
 
     #[test]
@@ -525,18 +639,35 @@ mod tests {
             r#"{"id":3,"tagName":"BUTTON","textContent":"Buy","attributes":{"id":"buy","class":"btn  primary","role":"button","alt":"a","aria-label":"Buy now","title":"t","testId":"buy-btn","data-sentry-component":"BuyButton"}}"#,
         )]);
         let click = &x.clicks[0];
-        assert_eq!((click.node_id, click.tag.as_str(), click.id.as_str()), (3, "button", "buy"));
+        assert_eq!(
+            (click.node_id, click.tag.as_str(), click.id.as_str()),
+            (3, "button", "buy")
+        );
         assert_eq!(click.classes, ["btn", "primary"]);
-        assert_eq!((click.text.as_str(), click.role.as_str(), click.alt.as_str()), ("Buy", "button", "a"));
-        assert_eq!((click.aria_label.as_str(), click.title.as_str()), ("Buy now", "t"));
-        assert_eq!((click.testid.as_str(), click.component_name.as_str()), ("buy-btn", "BuyButton"));
-        assert_eq!((click.selector.as_str(), click.timestamp), ("div > button", 1_796_012_448.69));
+        assert_eq!(
+            (click.text.as_str(), click.role.as_str(), click.alt.as_str()),
+            ("Buy", "button", "a")
+        );
+        assert_eq!(
+            (click.aria_label.as_str(), click.title.as_str()),
+            ("Buy now", "t")
+        );
+        assert_eq!(
+            (click.testid.as_str(), click.component_name.as_str()),
+            ("buy-btn", "BuyButton")
+        );
+        assert_eq!(
+            (click.selector.as_str(), click.timestamp),
+            ("div > button", 1_796_012_448.69)
+        );
         assert!(!click.is_dead && !click.is_rage);
     }
 
     #[test]
     fn data_testid_is_accepted_as_well_as_the_sdks_test_id() {
-        let x = extract_events(&[click_with_node(r#"{"id":3,"tagName":"a","attributes":{"data-testid":"nav"}}"#)]);
+        let x = extract_events(&[click_with_node(
+            r#"{"id":3,"tagName":"a","attributes":{"data-testid":"nav"}}"#,
+        )]);
         assert_eq!(x.clicks[0].testid, "nav");
     }
 
@@ -558,10 +689,16 @@ mod tests {
     #[test]
     fn a_slow_click_is_dead_only_on_links_buttons_and_inputs() {
         for tag in ["a", "button", "input"] {
-            assert!(extract_events(&[slow_click(tag, "timeout", 7000, 1)]).clicks[0].is_dead, "{tag}");
+            assert!(
+                extract_events(&[slow_click(tag, "timeout", 7000, 1)]).clicks[0].is_dead,
+                "{tag}"
+            );
         }
         let div = &extract_events(&[slow_click("div", "timeout", 9000, 9)]).clicks[0];
-        assert!(!div.is_dead && !div.is_rage, "a slow click on a div is only slow");
+        assert!(
+            !div.is_dead && !div.is_rage,
+            "a slow click on a div is only slow"
+        );
     }
 
     #[test]
@@ -577,19 +714,35 @@ mod tests {
             click_with_node(r#"{"id":-1,"tagName":"button"}"#),
         ]);
         assert!(x.clicks.is_empty());
-        assert_eq!((x.events, x.invalid_events), (2, 0), "the breadcrumbs themselves are well-formed");
+        assert_eq!(
+            (x.events, x.invalid_events),
+            (2, 0),
+            "the breadcrumbs themselves are well-formed"
+        );
     }
 
     #[test]
     fn click_fields_are_truncated_to_their_column_limits() {
         let long = "x".repeat(2000);
-        let classes = (0..15).map(|i| format!("c{i}")).collect::<Vec<_>>().join(" ");
+        let classes = (0..15)
+            .map(|i| format!("c{i}"))
+            .collect::<Vec<_>>()
+            .join(" ");
         let node = format!(
             r#"{{"id":1,"tagName":"{long}","textContent":"{long}","attributes":{{"id":"{long}","class":"{classes}","role":"{long}","alt":"{long}","aria-label":"{long}","title":"{long}","testId":"{long}","data-sentry-component":"{long}"}}}}"#
         );
         let c = &extract_events(&[click_with_node(&node)]).clicks[0];
-        assert_eq!((c.tag.len(), c.id.len(), c.text.len(), c.role.len()), (32, 64, 1024, 32));
-        for field in [&c.alt, &c.aria_label, &c.title, &c.testid, &c.component_name] {
+        assert_eq!(
+            (c.tag.len(), c.id.len(), c.text.len(), c.role.len()),
+            (32, 64, 1024, 32)
+        );
+        for field in [
+            &c.alt,
+            &c.aria_label,
+            &c.title,
+            &c.testid,
+            &c.component_name,
+        ] {
             assert_eq!(field.len(), 64);
         }
         assert_eq!(c.classes.len(), 10);
@@ -603,13 +756,31 @@ mod tests {
 
     #[test]
     fn at_most_the_configured_number_of_clicks_and_taps_are_kept() {
-        let clicks: Vec<String> = (0..25).map(|_| click_with_node(r#"{"id":1,"tagName":"a"}"#)).collect();
-        let taps: Vec<String> =
-            (0..25).map(|_| breadcrumb("ui.tap", r#","message":"t","data":{"view.id":"v"}"#)).collect();
+        let clicks: Vec<String> = (0..25)
+            .map(|_| click_with_node(r#"{"id":1,"tagName":"a"}"#))
+            .collect();
+        let taps: Vec<String> = (0..25)
+            .map(|_| breadcrumb("ui.tap", r#","message":"t","data":{"view.id":"v"}"#))
+            .collect();
         let x = extract_events(&[clicks, taps].concat());
         assert_eq!((x.clicks.len(), x.taps.len()), (20, 20));
-        let json = format!("[{}]", vec![click_with_node(r#"{"id":1,"tagName":"a"}"#); 5].join(","));
-        assert_eq!(extract(json.as_bytes(), RowLimits { max_clicks: 3, max_taps: 0 }).unwrap().clicks.len(), 3);
+        let json = format!(
+            "[{}]",
+            vec![click_with_node(r#"{"id":1,"tagName":"a"}"#); 5].join(",")
+        );
+        assert_eq!(
+            extract(
+                json.as_bytes(),
+                RowLimits {
+                    max_clicks: 3,
+                    max_taps: 0
+                }
+            )
+            .unwrap()
+            .clicks
+            .len(),
+            3
+        );
     }
 
     #[test]
@@ -653,12 +824,30 @@ mod tests {
                 "/api/b",
                 r#"{"method":"GET","statusCode":200,"request":{"size":5,"body":"…"},"response":{"size":323,"headers":{}}}"#,
             ),
-            span("resource.fetch", "/api/c", r#"{"method":"GET","statusCode":404}"#),
+            span(
+                "resource.fetch",
+                "/api/c",
+                r#"{"method":"GET","statusCode":404}"#,
+            ),
             span("resource.script", "/app.js", r#"{"size":1}"#),
         ]);
-        let sizes: Vec<_> = x.requests.iter().map(|r| (&*r.url, r.request_size, r.response_size)).collect();
-        assert_eq!(sizes, [("/api/a", Some(10), Some(20)), ("/api/b", Some(5), Some(323)), ("/api/c", None, None)]);
-        assert_eq!((x.requests[0].method.as_deref(), x.requests[0].status_code), (Some("POST"), Some(201)));
+        let sizes: Vec<_> = x
+            .requests
+            .iter()
+            .map(|r| (&*r.url, r.request_size, r.response_size))
+            .collect();
+        assert_eq!(
+            sizes,
+            [
+                ("/api/a", Some(10), Some(20)),
+                ("/api/b", Some(5), Some(323)),
+                ("/api/c", None, None)
+            ]
+        );
+        assert_eq!(
+            (x.requests[0].method.as_deref(), x.requests[0].status_code),
+            (Some("POST"), Some(201))
+        );
         assert_eq!(x.spans_by_op.get("resource.script"), 1);
     }
 
@@ -670,18 +859,31 @@ mod tests {
             breadcrumb("console", r#","level":"error""#),
             breadcrumb("console", r#","level":"Fatal""#),
         ]);
-        assert_eq!((x.console.get("warning"), x.console.get("error"), x.console.get("Fatal")), (2, 1, 1));
+        assert_eq!(
+            (
+                x.console.get("warning"),
+                x.console.get("error"),
+                x.console.get("Fatal")
+            ),
+            (2, 1, 1)
+        );
     }
 
     #[test]
     fn navigation_spans_and_breadcrumbs_are_navigations_and_span_urls_are_visited() {
         let x = extract_events(&[
-            format!(r#"{{"type":4,"data":{{"href":"https://shop/","width":1,"height":1}},"timestamp":{TS}}}"#),
+            format!(
+                r#"{{"type":4,"data":{{"href":"https://shop/","width":1,"height":1}},"timestamp":{TS}}}"#
+            ),
             span("navigation.push", "https://shop/cart", "{}"),
             breadcrumb("navigation", r#","data":{"from":"/","to":"/cart"}"#),
             span("navigation.navigate", "https://shop/", "{}"),
         ]);
-        let navs: Vec<_> = x.navigations.iter().map(|n| (n.op.as_str(), n.from.as_deref(), &*n.to)).collect();
+        let navs: Vec<_> = x
+            .navigations
+            .iter()
+            .map(|n| (n.op.as_str(), n.from.as_deref(), &*n.to))
+            .collect();
         assert_eq!(
             navs,
             [
@@ -710,10 +912,16 @@ mod tests {
 
     #[test]
     fn hydration_errors_are_collected_with_their_url() {
-        let x = extract_events(&[breadcrumb("replay.hydrate-error", r#","data":{"url":"https://shop/"}"#)]);
+        let x = extract_events(&[breadcrumb(
+            "replay.hydrate-error",
+            r#","data":{"url":"https://shop/"}"#,
+        )]);
         assert_eq!(
             x.hydration_errors,
-            [HydrationError { timestamp: 1_796_012_448.69, url: Some("https://shop/".into()) }]
+            [HydrationError {
+                timestamp: 1_796_012_448.69,
+                url: Some("https://shop/".into())
+            }]
         );
     }
 
@@ -725,7 +933,10 @@ mod tests {
             r#"{"value":208,"rating":"good","nodeIds":[11]}"#,
         )]);
         assert_eq!(x.web_vitals[0].name, "largest-contentful-paint");
-        assert_eq!((x.web_vitals[0].value, x.web_vitals[0].rating.as_deref()), (Some(208.0), Some("good")));
+        assert_eq!(
+            (x.web_vitals[0].value, x.web_vitals[0].rating.as_deref()),
+            (Some(208.0), Some("good"))
+        );
     }
 
     #[test]
@@ -734,7 +945,10 @@ mod tests {
             format!(r#"{{"type":0,"data":{{}},"timestamp":{}}}"#, TS + 5000),
             span("memory", "memory", "{}"),
         ]);
-        assert_eq!((x.first_timestamp_ms, x.last_timestamp_ms), (Some(1_796_012_448_500), Some(TS + 5000)));
+        assert_eq!(
+            (x.first_timestamp_ms, x.last_timestamp_ms),
+            (Some(1_796_012_448_500), Some(TS + 5000))
+        );
     }
 
     #[test]
@@ -754,15 +968,27 @@ mod tests {
 
     #[test]
     fn a_body_that_is_not_a_json_array_fails() {
-        for body in [&b"{}"[..], b"[{\"type\":1", b"[] trailing", b"\"x\"", b"[\"\xff\"]"] {
-            assert!(extract(body, RowLimits::default()).is_err(), "{}", String::from_utf8_lossy(body));
+        for body in [
+            &b"{}"[..],
+            b"[{\"type\":1",
+            b"[] trailing",
+            b"\"x\"",
+            b"[\"\xff\"]",
+        ] {
+            assert!(
+                extract(body, RowLimits::default()).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 
     #[test]
     fn a_url_past_its_cap_is_cut_on_a_char_boundary_with_a_marker_and_counted() {
         let href = format!("https://shop/{}", "é".repeat(MAX_URL_BYTES));
-        let x = extract_events(&[format!(r#"{{"type":4,"data":{{"href":"{href}"}},"timestamp":{TS}}}"#)]);
+        let x = extract_events(&[format!(
+            r#"{{"type":4,"data":{{"href":"{href}"}},"timestamp":{TS}}}"#
+        )]);
         assert!(x.urls[0].len() <= MAX_URL_BYTES && x.urls[0].ends_with(TRUNCATION_MARKER));
         assert!(href.starts_with(x.urls[0].trim_end_matches(TRUNCATION_MARKER)));
         assert_eq!(x.truncated_values, 1);
@@ -770,24 +996,45 @@ mod tests {
 
     #[test]
     fn the_page_url_is_shared_by_every_click_and_hydration_error_that_refers_to_it() {
-        let mut events = vec![format!(r#"{{"type":4,"data":{{"href":"https://shop/p/1"}},"timestamp":{TS}}}"#)];
-        let click = r#","message":"a","data":{"node":{"id":1,"tagName":"a"},"url":"https://shop/p/1"}"#;
+        let mut events = vec![format!(
+            r#"{{"type":4,"data":{{"href":"https://shop/p/1"}},"timestamp":{TS}}}"#
+        )];
+        let click =
+            r#","message":"a","data":{"node":{"id":1,"tagName":"a"},"url":"https://shop/p/1"}"#;
         events.extend((0..5).map(|_| breadcrumb("ui.click", click)));
-        events.extend((0..5).map(|_| breadcrumb("replay.hydrate-error", r#","data":{"url":"https://shop/p/1"}"#)));
+        events.extend((0..5).map(|_| {
+            breadcrumb(
+                "replay.hydrate-error",
+                r#","data":{"url":"https://shop/p/1"}"#,
+            )
+        }));
         let x = extract_events(&events);
         let page = &x.urls[0];
         assert!(x.clicks.iter().all(|c| Arc::ptr_eq(&c.url, page)));
-        assert!(x.hydration_errors.iter().all(|h| h.url.as_ref().is_some_and(|u| Arc::ptr_eq(u, page))));
-        assert_eq!(Arc::strong_count(page), 11, "one allocation, eleven holders");
+        assert!(
+            x.hydration_errors
+                .iter()
+                .all(|h| h.url.as_ref().is_some_and(|u| Arc::ptr_eq(u, page)))
+        );
+        assert_eq!(
+            Arc::strong_count(page),
+            11,
+            "one allocation, eleven holders"
+        );
     }
 
     #[test]
     fn lists_stop_at_their_byte_budget_and_count_what_they_leave_out() {
         let url = "u".repeat(4000);
-        let events: Vec<String> = (0..400).map(|i| span("resource.fetch", &format!("{url}{i}"), "{}")).collect();
+        let events: Vec<String> = (0..400)
+            .map(|i| span("resource.fetch", &format!("{url}{i}"), "{}"))
+            .collect();
         let x = extract_events(&events);
         let kept = x.requests.len();
-        assert!(kept < 400 && kept * 4000 <= MAX_LIST_BYTES, "{kept} requests kept");
+        assert!(
+            kept < 400 && kept * 4000 <= MAX_LIST_BYTES,
+            "{kept} requests kept"
+        );
         assert_eq!(kept as u64 + x.dropped_items, 400);
     }
 
@@ -796,7 +1043,11 @@ mod tests {
         let long = "c".repeat(10 * MAX_KEY_BYTES);
         let x = extract_events(&[breadcrumb(&long, "")]);
         assert_eq!(x.breadcrumbs_by_category.len(), 1);
-        assert_eq!(x.breadcrumbs_by_category.get(&cut_bytes(&long, MAX_KEY_BYTES).0), 1);
+        assert_eq!(
+            x.breadcrumbs_by_category
+                .get(&cut_bytes(&long, MAX_KEY_BYTES).0),
+            1
+        );
         assert_eq!(x.truncated_values, 1);
     }
 
@@ -809,12 +1060,18 @@ mod tests {
             format!(r#"{{"type":2,"data":{{"node":{deep}}},"timestamp":{TS}}}"#),
             breadcrumb("ui.click", r#","data":{"node":[[[[[[[[1]]]]]]]]}"#),
         ]);
-        assert_eq!((x.events, x.invalid_events), (2, 2), "snapshots are never parsed; shallow nesting is fine");
+        assert_eq!(
+            (x.events, x.invalid_events),
+            (2, 2),
+            "snapshots are never parsed; shallow nesting is fine"
+        );
     }
 
     #[test]
     fn input_keyed_counts_are_bounded() {
-        let events: Vec<String> = (0..MAX_DISTINCT_KEYS + 10).map(|i| breadcrumb(&format!("cat.{i}"), "")).collect();
+        let events: Vec<String> = (0..MAX_DISTINCT_KEYS + 10)
+            .map(|i| breadcrumb(&format!("cat.{i}"), ""))
+            .collect();
         let x = extract_events(&events);
         assert_eq!(x.breadcrumbs_by_category.len(), MAX_DISTINCT_KEYS + 1);
         assert_eq!(x.breadcrumbs_by_category.get("other"), 10);

@@ -63,6 +63,9 @@ pub struct RowLimits {
 
 impl Default for RowLimits {
     fn default() -> Self {
-        RowLimits { max_clicks: 20, max_taps: 20 }
+        RowLimits {
+            max_clicks: 20,
+            max_taps: 20,
+        }
     }
 }

@@ -12,8 +12,15 @@ use crate::recording::heap::{HeapSize, heap_size};
 /// A URL shared by every output that refers to it.
 pub type Url = Arc<str>;
 
-const EVENT_TYPES: [&str; 7] =
-    ["DomContentLoaded", "Load", "FullSnapshot", "IncrementalSnapshot", "Meta", "Custom", "Plugin"];
+const EVENT_TYPES: [&str; 7] = [
+    "DomContentLoaded",
+    "Load",
+    "FullSnapshot",
+    "IncrementalSnapshot",
+    "Meta",
+    "Custom",
+    "Plugin",
+];
 const INCREMENTAL_SOURCES: [&str; 17] = [
     "Mutation",
     "MouseMove",
@@ -53,13 +60,16 @@ impl Counts {
             }
             Err(_) => None,
         };
-        let slot = slot.unwrap_or_else(|| match self.0.binary_search_by(|(k, _)| (**k).cmp("other")) {
-            Ok(i) => i,
-            Err(i) => {
-                self.0.insert(i, ("other".into(), 0));
-                i
-            }
-        });
+        let slot =
+            slot.unwrap_or_else(
+                || match self.0.binary_search_by(|(k, _)| (**k).cmp("other")) {
+                    Ok(i) => i,
+                    Err(i) => {
+                        self.0.insert(i, ("other".into(), 0));
+                        i
+                    }
+                },
+            );
         if let Some((_, n)) = self.0.get_mut(slot) {
             *n += 1;
         }
@@ -67,7 +77,11 @@ impl Counts {
     }
 
     pub fn get(&self, key: &str) -> u64 {
-        self.0.binary_search_by(|(k, _)| (**k).cmp(key)).ok().and_then(|i| self.0.get(i)).map_or(0, |(_, n)| *n)
+        self.0
+            .binary_search_by(|(k, _)| (**k).cmp(key))
+            .ok()
+            .and_then(|i| self.0.get(i))
+            .map_or(0, |(_, n)| *n)
     }
 
     /// Distinct keys held.
@@ -100,7 +114,13 @@ pub fn cut_bytes(text: &str, max: usize) -> (std::borrow::Cow<'_, str>, bool) {
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    (std::borrow::Cow::Owned(format!("{}{TRUNCATION_MARKER}", text.get(..end).unwrap_or_default())), true)
+    (
+        std::borrow::Cow::Owned(format!(
+            "{}{TRUNCATION_MARKER}",
+            text.get(..end).unwrap_or_default()
+        )),
+        true,
+    )
 }
 
 /// Counts by a fixed set of names (rrweb enums); serialised as a name → count map without zeros.
@@ -113,11 +133,18 @@ pub struct NamedCounts<const N: usize> {
 
 impl<const N: usize> NamedCounts<N> {
     const fn new(names: &'static [&'static str; N]) -> Self {
-        NamedCounts { names, counts: [0; N], unknown: 0 }
+        NamedCounts {
+            names,
+            counts: [0; N],
+            unknown: 0,
+        }
     }
 
     pub(super) fn add(&mut self, index: u64) {
-        match usize::try_from(index).ok().and_then(|i| self.counts.get_mut(i)) {
+        match usize::try_from(index)
+            .ok()
+            .and_then(|i| self.counts.get_mut(i))
+        {
             Some(n) => *n += 1,
             None => self.unknown += 1,
         }
@@ -128,7 +155,12 @@ impl<const N: usize> NamedCounts<N> {
         if name == UNKNOWN {
             return self.unknown;
         }
-        self.names.iter().position(|n| *n == name).and_then(|i| self.counts.get(i)).copied().unwrap_or(0)
+        self.names
+            .iter()
+            .position(|n| *n == name)
+            .and_then(|i| self.counts.get(i))
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -364,7 +396,10 @@ impl Extracted {
 
     /// Every rage click of the segment, those past the click rows' limit included.
     pub fn rage_clicks(&self) -> impl Iterator<Item = &Click> {
-        self.clicks.iter().filter(|c| c.is_rage).chain(&self.late_rage_clicks)
+        self.clicks
+            .iter()
+            .filter(|c| c.is_rage)
+            .chain(&self.late_rage_clicks)
     }
 }
 
@@ -374,8 +409,25 @@ impl HeapSize for Counts {
     }
 }
 
-heap_size!(Click { tag, id, classes, text, role, alt, aria_label, title, testid, component_name, selector, url });
-heap_size!(Tap { message, view_class, view_id });
+heap_size!(Click {
+    tag,
+    id,
+    classes,
+    text,
+    role,
+    alt,
+    aria_label,
+    title,
+    testid,
+    component_name,
+    selector,
+    url
+});
+heap_size!(Tap {
+    message,
+    view_class,
+    view_id
+});
 heap_size!(MultiClick { selector });
 heap_size!(Navigation { op, from, to });
 heap_size!(Request { op, url, method });

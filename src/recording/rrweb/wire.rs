@@ -156,7 +156,9 @@ pub(super) struct VitalData<'a> {
 }
 
 /// Parses optional `data`; absent data is the default, present but malformed is `None`.
-pub(super) fn parse_data<'a, T: Deserialize<'a> + Default>(data: &Option<&'a RawValue>) -> Option<T> {
+pub(super) fn parse_data<'a, T: Deserialize<'a> + Default>(
+    data: &Option<&'a RawValue>,
+) -> Option<T> {
     match data {
         None => Some(T::default()),
         Some(raw) => parse(raw.get()),

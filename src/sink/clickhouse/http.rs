@@ -34,7 +34,12 @@ pub fn clickhouse_client() -> clickhouse::Client {
     http.enforce_http(false);
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
-        .map(|builder| builder.https_or_http().enable_http1().wrap_connector(http.clone()));
+        .map(|builder| {
+            builder
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(http.clone())
+        });
     let connector = match https {
         Ok(https) => Watched(Inner::Https(https)),
         // No usable trust store (none in the image, no SSL_CERT_FILE): plain HTTP works, and an
@@ -42,7 +47,9 @@ pub fn clickhouse_client() -> clickhouse::Client {
         Err(_) => Watched(Inner::Http(http)),
     };
     // The request body type is the crate's own: inferred from its one client implementation.
-    let pool = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(2)).build(connector);
+    let pool = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(2))
+        .build(connector);
     clickhouse::Client::with_http_client(pool)
 }
 
@@ -79,7 +86,11 @@ impl tower_service::Service<Uri> for Watched {
             }
             Inner::Http(http) => {
                 let connecting = http.call(uri);
-                Box::pin(async move { Ok(WatchedStream::new(hyper_rustls::MaybeHttpsStream::Http(connecting.await?))) })
+                Box::pin(async move {
+                    Ok(WatchedStream::new(hyper_rustls::MaybeHttpsStream::Http(
+                        connecting.await?,
+                    )))
+                })
             }
         }
     }
@@ -97,7 +108,10 @@ pub struct WatchedStream<S> {
 
 impl<S> WatchedStream<S> {
     fn new(inner: S) -> Self {
-        WatchedStream { inner, watch: Watch::default() }
+        WatchedStream {
+            inner,
+            watch: Watch::default(),
+        }
     }
 }
 
@@ -136,10 +150,16 @@ fn exception(window: &[u8]) -> Option<ExceptionIn200> {
         let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
         let after = &rest[digits..];
         if digits > 0
-            && (after.starts_with(b". DB::Exception") || after.starts_with(b", e.displayText() = DB::Exception"))
+            && (after.starts_with(b". DB::Exception")
+                || after.starts_with(b", e.displayText() = DB::Exception"))
         {
-            let end = window[code..].iter().position(|b| *b == b'\n').map_or(window.len(), |n| code + n);
-            return Some(ExceptionIn200(String::from_utf8_lossy(&window[code..end.min(code + MAX_TEXT)]).into_owned()));
+            let end = window[code..]
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(window.len(), |n| code + n);
+            return Some(ExceptionIn200(
+                String::from_utf8_lossy(&window[code..end.min(code + MAX_TEXT)]).into_owned(),
+            ));
         }
         from = code + 6;
     }
@@ -171,7 +191,11 @@ impl<S: Read + Unpin> Read for WatchedStream<S> {
 }
 
 impl<S: Write + Unpin> Write for WatchedStream<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -204,11 +228,15 @@ impl<S: Connection> Connection for WatchedStream<S> {
 
 /// The ClickHouse exception a failed request carried in a `200` answer, if that is what failed
 /// it (it travels as an I/O error, whose `source` skips the error it wraps).
-pub fn exception_in_200<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a ExceptionIn200> {
+pub fn exception_in_200<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a ExceptionIn200> {
     let mut cause = Some(error);
     while let Some(error) = cause {
-        let wrapped =
-            error.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).map(|e| e as &dyn std::error::Error);
+        let wrapped = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|e| e as &dyn std::error::Error);
         if let Some(found) = wrapped.unwrap_or(error).downcast_ref::<ExceptionIn200>() {
             return Some(found);
         }
@@ -227,16 +255,40 @@ mod tests {
         for split in [1, 7, 40, 60, answer.len()] {
             let mut watch = Watch::default();
             let (first, second) = answer.split_at(split.min(answer.len()));
-            let found = watch.saw(first).or_else(|| watch.saw(second)).expect("found");
-            assert_eq!(found.0, "Code: 27. DB::Exception: Cannot parse input: expected '\\t'", "split at {split}");
+            let found = watch
+                .saw(first)
+                .or_else(|| watch.saw(second))
+                .expect("found");
+            assert_eq!(
+                found.0, "Code: 27. DB::Exception: Cannot parse input: expected '\\t'",
+                "split at {split}"
+            );
         }
         let old = b"HTTP/1.1 200 OK\r\n\r\nCode: 193, e.displayText() = DB::Exception: Wrong password, e.what() = DB::Exception\n";
-        assert!(Watch::default().saw(old).unwrap().0.starts_with("Code: 193, e.displayText()"));
+        assert!(
+            Watch::default()
+                .saw(old)
+                .unwrap()
+                .0
+                .starts_with("Code: 193, e.displayText()")
+        );
         let error = b"HTTP/1.1 500 Internal Server Error\r\n\r\nCode: 27. DB::Exception: x\n";
-        assert_eq!(Watch::default().saw(error), None, "a non-200 answer is the crate's to read");
+        assert_eq!(
+            Watch::default().saw(error),
+            None,
+            "a non-200 answer is the crate's to read"
+        );
         let mut keep_alive = Watch::default();
-        assert_eq!(keep_alive.saw(b"HTTP/1.1 500 Internal Server Error\r\n\r\nCode: 27. DB::Exception: x\n"), None);
-        assert!(keep_alive.saw(b"HTTP/1.1 200 OK\r\n\r\nCode: 241. DB::Exception: Memory limit\n").is_some());
+        assert_eq!(
+            keep_alive
+                .saw(b"HTTP/1.1 500 Internal Server Error\r\n\r\nCode: 27. DB::Exception: x\n"),
+            None
+        );
+        assert!(
+            keep_alive
+                .saw(b"HTTP/1.1 200 OK\r\n\r\nCode: 241. DB::Exception: Memory limit\n")
+                .is_some()
+        );
         assert_eq!(Watch::default().saw(b"HTTP/1.1 200 OK\r\n\r\n"), None);
         assert_eq!(
             Watch::default().saw(b"HTTP/1.1 200 OK\r\n\r\nCode: 12 and later DB::Exception"),

@@ -5,16 +5,30 @@ use super::{ClickHouseConfig, client, setup_error};
 use crate::sink::{Retry, SinkError};
 
 /// Creates the database and table if missing, for what the server supports.
-pub async fn migrate(config: &ClickHouseConfig) -> Result<ServerFeatures, clickhouse::error::Error> {
+pub async fn migrate(
+    config: &ClickHouseConfig,
+) -> Result<ServerFeatures, clickhouse::error::Error> {
     // The database may not exist yet: connect to `default` for the probes and the DDL.
     let client = client(config).with_database("default");
     let version: String = client.query("SELECT version()").fetch_one().await?;
     let version = ServerVersion::parse(&version).unwrap_or(ServerVersion(0, 0));
-    let hash_uuid =
-        client.query("SELECT cityHash64(toUUID('00000000-0000-0000-0000-000000000000'))").execute().await.is_ok();
+    let hash_uuid = client
+        .query("SELECT cityHash64(toUUID('00000000-0000-0000-0000-000000000000'))")
+        .execute()
+        .await
+        .is_ok();
     let features = ServerFeatures { version, hash_uuid };
-    client.query(&format!("CREATE DATABASE IF NOT EXISTS {}", config.database)).execute().await?;
-    client.query(&create_table_sql(&config.database, &config.table, features)).execute().await?;
+    client
+        .query(&format!(
+            "CREATE DATABASE IF NOT EXISTS {}",
+            config.database
+        ))
+        .execute()
+        .await?;
+    client
+        .query(&create_table_sql(&config.database, &config.table, features))
+        .execute()
+        .await?;
     Ok(features)
 }
 
@@ -34,11 +48,16 @@ pub async fn check_table(config: &ClickHouseConfig) -> Result<(), SinkError> {
         .map_err(|e| setup_error(&e, config))?;
     let table = format!("{}.{}", config.database, config.table);
     if found.is_empty() {
-        let message =
-            format!("table {table} does not exist: create it with `replay-ingest migrate` or --migrate-on-start");
+        let message = format!(
+            "table {table} does not exist: create it with `replay-ingest migrate` or --migrate-on-start"
+        );
         return Err(SinkError::new("clickhouse", Retry::Fatal, message));
     }
     schema_problems(&found).map_err(|problems| {
-        SinkError::new("clickhouse", Retry::Fatal, format_args!("table {table} does not match the rows: {problems}"))
+        SinkError::new(
+            "clickhouse",
+            Retry::Fatal,
+            format_args!("table {table} does not match the rows: {problems}"),
+        )
     })
 }

@@ -59,7 +59,8 @@ impl Chunk {
     /// Whether a row in `partition` must start a new INSERT.
     fn is_full_for(&self, partition: (u16, u32), max_rows: usize) -> bool {
         self.rows >= max_rows
-            || (self.partitions.len() >= MAX_PARTITIONS_PER_INSERT && !self.partitions.contains(&partition))
+            || (self.partitions.len() >= MAX_PARTITIONS_PER_INSERT
+                && !self.partitions.contains(&partition))
     }
 
     fn add(&mut self, partition: (u16, u32)) {
@@ -74,13 +75,19 @@ pub fn classify(error: &clickhouse::error::Error) -> Retry {
     use clickhouse::error::Error;
     match error {
         // Code 252 is also "too many parts" (merges behind: transient); this one is the data.
-        Error::BadResponse(message) if message.contains("Too many partitions for single INSERT block") => {
+        Error::BadResponse(message)
+            if message.contains("Too many partitions for single INSERT block") =>
+        {
             Retry::Rejected
         }
         Error::BadResponse(message) => by_code(message),
         // A `200` whose body is an exception (`http`): the exception decides.
-        Error::Network(cause) if let Some(exception) = http::exception_in_200(cause.as_ref()) => by_code(&exception.0),
-        Error::Network(_) | Error::TimedOut | Error::Compression(_) | Error::Decompression(_) => Retry::Retryable,
+        Error::Network(cause) if let Some(exception) = http::exception_in_200(cause.as_ref()) => {
+            by_code(&exception.0)
+        }
+        Error::Network(_) | Error::TimedOut | Error::Compression(_) | Error::Decompression(_) => {
+            Retry::Retryable
+        }
         Error::SchemaMismatch(_) | Error::InvalidParams(_) | Error::Unsupported(_) => Retry::Fatal,
         _ => Retry::Retryable,
     }
@@ -115,9 +122,10 @@ pub fn setup_error(error: &clickhouse::error::Error, config: &ClickHouseConfig) 
                 "TLS: the certificate of {at} is not trusted (a private CA's bundle goes in SSL_CERT_FILE): {detail}"
             ),
         ),
-        _ if detail.contains("tls") || detail.contains("TLS") || detail.contains("handshake") => {
-            (classify(error), format!("TLS handshake with {at} failed: {detail}"))
-        }
+        _ if detail.contains("tls") || detail.contains("TLS") || detail.contains("handshake") => (
+            classify(error),
+            format!("TLS handshake with {at} failed: {detail}"),
+        ),
         _ => (classify(error), format!("at {at}: {detail}")),
     };
     SinkError::new("clickhouse", retry, message)
@@ -135,7 +143,10 @@ fn by_code(message: &str) -> Retry {
 /// The `Code: N` ClickHouse puts in its error messages.
 fn error_code(message: &str) -> Option<u32> {
     let rest = &message[message.find("Code: ")? + 6..];
-    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Connection settings. `url` may be `https://`: TLS (rustls) checks the server against the
@@ -188,7 +199,13 @@ impl ClickHouseSink {
         let mut insert: Option<clickhouse::insert::Insert<ReplayRow>> = None;
         let mut chunk = Chunk::default();
         let valid = batch.iter().filter_map(|entry| match &entry.outcome {
-            Outcome::Valid(p) => Some((p, KafkaPosition { partition: entry.partition, offset: entry.offset })),
+            Outcome::Valid(p) => Some((
+                p,
+                KafkaPosition {
+                    partition: entry.partition,
+                    offset: entry.offset,
+                },
+            )),
             Outcome::Invalid(_) => None,
         });
         for (processed, at) in valid {
@@ -251,9 +268,15 @@ impl Sink for ClickHouseSink {
                 }
             }
             let message = super::describe(&error);
-            Err(SinkError { message, ..SinkError::from_error(self.name(), classify(&error), error) })
+            Err(SinkError {
+                message,
+                ..SinkError::from_error(self.name(), classify(&error), error)
+            })
         })?;
-        Ok(Written { items: rows, bytes: 0 })
+        Ok(Written {
+            items: rows,
+            bytes: 0,
+        })
     }
 }
 
@@ -265,18 +288,43 @@ mod tests {
     #[test]
     fn data_errors_are_rejections_schema_errors_fatal_and_the_rest_retried() {
         let cases = [
-            ("Code: 53, e.displayText() = DB::Exception: Type mismatch", Retry::Rejected),
-            ("Code: 27. DB::Exception: Cannot parse input", Retry::Rejected),
-            ("Code: 32, e.displayText() = DB::Exception: Attempt to read after eof", Retry::Rejected),
-            ("Code: 117, e.displayText() = DB::Exception: Incorrect data", Retry::Rejected),
-            ("Code: 60. DB::Exception: Table default.x doesn't exist", Retry::Fatal),
-            ("Code: 241. DB::Exception: Memory limit exceeded", Retry::Retryable),
+            (
+                "Code: 53, e.displayText() = DB::Exception: Type mismatch",
+                Retry::Rejected,
+            ),
+            (
+                "Code: 27. DB::Exception: Cannot parse input",
+                Retry::Rejected,
+            ),
+            (
+                "Code: 32, e.displayText() = DB::Exception: Attempt to read after eof",
+                Retry::Rejected,
+            ),
+            (
+                "Code: 117, e.displayText() = DB::Exception: Incorrect data",
+                Retry::Rejected,
+            ),
+            (
+                "Code: 60. DB::Exception: Table default.x doesn't exist",
+                Retry::Fatal,
+            ),
+            (
+                "Code: 241. DB::Exception: Memory limit exceeded",
+                Retry::Retryable,
+            ),
             ("Code: 252. DB::Exception: Too many parts", Retry::Retryable),
-            ("Code: 252. DB::Exception: Too many partitions for single INSERT block (more than 100)", Retry::Rejected),
+            (
+                "Code: 252. DB::Exception: Too many partitions for single INSERT block (more than 100)",
+                Retry::Rejected,
+            ),
             ("503 Service Unavailable", Retry::Retryable),
         ];
         for (message, expected) in cases {
-            assert_eq!(classify(&Error::BadResponse(message.into())), expected, "{message}");
+            assert_eq!(
+                classify(&Error::BadResponse(message.into())),
+                expected,
+                "{message}"
+            );
         }
         assert_eq!(classify(&Error::TimedOut), Retry::Retryable);
         assert_eq!(classify(&Error::SchemaMismatch("x".into())), Retry::Fatal);
@@ -294,20 +342,30 @@ mod tests {
             timeout: std::time::Duration::from_secs(1),
         };
         for code in [193, 516] {
-            let error =
-                setup_error(&Error::BadResponse(format!("Code: {code}. DB::Exception: wrong password")), &config);
+            let error = setup_error(
+                &Error::BadResponse(format!("Code: {code}. DB::Exception: wrong password")),
+                &config,
+            );
             assert_eq!(error.retry, Retry::Fatal);
-            assert!(error.message.contains("--clickhouse-password-file") && error.message.contains("\"ingest\""));
+            assert!(
+                error.message.contains("--clickhouse-password-file")
+                    && error.message.contains("\"ingest\"")
+            );
         }
         let untrusted = std::io::Error::other("invalid peer certificate: UnknownIssuer");
         let error = setup_error(&Error::Network(Box::new(untrusted)), &config);
         assert_eq!(error.retry, Retry::Fatal);
         assert!(
-            error.message.starts_with("TLS: the certificate of https://ch:8443 is not trusted"),
+            error
+                .message
+                .starts_with("TLS: the certificate of https://ch:8443 is not trusted"),
             "{}",
             error.message
         );
-        let refused = setup_error(&Error::Network(Box::new(std::io::Error::other("connection refused"))), &config);
+        let refused = setup_error(
+            &Error::Network(Box::new(std::io::Error::other("connection refused"))),
+            &config,
+        );
         assert_eq!(refused.retry, Retry::Retryable, "down is not misconfigured");
     }
 
@@ -318,8 +376,14 @@ mod tests {
             assert!(!chunk.is_full_for((30, week * 7), 1000));
             chunk.add((30, week * 7));
         }
-        assert!(!chunk.is_full_for((30, 0), 1000), "a partition it already touches");
-        assert!(chunk.is_full_for((90, 0), 1000), "a new partition past the limit");
+        assert!(
+            !chunk.is_full_for((30, 0), 1000),
+            "a partition it already touches"
+        );
+        assert!(
+            chunk.is_full_for((90, 0), 1000),
+            "a new partition past the limit"
+        );
         assert!(chunk.is_full_for((30, 0), chunk.rows), "the row limit");
     }
 
@@ -337,13 +401,23 @@ mod tests {
         };
         // 2026-11-30T00:00:00Z is a Monday; the next Monday starts the next partition.
         let monday = partition_of(&row(1_795_996_800.0));
-        assert_eq!(monday, partition_of(&row(1_795_996_800.0 + 7.0 * 86_400.0 - 1.0)));
+        assert_eq!(
+            monday,
+            partition_of(&row(1_795_996_800.0 + 7.0 * 86_400.0 - 1.0))
+        );
         assert_ne!(monday, partition_of(&row(1_795_996_800.0 - 1.0)));
         assert_ne!(monday, partition_of(&row(1_795_996_800.0 + 7.0 * 86_400.0)));
-        assert_eq!(monday.1 % 7, 4, "days since the epoch of a Monday are 4 mod 7");
+        assert_eq!(
+            monday.1 % 7,
+            4,
+            "days since the epoch of a Monday are 4 mod 7"
+        );
     }
 
-    const OLD: ServerFeatures = ServerFeatures { version: ServerVersion(18, 16), hash_uuid: false };
+    const OLD: ServerFeatures = ServerFeatures {
+        version: ServerVersion(18, 16),
+        hash_uuid: false,
+    };
 
     #[test]
     fn snubas_schema_where_the_server_supports_it_and_the_same_wire_types_where_it_does_not() {
@@ -353,28 +427,48 @@ mod tests {
         assert!(!old.contains("LowCardinality") && !old.contains("IPv") && !old.contains("INDEX"));
         assert!(old.contains("`ip_address_v6` Nullable(FixedString(16))"));
         assert!(old.contains("arrayMap(t -> cityHash64(toString(t)), trace_ids)"));
-        let new = ServerFeatures { version: ServerVersion::parse("25.8.16.10001").unwrap(), hash_uuid: true };
+        let new = ServerFeatures {
+            version: ServerVersion::parse("25.8.16.10001").unwrap(),
+            hash_uuid: true,
+        };
         let new = create_table_sql("db", "t", new);
-        assert!(new.contains("TTL timestamp + toIntervalDay(retention_days)") && new.contains("cityHash64(replay_id)"));
+        assert!(
+            new.contains("TTL timestamp + toIntervalDay(retention_days)")
+                && new.contains("cityHash64(replay_id)")
+        );
         assert!(new.contains("`environment` LowCardinality(Nullable(String)),\n"));
-        assert!(new.contains("INDEX bf_tags_hash_map _tags_hash_map TYPE bloom_filter GRANULARITY 1\n)"));
-        assert!(new.contains("ENGINE = ReplacingMergeTree()\nPARTITION BY (retention_days, toMonday(timestamp))"));
+        assert!(
+            new.contains(
+                "INDEX bf_tags_hash_map _tags_hash_map TYPE bloom_filter GRANULARITY 1\n)"
+            )
+        );
+        assert!(new.contains(
+            "ENGINE = ReplacingMergeTree()\nPARTITION BY (retention_days, toMonday(timestamp))"
+        ));
     }
 
     #[test]
     fn the_rows_write_a_subsequence_of_the_table_in_order() {
         let mut table = TABLE.iter().map(|c| c.name);
         for name in <ReplayRow as clickhouse::Row>::COLUMN_NAMES {
-            assert!(table.any(|c| c == *name), "{name} is not in the table, or out of order");
+            assert!(
+                table.any(|c| c == *name),
+                "{name} is not in the table, or out of order"
+            );
         }
         let sql = create_table_sql("db", "t", OLD);
-        assert!(sql.starts_with("CREATE TABLE IF NOT EXISTS db.t\n(\n    `replay_id` UUID,\n    `debug_id` UUID,\n"));
+        assert!(sql.starts_with(
+            "CREATE TABLE IF NOT EXISTS db.t\n(\n    `replay_id` UUID,\n    `debug_id` UUID,\n"
+        ));
         assert!(sql.contains("    `offset` UInt64\n)\nENGINE"));
     }
 
     #[test]
     fn wire_types_drop_low_cardinality_and_ip_domains() {
-        assert_eq!(wire_type("LowCardinality(Nullable(String))"), "Nullable(String)");
+        assert_eq!(
+            wire_type("LowCardinality(Nullable(String))"),
+            "Nullable(String)"
+        );
         assert_eq!(wire_type("Array(LowCardinality(String))"), "Array(String)");
         assert_eq!(wire_type("Nullable(IPv4)"), "Nullable(UInt32)");
         assert_eq!(wire_type("Nullable(IPv6)"), "Nullable(FixedString(16))");
@@ -383,15 +477,28 @@ mod tests {
 
     #[test]
     fn schema_problems_name_missing_columns_and_differently_encoded_types() {
-        let mut found: Vec<(String, String)> = TABLE.iter().map(|c| (c.name.to_owned(), c.kind.to_owned())).collect();
+        let mut found: Vec<(String, String)> = TABLE
+            .iter()
+            .map(|c| (c.name.to_owned(), c.kind.to_owned()))
+            .collect();
         assert_eq!(schema_problems(&found), Ok(()));
-        let legacy: Vec<(String, String)> = found.iter().map(|(n, k)| (n.clone(), wire_type(k))).collect();
-        assert_eq!(schema_problems(&legacy), Ok(()), "an 18.16 table made by migrate");
+        let legacy: Vec<(String, String)> = found
+            .iter()
+            .map(|(n, k)| (n.clone(), wire_type(k)))
+            .collect();
+        assert_eq!(
+            schema_problems(&legacy),
+            Ok(()),
+            "an 18.16 table made by migrate"
+        );
         found.retain(|(n, _)| n != "offset");
         found.iter_mut().find(|(n, _)| n == "segment_id").unwrap().1 = "UInt32".into();
         assert_eq!(
             schema_problems(&found),
-            Err("column segment_id is UInt32, expected Nullable(UInt16); column offset is missing".into())
+            Err(
+                "column segment_id is UInt32, expected Nullable(UInt16); column offset is missing"
+                    .into()
+            )
         );
     }
 }

@@ -44,7 +44,11 @@ pub struct Column {
 }
 
 const fn column(name: &'static str, kind: &'static str) -> Column {
-    Column { name, kind, extra: "" }
+    Column {
+        name,
+        kind,
+        extra: "",
+    }
 }
 
 const fn derived(name: &'static str, kind: &'static str, extra: &'static str) -> Column {
@@ -61,7 +65,11 @@ pub const TABLE: [Column; 78] = [
         "UInt8",
         "MATERIALIZED (debug_id != '00000000-0000-0000-0000-000000000000') + (info_id != '00000000-0000-0000-0000-000000000000')",
     ),
-    derived("count_warning_events", "UInt8", "MATERIALIZED warning_id != '00000000-0000-0000-0000-000000000000'"),
+    derived(
+        "count_warning_events",
+        "UInt8",
+        "MATERIALIZED warning_id != '00000000-0000-0000-0000-000000000000'",
+    ),
     derived(
         "count_error_events",
         "UInt8",
@@ -77,14 +85,22 @@ pub const TABLE: [Column; 78] = [
     column("event_hash", "UUID"),
     column("segment_id", "Nullable(UInt16)"),
     column("trace_ids", "Array(UUID)"),
-    derived("_trace_ids_hashed", "Array(UInt64)", "MATERIALIZED arrayMap(t -> cityHash64(t), trace_ids)"),
+    derived(
+        "_trace_ids_hashed",
+        "Array(UInt64)",
+        "MATERIALIZED arrayMap(t -> cityHash64(t), trace_ids)",
+    ),
     column("title", "Nullable(String)"),
     column("url", "Nullable(String)"),
     column("urls", "Array(String)"),
     column("segment_names", "Array(String)"),
     column("is_archived", "Nullable(UInt8)"),
     column("error_ids", "Array(UUID)"),
-    derived("_error_ids_hashed", "Array(UInt64)", "MATERIALIZED arrayMap(t -> cityHash64(t), error_ids)"),
+    derived(
+        "_error_ids_hashed",
+        "Array(UInt64)",
+        "MATERIALIZED arrayMap(t -> cityHash64(t), error_ids)",
+    ),
     column("project_id", "UInt64"),
     column("timestamp", "DateTime"),
     column("replay_start_timestamp", "Nullable(DateTime)"),
@@ -176,9 +192,15 @@ pub fn wire_type(kind: &str) -> String {
                 (depth == 0).then_some(inner + i)
             })
             .unwrap_or(kind.len());
-        kind = format!("{}{}{}", &kind[..start], &kind[inner..end], kind.get(end + 1..).unwrap_or(""));
+        kind = format!(
+            "{}{}{}",
+            &kind[..start],
+            &kind[inner..end],
+            kind.get(end + 1..).unwrap_or("")
+        );
     }
-    kind.replace("IPv4", "UInt32").replace("IPv6", "FixedString(16)")
+    kind.replace("IPv4", "UInt32")
+        .replace("IPv6", "FixedString(16)")
 }
 
 /// `CREATE TABLE` for `replays_local` on a server with `features`: snuba's final schema where
@@ -190,7 +212,11 @@ pub fn create_table_sql(database: &str, table: &str, features: ServerFeatures) -
     let mut lines: Vec<String> = TABLE
         .iter()
         .map(|c| {
-            let kind = if modern { c.kind.to_owned() } else { wire_type(c.kind) };
+            let kind = if modern {
+                c.kind.to_owned()
+            } else {
+                wire_type(c.kind)
+            };
             let extra = if features.hash_uuid {
                 c.extra.to_owned()
             } else {
@@ -203,8 +229,16 @@ pub fn create_table_sql(database: &str, table: &str, features: ServerFeatures) -
     if modern {
         lines.extend(INDEXES.iter().map(|index| format!("    {index}")));
     }
-    let replay_hash = if features.hash_uuid { "cityHash64(replay_id)" } else { "cityHash64(toString(replay_id))" };
-    let ttl = if features.supports_ttl() { "\nTTL timestamp + toIntervalDay(retention_days)" } else { "" };
+    let replay_hash = if features.hash_uuid {
+        "cityHash64(replay_id)"
+    } else {
+        "cityHash64(toString(replay_id))"
+    };
+    let ttl = if features.supports_ttl() {
+        "\nTTL timestamp + toIntervalDay(retention_days)"
+    } else {
+        ""
+    };
     format!(
         "CREATE TABLE IF NOT EXISTS {database}.{table}\n(\n{}\n)\nENGINE = ReplacingMergeTree()\n\
          PARTITION BY (retention_days, toMonday(timestamp))\n\
@@ -220,7 +254,11 @@ pub(super) fn schema_problems(found: &[(String, String)]) -> Result<(), String> 
     let problems: Vec<String> = <ReplayRow as clickhouse::Row>::COLUMN_NAMES
         .iter()
         .filter_map(|&name| {
-            let expected = TABLE.iter().find(|c| c.name == name).map(|c| wire_type(c.kind)).unwrap_or_default();
+            let expected = TABLE
+                .iter()
+                .find(|c| c.name == name)
+                .map(|c| wire_type(c.kind))
+                .unwrap_or_default();
             match found.iter().find(|(n, _)| n == name) {
                 None => Some(format!("column {name} is missing")),
                 Some((_, actual)) if wire_type(actual) != expected => {
@@ -230,5 +268,9 @@ pub(super) fn schema_problems(found: &[(String, String)]) -> Result<(), String> 
             }
         })
         .collect();
-    if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
 }
