@@ -474,6 +474,14 @@ pub struct EventsArgs {
 }
 
 impl EventsArgs {
+    pub fn topics(&self) -> crate::sink::events::EventTopics {
+        crate::sink::events::EventTopics {
+            outcomes: self.outcomes_topic.clone(),
+            analytics: self.analytics_topic.clone(),
+            issues: self.issues_topic.clone(),
+        }
+    }
+
     pub fn issue_gates(&self) -> IssueGates {
         IssueGates {
             rage_clicks: self.rage_click_issues.clone(),
@@ -760,6 +768,20 @@ impl ConsumeArgs {
 
     pub fn flush_stall(&self) -> Duration {
         Duration::from_millis(self.flush_stall_timeout_ms)
+    }
+
+    /// The GCS sink's settings (`--gcs-bucket` is required with `--blob-sink gcs`).
+    pub fn gcs_config(&self) -> Result<crate::sink::gcs::GcsConfig, ConfigError> {
+        let bucket = self.gcs.gcs_bucket.clone().ok_or_else(|| {
+            ConfigError::Invalid("--gcs-bucket is required with --blob-sink gcs".into())
+        })?;
+        Ok(crate::sink::gcs::GcsConfig {
+            bucket,
+            endpoint: self.gcs.gcs_endpoint.clone(),
+            anonymous: self.gcs.gcs_anonymous,
+            concurrency: self.gcs.gcs_upload_concurrency,
+            timeout: self.sink_timeout(),
+        })
     }
 
     pub fn drain_deadline(&self) -> Duration {

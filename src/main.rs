@@ -9,11 +9,10 @@ use std::sync::atomic::Ordering;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rayon::prelude::*;
-use rdkafka::producer::FutureProducer;
 use tracing::{error, info, warn};
 
 use replay_ingest::config::{
-    BlobSinkKind, ClickHouseArgs, ConsumeArgs, EventsSinkKind, KafkaArgs, LimitArgs, RowsSinkKind,
+    BlobSinkKind, ClickHouseArgs, ConsumeArgs, EventsSinkKind, LimitArgs, RowsSinkKind,
     producer_properties,
 };
 use replay_ingest::health::{self, Status};
@@ -21,16 +20,10 @@ use replay_ingest::inspect;
 use replay_ingest::kafka::refetch::Refetcher;
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::recording::Limits;
-use replay_ingest::sink::clickhouse::{self, ClickHouseSink};
-use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
-use replay_ingest::sink::events::{EventTopics, EventsSink};
-use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
-use replay_ingest::sink::publish;
-use replay_ingest::sink::snuba::SnubaSink;
-use replay_ingest::sink::{
-    ObjectStore, Retry, Sink, SinkError, filesystem::FilesystemBlobSink, null::NullSink,
-};
-use replay_ingest::startup::{self, Gated};
+use replay_ingest::sink::dlq::{self, RejectedToDlq};
+use replay_ingest::sink::null::NullSink;
+use replay_ingest::sink::{Built, clickhouse, events, filesystem, gcs, publish, snuba};
+use replay_ingest::startup;
 
 #[derive(Parser)]
 #[command(version, about = "Ingests session-replay recording segments.")]
@@ -146,165 +139,73 @@ fn said_once(error: &anyhow::Error) -> String {
     text
 }
 
-fn producer(
-    kafka: &KafkaArgs,
-    max_message_bytes: usize,
-    timeout: std::time::Duration,
-) -> anyhow::Result<FutureProducer> {
-    kafka
-        .client_config(&producer_properties(max_message_bytes, timeout))?
-        .create()
-        .context("creating the Kafka producer")
-}
-
 /// The flush stages: blobs (and dead letters) first, so no row or event ever points at a missing
-/// blob; then rows and events in parallel. Metrics follow the flush.
-/// Each destination is checked before the service joins the group; the writes to one that does
-/// not answer yet wait for its check (`startup`).
+/// blob; then rows and events in parallel. Metrics follow the flush. Each sink module builds its
+/// sink with its destination's health check (`sink::Built`); `startup` runs the checks.
 async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks> {
+    let timeout = args.sink_timeout();
+    let kafka = args
+        .kafka
+        .client_config(&producer_properties(args.max_message_bytes, timeout))?;
+    // The consumed topic must exist too (the dead-letter sink reads rejected messages again).
+    startup::check(
+        "kafka",
+        status,
+        publish::topics_check(&kafka, vec![args.topic.clone()], timeout),
+    )
+    .await
+    .context("checking the consumed topic")?;
     // The blob store also keeps dead letters too large for their topic.
-    let (blobs, overflow): (Box<dyn Sink>, Option<Arc<dyn ObjectStore>>) = match args.blob_sink {
+    let (blobs, store) = match args.blob_sink {
         BlobSinkKind::Gcs => {
-            let bucket = args
-                .gcs
-                .gcs_bucket
-                .clone()
-                .context("--gcs-bucket is required with --blob-sink gcs")?;
-            let config = GcsConfig {
-                bucket,
-                endpoint: args.gcs.gcs_endpoint.clone(),
-                anonymous: args.gcs.gcs_anonymous,
-                concurrency: args.gcs.gcs_upload_concurrency,
-                timeout: args.sink_timeout(),
-            };
-            let gcs = Arc::new(
-                GcsSink::new(&config)
-                    .await
-                    .context("creating the GCS client")?,
-            );
-            let checked = gcs.clone();
-            let gate = startup::check("gcs", status, move || {
-                let gcs = checked.clone();
-                async move { gcs.check().await }
-            })
-            .await
-            .context("checking the GCS bucket")?;
-            (
-                Box::new(Gated {
-                    gate,
-                    sink: gcs.clone(),
-                }),
-                Some(gcs),
-            )
+            let (built, store) = gcs::build(&args.gcs_config()?).await?;
+            (built, Some(store))
         }
         BlobSinkKind::Filesystem => {
-            let files = Arc::new(
-                FilesystemBlobSink::new(&args.blob_dir)
-                    .with_context(|| format!("blob directory {}", args.blob_dir.display()))?,
-            );
-            (Box::new(files.clone()), Some(files))
+            let (built, store) = filesystem::build(&args.blob_dir)?;
+            (built, Some(store))
         }
-        BlobSinkKind::Null => (Box::new(NullSink), None),
+        BlobSinkKind::Null => (Built::unchecked(NullSink), None),
     };
-    let dlq_producer = producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?;
-    let mut topics = vec![args.topic.clone(), args.dlq_topic.clone()];
-    if args.events_sink == EventsSinkKind::Kafka {
-        topics.extend(
-            [
-                &args.events.outcomes_topic,
-                &args.events.analytics_topic,
-                &args.events.issues_topic,
-            ]
-            .map(Clone::clone),
-        );
-    }
-    if args.rows_sink == RowsSinkKind::Snuba {
-        topics.push(args.replay_events_topic.clone());
-    }
-    let check_config = args.kafka.client_config(&producer_properties(
-        args.max_message_bytes,
-        args.sink_timeout(),
-    ))?;
-    let timeout = args.sink_timeout();
-    let kafka = startup::check("kafka", status, move || {
-        let (config, topics) = (check_config.clone(), topics.clone());
-        async move {
-            tokio::task::spawn_blocking(move || publish::check_topics(&config, &topics, timeout))
-                .await
-                .unwrap_or_else(|e| Err(SinkError::new("kafka", Retry::Fatal, e)))
-        }
-    })
-    .await
-    .context("checking the Kafka topics")?;
-    let dlq = DlqSink::new(
-        dlq_producer,
+    let (dlq, dead_letters) = dlq::build(
+        &kafka,
         &args.dlq_topic,
         args.dlq_max_message_bytes,
-        overflow,
-    );
-    let rows: Box<dyn Sink> = match args.rows_sink {
+        store,
+        timeout,
+    )?;
+    let rows = match args.rows_sink {
         RowsSinkKind::Clickhouse => {
             let config = args
                 .clickhouse
-                .config(args.sink_timeout())
+                .config(timeout)
                 .context("reading --clickhouse-password-file")?;
-            let (checked, migrate) = (config.clone(), args.migrate_on_start);
-            let gate = startup::check("clickhouse", status, move || {
-                let config = checked.clone();
-                async move {
-                    if migrate {
-                        let features = clickhouse::migrate(&config)
-                            .await
-                            .map_err(|e| clickhouse::setup_error(&e, &config))?;
-                        info!(?features, table = %config.table, "ClickHouse table ready");
-                    }
-                    clickhouse::check_table(&config).await
-                }
-            })
-            .await
-            .context("checking the ClickHouse table")?;
-            Box::new(Gated {
-                gate,
-                sink: ClickHouseSink::new(&config),
-            })
+            clickhouse::build(config, args.migrate_on_start)
         }
-        RowsSinkKind::Snuba => Box::new(Gated {
-            gate: kafka.clone(),
-            sink: SnubaSink::new(
-                producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
-                &args.replay_events_topic,
-            ),
-        }),
-        RowsSinkKind::Null => Box::new(NullSink),
+        RowsSinkKind::Snuba => snuba::build(&kafka, &args.replay_events_topic, timeout)?,
+        RowsSinkKind::Null => Built::unchecked(NullSink),
     };
-    let events: Box<dyn Sink> = match args.events_sink {
+    let events = match args.events_sink {
         EventsSinkKind::Kafka => {
-            let topics = EventTopics {
-                outcomes: args.events.outcomes_topic.clone(),
-                analytics: args.events.analytics_topic.clone(),
-                issues: args.events.issues_topic.clone(),
-            };
             info!(
-                topic = %topics.issues,
+                topic = %args.events.issues_topic,
                 rage_click_issues = %args.events.rage_click_issues,
                 hydration_error_issues = %args.events.hydration_error_issues,
                 "issue occurrences for these projects"
             );
-            Box::new(Gated {
-                gate: kafka.clone(),
-                sink: EventsSink::new(
-                    producer(&args.kafka, args.max_message_bytes, args.sink_timeout())?,
-                    topics,
-                    args.events.issue_gates(),
-                    args.events.first_replay_cache_size,
-                ),
-            })
+            events::build(
+                &kafka,
+                args.events.topics(),
+                args.events.issue_gates(),
+                args.events.first_replay_cache_size,
+                timeout,
+            )?
         }
-        EventsSinkKind::Null => Box::new(NullSink),
+        EventsSinkKind::Null => Built::unchecked(NullSink),
     };
     // Messages a sink rejects are read again from the consumed topic and dead-lettered.
     let rejections = RejectedToDlq {
-        dlq: dlq.clone(),
+        dlq: dead_letters,
         source: Refetcher::new(
             args.kafka
                 .client_config(&args.shared_consumer_properties())?,
@@ -313,19 +214,18 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
         )
         .context("creating the Kafka consumer that re-reads rejected messages")?,
         source_topic: args.topic.clone(),
-        timeout: args.sink_timeout(),
+        timeout,
     };
+    let mut stages = Vec::new();
+    for stage in [vec![blobs, dlq], vec![rows, events]] {
+        let mut gated = Vec::new();
+        for built in stage {
+            gated.push(startup::gated(built, status).await?);
+        }
+        stages.push(gated);
+    }
     Ok(Sinks {
-        stages: vec![
-            vec![
-                blobs,
-                Box::new(Gated {
-                    gate: kafka,
-                    sink: dlq.clone(),
-                }),
-            ],
-            vec![rows, events],
-        ],
+        stages,
         rejections: Some(Box::new(rejections)),
     })
 }

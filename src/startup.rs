@@ -12,7 +12,6 @@
 //! ClickHouse. A configuration error found by a later check fails the next write there with it,
 //! which stops the service, nothing of that flush committed.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ use tracing::{error, info, warn};
 
 use crate::health::Status;
 use crate::sink::progress::Progress;
-use crate::sink::{Entry, Retry, Sink, SinkError, Written};
+use crate::sink::{Built, Check, Checked, Entry, Retry, Sink, SinkError, Written};
 
 /// The first wait between two tries, and the longest (well under the liveness window).
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
@@ -72,15 +71,11 @@ impl Gate {
 
 /// Checks `what` once; a configuration error is returned. A destination that does not answer
 /// is checked again in the background until it passes: the returned gate opens then.
-pub async fn check<F, Fut>(
+pub async fn check(
     what: &'static str,
     status: &Arc<Status>,
-    mut check: F,
-) -> Result<Arc<Gate>, SinkError>
-where
-    F: FnMut() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<(), SinkError>> + Send + 'static,
-{
+    mut check: Check,
+) -> Result<Arc<Gate>, SinkError> {
     status.beat();
     match check().await {
         Ok(()) => Ok(Gate::new(State::Passed)),
@@ -95,15 +90,7 @@ where
     }
 }
 
-async fn keep_checking<F, Fut>(
-    what: &'static str,
-    status: Arc<Status>,
-    mut check: F,
-    gate: Arc<Gate>,
-) where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), SinkError>>,
-{
+async fn keep_checking(what: &'static str, status: Arc<Status>, mut check: Check, gate: Arc<Gate>) {
     let mut backoff = FIRST_BACKOFF;
     loop {
         tokio::time::sleep(backoff).await;
@@ -133,13 +120,41 @@ async fn keep_checking<F, Fut>(
     }
 }
 
-/// A sink whose writes wait for its destination's startup check.
-pub struct Gated<S> {
-    pub gate: Arc<Gate>,
-    pub sink: S,
+/// A startup check that found a configuration error.
+#[derive(Debug, thiserror::Error)]
+#[error("checking {describes}")]
+pub struct CheckFailed {
+    pub describes: &'static str,
+    #[source]
+    pub error: SinkError,
 }
 
-impl<S: Sink> Sink for Gated<S> {
+/// `built`'s sink, its writes waiting for its destination's check (tried once here).
+pub async fn gated(built: Built, status: &Arc<Status>) -> Result<Box<dyn Sink>, CheckFailed> {
+    let Some(Checked {
+        what,
+        describes,
+        check: run,
+    }) = built.check
+    else {
+        return Ok(built.sink);
+    };
+    let gate = check(what, status, run)
+        .await
+        .map_err(|error| CheckFailed { describes, error })?;
+    Ok(Box::new(Gated {
+        gate,
+        sink: built.sink,
+    }))
+}
+
+/// A sink whose writes wait for its destination's startup check.
+struct Gated {
+    gate: Arc<Gate>,
+    sink: Box<dyn Sink>,
+}
+
+impl Sink for Gated {
     fn name(&self) -> &'static str {
         self.sink.name()
     }
@@ -160,23 +175,17 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     /// A check failing `failures` times (as `retry`), then passing; and how often it ran.
-    fn flaky(
-        failures: u32,
-        retry: Retry,
-    ) -> (
-        Arc<AtomicU32>,
-        impl FnMut() -> std::future::Ready<Result<(), SinkError>>,
-    ) {
+    fn flaky(failures: u32, retry: Retry) -> (Arc<AtomicU32>, Check) {
         let tries = Arc::new(AtomicU32::new(0));
         let counted = tries.clone();
-        let check = move || {
+        let check: Check = Box::new(move || {
             let tried = counted.fetch_add(1, Ordering::SeqCst);
-            std::future::ready(if tried < failures {
+            Box::pin(std::future::ready(if tried < failures {
                 Err(SinkError::new("gcs", retry, "connection refused"))
             } else {
                 Ok(())
-            })
-        };
+            }))
+        });
         (tries, check)
     }
 
@@ -231,27 +240,19 @@ mod tests {
         let status = Arc::new(Status::default());
         let tries = Arc::new(AtomicU32::new(0));
         let counted = tries.clone();
-        let check = move || {
+        let check: Check = Box::new(move || {
             let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
-            let retry = if first {
-                Retry::Retryable
+            let (retry, message) = if first {
+                (Retry::Retryable, "connection refused")
             } else {
-                Retry::Fatal
+                (Retry::Fatal, "bucket not found")
             };
-            std::future::ready(Err(SinkError::new(
-                "gcs",
-                retry,
-                if first {
-                    "connection refused"
-                } else {
-                    "bucket not found"
-                },
-            )))
-        };
-        let gated = Gated {
-            gate: super::check("gcs", &status, check).await.unwrap(),
-            sink: crate::sink::null::NullSink,
-        };
+            Box::pin(std::future::ready(Err(SinkError::new(
+                "gcs", retry, message,
+            ))))
+        });
+        let built = Built::checked(crate::sink::null::NullSink, "gcs", "the GCS bucket", check);
+        let gated = gated(built, &status).await.unwrap();
         let progress = Progress::new("gcs", &status);
         tokio::time::sleep(Duration::from_secs(1)).await;
         let error = gated.write(&[], &progress).unwrap_err();

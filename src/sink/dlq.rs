@@ -24,8 +24,8 @@ use tracing::warn;
 use super::progress::keep_telling;
 use super::publish::classify_producer_error;
 use super::{
-    DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Piece, Progress, Rejected,
-    Retry, Sink, SinkError, Written,
+    Built, DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Piece, Progress,
+    Rejected, Retry, Sink, SinkError, Written,
 };
 use crate::kafka::consumer::key_and_timestamp;
 use crate::kafka::refetch::Refetcher;
@@ -359,4 +359,26 @@ fn delivered(
             "producer dropped the delivery",
         )),
     }
+}
+
+/// The dead-letter sink on `topic` (oversized dead letters whole in `overflow`), and a handle on
+/// it for the messages other sinks reject. Its health check: the topic exists.
+pub fn build(
+    producer: &rdkafka::ClientConfig,
+    topic: &str,
+    max_record_bytes: usize,
+    overflow: Option<Arc<dyn ObjectStore>>,
+    timeout: Duration,
+) -> Result<(Built, DlqSink), SinkError> {
+    let dlq = DlqSink::new(
+        super::publish::producer(producer, "dlq")?,
+        topic,
+        max_record_bytes,
+        overflow,
+    );
+    let check = super::publish::topics_check(producer, vec![topic.to_owned()], timeout);
+    Ok((
+        Built::checked(dlq.clone(), "kafka", "the Kafka topics", check),
+        dlq,
+    ))
 }

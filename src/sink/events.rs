@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use rdkafka::producer::FutureProducer;
 
 use super::publish::{Publisher, Record};
-use super::{Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
+use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
 use crate::metrics;
 use crate::recording::occurrence::IssueKind;
 use crate::recording::{AnalyticsEvent, EventTopic, IssueGates};
@@ -150,6 +150,30 @@ impl Sink for EventsSink {
         }
         Ok(written)
     }
+}
+
+/// Outcomes, analytics events and issue occurrences on `topics`. Its health check: the topics
+/// exist.
+pub fn build(
+    producer: &rdkafka::ClientConfig,
+    topics: EventTopics,
+    issues: IssueGates,
+    first_replay_cache: usize,
+    timeout: std::time::Duration,
+) -> Result<Built, SinkError> {
+    let names = vec![
+        topics.outcomes.clone(),
+        topics.analytics.clone(),
+        topics.issues.clone(),
+    ];
+    let sink = EventsSink::new(
+        super::publish::producer(producer, "events")?,
+        topics,
+        issues,
+        first_replay_cache,
+    );
+    let check = super::publish::topics_check(producer, names, timeout);
+    Ok(Built::checked(sink, "kafka", "the Kafka topics", check))
 }
 
 #[cfg(test)]

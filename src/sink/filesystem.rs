@@ -4,8 +4,9 @@
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use super::{Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
+use super::{Built, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
 
 pub struct FilesystemBlobSink {
     root: PathBuf,
@@ -72,4 +73,17 @@ impl ObjectStore for FilesystemBlobSink {
     fn location(&self, key: &str) -> String {
         format!("file://{}", self.root.join(key).display())
     }
+}
+
+/// The blob sink under `dir`, and the same directory as the store for oversized dead letters.
+pub fn build(dir: &Path) -> Result<(Built, Arc<dyn ObjectStore>), SinkError> {
+    let files = FilesystemBlobSink::new(dir).map_err(|e| {
+        SinkError::new(
+            "filesystem",
+            Retry::Fatal,
+            format_args!("blob directory {}: {e}", dir.display()),
+        )
+    })?;
+    let files = Arc::new(files);
+    Ok((Built::unchecked(files.clone()), files))
 }

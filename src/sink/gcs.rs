@@ -6,13 +6,16 @@
 //! (fake-gcs-server) and anonymous credentials. The client's own retries are off — the flush
 //! retries with its policy and classification, so attempts do not multiply.
 
+use std::sync::Arc;
+
 use futures::StreamExt;
 use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_storage::client::Storage;
 
 use super::progress::keep_telling;
 use super::{
-    Entries, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError, Written,
+    Built, Check, Entries, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError,
+    Written,
 };
 
 /// Retry classification: 408, 429 and 5xx, timeouts and transport trouble are retried; 400 and
@@ -198,4 +201,26 @@ impl ObjectStore for GcsSink {
     fn location(&self, key: &str) -> String {
         format!("gs://{}/{key}", self.name)
     }
+}
+
+/// The blob sink on GCS, and the same bucket as the store for dead letters too large for their
+/// topic. Its health check writes a probe object ([`GcsSink::check`]).
+pub async fn build(config: &GcsConfig) -> Result<(Built, Arc<dyn ObjectStore>), SinkError> {
+    let gcs = GcsSink::new(config).await.map_err(|e| {
+        SinkError::new(
+            "gcs",
+            Retry::Fatal,
+            format_args!("creating the GCS client: {e}"),
+        )
+    })?;
+    let gcs = Arc::new(gcs);
+    let checked = gcs.clone();
+    let check: Check = Box::new(move || {
+        let gcs = checked.clone();
+        Box::pin(async move { gcs.check().await })
+    });
+    Ok((
+        Built::checked(gcs.clone(), "gcs", "the GCS bucket", check),
+        gcs,
+    ))
 }

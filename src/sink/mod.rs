@@ -14,6 +14,10 @@
 //!
 //! `write` runs on a flush's blocking thread; a sink with an async client drives it with
 //! [`block_on`], the one way this is done.
+//!
+//! Each sink module has one `build` that gives a [`Built`]: the sink and the health check of its
+//! destination, in one shape for all ([`Check`]); `startup` runs the checks and holds each sink's
+//! writes until its check passes. Adding a sink is its module and the line that picks it.
 
 pub mod clickhouse;
 pub mod dlq;
@@ -35,6 +39,51 @@ pub use self::progress::{Piece, Progress};
 pub struct Written {
     pub items: u64,
     pub bytes: u64,
+}
+
+/// A destination's health check: it exists and takes writes. A failure says whether a retry can
+/// help (the destination does not answer) or not (configuration).
+pub type Check =
+    Box<dyn FnMut() -> futures::future::BoxFuture<'static, Result<(), SinkError>> + Send>;
+
+/// A health check with what it checks: `what` names its outage (`/status`, logs), `describes`
+/// the destination in an error (`the GCS bucket`).
+pub struct Checked {
+    pub what: &'static str,
+    pub describes: &'static str,
+    pub check: Check,
+}
+
+/// What a sink module builds: the sink, and the check its writes wait for.
+pub struct Built {
+    pub sink: Box<dyn Sink>,
+    pub check: Option<Checked>,
+}
+
+impl Built {
+    /// A sink with no destination to check (null, the filesystem store).
+    pub fn unchecked(sink: impl Sink + 'static) -> Built {
+        Built {
+            sink: Box::new(sink),
+            check: None,
+        }
+    }
+
+    pub fn checked(
+        sink: impl Sink + 'static,
+        what: &'static str,
+        describes: &'static str,
+        check: Check,
+    ) -> Built {
+        Built {
+            sink: Box::new(sink),
+            check: Some(Checked {
+                what,
+                describes,
+                check,
+            }),
+        }
+    }
 }
 use crate::recording::{InvalidRecording, Processed, Reason};
 

@@ -156,6 +156,37 @@ impl rdkafka::producer::ProducerContext for Refusals {
     fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
 }
 
+/// A producer for a sink named `sink`, from the producers' `config`.
+pub fn producer(
+    config: &rdkafka::ClientConfig,
+    sink: &'static str,
+) -> Result<FutureProducer, SinkError> {
+    config.create().map_err(|e| {
+        SinkError::new(
+            sink,
+            Retry::Fatal,
+            format_args!("creating the Kafka producer: {e}"),
+        )
+    })
+}
+
+/// [`check_topics`] as a sink's health check.
+pub fn topics_check(
+    config: &rdkafka::ClientConfig,
+    topics: Vec<String>,
+    timeout: Duration,
+) -> super::Check {
+    let config = config.clone();
+    Box::new(move || {
+        let (config, topics) = (config.clone(), topics.clone());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || check_topics(&config, &topics, timeout))
+                .await
+                .unwrap_or_else(|e| Err(SinkError::new("kafka", Retry::Fatal, e)))
+        })
+    })
+}
+
 /// The startup check for topics, with a client of its own made from the producers' `config`:
 /// every one of `topics` exists. Reads the metadata of all topics, because asking for one by
 /// name creates it on brokers that auto-create topics. An unreachable cluster is transient; a

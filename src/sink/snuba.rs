@@ -7,7 +7,7 @@
 use rdkafka::producer::FutureProducer;
 
 use super::publish::{Publisher, Record};
-use super::{Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
+use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
 use crate::recording::snuba;
 
 pub struct SnubaSink {
@@ -55,4 +55,15 @@ impl Sink for SnubaSink {
     fn writes_for(&self, entry: &Entry) -> bool {
         matches!(&entry.outcome, Outcome::Valid(p) if p.has_rows())
     }
+}
+
+/// Rows published on `topic` for snuba. Its health check: the topic exists.
+pub fn build(
+    producer: &rdkafka::ClientConfig,
+    topic: &str,
+    timeout: std::time::Duration,
+) -> Result<Built, SinkError> {
+    let sink = SnubaSink::new(super::publish::producer(producer, "snuba")?, topic);
+    let check = super::publish::topics_check(producer, vec![topic.to_owned()], timeout);
+    Ok(Built::checked(sink, "kafka", "the Kafka topics", check))
 }

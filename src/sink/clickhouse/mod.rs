@@ -17,7 +17,7 @@ mod schema;
 
 use std::collections::HashSet;
 
-use super::{Entry, Outcome, Progress, Retry, Sink, SinkError, Written};
+use super::{Built, Check, Entry, Outcome, Progress, Retry, Sink, SinkError, Written};
 use crate::recording::{KafkaPosition, ReplayRow};
 use crate::secret::Secret;
 pub use migrate::{check_table, migrate};
@@ -278,6 +278,25 @@ impl Sink for ClickHouseSink {
             bytes: 0,
         })
     }
+}
+
+/// Rows into ClickHouse. Its health check: the table exists and matches the rows — after
+/// creating or migrating it, with `migrate`.
+pub fn build(config: ClickHouseConfig, migrate: bool) -> Built {
+    let sink = ClickHouseSink::new(&config);
+    let check: Check = Box::new(move || {
+        let config = config.clone();
+        Box::pin(async move {
+            if migrate {
+                let features = self::migrate(&config)
+                    .await
+                    .map_err(|e| setup_error(&e, &config))?;
+                tracing::info!(?features, table = %config.table, "ClickHouse table ready");
+            }
+            check_table(&config).await
+        })
+    });
+    Built::checked(sink, "clickhouse", "the ClickHouse table", check)
 }
 
 #[cfg(test)]
