@@ -11,10 +11,11 @@ use rdkafka::ClientConfig;
 
 use crate::pipeline::buffer::BufferLimits;
 use crate::pipeline::flush::RetryPolicy;
-use crate::recording::{
-    DEFAULT_MAX_DECOMPRESSED_BYTES, IssueGates, Limits, ProjectFilter, RowLimits,
-};
+use crate::recording::{DEFAULT_MAX_DECOMPRESSED_BYTES, Limits, RowLimits};
 use crate::secret::Secret;
+pub use crate::sink::clickhouse::ClickHouseArgs;
+pub use crate::sink::events::EventsArgs;
+pub use crate::sink::gcs::GcsArgs;
 
 /// Per-message processing limits.
 #[derive(Args, Debug, Clone, Copy)]
@@ -297,20 +298,6 @@ impl KafkaArgs {
     }
 }
 
-/// `url` starts with `http://` or `https://` and names a host: anything else (`ftp://`, a bare
-/// host, a typo) would otherwise be waited on for ever as "not reachable yet".
-fn http_url(flag: &str, url: &str) -> Result<(), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"));
-    match rest {
-        Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(()),
-        _ => Err(format!(
-            "{flag} {url:?} is not an http:// or https:// URL with a host"
-        )),
-    }
-}
-
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlobSinkKind {
     /// Google Cloud Storage, `--gcs-bucket`.
@@ -338,156 +325,6 @@ pub enum EventsSinkKind {
     Kafka,
     /// Publish no analytics events.
     Null,
-}
-
-/// Google Cloud Storage.
-#[derive(Args, Debug, Clone)]
-pub struct GcsArgs {
-    /// Bucket for segment blobs (required with `--blob-sink gcs`).
-    #[arg(long, env = "REPLAY_INGEST_GCS_BUCKET")]
-    pub gcs_bucket: Option<String>,
-    /// Storage endpoint, for emulators (e.g. `http://127.0.0.1:4443`); production uses the default.
-    #[arg(long, env = "REPLAY_INGEST_GCS_ENDPOINT")]
-    pub gcs_endpoint: Option<String>,
-    /// Anonymous credentials (emulators). Otherwise application-default credentials: Workload
-    /// Identity, or the key file named by `GOOGLE_APPLICATION_CREDENTIALS`.
-    #[arg(long, env = "REPLAY_INGEST_GCS_ANONYMOUS")]
-    pub gcs_anonymous: bool,
-    /// Uploads in flight per flush. More hides latency; each holds a connection.
-    #[arg(long, env = "REPLAY_INGEST_GCS_UPLOAD_CONCURRENCY", value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024), default_value_t = 32)]
-    pub gcs_upload_concurrency: usize,
-}
-
-/// ClickHouse.
-#[derive(Args, Debug, Clone)]
-pub struct ClickHouseArgs {
-    /// HTTP interface URL, `http://` or `https://` (TLS; the server's certificate is checked
-    /// against the system's trust store, or the PEM bundle `SSL_CERT_FILE` names).
-    #[arg(
-        long,
-        env = "REPLAY_INGEST_CLICKHOUSE_URL",
-        default_value = "http://127.0.0.1:8123"
-    )]
-    pub clickhouse_url: String,
-    #[arg(
-        long,
-        env = "REPLAY_INGEST_CLICKHOUSE_DATABASE",
-        default_value = "default"
-    )]
-    pub clickhouse_database: String,
-    #[arg(
-        long,
-        env = "REPLAY_INGEST_CLICKHOUSE_TABLE",
-        default_value = "replays_local"
-    )]
-    pub clickhouse_table: String,
-    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_USER", default_value = "default")]
-    pub clickhouse_user: String,
-    /// Password, from a Secret-backed variable: it never belongs on a command line.
-    #[arg(
-        long,
-        env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD",
-        hide_env_values = true
-    )]
-    pub clickhouse_password: Option<Secret>,
-    /// File holding the password (a mounted Kubernetes Secret); wins over the variable.
-    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE")]
-    pub clickhouse_password_file: Option<PathBuf>,
-    /// Rows per INSERT; larger batches are split.
-    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_CHUNK_ROWS", value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000_000), default_value_t = 100_000)]
-    pub clickhouse_chunk_rows: usize,
-}
-
-impl ClickHouseArgs {
-    /// `--clickhouse-url` is an HTTP(S) URL.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        http_url("--clickhouse-url", &self.clickhouse_url).map_err(ConfigError::Invalid)
-    }
-
-    /// The sink's configuration; `timeout` bounds one write attempt.
-    pub fn config(
-        &self,
-        timeout: Duration,
-    ) -> std::io::Result<crate::sink::clickhouse::ClickHouseConfig> {
-        let password = Secret::from_file_or(
-            self.clickhouse_password_file.as_deref(),
-            self.clickhouse_password.as_ref(),
-        )?
-        .unwrap_or_default();
-        Ok(crate::sink::clickhouse::ClickHouseConfig {
-            url: self.clickhouse_url.clone(),
-            database: self.clickhouse_database.clone(),
-            table: self.clickhouse_table.clone(),
-            user: self.clickhouse_user.clone(),
-            password,
-            chunk_rows: self.clickhouse_chunk_rows,
-            timeout,
-        })
-    }
-}
-
-/// Analytics event topics.
-#[derive(Args, Debug, Clone)]
-pub struct EventsArgs {
-    /// Billing outcomes (segment 0 of every replay): Sentry sends accepted outcomes to
-    /// `outcomes-billing`.
-    #[arg(
-        long,
-        env = "REPLAY_INGEST_OUTCOMES_TOPIC",
-        default_value = "outcomes-billing"
-    )]
-    pub outcomes_topic: String,
-    /// "First replay received" per project.
-    #[arg(
-        long,
-        env = "REPLAY_INGEST_ANALYTICS_TOPIC",
-        default_value = "replay-analytics"
-    )]
-    pub analytics_topic: String,
-    /// Issue Platform occurrences for rage clicks and hydration errors (Sentry's occurrence
-    /// consumer reads `ingest-occurrences`).
-    #[arg(
-        long,
-        env = "REPLAY_INGEST_ISSUES_TOPIC",
-        default_value = "ingest-occurrences"
-    )]
-    pub issues_topic: String,
-    /// Projects whose rage clicks become issues: `off`, `all`, or project ids (`1,42`). Sentry's
-    /// project option `sentry:replay_rage_click_issues`, on by default.
-    #[arg(long, env = "REPLAY_INGEST_RAGE_CLICK_ISSUES", default_value = "all")]
-    pub rage_click_issues: ProjectFilter,
-    /// Projects whose hydration errors become issues: `off`, `all`, or project ids. Sentry's
-    /// project option `sentry:replay_hydration_error_issues`, on by default.
-    #[arg(
-        long,
-        env = "REPLAY_INGEST_HYDRATION_ERROR_ISSUES",
-        default_value = "all"
-    )]
-    pub hydration_error_issues: ProjectFilter,
-    /// Projects remembered as already announced; older ones may be announced again.
-    #[arg(
-        long,
-        env = "REPLAY_INGEST_FIRST_REPLAY_CACHE_SIZE",
-        default_value_t = 100_000
-    )]
-    pub first_replay_cache_size: usize,
-}
-
-impl EventsArgs {
-    pub fn topics(&self) -> crate::sink::events::EventTopics {
-        crate::sink::events::EventTopics {
-            outcomes: self.outcomes_topic.clone(),
-            analytics: self.analytics_topic.clone(),
-            issues: self.issues_topic.clone(),
-        }
-    }
-
-    pub fn issue_gates(&self) -> IssueGates {
-        IssueGates {
-            rage_clicks: self.rage_click_issues.clone(),
-            hydration_errors: self.hydration_error_issues.clone(),
-        }
-    }
 }
 
 /// DogStatsD metrics.
@@ -724,18 +561,10 @@ impl ConsumeArgs {
             ));
         }
         if self.rows_sink == RowsSinkKind::Clickhouse {
-            http_url("--clickhouse-url", &self.clickhouse.clickhouse_url)?;
+            self.clickhouse.validate()?;
         }
-        if let Some(endpoint) = self
-            .gcs
-            .gcs_endpoint
-            .as_deref()
-            .filter(|_| self.blob_sink == BlobSinkKind::Gcs)
-        {
-            http_url("--gcs-endpoint", endpoint)?;
-        }
-        if self.blob_sink == BlobSinkKind::Gcs && self.gcs.gcs_bucket.is_none() {
-            return Err("--blob-sink gcs needs --gcs-bucket (or REPLAY_INGEST_GCS_BUCKET)".into());
+        if self.blob_sink == BlobSinkKind::Gcs {
+            self.gcs.validate()?;
         }
         if (self.fetch_max_bytes as usize) < self.max_message_bytes {
             return Err(format!(
@@ -770,18 +599,11 @@ impl ConsumeArgs {
         Duration::from_millis(self.flush_stall_timeout_ms)
     }
 
-    /// The GCS sink's settings (`--gcs-bucket` is required with `--blob-sink gcs`).
+    /// The GCS sink's settings.
     pub fn gcs_config(&self) -> Result<crate::sink::gcs::GcsConfig, ConfigError> {
-        let bucket = self.gcs.gcs_bucket.clone().ok_or_else(|| {
-            ConfigError::Invalid("--gcs-bucket is required with --blob-sink gcs".into())
-        })?;
-        Ok(crate::sink::gcs::GcsConfig {
-            bucket,
-            endpoint: self.gcs.gcs_endpoint.clone(),
-            anonymous: self.gcs.gcs_anonymous,
-            concurrency: self.gcs.gcs_upload_concurrency,
-            timeout: self.sink_timeout(),
-        })
+        self.gcs
+            .config(self.sink_timeout())
+            .map_err(ConfigError::Invalid)
     }
 
     pub fn drain_deadline(&self) -> Duration {

@@ -95,7 +95,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Consume(args) => run_consume(*args).await,
             Command::Migrate(args) => {
-                args.validate()?;
+                args.validate().map_err(anyhow::Error::msg)?;
                 // Migrations are DDL: no write-attempt deadline applies.
                 let config =
                     args.config(std::time::Duration::from_secs(600)).context("reading --clickhouse-password-file")?;

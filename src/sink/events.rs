@@ -5,6 +5,7 @@
 //! "First replay received" goes out once per project per process: projects are remembered in a
 //! bounded FIFO set, and only after their event was delivered (a failed write retries it).
 
+use clap::Args;
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 
@@ -14,7 +15,71 @@ use super::publish::{Publisher, Record};
 use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
 use crate::metrics;
 use crate::recording::occurrence::IssueKind;
-use crate::recording::{AnalyticsEvent, EventTopic, IssueGates};
+use crate::recording::{AnalyticsEvent, EventTopic, IssueGates, ProjectFilter};
+
+/// Analytics event topics.
+#[derive(Args, Debug, Clone)]
+pub struct EventsArgs {
+    /// Billing outcomes (segment 0 of every replay): Sentry sends accepted outcomes to
+    /// `outcomes-billing`.
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_OUTCOMES_TOPIC",
+        default_value = "outcomes-billing"
+    )]
+    pub outcomes_topic: String,
+    /// "First replay received" per project.
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_ANALYTICS_TOPIC",
+        default_value = "replay-analytics"
+    )]
+    pub analytics_topic: String,
+    /// Issue Platform occurrences for rage clicks and hydration errors (Sentry's occurrence
+    /// consumer reads `ingest-occurrences`).
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_ISSUES_TOPIC",
+        default_value = "ingest-occurrences"
+    )]
+    pub issues_topic: String,
+    /// Projects whose rage clicks become issues: `off`, `all`, or project ids (`1,42`). Sentry's
+    /// project option `sentry:replay_rage_click_issues`, on by default.
+    #[arg(long, env = "REPLAY_INGEST_RAGE_CLICK_ISSUES", default_value = "all")]
+    pub rage_click_issues: ProjectFilter,
+    /// Projects whose hydration errors become issues: `off`, `all`, or project ids. Sentry's
+    /// project option `sentry:replay_hydration_error_issues`, on by default.
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_HYDRATION_ERROR_ISSUES",
+        default_value = "all"
+    )]
+    pub hydration_error_issues: ProjectFilter,
+    /// Projects remembered as already announced; older ones may be announced again.
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_FIRST_REPLAY_CACHE_SIZE",
+        default_value_t = 100_000
+    )]
+    pub first_replay_cache_size: usize,
+}
+
+impl EventsArgs {
+    pub fn topics(&self) -> EventTopics {
+        EventTopics {
+            outcomes: self.outcomes_topic.clone(),
+            analytics: self.analytics_topic.clone(),
+            issues: self.issues_topic.clone(),
+        }
+    }
+
+    pub fn issue_gates(&self) -> IssueGates {
+        IssueGates {
+            rage_clicks: self.rage_click_issues.clone(),
+            hydration_errors: self.hydration_error_issues.clone(),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct EventTopics {

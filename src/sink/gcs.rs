@@ -6,6 +6,8 @@
 //! (fake-gcs-server) and anonymous credentials. The client's own retries are off — the flush
 //! retries with its policy and classification, so attempts do not multiply.
 
+use clap::Args;
+use clap::builder::RangedU64ValueParser;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -17,6 +19,49 @@ use super::{
     Built, Check, Entries, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError,
     Written,
 };
+
+/// Google Cloud Storage.
+#[derive(Args, Debug, Clone)]
+pub struct GcsArgs {
+    /// Bucket for segment blobs (required with `--blob-sink gcs`).
+    #[arg(long, env = "REPLAY_INGEST_GCS_BUCKET")]
+    pub gcs_bucket: Option<String>,
+    /// Storage endpoint, for emulators (e.g. `http://127.0.0.1:4443`); production uses the default.
+    #[arg(long, env = "REPLAY_INGEST_GCS_ENDPOINT")]
+    pub gcs_endpoint: Option<String>,
+    /// Anonymous credentials (emulators). Otherwise application-default credentials: Workload
+    /// Identity, or the key file named by `GOOGLE_APPLICATION_CREDENTIALS`.
+    #[arg(long, env = "REPLAY_INGEST_GCS_ANONYMOUS")]
+    pub gcs_anonymous: bool,
+    /// Uploads in flight per flush. More hides latency; each holds a connection.
+    #[arg(long, env = "REPLAY_INGEST_GCS_UPLOAD_CONCURRENCY", value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024), default_value_t = 32)]
+    pub gcs_upload_concurrency: usize,
+}
+
+impl GcsArgs {
+    /// Rejects settings that cannot work: no bucket, an endpoint that is not an HTTP(S) URL.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(endpoint) = &self.gcs_endpoint {
+            super::http_url("--gcs-endpoint", endpoint)?;
+        }
+        match self.gcs_bucket {
+            Some(_) => Ok(()),
+            None => Err("--blob-sink gcs needs --gcs-bucket (or REPLAY_INGEST_GCS_BUCKET)".into()),
+        }
+    }
+
+    /// The sink's settings; `timeout` bounds each upload.
+    pub fn config(&self, timeout: std::time::Duration) -> Result<GcsConfig, String> {
+        self.validate()?;
+        Ok(GcsConfig {
+            bucket: self.gcs_bucket.clone().unwrap_or_default(),
+            endpoint: self.gcs_endpoint.clone(),
+            anonymous: self.gcs_anonymous,
+            concurrency: self.gcs_upload_concurrency,
+            timeout,
+        })
+    }
+}
 
 /// Retry classification: 408, 429 and 5xx, timeouts and transport trouble are retried; 400 and
 /// 413 (this object refused) are rejections; other 4xx (permissions, missing bucket) are fatal.

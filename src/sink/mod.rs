@@ -41,6 +41,20 @@ pub struct Written {
     pub bytes: u64,
 }
 
+/// `url` starts with `http://` or `https://` and names a host: anything else (`ftp://`, a bare
+/// host, a typo) would otherwise be waited on for ever as "not reachable yet".
+pub fn http_url(flag: &str, url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    match rest {
+        Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(()),
+        _ => Err(format!(
+            "{flag} {url:?} is not an http:// or https:// URL with a host"
+        )),
+    }
+}
+
 /// A destination's health check: it exists and takes writes. A failure says whether a retry can
 /// help (the destination does not answer) or not (configuration).
 pub type Check =

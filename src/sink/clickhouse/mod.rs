@@ -15,6 +15,10 @@ mod http;
 mod migrate;
 mod schema;
 
+use std::path::PathBuf;
+
+use clap::Args;
+use clap::builder::RangedU64ValueParser;
 use std::collections::HashSet;
 
 use super::{Built, Check, Entry, Outcome, Progress, Retry, Sink, SinkError, Written};
@@ -22,6 +26,71 @@ use crate::recording::{KafkaPosition, ReplayRow};
 use crate::secret::Secret;
 pub use migrate::{check_table, migrate};
 pub use schema::*;
+
+/// ClickHouse.
+#[derive(Args, Debug, Clone)]
+pub struct ClickHouseArgs {
+    /// HTTP interface URL, `http://` or `https://` (TLS; the server's certificate is checked
+    /// against the system's trust store, or the PEM bundle `SSL_CERT_FILE` names).
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_CLICKHOUSE_URL",
+        default_value = "http://127.0.0.1:8123"
+    )]
+    pub clickhouse_url: String,
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_CLICKHOUSE_DATABASE",
+        default_value = "default"
+    )]
+    pub clickhouse_database: String,
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_CLICKHOUSE_TABLE",
+        default_value = "replays_local"
+    )]
+    pub clickhouse_table: String,
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_USER", default_value = "default")]
+    pub clickhouse_user: String,
+    /// Password, from a Secret-backed variable: it never belongs on a command line.
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD",
+        hide_env_values = true
+    )]
+    pub clickhouse_password: Option<Secret>,
+    /// File holding the password (a mounted Kubernetes Secret); wins over the variable.
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE")]
+    pub clickhouse_password_file: Option<PathBuf>,
+    /// Rows per INSERT; larger batches are split.
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_CHUNK_ROWS", value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000_000), default_value_t = 100_000)]
+    pub clickhouse_chunk_rows: usize,
+}
+
+impl ClickHouseArgs {
+    /// `--clickhouse-url` is an HTTP(S) URL.
+    pub fn validate(&self) -> Result<(), String> {
+        super::http_url("--clickhouse-url", &self.clickhouse_url)
+    }
+
+    /// The sink's configuration; `timeout` bounds one write attempt.
+    pub fn config(&self, timeout: std::time::Duration) -> std::io::Result<ClickHouseConfig> {
+        let password = Secret::from_file_or(
+            self.clickhouse_password_file.as_deref(),
+            self.clickhouse_password.as_ref(),
+        )?
+        .unwrap_or_default();
+        Ok(ClickHouseConfig {
+            url: self.clickhouse_url.clone(),
+            database: self.clickhouse_database.clone(),
+            table: self.clickhouse_table.clone(),
+            user: self.clickhouse_user.clone(),
+            password,
+            chunk_rows: self.clickhouse_chunk_rows,
+            timeout,
+        })
+    }
+}
 
 /// ClickHouse error codes about the data sent: the rows are refused (unless the table no longer
 /// matches the rows, which `ClickHouseSink::write` checks before trusting these). 6 CANNOT_PARSE_TEXT, 26
