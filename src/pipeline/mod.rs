@@ -96,6 +96,16 @@ pub enum PipelineError {
     PollerGone,
 }
 
+/// How a drain ended.
+enum Drained {
+    /// Everything polled before it is durable and committed.
+    Durable,
+    /// The deadline passed first: what is not durable yet is not committed.
+    MissedDeadline,
+    /// A flush failed for good (or a task died): nothing past it is committed.
+    Failed(PipelineError),
+}
+
 /// A processed message on its way to the buffer.
 struct ProcessedEntry {
     entry: Entry,
@@ -278,7 +288,11 @@ impl Pipeline {
                 () = &mut shutdown => {
                     info!("shutdown requested: draining");
                     self.status.stopping.store(true, Ordering::Relaxed);
-                    return self.drain().await.map_err(|_| PipelineError::DrainDeadline(self.drain_deadline))?;
+                    return match self.drain().await {
+                        Drained::Durable => Ok(()),
+                        Drained::MissedDeadline => Err(PipelineError::DrainDeadline(self.drain_deadline)),
+                        Drained::Failed(error) => Err(error),
+                    };
                 }
                 Some(Revoke { partitions, generation, done }) = self.revokes.recv() => {
                     self.revoke(&partitions, generation).await?;
@@ -567,13 +581,14 @@ impl Pipeline {
     /// the others, which this member goes on consuming.
     async fn revoke(&mut self, partitions: &[i32], generation: u64) -> Result<(), PipelineError> {
         match self.drain().await {
-            Ok(result) => result?,
-            Err(_) => warn!(
+            Drained::Durable => {}
+            Drained::MissedDeadline => warn!(
                 deadline_ms = self.drain_deadline.as_millis() as u64,
                 flushes_in_flight = self.flushes.len(),
                 buffered = self.buffer.len(),
                 "revoke: drain missed its deadline; what is not durable is left to the next owner"
             ),
+            Drained::Failed(error) => return Err(error),
         }
         self.generation = self.generation.max(generation);
         for &partition in partitions {
@@ -589,12 +604,16 @@ impl Pipeline {
     }
 
     /// Shutdown and revocation: everything polled so far is processed, flushed and committed,
-    /// within the drain deadline (`Err` when it passes first).
-    async fn drain(&mut self) -> Result<Result<(), PipelineError>, tokio::time::error::Elapsed> {
+    /// within the drain deadline; says how it ended.
+    async fn drain(&mut self) -> Drained {
         self.status.draining.store(true, Ordering::Relaxed);
         let result = tokio::time::timeout(self.drain_deadline, self.drain_inner()).await;
         self.status.draining.store(false, Ordering::Relaxed);
-        result
+        match result {
+            Ok(Ok(())) => Drained::Durable,
+            Ok(Err(error)) => Drained::Failed(error),
+            Err(_) => Drained::MissedDeadline,
+        }
     }
 
     async fn drain_inner(&mut self) -> Result<(), PipelineError> {
