@@ -119,7 +119,7 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
     .await;
     // A buffer (each batch is one) never grows past its limit plus the messages that were in the
     // processing window when it filled: far below the backlog an unbounded buffer would take.
-    let bound = 8 + pipeline::PROCESSING_WINDOW_MESSAGES;
+    let bound = 8 + pipeline::window::PROCESSING_WINDOW_MESSAGES;
     let largest = largest.load(Ordering::SeqCst);
     assert!(
         largest <= bound,

@@ -25,6 +25,7 @@
 pub mod buffer;
 pub mod flush;
 pub mod frontier;
+pub mod window;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -33,13 +34,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use futures::stream::FuturesOrdered;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
@@ -54,6 +53,7 @@ use crate::sink::{Entries, Entry, InvalidMessage, Outcome, SinkError};
 use buffer::{Buffer, BufferLimits, CloseReason, should_pause};
 use flush::{FlushReport, RetryPolicy, Sinks};
 use frontier::Frontier;
+use window::Window;
 
 /// Messages in transit between the polling thread and the pipeline. Each may be up to 15 MB:
 /// the bounds keep the hand-over small next to librdkafka's own (bounded) prefetch. While the
@@ -63,22 +63,6 @@ const POLLED_IN_TRANSIT: usize = 16;
 
 /// Bytes of message values in transit (a larger message passes alone).
 pub const POLLED_IN_TRANSIT_BYTES: usize = 32 * 1024 * 1024;
-
-/// Messages being processed or waiting for an earlier one to finish (arrival order is kept).
-/// A wide window keeps every core busy behind one large segment at the head.
-pub const PROCESSING_WINDOW_MESSAGES: usize = 64;
-
-/// Bytes the window may hold. Each message reserves what its processed form may hold at most
-/// ([`window_reservation`]) until it leaves the window, so outputs waiting behind a slow head are
-/// bounded too, not only the inputs.
-pub const PROCESSING_WINDOW_BYTES: usize = 64 * 1024 * 1024;
-
-/// What a message of `value_len` bytes reserves in the processing window: its value, plus what
-/// processing it may hold — a blob and replay event no larger than about the value, and the
-/// extractor's capped clicks, taps, lists and counts (about 1.1 MiB at most, whatever the input).
-pub fn window_reservation(value_len: usize) -> usize {
-    value_len.saturating_mul(3).saturating_add(2 * 1024 * 1024)
-}
 
 /// Why the pipeline stopped other than by a clean shutdown. Nothing past the failure was
 /// committed: a restart redelivers it.
@@ -111,8 +95,6 @@ struct ProcessedEntry {
     entry: Entry,
     /// What the entry holds in memory.
     bytes: usize,
-    /// Its share of the processing window, returned now.
-    reservation: usize,
     /// The generation its message was polled in.
     generation: u64,
 }
@@ -194,8 +176,7 @@ pub async fn consume(
         revoked: HashMap::new(),
         pool: Arc::new(pool),
         limits: settings.limits,
-        processing_bytes: 0,
-        processing: FuturesOrdered::new(),
+        processing: Window::default(),
         buffer: Buffer::new(settings.buffer),
         frontier: Frontier::default(),
         flushes: JoinSet::new(),
@@ -252,9 +233,7 @@ struct Pipeline {
     pool: Arc<rayon::ThreadPool>,
     limits: Limits,
     /// Messages being processed, in arrival order, with their window reservations.
-    processing: FuturesOrdered<oneshot::Receiver<ProcessedEntry>>,
-    /// Sum of the reservations in `processing`.
-    processing_bytes: usize,
+    processing: Window<ProcessedEntry>,
     buffer: Buffer,
     frontier: Frontier,
     flushes: JoinSet<Flushed>,
@@ -328,9 +307,7 @@ impl Pipeline {
     /// is not paused. (When it does not, the polling thread soon finds no room to hand messages
     /// over, and pauses the partitions.)
     fn takes_messages(&self) -> bool {
-        self.paused_since.is_none()
-            && self.processing.len() < PROCESSING_WINDOW_MESSAGES
-            && self.processing_bytes < PROCESSING_WINDOW_BYTES
+        self.paused_since.is_none() && self.processing.has_room()
     }
 
     /// Pauses intake when the buffer is full and no flush can start; resumes when one can.
@@ -368,20 +345,18 @@ impl Pipeline {
     fn process(&mut self, message: OwnedMessage, generation: u64) {
         self.status.consumed.fetch_add(1, Ordering::Relaxed);
         metrics::consumed();
-        let size = window_reservation(message.payload().map_or(0, <[u8]>::len));
-        self.processing_bytes += size;
-        let (tx, rx) = oneshot::channel();
+        let tx = self
+            .processing
+            .push(message.payload().map_or(0, <[u8]>::len));
         let (limits, topic) = (self.limits, self.topic.clone());
         self.pool.spawn(move || {
             let (entry, bytes) = to_entry(message, &limits, topic);
             let _ = tx.send(ProcessedEntry {
                 entry,
                 bytes,
-                reservation: size,
                 generation,
             });
         });
-        self.processing.push_back(rx);
     }
 
     /// process → buffer.
@@ -390,11 +365,9 @@ impl Pipeline {
         ProcessedEntry {
             entry,
             bytes,
-            reservation,
             generation,
         }: ProcessedEntry,
     ) {
-        self.processing_bytes -= reservation;
         if self.stale(entry.partition, generation) {
             // Processed across a revoke whose drain gave up on it.
             return;
