@@ -195,6 +195,46 @@ impl Status {
         self.initialised.load(Ordering::Relaxed) && !self.stopping.load(Ordering::Relaxed)
     }
 
+    // What the pipeline records: one call each, which updates what `/status` shows and sends
+    // the event's metric.
+
+    /// A message was taken from the consumer.
+    pub fn record_consumed(&self) {
+        self.consumed.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::consumed();
+    }
+
+    /// The buffer holds `messages` of `bytes`.
+    pub fn record_buffer(&self, messages: usize, bytes: usize) {
+        self.buffer_messages.store(messages, Ordering::Relaxed);
+        self.buffer_bytes.store(bytes, Ordering::Relaxed);
+        crate::metrics::buffer(messages, bytes);
+    }
+
+    /// Intake paused behind a full buffer.
+    pub fn record_paused(&self) {
+        self.pauses.fetch_add(1, Ordering::Relaxed);
+        self.paused.store(true, Ordering::Relaxed);
+    }
+
+    /// Intake resumed after being paused for `paused_for`.
+    pub fn record_resumed(&self, paused_for: Duration) {
+        self.paused.store(false, Ordering::Relaxed);
+        crate::metrics::paused_for(paused_for);
+    }
+
+    /// The broker confirmed a commit of `positions`.
+    pub fn record_commit(&self, positions: &[(i32, i64)]) {
+        lock(&self.committed).extend(positions.iter().copied());
+        crate::metrics::committed();
+    }
+
+    /// A revoke was handled.
+    pub fn record_rebalance(&self) {
+        self.rebalances.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::rebalanced();
+    }
+
     pub fn record_invalid(&self, reason: &'static str) {
         self.invalid.fetch_add(1, Ordering::Relaxed);
         *lock(&self.invalid_by_reason).entry(reason).or_default() += 1;
@@ -213,10 +253,6 @@ impl Status {
         totals.seconds += took.as_secs_f64();
         totals.items += items;
         totals.bytes += bytes;
-    }
-
-    pub fn record_commit(&self, positions: &[(i32, i64)]) {
-        lock(&self.committed).extend(positions.iter().copied());
     }
 
     /// What `/status` shows.

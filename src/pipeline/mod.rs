@@ -318,20 +318,19 @@ impl Pipeline {
         }
         if pause {
             self.paused_since = Some(Instant::now());
-            self.status.pauses.fetch_add(1, Ordering::Relaxed);
+            self.status.record_paused();
             info!(
                 buffer_messages = self.buffer.len(),
                 buffer_bytes = self.buffer.bytes(),
                 "buffer full: intake paused"
             );
         } else if let Some(since) = self.paused_since.take() {
-            metrics::paused_for(since.elapsed());
+            self.status.record_resumed(since.elapsed());
             info!(
                 paused_ms = since.elapsed().as_millis() as u64,
                 "flush done: intake resumed"
             );
         }
-        self.status.paused.store(pause, Ordering::Relaxed);
     }
 
     /// Whether something of `partition` from `generation` predates the partition's last revoke.
@@ -343,8 +342,7 @@ impl Pipeline {
 
     /// consume → process: decompress and parse on the pool.
     fn process(&mut self, message: OwnedMessage, generation: u64) {
-        self.status.consumed.fetch_add(1, Ordering::Relaxed);
-        metrics::consumed();
+        self.status.record_consumed();
         let tx = self
             .processing
             .push(message.payload().map_or(0, <[u8]>::len));
@@ -533,7 +531,6 @@ impl Pipeline {
             .collect();
         match result {
             Ok(()) => {
-                metrics::committed();
                 self.status.record_commit(&positions);
                 self.commit();
             }
@@ -571,8 +568,7 @@ impl Pipeline {
             .retain(|partition| !partitions.contains(&partition));
         self.publish_buffer();
         self.frontier.forget(partitions);
-        self.status.rebalances.fetch_add(1, Ordering::Relaxed);
-        metrics::rebalanced();
+        self.status.record_rebalance();
         Ok(())
     }
 
@@ -623,12 +619,7 @@ impl Pipeline {
 
     fn publish_buffer(&self) {
         self.status
-            .buffer_messages
-            .store(self.buffer.len(), Ordering::Relaxed);
-        self.status
-            .buffer_bytes
-            .store(self.buffer.bytes(), Ordering::Relaxed);
-        metrics::buffer(self.buffer.len(), self.buffer.bytes());
+            .record_buffer(self.buffer.len(), self.buffer.bytes());
     }
 }
 
