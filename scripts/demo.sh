@@ -19,6 +19,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== local stack: Apache Kafka, ClickHouse, GCS emulator"
+scripts/setup.sh stack
 scripts/stack.sh up
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"

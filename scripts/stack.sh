@@ -226,11 +226,16 @@ XML
   die "clickhouse did not answer /ping (log: $STATE/clickhouse.log)"
 }
 
-up() {
-  mkdir -p "$STATE" "$CACHE"
+install() {
+  mkdir -p "$CACHE"
   install_pypi_stack
   install_kafka
   install_clickhouse
+}
+
+up() {
+  mkdir -p "$STATE"
+  install
   start_kafka
   start_clickhouse
   start_gcs
@@ -274,10 +279,11 @@ status() {
 }
 
 case "${1:-}" in
+  install) install ;;
   up) up ;;
   down) down ;;
   status) status ;;
   stop) stop "${2:?which service}" ;;
   start) "start_${2:?which service}" ;;
-  *) die "usage: scripts/stack.sh up|down|status|stop NAME|start NAME" ;;
+  *) die "usage: scripts/stack.sh install|up|down|status|stop NAME|start NAME" ;;
 esac

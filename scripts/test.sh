@@ -12,25 +12,14 @@ venv=$cache/chart-venv
 chdb_venv=$cache/chdb-venv
 export REPLAY_INGEST_CHDB_PYTHON=$chdb_venv/bin/python
 
-# Installing tools and starting the local stack is network and disk work; it runs in the
-# background while the foreground compiles (on a cold cache this saves minutes). The venvs and
-# apt installs run one after the other inside it (apt takes one lock).
+# Installing (scripts/setup.sh) and starting the local stack are network and disk work; they
+# run in the background while the foreground compiles (on a cold cache this saves minutes).
 prepare() {
   set -e
-  echo "== helm-python-sdk, kubernetes-validate (chart check)"
-  if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' 2>/dev/null; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
-  fi
-  echo "== chDB (ClickHouse 26.9 in-process, PyPI) for the production schema test"
-  if ! "$chdb_venv/bin/python" -c 'import chdb' 2>/dev/null; then
-    python3 -m venv "$chdb_venv"
-    "$chdb_venv/bin/pip" install --quiet --disable-pip-version-check chdb==4.4.0
-  fi
+  echo "== setup (scripts/setup.sh)"
+  scripts/setup.sh test
   echo "== local stack (scripts/stack.sh up)"
   scripts/stack.sh up
-  echo "== aarch64 target and qemu-user for the scanner's NEON tests"
-  bash scripts/test-aarch64.sh --prepare
 }
 
 # shellcheck source=scripts/lib/isolated-stack.sh

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs what the demo and the tests need, in one place: the Debian packages in one apt-get
+# run (Java 17 and Maven for Apache Kafka, clickhouse-server, qemu-user for the aarch64 tests),
+# Apache Kafka's jars and fake-gcs-server (`scripts/stack.sh install`) and, for the tests, the
+# chart-check and chDB venvs and the Rust aarch64 target. Idempotent: what is there is left
+# alone, so a second run costs seconds. Installs go to $REPLAY_INGEST_CACHE
+# (default ~/.cache/replay-ingest).
+# Usage: scripts/setup.sh [stack|test]   (stack: what the local stack needs, for the demo and the
+#                                          load scripts; test, the default: that and the test tools)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+what=${1:-test}
+case "$what" in stack | test) ;; *) echo "usage: scripts/setup.sh [stack|test]" >&2; exit 2 ;; esac
+cache=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
+
+packages=()
+command -v java >/dev/null || packages+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || packages+=(maven)
+command -v clickhouse-server >/dev/null || packages+=(clickhouse-server)
+optional=()
+if [ "$what" = test ] && ! command -v qemu-aarch64 >/dev/null; then optional+=(qemu-user); fi
+apt_install() {
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+if [ $((${#packages[@]} + ${#optional[@]})) -gt 0 ]; then
+  echo "setup: installing ${packages[*]} ${optional[*]} (Debian)"
+  apt-get update -qq >/dev/null || { echo "setup: apt-get update failed" >&2; exit 1; }
+  # qemu-user is optional (the aarch64 tests say they were skipped without it).
+  if ! apt_install "${packages[@]}" "${optional[@]}"; then
+    [ ${#packages[@]} -gt 0 ] && { apt_install "${packages[@]}" || { echo "setup: apt-get could not install ${packages[*]}" >&2; exit 1; }; }
+  fi
+fi
+scripts/stack.sh install
+[ "$what" = test ] || exit 0
+
+venv=$cache/chart-venv
+if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' 2>/dev/null; then
+  echo "setup: helm-python-sdk, kubernetes-validate (chart check)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
+fi
+chdb_venv=$cache/chdb-venv
+if ! "$chdb_venv/bin/python" -c 'import chdb' 2>/dev/null; then
+  echo "setup: chDB (ClickHouse 26.9 in-process) for the production schema test"
+  python3 -m venv "$chdb_venv"
+  "$chdb_venv/bin/pip" install --quiet --disable-pip-version-check chdb==4.4.0
+fi
+bash scripts/test-aarch64.sh --prepare
