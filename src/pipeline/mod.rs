@@ -25,10 +25,11 @@
 pub mod buffer;
 pub mod flush;
 pub mod frontier;
+pub mod revocations;
 pub mod window;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +54,7 @@ use crate::sink::{Entries, Entry, InvalidMessage, Outcome, SinkError};
 use buffer::{Buffer, BufferLimits, CloseReason, should_pause};
 use flush::{FlushReport, RetryPolicy, Sinks};
 use frontier::Frontier;
+use revocations::Revocations;
 use window::Window;
 
 /// Messages in transit between the polling thread and the pipeline. Each may be up to 15 MB:
@@ -172,8 +174,7 @@ pub async fn consume(
         consumer: consumer.clone(),
         polled: polled_rx,
         revokes: revokes_rx,
-        generation: 0,
-        revoked: HashMap::new(),
+        revocations: Revocations::default(),
         pool: Arc::new(pool),
         limits: settings.limits,
         processing: Window::default(),
@@ -224,12 +225,8 @@ struct Pipeline {
     consumer: Arc<IngestConsumer>,
     polled: mpsc::UnboundedReceiver<Polled>,
     revokes: mpsc::UnboundedReceiver<Revoke>,
-    /// The current assignment generation (one per revoke).
-    generation: u64,
-    /// Partition → the generation its last revoke started. A message polled, or a flush started,
-    /// in an earlier generation is no longer ours for that partition (its next owner reads it);
-    /// for the partitions this member kept, nothing changes (incremental rebalancing).
-    revoked: HashMap<i32, u64>,
+    /// What this member may still commit, per partition.
+    revocations: Revocations,
     pool: Arc<rayon::ThreadPool>,
     limits: Limits,
     /// Messages being processed, in arrival order, with their window reservations.
@@ -335,9 +332,7 @@ impl Pipeline {
 
     /// Whether something of `partition` from `generation` predates the partition's last revoke.
     fn stale(&self, partition: i32, generation: u64) -> bool {
-        self.revoked
-            .get(&partition)
-            .is_some_and(|&revoked| generation < revoked)
+        self.revocations.is_stale(partition, generation)
     }
 
     /// consume → process: decompress and parse on the pool.
@@ -404,7 +399,7 @@ impl Pipeline {
             self.sinks.clone(),
             self.retry,
             self.status.clone(),
-            self.generation,
+            self.revocations.current(),
         );
         self.status.flush_progress();
         self.flushes.spawn_blocking(move || {
@@ -502,7 +497,7 @@ impl Pipeline {
         let (consumer, list, generation) = (
             self.consumer.clone(),
             commit_list(&self.topic, &positions),
-            self.generation,
+            self.revocations.current(),
         );
         self.commits.spawn_blocking(move || {
             // Synchronous, so that a commit is counted only once the broker has confirmed it.
@@ -560,10 +555,7 @@ impl Pipeline {
             ),
             Drained::Failed(error) => return Err(error),
         }
-        self.generation = self.generation.max(generation);
-        for &partition in partitions {
-            self.revoked.insert(partition, generation);
-        }
+        self.revocations.revoked(partitions, generation);
         self.buffer
             .retain(|partition| !partitions.contains(&partition));
         self.publish_buffer();
