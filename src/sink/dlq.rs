@@ -378,7 +378,7 @@ pub fn build(
     );
     let check = super::publish::topics_check(producer, vec![topic.to_owned()], timeout);
     Ok((
-        Built::checked(dlq.clone(), "kafka", "the Kafka topics", check),
+        Built::checked(dlq.clone(), dlq.name(), "the Kafka topics", check),
         dlq,
     ))
 }

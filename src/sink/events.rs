@@ -238,7 +238,9 @@ pub fn build(
         first_replay_cache,
     );
     let check = super::publish::topics_check(producer, names, timeout);
-    Ok(Built::checked(sink, "kafka", "the Kafka topics", check))
+    // Its outage shows under its own name, as its writes' do.
+    let what = sink.name();
+    Ok(Built::checked(sink, what, "the Kafka topics", check))
 }
 
 #[cfg(test)]

@@ -65,5 +65,7 @@ pub fn build(
 ) -> Result<Built, SinkError> {
     let sink = SnubaSink::new(super::publish::producer(producer, "snuba")?, topic);
     let check = super::publish::topics_check(producer, vec![topic.to_owned()], timeout);
-    Ok(Built::checked(sink, "kafka", "the Kafka topics", check))
+    // Its outage shows under its own name, as its writes' do.
+    let what = sink.name();
+    Ok(Built::checked(sink, what, "the Kafka topics", check))
 }
