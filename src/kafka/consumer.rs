@@ -249,6 +249,7 @@ impl Poller {
             } else {
                 Duration::ZERO
             };
+            let before = self.generation.load(Ordering::Acquire);
             match self.consumer.poll(timeout) {
                 Some(Ok(message)) => self
                     .held
@@ -256,7 +257,7 @@ impl Poller {
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {}
                 Some(Err(error)) => warn!(%error, "consumer error"),
             }
-            if !self.held.is_empty() {
+            if self.generation.load(Ordering::Acquire) != before && !self.held.is_empty() {
                 // A revoke ran in that poll: what is held of the partitions given up is their
                 // next owner's, and must not keep the others paused.
                 let owned = self.consumer.context().status.partitions();
