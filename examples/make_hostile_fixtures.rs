@@ -1,9 +1,9 @@
-//! Writes the crafted messages of `tests/common/hostile.rs` as `DIR/NAME.msgpack` (one file per
+//! Writes the crafted messages of `tests/support/hostile.rs` as `DIR/NAME.msgpack` (one file per
 //! message value), for `scripts/hostile-rss.sh` and for trying them by hand.
 //!
 //! Run: `cargo run --release --example make_hostile_fixtures -- DIR`
 
-#[path = "../tests/common/hostile.rs"]
+#[path = "../tests/support/hostile.rs"]
 mod hostile;
 
 fn main() {

@@ -7,7 +7,7 @@
 //! cargo run --release --example produce -- --brokers 127.0.0.1:9092 --topic T --count 1000 fixtures/segments/*.msgpack
 //! ```
 
-#[path = "../tests/common/load.rs"]
+#[path = "../tests/support/load.rs"]
 mod load;
 
 use std::path::PathBuf;

@@ -8,7 +8,7 @@
 //! Each topic is `NAME:PARTITIONS[:SENTRY_TOPIC]`; without the third part NAME is the Sentry
 //! topic (a name Sentry does not declare gets the broker's defaults).
 
-#[path = "../tests/common/topics.rs"]
+#[path = "../tests/support/topics.rs"]
 mod topics;
 
 use anyhow::{Context, bail};

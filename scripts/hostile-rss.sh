@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peak RSS and time of `replay-ingest inspect` on each crafted message (tests/common/hostile.rs)
+# Peak RSS and time of `replay-ingest inspect` on each crafted message (tests/support/hostile.rs)
 # and, for comparison, the largest recorded segment and the decompression bomb. Each message is
 # inspected alone, in its own process, so the peak is that message's.
 # Usage: scripts/hostile-rss.sh            (release build; prints one table row per message)

@@ -11,5 +11,5 @@ if ! command -v chromium >/dev/null; then
 fi
 (cd fixtures/record && npm ci --no-audit --no-fund && rm -f ../segments/*.msgpack && node record.mjs)
 cargo run --locked --quiet --example make_synthetic_fixtures
-echo "Then review every changed snapshot before accepting it: INSTA_UPDATE=new cargo test --test fixtures,"
-echo "read each tests/snapshots/*.snap.new against its .snap, and move over only what you have read."
+echo "Then review every changed snapshot before accepting it: INSTA_UPDATE=new cargo test --test it fixtures::,"
+echo "read each tests/it/snapshots/*.snap.new against its .snap, and move over only what you have read."

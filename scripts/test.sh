@@ -24,14 +24,13 @@ prepare() {
 
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh test
-log=$(mktemp)
 chaos_log=$(mktemp)
 chaos=""
 prepared=$(mktemp)
 prepare >"$prepared" 2>&1 &
 preparing=$!
 # (errexit applies inside the trap too: each command may fail without changing the exit status.)
-trap 'kill "$preparing" $chaos 2>/dev/null || true; wait "$preparing" 2>/dev/null || true; scripts/stack.sh down || true; rm -f "$log" "$chaos_log" "$prepared"' EXIT
+trap 'kill "$preparing" $chaos 2>/dev/null || true; wait "$preparing" 2>/dev/null || true; scripts/stack.sh down || true; rm -f "$chaos_log" "$prepared"' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -55,45 +54,37 @@ step "helm chart: lint, render, validate (helm-python-sdk, kubernetes-validate)"
 "$venv/bin/python" scripts/check-chart.py "${CARGO_TARGET_DIR:-target}/debug/replay-ingest"
 
 step "cargo test"
-# Every test binary runs even when one fails, so a red run shows all its failures. The
+# Two test binaries: tests/it (every integration test, a module per area) and the chaos harness
+# (tests/chaos.rs), which brings up a stack of its own and so runs beside the other, straight from
+# its executable (a second cargo would wait for the first one's lock); its output follows. The
 # integration tests that need the stack (or chDB) are marked ignored, so that a bare `cargo test`
-# reports them as not run; here every one runs. (Benchmarks run once each as a smoke test; their
+# reports them as not run; here every one runs. Each binary runs even when another fails, so a
+# red run shows all its failures; libtest prints each binary's result and its failed tests, and
+# the last lines here say which steps failed. (Benchmarks run once each as a smoke test; their
 # harness takes no test flags.)
-status=0
-# The chaos harness brings up a stack of its own, so it runs beside the other test binaries
-# (cargo runs those one at a time; the harness is a third of their time), straight from its
-# executable: a second cargo would wait for the first one's lock. Its output follows theirs.
+failed=()
 chaos_bin=$(cargo test --locked --test chaos --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json, sys; print(next(m["executable"] for m in map(json.loads, sys.stdin)
     if m.get("executable") and m["target"]["name"] == "chaos" and m["profile"]["test"]))')
 "$chaos_bin" --include-ignored >"$chaos_log" 2>&1 &
 chaos=$!
-tests=()
-for file in tests/*.rs; do
-  [ "$(basename "$file" .rs)" = chaos ] || tests+=(--test "$(basename "$file" .rs)")
-done
-{ cargo test --locked --lib --bins --examples "${tests[@]}" --no-fail-fast -- --include-ignored &&
-  cargo test --locked --bench process --no-fail-fast; } 2>&1 | tee "$log" || status=$?
+cargo test --locked --lib --bins --examples --test it --no-fail-fast -- --include-ignored ||
+  failed+=("cargo test (unit, example and integration tests)")
+cargo test --locked --bench process --no-fail-fast || failed+=("benchmark smoke test")
 chaos_status=0
 wait "$chaos" || chaos_status=$?
 chaos=""
-tee -a "$log" <"$chaos_log"
-if [ "$chaos_status" -ne 0 ]; then
-  echo "the chaos harness failed (exit $chaos_status); its output is above" >&2
-  status=1
-fi
+step "chaos harness (tests/chaos.rs, ran beside the tests above)"
+cat "$chaos_log"
+[ "$chaos_status" -eq 0 ] || failed+=("chaos harness (exit $chaos_status)")
 
 # The scanner's NEON path, on aarch64 under qemu-user (its own crate: tools/scan-aarch64).
 step "scanner on aarch64 (NEON, qemu-user)"
-bash scripts/test-aarch64.sh 2>&1 | tee -a "$log" || status=$?
+bash scripts/test-aarch64.sh || failed+=("scanner on aarch64")
 
-# One closing summary over all test binaries (cargo prints one "test result" line per binary),
-# then the name of every failed test.
-awk '/^test result:/ { for (i = 2; i <= NF; i++) { n = $(i-1) + 0
-         if ($i ~ /^passed;?$/) p += n; if ($i ~ /^failed;?$/) f += n
-         if ($i ~ /^ignored;?$/) g += n; if ($i ~ /^filtered$/) o += n } }
-     /^test .* FAILED$/ { failed[$2] = 1 }
-     END { printf "\ntests: %d passed, %d failed, %d ignored, %d filtered out\n", p, f, g, o
-           for (t in failed) printf "  failed: %s\n", t
-           exit (f > 0 || p == 0) }' "$log" || status=1
-exit "$status"
+step "done"
+if [ "${#failed[@]}" -gt 0 ]; then
+  printf 'FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "every step passed"

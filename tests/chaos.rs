@@ -16,21 +16,19 @@
 //! test command); fault lengths grow with it up to ClickHouse 60 s, GCS 40 s, broker 20 s.
 //! `scripts/chaos.sh [SECONDS]` runs it alone.
 
-mod common;
-// Only the values are used here; the names and expected reasons serve other tests.
-#[allow(dead_code)]
-#[path = "common/hostile.rs"]
-mod hostile;
+// The helpers the integration tests share (tests/it/ is their main user; the harness uses a few).
+#[allow(dead_code, unused_imports)]
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
 use futures::future::join_all;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use replay_ingest::recording::{self, Limits};
+use support::*;
 
 /// Messages produced per second.
 const RATE: u64 = 10;
@@ -98,8 +96,12 @@ async fn produce(
     out: Arc<Mutex<Vec<Produced>>>,
 ) {
     let fixtures = Arc::new(all_fixtures());
-    let hostile: Arc<Vec<Vec<u8>>> =
-        Arc::new(hostile::all().into_iter().map(|h| h.value).collect());
+    let hostile: Arc<Vec<Vec<u8>>> = Arc::new(
+        support::hostile::all()
+            .into_iter()
+            .map(|h| h.value)
+            .collect(),
+    );
     let producer: FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("message.max.bytes", "16000000")
@@ -116,9 +118,9 @@ async fn produce(
                 (i..i + RATE)
                     .map(|n| {
                         let value = if n % HOSTILE_EVERY == HOSTILE_EVERY - 1 {
-                            common::load::fixture_copy(&hostile, n / HOSTILE_EVERY)
+                            support::load::fixture_copy(&hostile, n / HOSTILE_EVERY)
                         } else {
-                            common::load::fixture_copy(&fixtures, n)
+                            support::load::fixture_copy(&fixtures, n)
                         };
                         let fate = fate(&value);
                         (value, test_key(n), fate)
@@ -399,11 +401,11 @@ async fn chaos() {
     // GCS through a proxy that, while the tail is on, holds back every 20th upload's answer past
     // the sink deadline (the upload itself is made).
     let tail = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let gcs_proxy = common::proxy::Proxy::start(&gcs_endpoint(), {
+    let gcs_proxy = support::proxy::Proxy::start(&gcs_endpoint(), {
         let tail = tail.clone();
         move |seen| match tail.load(std::sync::atomic::Ordering::Relaxed) && seen.nth % 20 == 19 {
-            true => common::proxy::Action::Delay(SINK_TIMEOUT + Duration::from_secs(1)),
-            false => common::proxy::Action::Forward,
+            true => support::proxy::Action::Delay(SINK_TIMEOUT + Duration::from_secs(1)),
+            false => support::proxy::Action::Forward,
         }
     })
     .await;

@@ -2,12 +2,10 @@
 //! GCS (fake-gcs-server) + ClickHouse + analytics topics + DogStatsD datagrams, all checked by
 //! reading back; and a ClickHouse outage the service rides out without committing past it.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use replay_ingest::recording::{self, AnalyticsEvent, IssueGates, Limits};
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
@@ -35,6 +33,7 @@ fn read_json(topic: &str, count: usize) -> Vec<serde_json::Value> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
+    let _stack = uses_stack().await;
     let names = Names::create().await;
     let statsd = Statsd::bind();
     let fixtures = all_fixtures();
@@ -63,7 +62,7 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
     );
 
     // Blobs: every valid segment, byte for byte. (Their content type is checked on the upload
-    // request itself, in tests/gcs_sink.rs: the emulator does not keep it.)
+    // request itself, in tests/it/gcs_sink.rs: the emulator does not keep it.)
     for p in &valid {
         assert_eq!(
             read_object(&names.bucket, &p.blob.key).await,
@@ -297,6 +296,7 @@ async fn fixtures_flow_to_gcs_clickhouse_event_topics_and_dogstatsd() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn rows_published_for_snuba_are_the_rows_written_directly() {
+    let _stack = uses_stack().await;
     let names = Names::create().await;
     let replay_events = unique("replay-events");
     create_topic(&replay_events, 1).await;

@@ -5,13 +5,11 @@
 //! commits; messages a sink rejects go to the real dead-letter topic with their original bytes,
 //! and the rest of the batch commits.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::support::*;
 use replay_ingest::config::ConsumeArgs;
 use replay_ingest::health::Status;
 use replay_ingest::kafka::refetch::Refetcher;
@@ -110,6 +108,7 @@ fn cpu_ticks() -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_service_never_exits() {
+    let _stack = uses_stack().await;
     let _shared = CPU_MEASURED.read().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
@@ -158,6 +157,7 @@ async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_serv
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
+    let _stack = uses_stack().await;
     let _alone = CPU_MEASURED.write().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
@@ -196,6 +196,7 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries_on() {
+    let _stack = uses_stack().await;
     let _shared = CPU_MEASURED.read().await;
     let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
     create_topic(&topic, 2).await;
@@ -310,6 +311,7 @@ impl Sink for Picky {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() {
+    let _stack = uses_stack().await;
     let _shared = CPU_MEASURED.read().await;
     let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
     create_topic(&topic, 2).await;

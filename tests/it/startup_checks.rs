@@ -1,11 +1,9 @@
 //! Startup checks with the real service and stack (`scripts/stack.sh up`): a missing bucket or
 //! topic stops the service before it joins the group, with a message naming it.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 
 /// Starts the service with `args` and returns its exit code and log once it stops on its own.
 async fn run_until_exit(args: &[String]) -> (Option<i32>, String) {
@@ -20,6 +18,7 @@ async fn run_until_exit(args: &[String]) -> (Option<i32>, String) {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_missing_bucket_stops_the_service_naming_it_before_anything_is_consumed() {
+    let _stack = uses_stack().await;
     let names = Names::create().await;
     produce_fixtures(&names.topic, &all_fixtures(), 3).await;
     let dir = tempfile::tempdir().unwrap();
@@ -45,6 +44,7 @@ async fn a_missing_bucket_stops_the_service_naming_it_before_anything_is_consume
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_missing_topic_stops_the_service_naming_it() {
+    let _stack = uses_stack().await;
     let names = Names::create().await;
     let dir = tempfile::tempdir().unwrap();
     for flag in ["--dlq-topic", "--outcomes-topic", "--topic"] {
@@ -70,6 +70,7 @@ async fn a_missing_topic_stops_the_service_naming_it() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn with_every_destination_in_place_the_checks_pass_having_written_the_probe_object() {
+    let _stack = uses_stack().await;
     let names = Names::create().await;
     let dir = tempfile::tempdir().unwrap();
     let service = Service::start(&names.args(free_port(), dir.path()));
@@ -90,6 +91,7 @@ async fn with_every_destination_in_place_the_checks_pass_having_written_the_prob
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn refused_clickhouse_credentials_stop_the_service_naming_the_flags() {
+    let _stack = uses_stack().await;
     let names = Names::create().await;
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("clickhouse-password");

@@ -1,18 +1,17 @@
 //! The ClickHouse sink against the real local server (`scripts/stack.sh up`): migrate, insert the
 //! rows of every fixture, read every column back, and show reinsertion stays idempotent.
 
-mod common;
-
 use replay_ingest::recording::ReplayRow;
 use replay_ingest::sink::clickhouse::{ClickHouseConfig, ClickHouseSink, check_table, migrate};
-
 use replay_ingest::sink::{Batch, Retry};
+
+use crate::support::uses_stack;
 
 fn config(table: &str) -> ClickHouseConfig {
     ClickHouseConfig {
         database: "replay_ingest_test".into(),
         chunk_rows: 7,
-        ..common::clickhouse_config(table)
+        ..crate::support::clickhouse_config(table)
     }
 }
 
@@ -20,7 +19,7 @@ fn config(table: &str) -> ClickHouseConfig {
 /// hash), the row inserted last — `ReplacingMergeTree` without a version, as snuba has it.
 fn expected_rows(batch: &Batch) -> Vec<ReplayRow> {
     let mut merged = std::collections::BTreeMap::new();
-    for row in common::rows_of(batch) {
+    for row in crate::support::rows_of(batch) {
         merged.insert(
             (
                 row.replay_id,
@@ -64,9 +63,10 @@ fn assert_same_rows(got: &[ReplayRow], expected: &[ReplayRow]) {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
-    let config = config(&common::unique("replays").replace('-', "_"));
+    let _stack = uses_stack().await;
+    let config = config(&crate::support::unique("replays").replace('-', "_"));
     migrate(&config).await.unwrap();
-    let batch = common::fixture_batch();
+    let batch = crate::support::fixture_batch();
     let expected = expected_rows(&batch);
     assert!(
         expected.iter().any(|r| r.click_is_rage == 1),
@@ -93,8 +93,8 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
 
     let sink = ClickHouseSink::new(&config);
     let written = tokio::task::spawn_blocking({
-        let batch = common::fixture_batch();
-        move || common::write_once(&sink, &batch).map(|w| (w, sink))
+        let batch = crate::support::fixture_batch();
+        move || crate::support::write_once(&sink, &batch).map(|w| (w, sink))
     })
     .await
     .unwrap()
@@ -103,10 +103,12 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
 
     // The same batch again (a redelivery): after merging, still one row per event_hash.
     let (_, sink) = written;
-    tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch()))
-        .await
-        .unwrap()
-        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        crate::support::write_once(&sink, &crate::support::fixture_batch())
+    })
+    .await
+    .unwrap()
+    .unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
     let count_final: u64 = client
         .query(&format!("SELECT count() FROM {} FINAL", config.table))
@@ -146,7 +148,8 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
-    let config = config(&common::unique("wrong").replace('-', "_"));
+    let _stack = uses_stack().await;
+    let config = config(&crate::support::unique("wrong").replace('-', "_"));
     migrate(&config).await.unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
     client
@@ -168,11 +171,12 @@ async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
     let sink = ClickHouseSink::new(&config);
     // RowBinary carries no types: the server misreads the rows and answers with a data error or
     // an absurd allocation, depending on the bytes. Either way the sink names the cause.
-    let error =
-        tokio::task::spawn_blocking(move || common::write_once(&sink, &common::fixture_batch()))
-            .await
-            .unwrap()
-            .unwrap_err();
+    let error = tokio::task::spawn_blocking(move || {
+        crate::support::write_once(&sink, &crate::support::fixture_batch())
+    })
+    .await
+    .unwrap()
+    .unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
     assert!(
         error
@@ -192,7 +196,8 @@ async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types_and_passes_a_migrated_one()
  {
-    let config = config(&common::unique("check").replace('-', "_"));
+    let _stack = uses_stack().await;
+    let config = config(&crate::support::unique("check").replace('-', "_"));
     let missing = check_table(&config).await.unwrap_err();
     assert_eq!(missing.retry, Retry::Fatal);
     assert!(
@@ -231,7 +236,7 @@ async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types
 
     // Nothing listening: the server is down, which is waited out, not a configuration error.
     let down = ClickHouseConfig {
-        url: format!("http://127.0.0.1:{}", common::free_port()),
+        url: format!("http://127.0.0.1:{}", crate::support::free_port()),
         ..config
     };
     assert_eq!(
@@ -249,8 +254,9 @@ async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
-    use common::proxy::{Action, Proxy};
-    let config = config(&common::unique("replays").replace('-', "_"));
+    let _stack = uses_stack().await;
+    use crate::support::proxy::{Action, Proxy};
+    let config = config(&crate::support::unique("replays").replace('-', "_"));
     migrate(&config).await.unwrap();
     let memory = "Code: 241. DB::Exception: Memory limit (total) exceeded: would use 9.31 GiB. (MEMORY_LIMIT_EXCEEDED)";
     let parse =
@@ -274,7 +280,7 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
     ];
     for (code, body, expected) in cases {
         let answer = (code, body.clone());
-        let proxy = Proxy::start(&common::clickhouse_url(), move |seen| {
+        let proxy = Proxy::start(&crate::support::clickhouse_url(), move |seen| {
             match seen.path.contains("INSERT") {
                 true => Action::Answer {
                     status: 200,
@@ -294,7 +300,7 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
             ..config.clone()
         });
         let result = tokio::task::spawn_blocking(move || {
-            common::write_once(&sink, &common::fixture_batch())
+            crate::support::write_once(&sink, &crate::support::fixture_batch())
         })
         .await
         .unwrap();

@@ -5,9 +5,6 @@
 //! - what is held is within the cost bound, 2 × the decoded input + 1 MiB;
 //! - the peak while processing stays within 5 × the message + 3 × the decoded input + 8 MiB.
 
-#[path = "common/hostile.rs"]
-mod hostile;
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::Path;
@@ -145,7 +142,7 @@ fn every_fixture_is_accounted_exactly_and_within_the_bound() {
 
 #[test]
 fn hostile_messages_are_processed_within_the_bound_or_rejected() {
-    for message in hostile::all() {
+    for message in crate::support::hostile::all() {
         let name = message.name;
         match message.invalid_reason {
             Some(reason) => {
@@ -319,7 +316,7 @@ proptest! {
         // Repeating the list multiplies references to the same pages and selectors.
         let body = format!("[{}]", vec![events.join(","); repeat].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(","));
         let replay_event = format!(r#"{{"urls":[{}],"tags":{{"a":"b"}}}}"#, urls.iter().map(|u| format!(r#""{u}""#)).collect::<Vec<_>>().join(","));
-        assert_bounded("arbitrary", &hostile::message(r#"{"segment_id":0}"#, body.as_bytes(), Some(replay_event.as_bytes())));
+        assert_bounded("arbitrary", &crate::support::hostile::message(r#"{"segment_id":0}"#, body.as_bytes(), Some(replay_event.as_bytes())));
     }
 }
 

@@ -5,19 +5,14 @@
 //! the server, the table's migration first); and a column altered to another type
 //! while the service runs (a configuration error: the service stops, non-zero, naming the
 //! column, nothing committed past it); and a member joining during a long outage (it gets
-//! partitions at once, the first member stays in the group, nothing is lost). Its own test
-//! binary: stopping a shared server must not disturb other tests.
-
-mod common;
+//! partitions at once, the first member stays in the group, nothing is lost). The tests that stop
+//! the shared server hold `stops_stack()`: no other stack test runs meanwhile.
 
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
-
-/// The outage stops the shared server: these tests run one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Stops ClickHouse; it is started again when the guard is dropped, so that a test failing
 /// mid-outage does not leave the server down for the tests after it.
@@ -39,7 +34,7 @@ impl Drop for ClickHouseDown {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
-    let _serial = SERIAL.lock().await;
+    let _stack = stops_stack().await;
     let names = Names::create().await;
     let fixtures = small_fixtures(true);
     let dir = tempfile::tempdir().unwrap();
@@ -143,7 +138,7 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_column_altered_while_running_stops_the_service_naming_it_without_committing_past_it() {
-    let _serial = SERIAL.lock().await;
+    let _stack = uses_stack().await;
     let names = Names::create().await;
     let fixtures = small_fixtures(true);
     let dir = tempfile::tempdir().unwrap();
@@ -213,7 +208,7 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joins_and_consumes() {
-    let _serial = SERIAL.lock().await;
+    let _stack = stops_stack().await;
     let names = Names::create().await;
     let outage = ClickHouseDown::begin();
     let dir = tempfile::tempdir().unwrap();
@@ -270,12 +265,11 @@ async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joi
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothing_is_lost() {
+    let _stack = uses_stack().await;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     const MAX_POLL_INTERVAL: Duration = Duration::from_secs(20);
     const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
-    // The proxy forwards to the shared server, which the other tests stop.
-    let _serial = SERIAL.lock().await;
     let names = Names::with_partitions(4).await;
     let down = Arc::new(AtomicBool::new(false));
     let proxy = {

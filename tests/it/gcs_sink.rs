@@ -5,25 +5,23 @@
 //! docs/local-stack.md) and the retry class of each status GCS answers with. And a latency tail
 //! through a proxy in front of the emulator: a flush's retries upload only what is not stored.
 
-mod common;
-
-use common::{create_bucket, gcs_endpoint, read_object};
-
 use replay_ingest::recording::{self, Limits};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
 use replay_ingest::sink::{Batch, Entries, Entry, Outcome, Retry};
 
+use crate::support::{create_bucket, gcs_endpoint, read_object, uses_stack};
+
 /// Every valid fixture, each with its own replay id (several synthetic ones share a real
 /// segment's id, hence its key).
 fn fixture_batch() -> Batch {
-    let fixtures = common::all_fixtures();
+    let fixtures = crate::support::all_fixtures();
     batch_of(&fixtures, fixtures.len() as u64)
 }
 
 /// `count` copies of `fixtures` in turn, each with its own replay id.
 fn batch_of(fixtures: &[Vec<u8>], count: u64) -> Batch {
     let entries = (0..count)
-        .map(|i| common::load::fixture_copy(fixtures, i))
+        .map(|i| crate::support::load::fixture_copy(fixtures, i))
         .filter_map(|value| recording::process(&value, &Limits::default()).ok())
         .enumerate()
         .map(|(i, p)| Entry {
@@ -52,14 +50,16 @@ fn scripted_config(bucket: &str, endpoint: String) -> GcsConfig {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn every_blob_reads_back_byte_for_byte_and_rewrites_are_idempotent() {
-    let bucket = common::unique("blobs");
+    let _stack = uses_stack().await;
+    let bucket = crate::support::unique("blobs");
     create_bucket(&bucket);
     let sink = GcsSink::new(&config(&bucket)).await.unwrap();
     let batch = fixture_batch();
-    let (written, sink, batch) =
-        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch), sink, batch))
-            .await
-            .unwrap();
+    let (written, sink, batch) = tokio::task::spawn_blocking(move || {
+        (crate::support::write_once(&sink, &batch), sink, batch)
+    })
+    .await
+    .unwrap();
     let written = written.unwrap();
     assert_eq!(written.items as usize, batch.valid().count());
     for p in batch.valid() {
@@ -71,10 +71,11 @@ async fn every_blob_reads_back_byte_for_byte_and_rewrites_are_idempotent() {
         );
     }
     // A redelivered batch rewrites the same keys with the same bytes.
-    let (again, _, batch) =
-        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch), sink, batch))
-            .await
-            .unwrap();
+    let (again, _, batch) = tokio::task::spawn_blocking(move || {
+        (crate::support::write_once(&sink, &batch), sink, batch)
+    })
+    .await
+    .unwrap();
     again.unwrap();
     let large = batch.valid().max_by_key(|p| p.blob.bytes.len()).unwrap();
     assert_eq!(
@@ -86,13 +87,15 @@ async fn every_blob_reads_back_byte_for_byte_and_rewrites_are_idempotent() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_missing_bucket_is_a_fatal_error() {
-    let sink = GcsSink::new(&config(&common::unique("missing")))
+    let _stack = uses_stack().await;
+    let sink = GcsSink::new(&config(&crate::support::unique("missing")))
         .await
         .unwrap();
-    let error = tokio::task::spawn_blocking(move || common::write_once(&sink, &fixture_batch()))
-        .await
-        .unwrap()
-        .unwrap_err();
+    let error =
+        tokio::task::spawn_blocking(move || crate::support::write_once(&sink, &fixture_batch()))
+            .await
+            .unwrap()
+            .unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
 }
 
@@ -205,9 +208,10 @@ async fn each_status_gcs_answers_with_is_retried_rejected_or_fatal() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
-    use common::proxy::{Action, Proxy};
+    let _stack = uses_stack().await;
+    use crate::support::proxy::{Action, Proxy};
     use replay_ingest::pipeline::flush::{RetryPolicy, Sinks, flush};
-    let bucket = common::unique("blobs");
+    let bucket = crate::support::unique("blobs");
     create_bucket(&bucket);
     let proxy = Proxy::start(&gcs_endpoint(), |seen| {
         match seen.path.contains("uploadType=") && seen.nth % 20 == 19 {
@@ -223,7 +227,7 @@ async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
         ..config(&bucket)
     };
     let sinks = Sinks::new(vec![vec![Box::new(GcsSink::new(&config).await.unwrap())]]);
-    let batch = batch_of(&common::small_fixtures(true), 600);
+    let batch = batch_of(&crate::support::small_fixtures(true), 600);
     let policy = RetryPolicy {
         max_attempts: 0,
         initial_backoff: std::time::Duration::from_millis(10),

@@ -11,17 +11,15 @@
 //! - ClickHouse over `https://`: trusted through `SSL_CERT_FILE`, refused without it;
 //! - secrets given in the environment never show in `--help` or in errors.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::kafka::SecureBroker;
-use common::tls::TestCa;
-use common::*;
+use crate::support::secure_broker::SecureBroker;
+use crate::support::tls::TestCa;
+use crate::support::*;
 use rdkafka::ClientConfig;
 
 const USER: &str = "replay";
@@ -48,7 +46,7 @@ fn service_args(
     blob_dir: &Path,
     security: &[&str],
 ) -> Vec<String> {
-    let args = common::service_args(topic, dlq, &unique("group"), blob_dir, free_port());
+    let args = crate::support::service_args(topic, dlq, &unique("group"), blob_dir, free_port());
     let mut args = with_flag(args, "--brokers", &broker.address(listener));
     args.extend(security.iter().map(|s| s.to_string()));
     args
@@ -270,6 +268,7 @@ fn help_and_errors_never_show_secrets_from_the_environment() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn clickhouse_over_https_trusts_the_ca_ssl_cert_file_names_and_refuses_any_other() {
+    let _stack = uses_stack().await;
     let ca = TestCa::new();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let https_port = listener.local_addr().unwrap().port();

@@ -2,7 +2,7 @@
 //! amplify memory or time — one value referenced many times, deep nesting, huge arrays of tiny
 //! events, many distinct URLs, many clicks/taps/navigations/requests, huge replay-event lists,
 //! long count keys, a padded zlib stream, an out-of-range segment id. Generated, not committed
-//! (30 MB): `tests/memory_bound.rs` asserts the cost bound and the outcome of each;
+//! (30 MB): `tests/it/memory_bound.rs` asserts the cost bound and the outcome of each;
 //! `cargo run --release --example make_hostile_fixtures -- DIR` writes them as files, which
 //! `scripts/hostile-rss.sh` feeds to `replay-ingest inspect` for peak RSS and time.
 

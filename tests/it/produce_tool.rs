@@ -1,9 +1,7 @@
-//! The produce tool (tests/common/load.rs, `examples/produce.rs`): every copy of a fixture is a
+//! The produce tool (tests/support/load.rs, `examples/produce.rs`): every copy of a fixture is a
 //! distinct segment, and hostile fixtures stay as they are.
 
-mod common;
-
-use common::load::*;
+use crate::support::load::*;
 use replay_ingest::recording;
 
 #[test]

@@ -2,12 +2,10 @@
 //! (`scripts/stack.sh up`): nothing is dropped and the flush does not stop. The value goes whole
 //! to the blob store under `dlq/`, the topic gets a record pointing at it.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use rdkafka::producer::FutureRecord;
 use replay_ingest::health::Status;
 use replay_ingest::pipeline::{self, flush::Sinks};
@@ -22,6 +20,7 @@ const PRODUCER_LIMIT: usize = 100_000;
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn dead_letters_too_large_for_their_topic_keep_their_value_in_the_blob_store() {
+    let _stack = uses_stack().await;
     let (topic, group, dlq, bucket) = (
         unique("rec"),
         unique("group"),

@@ -1,9 +1,7 @@
 //! What the service publishes, validated against Sentry's own message schemas (the
 //! `sentry-kafka-schemas` crate, the schemas Sentry's and snuba's consumers are built against),
 //! on every fixture; and the inner payloads those schemas leave open, checked against what their
-//! readers require: snuba's replays processor (`common::snuba`) and Sentry's occurrence consumer.
-
-mod common;
+//! readers require: snuba's replays processor (`crate::support::snuba`) and Sentry's occurrence consumer.
 
 use replay_ingest::recording::{
     self, AnalyticsEvent, IssueGates, KafkaPosition, Limits, Processed, snuba,
@@ -17,7 +15,7 @@ fn accepted() -> Vec<(KafkaPosition, Processed)> {
         partition: 3,
         offset,
     });
-    let fixtures = common::all_fixtures();
+    let fixtures = crate::support::all_fixtures();
     let limits = Limits {
         republish_replay_event: true,
         ..Limits::default()
@@ -68,7 +66,7 @@ fn every_replay_events_message_validates_and_snuba_maps_it_to_the_rows_written_d
             kinds.insert(inner["type"].as_str().unwrap_or("").to_owned());
             let offset = u64::try_from(at.offset).unwrap();
             mapped.extend(
-                common::snuba::rows(&message, 3, offset)
+                crate::support::snuba::rows(&message, 3, offset)
                     .unwrap_or_else(|e| panic!("{at:?}: snuba rejects it: {e}: {text}")),
             );
             messages += 1;

@@ -1,15 +1,11 @@
 //! The consumer pipeline against the real local broker (Apache Kafka), with the filesystem blob sink and
 //! the real dead-letter producer. Run through `scripts/test.sh`, which starts the broker.
 
-mod common;
-#[path = "common/hostile.rs"]
-mod hostile;
-
 use std::collections::{BTreeMap, BTreeSet};
 
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use serde_json::json;
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
@@ -17,6 +13,7 @@ const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn every_fixture_lands_once_as_a_blob_or_on_the_dlq_and_offsets_commit_to_the_end() {
+    let _stack = uses_stack().await;
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 3).await;
     create_topic(&dlq, 1).await;
@@ -63,6 +60,7 @@ async fn every_fixture_lands_once_as_a_blob_or_on_the_dlq_and_offsets_commit_to_
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_restarted_service_resumes_after_its_commits_without_skipping_or_repeating() {
+    let _stack = uses_stack().await;
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 2).await;
     create_topic(&dlq, 1).await;
@@ -107,6 +105,7 @@ async fn a_restarted_service_resumes_after_its_commits_without_skipping_or_repea
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn crafted_messages_cost_a_bounded_amount_and_the_next_message_follows() {
+    let _stack = uses_stack().await;
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 1).await;
     create_topic(&dlq, 1).await;
@@ -116,7 +115,7 @@ async fn crafted_messages_cost_a_bounded_amount_and_the_next_message_follows() {
         "long-click-fields",
         "deep-nesting-events",
     ];
-    let mut values: Vec<Vec<u8>> = hostile::all()
+    let mut values: Vec<Vec<u8>> = crate::support::hostile::all()
         .into_iter()
         .filter(|h| crafted.contains(&h.name) || h.invalid_reason.is_some())
         .map(|h| h.value)
@@ -184,7 +183,7 @@ async fn crafted_messages_cost_a_bounded_amount_and_the_next_message_follows() {
 }
 
 /// Merges produce reports: the last offset per partition over all of them.
-fn last_offsets(reports: &[common::load::Produced]) -> BTreeMap<i32, i64> {
+fn last_offsets(reports: &[crate::support::load::Produced]) -> BTreeMap<i32, i64> {
     let mut last = BTreeMap::new();
     for report in reports {
         for (&p, &o) in &report.last_offsets {
@@ -198,6 +197,7 @@ fn last_offsets(reports: &[common::load::Produced]) -> BTreeMap<i32, i64> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
+    let _stack = uses_stack().await;
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
     create_topic(&topic, 3).await;
     create_topic(&dlq, 1).await;
@@ -307,6 +307,7 @@ fn consumed_at_exit(log: &std::path::Path) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn members_joining_and_leaving_under_load_lose_nothing_and_hand_over_without_redelivery() {
+    let _stack = uses_stack().await;
     members_join_and_leave_under_load(&[]).await;
 }
 
@@ -315,6 +316,7 @@ async fn members_joining_and_leaving_under_load_lose_nothing_and_hand_over_witho
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn with_the_consumer_group_protocol_members_joining_and_leaving_under_load_lose_nothing() {
+    let _stack = uses_stack().await;
     members_join_and_leave_under_load(&["--kafka-property", "group.protocol=consumer"]).await;
 }
 
@@ -511,6 +513,7 @@ async fn members_join_and_leave_under_load(protocol: &[&str]) {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_member_without_partitions_is_ready_and_a_rebalance_does_not_make_the_other_unready() {
+    let _stack = uses_stack().await;
     let (topic, dlq, group) = (unique("idle"), unique("dlq"), unique("group"));
     create_topic(&topic, 1).await;
     create_topic(&dlq, 1).await;
@@ -577,19 +580,20 @@ async fn a_member_without_partitions_is_ready_and_a_rebalance_does_not_make_the_
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_far_future_received_among_valid_messages_is_dead_lettered_and_no_member_exits() {
+    let _stack = uses_stack().await;
     let names = Names::create().await;
     let dir = tempfile::tempdir().unwrap();
     let (first_statsd, second_statsd) = (Statsd::bind(), Statsd::bind());
     let mut first = Service::start(&names.args(first_statsd.port(), dir.path()));
     let mut second = Service::start(&names.args(second_statsd.port(), dir.path()));
-    let far: Vec<Vec<u8>> = hostile::all()
+    let far: Vec<Vec<u8>> = crate::support::hostile::all()
         .into_iter()
         .filter(|h| h.invalid_reason == Some("invalid_received"))
         .map(|h| h.value)
         .collect();
     assert_eq!(far.len(), 2);
     let mut values: Vec<Vec<u8>> = (0..40)
-        .map(|i| common::load::fixture_copy(&small_fixtures(true), i))
+        .map(|i| crate::support::load::fixture_copy(&small_fixtures(true), i))
         .collect();
     values.insert(10, far[0].clone());
     values.insert(30, far[1].clone());

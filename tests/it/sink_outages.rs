@@ -1,4 +1,4 @@
-//! Outages of the sinks other than ClickHouse (tests/clickhouse_faults.rs), with the real service
+//! Outages of the sinks other than ClickHouse (tests/it/clickhouse_faults.rs), with the real service
 //! and stack: the blob store hangs (fake-gcs-server under SIGSTOP: it accepts connections and
 //! never answers), and the broker hangs while a flush delivers events or dead letters. (Deleting
 //! a topic makes no outage here: the local broker creates it again on the next delivery.) Each is
@@ -6,19 +6,15 @@
 //! everything lands: blobs exactly, Kafka deliveries at least once (one that timed out in the hang
 //! may still be written when the broker resumes, beside its retry). That a first-replay event is
 //! marked as sent only once delivered is a unit test in src/sink/events.rs (here the timed-out
-//! delivery itself usually lands). Its own test binary: hanging the shared emulator or broker
-//! must not disturb other tests; these run one at a time.
-
-mod common;
+//! delivery itself usually lands). Hanging the shared emulator or broker must not disturb other
+//! tests: the tests that do hold `stops_stack()`, so no other stack test runs meanwhile.
 
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use replay_ingest::recording::{self, Limits};
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
-
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Hangs a stack service (`gcs`, `kafka`) with SIGSTOP; resumed when dropped, so that a failing
 /// test does not leave it hung for the tests after it.
@@ -84,7 +80,7 @@ async fn riding_out(
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_hung_blob_store_is_ridden_out_and_every_blob_lands() {
-    let _serial = SERIAL.lock().await;
+    let _stack = stops_stack().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
     let service = Service::start(&args(&names, &statsd, dir.path()));
@@ -129,7 +125,7 @@ async fn a_hung_blob_store_is_ridden_out_and_every_blob_lands() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn probes_through_an_outage_and_a_shutdown_that_misses_its_drain_deadline() {
-    let _serial = SERIAL.lock().await;
+    let _stack = stops_stack().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
     let args = with_flag(
@@ -190,7 +186,7 @@ async fn broker_hung_around_the_flush(
     names: &Names,
     messages: &[Vec<u8>],
     sink: &str,
-) -> (common::load::Produced, Vec<Sent>) {
+) -> (crate::support::load::Produced, Vec<Sent>) {
     wait_for("partitions assigned", JOIN_AND_FLUSH, || {
         service.status().is_some_and(|s| s["assigned"] == true)
     })
@@ -248,7 +244,7 @@ async fn broker_hang_run(messages: &[Vec<u8>], sink: &str) -> (Names, Vec<Sent>)
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn an_events_outage_is_ridden_out_and_every_event_lands() {
-    let _serial = SERIAL.lock().await;
+    let _stack = stops_stack().await;
     // Valid segments only, so that nothing goes to the dead-letter topic: the events write is the
     // one that fails.
     let (names, sent) = broker_hang_run(&small_fixtures(true), "events").await;
@@ -283,7 +279,7 @@ async fn an_events_outage_is_ridden_out_and_every_event_lands() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands() {
-    let _serial = SERIAL.lock().await;
+    let _stack = stops_stack().await;
     let (names, sent) = broker_hang_run(&small_fixtures(false), "dlq").await;
 
     // At least once: the deliveries that timed out in the hang reach the topic when the broker
@@ -314,7 +310,7 @@ async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need() {
-    let _serial = SERIAL.lock().await;
+    let _stack = uses_stack().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
     let service = Service::start_with_fd_limit(&args(&names, &statsd, dir.path()), 1024);
@@ -384,7 +380,7 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
-    let _serial = SERIAL.lock().await;
+    let _stack = stops_stack().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
     let mut args = with_flag(
@@ -455,8 +451,8 @@ async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
+    let _stack = stops_stack().await;
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let _serial = SERIAL.lock().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
     let mut args = args(&names, &statsd, dir.path());

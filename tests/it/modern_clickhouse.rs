@@ -4,11 +4,9 @@
 //! captured from its HTTP request — and every row reads back as the sink built it, the
 //! materialized columns computed.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use common::*;
+use crate::support::*;
 use replay_ingest::recording::ReplayRow;
 use replay_ingest::sink::clickhouse::{
     ClickHouseConfig, ClickHouseSink, ServerFeatures, ServerVersion, TABLE, create_table_sql,
@@ -91,10 +89,11 @@ async fn snubas_ddl_runs_on_clickhouse_26_and_the_sinks_bytes_insert_and_read_ba
     };
     let sink = ClickHouseSink::new(&config);
     let batch = fixture_batch();
-    let (written, batch) =
-        tokio::task::spawn_blocking(move || (common::write_once(&sink, &batch).unwrap(), batch))
-            .await
-            .unwrap();
+    let (written, batch) = tokio::task::spawn_blocking(move || {
+        (crate::support::write_once(&sink, &batch).unwrap(), batch)
+    })
+    .await
+    .unwrap();
     let expected = rows_of(&batch);
     assert_eq!(written.items as usize, expected.len());
     let body: Vec<u8> = bodies

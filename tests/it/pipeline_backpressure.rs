@@ -2,13 +2,11 @@
 //! buffer bounds intake (partitions pause, then resume), and a flush that cannot complete stops
 //! the service without committing.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use replay_ingest::health::Status;
 use replay_ingest::pipeline::{self, PipelineError, flush::Sinks};
 use replay_ingest::sink::{Entry, Progress, Retry, Sink, SinkError, Written};
@@ -54,6 +52,7 @@ impl Sink for FailingSink {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_completes() {
+    let _stack = uses_stack().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 2).await;
     let (report, _) = produce_fixtures(&topic, &small_fixtures(true), 300).await;
@@ -143,6 +142,7 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
+    let _stack = uses_stack().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
     produce_fixtures(&topic, &small_fixtures(true), 5).await;
@@ -184,6 +184,7 @@ async fn a_sink_that_keeps_failing_stops_the_service_without_committing() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_fatal_sink_error_is_not_retried() {
+    let _stack = uses_stack().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
     produce_fixtures(&topic, &small_fixtures(true), 2).await;

@@ -29,11 +29,9 @@ pub enum Action {
     },
 }
 
-/// The method and path-and-query of a request, and how many requests came before it.
+/// The path-and-query of a request, and how many requests came before it.
 pub struct Seen<'a> {
-    pub method: &'a str,
     pub path: &'a str,
-    pub body: &'a [u8],
     pub nth: usize,
 }
 
@@ -113,12 +111,7 @@ impl Shared {
             .unwrap_or_default();
         let nth = self.requests.fetch_add(1, Ordering::SeqCst);
         self.paths.lock().unwrap().push(path.clone());
-        let action = (self.decide)(&Seen {
-            method: parts.method.as_str(),
-            path: &path,
-            body: &body,
-            nth,
-        });
+        let action = (self.decide)(&Seen { path: &path, nth });
         if let Action::Answer {
             status,
             headers,

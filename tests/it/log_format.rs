@@ -1,12 +1,10 @@
 //! `--log-format json`: one JSON object per line, with the fields an operator filters on at the
 //! top level (`timestamp`, `level`, `target`, `message`, and the event's own fields).
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 
 fn lines(stderr: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(stderr)
@@ -50,6 +48,7 @@ fn a_refused_configuration_is_one_json_error_line() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_running_service_logs_json_with_its_fields_at_the_top_level() {
+    let _stack = uses_stack().await;
     let topic = unique("json-logs");
     create_topic(&topic, 1).await;
     let dlq = unique("json-logs-dlq");

@@ -2,10 +2,6 @@
 //! panics, and rejects with a classified reason — and whatever it accepts, every sink's builder
 //! (rows, snuba messages, events and occurrences, blob keys) turns into output without panicking.
 
-#[path = "common/hostile.rs"]
-#[allow(dead_code)]
-mod hostile;
-
 use proptest::prelude::*;
 use replay_ingest::recording::{self, IssueGates, KafkaPosition, Limits, Processed};
 
@@ -157,14 +153,14 @@ proptest! {
 
     #[test]
     fn arbitrary_payloads_in_a_valid_envelope_never_panic(payload in prop::collection::vec(any::<u8>(), 0..2048)) {
-        let result = recording::process(&hostile::value(&payload, None), &limits());
+        let result = recording::process(&crate::support::hostile::value(&payload, None), &limits());
         prop_assert!(result.is_ok() || !result.unwrap_err().detail.is_empty());
     }
 
     #[test]
     fn rrweb_like_bodies_never_panic(body in rrweb_like()) {
         let payload = format!("{{\"segment_id\":0}}\n[{body}]");
-        if let Ok(processed) = recording::process(&hostile::value(payload.as_bytes(), None), &limits()) {
+        if let Ok(processed) = recording::process(&crate::support::hostile::value(payload.as_bytes(), None), &limits()) {
             build_every_output(&processed);
         }
     }

@@ -1,0 +1,265 @@
+//! What a test sends and what it expects: the recorded fixtures, each copy's fate, the blobs,
+//! rows and dead letters it must produce.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use replay_ingest::recording::{self, KafkaPosition, Limits, ReplayRow};
+use replay_ingest::sink::{Batch, Entry, Outcome};
+
+use super::*;
+
+pub fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+/// Every fixture (recorded and synthetic), sorted.
+pub fn all_fixtures() -> Vec<Vec<u8>> {
+    let mut paths: Vec<PathBuf> = ["segments", "synthetic"]
+        .iter()
+        .flat_map(|d| {
+            std::fs::read_dir(fixture_dir().join(d))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+        })
+        .filter(|p| p.extension().is_some_and(|e| e == "msgpack"))
+        .collect();
+    paths.sort();
+    paths.iter().map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+/// The fixtures under 100 kB that the recording core accepts (`valid`) or rejects.
+pub fn small_fixtures(valid: bool) -> Vec<Vec<u8>> {
+    all_fixtures()
+        .into_iter()
+        .filter(|f| f.len() < 100_000 && recording::process(f, &Limits::default()).is_ok() == valid)
+        .collect()
+}
+
+/// What the service must produce for one message: a blob (key and a digest of its bytes), or a
+/// DLQ reason.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Expected {
+    Blob { key: String, digest: u64 },
+    Dlq(&'static str),
+}
+
+/// A digest of `bytes`, to compare stored bytes with expected ones without keeping both.
+pub fn digest(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// What `value` must become.
+pub fn expected_for(value: &[u8]) -> Expected {
+    match recording::process(value, &Limits::default()) {
+        Ok(p) => Expected::Blob {
+            key: p.blob.key,
+            digest: digest(&p.blob.bytes),
+        },
+        Err(e) => Expected::Dlq(e.reason.as_str()),
+    }
+}
+
+/// A produced message as the dead-letter copy must repeat it: its key, and its value's length
+/// and digest.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Original {
+    pub key: Option<Vec<u8>>,
+    pub len: usize,
+    pub digest: u64,
+}
+
+impl Original {
+    pub fn new(key: Option<Vec<u8>>, value: &[u8]) -> Original {
+        Original {
+            key,
+            len: value.len(),
+            digest: digest(value),
+        }
+    }
+}
+
+/// One produced message and what it must become.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Sent {
+    pub partition: i32,
+    pub offset: i64,
+    pub expected: Expected,
+    pub original: Original,
+    pub value: Vec<u8>,
+}
+
+/// Checks each dead letter against the message it copies (see `read_dlq`).
+pub fn check_dead_letters(
+    received: Vec<Received>,
+    source_topic: &str,
+    originals: &BTreeMap<(i32, i64), Original>,
+) -> Vec<(i32, i64, String)> {
+    received
+        .into_iter()
+        .map(
+            |Received {
+                 key,
+                 value,
+                 headers: h,
+             }| {
+                assert!(!h["detail"].is_empty(), "every DLQ message says why: {h:?}");
+                assert_eq!(h["original_topic"], source_topic, "{h:?}");
+                let at: (i32, i64) = (
+                    h["original_partition"].parse().unwrap(),
+                    h["original_offset"].parse().unwrap(),
+                );
+                let timestamp: i64 = h["original_timestamp"]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("a timestamp: {h:?}"));
+                assert!(
+                    timestamp > 1_500_000_000_000,
+                    "the original's timestamp in ms: {h:?}"
+                );
+                let original = originals
+                    .get(&at)
+                    .unwrap_or_else(|| panic!("a dead letter for a message never produced: {h:?}"));
+                assert_eq!(
+                    key, original.key,
+                    "the dead letter keeps the original key ({at:?})"
+                );
+                match h.get("payload_location") {
+                    None => assert_eq!(
+                        (value.len(), digest(&value)),
+                        (original.len, original.digest),
+                        "the dead letter keeps the original bytes ({at:?})"
+                    ),
+                    Some(_) => {
+                        assert!(value.is_empty(), "a pointer record carries no value");
+                        assert_eq!(h["payload_bytes"], original.len.to_string(), "{h:?}");
+                    }
+                }
+                (at.0, at.1, h["reason"].clone())
+            },
+        )
+        .collect()
+}
+
+/// The originals of `sent`, by partition and offset, for `read_dlq`.
+pub fn originals(sent: &[Sent]) -> BTreeMap<(i32, i64), Original> {
+    sent.iter()
+        .map(|s| ((s.partition, s.offset), s.original.clone()))
+        .collect()
+}
+
+/// Blob key → digest of the blob's bytes.
+pub type Blobs = BTreeMap<String, u64>;
+
+/// `(original partition, original offset, reason)` of dead letters.
+pub type DeadLetters = BTreeSet<(i32, i64, String)>;
+
+/// The blobs the service must write, and the DLQ entries it must publish.
+pub fn outcomes(sent: &[Sent]) -> (Blobs, DeadLetters) {
+    let mut blobs = BTreeMap::new();
+    let mut dead = BTreeSet::new();
+    for s in sent {
+        match &s.expected {
+            Expected::Blob { key, digest } => {
+                blobs.insert(key.clone(), *digest);
+            }
+            Expected::Dlq(reason) => {
+                dead.insert((s.partition, s.offset, reason.to_string()));
+            }
+        }
+    }
+    (blobs, dead)
+}
+
+/// The blobs under `dir` (temporary files of interrupted writes left out), with the digest of
+/// their bytes.
+pub fn blobs_under(dir: &Path) -> Blobs {
+    files_under(dir)
+        .into_iter()
+        .filter(|f| !f.contains(".tmp-"))
+        .map(|f| {
+            let bytes = std::fs::read(dir.join(&f)).unwrap();
+            (f, digest(&bytes))
+        })
+        .collect()
+}
+
+/// Every file under `dir`, as paths relative to it.
+pub fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                out.push(
+                    path.strip_prefix(root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Every valid fixture, processed, as one batch. The fixtures' replay events carry no user
+/// address: the first two segment rows get one of each family, to round-trip both columns.
+pub fn fixture_batch() -> Batch {
+    let mut addresses = ["192.0.2.7", "2001:db8::1"].into_iter();
+    let entries = all_fixtures()
+        .iter()
+        .filter_map(|value| recording::process(value, &Limits::default()).ok())
+        .map(|mut p| {
+            if let Some(event) = p.replay_event.as_mut().filter(|_| p.writes_segment_row) {
+                event.ip_address = addresses
+                    .next()
+                    .map(String::from)
+                    .or(event.ip_address.take());
+            }
+            p
+        })
+        .enumerate()
+        .map(|(i, p)| Entry {
+            partition: 1,
+            offset: i as i64,
+            outcome: Outcome::Valid(Box::new(p)),
+        })
+        .collect();
+    Batch { entries }
+}
+
+/// Every row of the batch, in the order they are inserted.
+pub fn rows_of(batch: &Batch) -> Vec<ReplayRow> {
+    batch
+        .iter()
+        .flat_map(|e| match &e.outcome {
+            Outcome::Valid(p) => p.rows(KafkaPosition {
+                partition: e.partition,
+                offset: e.offset,
+            }),
+            Outcome::Invalid(_) => Vec::new(),
+        })
+        .collect()
+}
+
+/// One write of `batch` through `sink`, as a flush's first attempt makes it.
+pub fn write_once(
+    sink: &dyn replay_ingest::sink::Sink,
+    batch: &[Entry],
+) -> Result<replay_ingest::sink::Written, replay_ingest::sink::SinkError> {
+    let status = replay_ingest::health::Status::default();
+    sink.write(
+        batch,
+        &replay_ingest::sink::Progress::new(sink.name(), &status),
+    )
+}

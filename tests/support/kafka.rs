@@ -1,0 +1,242 @@
+//! The shared broker: topics, producers, consumers reading back what the service wrote, and
+//! the group's commits.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use load::Produced;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::*;
+
+pub fn brokers() -> String {
+    std::env::var("REPLAY_INGEST_TEST_BROKERS")
+        .expect("REPLAY_INGEST_TEST_BROKERS is not set: start the local stack with `scripts/stack.sh up` and source its stack.env (scripts/test.sh does both)")
+}
+
+/// A name no other test (or earlier run against the same broker) uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", &load::random_replay_id()[..12])
+}
+
+/// A client configuration for the local stack's broker.
+pub fn kafka() -> ClientConfig {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .clone()
+}
+
+pub async fn create_topic(name: &str, partitions: i32) {
+    create_topic_on(&kafka(), name, partitions).await
+}
+
+/// The Sentry topic a test's topic stands for, by the prefix `unique` gave its name.
+fn stands_for(name: &str) -> &'static str {
+    match name.rsplit_once('-').map_or(name, |(prefix, _)| prefix) {
+        "rec" => "ingest-replay-recordings",
+        "replay-events" => "ingest-replay-events",
+        "outcomes" => "outcomes-billing",
+        "issues" => "ingest-occurrences",
+        _ => "",
+    }
+}
+
+/// `create_topic` on the cluster `base` points at, with the settings Sentry gives the topic it
+/// stands for, so the broker enforces production's limits (`topics::sentry_topic_config`).
+pub async fn create_topic_on(base: &ClientConfig, name: &str, partitions: i32) {
+    topics::create_topic_as(base, name, partitions, stands_for(name))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+pub fn producer() -> FutureProducer {
+    producer_on(&kafka())
+}
+
+pub fn producer_on(base: &ClientConfig) -> FutureProducer {
+    base.clone()
+        .set("acks", "all")
+        .set("message.max.bytes", "16000000")
+        .create()
+        .expect("producer")
+}
+
+/// The key test runs give copy `i`: every message has a distinct one, so the dead-letter copy's
+/// key can be checked.
+pub fn test_key(i: u64) -> Vec<u8> {
+    format!("key-{i}-{}", &load::random_replay_id()[..8]).into_bytes()
+}
+
+/// Produces `count` fixture copies, each with its own key; returns the delivery report and every
+/// message's fate.
+pub async fn produce_fixtures(
+    topic: &str,
+    fixtures: &[Vec<u8>],
+    count: u64,
+) -> (Produced, Vec<Sent>) {
+    let copies: Vec<(Vec<u8>, Vec<u8>)> = (0..count)
+        .map(|i| (load::fixture_copy(fixtures, i), test_key(i)))
+        .collect();
+    produce_values(topic, copies).await
+}
+
+/// Produces `(value, key)` pairs in order; returns the delivery report and every message's fate.
+pub async fn produce_values(
+    topic: &str,
+    messages: Vec<(Vec<u8>, Vec<u8>)>,
+) -> (Produced, Vec<Sent>) {
+    produce_values_with(&producer(), topic, messages).await
+}
+
+/// `produce_values` through `producer`.
+pub async fn produce_values_with(
+    producer: &FutureProducer,
+    topic: &str,
+    messages: Vec<(Vec<u8>, Vec<u8>)>,
+) -> (Produced, Vec<Sent>) {
+    let report = load::produce(producer, topic, messages.len() as u64, None, |i| {
+        let (value, key) = &messages[i as usize];
+        (value.clone(), Some(key.clone()))
+    })
+    .await
+    .expect("produce");
+    // Deliveries come back in production order.
+    let sent = report
+        .deliveries
+        .iter()
+        .zip(messages)
+        .map(|(&(partition, offset), (value, key))| Sent {
+            partition,
+            offset,
+            expected: expected_for(&value),
+            original: Original::new(Some(key), &value),
+            value,
+        })
+        .collect();
+    (report, sent)
+}
+
+/// Offsets the group has committed, per partition.
+pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    committed_on(&kafka(), group, topic, partitions)
+}
+
+/// `committed` on the cluster `base` points at.
+pub fn committed_on(
+    base: &ClientConfig,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> BTreeMap<i32, i64> {
+    let consumer: BaseConsumer = base
+        .clone()
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(list, Duration::from_secs(10))
+        .expect("committed offsets");
+    committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `last delivered offset + 1` per partition: where the committed offsets must end up.
+pub fn expected_commits(report: &Produced) -> BTreeMap<i32, i64> {
+    report
+        .last_offsets
+        .iter()
+        .map(|(&p, &o)| (p, o + 1))
+        .collect()
+}
+
+/// One message read back from a topic.
+pub struct Received {
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Messages on `topic`, read from the start until at least `count` arrived and then nothing more
+/// for a second (so duplicates are seen too).
+pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<Received> {
+    read_messages_on(&kafka(), topic, count, timeout)
+}
+
+/// `read_messages` from the cluster `base` points at.
+pub fn read_messages_on(
+    base: &ClientConfig,
+    topic: &str,
+    count: usize,
+    timeout: Duration,
+) -> Vec<Received> {
+    let consumer: BaseConsumer = base
+        .clone()
+        .set("group.id", unique("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .expect("reader");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    let mut last_seen = Instant::now();
+    while Instant::now() < deadline
+        && (out.len() < count || last_seen.elapsed() < Duration::from_secs(1))
+    {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            last_seen = Instant::now();
+            let headers = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| {
+                            (
+                                h.key.to_owned(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push(Received {
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().unwrap_or_default().to_vec(),
+                headers,
+            });
+        }
+    }
+    out
+}
+
+/// Dead-lettered messages as `(original partition, original offset, reason)`, in the order the
+/// DLQ holds them (duplicates included). Checks each against the message it copies (`originals`,
+/// by partition and offset of `source_topic`): the same key and value bytes (or, for a value too
+/// large for the DLQ, a pointer with its length), the `original_*` headers and a detail.
+pub fn read_dlq(
+    topic: &str,
+    source_topic: &str,
+    originals: &BTreeMap<(i32, i64), Original>,
+    count: usize,
+    timeout: Duration,
+) -> Vec<(i32, i64, String)> {
+    check_dead_letters(
+        read_messages(topic, count, timeout),
+        source_topic,
+        originals,
+    )
+}

@@ -1,0 +1,298 @@
+//! The service under test, as its own process: its flags, start, probes, signals and exit.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Polls `condition` every 100 ms until it holds or `timeout` passes.
+pub async fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The service as a child process, as operators run it.
+pub struct Service {
+    pub child: Child,
+    pub port: u16,
+}
+
+/// Parsed `consume` flags for running the pipeline in-process (local sinks, fast joins), plus
+/// `extra` flags; validated like the binary validates them.
+pub fn consume_args(
+    topic: &str,
+    group: &str,
+    extra: &[&str],
+) -> replay_ingest::config::ConsumeArgs {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: replay_ingest::config::ConsumeArgs,
+    }
+    let mut argv = service_args(
+        topic,
+        &unique("dlq"),
+        group,
+        &std::env::temp_dir(),
+        free_port(),
+    );
+    argv.remove(0); // "consume"
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    let args =
+        <Cli as clap::Parser>::try_parse_from(std::iter::once("test".to_string()).chain(argv))
+            .unwrap()
+            .args;
+    args.validate().unwrap();
+    args
+}
+
+/// `args` with the value of `flag` replaced.
+pub fn with_flag(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
+    let at = args
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("{flag} is not among {args:?}"));
+    args[at + 1] = value.into();
+    args
+}
+
+/// Flags for a test run with local sinks (filesystem blobs, no rows, events or metrics).
+pub fn service_args(
+    topic: &str,
+    dlq: &str,
+    group: &str,
+    blob_dir: &Path,
+    port: u16,
+) -> Vec<String> {
+    let mut args = base_args(topic, dlq, group, blob_dir, port);
+    args.extend(
+        [
+            "--blob-sink",
+            "filesystem",
+            "--rows-sink",
+            "null",
+            "--events-sink",
+            "null",
+            "--statsd-address",
+            "",
+        ]
+        .map(String::from),
+    );
+    args
+}
+
+/// Flags for a test run, sinks not chosen: fast group joins, short buffers.
+pub fn base_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: u16) -> Vec<String> {
+    [
+        "consume",
+        "--brokers",
+        &brokers(),
+        "--topic",
+        topic,
+        "--dlq-topic",
+        dlq,
+        "--group-id",
+        group,
+        "--blob-dir",
+        &blob_dir.to_string_lossy(),
+        "--http-listen",
+        &format!("127.0.0.1:{port}"),
+        "--session-timeout-ms",
+        "2000",
+        "--drain-deadline-ms",
+        "1500",
+        "--buffer-max-age-ms",
+        "200",
+        "--buffer-max-bytes",
+        "64000000",
+        "--max-message-bytes",
+        "16000000",
+        "--flush-initial-backoff-ms",
+        "20",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+impl Service {
+    pub fn start(args: &[String]) -> Service {
+        // REPLAY_INGEST_TEST_LOGS=1 shows the service's logs.
+        let logs = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        Self::start_with_logs(args, logs)
+    }
+
+    /// Starts the service with its logs written to `log`.
+    pub fn start_logging_to(args: &[String], log: &Path) -> Service {
+        Self::start_with_logs(args, std::fs::File::create(log).unwrap().into())
+    }
+
+    /// Starts the service with its logs (stderr) going to `logs`.
+    pub fn start_with_logs(args: &[String], logs: Stdio) -> Service {
+        Self::spawn(args, logs, None)
+    }
+
+    /// Starts the service with soft and hard limits of `limit` open file descriptors (as a
+    /// container whose hard limit is low), so that it cannot raise its own.
+    pub fn start_with_fd_limit(args: &[String], limit: u64) -> Service {
+        let logs = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        Self::spawn(args, logs, Some(limit))
+    }
+
+    /// Starts the service with its logs going to `logs` and, if given, a file descriptor limit.
+    pub fn spawn(args: &[String], logs: Stdio, fd_limit: Option<u64>) -> Service {
+        use std::os::unix::process::CommandExt;
+        let port = args
+            .iter()
+            .position(|a| a == "--http-listen")
+            .and_then(|i| args.get(i + 1))
+            .unwrap();
+        let port = port.rsplit(':').next().unwrap().parse().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_replay-ingest"));
+        command
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(logs);
+        if let Some(limit) = fd_limit {
+            // SAFETY: only setrlimit, async-signal-safe, runs between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    let rlimit = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    match libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) {
+                        0 => Ok(()),
+                        _ => Err(std::io::Error::last_os_error()),
+                    }
+                });
+            }
+        }
+        Service {
+            child: command.spawn().expect("start the service"),
+            port,
+        }
+    }
+
+    /// `GET path` the way the kubelet probes: a new connection, one second to answer.
+    pub fn probe(&self, path: &str) -> Option<u16> {
+        use std::io::{Read, Write};
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let t = Instant::now();
+        let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1))
+            .map_err(|e| eprintln!("connect {e} {:?}", t.elapsed()))
+            .ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .map_err(|e| eprintln!("write {e}"))
+        .ok()?;
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .map_err(|e| eprintln!("read {e} {:?}", t.elapsed()))
+            .ok()?;
+        response.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// `/status` as JSON, or `None` while the endpoint is not up.
+    pub fn status(&self) -> Option<serde_json::Value> {
+        serde_json::from_str(&self.get("/status")?.1).ok()
+    }
+
+    /// `GET path` on the health endpoint: the status code and body, or `None` while it is not up.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let code = response.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, response.split("\r\n\r\n").nth(1)?.to_owned()))
+    }
+
+    /// Sends SIGTERM without waiting for the exit.
+    pub fn signal_term(&self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+
+    pub fn committed(&self) -> BTreeMap<i32, i64> {
+        self.status()
+            .and_then(|s| {
+                serde_json::from_value::<BTreeMap<String, i64>>(s["committed"].clone()).ok()
+            })
+            .map(|m| {
+                m.into_iter()
+                    .map(|(k, v)| (k.parse().unwrap(), v))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit code.
+    pub fn terminate(mut self) -> Option<i32> {
+        self.signal_term();
+        self.child.wait().ok()?.code()
+    }
+
+    /// Waits up to `timeout` for the service to exit on its own; its exit code, or `None` while
+    /// it still runs (it is killed when dropped).
+    pub async fn exit_within(mut self, timeout: Duration) -> Option<i32> {
+        tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + timeout;
+            while Instant::now() < deadline {
+                if let Some(status) = self.child.try_wait().unwrap() {
+                    return status.code();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            None
+        })
+        .await
+        .unwrap()
+    }
+
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,195 @@
+//! The real sinks beside the broker: the GCS emulator and ClickHouse, and the names (topics,
+//! bucket, table) each test gets of its own.
+
+use std::path::Path;
+
+use google_cloud_storage::client::Storage;
+
+use super::*;
+
+pub fn gcs_endpoint() -> String {
+    std::env::var("REPLAY_INGEST_TEST_GCS_ENDPOINT")
+        .expect("REPLAY_INGEST_TEST_GCS_ENDPOINT (scripts/stack.sh up)")
+}
+
+pub fn clickhouse_url() -> String {
+    std::env::var("REPLAY_INGEST_TEST_CLICKHOUSE_URL")
+        .expect("REPLAY_INGEST_TEST_CLICKHOUSE_URL (scripts/stack.sh up)")
+}
+
+pub fn create_bucket(name: &str) {
+    use std::io::{Read, Write};
+    let host = gcs_endpoint().trim_start_matches("http://").to_owned();
+    let body = format!("{{\"name\":\"{name}\"}}");
+    let mut stream = std::net::TcpStream::connect(&host).unwrap();
+    write!(
+        stream,
+        "POST /storage/v1/b?project=test HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.contains(" 200 "), "{response}");
+}
+
+pub async fn read_object(bucket: &str, key: &str) -> Vec<u8> {
+    try_read_object(&gcs_client().await, bucket, key)
+        .await
+        .unwrap()
+}
+
+/// A GCS client for the emulator.
+pub async fn gcs_client() -> Storage {
+    Storage::builder()
+        .with_endpoint(gcs_endpoint())
+        .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Every sent (valid) message's blob is in `bucket`, byte for byte.
+pub async fn every_blob_in_gcs(bucket: &str, sent: impl IntoIterator<Item = &Sent>) {
+    let gcs = gcs_client().await;
+    for sent in sent {
+        let Expected::Blob {
+            key,
+            digest: expected,
+        } = &sent.expected
+        else {
+            unreachable!("valid fixtures only")
+        };
+        let stored = try_read_object(&gcs, bucket, key)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(digest(&stored), *expected, "{key} byte for byte");
+    }
+}
+
+/// An object's bytes, or why they could not be read (e.g. it does not exist).
+pub async fn try_read_object(client: &Storage, bucket: &str, key: &str) -> Result<Vec<u8>, String> {
+    let mut response = client
+        .read_object(format!("projects/_/buckets/{bucket}"), key)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut contents = Vec::new();
+    while let Some(chunk) = response
+        .next()
+        .await
+        .transpose()
+        .map_err(|e| e.to_string())?
+    {
+        contents.extend_from_slice(&chunk);
+    }
+    Ok(contents)
+}
+
+/// Topics, group, bucket and table of one end-to-end run, all fresh.
+pub struct Names {
+    pub topic: String,
+    pub dlq: String,
+    pub group: String,
+    pub bucket: String,
+    pub table: String,
+    pub outcomes: String,
+    pub analytics: String,
+    pub issues: String,
+}
+
+impl Names {
+    pub async fn create() -> Names {
+        Self::with_partitions(2).await
+    }
+
+    /// Fresh names, the consumed topic with `partitions` partitions.
+    pub async fn with_partitions(partitions: i32) -> Names {
+        let names = Names {
+            topic: unique("rec"),
+            dlq: unique("dlq"),
+            group: unique("group"),
+            bucket: unique("blobs"),
+            table: unique("replays").replace('-', "_"),
+            outcomes: unique("outcomes"),
+            analytics: unique("analytics"),
+            issues: unique("issues"),
+        };
+        create_topic(&names.topic, partitions).await;
+        for topic in [&names.dlq, &names.outcomes, &names.analytics, &names.issues] {
+            create_topic(topic, 1).await;
+        }
+        create_bucket(&names.bucket);
+        names
+    }
+
+    /// Service flags with every real sink.
+    pub fn args(&self, statsd_port: u16, dir: &Path) -> Vec<String> {
+        let mut args = base_args(&self.topic, &self.dlq, &self.group, dir, free_port());
+        let real: Vec<String> = [
+            "--blob-sink",
+            "gcs",
+            "--gcs-bucket",
+            &self.bucket,
+            "--gcs-endpoint",
+            &gcs_endpoint(),
+            "--gcs-anonymous",
+            "--rows-sink",
+            "clickhouse",
+            "--clickhouse-url",
+            &clickhouse_url(),
+            "--clickhouse-database",
+            "replay_ingest_e2e",
+            "--clickhouse-table",
+            &self.table,
+            "--migrate-on-start",
+            "--events-sink",
+            "kafka",
+            "--outcomes-topic",
+            &self.outcomes,
+            "--analytics-topic",
+            &self.analytics,
+            "--issues-topic",
+            &self.issues,
+            "--statsd-address",
+            &format!("127.0.0.1:{statsd_port}"),
+            "--statsd-flush-interval-ms",
+            "100",
+            // Retries are unlimited (the default): an outage is ridden out, however long.
+            "--flush-max-backoff-ms",
+            "1000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(real);
+        args
+    }
+}
+
+/// The settings `Names::args` gives the service for `table`.
+pub fn clickhouse_config(table: &str) -> replay_ingest::sink::clickhouse::ClickHouseConfig {
+    replay_ingest::sink::clickhouse::ClickHouseConfig {
+        url: clickhouse_url(),
+        database: "replay_ingest_e2e".into(),
+        table: table.into(),
+        user: "default".into(),
+        password: Default::default(),
+        chunk_rows: 1000,
+        timeout: std::time::Duration::from_secs(30),
+    }
+}
+
+pub async fn clickhouse_rows(table: &str) -> Vec<replay_ingest::recording::ReplayRow> {
+    let client = replay_ingest::sink::clickhouse::client(&clickhouse_config(table));
+    client
+        .query(&format!("OPTIMIZE TABLE {table} FINAL"))
+        .execute()
+        .await
+        .unwrap();
+    client
+        .query(&format!("SELECT ?fields FROM {table} FINAL"))
+        .fetch_all()
+        .await
+        .unwrap()
+}
