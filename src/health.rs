@@ -37,31 +37,33 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Shared, lock-free (but for the commit map) view of the pipeline's state.
+/// What the probes and `/status` read, and nothing else: the pipeline and the consumer record
+/// each event once (`record_*`, which also sends the event's metric where it has one) and never
+/// read it back to decide anything. Lock-free but for the maps.
 #[derive(Debug, Default)]
 pub struct Status {
     /// Sinks checked and the consumer subscribed.
-    pub initialised: AtomicBool,
+    initialised: AtomicBool,
     /// Shutdown requested: draining for the last time.
-    pub stopping: AtomicBool,
-    /// Partitions this member owns.
+    stopping: AtomicBool,
+    /// Partitions this member owns (a copy: `kafka::ownership` is where they are kept).
     partitions: Mutex<BTreeSet<i32>>,
     /// A drain is running (shutdown or a revoke).
-    pub draining: AtomicBool,
-    pub paused: AtomicBool,
+    draining: AtomicBool,
+    paused: AtomicBool,
     heartbeat_ms: AtomicU64,
     /// When a sink attempt last ended (or a flush started), for the stall watchdog.
     flush_progress_ms: AtomicU64,
     /// 0: [`DEFAULT_FLUSH_STALL`].
     flush_stall_ms: AtomicU64,
-    pub buffer_messages: AtomicUsize,
-    pub buffer_bytes: AtomicUsize,
-    pub flushes_in_flight: AtomicUsize,
-    pub consumed: AtomicU64,
-    pub invalid: AtomicU64,
-    pub flushed: AtomicU64,
-    pub pauses: AtomicU64,
-    pub rebalances: AtomicU64,
+    buffer_messages: AtomicUsize,
+    buffer_bytes: AtomicUsize,
+    flushes_in_flight: AtomicUsize,
+    consumed: AtomicU64,
+    invalid: AtomicU64,
+    flushed: AtomicU64,
+    pauses: AtomicU64,
+    rebalances: AtomicU64,
     invalid_by_reason: Mutex<BTreeMap<&'static str, u64>>,
     /// Per sink since start: time spent writing (retries included) and what it wrote.
     sinks: Mutex<BTreeMap<&'static str, SinkTotals>>,
@@ -87,31 +89,32 @@ pub struct SinkTotals {
     pub bytes: u64,
 }
 
-#[derive(Serialize)]
-struct Snapshot {
-    ready: bool,
-    live: bool,
-    initialised: bool,
-    stopping: bool,
-    assigned: bool,
-    partitions: BTreeSet<i32>,
-    draining: bool,
-    paused: bool,
-    buffer_messages: usize,
-    buffer_bytes: usize,
-    flushes_in_flight: usize,
-    consumed: u64,
-    invalid: u64,
-    flushed: u64,
-    pauses: u64,
-    rebalances: u64,
-    invalid_by_reason: BTreeMap<&'static str, u64>,
-    sinks: BTreeMap<&'static str, SinkTotals>,
+/// What `/status` shows, at one moment.
+#[derive(Debug, Serialize)]
+pub struct Snapshot {
+    pub ready: bool,
+    pub live: bool,
+    pub initialised: bool,
+    pub stopping: bool,
+    pub assigned: bool,
+    pub partitions: BTreeSet<i32>,
+    pub draining: bool,
+    pub paused: bool,
+    pub buffer_messages: usize,
+    pub buffer_bytes: usize,
+    pub flushes_in_flight: usize,
+    pub consumed: u64,
+    pub invalid: u64,
+    pub flushed: u64,
+    pub pauses: u64,
+    pub rebalances: u64,
+    pub invalid_by_reason: BTreeMap<&'static str, u64>,
+    pub sinks: BTreeMap<&'static str, SinkTotals>,
     /// Sinks whose last attempt failed.
-    outages: BTreeMap<&'static str, Outage>,
+    pub outages: BTreeMap<&'static str, Outage>,
     /// Partition → next offset to read, as last committed by this process and confirmed by the
     /// broker.
-    committed: BTreeMap<i32, i64>,
+    pub committed: BTreeMap<i32, i64>,
 }
 
 impl Status {
@@ -173,30 +176,37 @@ impl Status {
             .map(|o| Duration::from_millis(now_ms().saturating_sub(o.since_ms)))
     }
 
-    /// Partitions given to this member (a rebalance may add to the ones it has).
-    pub fn assign(&self, partitions: &[i32]) {
-        lock(&self.partitions).extend(partitions);
-    }
-
-    /// Partitions taken from this member.
-    pub fn revoke(&self, partitions: &[i32]) {
-        let mut owned = lock(&self.partitions);
-        for partition in partitions {
-            owned.remove(partition);
-        }
-    }
-
-    /// The partitions this member owns.
-    pub fn partitions(&self) -> BTreeSet<i32> {
-        lock(&self.partitions).clone()
-    }
-
     pub fn ready(&self) -> bool {
         self.initialised.load(Ordering::Relaxed) && !self.stopping.load(Ordering::Relaxed)
     }
 
-    // What the pipeline records: one call each, which updates what `/status` shows and sends
-    // the event's metric.
+    // What the pipeline and the consumer record: one call each, which updates what `/status`
+    // shows and sends the event's metric.
+
+    /// Every sink checked and the consumer subscribed: ready.
+    pub fn record_initialised(&self) {
+        self.initialised.store(true, Ordering::Relaxed);
+    }
+
+    /// Shutdown requested: not ready from now on.
+    pub fn record_stopping(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// A drain (shutdown or a revoke) started or ended.
+    pub fn record_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::Relaxed);
+    }
+
+    /// The partitions this member owns after a rebalance callback.
+    pub fn record_partitions(&self, owned: BTreeSet<i32>) {
+        *lock(&self.partitions) = owned;
+    }
+
+    /// `flushes` flushes are running on the blocking pool.
+    pub fn record_flushes_in_flight(&self, flushes: usize) {
+        self.flushes_in_flight.store(flushes, Ordering::Relaxed);
+    }
 
     /// A message was taken from the consumer.
     pub fn record_consumed(&self) {
@@ -235,6 +245,20 @@ impl Status {
         crate::metrics::rebalanced();
     }
 
+    /// A flush is durable: `messages` of its messages are committed by this member; the batch's
+    /// counts and each sink's timings and volumes go to the metrics (`metrics::flushed`).
+    pub fn record_flushed(
+        &self,
+        messages: u64,
+        close_reason: &'static str,
+        valid: u64,
+        invalid_by_reason: impl Iterator<Item = (&'static str, u64)>,
+        sinks: impl Iterator<Item = (&'static str, Duration, u32, u64, u64)>,
+    ) {
+        self.flushed.fetch_add(messages, Ordering::Relaxed);
+        crate::metrics::flushed(close_reason, valid, invalid_by_reason, sinks);
+    }
+
     pub fn record_invalid(&self, reason: &'static str) {
         self.invalid.fetch_add(1, Ordering::Relaxed);
         *lock(&self.invalid_by_reason).entry(reason).or_default() += 1;
@@ -260,9 +284,9 @@ impl Status {
         serde_json::to_value(self.snapshot()).unwrap_or_default()
     }
 
-    fn snapshot(&self) -> Snapshot {
+    pub fn snapshot(&self) -> Snapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let partitions = self.partitions();
+        let partitions = lock(&self.partitions).clone();
         Snapshot {
             ready: self.ready(),
             live: self.live(),
@@ -471,14 +495,14 @@ mod tests {
     fn ready_from_initialisation_until_shutdown_whatever_the_assignment() {
         let s = Status::default();
         assert!(!s.ready(), "sinks not checked yet");
-        s.initialised.store(true, Ordering::Relaxed);
+        s.record_initialised();
         assert!(s.ready(), "an idle member (no partitions) is ready");
-        s.draining.store(true, Ordering::Relaxed);
+        s.record_draining(true);
         assert!(
             s.ready(),
             "a revoke's drain during a rebalance is not unreadiness"
         );
-        s.stopping.store(true, Ordering::Relaxed);
+        s.record_stopping();
         assert!(!s.ready());
     }
 
@@ -495,7 +519,7 @@ mod tests {
         let s = Status::default();
         s.beat();
         s.set_flush_stall(Duration::from_millis(50));
-        s.flushes_in_flight.store(1, Ordering::Relaxed);
+        s.record_flushes_in_flight(1);
         s.flush_progress();
         assert!(s.live(), "a flush that just made progress");
         std::thread::sleep(Duration::from_millis(60));
@@ -507,7 +531,7 @@ mod tests {
             s.live(),
             "a failed attempt is progress: retrying is not wedged"
         );
-        s.flushes_in_flight.store(0, Ordering::Relaxed);
+        s.record_flushes_in_flight(0);
         std::thread::sleep(Duration::from_millis(60));
         s.beat();
         assert!(s.live(), "no flush outstanding, nothing to stall");

@@ -4,7 +4,6 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -261,9 +260,10 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
         shutdown_signal(),
     )
     .await?;
+    let done = status.snapshot();
     info!(
-        consumed = status.consumed.load(Ordering::Relaxed),
-        flushed = status.flushed.load(Ordering::Relaxed),
+        consumed = done.consumed,
+        flushed = done.flushed,
         "stopped cleanly"
     );
     Ok(())

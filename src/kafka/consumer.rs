@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::handoff::{Handoff, Reserved};
+use super::ownership::Ownership;
 use crate::health::Status;
 
 /// How long `poll` waits for a message, and how long a message waits for room in the hand-over
@@ -60,10 +61,10 @@ pub struct Revoke {
 
 pub struct IngestContext {
     revokes: mpsc::UnboundedSender<Revoke>,
-    generation: Arc<AtomicU64>,
+    /// Changed by the callbacks below and nowhere else.
+    ownership: Arc<Ownership>,
     drain_deadline: Duration,
-    /// Where the partitions this member owns are kept (and shown in `/status`): the callbacks
-    /// below are the one place that changes them.
+    /// Where `/status` shows the partitions owned.
     status: Arc<Status>,
     /// Whether the polling thread has paused intake; the callbacks keep partitions that arrive
     /// or leave meanwhile in step.
@@ -78,7 +79,7 @@ impl IngestContext {
     ) -> Self {
         IngestContext {
             revokes,
-            generation: Arc::new(AtomicU64::new(0)),
+            ownership: Arc::default(),
             drain_deadline,
             status,
             paused: AtomicBool::new(false),
@@ -88,30 +89,32 @@ impl IngestContext {
     /// `(partition, lag)` from librdkafka's statistics, reported for owned partitions only;
     /// unknown lags are negative.
     fn report_lag(&self, lags: impl Iterator<Item = (i32, i64)>) {
-        let owned = self.status.partitions();
         for (partition, lag) in lags {
-            if owned.contains(&partition) && lag >= 0 {
+            if lag >= 0 && self.ownership.owns(partition) {
                 crate::metrics::lag(partition, lag);
             }
         }
     }
 
     fn gained(&self, partitions: &[i32]) {
-        self.status.assign(partitions);
+        self.status
+            .record_partitions(self.ownership.gain(partitions));
     }
 
-    /// Zeroes the lag gauge of each partition given away: the exporter keeps sending a gauge's
-    /// last value, and the new owner reports the real one.
-    fn lost(&self, partitions: &[i32]) {
-        self.status.revoke(partitions);
+    /// Starts the revoke's generation, and zeroes the lag gauge of each partition given away:
+    /// the exporter keeps sending a gauge's last value, and the new owner reports the real one.
+    fn lost(&self, partitions: &[i32]) -> u64 {
+        let (generation, owned) = self.ownership.revoke(partitions);
+        self.status.record_partitions(owned);
         for &partition in partitions {
             crate::metrics::lag(partition, 0);
         }
+        generation
     }
 
-    /// The generation counter, shared with the polling thread.
-    pub fn generation(&self) -> Arc<AtomicU64> {
-        self.generation.clone()
+    /// What the member owns, shared with the polling thread.
+    pub fn ownership(&self) -> Arc<Ownership> {
+        self.ownership.clone()
     }
 }
 
@@ -147,10 +150,9 @@ fn lag(partition: &rdkafka::statistics::Partition) -> i64 {
 impl ConsumerContext for IngestContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
-            let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
             let ids = ids(partitions);
+            let generation = self.lost(&ids);
             info!(partitions = ?ids, generation, "partitions revoked: draining");
-            self.lost(&ids);
             // librdkafka keeps a partition's pause flag: one given up while paused would stay
             // paused when it comes back.
             if self.paused.load(Ordering::Acquire)
@@ -185,7 +187,7 @@ impl ConsumerContext for IngestContext {
             {
                 warn!(%error, "cannot pause the partitions assigned");
             }
-            let generation = self.generation.load(Ordering::Acquire);
+            let generation = self.ownership.generation();
             info!(partitions = ?ids, generation, "partitions assigned");
         }
     }
@@ -209,12 +211,12 @@ pub fn spawn_poller(
     handoff: Arc<Handoff>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
-    let generation = consumer.context().generation();
+    let ownership = consumer.context().ownership();
     let poller = Poller {
         consumer,
         events,
         handoff,
-        generation,
+        ownership,
         held: VecDeque::new(),
         paused_since: None,
     };
@@ -228,7 +230,7 @@ struct Poller {
     consumer: Arc<IngestConsumer>,
     events: mpsc::UnboundedSender<Polled>,
     handoff: Arc<Handoff>,
-    generation: Arc<AtomicU64>,
+    ownership: Arc<Ownership>,
     /// Polled, not yet handed over (in order), with their generations. While anything is held
     /// the assigned partitions are paused, so this holds a message or two.
     held: VecDeque<(OwnedMessage, u64)>,
@@ -249,20 +251,19 @@ impl Poller {
             } else {
                 Duration::ZERO
             };
-            let before = self.generation.load(Ordering::Acquire);
+            let before = self.ownership.generation();
             match self.consumer.poll(timeout) {
                 Some(Ok(message)) => self
                     .held
-                    .push_back((message.detach(), self.generation.load(Ordering::Acquire))),
+                    .push_back((message.detach(), self.ownership.generation())),
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {}
                 Some(Err(error)) => warn!(%error, "consumer error"),
             }
-            if self.generation.load(Ordering::Acquire) != before && !self.held.is_empty() {
+            if self.ownership.generation() != before && !self.held.is_empty() {
                 // A revoke ran in that poll: what is held of the partitions given up is their
                 // next owner's, and must not keep the others paused.
-                let owned = self.consumer.context().status.partitions();
                 self.held
-                    .retain(|(message, _)| owned.contains(&message.partition()));
+                    .retain(|(message, _)| self.ownership.owns(message.partition()));
             }
         }
     }
@@ -406,7 +407,11 @@ mod tests {
                 lag_gauges(&snapshotter),
                 [("0".into(), 4.0), ("1".into(), 0.0)].into()
             );
-            assert_eq!(status.partitions(), [0].into(), "what /status shows");
+            assert_eq!(
+                status.snapshot().partitions,
+                [0].into(),
+                "what /status shows"
+            );
         });
     }
 }

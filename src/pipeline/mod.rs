@@ -151,7 +151,7 @@ pub async fn consume(
     let context = IngestContext::new(revokes_tx, settings.drain_deadline, status.clone());
     let consumer: Arc<IngestConsumer> = Arc::new(settings.consumer.create_with_context(context)?);
     consumer.subscribe(&[&settings.topic])?;
-    status.initialised.store(true, Ordering::Relaxed);
+    status.record_initialised();
     let stop = Arc::new(AtomicBool::new(false));
     let poller = spawn_poller(consumer.clone(), polled_tx, handoff.clone(), stop.clone());
 
@@ -263,7 +263,7 @@ impl Pipeline {
                 biased;
                 () = &mut shutdown => {
                     info!("shutdown requested: draining");
-                    self.status.stopping.store(true, Ordering::Relaxed);
+                    self.status.record_stopping();
                     return match self.drain().await {
                         Drained::Durable => Ok(()),
                         Drained::MissedDeadline => Err(PipelineError::DrainDeadline(self.drain_deadline)),
@@ -428,16 +428,12 @@ impl Pipeline {
                 result,
             }
         });
-        self.status
-            .flushes_in_flight
-            .store(self.flushes.len(), Ordering::Relaxed);
+        self.status.record_flushes_in_flight(self.flushes.len());
     }
 
     /// flush → commit.
     fn flushed(&mut self, flushed: Flushed) -> Result<(), PipelineError> {
-        self.status
-            .flushes_in_flight
-            .store(self.flushes.len(), Ordering::Relaxed);
+        self.status.record_flushes_in_flight(self.flushes.len());
         // Started before a revoke whose drain gave up on it: the revoked partitions' offsets are
         // someone else's now and are not committed (what the flush wrote is idempotent); those of
         // partitions this member kept are.
@@ -458,7 +454,8 @@ impl Pipeline {
         }
         let report = flushed.result.map_err(PipelineError::Flush)?;
         debug!(messages = flushed.offsets.len(), reason = flushed.reason.as_str(), sinks = ?report.sinks, "flush done");
-        metrics::flushed(
+        self.status.record_flushed(
+            offsets.len() as u64,
             flushed.reason.as_str(),
             flushed.valid,
             flushed.invalid_by_reason.into_iter(),
@@ -467,9 +464,6 @@ impl Pipeline {
                 .iter()
                 .map(|s| (s.sink, s.took, s.retries, s.written.items, s.written.bytes)),
         );
-        self.status
-            .flushed
-            .fetch_add(offsets.len() as u64, Ordering::Relaxed);
         for rejected in &report.rejected {
             self.status.record_invalid(rejected.reason().as_str());
         }
@@ -567,9 +561,9 @@ impl Pipeline {
     /// Shutdown and revocation: everything polled so far is processed, flushed and committed,
     /// within the drain deadline; says how it ended.
     async fn drain(&mut self) -> Drained {
-        self.status.draining.store(true, Ordering::Relaxed);
+        self.status.record_draining(true);
         let result = tokio::time::timeout(self.drain_deadline, self.drain_inner()).await;
-        self.status.draining.store(false, Ordering::Relaxed);
+        self.status.record_draining(false);
         match result {
             Ok(Ok(())) => Drained::Durable,
             Ok(Err(error)) => Drained::Failed(error),
@@ -585,9 +579,6 @@ impl Pipeline {
             if !self.buffer.is_empty() && self.flushes.len() < self.max_flushes {
                 self.start_flush(CloseReason::Drain);
             }
-            self.status
-                .flushes_in_flight
-                .store(self.flushes.len(), Ordering::Relaxed);
             match self.flushes.join_next().await {
                 Some(flushed) => {
                     let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;

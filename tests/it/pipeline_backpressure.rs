@@ -95,12 +95,12 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
     wait_for(
         "intake paused behind the slow flush",
         Duration::from_secs(60),
-        || status.paused.load(Ordering::SeqCst),
+        || status.snapshot().paused,
     )
     .await;
-    assert_eq!(status.flushes_in_flight.load(Ordering::SeqCst), 1);
+    assert_eq!(status.snapshot().flushes_in_flight, 1);
     assert!(
-        status.buffer_messages.load(Ordering::SeqCst) >= 8,
+        status.snapshot().buffer_messages >= 8,
         "the next buffer filled while the flush ran"
     );
     assert_eq!(
@@ -124,11 +124,8 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
         largest <= bound,
         "a batch of {largest} messages, over the bound of {bound}"
     );
-    assert!(status.pauses.load(Ordering::SeqCst) >= 1);
-    assert!(
-        !status.paused.load(Ordering::SeqCst),
-        "resumed once flushes caught up"
-    );
+    assert!(status.snapshot().pauses >= 1);
+    assert!(!status.snapshot().paused, "resumed once flushes caught up");
     assert_eq!(
         messages.load(Ordering::SeqCst),
         300,

@@ -174,7 +174,7 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
     produce_fixtures(&topic, &small_fixtures(true), 10).await;
     // The next buffer fills and passes its 200 ms age while the flush hangs.
     wait_for("a waiting buffer", Duration::from_secs(30), || {
-        status.buffer_messages.load(Ordering::SeqCst) > 0
+        status.snapshot().buffer_messages > 0
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -222,7 +222,7 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     let dir = tempfile::tempdir().unwrap();
     let other = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
     wait_for("the first member revoked", Duration::from_secs(60), || {
-        status.rebalances.load(Ordering::SeqCst) >= 1
+        status.snapshot().rebalances >= 1
     })
     .await;
     assert!(
@@ -264,7 +264,7 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
             "{key}: only produced segments, byte for byte"
         );
     }
-    let counted = status.flushed.load(Ordering::SeqCst) as usize;
+    let counted = status.snapshot().flushed as usize;
     assert!(
         counted < hung.messages.load(Ordering::SeqCst),
         "the revoked partition's messages in that flush ({} written) are not counted as flushed ({counted})",
