@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 
 use crate::health::Status;
 use crate::sink::progress::Progress;
-use crate::sink::{Built, Check, Checked, Entry, Retry, Sink, SinkError, Written};
+use crate::sink::{Built, Check, Checked, Entry, Retry, Sink, SinkError, Writing};
 
 /// The first wait between two tries, and the longest (well under the liveness window).
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
@@ -159,9 +159,11 @@ impl Sink for Gated {
         self.sink.name()
     }
 
-    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
-        self.gate.open(self.sink.name())?;
-        self.sink.write(batch, progress)
+    fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
+        match self.gate.open(self.sink.name()) {
+            Ok(()) => self.sink.write(batch, progress),
+            Err(closed) => Box::pin(std::future::ready(Err(closed))),
+        }
     }
 
     fn writes_for(&self, entry: &Entry) -> bool {
@@ -255,7 +257,7 @@ mod tests {
         let gated = gated(built, &status).await.unwrap();
         let progress = Progress::new("gcs", &status);
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let error = gated.write(&[], &progress).unwrap_err();
+        let error = gated.write(&[], &progress).await.unwrap_err();
         assert_eq!(
             (error.retry, error.message.as_str()),
             (Retry::Fatal, "bucket not found")

@@ -1,8 +1,10 @@
 //! The flush: writes one batch through every sink, stage by stage, retrying each failed sink with
-//! capped, jittered exponential backoff. Runs on a blocking thread.
+//! capped, jittered exponential backoff. Runs on a blocking thread of the pool, which drives each
+//! stage with one `Handle::block_on`: the sinks' writes, their requests and their backoff are
+//! futures on this thread (a sink backing off holds no thread of its own).
 //!
-//! Stages run in order (blobs before anything that points at them); the sinks of one stage run in
-//! parallel. A sink that succeeded is not written again when a sibling retries. A retryable
+//! Stages run in order (blobs before anything that points at them); the sinks of one stage run
+//! concurrently. A sink that succeeded is not written again when a sibling retries. A retryable
 //! failure (an outage) is retried without limit unless `--flush-max-attempts` sets one: the
 //! service rides out an outage with intake paused instead of exiting into a restart loop. Every
 //! attempt that ends is progress for the liveness watchdog; failures are reported as an outage
@@ -19,15 +21,20 @@
 //! panics (a bug, which some value of a message triggers) is narrowed down the same way, and the
 //! message that makes it panic is dead-lettered as `internal_error`.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
+use futures::future::join_all;
 use rand::RngExt;
+use tokio::runtime::Handle;
 use tracing::{error, warn};
 
 use crate::health::Status;
 use crate::recording::panic_message;
-use crate::sink::{DeadLetters, Entry, Progress, Rejected, Retry, Sink, SinkError, Written};
+use crate::sink::{
+    DeadLetters, Entry, Progress, Rejected, Retry, Sink, SinkError, Writing, Written,
+};
 
 /// Sinks grouped into ordered stages, and where messages a sink rejects are dead-lettered.
 pub struct Sinks {
@@ -83,40 +90,31 @@ pub struct FlushReport {
     pub rejected: Vec<Rejected>,
 }
 
-/// Writes `batch` through every stage. `Err` means a sink failed fatally or ran out of attempts:
-/// nothing of this batch may be committed.
+/// Writes `batch` through every stage, from a thread of the blocking pool of `runtime` (never
+/// one of its async workers). `Err` means a sink failed fatally or ran out of attempts: nothing
+/// of this batch may be committed.
 pub fn flush(
+    runtime: &Handle,
+    batch: &[Entry],
+    sinks: &Sinks,
+    policy: &RetryPolicy,
+    status: &Status,
+) -> Result<FlushReport, SinkError> {
+    runtime.block_on(flush_stages(batch, sinks, policy, status))
+}
+
+async fn flush_stages(
     batch: &[Entry],
     sinks: &Sinks,
     policy: &RetryPolicy,
     status: &Status,
 ) -> Result<FlushReport, SinkError> {
     let mut report = FlushReport::default();
-    // The sinks of a stage write in parallel, each on a thread of its own that enters the
-    // service's runtime, so that `sink::block_on` drives their async clients.
-    let runtime = tokio::runtime::Handle::try_current().ok();
     for stage in &sinks.stages {
-        let results: Vec<_> = std::thread::scope(|scope| {
-            let handles: Vec<_> = stage
-                .iter()
-                .map(|sink| {
-                    let runtime = runtime.clone();
-                    scope.spawn(move || {
-                        let _entered = runtime.as_ref().map(tokio::runtime::Handle::enter);
-                        write_isolating(sink.as_ref(), batch, policy, status)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(SinkError::new("flush", Retry::Fatal, "a sink panicked"))
-                    })
-                })
-                .collect()
-        });
-        for result in results {
+        let writes = stage
+            .iter()
+            .map(|sink| write_isolating(sink.as_ref(), batch, policy, status));
+        for result in join_all(writes).await {
             let (sink, rejected) = result?;
             report.sinks.push(sink);
             report.rejected.extend(rejected);
@@ -138,13 +136,16 @@ pub fn flush(
             dead_letters: dead_letters.as_ref(),
             rejected: &report.rejected,
         };
-        report.sinks.push(write_with_retries(
-            &sink,
-            &[],
-            &Progress::new(sink.name(), status),
-            policy,
-            status,
-        )?);
+        report.sinks.push(
+            write_with_retries(
+                &sink,
+                &[],
+                &Progress::new(sink.name(), status),
+                policy,
+                status,
+            )
+            .await?,
+        );
     }
     Ok(report)
 }
@@ -159,14 +160,14 @@ impl Sink for RejectionSink<'_> {
     fn name(&self) -> &'static str {
         "rejected"
     }
-    fn write(&self, _: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+    fn write<'a>(&'a self, _: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
         self.dead_letters.dead_letter(self.rejected, progress)
     }
 }
 
 /// Writes `batch` through `sink`; when the sink rejects data, halves the batch until each
 /// rejected message stands alone. Returns the report and the rejected messages.
-fn write_isolating(
+async fn write_isolating(
     sink: &dyn Sink,
     batch: &[Entry],
     policy: &RetryPolicy,
@@ -177,7 +178,7 @@ fn write_isolating(
     let progress = Progress::new(sink.name(), status);
     let mut parts = vec![batch];
     while let Some(part) = parts.pop() {
-        match write_with_retries(sink, part, &progress, policy, status) {
+        match write_with_retries(sink, part, &progress, policy, status).await {
             Ok(report) => {
                 retries += report.retries;
                 written.items += report.written.items;
@@ -238,28 +239,32 @@ fn write_isolating(
     ))
 }
 
-fn write_with_retries(
+async fn write_with_retries(
     sink: &dyn Sink,
     batch: &[Entry],
-    progress: &Progress,
+    progress: &Progress<'_>,
     policy: &RetryPolicy,
     status: &Status,
 ) -> Result<SinkReport, SinkError> {
     let start = Instant::now();
     let mut attempt = 1;
     loop {
-        // A panic while the sink builds or writes is caught here, on the thread that runs it, so
-        // that it can be pinned on one message like a rejection (the panic hook has logged where).
+        // A panic while the sink builds or writes is caught here, so that it can be pinned on
+        // one message like a rejection (the panic hook has logged where). Only this sink's
+        // write unwinds: its siblings in the stage are futures of their own.
         progress.new_attempt();
-        let result = catch_unwind(AssertUnwindSafe(|| sink.write(batch, progress))).unwrap_or_else(
-            |panic| {
-                Err(SinkError::new(
-                    sink.name(),
-                    Retry::Panicked,
-                    format_args!("panicked: {}", panic_message(&*panic)),
-                ))
-            },
-        );
+        let write = std::panic::catch_unwind(AssertUnwindSafe(|| sink.write(batch, progress)));
+        let result = match write {
+            Ok(write) => AssertUnwindSafe(write).catch_unwind().await,
+            Err(panic) => Err(panic),
+        }
+        .unwrap_or_else(|panic| {
+            Err(SinkError::new(
+                sink.name(),
+                Retry::Panicked,
+                format_args!("panicked: {}", panic_message(&*panic)),
+            ))
+        });
         status.flush_progress();
         match result {
             Ok(written) => {
@@ -286,7 +291,7 @@ fn write_with_retries(
                 crate::metrics::outage(sink.name(), start.elapsed());
                 let pause = policy.backoff(attempt, rand::rng().random::<f64>());
                 warn!(sink = sink.name(), attempt, backoff_ms = pause.as_millis() as u64, %error, "sink write failed; retrying");
-                std::thread::sleep(pause);
+                tokio::time::sleep(pause).await;
                 // The backoff is waiting by design, not a stall.
                 status.flush_progress();
                 attempt = attempt.saturating_add(1);
@@ -307,6 +312,22 @@ mod tests {
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicU32, Ordering};
 
+    /// Flushes from this thread on a runtime of its own, as the pipeline does from the blocking
+    /// pool (the multi-threaded runtime drives the timers that backoff waits on).
+    fn run(
+        batch: &[Entry],
+        sinks: &Sinks,
+        policy: &RetryPolicy,
+        status: &Status,
+    ) -> Result<FlushReport, SinkError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        flush(runtime.handle(), batch, sinks, policy, status)
+    }
+
     const FAST: RetryPolicy = RetryPolicy {
         max_attempts: 4,
         initial_backoff: Duration::from_millis(1),
@@ -326,13 +347,15 @@ mod tests {
         fn name(&self) -> &'static str {
             self.name
         }
-        fn write(&self, _: &[Entry], _: &Progress) -> Result<Written, SinkError> {
-            self.log.lock().unwrap().push(self.name);
-            if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
-                Err(SinkError::new(self.name, self.retry, "boom"))
-            } else {
-                Ok(Written { items: 1, bytes: 2 })
-            }
+        fn write<'a>(&'a self, _: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+            Box::pin(async move {
+                self.log.lock().unwrap().push(self.name);
+                if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
+                    Err(SinkError::new(self.name, self.retry, "boom"))
+                } else {
+                    Ok(Written { items: 1, bytes: 2 })
+                }
+            })
         }
     }
 
@@ -375,7 +398,7 @@ mod tests {
             ],
             vec![flaky("rows", 0, Retry::Retryable, &LOG)],
         ]);
-        let report = flush(&[], &sinks, &FAST, &Status::default()).unwrap();
+        let report = run(&[], &sinks, &FAST, &Status::default()).unwrap();
         let log = LOG.lock().unwrap().clone();
         assert_eq!(log.iter().filter(|s| **s == "blobs").count(), 3);
         assert_eq!(log.iter().filter(|s| **s == "dlq").count(), 1);
@@ -407,7 +430,7 @@ mod tests {
             vec![flaky("blobs", 1, Retry::Fatal, &LOG)],
             vec![flaky("rows", 0, Retry::Retryable, &LOG)],
         ]);
-        let error = flush(&[], &sinks, &FAST, &Status::default()).unwrap_err();
+        let error = run(&[], &sinks, &FAST, &Status::default()).unwrap_err();
         assert_eq!((error.sink, error.retry), ("blobs", Retry::Fatal));
         assert_eq!(*LOG.lock().unwrap(), ["blobs"]);
     }
@@ -421,7 +444,7 @@ mod tests {
             ..FAST
         };
         let status = Status::default();
-        let report = flush(&[], &sinks, &unlimited, &status).unwrap();
+        let report = run(&[], &sinks, &unlimited, &status).unwrap();
         assert_eq!(report.sinks[0].retries, 50);
         assert!(
             status.sink_recovered("blobs").is_none(),
@@ -442,21 +465,23 @@ mod tests {
         fn writes_for(&self, _: &Entry) -> bool {
             true
         }
-        fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
-            if batch.iter().any(|e| self.bad.contains(&e.offset)) {
-                return Err(SinkError::new(
-                    "picky",
-                    Retry::Rejected,
-                    "Code: 27. Cannot parse input",
-                ));
-            }
-            self.accepted
-                .lock()
-                .unwrap()
-                .extend(batch.iter().map(|e| e.offset));
-            Ok(Written {
-                items: batch.len() as u64,
-                bytes: 0,
+        fn write<'a>(&'a self, batch: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+            Box::pin(async move {
+                if batch.iter().any(|e| self.bad.contains(&e.offset)) {
+                    return Err(SinkError::new(
+                        "picky",
+                        Retry::Rejected,
+                        "Code: 27. Cannot parse input",
+                    ));
+                }
+                self.accepted
+                    .lock()
+                    .unwrap()
+                    .extend(batch.iter().map(|e| e.offset));
+                Ok(Written {
+                    items: batch.len() as u64,
+                    bytes: 0,
+                })
             })
         }
     }
@@ -466,14 +491,16 @@ mod tests {
     struct Recorder(Mutex<Vec<i64>>);
 
     impl DeadLetters for std::sync::Arc<Recorder> {
-        fn dead_letter(&self, rejected: &[Rejected], _: &Progress) -> Result<Written, SinkError> {
-            self.0
-                .lock()
-                .unwrap()
-                .extend(rejected.iter().map(|r| r.offset));
-            Ok(Written {
-                items: rejected.len() as u64,
-                bytes: 0,
+        fn dead_letter<'a>(&'a self, rejected: &'a [Rejected], _: &'a Progress) -> Writing<'a> {
+            Box::pin(async move {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .extend(rejected.iter().map(|r| r.offset));
+                Ok(Written {
+                    items: rejected.len() as u64,
+                    bytes: 0,
+                })
             })
         }
     }
@@ -510,7 +537,7 @@ mod tests {
             stages: vec![vec![Box::new(picky)]],
             rejections: Some(Box::new(recorder.clone())),
         };
-        let report = flush(&batch, &sinks, &FAST, &Status::default()).unwrap();
+        let report = run(&batch, &sinks, &FAST, &Status::default()).unwrap();
         assert_eq!(
             report.rejected.iter().map(|r| r.offset).collect::<Vec<_>>(),
             [3, 7]
@@ -539,7 +566,7 @@ mod tests {
             stages: vec![vec![Box::new(picky)]],
             rejections: Some(Box::new(recorder.clone())),
         };
-        let error = flush(&batch, &sinks, &FAST, &Status::default()).unwrap_err();
+        let error = run(&batch, &sinks, &FAST, &Status::default()).unwrap_err();
         assert_eq!(error.retry, Retry::Fatal);
         assert!(error.message.contains("misconfigured"), "{}", error.message);
         assert!(
@@ -559,7 +586,7 @@ mod tests {
             stages: vec![vec![Box::new(picky)]],
             rejections: Some(Box::new(recorder.clone())),
         };
-        let report = flush(&entries(1), &sinks, &FAST, &Status::default()).unwrap();
+        let report = run(&entries(1), &sinks, &FAST, &Status::default()).unwrap();
         assert_eq!(report.rejected.len(), 1);
         assert_eq!(*recorder.0.lock().unwrap(), [0]);
     }
@@ -570,7 +597,7 @@ mod tests {
             bad: vec![1],
             accepted: Mutex::new(Vec::new()),
         };
-        let error = flush(
+        let error = run(
             &entries(3),
             &Sinks::new(vec![vec![Box::new(picky)]]),
             &FAST,
@@ -593,17 +620,19 @@ mod tests {
         fn writes_for(&self, _: &Entry) -> bool {
             true
         }
-        fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
-            if batch.iter().any(|e| self.bad.contains(&e.offset)) {
-                panic!("overflow when adding duration to instant");
-            }
-            self.accepted
-                .lock()
-                .unwrap()
-                .extend(batch.iter().map(|e| e.offset));
-            Ok(Written {
-                items: batch.len() as u64,
-                bytes: 0,
+        fn write<'a>(&'a self, batch: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+            Box::pin(async move {
+                if batch.iter().any(|e| self.bad.contains(&e.offset)) {
+                    panic!("overflow when adding duration to instant");
+                }
+                self.accepted
+                    .lock()
+                    .unwrap()
+                    .extend(batch.iter().map(|e| e.offset));
+                Ok(Written {
+                    items: batch.len() as u64,
+                    bytes: 0,
+                })
             })
         }
     }
@@ -621,7 +650,7 @@ mod tests {
             stages: vec![vec![Box::new(panicky.clone())]],
             rejections: Some(Box::new(recorder.clone())),
         };
-        let report = flush(&entries(4), &sinks, &FAST, &Status::default()).unwrap();
+        let report = run(&entries(4), &sinks, &FAST, &Status::default()).unwrap();
         assert_eq!(
             report.rejected.iter().map(|r| r.offset).collect::<Vec<_>>(),
             [0, 2, 3]
@@ -649,7 +678,7 @@ mod tests {
             rejections: Some(Box::new(recorder.clone())),
         };
         assert_eq!(
-            flush(&entries(2), &sinks, &FAST, &Status::default())
+            run(&entries(2), &sinks, &FAST, &Status::default())
                 .unwrap()
                 .rejected
                 .len(),
@@ -667,23 +696,25 @@ mod tests {
         fn name(&self) -> &'static str {
             "tail"
         }
-        fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
-            let first_attempt = self.uploads.lock().unwrap().is_empty();
-            let mut failure = None;
-            for entry in batch
-                .iter()
-                .filter(|e| !progress.is_stored(crate::sink::Piece::of(e, 0)))
-            {
-                self.uploads.lock().unwrap().push(entry.offset);
-                if first_attempt && entry.offset % self.nth == 0 {
-                    let error = SinkError::new("tail", Retry::Retryable, "timed out");
-                    progress.failed(&error);
-                    failure = Some(error);
-                } else {
-                    progress.stored(crate::sink::Piece::of(entry, 0));
+        fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
+            Box::pin(async move {
+                let first_attempt = self.uploads.lock().unwrap().is_empty();
+                let mut failure = None;
+                for entry in batch
+                    .iter()
+                    .filter(|e| !progress.is_stored(crate::sink::Piece::of(e, 0)))
+                {
+                    self.uploads.lock().unwrap().push(entry.offset);
+                    if first_attempt && entry.offset % self.nth == 0 {
+                        let error = SinkError::new("tail", Retry::Retryable, "timed out");
+                        progress.failed(&error);
+                        failure = Some(error);
+                    } else {
+                        progress.stored(crate::sink::Piece::of(entry, 0));
+                    }
                 }
-            }
-            failure.map_or(Ok(Written::default()), Err)
+                failure.map_or(Ok(Written::default()), Err)
+            })
         }
     }
 
@@ -694,7 +725,7 @@ mod tests {
             uploads: Mutex::new(Vec::new()),
         });
         let sinks = Sinks::new(vec![vec![Box::new(tail.clone())]]);
-        let report = flush(&entries(100), &sinks, &FAST, &Status::default()).unwrap();
+        let report = run(&entries(100), &sinks, &FAST, &Status::default()).unwrap();
         assert_eq!(report.sinks[0].retries, 1);
         assert_eq!(
             tail.uploads.lock().unwrap().len(),
@@ -707,7 +738,7 @@ mod tests {
     fn retries_stop_after_the_configured_attempts() {
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
         let sinks = Sinks::new(vec![vec![flaky("blobs", 100, Retry::Retryable, &LOG)]]);
-        assert!(flush(&[], &sinks, &FAST, &Status::default()).is_err());
+        assert!(run(&[], &sinks, &FAST, &Status::default()).is_err());
         assert_eq!(LOG.lock().unwrap().len(), 4);
     }
 }

@@ -402,8 +402,9 @@ impl Pipeline {
             self.revocations.current(),
         );
         self.status.flush_progress();
+        let runtime = tokio::runtime::Handle::current();
         self.flushes.spawn_blocking(move || {
-            let result = flush::flush(&batch, &sinks, &retry, &status);
+            let result = flush::flush(&runtime, &batch, &sinks, &retry, &status);
             let mut valid = batch.valid().count() as u64;
             let mut invalid_by_reason = BTreeMap::new();
             for (_, invalid) in batch.invalid() {

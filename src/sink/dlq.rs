@@ -25,7 +25,7 @@ use super::progress::keep_telling;
 use super::publish::classify_producer_error;
 use super::{
     Built, DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Piece, Progress,
-    Rejected, Retry, Sink, SinkError, Written,
+    Rejected, Retry, Sink, SinkError, Writing, Written,
 };
 use crate::kafka::consumer::key_and_timestamp;
 use crate::kafka::refetch::Refetcher;
@@ -67,11 +67,11 @@ impl DlqSink {
     /// Sends one dead letter: whole when it fits the topic, otherwise its value (and a long key)
     /// to the object store and a pointer record to the topic. A record librdkafka refuses as too
     /// large takes the second path too.
-    fn send(
+    async fn send(
         &self,
         entry: &Entry,
         message: &InvalidMessage,
-        progress: &Progress,
+        progress: &Progress<'_>,
     ) -> Result<DeliveryFuture, SinkError> {
         let letter_headers = headers(entry, message);
         let key = message.key.as_deref();
@@ -80,7 +80,9 @@ impl DlqSink {
             + headers_len(&letter_headers)
             + RECORD_OVERHEAD_BYTES;
         if size > self.max_record_bytes {
-            return self.send_pointer(entry, message, letter_headers, progress);
+            return self
+                .send_pointer(entry, message, letter_headers, progress)
+                .await;
         }
         let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic)
             .payload(&message.value)
@@ -93,6 +95,7 @@ impl DlqSink {
             // Rare: the headers are built again rather than cloned for every dead letter.
             Err((e, _)) if classify_producer_error(&e) == Retry::Rejected => {
                 self.send_pointer(entry, message, headers(entry, message), progress)
+                    .await
             }
             Err((e, _)) => Err(SinkError::from_error(
                 self.name(),
@@ -105,12 +108,12 @@ impl DlqSink {
     /// Keeps the value whole in the object store, at a key derived from where the message was
     /// consumed (a retry rewrites the same object), and sends a record without it: the same
     /// headers plus `payload_location`, `payload_bytes` and, for a long key, `key_location`.
-    fn send_pointer(
+    async fn send_pointer(
         &self,
         entry: &Entry,
         message: &InvalidMessage,
         headers: OwnedHeaders,
-        progress: &Progress,
+        progress: &Progress<'_>,
     ) -> Result<DeliveryFuture, SinkError> {
         let Some(store) = &self.overflow else {
             return Err(SinkError::new(
@@ -123,12 +126,14 @@ impl DlqSink {
             ));
         };
         let object = format!("dlq/{}/{}/{}", message.topic, entry.partition, entry.offset);
-        progress.put_once(
-            store.as_ref(),
-            &object,
-            &message.value,
-            Piece::of(entry, VALUE_COPY),
-        )?;
+        progress
+            .put_once(
+                store.as_ref(),
+                &object,
+                &message.value,
+                Piece::of(entry, VALUE_COPY),
+            )
+            .await?;
         let location = store.location(&object);
         let bytes = message.value.len().to_string();
         let mut headers = headers
@@ -144,7 +149,9 @@ impl DlqSink {
         let key_location;
         if let Some(long) = key.filter(|k| k.len() > MAX_POINTER_KEY_BYTES) {
             let object = format!("{object}.key");
-            progress.put_once(store.as_ref(), &object, long, Piece::of(entry, KEY_COPY))?;
+            progress
+                .put_once(store.as_ref(), &object, long, Piece::of(entry, KEY_COPY))
+                .await?;
             key_location = store.location(&object);
             headers = headers.insert(Header {
                 key: "key_location",
@@ -230,10 +237,18 @@ pub struct RejectedToDlq {
 }
 
 impl DeadLetters for RejectedToDlq {
-    fn dead_letter(
+    /// Reads each original message again (a blocking fetch, on the flush's thread) and sends it
+    /// as a dead letter.
+    fn dead_letter<'a>(&'a self, rejected: &'a [Rejected], progress: &'a Progress) -> Writing<'a> {
+        Box::pin(self.dead_letter_now(rejected, progress))
+    }
+}
+
+impl RejectedToDlq {
+    async fn dead_letter_now(
         &self,
         rejected: &[Rejected],
-        progress: &Progress,
+        progress: &Progress<'_>,
     ) -> Result<Written, SinkError> {
         let mut entries = Vec::with_capacity(rejected.len());
         for r in rejected {
@@ -268,7 +283,7 @@ impl DeadLetters for RejectedToDlq {
                 outcome: Outcome::Invalid(Box::new(message)),
             });
         }
-        self.dlq.write(&entries, progress)
+        self.dlq.write(&entries, progress).await
     }
 }
 
@@ -283,7 +298,17 @@ impl Sink for DlqSink {
 
     /// Sends the dead letters an earlier attempt did not deliver; what a failed attempt stored
     /// (records, blob-store copies) is not sent again.
-    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+    fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
+        Box::pin(self.send_all(batch, progress))
+    }
+}
+
+impl DlqSink {
+    async fn send_all(
+        &self,
+        batch: &[Entry],
+        progress: &Progress<'_>,
+    ) -> Result<Written, SinkError> {
         let letters: Vec<(&Entry, &InvalidMessage)> = batch.invalid().collect();
         let written = Written {
             items: letters.len() as u64,
@@ -295,7 +320,7 @@ impl Sink for DlqSink {
         let (mut sent, mut deliveries) = (Vec::new(), Vec::new());
         for &(entry, message) in &letters {
             if !progress.is_stored(Piece::of(entry, RECORD)) {
-                deliveries.push(self.send(entry, message, progress)?);
+                deliveries.push(self.send(entry, message, progress).await?);
                 sent.push((entry, message));
             }
         }
@@ -306,18 +331,14 @@ impl Sink for DlqSink {
         // A broker whose topic limit is below `max_record_bytes` refuses the record on delivery:
         // that dead letter goes the pointer's way.
         let (mut failure, mut pointed, mut pointers) = (None, Vec::new(), Vec::new());
-        for ((entry, message), delivery) in
-            sent.into_iter().zip(super::block_on(join_all(deliveries)))
-        {
+        for ((entry, message), delivery) in sent.into_iter().zip(join_all(deliveries).await) {
             match delivered(delivery, classify_producer_error) {
                 Ok(()) => progress.stored(Piece::of(entry, RECORD)),
                 Err(e) if e.retry == Retry::Rejected => {
-                    pointers.push(self.send_pointer(
-                        entry,
-                        message,
-                        headers(entry, message),
-                        progress,
-                    )?);
+                    let pointer = self
+                        .send_pointer(entry, message, headers(entry, message), progress)
+                        .await?;
+                    pointers.push(pointer);
                     pointed.push(entry);
                 }
                 Err(e) => {
@@ -326,7 +347,7 @@ impl Sink for DlqSink {
                 }
             }
         }
-        for (entry, delivery) in pointed.into_iter().zip(super::block_on(join_all(pointers))) {
+        for (entry, delivery) in pointed.into_iter().zip(join_all(pointers).await) {
             match delivered(delivery, pointer_retry) {
                 Ok(()) => progress.stored(Piece::of(entry, RECORD)),
                 Err(e) => {

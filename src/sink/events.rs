@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use rdkafka::producer::FutureProducer;
 
 use super::publish::{Publisher, Record};
-use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
+use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Writing, Written};
 use crate::metrics;
 use crate::recording::occurrence::IssueKind;
 use crate::recording::{AnalyticsEvent, EventTopic, IssueGates, ProjectFilter};
@@ -163,7 +163,17 @@ impl Sink for EventsSink {
         "events"
     }
 
-    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+    fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
+        Box::pin(self.publish_events(batch, progress))
+    }
+}
+
+impl EventsSink {
+    async fn publish_events<'a>(
+        &'a self,
+        batch: &'a [Entry],
+        progress: &'a Progress<'_>,
+    ) -> Result<Written, SinkError> {
         let mut announced = Vec::new();
         let (mut rage_clicks, mut hydration_errors) = (0, 0);
         // Numbered before any is left out, so that a retry names each event the same.
@@ -207,7 +217,7 @@ impl Sink for EventsSink {
                     value,
                 })
             });
-        let written = self.publisher.publish(records, progress)?;
+        let written = self.publisher.publish(records, progress).await?;
         metrics::occurrences_published(rage_clicks, hydration_errors);
         let mut seen = self.seen();
         for project in announced {
@@ -288,12 +298,8 @@ mod tests {
                 outcome: Outcome::Valid(Box::new(segment_0)),
             }],
         };
-        let (result, sink) = tokio::task::spawn_blocking(move || {
-            let status = crate::health::Status::default();
-            (sink.write(&batch, &Progress::new("events", &status)), sink)
-        })
-        .await
-        .unwrap();
+        let status = crate::health::Status::default();
+        let result = sink.write(&batch, &Progress::new("events", &status)).await;
         assert_eq!(result.unwrap_err().retry, Retry::Retryable);
         assert!(
             !sink.seen().contains(project),

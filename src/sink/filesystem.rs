@@ -6,7 +6,11 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Built, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
+use futures::future::LocalBoxFuture;
+
+use super::{
+    Built, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError, Writing, Written,
+};
 
 pub struct FilesystemBlobSink {
     root: PathBuf,
@@ -43,31 +47,42 @@ impl Sink for FilesystemBlobSink {
         "blobs"
     }
 
-    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
-        let mut written = Written::default();
-        for entry in batch {
-            let Outcome::Valid(processed) = &entry.outcome else {
-                continue;
-            };
-            progress.put_once(
-                self,
-                &processed.blob.key,
-                &processed.blob.bytes,
-                Piece::of(entry, 0),
-            )?;
-            written.items += 1;
-            written.bytes += processed.blob.bytes.len() as u64;
-        }
-        Ok(written)
+    /// Files are written with blocking calls, on the flush's thread (the blocking pool): they
+    /// hold up only the sinks of the same stage, for as long as the disk takes.
+    fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
+        Box::pin(async move {
+            let mut written = Written::default();
+            for entry in batch {
+                let Outcome::Valid(processed) = &entry.outcome else {
+                    continue;
+                };
+                progress
+                    .put_once(
+                        self,
+                        &processed.blob.key,
+                        &processed.blob.bytes,
+                        Piece::of(entry, 0),
+                    )
+                    .await?;
+                written.items += 1;
+                written.bytes += processed.blob.bytes.len() as u64;
+            }
+            Ok(written)
+        })
     }
 }
 
 impl ObjectStore for FilesystemBlobSink {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), SinkError> {
-        self.write_one(key, bytes).map_err(|e| {
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: &'a [u8],
+    ) -> LocalBoxFuture<'a, Result<(), SinkError>> {
+        let result = self.write_one(key, bytes).map_err(|e| {
             // A full disk or a permission problem may clear up; keep retrying within the policy.
             SinkError::new(self.name(), Retry::Retryable, format_args!("{key}: {e}"))
-        })
+        });
+        Box::pin(std::future::ready(result))
     }
 
     fn location(&self, key: &str) -> String {

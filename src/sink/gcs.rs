@@ -11,13 +11,14 @@ use clap::builder::RangedU64ValueParser;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use futures::future::LocalBoxFuture;
 use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_storage::client::Storage;
 
 use super::progress::keep_telling;
 use super::{
     Built, Check, Entries, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError,
-    Written,
+    Writing, Written,
 };
 
 /// Google Cloud Storage.
@@ -166,7 +167,17 @@ impl Sink for GcsSink {
     /// server is down or hung, not slow) no new upload starts and the attempt ends with the
     /// first error, to be retried after a backoff — rather than waiting out one timeout per
     /// remaining object.
-    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+    fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
+        Box::pin(self.write_pending(batch, progress))
+    }
+}
+
+impl GcsSink {
+    async fn write_pending<'a>(
+        &'a self,
+        batch: &'a [Entry],
+        progress: &'a Progress<'_>,
+    ) -> Result<Written, SinkError> {
         let pending = batch.iter().filter_map(|entry| match &entry.outcome {
             Outcome::Valid(p) if !progress.is_stored(Piece::of(entry, 0)) => {
                 Some((Piece::of(entry, 0), &p.blob))
@@ -188,11 +199,10 @@ impl Sink for GcsSink {
                 }
             }
         });
-        let results: Vec<Result<(), Option<SinkError>>> = super::block_on(
-            futures::stream::iter(uploads)
-                .buffer_unordered(self.concurrency)
-                .collect(),
-        );
+        let results: Vec<Result<(), Option<SinkError>>> = futures::stream::iter(uploads)
+            .buffer_unordered(self.concurrency)
+            .collect()
+            .await;
         if let Some(error) = first_error(results) {
             return Err(error);
         }
@@ -239,8 +249,12 @@ impl GcsSink {
 pub const PROBE_KEY: &str = "replay-ingest/startup-check";
 
 impl ObjectStore for GcsSink {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), SinkError> {
-        super::block_on(self.upload(key, bytes::Bytes::copy_from_slice(bytes)))
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: &'a [u8],
+    ) -> LocalBoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(self.upload(key, bytes::Bytes::copy_from_slice(bytes)))
     }
 
     fn location(&self, key: &str) -> String {

@@ -1,6 +1,5 @@
-//! Flush sinks: where a buffered batch goes. Every sink looks the same — a blocking `write` of
-//! the whole batch, called on the flush's blocking thread, and an error that says whether a retry
-//! can help.
+//! Flush sinks: where a buffered batch goes. Every sink looks the same — an async `write` of the
+//! whole batch, and an error that says whether a retry can help.
 //!
 //! - [`gcs`]: blobs to Google Cloud Storage (production);
 //! - [`filesystem`]: blobs as files under a directory (local runs and tests);
@@ -12,8 +11,11 @@
 //!
 //! [`publish`] is what the sinks that write to Kafka topics share.
 //!
-//! `write` runs on a flush's blocking thread; a sink with an async client drives it with
-//! [`block_on`], the one way this is done.
+//! The flush runs on a blocking thread and drives each stage's writes from there with one
+//! `Handle::block_on` (`pipeline::flush`), the one bridge from the blocking pool into async: the
+//! sinks of a stage, their requests and their retries' backoff are futures on that thread, not
+//! threads of their own. A write's own CPU work (encoding rows, say) runs there too, off the
+//! runtime's workers.
 //!
 //! Each sink module has one `build` that gives a [`Built`]: the sink and the health check of its
 //! destination, in one shape for all ([`Check`]); `startup` runs the checks and holds each sink's
@@ -30,10 +32,12 @@ pub mod publish;
 pub mod snuba;
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 
+use futures::future::{BoxFuture, LocalBoxFuture};
+
 pub use self::progress::{Piece, Progress};
+
 /// What one sink wrote in one flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Written {
@@ -57,8 +61,7 @@ pub fn http_url(flag: &str, url: &str) -> Result<(), String> {
 
 /// A destination's health check: it exists and takes writes. A failure says whether a retry can
 /// help (the destination does not answer) or not (configuration).
-pub type Check =
-    Box<dyn FnMut() -> futures::future::BoxFuture<'static, Result<(), SinkError>> + Send>;
+pub type Check = Box<dyn FnMut() -> BoxFuture<'static, Result<(), SinkError>> + Send>;
 
 /// A health check with what it checks: `what` names its outage (`/status`, logs), `describes`
 /// the destination in an error (`the GCS bucket`).
@@ -100,15 +103,6 @@ impl Built {
     }
 }
 use crate::recording::{InvalidRecording, Processed, Reason};
-
-/// Runs `future` to completion from a flush's blocking thread, on the service's runtime: the
-/// async clients (hyper for GCS and ClickHouse, rdkafka's queue waits) need its reactor and
-/// timers. The flush runs each stage's sinks on threads that have entered the runtime.
-///
-/// Panics outside a runtime context, or on one of its async workers.
-pub fn block_on<F: Future>(future: F) -> F::Output {
-    tokio::runtime::Handle::current().block_on(future)
-}
 
 /// One consumed message as the flush sees it.
 #[derive(Debug)]
@@ -281,9 +275,12 @@ impl Rejected {
 
 /// Dead-letters messages a sink rejected, with their original bytes.
 pub trait DeadLetters: Send + Sync {
-    fn dead_letter(&self, rejected: &[Rejected], progress: &Progress)
-    -> Result<Written, SinkError>;
+    fn dead_letter<'a>(&'a self, rejected: &'a [Rejected], progress: &'a Progress) -> Writing<'a>;
 }
+
+/// A write in progress: what [`Sink::write`] and [`DeadLetters::dead_letter`] return. Driven on
+/// the flush's own thread, so it need not be `Send`.
+pub type Writing<'a> = LocalBoxFuture<'a, Result<Written, SinkError>>;
 
 /// A flush destination.
 pub trait Sink: Send + Sync {
@@ -294,7 +291,7 @@ pub trait Sink: Send + Sync {
     /// (the whole batch's, pieces stored by earlier attempts included). Idempotent: a retry or a
     /// redelivered batch writes the same keys. `progress` is this write's across its retries: a
     /// sink that stores piece by piece skips what it marks stored, and reports each request.
-    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError>;
+    fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a>;
 
     /// Whether this sink writes anything for `entry` (valid messages by default): a rejection
     /// is pinned on a part of the batch holding one such entry.
@@ -309,7 +306,7 @@ impl<T: Sink + ?Sized> Sink for std::sync::Arc<T> {
         (**self).name()
     }
 
-    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+    fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
         (**self).write(batch, progress)
     }
 
@@ -321,7 +318,11 @@ impl<T: Sink + ?Sized> Sink for std::sync::Arc<T> {
 /// Where a dead letter too large for its topic is kept whole: the blob store.
 pub trait ObjectStore: Send + Sync {
     /// Stores `bytes` at `key`, durably, replacing what is there.
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), SinkError>;
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: &'a [u8],
+    ) -> LocalBoxFuture<'a, Result<(), SinkError>>;
 
     /// Where `key` can be fetched from, as an operator would write it (`gs://bucket/key`).
     fn location(&self, key: &str) -> String;

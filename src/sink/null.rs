@@ -1,6 +1,6 @@
 //! A sink that accepts every batch and stores nothing: measures the pipeline without I/O.
 
-use super::{Entry, Progress, Sink, SinkError, Written};
+use super::{Entry, Progress, Sink, Writing, Written};
 
 pub struct NullSink;
 
@@ -9,7 +9,7 @@ impl Sink for NullSink {
         "null"
     }
 
-    fn write(&self, _batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
-        Ok(Written::default())
+    fn write<'a>(&'a self, _batch: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+        Box::pin(std::future::ready(Ok(Written::default())))
     }
 }

@@ -82,7 +82,7 @@ impl<'a> Progress<'a> {
     }
 
     /// Stores `bytes` at `key` in `store`, as `piece`, unless an earlier attempt did.
-    pub fn put_once(
+    pub async fn put_once(
         &self,
         store: &dyn ObjectStore,
         key: &str,
@@ -90,7 +90,10 @@ impl<'a> Progress<'a> {
         piece: Piece,
     ) -> Result<(), SinkError> {
         if !self.is_stored(piece) {
-            store.put(key, bytes).inspect_err(|e| self.failed(e))?;
+            store
+                .put(key, bytes)
+                .await
+                .inspect_err(|e| self.failed(e))?;
             self.stored(piece);
         }
         Ok(())

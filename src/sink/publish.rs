@@ -42,10 +42,10 @@ impl Publisher {
 
     /// Publishes every record `progress` does not have as delivered, stopping at the first one
     /// that cannot be built. Counts every record, delivered before or now.
-    pub fn publish<'a>(
+    pub async fn publish<'a>(
         &self,
         records: impl IntoIterator<Item = Result<Record<'a>, SinkError>>,
-        progress: &Progress,
+        progress: &Progress<'_>,
     ) -> Result<Written, SinkError> {
         let mut written = Written::default();
         let mut window = Vec::new();
@@ -74,11 +74,12 @@ impl Publisher {
                 (piece, producer.send(record, QUEUE_TIMEOUT).await)
             });
             if window_bytes >= DELIVERY_WINDOW_BYTES {
-                self.deliver(std::mem::take(&mut window), progress, &mut failure);
+                self.deliver(std::mem::take(&mut window), progress, &mut failure)
+                    .await;
                 window_bytes = 0;
             }
         }
-        self.deliver(window, progress, &mut failure);
+        self.deliver(window, progress, &mut failure).await;
         match failure {
             Some(error) => Err(error),
             None => Ok(written),
@@ -87,10 +88,10 @@ impl Publisher {
 
     /// Waits for every delivery, marking each one acknowledged; keeps the failure that says most
     /// (a refused record before a timeout) in `failure`.
-    fn deliver<F, T>(
+    async fn deliver<F, T>(
         &self,
         deliveries: Vec<F>,
-        progress: &Progress,
+        progress: &Progress<'_>,
         failure: &mut Option<SinkError>,
     ) where
         F: std::future::Future<
@@ -100,8 +101,7 @@ impl Publisher {
                 ),
             >,
     {
-        // The producer waits on the runtime's timers when its queue is full.
-        for (piece, delivery) in super::block_on(join_all(deliveries)) {
+        for (piece, delivery) in join_all(deliveries).await {
             match delivery {
                 Ok(_) => progress.stored(piece),
                 Err((e, _)) => {

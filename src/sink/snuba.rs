@@ -7,7 +7,7 @@
 use rdkafka::producer::FutureProducer;
 
 use super::publish::{Publisher, Record};
-use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Written};
+use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Writing};
 use crate::recording::snuba;
 
 pub struct SnubaSink {
@@ -29,7 +29,7 @@ impl Sink for SnubaSink {
         "snuba"
     }
 
-    fn write(&self, batch: &[Entry], progress: &Progress) -> Result<Written, SinkError> {
+    fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
         let records = batch.iter().flat_map(|entry| {
             let Outcome::Valid(processed) = &entry.outcome else {
                 return Vec::new();
@@ -49,7 +49,7 @@ impl Sink for SnubaSink {
                 Err(e) => vec![Err(SinkError::from_error(self.name(), Retry::Rejected, e))],
             }
         });
-        self.publisher.publish(records, progress)
+        Box::pin(self.publisher.publish(records, progress))
     }
 
     fn writes_for(&self, entry: &Entry) -> bool {

@@ -92,23 +92,12 @@ async fn every_column_of_every_row_reads_back_and_a_second_insert_collapses() {
     );
 
     let sink = ClickHouseSink::new(&config);
-    let written = tokio::task::spawn_blocking({
-        let batch = crate::support::fixture_batch();
-        move || crate::support::write_once(&sink, &batch).map(|w| (w, sink))
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let batch = crate::support::fixture_batch();
+    crate::support::write_once(&sink, &batch).await.unwrap();
     assert_same_rows(&read_back(&config).await, &expected);
 
     // The same batch again (a redelivery): after merging, still one row per event_hash.
-    let (_, sink) = written;
-    tokio::task::spawn_blocking(move || {
-        crate::support::write_once(&sink, &crate::support::fixture_batch())
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    crate::support::write_once(&sink, &batch).await.unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
     let count_final: u64 = client
         .query(&format!("SELECT count() FROM {} FINAL", config.table))
@@ -171,12 +160,9 @@ async fn a_column_altered_after_startup_makes_writes_fatal_naming_the_column() {
     let sink = ClickHouseSink::new(&config);
     // RowBinary carries no types: the server misreads the rows and answers with a data error or
     // an absurd allocation, depending on the bytes. Either way the sink names the cause.
-    let error = tokio::task::spawn_blocking(move || {
-        crate::support::write_once(&sink, &crate::support::fixture_batch())
-    })
-    .await
-    .unwrap()
-    .unwrap_err();
+    let error = crate::support::write_once(&sink, &crate::support::fixture_batch())
+        .await
+        .unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
     assert!(
         error
@@ -299,11 +285,7 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
             url: proxy.endpoint.clone(),
             ..config.clone()
         });
-        let result = tokio::task::spawn_blocking(move || {
-            crate::support::write_once(&sink, &crate::support::fixture_batch())
-        })
-        .await
-        .unwrap();
+        let result = crate::support::write_once(&sink, &crate::support::fixture_batch()).await;
         let error = result.expect_err(&format!("200 with {code:?} and {body:?} is not success"));
         assert_eq!(error.retry, expected, "{code:?} {body:?}: {error}");
         let said = format!("Code: {}", code.unwrap_or(&body[6..9]));

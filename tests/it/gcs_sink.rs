@@ -55,12 +55,7 @@ async fn every_blob_reads_back_byte_for_byte_and_rewrites_are_idempotent() {
     create_bucket(&bucket);
     let sink = GcsSink::new(&config(&bucket)).await.unwrap();
     let batch = fixture_batch();
-    let (written, sink, batch) = tokio::task::spawn_blocking(move || {
-        (crate::support::write_once(&sink, &batch), sink, batch)
-    })
-    .await
-    .unwrap();
-    let written = written.unwrap();
+    let written = crate::support::write_once(&sink, &batch).await.unwrap();
     assert_eq!(written.items as usize, batch.valid().count());
     for p in batch.valid() {
         assert_eq!(
@@ -71,12 +66,7 @@ async fn every_blob_reads_back_byte_for_byte_and_rewrites_are_idempotent() {
         );
     }
     // A redelivered batch rewrites the same keys with the same bytes.
-    let (again, _, batch) = tokio::task::spawn_blocking(move || {
-        (crate::support::write_once(&sink, &batch), sink, batch)
-    })
-    .await
-    .unwrap();
-    again.unwrap();
+    crate::support::write_once(&sink, &batch).await.unwrap();
     let large = batch.valid().max_by_key(|p| p.blob.bytes.len()).unwrap();
     assert_eq!(
         read_object(&bucket, &large.blob.key).await,
@@ -91,11 +81,9 @@ async fn a_missing_bucket_is_a_fatal_error() {
     let sink = GcsSink::new(&config(&crate::support::unique("missing")))
         .await
         .unwrap();
-    let error =
-        tokio::task::spawn_blocking(move || crate::support::write_once(&sink, &fixture_batch()))
-            .await
-            .unwrap()
-            .unwrap_err();
+    let error = crate::support::write_once(&sink, &fixture_batch())
+        .await
+        .unwrap_err();
     assert_eq!(error.retry, Retry::Fatal, "{error}");
 }
 
@@ -233,9 +221,10 @@ async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
         initial_backoff: std::time::Duration::from_millis(10),
         max_backoff: std::time::Duration::from_millis(100),
     };
+    let runtime = tokio::runtime::Handle::current();
     let (report, batch) = tokio::task::spawn_blocking(move || {
         let status = replay_ingest::health::Status::default();
-        (flush(&batch, &sinks, &policy, &status), batch)
+        (flush(&runtime, &batch, &sinks, &policy, &status), batch)
     })
     .await
     .unwrap();

@@ -89,11 +89,7 @@ async fn snubas_ddl_runs_on_clickhouse_26_and_the_sinks_bytes_insert_and_read_ba
     };
     let sink = ClickHouseSink::new(&config);
     let batch = fixture_batch();
-    let (written, batch) = tokio::task::spawn_blocking(move || {
-        (crate::support::write_once(&sink, &batch).unwrap(), batch)
-    })
-    .await
-    .unwrap();
+    let written = crate::support::write_once(&sink, &batch).await.unwrap();
     let expected = rows_of(&batch);
     assert_eq!(written.items as usize, expected.len());
     let body: Vec<u8> = bodies

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::support::*;
 use replay_ingest::health::Status;
 use replay_ingest::pipeline::{self, PipelineError, flush::Sinks};
-use replay_ingest::sink::{Entry, Progress, Retry, Sink, SinkError, Written};
+use replay_ingest::sink::{Entry, Progress, Retry, Sink, SinkError, Writing, Written};
 
 /// Takes `delay` per write, and counts writes, the messages they carried and the largest batch
 /// (every batch passes through here, so no peak is missed).
@@ -24,12 +24,14 @@ impl Sink for SlowSink {
     fn name(&self) -> &'static str {
         "slow"
     }
-    fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
-        std::thread::sleep(self.delay);
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.messages.fetch_add(batch.len(), Ordering::SeqCst);
-        self.largest.fetch_max(batch.len(), Ordering::SeqCst);
-        Ok(Written::default())
+    fn write<'a>(&'a self, batch: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+        Box::pin(async move {
+            tokio::time::sleep(self.delay).await;
+            self.writes.fetch_add(1, Ordering::SeqCst);
+            self.messages.fetch_add(batch.len(), Ordering::SeqCst);
+            self.largest.fetch_max(batch.len(), Ordering::SeqCst);
+            Ok(Written::default())
+        })
     }
 }
 
@@ -43,9 +45,11 @@ impl Sink for FailingSink {
     fn name(&self) -> &'static str {
         "failing"
     }
-    fn write(&self, _: &[Entry], _: &Progress) -> Result<Written, SinkError> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        Err(SinkError::new("failing", self.retry, "the sink is down"))
+    fn write<'a>(&'a self, _: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+        Box::pin(async move {
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            Err(SinkError::new("failing", self.retry, "the sink is down"))
+        })
     }
 }
 

@@ -15,7 +15,7 @@ use replay_ingest::health::Status;
 use replay_ingest::kafka::refetch::Refetcher;
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
-use replay_ingest::sink::{Entry, Outcome, Progress, Retry, Sink, SinkError, Written};
+use replay_ingest::sink::{Entry, Outcome, Progress, Retry, Sink, SinkError, Writing, Written};
 
 /// Fails (retryably) while `down` is set, hangs while `hung` is set; counts what it wrote.
 #[derive(Clone, Default)]
@@ -30,20 +30,22 @@ impl Sink for Switchable {
     fn name(&self) -> &'static str {
         "switchable"
     }
-    fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        while self.hung.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if self.down.load(Ordering::SeqCst) {
-            return Err(SinkError::new(
-                "switchable",
-                Retry::Retryable,
-                "connection refused",
-            ));
-        }
-        self.messages.fetch_add(batch.len(), Ordering::SeqCst);
-        Ok(Written::default())
+    fn write<'a>(&'a self, batch: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+        Box::pin(async move {
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            while self.hung.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if self.down.load(Ordering::SeqCst) {
+                return Err(SinkError::new(
+                    "switchable",
+                    Retry::Retryable,
+                    "connection refused",
+                ));
+            }
+            self.messages.fetch_add(batch.len(), Ordering::SeqCst);
+            Ok(Written::default())
+        })
     }
 }
 
@@ -286,25 +288,27 @@ impl Sink for Picky {
     fn name(&self) -> &'static str {
         "picky"
     }
-    fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
-        if batch
-            .iter()
-            .any(|e| self.bad.contains(&(e.partition, e.offset)))
-        {
-            return Err(SinkError::new(
-                "picky",
-                Retry::Rejected,
-                "Code: 27. Cannot parse input: row 3",
-            ));
-        }
-        self.accepted.fetch_add(
-            batch
+    fn write<'a>(&'a self, batch: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+        Box::pin(async move {
+            if batch
                 .iter()
-                .filter(|e| matches!(e.outcome, Outcome::Valid(_)))
-                .count(),
-            Ordering::SeqCst,
-        );
-        Ok(Written::default())
+                .any(|e| self.bad.contains(&(e.partition, e.offset)))
+            {
+                return Err(SinkError::new(
+                    "picky",
+                    Retry::Rejected,
+                    "Code: 27. Cannot parse input: row 3",
+                ));
+            }
+            self.accepted.fetch_add(
+                batch
+                    .iter()
+                    .filter(|e| matches!(e.outcome, Outcome::Valid(_)))
+                    .count(),
+                Ordering::SeqCst,
+            );
+            Ok(Written::default())
+        })
     }
 }
 

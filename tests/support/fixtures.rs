@@ -253,13 +253,11 @@ pub fn rows_of(batch: &Batch) -> Vec<ReplayRow> {
 }
 
 /// One write of `batch` through `sink`, as a flush's first attempt makes it.
-pub fn write_once(
+pub async fn write_once(
     sink: &dyn replay_ingest::sink::Sink,
     batch: &[Entry],
 ) -> Result<replay_ingest::sink::Written, replay_ingest::sink::SinkError> {
     let status = replay_ingest::health::Status::default();
-    sink.write(
-        batch,
-        &replay_ingest::sink::Progress::new(sink.name(), &status),
-    )
+    let progress = replay_ingest::sink::Progress::new(sink.name(), &status);
+    sink.write(batch, &progress).await
 }

@@ -21,7 +21,7 @@ use clap::Args;
 use clap::builder::RangedU64ValueParser;
 use std::collections::HashSet;
 
-use super::{Built, Check, Entry, Outcome, Progress, Retry, Sink, SinkError, Written};
+use super::{Built, Check, Entry, Outcome, Progress, Retry, Sink, SinkError, Writing, Written};
 use crate::recording::{KafkaPosition, ReplayRow};
 use crate::secret::Secret;
 pub use migrate::{check_table, migrate};
@@ -315,36 +315,41 @@ impl Sink for ClickHouseSink {
 
     /// One INSERT per chunk, all or nothing: a retry inserts the whole batch again, and the
     /// table's `ReplacingMergeTree` collapses what an earlier attempt wrote.
-    fn write(&self, batch: &[Entry], _: &Progress) -> Result<Written, SinkError> {
-        // The timer must be made inside the runtime: this thread is not one of its workers.
-        let rows = super::block_on(async {
-            let error = match tokio::time::timeout(self.timeout, self.insert(batch)).await {
-                Err(_) => {
-                    let message = format!("timed out after {:?}", self.timeout);
-                    return Err(SinkError::new(self.name(), Retry::Retryable, message));
-                }
-                Ok(Ok(rows)) => return Ok(rows),
-                Ok(Err(error)) => error,
-            };
-            // The server refused the data: a table altered since startup explains it for
-            // every batch, and no retry or dead letter would help.
-            if let clickhouse::error::Error::BadResponse(_) = error {
-                let check = tokio::time::timeout(self.timeout, check_table(&self.config)).await;
-                if let Ok(Err(mismatch)) = check
-                    && mismatch.retry == Retry::Fatal
-                {
-                    return Err(mismatch);
-                }
-            }
-            let message = super::describe(&error);
-            Err(SinkError {
-                message,
-                ..SinkError::from_error(self.name(), classify(&error), error)
+    fn write<'a>(&'a self, batch: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+        Box::pin(async move {
+            let rows = self.insert_within_timeout(batch).await?;
+            Ok(Written {
+                items: rows,
+                bytes: 0,
             })
-        })?;
-        Ok(Written {
-            items: rows,
-            bytes: 0,
+        })
+    }
+}
+
+impl ClickHouseSink {
+    async fn insert_within_timeout(&self, batch: &[Entry]) -> Result<u64, SinkError> {
+        let error = match tokio::time::timeout(self.timeout, self.insert(batch)).await {
+            Err(_) => {
+                let message = format!("timed out after {:?}", self.timeout);
+                return Err(SinkError::new(self.name(), Retry::Retryable, message));
+            }
+            Ok(Ok(rows)) => return Ok(rows),
+            Ok(Err(error)) => error,
+        };
+        // The server refused the data: a table altered since startup explains it for
+        // every batch, and no retry or dead letter would help.
+        if let clickhouse::error::Error::BadResponse(_) = error {
+            let check = tokio::time::timeout(self.timeout, check_table(&self.config)).await;
+            if let Ok(Err(mismatch)) = check
+                && mismatch.retry == Retry::Fatal
+            {
+                return Err(mismatch);
+            }
+        }
+        let message = super::describe(&error);
+        Err(SinkError {
+            message,
+            ..SinkError::from_error(self.name(), classify(&error), error)
         })
     }
 }
