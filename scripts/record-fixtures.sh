@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Re-records fixtures/segments with the real @sentry/browser SDK in headless Debian Chromium,
 # then regenerates fixtures/synthetic from them. Needs network access to npm and Debian.
-# Usage: scripts/record-fixtures.sh
+# Usage: scripts/record-fixtures.sh            (every scenario, replacing fixtures/segments)
+#        SCENARIOS=media scripts/record-fixtures.sh   (only those, the other fixtures kept)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,7 +10,7 @@ if ! command -v chromium >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
-(cd fixtures/record && npm ci --no-audit --no-fund && rm -f ../segments/*.msgpack && node record.mjs)
+(cd fixtures/record && npm ci --no-audit --no-fund && { [ -n "${SCENARIOS:-}" ] || rm -f ../segments/*.msgpack; } && node record.mjs)
 cargo run --locked --quiet --example make_synthetic_fixtures
 echo "Then review every changed snapshot before accepting it: INSTA_UPDATE=new cargo test --test it fixtures::,"
 echo "read each tests/it/snapshots/*.snap.new against its .snap, and move over only what you have read."

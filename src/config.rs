@@ -16,6 +16,7 @@ use crate::secret::Secret;
 pub use crate::sink::clickhouse::ClickHouseArgs;
 pub use crate::sink::events::EventsArgs;
 pub use crate::sink::gcs::GcsArgs;
+pub use crate::sink::trace_items::TraceItemsArgs;
 
 /// Per-message processing limits.
 #[derive(Args, Debug, Clone, Copy)]
@@ -33,7 +34,8 @@ pub struct LimitArgs {
 }
 
 impl LimitArgs {
-    /// The per-message limits; `republish_replay_event` with `--rows-sink snuba`.
+    /// The per-message limits; `republish_replay_event` with `--rows-sink snuba`; no trace items
+    /// (`TraceItemsArgs` sets their rollout).
     pub fn limits(&self, republish_replay_event: bool) -> Limits {
         Limits {
             max_decompressed_bytes: self.max_decompressed_bytes,
@@ -42,6 +44,7 @@ impl LimitArgs {
                 max_taps: self.max_taps_per_segment,
             },
             republish_replay_event,
+            trace_items: crate::recording::Rollout::OFF,
         }
     }
 }
@@ -486,6 +489,8 @@ pub struct ConsumeArgs {
     #[command(flatten)]
     pub events: EventsArgs,
     #[command(flatten)]
+    pub trace_items: TraceItemsArgs,
+    #[command(flatten)]
     pub metrics: MetricsArgs,
 
     /// Address of the health and status endpoint (`/health/live`, `/health/ready`, `/status`).
@@ -616,7 +621,10 @@ impl ConsumeArgs {
             consumer: self.kafka.client_config(&self.consumer_properties())?,
             topic: self.topic.clone(),
             processing_threads: self.processing_threads,
-            limits: self.limits.limits(self.rows_sink == RowsSinkKind::Snuba),
+            limits: Limits {
+                trace_items: self.trace_items.trace_items_rollout,
+                ..self.limits.limits(self.rows_sink == RowsSinkKind::Snuba)
+            },
             buffer: self.buffer_limits(),
             max_flushes: self.max_flushes_in_flight,
             retry: self.retry_policy(),

@@ -21,7 +21,9 @@ use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::recording::Limits;
 use replay_ingest::sink::dlq::{self, RejectedToDlq};
 use replay_ingest::sink::null::NullSink;
-use replay_ingest::sink::{Built, clickhouse, events, filesystem, gcs, publish, snuba};
+use replay_ingest::sink::{
+    Built, clickhouse, events, filesystem, gcs, publish, snuba, trace_items,
+};
 use replay_ingest::startup;
 
 #[derive(Parser)]
@@ -215,8 +217,10 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
         source_topic: args.topic.clone(),
         timeout,
     };
+    let trace_items = trace_items::build(&args.trace_items, &kafka, timeout)?;
     let mut stages = Vec::new();
-    for stage in [vec![blobs, dlq], vec![rows, events]] {
+    let second = [rows, events].into_iter().chain(trace_items).collect();
+    for stage in [vec![blobs, dlq], second] {
         let mut gated = Vec::new();
         for built in stage {
             gated.push(startup::gated(built, status).await?);

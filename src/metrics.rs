@@ -1,6 +1,6 @@
 //! The metrics catalogue: every metric the service emits, with its type, unit and tags, in one
 //! place. Names are prefixed by the exporter (`--statsd-prefix`, default `replay_ingest`). Tags
-//! come from small fixed sets — `sink`, `reason`, `close_reason`, `partition` (a number) — never
+//! come from small fixed sets — `sink`, `reason`, `close_reason`, `category`, `partition` (a number) — never
 //! ids; every metric also carries `service`, `version` and the configured tags (`env`). Emitted
 //! per message only for size/time distributions, otherwise per batch.
 //!
@@ -28,6 +28,9 @@
 //! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure |
 //! | `consumer.rebalances` | counter | rebalances | | partition revocations drained |
 //! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics, for owned partitions; 0 once given away |
+//! | `trace_items.built` | counter | items | `category` | EAP trace items built while processing (`--trace-items-rollout`); `flush.items{sink:trace_items}` counts them delivered |
+//! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large` |
+//! | `trace_items.headers_cut` | counter | headers | | request/response headers left out of an item or cut, past `MAX_HEADERS` / `MAX_HEADER_BYTES` |
 //!
 //! Sentry's own ingest metrics, under the same names (and the same prefix), so dashboards built
 //! for Sentry's consumer keep working:
@@ -151,6 +154,9 @@ pub const COMMITS: &str = "commits";
 pub const CONSUMER_PAUSED_MS: &str = "consumer.paused_ms";
 pub const CONSUMER_REBALANCES: &str = "consumer.rebalances";
 pub const CONSUMER_LAG: &str = "consumer.lag";
+pub const TRACE_ITEMS_BUILT: &str = "trace_items.built";
+pub const TRACE_ITEMS_DROPPED: &str = "trace_items.dropped";
+pub const TRACE_ITEMS_HEADERS_CUT: &str = "trace_items.headers_cut";
 pub const SENTRY_SIZE_COMPRESSED: &str = "replays.usecases.ingest.size_compressed";
 pub const SENTRY_SIZE_UNCOMPRESSED: &str = "replays.usecases.ingest.size_uncompressed";
 pub const SENTRY_REQUEST_BODY_SIZE: &str = "replays.usecases.ingest.request_body_size";
@@ -212,6 +218,21 @@ pub fn processed_segment(p: &Processed, memory: usize, took: Duration) {
             .breadcrumbs_by_category
             .get("replay.hydrate-error"),
     );
+    if let Some(items) = &p.trace_items {
+        trace_items(items);
+    }
+}
+
+fn trace_items(items: &crate::recording::TraceItems) {
+    for (category, n) in items.by_category() {
+        counter!(TRACE_ITEMS_BUILT, "category" => category.as_str()).increment(n);
+    }
+    for (reason, n) in items.counts.dropped() {
+        counter!(TRACE_ITEMS_DROPPED, "reason" => reason.as_str()).increment(n);
+    }
+    if items.counts.headers_cut > 0 {
+        counter!(TRACE_ITEMS_HEADERS_CUT).increment(items.counts.headers_cut);
+    }
 }
 
 /// Issue occurrences delivered by one write.

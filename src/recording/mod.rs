@@ -32,6 +32,7 @@ pub mod rows;
 pub mod rrweb;
 mod scan;
 pub mod snuba;
+pub mod trace_items;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -47,6 +48,7 @@ pub use payload::{BodyEncoding, Inflater};
 pub use replay_event::ReplayEvent;
 pub use rows::{KafkaPosition, ReplayRow};
 pub use rrweb::{Extracted, RowLimits};
+pub use trace_items::{Rollout, TraceItems};
 
 /// Default cap on a decompressed segment body (docs/formats.md, "The payload").
 pub const DEFAULT_MAX_DECOMPRESSED_BYTES: usize = 100 * 1024 * 1024;
@@ -68,6 +70,8 @@ pub struct Limits {
     /// Keep the replay event as sent for the segment row this service owns, to republish it on
     /// `ingest-replay-events` (`--rows-sink snuba`); otherwise it is kept only for occurrences.
     pub republish_replay_event: bool,
+    /// The share of rrweb events whose breadcrumb becomes an EAP trace item (off by default).
+    pub trace_items: Rollout,
 }
 
 impl Default for Limits {
@@ -76,6 +80,7 @@ impl Default for Limits {
             max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES,
             rows: RowLimits::default(),
             republish_replay_event: false,
+            trace_items: Rollout::OFF,
         }
     }
 }
@@ -109,6 +114,9 @@ pub struct Processed {
     /// The edge did not publish the replay event (`relay_snuba_publish_disabled`), so its segment
     /// row is this service's to write.
     pub writes_segment_row: bool,
+    /// The breadcrumbs as EAP trace items; `None` with the rollout off (boxed: a buffered segment
+    /// without them holds one pointer).
+    pub trace_items: Option<Box<TraceItems>>,
 }
 
 heap::heap_size!(Processed {
@@ -116,7 +124,8 @@ heap::heap_size!(Processed {
     blob,
     extracted,
     replay_event,
-    replay_event_json
+    replay_event_json,
+    trace_items
 });
 
 impl Processed {
@@ -194,7 +203,13 @@ fn process_into(
     let env = envelope::decode(value)?;
     let payload = payload::split(env.payload)?;
     let json = payload::decompress(&payload, limits.max_decompressed_bytes, inflater)?;
-    let mut extracted = rrweb::extract(&json, limits.rows).map_err(|e| {
+    let mut items = trace_items::Collector::new(
+        limits.trace_items,
+        env.replay_id,
+        payload.segment_id,
+        json.len(),
+    );
+    let mut extracted = rrweb::extract_with(&json, limits.rows, items.as_mut()).map_err(|e| {
         InvalidRecording::new(
             Reason::InvalidBody,
             format_args!("body is not a JSON array of events: {e}"),
@@ -235,6 +250,18 @@ fn process_into(
             )
         })?,
     };
+    let trace_items = items.map(|items| {
+        let user = user_attributes(replay_event.as_ref());
+        let trace_id = trace_id(&ids.replay_id, replay_event.as_ref());
+        Box::new(items.finish(&trace_items::Context {
+            organization_id: ids.org_id,
+            project_id: ids.project_id,
+            trace_id: trace_id.as_deref(),
+            retention_days: u32::from(ids.retention_days),
+            received_seconds: ids.received as i64,
+            user: &user,
+        }))
+    });
     Ok(Processed {
         ids,
         body_encoding: payload.encoding,
@@ -249,7 +276,43 @@ fn process_into(
         replay_event,
         replay_event_json,
         writes_segment_row: env.relay_snuba_publish_disabled,
+        trace_items,
     })
+}
+
+/// The trace id Sentry gives a replay's items: the replay event's one trace id when it has exactly
+/// one, else the replay id. `None` when that one is not a UUID (Snuba would refuse the items).
+fn trace_id(replay_id: &str, event: Option<&ReplayEvent>) -> Option<String> {
+    match event {
+        Some(event) if event.trace_ids_sent == 1 => {
+            event.trace_ids.first().map(|id| id.simple().to_string())
+        }
+        _ => Some(replay_id.to_owned()),
+    }
+}
+
+/// The user attributes of every item, from the replay event's `user` (those present).
+fn user_attributes(event: Option<&ReplayEvent>) -> Vec<(&'static str, &str)> {
+    let Some(event) = event else {
+        return Vec::new();
+    };
+    let optional = [
+        ("user_id", event.user_id.as_deref()),
+        ("user_email", event.user_email.as_deref()),
+        ("user_name", event.user_name.as_deref()),
+        ("user_ip", event.ip_address.as_deref()),
+    ];
+    let present = [
+        ("user_geo_city", event.geo_city.as_str()),
+        ("user_geo_country_code", event.geo_country_code.as_str()),
+        ("user_geo_region", event.geo_region.as_str()),
+        ("user_geo_subdivision", event.geo_subdivision.as_str()),
+    ];
+    optional
+        .into_iter()
+        .filter_map(|(key, value)| Some((key, value?)))
+        .chain(present.into_iter().filter(|(_, value)| !value.is_empty()))
+        .collect()
 }
 
 /// [`process`], with a panic — a bug, never bad input — turned into an `internal_error` rejection

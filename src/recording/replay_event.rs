@@ -51,6 +51,9 @@ pub struct ReplayEvent {
     /// Ids that are not UUIDs are dropped.
     pub error_ids: Vec<Uuid>,
     pub trace_ids: Vec<Uuid>,
+    /// How many strings `trace_ids` held as sent, UUIDs or not (which trace id the replay's EAP
+    /// items get depends on it).
+    pub trace_ids_sent: usize,
     pub is_archived: bool,
     pub replay_type: String,
     pub platform: String,
@@ -378,6 +381,7 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     dropped_items += left_out;
     let segment_names = segment_names.map(Cow::into_owned).collect();
     let error_ids = uuids(wire.error_ids, &mut dropped_items);
+    let trace_ids_sent = wire.trace_ids.0.len() + wire.trace_ids.1.0 as usize;
     let trace_ids = uuids(wire.trace_ids, &mut dropped_items);
     dropped_items += wire.tags.1;
     // As snuba maps them: every `transaction` tag leaves the list, the last one is the title.
@@ -412,6 +416,7 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
         segment_names,
         error_ids,
         trace_ids,
+        trace_ids_sent,
         is_archived: wire.is_archived.0,
         replay_type: string(wire.replay_type),
         platform: string(wire.platform),

@@ -6,6 +6,7 @@
 //! - [`clickhouse`]: click, tap and segment rows, inserted into snuba's `replays_local` table;
 //! - [`snuba`]: the same rows as `ingest-replay-events` messages, for snuba to insert;
 //! - [`events`]: outcomes, analytics events and issue occurrences to their Kafka topics;
+//! - [`trace_items`]: breadcrumbs as EAP trace items to `snuba-items` (off by default);
 //! - [`dlq`]: invalid messages, with their original bytes, to the dead-letter topic;
 //! - [`null`]: accepts everything (benchmarks the pipeline alone).
 //!
@@ -30,6 +31,7 @@ pub mod null;
 pub mod progress;
 pub mod publish;
 pub mod snuba;
+pub mod trace_items;
 
 use std::fmt;
 use std::sync::Arc;

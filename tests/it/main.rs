@@ -30,4 +30,5 @@ mod readme;
 mod sentry_schemas;
 mod sink_outages;
 mod startup_checks;
+mod trace_items;
 mod transport_security;

@@ -1,5 +1,6 @@
 //! The cost bound, measured: a counting global allocator tracks, per thread, the bytes `process`
-//! leaves allocated (what a buffered segment holds) and the peak while it runs. For every
+//! leaves allocated (what a buffered segment holds) and the peak while it runs, with every output
+//! on (replay events kept, every breadcrumb a trace item). For every
 //! recorded fixture, every hostile message and arbitrary event lists:
 //! - `memory_bytes()` tells the truth: at least what is held, at most 1.25 × that + 64 bytes;
 //! - what is held is within the cost bound, 2 × the decoded input + 1 MiB;
@@ -71,9 +72,11 @@ struct Measured {
 }
 
 fn measure(value: &[u8]) -> Measured {
-    // The configuration that holds the most: replay events kept to be republished.
+    // The configuration that holds the most: replay events kept to be republished, and every
+    // breadcrumb an EAP trace item.
     let limits = Limits {
         republish_replay_event: true,
+        trace_items: replay_ingest::recording::Rollout::ALL,
         ..Limits::default()
     };
     // Once unmeasured: lazily initialised statics are not the segment's.

@@ -9,10 +9,20 @@ use super::wire::*;
 use super::{MAX_LIST_BYTES, MAX_LIST_ITEMS, MAX_TEXT_BYTES, MAX_URL_BYTES, RowLimits};
 use crate::recording::json::{Num, Text, parse};
 use crate::recording::scan::{self, Scanner, SyntaxError};
+use crate::recording::trace_items::Collector;
 
 /// Scans a JSON array of rrweb events. Fails only when the body is not a JSON array (or not UTF-8);
 /// a malformed element is counted in `invalid_events`.
 pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError> {
+    extract_with(json, limits, None)
+}
+
+/// [`extract`], offering every custom event (with its index in the array) to `items`.
+pub fn extract_with(
+    json: &[u8],
+    limits: RowLimits,
+    mut items: Option<&mut Collector>,
+) -> Result<Extracted, SyntaxError> {
     // The fast check first; the one that says where only for the (invalid) bodies that fail it.
     let json = simdutf8::basic::from_utf8(json).or_else(|_| {
         simdutf8::compat::from_utf8(json).map_err(|e| SyntaxError {
@@ -30,8 +40,11 @@ pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError>
     let mut scanner = Scanner::new(json);
     scanner.begin_array()?;
     let mut first = true;
+    let mut index = 0u32;
     while scanner.next_element(first)? {
         first = false;
+        let at = index;
+        index = index.saturating_add(1);
         if !scanner.at_object() {
             scanner.value()?;
             extractor.out.invalid_events += 1;
@@ -50,7 +63,17 @@ pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError>
                 _ => {}
             }
         }
-        extractor.event(number(kind), number(timestamp), data);
+        let (kind, timestamp) = (number(kind), number(timestamp));
+        extractor.event(kind, timestamp, data);
+        if let (Some(items), Some(5.0), Some(ms), Some(data)) = (
+            items.as_deref_mut(),
+            kind,
+            timestamp.and_then(to_millis),
+            data,
+        ) && !scan::too_deep(data)
+        {
+            items.offer(at, ms, data);
+        }
     }
     scanner.end()?;
     extractor.out.shrink();

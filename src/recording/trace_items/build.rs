@@ -1,0 +1,655 @@
+//! One rrweb custom event (`type: 5`) to the attributes and timestamp of its trace item, category
+//! by category as Sentry's `as_trace_item_context` builds them (docs/outputs.md, "Breadcrumbs as
+//! trace items"). Sentry reads the event as a Python dict: a missing key or a value of the wrong
+//! type raises, and that one item is dropped; the conversions below follow Python's (`int()`,
+//! `float()`, `str()`, `bool()`) on the JSON values they can meet.
+
+use serde_json::{Map, Value};
+
+use super::proto::{self, Value as Any};
+use crate::recording::rrweb::cut_bytes;
+
+/// Request and response headers kept per direction; the rest are left out and counted.
+pub const MAX_HEADERS: usize = 64;
+
+/// Longest header value kept (cut on a character boundary with the marker, counted); a header
+/// name longer than this is left out (counted), since a cut name would be another header.
+pub const MAX_HEADER_BYTES: usize = 1024;
+
+/// The categories that have items, and the `category` attribute of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Category {
+    Click,
+    Tap,
+    Navigation,
+    ResourceFetch,
+    ResourceXhr,
+    ResourceScript,
+    ResourceImg,
+    WebVitalLcp,
+    WebVitalCls,
+    HydrateError,
+    Mutations,
+    SdkOptions,
+    Memory,
+}
+
+impl Category {
+    pub const ALL: [Category; 13] = [
+        Category::Click,
+        Category::Tap,
+        Category::Navigation,
+        Category::ResourceFetch,
+        Category::ResourceXhr,
+        Category::ResourceScript,
+        Category::ResourceImg,
+        Category::WebVitalLcp,
+        Category::WebVitalCls,
+        Category::HydrateError,
+        Category::Mutations,
+        Category::SdkOptions,
+        Category::Memory,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Click => "ui.click",
+            Category::Tap => "ui.tap",
+            Category::Navigation => "navigation",
+            Category::ResourceFetch => "resource.fetch",
+            Category::ResourceXhr => "resource.xhr",
+            Category::ResourceScript => "resource.script",
+            Category::ResourceImg => "resource.img",
+            Category::WebVitalLcp => "web-vital.lcp",
+            Category::WebVitalCls => "web-vital.cls",
+            Category::HydrateError => "replay.hydrate-error",
+            Category::Mutations => "replay.mutations",
+            Category::SdkOptions => "sdk.options",
+            Category::Memory => "memory",
+        }
+    }
+}
+
+/// A required field missing or of a type Sentry's conversion refuses: the item is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidField;
+
+/// What an event became: its category and timestamp (ms since the epoch); its attributes were
+/// appended to the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Built {
+    pub category: Category,
+    pub timestamp_ms: i64,
+}
+
+/// The latest instant a protobuf `Timestamp` (and Python's `datetime`) holds: 9999-12-31T23:59:59.999.
+const MAX_MILLIS: f64 = 253_402_300_799_999.0;
+
+/// Appends the event's attributes to `out` and says what it became; `Ok(None)` for the events
+/// Sentry gives no item (console, multi-click, focus, navigation spans, unknown ones, …).
+/// `event_ms` is the rrweb event's own timestamp, normalised to milliseconds. On an error nothing
+/// is left appended. `headers_cut` counts headers left out or cut.
+pub fn build(
+    data: &Value,
+    event_ms: u64,
+    out: &mut Vec<u8>,
+    headers_cut: &mut u64,
+) -> Result<Option<Built>, InvalidField> {
+    let start = out.len();
+    let result = classify(data).map_or(Ok(None), |kind| {
+        let mut attributes = Attributes { out, headers_cut };
+        attributes.kind(kind, data, event_ms)
+    });
+    if !matches!(result, Ok(Some(_))) {
+        out.truncate(start);
+    }
+    result
+}
+
+/// The event kinds with an item, as Sentry's `which` tells them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Click { is_dead: bool, is_rage: bool },
+    Tap,
+    Navigation,
+    Request(Category),
+    Resource(Category),
+    WebVital(Category),
+    HydrateError,
+    Mutations,
+    Options,
+    Memory,
+}
+
+/// Sentry's `which`: any missing key or wrong type on the way is an event of unknown kind (no item,
+/// not an error).
+fn classify(data: &Value) -> Option<Kind> {
+    let tag = data.get("tag")?.as_str()?;
+    if tag == "options" {
+        return Some(Kind::Options);
+    }
+    let payload = data.get("payload")?;
+    match tag {
+        "breadcrumb" => match payload.get("category")?.as_str()? {
+            "ui.click" => Some(Kind::Click {
+                is_dead: false,
+                is_rage: false,
+            }),
+            "ui.slowClickDetected" => slow_click(payload.get("data")?),
+            "ui.tap" => Some(Kind::Tap),
+            "navigation" => Some(Kind::Navigation),
+            "replay.hydrate-error" => Some(Kind::HydrateError),
+            "replay.mutations" => Some(Kind::Mutations),
+            _ => None,
+        },
+        "performanceSpan" => match payload.get("op")?.as_str()? {
+            op if op.starts_with("navigation") => None,
+            "resource.fetch" => Some(Kind::Request(Category::ResourceFetch)),
+            "resource.xhr" => Some(Kind::Request(Category::ResourceXhr)),
+            "resource.script" => Some(Kind::Resource(Category::ResourceScript)),
+            "resource.img" => Some(Kind::Resource(Category::ResourceImg)),
+            "web-vital" => match payload.get("description")?.as_str()? {
+                "largest-contentful-paint" => Some(Kind::WebVital(Category::WebVitalLcp)),
+                "cumulative-layout-shift" => Some(Kind::WebVital(Category::WebVitalCls)),
+                _ => None,
+            },
+            "memory" => Some(Kind::Memory),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A slow click is dead after 7 s without a reaction on a link, button or input (the tag name as
+/// sent), and rage with five clicks or more.
+fn slow_click(data: &Value) -> Option<Kind> {
+    let data = data.as_object()?;
+    let timed_out = data.get("endReason").and_then(Value::as_str) == Some("timeout");
+    let tag = data
+        .get("node")
+        .and_then(|n| n.get("tagName"))
+        .and_then(Value::as_str);
+    let on_target = matches!(tag, Some("a" | "button" | "input"));
+    let either = |a: &str, b: &str| {
+        let first = data.get(a).filter(|v| truthy(v));
+        first.or_else(|| data.get(b).filter(|v| truthy(v)))
+    };
+    // `x or y or 0`, compared with a number: anything else raises and the event is unknown.
+    let number = |v: Option<&Value>| match v {
+        None => Some(0.0),
+        Some(v) => number_of(v),
+    };
+    let timeout = number(either("timeAfterClickMs", "timeafterclickms"))?;
+    if !(timed_out && on_target && timeout >= 7000.0) {
+        return Some(Kind::Click {
+            is_dead: false,
+            is_rage: false,
+        });
+    }
+    let clicks = number(either("clickCount", "clickcount"))?;
+    Some(Kind::Click {
+        is_dead: true,
+        is_rage: clicks >= 5.0,
+    })
+}
+
+struct Attributes<'a> {
+    out: &'a mut Vec<u8>,
+    headers_cut: &'a mut u64,
+}
+
+impl Attributes<'_> {
+    fn put(&mut self, key: &str, value: Any<'_>) {
+        proto::attribute(self.out, key, value);
+    }
+
+    fn category(&mut self, category: Category) {
+        self.put("category", Any::Str(category.as_str()));
+    }
+
+    fn kind(
+        &mut self,
+        kind: Kind,
+        data: &Value,
+        event_ms: u64,
+    ) -> Result<Option<Built>, InvalidField> {
+        let payload = || field(data, "payload");
+        let built = |category, timestamp_ms| {
+            Ok(Some(Built {
+                category,
+                timestamp_ms,
+            }))
+        };
+        match kind {
+            Kind::Click { is_dead, is_rage } => {
+                let payload = payload()?;
+                let click = field(payload, "data")?;
+                // Without a node there is no item (and no error).
+                let Some(node) = click.get("node") else {
+                    return Ok(None);
+                };
+                self.click(payload, node, is_dead, is_rage)?;
+                built(Category::Click, seconds(field(payload, "timestamp")?)?)
+            }
+            Kind::Tap => {
+                let payload = data.get("payload").unwrap_or(&Value::Null);
+                let tap_data = field(payload, "data")?;
+                self.category(Category::Tap);
+                self.put("message", Any::Str(string(field(payload, "message")?)?));
+                self.put("view_id", Any::Str(string(field(tap_data, "view.id")?)?));
+                self.put(
+                    "view_class",
+                    Any::Str(string(field(tap_data, "view.class")?)?),
+                );
+                built(Category::Tap, seconds(field(payload, "timestamp")?)?)
+            }
+            Kind::Navigation => {
+                let payload = payload()?;
+                self.category(Category::Navigation);
+                let nav = optional_object(payload, "data")?;
+                for key in ["from", "to"] {
+                    if let Some(value) = nav.and_then(|n| n.get(key)) {
+                        self.put(key, Any::Str(string(value)?));
+                    }
+                }
+                built(Category::Navigation, seconds(field(payload, "timestamp")?)?)
+            }
+            Kind::Request(category) => {
+                let payload = payload()?;
+                self.request(payload, category)?;
+                built(category, seconds(field(payload, "startTimestamp")?)?)
+            }
+            Kind::Resource(category) => {
+                let payload = payload()?;
+                self.category(category);
+                self.put("url", Any::Str(string(field(payload, "description")?)?));
+                self.put("duration", Any::Double(duration(payload)?));
+                let resource = optional_object(payload, "data")?;
+                for key in ["size", "statusCode", "decodedBodySize", "encodedBodySize"] {
+                    if let Some(value) = resource.and_then(|r| r.get(key)) {
+                        self.put(key, Any::Int(int(value)?));
+                    }
+                }
+                built(category, seconds(field(payload, "startTimestamp")?)?)
+            }
+            Kind::WebVital(category) => {
+                let payload = payload()?;
+                let vital = field(payload, "data")?;
+                self.category(category);
+                self.put("duration", Any::Double(duration(payload)?));
+                self.put("rating", Any::Str(string(field(vital, "rating")?)?));
+                self.put("size", Any::Double(float(field(vital, "size")?)?));
+                self.put("value", Any::Double(float(field(vital, "value")?)?));
+                built(category, seconds(field(payload, "startTimestamp")?)?)
+            }
+            Kind::HydrateError => {
+                let payload = payload()?;
+                self.category(Category::HydrateError);
+                let url = match optional_object(payload, "data")?.and_then(|d| d.get("url")) {
+                    Some(url) => string(url)?,
+                    None => "",
+                };
+                self.put("url", Any::Str(url));
+                built(
+                    Category::HydrateError,
+                    seconds(field(payload, "timestamp")?)?,
+                )
+            }
+            Kind::Mutations => {
+                let payload = payload()?;
+                self.category(Category::Mutations);
+                let count = int(field(field(payload, "data")?, "count")?)?;
+                self.put("count", Any::Int(count));
+                // Sentry reads the rrweb event's timestamp as seconds, which the SDK sends in
+                // milliseconds (the conversion then fails); here it is normalised like every
+                // other event timestamp.
+                built(Category::Mutations, event_ms as i64)
+            }
+            Kind::Options => {
+                self.category(Category::SdkOptions);
+                let options = optional_object(data, "payload")?;
+                const FLAGS: [&str; 10] = [
+                    "shouldRecordCanvas",
+                    "useCompressionOption",
+                    "blockAllMedia",
+                    "maskAllText",
+                    "maskAllInputs",
+                    "useCompression",
+                    "networkDetailHasUrls",
+                    "networkCaptureBodies",
+                    "networkRequestHasHeaders",
+                    "networkResponseHasHeaders",
+                ];
+                for key in FLAGS {
+                    if let Some(value) = options.and_then(|o| o.get(key)) {
+                        self.put(key, Any::Bool(truthy(value)));
+                    }
+                }
+                for key in ["sessionSampleRate", "errorSampleRate"] {
+                    if let Some(value) = options.and_then(|o| o.get(key)) {
+                        self.put(key, Any::Double(float(value)?));
+                    }
+                }
+                built(Category::SdkOptions, event_ms as i64)
+            }
+            Kind::Memory => {
+                let payload = payload()?;
+                let memory = field(field(payload, "data")?, "memory")?;
+                self.category(Category::Memory);
+                for key in ["jsHeapSizeLimit", "totalJSHeapSize", "usedJSHeapSize"] {
+                    self.put(key, Any::Int(int(field(memory, key)?)?));
+                }
+                let end = float(field(payload, "endTimestamp")?)?;
+                self.put("endTimestamp", Any::Double(end));
+                self.put("duration", Any::Double(duration(payload)?));
+                built(
+                    Category::Memory,
+                    seconds(field(payload, "startTimestamp")?)?,
+                )
+            }
+        }
+    }
+
+    fn click(
+        &mut self,
+        payload: &Value,
+        node: &Value,
+        is_dead: bool,
+        is_rage: bool,
+    ) -> Result<(), InvalidField> {
+        let attributes = optional_object(node, "attributes")?;
+        self.put("node_id", Any::Int(int(field(node, "id")?)?));
+        self.put("tag", Any::Str(string(field(node, "tagName")?)?));
+        let text = string(field(node, "textContent")?)?;
+        self.put("text", Any::Str(first_chars(text, 1024)));
+        self.put("is_dead", Any::Bool(is_dead));
+        self.put("is_rage", Any::Bool(is_rage));
+        self.put("selector", Any::Str(string(field(payload, "message")?)?));
+        self.category(Category::Click);
+        const OPTIONAL: [(&str, &str); 7] = [
+            ("alt", "alt"),
+            ("aria-label", "aria_label"),
+            ("class", "class"),
+            ("data-sentry-component", "component_name"),
+            ("id", "id"),
+            ("role", "role"),
+            ("title", "title"),
+        ];
+        for (sent, name) in OPTIONAL {
+            if let Some(value) = attributes.and_then(|a| a.get(sent)) {
+                self.put(name, Any::Str(string(value)?));
+            }
+        }
+        let testid = ["testId", "data-testid", "data-test-id"]
+            .into_iter()
+            .filter_map(|key| attributes.and_then(|a| a.get(key)).and_then(Value::as_str))
+            .find(|id| !id.is_empty());
+        if let Some(testid) = testid {
+            self.put("testid", Any::Str(testid));
+        }
+        if let Some(url) = payload.get("url") {
+            self.put("url", Any::Str(string(url)?));
+        }
+        Ok(())
+    }
+
+    fn request(&mut self, payload: &Value, category: Category) -> Result<(), InvalidField> {
+        let request = field(payload, "data")?;
+        self.category(category);
+        self.put("url", Any::Str(string(field(payload, "description")?)?));
+        let method = python_str(field(request, "method")?);
+        self.put("method", Any::Str(&method));
+        self.put("duration", Any::Double(duration(payload)?));
+        if let Some(status) = request.get("statusCode") {
+            self.put("statusCode", Any::Int(int(status)?));
+        }
+        for direction in ["request", "response"] {
+            let headers = request
+                .get(direction)
+                .and_then(|d| d.get("headers"))
+                .and_then(Value::as_object);
+            if let Some(headers) = headers {
+                self.headers(direction, headers);
+            }
+        }
+        for (name, body_key) in [
+            ("request_size", "requestBodySize"),
+            ("response_size", "responseBodySize"),
+        ] {
+            let direction = &name[..name.len() - "_size".len()];
+            let size = match request.get(body_key) {
+                Some(size) => int(size).ok(),
+                None => request
+                    .get(direction)
+                    .and_then(|d| d.get("size"))
+                    .and_then(|s| int(s).ok()),
+            };
+            if let Some(size) = size.filter(|&s| s != 0) {
+                self.put(name, Any::Int(size));
+            }
+        }
+        Ok(())
+    }
+
+    /// `{direction}.headers.{name}` for each header, as `str(value)`, within the caps.
+    fn headers(&mut self, direction: &str, headers: &Map<String, Value>) {
+        let mut kept = 0;
+        for (name, value) in headers {
+            if kept == MAX_HEADERS || name.len() > MAX_HEADER_BYTES {
+                *self.headers_cut += 1;
+                continue;
+            }
+            kept += 1;
+            let text = python_str(value);
+            let (text, cut) = cut_bytes(&text, MAX_HEADER_BYTES);
+            *self.headers_cut += u64::from(cut);
+            let key = format!("{direction}.headers.{name}");
+            self.put(&key, Any::Str(&text));
+        }
+    }
+}
+
+/// `value[key]`: a missing key, or `value` not an object, raises.
+fn field<'v>(value: &'v Value, key: &str) -> Result<&'v Value, InvalidField> {
+    value
+        .as_object()
+        .and_then(|o| o.get(key))
+        .ok_or(InvalidField)
+}
+
+/// `value.get(key, {})` used as a dict: absent is empty; present but not an object raises where
+/// it is then read (here at once).
+fn optional_object<'v>(
+    value: &'v Value,
+    key: &str,
+) -> Result<Option<&'v Map<String, Value>>, InvalidField> {
+    match value.as_object().and_then(|o| o.get(key)) {
+        None => Ok(None),
+        Some(Value::Object(map)) => Ok(Some(map)),
+        Some(_) => Err(InvalidField),
+    }
+}
+
+/// Sentry's `as_string_strict`.
+fn string(value: &Value) -> Result<&str, InvalidField> {
+    value.as_str().ok_or(InvalidField)
+}
+
+/// Python's `int()` of a JSON value: integers, floats toward zero, booleans, integer strings.
+fn int(value: &Value) -> Result<i64, InvalidField> {
+    match value {
+        Value::Number(n) => n
+            .as_i64()
+            .or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.is_finite() && f.abs() < 9.2e18)
+                    .map(|f| f as i64)
+            })
+            .ok_or(InvalidField),
+        Value::Bool(b) => Ok(i64::from(*b)),
+        Value::String(s) => s.trim().parse().map_err(|_| InvalidField),
+        _ => Err(InvalidField),
+    }
+}
+
+/// Python's `float()` of a JSON value: numbers, booleans, numeric strings.
+fn float(value: &Value) -> Result<f64, InvalidField> {
+    match value {
+        Value::String(s) => s.trim().parse().map_err(|_| InvalidField),
+        other => number_of(other).ok_or(InvalidField),
+    }
+}
+
+/// A number or a boolean as a float (what Python compares and adds without raising).
+fn number_of(value: &Value) -> Option<f64> {
+    match value {
+        Value::Number(n) => n.as_f64(),
+        Value::Bool(b) => Some(f64::from(u8::from(*b))),
+        _ => None,
+    }
+}
+
+/// Python's truthiness.
+fn truthy(value: &Value) -> bool {
+    match value {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// Python's `str()` of a JSON value, for the values Sentry passes through it (a method, a header):
+/// strings as they are, `True`/`False`/`None`, numbers as JSON writes them, containers as JSON.
+fn python_str(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Bool(true) => "True".to_owned(),
+        Value::Bool(false) => "False".to_owned(),
+        Value::Null => "None".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// `float(end) - float(start)` of a span.
+fn duration(payload: &Value) -> Result<f64, InvalidField> {
+    Ok(float(field(payload, "endTimestamp")?)? - float(field(payload, "startTimestamp")?)?)
+}
+
+/// A timestamp in seconds (`float()`), truncated to milliseconds as Sentry does; an instant no
+/// `datetime` holds raises.
+fn seconds(value: &Value) -> Result<i64, InvalidField> {
+    let ms = (float(value)? * 1000.0).trunc();
+    if !ms.is_finite() || ms.abs() > MAX_MILLIS {
+        return Err(InvalidField);
+    }
+    Ok(ms as i64)
+}
+
+/// Python's `s[:n]`.
+fn first_chars(s: &str, n: usize) -> &str {
+    s.char_indices().nth(n).map_or(s, |(end, _)| &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn built(data: Value) -> (Result<Option<Built>, InvalidField>, Vec<u8>, u64) {
+        let (mut out, mut cut) = (Vec::new(), 0);
+        let result = build(&data, 1_700_000_000_000, &mut out, &mut cut);
+        (result, out, cut)
+    }
+
+    #[test]
+    fn a_required_field_of_the_wrong_type_is_an_error_and_leaves_nothing_behind() {
+        let data = json!({"tag": "breadcrumb", "payload": {"category": "ui.tap",
+            "timestamp": 1.5, "message": 7, "data": {"view.id": "a", "view.class": "b"}}});
+        let (result, out, _) = built(data);
+        assert_eq!(result, Err(InvalidField));
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn events_sentry_gives_no_item_are_none_not_errors() {
+        for data in [
+            json!({"tag": "breadcrumb", "payload": {"category": "console", "level": "log"}}),
+            json!({"tag": "breadcrumb", "payload": {"category": "ui.multiClick"}}),
+            json!({"tag": "performanceSpan", "payload": {"op": "navigation.navigate"}}),
+            json!({"tag": "performanceSpan", "payload": {"op": "web-vital",
+                "description": "interaction-to-next-paint"}}),
+            json!({"tag": "breadcrumb"}),
+            json!({"tag": 3}),
+        ] {
+            assert_eq!(built(data.clone()).0, Ok(None), "{data}");
+        }
+    }
+
+    #[test]
+    fn a_slow_click_is_dead_on_the_tag_as_sent_and_rage_from_five_clicks() {
+        let slow = |tag: &str, clicks: u32| {
+            json!({"tag": "breadcrumb", "payload": {"category": "ui.slowClickDetected",
+                "data": {"endReason": "timeout", "timeAfterClickMs": 7000, "clickCount": clicks,
+                         "node": {"tagName": tag}}}})
+        };
+        assert_eq!(
+            classify(&slow("button", 5)),
+            Some(Kind::Click {
+                is_dead: true,
+                is_rage: true
+            })
+        );
+        assert_eq!(
+            classify(&slow("a", 1)),
+            Some(Kind::Click {
+                is_dead: true,
+                is_rage: false
+            })
+        );
+        assert_eq!(
+            classify(&slow("BUTTON", 9)),
+            Some(Kind::Click {
+                is_dead: false,
+                is_rage: false
+            }),
+            "Sentry compares the tag name as sent"
+        );
+    }
+
+    #[test]
+    fn headers_past_their_caps_are_cut_and_counted() {
+        let mut headers = serde_json::Map::new();
+        for i in 0..70 {
+            headers.insert(format!("h{i:02}"), json!("v"));
+        }
+        headers.insert("h00".into(), json!("x".repeat(5000)));
+        let data = json!({"tag": "performanceSpan", "payload": {"op": "resource.fetch",
+            "description": "https://a/", "startTimestamp": 1.0, "endTimestamp": 2.0,
+            "data": {"method": "GET", "request": {"headers": headers}}}});
+        let (result, out, cut) = built(data);
+        assert_eq!(result.unwrap().unwrap().category, Category::ResourceFetch);
+        assert_eq!(cut, 6 + 1, "six past the count, one value cut");
+        assert!(out.len() < 64 * 1100 + 500);
+    }
+
+    #[test]
+    fn python_conversions() {
+        assert_eq!(int(&json!(3.9)), Ok(3));
+        assert_eq!(int(&json!(-3.9)), Ok(-3));
+        assert_eq!(int(&json!(" 12 ")), Ok(12));
+        assert_eq!(int(&json!("1.5")), Err(InvalidField));
+        assert_eq!(int(&json!(true)), Ok(1));
+        assert_eq!(int(&json!(null)), Err(InvalidField));
+        assert_eq!(float(&json!("2.5")), Ok(2.5));
+        assert_eq!(python_str(&json!(null)), "None");
+        assert_eq!(python_str(&json!(false)), "False");
+        assert!(truthy(&json!("false")));
+        assert!(!truthy(&json!(0)));
+        assert_eq!(first_chars("héllo", 2), "hé");
+        assert_eq!(seconds(&json!(1.2345)), Ok(1234));
+        assert_eq!(seconds(&json!(1e20)), Err(InvalidField));
+    }
+}

@@ -1,0 +1,112 @@
+//! Breadcrumbs as EAP trace items on `snuba-items`: one message per item, no key, the
+//! `TraceItem` protobuf as the value (built while processing, `recording::trace_items`). Off
+//! unless `--trace-items-rollout` is above 0, as in Sentry. Written in the flush's second stage,
+//! after the blobs, and acknowledged before the batch commits; a redelivered segment rewrites the
+//! same items (same `item_id`), which Snuba's table collapses.
+
+use clap::Args;
+
+use super::publish::{Publisher, Record};
+use super::{Built, Entry, Outcome, Piece, Progress, Sink, SinkError, Writing};
+use crate::recording::Rollout;
+
+/// EAP trace items.
+#[derive(Args, Debug, Clone)]
+pub struct TraceItemsArgs {
+    /// Share of rrweb events whose breadcrumb is also written as an EAP trace item (0.0 … 1.0).
+    /// 0 writes none, Sentry's default (its option `replay.recording.ingest-trace-items.rollout`).
+    /// Sampled per event from a hash of (replay, segment, event index): a redelivered segment
+    /// samples the same events.
+    #[arg(long, env = "REPLAY_INGEST_TRACE_ITEMS_ROLLOUT", value_parser = rollout, default_value = "0")]
+    pub trace_items_rollout: Rollout,
+    /// Topic of the trace items: Snuba's EAP items consumer reads `snuba-items`.
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_TRACE_ITEMS_TOPIC",
+        default_value = "snuba-items"
+    )]
+    pub trace_items_topic: String,
+}
+
+fn rollout(text: &str) -> Result<Rollout, String> {
+    text.parse::<f64>()
+        .ok()
+        .and_then(Rollout::new)
+        .ok_or_else(|| format!("{text:?} is not a share from 0.0 to 1.0"))
+}
+
+pub struct TraceItemsSink {
+    publisher: Publisher,
+    topic: String,
+}
+
+impl Sink for TraceItemsSink {
+    fn name(&self) -> &'static str {
+        "trace_items"
+    }
+
+    fn writes_for(&self, entry: &Entry) -> bool {
+        matches!(&entry.outcome, Outcome::Valid(p) if p.trace_items.as_ref().is_some_and(|t| !t.is_empty()))
+    }
+
+    fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
+        let records = batch.iter().flat_map(move |entry| {
+            let items = match &entry.outcome {
+                Outcome::Valid(processed) => processed.trace_items.as_ref(),
+                Outcome::Invalid(_) => None,
+            };
+            (0..)
+                .zip(items.into_iter().flat_map(|items| items.iter()))
+                .map(move |(n, (_, bytes))| {
+                    Ok(Record {
+                        piece: Piece::of(entry, n),
+                        topic: &self.topic,
+                        key: None,
+                        value: bytes.to_vec(),
+                    })
+                })
+        });
+        Box::pin(self.publisher.publish(records, progress))
+    }
+}
+
+/// The trace-items sink, unless the rollout is off. Its health check: the topic exists.
+pub fn build(
+    args: &TraceItemsArgs,
+    producer: &rdkafka::ClientConfig,
+    timeout: std::time::Duration,
+) -> Result<Option<Built>, SinkError> {
+    if args.trace_items_rollout.is_off() {
+        return Ok(None);
+    }
+    let sink = TraceItemsSink {
+        publisher: Publisher::new(
+            super::publish::producer(producer, "trace_items")?,
+            "trace_items",
+        ),
+        topic: args.trace_items_topic.clone(),
+    };
+    let topics = vec![args.trace_items_topic.clone()];
+    let check = super::publish::topics_check(producer, topics, timeout);
+    Ok(Some(Built::checked(
+        sink,
+        "trace_items",
+        "the Kafka topic",
+        check,
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rollout_flag_takes_a_share_and_refuses_anything_else() {
+        assert_eq!(rollout("0"), Ok(Rollout::OFF));
+        assert_eq!(rollout("1.0"), Ok(Rollout::ALL));
+        assert!(rollout("0.25").is_ok_and(|r| !r.is_off()));
+        for bad in ["1.5", "-0.1", "NaN", "half"] {
+            assert!(rollout(bad).is_err(), "{bad}");
+        }
+    }
+}
