@@ -19,7 +19,7 @@ use std::path::Path;
 use std::io::Read;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use replay_ingest::recording::{self, Inflater, Limits, envelope, payload};
+use replay_ingest::recording::{self, Inflater, Limits, Rollout, envelope, payload};
 
 struct Fixture {
     value: Vec<u8>,
@@ -123,18 +123,16 @@ fn bench(c: &mut Criterion) {
         })
     });
     let mut inflater = Inflater::default();
-    group.bench_function("process", |b| {
-        b.iter(|| {
-            for f in &fixtures {
-                let processed = recording::process_with(&f.value, &limits, &mut inflater).unwrap();
-                black_box((
-                    processed.rows(Default::default()),
-                    processed.events(&Default::default()),
-                    processed,
-                ));
-            }
-        })
-    });
+    // `process` with the EAP trace items off (the default) and with every breadcrumb an item.
+    let with_items = Limits {
+        trace_items: Rollout::ALL,
+        ..limits
+    };
+    for (name, limits) in [("process", &limits), ("process_trace_items", &with_items)] {
+        group.bench_function(name, |b| {
+            b.iter(|| process_all(fixtures.iter(), limits, &mut inflater))
+        });
+    }
     group.finish();
 
     // Small segments (under 64 KiB on the wire: most of real traffic) are dominated by per-message
@@ -146,19 +144,28 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("small_segments");
     group.throughput(Throughput::Elements(small.len() as u64));
     group.sample_size(30);
-    group.bench_function("process", |b| {
-        b.iter(|| {
-            for f in &small {
-                let processed = recording::process_with(&f.value, &limits, &mut inflater).unwrap();
-                black_box((
-                    processed.rows(Default::default()),
-                    processed.events(&Default::default()),
-                    processed,
-                ));
-            }
-        })
-    });
+    for (name, limits) in [("process", &limits), ("process_trace_items", &with_items)] {
+        group.bench_function(name, |b| {
+            b.iter(|| process_all(small.iter().copied(), limits, &mut inflater))
+        });
+    }
     group.finish();
+}
+
+/// Processes every fixture and builds its rows and events, as the pipeline and the sinks do.
+fn process_all<'a>(
+    fixtures: impl Iterator<Item = &'a Fixture>,
+    limits: &Limits,
+    inflater: &mut Inflater,
+) {
+    for f in fixtures {
+        let processed = recording::process_with(&f.value, limits, inflater).unwrap();
+        black_box((
+            processed.rows(Default::default()),
+            processed.events(&Default::default()),
+            processed,
+        ));
+    }
 }
 
 criterion_group!(benches, bench);

@@ -41,6 +41,7 @@ fn stands_for(name: &str) -> &'static str {
         "replay-events" => "ingest-replay-events",
         "outcomes" => "outcomes-billing",
         "issues" => "ingest-occurrences",
+        "items" => "snuba-items",
         _ => "",
     }
 }
