@@ -75,6 +75,16 @@ for name, label in python_labels.items():
     out.append(f"| Python: {label} + classification | {python[name]:.1f} | {python[name] / floor:.2f}× |")
 out += ["", f"`process` is {bench['process'] / python['msgspec']:.1f}× the fastest Python path (msgspec) and "
         f"{bench['process'] / python['json']:.0f}× the standard-library one.", "",
+        "## EAP trace items (`--trace-items-rollout`)", "",
+        "`process` with the rollout at 0 (the default: no item is built) and at 1.0 (every breadcrumb an item).", "",
+        "| group | rollout 0 | rollout 1.0 | ratio |", "|---|---:|---:|---:|"]
+for group, unit in [("fixture_mix", "MiB/s"), ("small_segments", "segments/s")]:
+    rates = []
+    for name in ["process", "process_trace_items"]:
+        seconds, throughput = estimate(group, name)
+        rates.append(throughput["Bytes"] / seconds / 2**20 if "Bytes" in throughput else throughput["Elements"] / seconds)
+    out.append(f"| {group} ({unit}) | {rates[0]:.0f} | {rates[1]:.0f} | {rates[1] / rates[0]:.2f}× |")
+out += ["",
         "## Through the broker", "",
         "Whole run (first message to the last flushed), and steady state (10 % to 90 % of the messages",
         "flushed; the bare consumer measured the same way), without the fetch ramp-up and the tail.", "",

@@ -29,7 +29,8 @@ bin=${CARGO_TARGET_DIR:-target}/release/replay-ingest
 produce=${CARGO_TARGET_DIR:-target}/release/examples/produce
 # Every topic with the settings Sentry gives it (the recordings topic takes 15 MB messages).
 "${CARGO_TARGET_DIR:-target}"/release/examples/topics --brokers "$REPLAY_INGEST_TEST_BROKERS" \
-  ingest-replay-recordings:4 ingest-replay-recordings-dlq:1 outcomes-billing:1 replay-analytics:1 ingest-occurrences:1
+  ingest-replay-recordings:4 ingest-replay-recordings-dlq:1 outcomes-billing:1 replay-analytics:1 ingest-occurrences:1 \
+  snuba-items:1
 python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=demo', data=b'{\"name\":\"replays\"}', headers={'content-type': 'application/json'}))"
 
 port=$(free_port)
@@ -37,7 +38,7 @@ echo "== starting the service (status on http://127.0.0.1:$port/status)"
 "$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" \
   --blob-sink gcs --gcs-bucket replays --gcs-endpoint "$REPLAY_INGEST_TEST_GCS_ENDPOINT" --gcs-anonymous \
   --rows-sink clickhouse --clickhouse-url "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" --migrate-on-start \
-  --events-sink kafka --statsd-address "" --http-listen "127.0.0.1:$port" \
+  --events-sink kafka --trace-items-rollout 1.0 --statsd-address "" --http-listen "127.0.0.1:$port" \
   --session-timeout-ms 6000 --drain-deadline-ms 5000 --buffer-max-age-ms 1000 2>"$work/service.log" &
 pid=$!
 
@@ -84,6 +85,7 @@ print("  dead clicks: " + query("SELECT count() FROM default.replays_local FINAL
 
 sinks = s["sinks"]
 print(f"\nanalytics events published (outcomes, first replay, rage-click / hydration-error occurrences): {sinks['events']['items']}")
+print(f"breadcrumbs as EAP trace items on snuba-items (every one: --trace-items-rollout 1.0): {sinks['trace_items']['items']}")
 print(f"\ninvalid messages, dead-lettered with their original bytes: {s['invalid']}")
 for reason, n in sorted(s["invalid_by_reason"].items()):
     print(f"  {reason:<22} {n}")

@@ -216,10 +216,17 @@ impl Collector {
         });
     }
 
+    /// The MD5 of `{replay_id}:{segment_id}:{index}` (written without an allocation: this runs
+    /// for every custom event).
     fn item_id(&self, index: u32) -> [u8; 16] {
+        use std::io::Write;
+        let mut suffix = [0u8; 24];
+        let mut cursor = std::io::Cursor::new(&mut suffix[..]);
+        let _ = write!(cursor, ":{}:{index}", self.segment_id);
+        let end = cursor.position() as usize;
         let mut md5 = Md5::new();
         md5.update(self.replay_id.as_bytes());
-        md5.update(format!(":{}:{index}", self.segment_id).as_bytes());
+        md5.update(suffix.get(..end).unwrap_or_default());
         md5.finalize().into()
     }
 

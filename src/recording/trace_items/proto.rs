@@ -17,20 +17,29 @@ pub enum Value<'a> {
     Double(f64),
 }
 
-/// Appends one attribute (a `map<string, AnyValue>` entry of field 7) to `out`.
+/// Appends one attribute (a `map<string, AnyValue>` entry of field 7) to `out`, lengths
+/// computed rather than the parts built apart (this runs for every attribute of every item).
 pub fn attribute(out: &mut Vec<u8>, key: &str, value: Value<'_>) {
-    let mut any = Vec::with_capacity(16);
+    let any_len = match value {
+        Value::Str(s) => 1 + varint_len(s.len() as u64) + s.len(),
+        Value::Bool(_) => 2,
+        Value::Int(i) => 1 + varint_len(i as u64),
+        Value::Double(_) => 9,
+    };
+    let key_len = 1 + varint_len(key.len() as u64) + key.len();
+    let entry_len = key_len + 1 + varint_len(any_len as u64) + any_len;
+    field_key(out, 7, 2);
+    varint(out, entry_len as u64);
+    bytes_field(out, 1, key.as_bytes());
+    field_key(out, 2, 2);
+    varint(out, any_len as u64);
     match value {
         // Oneof members are written even when they hold their type's default.
-        Value::Str(s) => bytes_field(&mut any, 1, s.as_bytes()),
-        Value::Bool(b) => varint_field(&mut any, 2, u64::from(b)),
-        Value::Int(i) => varint_field(&mut any, 3, i as u64),
-        Value::Double(d) => double_field(&mut any, 4, d),
+        Value::Str(s) => bytes_field(out, 1, s.as_bytes()),
+        Value::Bool(b) => varint_field(out, 2, u64::from(b)),
+        Value::Int(i) => varint_field(out, 3, i as u64),
+        Value::Double(d) => double_field(out, 4, d),
     }
-    let mut entry = Vec::with_capacity(key.len() + any.len() + 4);
-    bytes_field(&mut entry, 1, key.as_bytes());
-    bytes_field(&mut entry, 2, &any);
-    bytes_field(out, 7, &entry);
 }
 
 /// A `google.protobuf.Timestamp`.
@@ -49,15 +58,23 @@ impl Timestamp {
         }
     }
 
-    fn encode(self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16);
-        if self.seconds != 0 {
-            varint_field(&mut out, 1, self.seconds as u64);
+    /// Appends the timestamp as message field `field` (a zero part is left out, as proto3 does).
+    fn field(self, out: &mut Vec<u8>, field: u32) {
+        let seconds = (self.seconds != 0).then_some(self.seconds as u64);
+        let nanos = (self.nanos != 0).then_some(i64::from(self.nanos) as u64);
+        let len = [seconds, nanos]
+            .into_iter()
+            .flatten()
+            .map(|v| 1 + varint_len(v))
+            .sum::<usize>();
+        field_key(out, field, 2);
+        varint(out, len as u64);
+        if let Some(seconds) = seconds {
+            varint_field(out, 1, seconds);
         }
-        if self.nanos != 0 {
-            varint_field(&mut out, 2, i64::from(self.nanos) as u64);
+        if let Some(nanos) = nanos {
+            varint_field(out, 2, nanos);
         }
-        out
     }
 }
 
@@ -80,18 +97,22 @@ pub fn item(out: &mut Vec<u8>, header: &Header<'_>, attributes: &[&[u8]]) {
     bytes_field(out, 3, header.trace_id.as_bytes());
     bytes_field(out, 4, &header.item_id);
     varint_field(out, 5, ITEM_TYPE_REPLAY);
-    bytes_field(out, 6, &header.timestamp.encode());
+    header.timestamp.field(out, 6);
     for part in attributes {
         out.extend_from_slice(part);
     }
     double_field(out, 8, 1.0);
     double_field(out, 9, 1.0);
     varint_field(out, 100, u64::from(header.retention_days));
-    bytes_field(out, 101, &header.received.encode());
+    header.received.field(out, 101);
 }
 
-fn key(out: &mut Vec<u8>, field: u32, wire_type: u8) {
+fn field_key(out: &mut Vec<u8>, field: u32, wire_type: u8) {
     varint(out, (u64::from(field) << 3) | u64::from(wire_type));
+}
+
+fn varint_len(value: u64) -> usize {
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 fn varint(out: &mut Vec<u8>, mut value: u64) {
@@ -103,17 +124,17 @@ fn varint(out: &mut Vec<u8>, mut value: u64) {
 }
 
 fn varint_field(out: &mut Vec<u8>, field: u32, value: u64) {
-    key(out, field, 0);
+    field_key(out, field, 0);
     varint(out, value);
 }
 
 fn double_field(out: &mut Vec<u8>, field: u32, value: f64) {
-    key(out, field, 1);
+    field_key(out, field, 1);
     out.extend_from_slice(&value.to_le_bytes());
 }
 
 fn bytes_field(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
-    key(out, field, 2);
+    field_key(out, field, 2);
     varint(out, bytes.len() as u64);
     out.extend_from_slice(bytes);
 }
@@ -165,6 +186,24 @@ mod tests {
         assert_eq!(value("duration"), Any::DoubleValue(0.25));
         assert_eq!(value("empty"), Any::StringValue(String::new()));
         assert_eq!(decoded.attributes.len(), 5);
+    }
+
+    #[test]
+    fn varint_lengths_match_what_is_written() {
+        for value in [
+            0,
+            1,
+            127,
+            128,
+            16_383,
+            16_384,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            let mut out = Vec::new();
+            varint(&mut out, value);
+            assert_eq!(varint_len(value), out.len(), "{value}");
+        }
     }
 
     #[test]
