@@ -301,6 +301,62 @@ impl KafkaArgs {
     }
 }
 
+/// Where the blobs are: the service writes them there, the operator tools delete and sweep them.
+#[derive(Args, Debug, Clone)]
+pub struct BlobArgs {
+    /// Where blobs go.
+    #[arg(long, env = "REPLAY_INGEST_BLOB_SINK", value_enum, default_value_t = BlobSinkKind::Gcs)]
+    pub blob_sink: BlobSinkKind,
+    /// Directory for the filesystem blob sink.
+    #[arg(long, env = "REPLAY_INGEST_BLOB_DIR", default_value = "blobs")]
+    pub blob_dir: PathBuf,
+    #[command(flatten)]
+    pub gcs: GcsArgs,
+}
+
+impl BlobArgs {
+    pub fn validate(&self) -> Result<(), String> {
+        match self.blob_sink {
+            BlobSinkKind::Gcs => self.gcs.validate(),
+            _ => Ok(()),
+        }
+    }
+
+    /// The GCS sink's settings, each request bounded by `timeout`.
+    pub fn gcs_config(
+        &self,
+        timeout: Duration,
+    ) -> Result<crate::sink::gcs::GcsConfig, ConfigError> {
+        self.gcs.config(timeout).map_err(ConfigError::Invalid)
+    }
+}
+
+/// Where the rows are: ClickHouse directly, or snuba's topic.
+#[derive(Args, Debug, Clone)]
+pub struct RowsArgs {
+    /// Where rows go.
+    #[arg(long, env = "REPLAY_INGEST_ROWS_SINK", value_enum, default_value_t = RowsSinkKind::Clickhouse)]
+    pub rows_sink: RowsSinkKind,
+    /// Topic of `--rows-sink snuba`: snuba's replays consumer reads it.
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_REPLAY_EVENTS_TOPIC",
+        default_value = "ingest-replay-events"
+    )]
+    pub replay_events_topic: String,
+    #[command(flatten)]
+    pub clickhouse: ClickHouseArgs,
+}
+
+impl RowsArgs {
+    pub fn validate(&self) -> Result<(), String> {
+        match self.rows_sink {
+            RowsSinkKind::Clickhouse => self.clickhouse.validate(),
+            _ => Ok(()),
+        }
+    }
+}
+
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlobSinkKind {
     /// Google Cloud Storage, `--gcs-bucket`.
@@ -460,26 +516,10 @@ pub struct ConsumeArgs {
     #[arg(long, env = "REPLAY_INGEST_DRAIN_DEADLINE_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 20_000)]
     pub drain_deadline_ms: u64,
 
-    /// Where blobs go.
-    #[arg(long, env = "REPLAY_INGEST_BLOB_SINK", value_enum, default_value_t = BlobSinkKind::Gcs)]
-    pub blob_sink: BlobSinkKind,
-    /// Directory for the filesystem blob sink.
-    #[arg(long, env = "REPLAY_INGEST_BLOB_DIR", default_value = "blobs")]
-    pub blob_dir: PathBuf,
     #[command(flatten)]
-    pub gcs: GcsArgs,
-    /// Where rows go.
-    #[arg(long, env = "REPLAY_INGEST_ROWS_SINK", value_enum, default_value_t = RowsSinkKind::Clickhouse)]
-    pub rows_sink: RowsSinkKind,
-    /// Topic of `--rows-sink snuba`: snuba's replays consumer reads it.
-    #[arg(
-        long,
-        env = "REPLAY_INGEST_REPLAY_EVENTS_TOPIC",
-        default_value = "ingest-replay-events"
-    )]
-    pub replay_events_topic: String,
+    pub blobs: BlobArgs,
     #[command(flatten)]
-    pub clickhouse: ClickHouseArgs,
+    pub rows: RowsArgs,
     /// Create or migrate the ClickHouse table at start (otherwise run `replay-ingest migrate`).
     #[arg(long, env = "REPLAY_INGEST_MIGRATE_ON_START")]
     pub migrate_on_start: bool,
@@ -565,12 +605,8 @@ impl ConsumeArgs {
                 self.buffer_max_bytes, self.max_message_bytes
             ));
         }
-        if self.rows_sink == RowsSinkKind::Clickhouse {
-            self.clickhouse.validate()?;
-        }
-        if self.blob_sink == BlobSinkKind::Gcs {
-            self.gcs.validate()?;
-        }
+        self.rows.validate()?;
+        self.blobs.validate()?;
         if (self.fetch_max_bytes as usize) < self.max_message_bytes {
             return Err(format!(
                 "--fetch-max-bytes ({}) must hold a message of --max-message-bytes",
@@ -604,13 +640,6 @@ impl ConsumeArgs {
         Duration::from_millis(self.flush_stall_timeout_ms)
     }
 
-    /// The GCS sink's settings.
-    pub fn gcs_config(&self) -> Result<crate::sink::gcs::GcsConfig, ConfigError> {
-        self.gcs
-            .config(self.sink_timeout())
-            .map_err(ConfigError::Invalid)
-    }
-
     pub fn drain_deadline(&self) -> Duration {
         Duration::from_millis(self.drain_deadline_ms)
     }
@@ -623,7 +652,9 @@ impl ConsumeArgs {
             processing_threads: self.processing_threads,
             limits: Limits {
                 trace_items: self.trace_items.trace_items_rollout,
-                ..self.limits.limits(self.rows_sink == RowsSinkKind::Snuba)
+                ..self
+                    .limits
+                    .limits(self.rows.rows_sink == RowsSinkKind::Snuba)
             },
             buffer: self.buffer_limits(),
             max_flushes: self.max_flushes_in_flight,
@@ -1015,7 +1046,7 @@ mod tests {
     #[test]
     fn the_clickhouse_password_never_shows_in_debug_output() {
         let args = parse(&["--gcs-bucket", "b", "--clickhouse-password", "hunter2"]);
-        let config = args.clickhouse.config(Duration::from_secs(1)).unwrap();
+        let config = args.rows.clickhouse.config(Duration::from_secs(1)).unwrap();
         assert_eq!(config.password.expose(), "hunter2");
         for shown in [format!("{args:?}"), format!("{config:?}")] {
             assert!(!shown.contains("hunter2"), "{shown}");

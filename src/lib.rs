@@ -24,3 +24,4 @@ pub mod recording;
 pub mod secret;
 pub mod sink;
 pub mod startup;
+pub mod tools;

@@ -77,6 +77,10 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
+    /// Delete replays — every blob of them, any oversized dead-letter copy of their messages, and
+    /// their rows (an archive as Sentry writes one; with ClickHouse, the rows deleted too). Safe to
+    /// run again after a crash; a second run is a no-op. Exits non-zero naming what is left.
+    Delete(Box<replay_ingest::tools::delete::DeleteArgs>),
 }
 
 fn main() -> ExitCode {
@@ -107,6 +111,7 @@ fn main() -> ExitCode {
                 info!(?features, database = %config.database, table = %config.table, "ClickHouse table ready");
                 Ok(())
             }
+            Command::Delete(args) => replay_ingest::tools::delete::run(&args, &mut std::io::stdout()).await,
             Command::Inspect { .. } => Ok(()),
         }
     });
@@ -157,13 +162,13 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
     .await
     .context("checking the consumed topic")?;
     // The blob store also keeps dead letters too large for their topic.
-    let (blobs, store) = match args.blob_sink {
+    let (blobs, store) = match args.blobs.blob_sink {
         BlobSinkKind::Gcs => {
-            let (built, store) = gcs::build(&args.gcs_config()?).await?;
+            let (built, store) = gcs::build(&args.blobs.gcs_config(timeout)?).await?;
             (built, Some(store))
         }
         BlobSinkKind::Filesystem => {
-            let (built, store) = filesystem::build(&args.blob_dir)?;
+            let (built, store) = filesystem::build(&args.blobs.blob_dir)?;
             (built, Some(store))
         }
         BlobSinkKind::Null => (Built::unchecked(NullSink), None),
@@ -175,15 +180,16 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
         store,
         timeout,
     )?;
-    let rows = match args.rows_sink {
+    let rows = match args.rows.rows_sink {
         RowsSinkKind::Clickhouse => {
             let config = args
+                .rows
                 .clickhouse
                 .config(timeout)
                 .context("reading --clickhouse-password-file")?;
             clickhouse::build(config, args.migrate_on_start)
         }
-        RowsSinkKind::Snuba => snuba::build(&kafka, &args.replay_events_topic, timeout)?,
+        RowsSinkKind::Snuba => snuba::build(&kafka, &args.rows.replay_events_topic, timeout)?,
         RowsSinkKind::Null => Built::unchecked(NullSink),
     };
     let events = match args.events_sink {

@@ -63,10 +63,59 @@ fn zlib(parts: &[&[u8]]) -> io::Result<Vec<u8>> {
     encoder.finish()
 }
 
+/// The rrweb JSON a stored blob holds (the inverse of [`bytes`]), inflated to at most `cap`
+/// bytes: for the operator tools, which read a replay's time from its first segment.
+pub fn rrweb_json(stored: &[u8], cap: usize) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut packed = Vec::new();
+    flate2::read::ZlibDecoder::new(stored)
+        .take(cap as u64 + 1)
+        .read_to_end(&mut packed)?;
+    if packed.len() > cap {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "blob larger than the cap",
+        ));
+    }
+    let json = match packed.first() {
+        Some(&PACK_RRWEB) => packed.get(1..),
+        Some(&PACK_VIDEO) => {
+            let len = packed
+                .get(1..5)
+                .and_then(|l| <[u8; 4]>::try_from(l).ok())
+                .map(u32::from_be_bytes);
+            len.and_then(|len| packed.get(5 + len as usize..))
+        }
+        _ => Some(&packed[..]),
+    };
+    json.map(<[u8]>::to_vec)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "truncated video pack"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Read;
+
+    #[test]
+    fn the_json_is_read_back_from_every_stored_form() {
+        let zlib_body = zlib(&[JSON]).unwrap();
+        let payload = |encoding, body| Payload {
+            segment_id: 0,
+            encoding,
+            body,
+        };
+        for (video, body) in [
+            (None, &zlib_body[..]),
+            (Some(&b"VIDEO"[..]), b"x"),
+            (Some(&b""[..]), b"x"),
+        ] {
+            let stored = bytes(&payload(BodyEncoding::Zlib, body), JSON, video).unwrap();
+            assert_eq!(rrweb_json(&stored, 1 << 20).unwrap(), JSON, "{video:?}");
+        }
+        let stored = bytes(&payload(BodyEncoding::Raw, b"ignored"), JSON, None).unwrap();
+        assert!(rrweb_json(&stored, 4).is_err(), "over the cap");
+    }
 
     fn inflate(bytes: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();

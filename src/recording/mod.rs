@@ -18,6 +18,7 @@
     )
 )]
 
+pub mod archive;
 pub mod blob;
 pub mod envelope;
 pub mod error;

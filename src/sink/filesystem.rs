@@ -6,8 +6,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures::future::LocalBoxFuture;
+use futures::future::{BoxFuture, LocalBoxFuture};
 
+use super::store::{BlobStore, Listing, StoredObject};
 use super::{
     Built, Entry, ObjectStore, Outcome, Piece, Progress, Retry, Sink, SinkError, Writing, Written,
 };
@@ -87,6 +88,78 @@ impl ObjectStore for FilesystemBlobSink {
 
     fn location(&self, key: &str) -> String {
         format!("file://{}", self.root.join(key).display())
+    }
+}
+
+impl BlobStore for FilesystemBlobSink {
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, SinkError>> {
+        Box::pin(std::future::ready(self.list_now(prefix)))
+    }
+
+    fn read<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, SinkError>> {
+        let result = match fs::read(self.root.join(key)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.error(key, &e)),
+        };
+        Box::pin(std::future::ready(result))
+    }
+
+    fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, SinkError>> {
+        let result = match fs::remove_file(self.root.join(key)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(self.error(key, &e)),
+        };
+        Box::pin(std::future::ready(result))
+    }
+
+    fn location(&self, key: &str) -> String {
+        ObjectStore::location(self, key)
+    }
+}
+
+impl FilesystemBlobSink {
+    fn error(&self, key: &str, e: &io::Error) -> SinkError {
+        SinkError::new(
+            self.name(),
+            Retry::Retryable,
+            format_args!("{}: {e}", self.root.join(key).display()),
+        )
+    }
+
+    /// The directory `prefix` names (its last `/` and all), sorted: files are objects (a
+    /// writer's temporary file is not), directories are prefixes. A missing directory is empty.
+    fn list_now(&self, prefix: &str) -> Result<Listing, SinkError> {
+        let dir = self.root.join(prefix);
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Listing::default()),
+            Err(e) => return Err(self.error(prefix, &e)),
+        };
+        let mut listing = Listing::default();
+        for entry in entries {
+            let entry = entry.map_err(|e| self.error(prefix, &e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let meta = entry.metadata().map_err(|e| self.error(prefix, &e))?;
+            if meta.is_dir() {
+                listing.prefixes.push(format!("{prefix}{name}/"));
+            } else if !name.contains(".tmp-") {
+                let updated = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs() as i64);
+                listing.objects.push(StoredObject {
+                    key: format!("{prefix}{name}"),
+                    size: meta.len(),
+                    updated,
+                });
+            }
+        }
+        listing.objects.sort_by(|a, b| a.key.cmp(&b.key));
+        listing.prefixes.sort();
+        Ok(listing)
     }
 }
 

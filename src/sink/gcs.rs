@@ -120,6 +120,42 @@ impl GcsSink {
         })
     }
 
+    /// The object's bytes, `None` when there is none (for the operator tools).
+    pub async fn read(&self, key: &str) -> Result<Option<Vec<u8>>, SinkError> {
+        let failed = |e: google_cloud_storage::Error| {
+            if e.http_status_code() == Some(404) {
+                return None;
+            }
+            Some(SinkError {
+                message: format!("{}: {}", self.location(key), super::describe(&e)),
+                ..SinkError::from_error("gcs", classify(&e), e)
+            })
+        };
+        let read = async {
+            let mut response = match self.client.read_object(&self.bucket, key).send().await {
+                Ok(response) => response,
+                Err(e) => return failed(e).map_or(Ok(None), Err),
+            };
+            let mut contents = Vec::new();
+            while let Some(chunk) = response.next().await {
+                match chunk {
+                    Ok(chunk) => contents.extend_from_slice(&chunk),
+                    Err(e) => return failed(e).map_or(Ok(None), Err),
+                }
+            }
+            Ok(Some(contents))
+        };
+        tokio::time::timeout(self.timeout, read)
+            .await
+            .map_err(|_| {
+                SinkError::new(
+                    "gcs",
+                    Retry::Retryable,
+                    format_args!("{}: timed out after {:?}", self.location(key), self.timeout),
+                )
+            })?
+    }
+
     async fn upload(&self, key: &str, bytes: bytes::Bytes) -> Result<(), SinkError> {
         let upload = self
             .client

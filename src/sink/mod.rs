@@ -27,10 +27,12 @@ pub mod dlq;
 pub mod events;
 pub mod filesystem;
 pub mod gcs;
+pub mod gcs_json;
 pub mod null;
 pub mod progress;
 pub mod publish;
 pub mod snuba;
+pub mod store;
 pub mod trace_items;
 
 use std::fmt;

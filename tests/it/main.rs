@@ -13,6 +13,7 @@ mod support;
 mod clickhouse_faults;
 mod clickhouse_sink;
 mod dead_letters;
+mod delete;
 mod end_to_end;
 mod fixtures;
 mod gcs_sink;

@@ -1,0 +1,317 @@
+//! The bucket operations of the operator tools — listing objects, deleting them, reading the
+//! bucket's lifecycle rules — over the Cloud Storage JSON API (`/storage/v1/…`), with the same
+//! endpoint and credentials as the sink. (The official crate's `StorageControl` speaks gRPC,
+//! which the local emulator does not; objects are still read with the official client.)
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http_body_util::{BodyExt, Empty};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+
+use super::gcs::{GcsConfig, GcsSink};
+use super::store::{BlobStore, Listing, StoredObject};
+use super::{Retry, SinkError};
+
+const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com";
+
+type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// A bucket, for the operator tools: listed and deleted from through the JSON API, read through
+/// the official client.
+pub struct GcsStore {
+    http: Client<Https, Empty<Bytes>>,
+    endpoint: String,
+    bucket: String,
+    /// `None` with `--gcs-anonymous` (emulators).
+    credentials: Option<google_cloud_auth::credentials::Credentials>,
+    timeout: Duration,
+    objects: GcsSink,
+}
+
+/// One lifecycle rule of a bucket, as far as expiry goes.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LifecycleRule {
+    pub action: RuleAction,
+    #[serde(default)]
+    pub condition: RuleCondition,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RuleAction {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct RuleCondition {
+    pub age: Option<u32>,
+    #[serde(default, rename = "matchesPrefix")]
+    pub matches_prefix: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct ObjectList {
+    #[serde(default)]
+    items: Vec<ObjectResource>,
+    #[serde(default)]
+    prefixes: Vec<String>,
+    #[serde(rename = "nextPageToken")]
+    next_page_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ObjectResource {
+    name: String,
+    #[serde(default)]
+    size: Option<String>,
+    #[serde(default)]
+    updated: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct BucketLifecycle {
+    #[serde(default)]
+    lifecycle: Option<Lifecycle>,
+}
+
+#[derive(Deserialize)]
+struct Lifecycle {
+    #[serde(default)]
+    rule: Vec<LifecycleRule>,
+}
+
+impl GcsStore {
+    pub async fn new(config: &GcsConfig) -> Result<GcsStore, SinkError> {
+        let objects = GcsSink::new(config).await.map_err(|e| {
+            SinkError::new(
+                "gcs",
+                Retry::Fatal,
+                format_args!("creating the GCS client: {e}"),
+            )
+        })?;
+        let credentials = if config.anonymous {
+            None
+        } else {
+            Some(
+                google_cloud_auth::credentials::Builder::default()
+                    .build()
+                    .map_err(|e| {
+                        SinkError::new("gcs", Retry::Fatal, format_args!("GCS credentials: {e}"))
+                    })?,
+            )
+        };
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
+            .map_err(|e| SinkError::new("gcs", Retry::Fatal, format_args!("TLS roots: {e}")))?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        Ok(GcsStore {
+            http: Client::builder(TokioExecutor::new()).build(https),
+            endpoint: config
+                .endpoint
+                .clone()
+                .unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned())
+                .trim_end_matches('/')
+                .to_owned(),
+            bucket: config.bucket.clone(),
+            credentials,
+            timeout: config.timeout,
+            objects,
+        })
+    }
+
+    /// One JSON API call; the status and the body. 408, 429 and 5xx are retryable, other 4xx
+    /// fatal (the caller treats the 404 it expects).
+    async fn call(&self, method: Method, path: &str) -> Result<(StatusCode, Bytes), SinkError> {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.endpoint));
+        if let Some(credentials) = &self.credentials {
+            let headers = credentials
+                .headers(hyper::http::Extensions::new())
+                .await
+                .map_err(|e| {
+                    SinkError::new(
+                        "gcs",
+                        Retry::Retryable,
+                        format_args!("GCS credentials: {e}"),
+                    )
+                })?;
+            if let google_cloud_auth::credentials::CacheableResource::New { data, .. } = headers {
+                for (name, value) in &data {
+                    request = request.header(name, value);
+                }
+            }
+        }
+        let request = request
+            .body(Empty::new())
+            .map_err(|e| SinkError::new("gcs", Retry::Fatal, e))?;
+        let exchange = async {
+            let response = self.http.request(request).await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| {
+                SinkError::new(
+                    "gcs",
+                    Retry::Retryable,
+                    format_args!("{path}: timed out after {:?}", self.timeout),
+                )
+            })?
+            .map_err(|e| SinkError::new("gcs", Retry::Retryable, format_args!("{path}: {e}")))?;
+        match status.as_u16() {
+            200..=299 | 404 => Ok((status, body)),
+            code => {
+                let retry = match code {
+                    408 | 429 | 500..=599 => Retry::Retryable,
+                    _ => Retry::Fatal,
+                };
+                let text = String::from_utf8_lossy(&body);
+                let text: String = text.chars().take(300).collect();
+                Err(SinkError::new(
+                    "gcs",
+                    retry,
+                    format_args!("{path}: {status}: {text}"),
+                ))
+            }
+        }
+    }
+
+    async fn list_now(&self, prefix: &str) -> Result<Listing, SinkError> {
+        let mut listing = Listing::default();
+        let mut page: Option<String> = None;
+        loop {
+            let mut path = format!(
+                "/storage/v1/b/{}/o?delimiter=%2F&prefix={}&fields=items(name%2Csize%2Cupdated)%2Cprefixes%2CnextPageToken",
+                encode(&self.bucket),
+                encode(prefix)
+            );
+            if let Some(token) = &page {
+                path.push_str(&format!("&pageToken={}", encode(token)));
+            }
+            let (status, body) = self.call(Method::GET, &path).await?;
+            if status == StatusCode::NOT_FOUND {
+                return Err(SinkError::new(
+                    "gcs",
+                    Retry::Fatal,
+                    format_args!("bucket {} not found", self.bucket),
+                ));
+            }
+            let list: ObjectList = serde_json::from_slice(&body).map_err(|e| {
+                SinkError::new(
+                    "gcs",
+                    Retry::Retryable,
+                    format_args!("listing {prefix}: {e}"),
+                )
+            })?;
+            listing.objects.extend(list.items.into_iter().map(|o| {
+                StoredObject {
+                    size: o.size.and_then(|s| s.parse().ok()).unwrap_or(0),
+                    updated: o
+                        .updated
+                        .and_then(|u| humantime::parse_rfc3339_weak(&u).ok())
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or(0, |d| d.as_secs() as i64),
+                    key: o.name,
+                }
+            }));
+            listing.prefixes.extend(list.prefixes);
+            match list.next_page_token {
+                Some(token) if !token.is_empty() => page = Some(token),
+                _ => break,
+            }
+        }
+        listing.objects.sort_by(|a, b| a.key.cmp(&b.key));
+        listing.prefixes.sort();
+        Ok(listing)
+    }
+
+    async fn delete_now(&self, key: &str) -> Result<bool, SinkError> {
+        let path = format!("/storage/v1/b/{}/o/{}", encode(&self.bucket), encode(key));
+        let (status, _) = self.call(Method::DELETE, &path).await?;
+        Ok(status != StatusCode::NOT_FOUND)
+    }
+
+    /// The bucket's lifecycle rules (none when it has no lifecycle configuration).
+    pub async fn lifecycle(&self) -> Result<Vec<LifecycleRule>, SinkError> {
+        let path = format!("/storage/v1/b/{}?fields=lifecycle", encode(&self.bucket));
+        let (status, body) = self.call(Method::GET, &path).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Err(SinkError::new(
+                "gcs",
+                Retry::Fatal,
+                format_args!("bucket {} not found", self.bucket),
+            ));
+        }
+        let bucket: BucketLifecycle = serde_json::from_slice(&body)
+            .map_err(|e| SinkError::new("gcs", Retry::Retryable, format_args!("lifecycle: {e}")))?;
+        Ok(bucket.lifecycle.map(|l| l.rule).unwrap_or_default())
+    }
+}
+
+impl BlobStore for GcsStore {
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, SinkError>> {
+        Box::pin(self.list_now(prefix))
+    }
+
+    fn read<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, SinkError>> {
+        Box::pin(self.objects.read(key))
+    }
+
+    fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, SinkError>> {
+        Box::pin(self.delete_now(key))
+    }
+
+    fn location(&self, key: &str) -> String {
+        format!("gs://{}/{key}", self.bucket)
+    }
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters (an object name in a path
+/// segment, a prefix in a query).
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_encoded_as_one_path_segment() {
+        assert_eq!(encode("90/42/ab-c/0"), "90%2F42%2Fab-c%2F0");
+        assert_eq!(encode("dlq/t/0/17.key"), "dlq%2Ft%2F0%2F17.key");
+        assert_eq!(encode("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn lifecycle_rules_parse_as_the_json_api_returns_them() {
+        let body = br#"{"lifecycle":{"rule":[{"action":{"type":"Delete"},"condition":{"age":90,"matchesPrefix":["90/"]}},{"action":{"type":"SetStorageClass","storageClass":"COLDLINE"},"condition":{"age":30}}]}}"#;
+        let bucket: BucketLifecycle = serde_json::from_slice(body).unwrap();
+        let rules = bucket.lifecycle.unwrap().rule;
+        assert_eq!(rules[0].action.kind, "Delete");
+        assert_eq!(rules[0].condition.age, Some(90));
+        assert_eq!(rules[0].condition.matches_prefix, ["90/"]);
+        assert!(rules[1].condition.matches_prefix.is_empty());
+        let none: BucketLifecycle = serde_json::from_slice(b"{}").unwrap();
+        assert!(none.lifecycle.is_none());
+    }
+}

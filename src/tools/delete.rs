@@ -1,0 +1,534 @@
+//! `replay-ingest delete`: one replay gone — every blob of it, any oversized dead-letter copy of
+//! one of its messages, and its rows — on demand (a privacy request). Sentry's ingest offers no
+//! such tool; its own delete task does the same steps, and this one follows them.
+//!
+//! Per replay, in an order that is safe to stop anywhere and run again:
+//! 1. **Find** its segment blobs under every retention prefix in the store
+//!    (`{retention}/{project}/{replay}/…`), the dead-letter copies of its messages
+//!    (`dlq/{topic}/{partition}/{offset}`, read to see whose they are) and, with ClickHouse, its
+//!    rows. Nothing found: nothing to do, and nothing is written (a second run is a no-op).
+//! 2. **Rows.** With `--rows-sink snuba`: publish the archive Sentry publishes
+//!    (`recording::archive`) on `--replay-events-topic` and wait for the broker. With
+//!    `--rows-sink clickhouse`: delete the replay's rows (`ALTER TABLE … DELETE`, a mutation every
+//!    ClickHouse since 18.x supports on MergeTree tables, waited for), then insert the archive row.
+//!    The archive carries the replay's own time, read from its earliest segment blob.
+//! 3. **Blobs** last, so that a run stopped half way still finds what is left, and finishes it.
+//!
+//! It prints what it found and what it removed, one line each; it exits non-zero naming what is
+//! left when anything could not be removed.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use crate::config::{
+    BlobArgs, BlobSinkKind, KafkaArgs, RowsArgs, RowsSinkKind, producer_properties,
+};
+use crate::recording::archive::Archive;
+use crate::recording::{blob, rrweb};
+use crate::sink::clickhouse::{self, ClickHouseConfig};
+use crate::sink::store::{self, BlobStore};
+
+/// Delete replays: their blobs, dead-letter copies and rows.
+#[derive(Args, Debug, Clone)]
+pub struct DeleteArgs {
+    /// The project of the replays given with `--replay`.
+    #[arg(long, requires = "replays")]
+    pub project: Option<u64>,
+    /// A replay id (32 hex characters or a UUID); repeat for several.
+    #[arg(long = "replay", requires = "project")]
+    pub replays: Vec<String>,
+    /// A file of `PROJECT REPLAY` pairs, one a line (blank lines and `#` comments ignored).
+    #[arg(long, conflicts_with_all = ["project", "replays"])]
+    pub from_file: Option<PathBuf>,
+    /// Say what would be removed, remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub blobs: BlobArgs,
+    #[command(flatten)]
+    pub rows: RowsArgs,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Longest one request (to the store, ClickHouse or the broker) may take, ms.
+    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", default_value_t = 30_000)]
+    pub sink_timeout_ms: u64,
+}
+
+/// One replay to delete.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Target {
+    pub project: u64,
+    /// 32 lowercase hex characters (the form the blob keys use).
+    pub replay: String,
+}
+
+/// The replays named on the command line or in `--from-file`.
+pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
+    let pairs: Vec<(String, String)> = match (&args.from_file, args.project) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --from-file {}", path.display()))?;
+            let mut pairs = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                let line = line.split('#').next().unwrap_or("").trim();
+                if line.is_empty() {
+                    continue;
+                }
+                let mut words = line.split_whitespace();
+                match (words.next(), words.next(), words.next()) {
+                    (Some(project), Some(replay), None) => {
+                        pairs.push((project.to_owned(), replay.to_owned()))
+                    }
+                    _ => bail!(
+                        "{}:{}: expected `PROJECT REPLAY`, found {line:?}",
+                        path.display(),
+                        n + 1
+                    ),
+                }
+            }
+            pairs
+        }
+        (None, Some(project)) => args
+            .replays
+            .iter()
+            .map(|r| (project.to_string(), r.clone()))
+            .collect(),
+        (None, None) => {
+            bail!("name the replays: --project P --replay R [--replay R …], or --from-file")
+        }
+    };
+    let mut targets = Vec::with_capacity(pairs.len());
+    for (project, replay) in pairs {
+        let project = project
+            .parse()
+            .with_context(|| format!("project {project:?} is not a number"))?;
+        let replay = uuid::Uuid::try_parse(&replay)
+            .with_context(|| {
+                format!("replay {replay:?} is not a replay id (32 hex characters or a UUID)")
+            })?
+            .simple()
+            .to_string();
+        targets.push(Target { project, replay });
+    }
+    targets.sort();
+    targets.dedup();
+    Ok(targets)
+}
+
+/// Where rows are removed.
+enum Rows {
+    Snuba {
+        producer: FutureProducer,
+        topic: String,
+    },
+    ClickHouse(ClickHouseConfig),
+    None,
+}
+
+/// What was found of one replay.
+#[derive(Debug, Default)]
+struct Found {
+    /// Segment blobs, by segment id.
+    segments: BTreeMap<u32, String>,
+    /// The retention prefix its blobs are under.
+    retention: Option<u16>,
+    /// Dead-letter copies (values and long keys).
+    dead_letters: Vec<String>,
+    /// Rows in ClickHouse (not the archive's).
+    rows: u64,
+}
+
+impl Found {
+    fn is_empty(&self) -> bool {
+        self.segments.is_empty() && self.dead_letters.is_empty() && self.rows == 0
+    }
+}
+
+/// Runs the deletes, writing what it does to `out`.
+pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    args.blobs.validate().map_err(anyhow::Error::msg)?;
+    args.rows.validate().map_err(anyhow::Error::msg)?;
+    args.kafka.validate()?;
+    let targets = targets(args)?;
+    let timeout = Duration::from_millis(args.sink_timeout_ms);
+    let store = super::blob_store(&args.blobs, timeout).await?;
+    let rows = match args.rows.rows_sink {
+        RowsSinkKind::Snuba => {
+            let config = args
+                .kafka
+                .client_config(&producer_properties(1 << 20, timeout))?;
+            Rows::Snuba {
+                producer: crate::sink::publish::producer(&config, "snuba")?,
+                topic: args.rows.replay_events_topic.clone(),
+            }
+        }
+        RowsSinkKind::Clickhouse => Rows::ClickHouse(
+            args.rows
+                .clickhouse
+                .config(timeout)
+                .context("reading --clickhouse-password-file")?,
+        ),
+        RowsSinkKind::Null => Rows::None,
+    };
+    if args.blobs.blob_sink == BlobSinkKind::Null && matches!(rows, Rows::None) {
+        bail!("nothing to delete from: --blob-sink null and --rows-sink null");
+    }
+    let copies = dead_letter_copies(store.as_deref()).await?;
+    let mut left = Vec::new();
+    let (mut replays, mut removed) = (0, 0);
+    for target in &targets {
+        let found = find(store.as_deref(), &rows, &copies, target).await?;
+        let name = format!("replay {} (project {})", target.replay, target.project);
+        writeln!(
+            out,
+            "{name}: found {} segment blob(s), {} dead-letter copy object(s), {}",
+            found.segments.len(),
+            found.dead_letters.len(),
+            match rows {
+                Rows::ClickHouse(_) => format!("{} row(s)", found.rows),
+                Rows::Snuba { .. } => "rows through snuba".to_owned(),
+                Rows::None => "no rows sink".to_owned(),
+            }
+        )?;
+        if found.is_empty() {
+            writeln!(out, "{name}: nothing to delete")?;
+            continue;
+        }
+        if args.dry_run {
+            for key in found.segments.values().chain(&found.dead_letters) {
+                let location = store
+                    .as_deref()
+                    .map_or_else(|| key.clone(), |s| s.location(key));
+                writeln!(out, "would remove {location}")?;
+            }
+            continue;
+        }
+        let timestamp = replay_time(store.as_deref(), &found).await;
+        let archive = Archive {
+            project_id: target.project,
+            replay_id: &target.replay,
+            retention_days: found.retention.unwrap_or(90),
+            timestamp: timestamp.unwrap_or_else(now_seconds),
+            now: now_seconds() as u64,
+        };
+        if timestamp.is_none() {
+            writeln!(
+                out,
+                "{name}: no segment blob to read its time from: archived as of now"
+            )?;
+        }
+        match archive_rows(&rows, &archive, timeout).await {
+            Ok(Some(said)) => writeln!(out, "{name}: {said}")?,
+            Ok(None) => {}
+            Err(e) => {
+                // Blobs stay until the rows are done: a run again finds them and finishes.
+                left.push(format!(
+                    "{name}: rows ({e:#}); its blobs were kept for the next run"
+                ));
+                continue;
+            }
+        }
+        if let Some(store) = store.as_deref() {
+            for key in found.segments.values().chain(&found.dead_letters) {
+                match store.delete(key).await {
+                    Ok(true) => {
+                        removed += 1;
+                        writeln!(out, "removed {}", store.location(key))?;
+                    }
+                    Ok(false) => writeln!(out, "already gone {}", store.location(key))?,
+                    Err(e) => left.push(format!("{}: {}", store.location(key), e.message)),
+                }
+            }
+        }
+        replays += 1;
+    }
+    writeln!(
+        out,
+        "{} replay(s) deleted, {removed} object(s) removed{}",
+        replays,
+        if args.dry_run {
+            " (dry run: nothing removed)"
+        } else {
+            ""
+        }
+    )?;
+    if !left.is_empty() {
+        bail!(
+            "not everything could be removed; left:\n  {}",
+            left.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// The replay's segment blobs and rows, and its dead-letter copies among `copies`.
+async fn find(
+    store: Option<&dyn BlobStore>,
+    rows: &Rows,
+    copies: &BTreeMap<(u64, String), Vec<String>>,
+    target: &Target,
+) -> anyhow::Result<Found> {
+    let mut found = Found::default();
+    if let Some(store) = store {
+        for prefix in store.list("").await?.prefixes {
+            let Ok(retention) = prefix.trim_end_matches('/').parse::<u16>() else {
+                continue;
+            };
+            let replay = format!("{prefix}{}/{}/", target.project, target.replay);
+            for object in store.list(&replay).await?.objects {
+                let segment = object.key.rsplit('/').next().and_then(|s| s.parse().ok());
+                if let Some(segment) = segment {
+                    found.segments.insert(segment, object.key);
+                    found.retention.get_or_insert(retention);
+                }
+            }
+        }
+        if let Some(keys) = copies.get(&(target.project, target.replay.clone())) {
+            found.dead_letters = keys.clone();
+        }
+    }
+    if let Rows::ClickHouse(config) = rows {
+        found.rows = clickhouse::client(config)
+            .query(&format!(
+                "SELECT count() FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND is_archived = 0",
+                config.table
+            ))
+            .bind(target.project)
+            .bind(hyphenated(&target.replay))
+            .fetch_one::<u64>()
+            .await
+            .map_err(|e| clickhouse::setup_error(&e, config))?;
+    }
+    Ok(found)
+}
+
+/// The dead-letter copies in the store, by the (project, replay) of the message each holds. A
+/// copy whose value is not a recording message (or is unreadable) belongs to no replay.
+async fn dead_letter_copies(
+    store: Option<&dyn BlobStore>,
+) -> anyhow::Result<BTreeMap<(u64, String), Vec<String>>> {
+    let mut copies: BTreeMap<(u64, String), Vec<String>> = BTreeMap::new();
+    let Some(store) = store else {
+        return Ok(copies);
+    };
+    let objects = store::walk(store, "dlq/").await?;
+    for object in objects.iter().filter(|o| !o.key.ends_with(".key")) {
+        let Some(value) = store.read(&object.key).await? else {
+            continue;
+        };
+        if let Some(owner) = owner(&value) {
+            let keys = copies.entry(owner).or_default();
+            keys.push(object.key.clone());
+            let long_key = format!("{}.key", object.key);
+            if objects.iter().any(|o| o.key == long_key) {
+                keys.push(long_key);
+            }
+        }
+    }
+    Ok(copies)
+}
+
+/// The project and replay of a recording message value (msgpack), read leniently: a dead letter
+/// is, by definition, a message that did not process.
+fn owner(value: &[u8]) -> Option<(u64, String)> {
+    let rmpv::Value::Map(fields) = rmpv::decode::read_value(&mut &value[..]).ok()? else {
+        return None;
+    };
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(name))
+            .map(|(_, v)| v)
+    };
+    let project = field("project_id")?.as_u64()?;
+    let replay = uuid::Uuid::try_parse(field("replay_id")?.as_str()?).ok()?;
+    Some((project, replay.simple().to_string()))
+}
+
+/// The replay's time: the first event of its earliest segment blob, in seconds.
+async fn replay_time(store: Option<&dyn BlobStore>, found: &Found) -> Option<f64> {
+    let key = found.segments.values().next()?;
+    let stored = store?.read(key).await.ok()??;
+    let json = blob::rrweb_json(&stored, crate::recording::DEFAULT_MAX_DECOMPRESSED_BYTES).ok()?;
+    let first = rrweb::extract(&json, rrweb::RowLimits::default())
+        .ok()?
+        .first_timestamp_ms?;
+    Some(first as f64 / 1000.0)
+}
+
+/// Removes the replay's rows the way the rows sink implies; what was done, to say.
+async fn archive_rows(
+    rows: &Rows,
+    archive: &Archive<'_>,
+    timeout: Duration,
+) -> anyhow::Result<Option<String>> {
+    match rows {
+        Rows::None => Ok(None),
+        Rows::Snuba { producer, topic } => {
+            let message = archive.message();
+            producer
+                .send(FutureRecord::<(), _>::to(topic).payload(&message), timeout)
+                .await
+                .map_err(|(e, _)| e)
+                .with_context(|| format!("publishing the archive on {topic}"))?;
+            Ok(Some(format!("archive published on {topic}")))
+        }
+        Rows::ClickHouse(config) => {
+            let client = clickhouse::client(config);
+            let delete = format!(
+                "ALTER TABLE {} DELETE WHERE project_id = {} AND replay_id = toUUID('{}') AND is_archived = 0",
+                config.table,
+                archive.project_id,
+                hyphenated(archive.replay_id)
+            );
+            client
+                .query(&delete)
+                .execute()
+                .await
+                .map_err(|e| clickhouse::setup_error(&e, config))
+                .context("deleting the rows")?;
+            wait_for_mutations(&client, config, timeout).await?;
+            let row = archive.row().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let mut insert = client
+                .insert::<crate::recording::ReplayRow>(&config.table)
+                .await
+                .map_err(|e| clickhouse::setup_error(&e, config))?;
+            insert.write(&row).await?;
+            insert
+                .end()
+                .await
+                .map_err(|e| clickhouse::setup_error(&e, config))
+                .context("inserting the archive row")?;
+            Ok(Some(format!(
+                "rows deleted and the archive row written in {}",
+                config.table
+            )))
+        }
+    }
+}
+
+/// Waits until the table has no mutation left running (the delete just submitted among them).
+async fn wait_for_mutations(
+    client: &::clickhouse::Client,
+    config: &ClickHouseConfig,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout.max(Duration::from_secs(60));
+    loop {
+        let running = client
+            .query("SELECT count() FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0")
+            .bind(&config.database)
+            .bind(&config.table)
+            .fetch_one::<u64>()
+            .await
+            .map_err(|e| clickhouse::setup_error(&e, config))?;
+        if running == 0 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the delete mutation of {} is still running", config.table);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The replay id as ClickHouse parses a UUID (every version takes the hyphenated form).
+fn hyphenated(replay: &str) -> String {
+    uuid::Uuid::try_parse(replay)
+        .map_or_else(|_| replay.to_owned(), |id| id.hyphenated().to_string())
+}
+
+fn now_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DeleteArgs,
+    }
+
+    fn parse(argv: &[&str]) -> Result<DeleteArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("delete").chain(argv.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn replays_are_named_by_project_and_id_in_either_form() {
+        let args = parse(&[
+            "--project",
+            "42",
+            "--replay",
+            "834F314C-AAE5-4030-A1B0-DC52B202F24A",
+            "--replay",
+            "834f314caae54030a1b0dc52b202f24a",
+        ])
+        .unwrap();
+        assert_eq!(
+            targets(&args).unwrap(),
+            [Target {
+                project: 42,
+                replay: "834f314caae54030a1b0dc52b202f24a".into()
+            }],
+            "one replay, named twice"
+        );
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_with_a_clear_error() {
+        assert!(
+            parse(&["--replay", "834f314caae54030a1b0dc52b202f24a"]).is_err(),
+            "no project"
+        );
+        assert!(parse(&["--project", "42"]).is_err(), "no replay");
+        let bad = parse(&["--project", "42", "--replay", "nope"]).unwrap();
+        let error = targets(&bad).unwrap_err().to_string();
+        assert!(error.contains("\"nope\" is not a replay id"), "{error}");
+        let none = parse(&[]).unwrap();
+        assert!(
+            targets(&none)
+                .unwrap_err()
+                .to_string()
+                .contains("name the replays")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("replays.txt");
+        std::fs::write(
+            &file,
+            "# privacy request 17\n42 834f314caae54030a1b0dc52b202f24a\n\n7 x y\n",
+        )
+        .unwrap();
+        let from_file = parse(&["--from-file", file.to_str().unwrap()]).unwrap();
+        let error = targets(&from_file).unwrap_err().to_string();
+        assert!(
+            error.ends_with(":4: expected `PROJECT REPLAY`, found \"7 x y\""),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_dead_letters_owner_is_read_leniently_from_its_msgpack() {
+        let value = rmp_serde::to_vec_named(&serde_json::json!({
+            "type": "replay_recording_not_chunked", "project_id": 42,
+            "replay_id": "834f314caae54030a1b0dc52b202f24a", "payload": "garbage"
+        }))
+        .unwrap();
+        assert_eq!(
+            owner(&value),
+            Some((42, "834f314caae54030a1b0dc52b202f24a".into()))
+        );
+        assert_eq!(owner(b"\xc1 not msgpack"), None);
+    }
+}

@@ -1,0 +1,26 @@
+//! Operator tools beside the service, for what Sentry's ingest leaves to hand work: removing one
+//! replay everywhere (`delete`). Each is a subcommand of `replay-ingest` that takes the same
+//! store and sink flags as `consume`, so it reaches what the service wrote
+//! (`docs/operations.md`, "Operator tools").
+
+pub mod delete;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{BlobArgs, BlobSinkKind};
+use crate::sink::filesystem::FilesystemBlobSink;
+use crate::sink::gcs_json::GcsStore;
+use crate::sink::store::BlobStore;
+
+/// The blob store the flags name; `None` with `--blob-sink null`.
+pub async fn blob_store(
+    blobs: &BlobArgs,
+    timeout: Duration,
+) -> anyhow::Result<Option<Arc<dyn BlobStore>>> {
+    Ok(match blobs.blob_sink {
+        BlobSinkKind::Gcs => Some(Arc::new(GcsStore::new(&blobs.gcs_config(timeout)?).await?)),
+        BlobSinkKind::Filesystem => Some(Arc::new(FilesystemBlobSink::new(&blobs.blob_dir)?)),
+        BlobSinkKind::Null => None,
+    })
+}

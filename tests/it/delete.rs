@@ -1,0 +1,349 @@
+//! `replay-ingest delete` against the real stack, on what the running service wrote: a replay's
+//! blobs, its oversized dead-letter copy and its rows go — in ClickHouse deleted and archived, or
+//! through snuba's topic archived as Sentry does — while another replay stays; a dry run removes
+//! nothing; a second run is a no-op; a run killed half way is finished by the next.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use replay_ingest::recording::{self, Limits};
+
+use crate::support::*;
+
+const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(fixture_dir().join("segments").join(name)).unwrap()
+}
+
+/// `value` with its payload replaced by a corrupt zlib body of `bytes` bytes: a dead letter of
+/// the same replay, larger than the dead-letter topic takes.
+fn corrupt(value: &[u8], bytes: usize) -> Vec<u8> {
+    let mut decoded = rmpv::decode::read_value(&mut &value[..]).unwrap();
+    let rmpv::Value::Map(fields) = &mut decoded else {
+        panic!("a msgpack map");
+    };
+    for (key, field) in fields.iter_mut() {
+        if key.as_str() == Some("payload") {
+            let mut payload = b"{\"segment_id\":7}\n\x78\x9c".to_vec();
+            payload.extend((0..bytes).map(|i| (i * 7919 % 251) as u8));
+            *field = rmpv::Value::Binary(payload);
+        }
+    }
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &decoded).unwrap();
+    out
+}
+
+/// Runs `replay-ingest delete` with `args`; its exit status and output.
+fn delete(args: &[String]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .arg("delete")
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn gcs_flags(names: &Names) -> Vec<String> {
+    [
+        "--blob-sink",
+        "gcs",
+        "--gcs-bucket",
+        &names.bucket,
+        "--gcs-endpoint",
+        &gcs_endpoint(),
+        "--gcs-anonymous",
+        "--brokers",
+        &brokers(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_replay_is_deleted_everywhere_with_clickhouse_and_a_second_run_is_a_no_op() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let (first, second, other) = (
+        fixture("network-0.msgpack"),
+        fixture("network-1.msgpack"),
+        fixture("console-0.msgpack"),
+    );
+    let oversized = corrupt(&first, 5000);
+    let (report, sent) = produce_values(
+        &names.topic,
+        vec![
+            (first.clone(), test_key(0)),
+            (second, test_key(1)),
+            (other.clone(), test_key(2)),
+            (oversized, test_key(3)),
+        ],
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let statsd = Statsd::bind();
+    let args: Vec<String> = names
+        .args(statsd.port(), dir.path())
+        .into_iter()
+        .chain(["--dlq-max-message-bytes", "2000"].map(String::from))
+        .collect();
+    let service = Service::start(&args);
+    wait_for("everything committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&report)
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+
+    let ids = recording::process(&first, &Limits::default()).unwrap().ids;
+    let kept = recording::process(&other, &Limits::default()).unwrap().ids;
+    let key =
+        |segment| recording::blob::key(ids.retention_days, ids.project_id, &ids.replay_id, segment);
+    let copy = {
+        let dead = &sent[3];
+        format!("dlq/{}/{}/{}", names.topic, dead.partition, dead.offset)
+    };
+    let gcs = gcs_client().await;
+    for object in [key(0), key(1), copy.clone()] {
+        assert!(
+            try_read_object(&gcs, &names.bucket, &object).await.is_ok(),
+            "{object} written"
+        );
+    }
+    let rows_of = |rows: &[recording::ReplayRow], replay: uuid::Uuid| {
+        rows.iter()
+            .filter(|r| r.replay_id == replay)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert!(!rows_of(&clickhouse_rows(&names.table).await, ids.replay_uuid).is_empty());
+
+    let flags: Vec<String> = gcs_flags(&names)
+        .into_iter()
+        .chain(
+            [
+                "--rows-sink",
+                "clickhouse",
+                "--clickhouse-url",
+                &clickhouse_url(),
+                "--clickhouse-database",
+                "replay_ingest_e2e",
+                "--clickhouse-table",
+                &names.table,
+                "--project",
+                &ids.project_id.to_string(),
+                "--replay",
+                &ids.replay_id,
+            ]
+            .map(String::from),
+        )
+        .collect();
+    let (ok, dry) = delete(&[flags.clone(), vec!["--dry-run".into()]].concat());
+    assert!(ok, "{dry}");
+    assert!(
+        dry.contains("found 2 segment blob(s), 1 dead-letter copy object(s)"),
+        "{dry}"
+    );
+    assert!(dry.contains("would remove gs://"), "{dry}");
+    assert!(
+        try_read_object(&gcs, &names.bucket, &key(0)).await.is_ok(),
+        "a dry run removes nothing"
+    );
+
+    let started = Instant::now();
+    let (ok, said) = delete(&flags);
+    let took = started.elapsed();
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("rows deleted and the archive row written"),
+        "{said}"
+    );
+    assert!(
+        said.contains("1 replay(s) deleted, 3 object(s) removed"),
+        "{said}"
+    );
+    for object in [key(0), key(1), copy] {
+        assert!(
+            try_read_object(&gcs, &names.bucket, &object).await.is_err(),
+            "{object} gone"
+        );
+    }
+    let other_key = recording::blob::key(kept.retention_days, kept.project_id, &kept.replay_id, 0);
+    assert!(
+        try_read_object(&gcs, &names.bucket, &other_key)
+            .await
+            .is_ok(),
+        "the other replay stays"
+    );
+    let rows = clickhouse_rows(&names.table).await;
+    let left = rows_of(&rows, ids.replay_uuid);
+    assert_eq!(left.len(), 1, "only the archive row: {left:?}");
+    assert_eq!(left[0].is_archived, Some(1));
+    assert_eq!(left[0].segment_id, None);
+    // Stamped with the replay's own time (its first event), not the time of the delete.
+    let first_event = recording::process(&first, &Limits::default())
+        .unwrap()
+        .extracted
+        .first_timestamp_ms
+        .unwrap();
+    assert_eq!(u64::from(left[0].timestamp), first_event / 1000);
+    assert!(
+        !rows_of(&rows, kept.replay_uuid).is_empty(),
+        "the other replay's rows stay"
+    );
+    println!("deleted a replay of 2 segments, a dead-letter copy and its rows in {took:?}");
+
+    let (ok, again) = delete(&flags);
+    assert!(ok, "{again}");
+    assert!(again.contains("nothing to delete"), "{again}");
+    assert!(
+        again.contains("0 replay(s) deleted, 0 object(s) removed"),
+        "{again}"
+    );
+    assert_eq!(
+        rows_of(&clickhouse_rows(&names.table).await, ids.replay_uuid).len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn with_snuba_a_run_killed_half_way_is_finished_by_the_next_and_the_archive_is_sentrys() {
+    use replay_ingest::sink::ObjectStore;
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let replay_events = unique("replay-events");
+    create_topic(&replay_events, 1).await;
+    // A long replay, written by the service's own blob writer: 400 segments.
+    let store = replay_ingest::sink::gcs::GcsSink::new(&replay_ingest::sink::gcs::GcsConfig {
+        bucket: names.bucket.clone(),
+        endpoint: Some(gcs_endpoint()),
+        anonymous: true,
+        concurrency: 16,
+        timeout: Duration::from_secs(10),
+    })
+    .await
+    .unwrap();
+    let value = fixture("console-1.msgpack");
+    let ids = recording::process(&value, &Limits::default()).unwrap().ids;
+    let segment = recording::process(&value, &Limits::default())
+        .unwrap()
+        .blob
+        .bytes;
+    let keys: Vec<String> = (0..400)
+        .map(|n| recording::blob::key(ids.retention_days, ids.project_id, &ids.replay_id, n))
+        .collect();
+    futures::future::join_all(keys.iter().map(|k| store.put(k, &segment)))
+        .await
+        .into_iter()
+        .for_each(|r| r.unwrap());
+
+    let flags: Vec<String> = gcs_flags(&names)
+        .into_iter()
+        .chain(
+            [
+                "--rows-sink",
+                "snuba",
+                "--replay-events-topic",
+                &replay_events,
+                "--project",
+                &ids.project_id.to_string(),
+                "--replay",
+                &ids.replay_id,
+            ]
+            .map(String::from),
+        )
+        .collect();
+    // Killed once it has removed 50 objects.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .arg("delete")
+        .args(&flags)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut removed = 0;
+    for line in lines {
+        if line.unwrap().starts_with("removed ") {
+            removed += 1;
+            if removed == 50 {
+                child.kill().unwrap();
+                break;
+            }
+        }
+    }
+    child.wait().unwrap();
+    let gcs = gcs_client().await;
+    let mut remaining = 0;
+    for key in &keys {
+        remaining += usize::from(try_read_object(&gcs, &names.bucket, key).await.is_ok());
+    }
+    assert!(
+        (1..=350).contains(&remaining),
+        "killed half way: {remaining} left"
+    );
+
+    let started = Instant::now();
+    let (ok, said) = delete(&flags);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains(&format!("found {remaining} segment blob(s)")),
+        "{said}"
+    );
+    println!(
+        "the second run removed {remaining} segments in {:?}",
+        started.elapsed()
+    );
+    for key in &keys {
+        assert!(
+            try_read_object(&gcs, &names.bucket, key).await.is_err(),
+            "{key}"
+        );
+    }
+    // The archive, once per run that found something, the same message both times but for
+    // its `start_time`; valid for Sentry's topic schema and archived in snuba's mapping.
+    let archives = read_messages(&replay_events, 2, Duration::from_secs(20));
+    assert_eq!(archives.len(), 2);
+    let schema = sentry_kafka_schemas::get_schema("ingest-replay-events", None).unwrap();
+    for archive in &archives {
+        let message = schema.validate_json(&archive.value).unwrap();
+        assert_eq!(message["replay_id"], ids.replay_id.as_str());
+        assert_eq!(message["payload"]["is_archived"], true);
+        let rows = crate::support::snuba::rows(&archive.value, 0, 0).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0]["is_archived"], 1);
+    }
+    let hash = |m: &Received| {
+        let message: serde_json::Value = serde_json::from_slice(&m.value).unwrap();
+        message["payload"]["event_hash"].clone()
+    };
+    assert_eq!(hash(&archives[0]), hash(&archives[1]));
+}
+
+#[test]
+fn without_replays_or_with_a_bad_id_delete_says_what_is_wrong() {
+    let (ok, said) = delete(&["--blob-sink".into(), "null".into()]);
+    assert!(!ok);
+    assert!(said.contains("name the replays"), "{said}");
+    let (ok, said) = delete(&[
+        "--project".into(),
+        "1".into(),
+        "--replay".into(),
+        "x".into(),
+        "--blob-sink".into(),
+        "null".into(),
+        "--rows-sink".into(),
+        "null".into(),
+    ]);
+    assert!(!ok);
+    assert!(said.contains("\"x\" is not a replay id"), "{said}");
+}
