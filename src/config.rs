@@ -331,6 +331,15 @@ impl BlobArgs {
     }
 }
 
+/// How fast a sweep of the filesystem store (`replay-ingest sweep`, `--sweep-interval-s`) may
+/// remove files.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct SweepPace {
+    /// Most files a sweep removes per second (its I/O beside the running service).
+    #[arg(long, env = "REPLAY_INGEST_SWEEP_MAX_DELETES_PER_SECOND", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sweep_max_deletes_per_second: u32,
+}
+
 /// Where the rows are: ClickHouse directly, or snuba's topic.
 #[derive(Args, Debug, Clone)]
 pub struct RowsArgs {
@@ -518,6 +527,13 @@ pub struct ConsumeArgs {
 
     #[command(flatten)]
     pub blobs: BlobArgs,
+    /// With `--blob-sink filesystem`: every this many seconds, remove the blobs past their
+    /// retention (what `replay-ingest sweep` does). 0: never (run the sweep yourself, or on GCS
+    /// let the bucket's lifecycle rules expire them).
+    #[arg(long, env = "REPLAY_INGEST_SWEEP_INTERVAL_S", default_value_t = 0)]
+    pub sweep_interval_s: u64,
+    #[command(flatten)]
+    pub sweep_pace: SweepPace,
     #[command(flatten)]
     pub rows: RowsArgs,
     /// Create or migrate the ClickHouse table at start (otherwise run `replay-ingest migrate`).
@@ -607,6 +623,9 @@ impl ConsumeArgs {
         }
         self.rows.validate()?;
         self.blobs.validate()?;
+        if self.sweep_interval_s > 0 && self.blobs.blob_sink != BlobSinkKind::Filesystem {
+            return Err("--sweep-interval-s sweeps the filesystem blob store (--blob-sink filesystem); on GCS, bucket lifecycle rules expire blobs".to_owned());
+        }
         if (self.fetch_max_bytes as usize) < self.max_message_bytes {
             return Err(format!(
                 "--fetch-max-bytes ({}) must hold a message of --max-message-bytes",

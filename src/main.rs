@@ -81,6 +81,9 @@ enum Command {
     /// their rows (an archive as Sentry writes one; with ClickHouse, the rows deleted too). Safe to
     /// run again after a crash; a second run is a no-op. Exits non-zero naming what is left.
     Delete(Box<replay_ingest::tools::delete::DeleteArgs>),
+    /// Remove the filesystem blob store's blobs older than the retention their key carries
+    /// (`{retention_days}/…`), and the directories that leaves empty; prints a summary.
+    Sweep(replay_ingest::tools::sweep::SweepArgs),
 }
 
 fn main() -> ExitCode {
@@ -112,6 +115,7 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Delete(args) => replay_ingest::tools::delete::run(&args, &mut std::io::stdout()).await,
+            Command::Sweep(args) => run_sweep(args).await,
             Command::Inspect { .. } => Ok(()),
         }
     });
@@ -239,6 +243,74 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
     })
 }
 
+async fn run_sweep(args: replay_ingest::tools::sweep::SweepArgs) -> anyhow::Result<()> {
+    use replay_ingest::tools::sweep;
+    let summary = tokio::task::spawn_blocking(move || {
+        let verb = if args.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        sweep::sweep(
+            &args.blob_dir,
+            std::time::SystemTime::now(),
+            args.dry_run,
+            args.pace,
+            |path| {
+                println!("{verb} {}", path.display());
+            },
+        )
+    })
+    .await?;
+    println!("{summary}");
+    if !summary.errors.is_empty() {
+        anyhow::bail!("sweep errors:\n  {}", summary.errors.join("\n  "));
+    }
+    Ok(())
+}
+
+/// Sweeps the filesystem store every `interval` while the service runs (on the blocking pool).
+fn spawn_sweeper(
+    dir: PathBuf,
+    interval: std::time::Duration,
+    pace: replay_ingest::config::SweepPace,
+) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            let dir = dir.clone();
+            let swept = tokio::task::spawn_blocking(move || {
+                replay_ingest::tools::sweep::sweep(
+                    &dir,
+                    std::time::SystemTime::now(),
+                    false,
+                    pace,
+                    |_| {},
+                )
+            })
+            .await;
+            match swept {
+                Ok(summary) if summary.errors.is_empty() => {
+                    replay_ingest::metrics::swept(summary.removed, summary.bytes);
+                    info!(
+                        removed = summary.removed,
+                        bytes = summary.bytes,
+                        scanned = summary.scanned,
+                        "blob store swept"
+                    );
+                }
+                Ok(summary) => {
+                    replay_ingest::metrics::swept(summary.removed, summary.bytes);
+                    warn!(removed = summary.removed, errors = ?summary.errors, "blob store swept, with errors");
+                }
+                Err(e) => warn!(error = %e, "the sweep did not finish"),
+            }
+        }
+    });
+}
+
 async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
     args.validate()?;
     let exporter = replay_ingest::metrics::install(&args.metrics.settings())
@@ -262,6 +334,10 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
     }
     info!(listen = %args.http_listen, topic = %args.topic, group = %args.group_id, "starting");
     tokio::spawn(health::serve(listener, status.clone()));
+    if args.sweep_interval_s > 0 {
+        let interval = std::time::Duration::from_secs(args.sweep_interval_s);
+        spawn_sweeper(args.blobs.blob_dir.clone(), interval, args.sweep_pace);
+    }
     let sinks = sinks(args, &status).await?;
     pipeline::consume(
         args.pipeline_settings()?,

@@ -30,6 +30,8 @@
 //! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics, for owned partitions; 0 once given away |
 //! | `trace_items.built` | counter | items | `category` | EAP trace items built while processing (`--trace-items-rollout`); `flush.items{sink:trace_items}` counts them delivered |
 //! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large` |
+//! | `sweep.removed` | counter | blobs | | blobs past their retention removed by the periodic sweep (`--sweep-interval-s`) |
+//! | `sweep.bytes` | counter | bytes | | their bytes |
 //! | `trace_items.headers_cut` | counter | headers | | request/response headers left out of an item or cut, past `MAX_HEADERS` / `MAX_HEADER_BYTES` |
 //!
 //! Sentry's own ingest metrics, under the same names (and the same prefix), so dashboards built
@@ -154,6 +156,8 @@ pub const COMMITS: &str = "commits";
 pub const CONSUMER_PAUSED_MS: &str = "consumer.paused_ms";
 pub const CONSUMER_REBALANCES: &str = "consumer.rebalances";
 pub const CONSUMER_LAG: &str = "consumer.lag";
+pub const SWEEP_REMOVED: &str = "sweep.removed";
+pub const SWEEP_BYTES: &str = "sweep.bytes";
 pub const TRACE_ITEMS_BUILT: &str = "trace_items.built";
 pub const TRACE_ITEMS_DROPPED: &str = "trace_items.dropped";
 pub const TRACE_ITEMS_HEADERS_CUT: &str = "trace_items.headers_cut";
@@ -295,6 +299,12 @@ pub fn paused_for(duration: Duration) {
 
 pub fn rebalanced() {
     counter!(CONSUMER_REBALANCES).increment(1);
+}
+
+/// The periodic sweep removed `blobs` blobs of `bytes` bytes.
+pub fn swept(blobs: u64, bytes: u64) {
+    counter!(SWEEP_REMOVED).increment(blobs);
+    counter!(SWEEP_BYTES).increment(bytes);
 }
 
 pub fn lag(partition: i32, lag: i64) {

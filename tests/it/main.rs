@@ -31,5 +31,6 @@ mod readme;
 mod sentry_schemas;
 mod sink_outages;
 mod startup_checks;
+mod sweep;
 mod trace_items;
 mod transport_security;

@@ -1,0 +1,295 @@
+//! `replay-ingest sweep`: expiry for the filesystem blob store. A blob's key starts with the
+//! retention its replay was written with (`{retention_days}/{project}/{replay}/{segment}`); a
+//! blob older than that many days (by its modification time) is removed, and so is a replay's
+//! or project's directory once empty. Rows expire in ClickHouse by their TTL; without this, blobs
+//! on a filesystem store never do (one instance held 234 GiB, 3.96 million files past 90 days).
+//! On GCS, bucket lifecycle rules do the same (`docs/operations.md`).
+//!
+//! Bounded I/O: one directory is read at a time (nothing lists the whole store), and removals
+//! are paced to `--max-deletes-per-second`, so a sweep beside the running service never starves
+//! its writes. Anything not under a numeric retention directory (dead-letter copies under
+//! `dlq/`, the startup probe) is left alone, and so is a writer's temporary file.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use clap::Args;
+
+pub use crate::config::SweepPace;
+
+/// Remove the filesystem store's blobs that have outlived their retention.
+#[derive(Args, Debug, Clone)]
+pub struct SweepArgs {
+    /// The filesystem blob store (`--blob-dir` of `consume`).
+    #[arg(long, env = "REPLAY_INGEST_BLOB_DIR", default_value = "blobs")]
+    pub blob_dir: PathBuf,
+    /// Say what would be removed, remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub pace: SweepPace,
+}
+
+/// What a sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Blobs looked at, under retention directories.
+    pub scanned: u64,
+    /// Of those, past their retention.
+    pub expired: u64,
+    /// Removed (0 on a dry run), and their bytes.
+    pub removed: u64,
+    pub bytes: u64,
+    /// Emptied directories removed.
+    pub directories: u64,
+    /// What could not be read or removed.
+    pub errors: Vec<String>,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} blob(s) scanned, {} past their retention, {} removed ({} bytes), {} empty directories removed, {} error(s)",
+            self.scanned,
+            self.expired,
+            self.removed,
+            self.bytes,
+            self.directories,
+            self.errors.len()
+        )
+    }
+}
+
+/// Sweeps `root` as of `now`, calling `removed` with each path removed (or, on a dry run, that
+/// would be).
+pub fn sweep(
+    root: &Path,
+    now: SystemTime,
+    dry_run: bool,
+    pace: SweepPace,
+    mut removed: impl FnMut(&Path),
+) -> Summary {
+    let mut summary = Summary::default();
+    let mut pacer = Pacer::new(pace.sweep_max_deletes_per_second);
+    for (retention_dir, days) in retention_dirs(root, &mut summary) {
+        let cutoff = now
+            .checked_sub(Duration::from_secs(u64::from(days) * 86_400))
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        for project in subdirectories(&retention_dir, &mut summary) {
+            for replay in subdirectories(&project, &mut summary) {
+                for (file, meta) in files(&replay, &mut summary) {
+                    summary.scanned += 1;
+                    if meta.modified().is_ok_and(|m| m >= cutoff) {
+                        continue;
+                    }
+                    summary.expired += 1;
+                    removed(&file);
+                    if dry_run {
+                        continue;
+                    }
+                    pacer.wait();
+                    match fs::remove_file(&file) {
+                        Ok(()) => {
+                            summary.removed += 1;
+                            summary.bytes += meta.len();
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => summary.errors.push(format!("{}: {e}", file.display())),
+                    }
+                }
+                if !dry_run {
+                    remove_if_empty(&replay, &mut summary);
+                }
+            }
+            if !dry_run {
+                remove_if_empty(&project, &mut summary);
+            }
+        }
+    }
+    summary
+}
+
+/// Top-level directories named by a retention in days.
+fn retention_dirs(root: &Path, summary: &mut Summary) -> Vec<(PathBuf, u16)> {
+    let mut dirs: Vec<(PathBuf, u16)> = subdirectories(root, summary)
+        .into_iter()
+        .filter_map(|dir| {
+            let days = dir.file_name()?.to_str()?.parse().ok()?;
+            Some((dir, days))
+        })
+        .collect();
+    dirs.sort_by_key(|(_, days)| *days);
+    dirs
+}
+
+fn subdirectories(dir: &Path, summary: &mut Summary) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = entries(dir, summary)
+        .filter(|(_, meta)| meta.is_dir())
+        .map(|(path, _)| path)
+        .collect();
+    found.sort();
+    found
+}
+
+fn files(dir: &Path, summary: &mut Summary) -> Vec<(PathBuf, fs::Metadata)> {
+    entries(dir, summary)
+        .filter(|(path, meta)| {
+            let temporary = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.contains(".tmp-"));
+            meta.is_file() && !temporary
+        })
+        .collect()
+}
+
+/// A directory's entries with their metadata (symbolic links not followed); unreadable ones are
+/// errors, a directory already gone is empty.
+fn entries<'a>(
+    dir: &Path,
+    summary: &'a mut Summary,
+) -> impl Iterator<Item = (PathBuf, fs::Metadata)> + 'a {
+    let read = match fs::read_dir(dir) {
+        Ok(read) => Some(read),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            summary.errors.push(format!("{}: {e}", dir.display()));
+            None
+        }
+    };
+    read.into_iter().flatten().filter_map(move |entry| {
+        let entry = entry
+            .map_err(|e| summary.errors.push(format!("{e}")))
+            .ok()?;
+        let meta = fs::symlink_metadata(entry.path())
+            .map_err(|e| {
+                summary
+                    .errors
+                    .push(format!("{}: {e}", entry.path().display()))
+            })
+            .ok()?;
+        Some((entry.path(), meta))
+    })
+}
+
+fn remove_if_empty(dir: &Path, summary: &mut Summary) {
+    let empty = fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none());
+    if empty && fs::remove_dir(dir).is_ok() {
+        summary.directories += 1;
+    }
+}
+
+/// At most `per_second` removals in any second.
+struct Pacer {
+    per_second: u32,
+    window: Instant,
+    used: u32,
+}
+
+impl Pacer {
+    fn new(per_second: u32) -> Pacer {
+        Pacer {
+            per_second: per_second.max(1),
+            window: Instant::now(),
+            used: 0,
+        }
+    }
+
+    fn wait(&mut self) {
+        if self.window.elapsed() >= Duration::from_secs(1) {
+            (self.window, self.used) = (Instant::now(), 0);
+        }
+        if self.used == self.per_second {
+            std::thread::sleep(Duration::from_secs(1).saturating_sub(self.window.elapsed()));
+            (self.window, self.used) = (Instant::now(), 0);
+        }
+        self.used += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn blob(root: &Path, key: &str, age: Duration) {
+        let path = root.join(key);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, b"zlib").unwrap();
+        let file = fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(SystemTime::now() - age).unwrap();
+    }
+
+    const PACE: SweepPace = SweepPace {
+        sweep_max_deletes_per_second: 1_000_000,
+    };
+
+    #[test]
+    fn exactly_the_blobs_past_their_keys_retention_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        blob(root, "30/1/aaaa/0", 31 * DAY);
+        blob(root, "30/1/aaaa/1", 29 * DAY);
+        blob(root, "30/1/bbbb/0", 45 * DAY);
+        blob(root, "90/1/cccc/0", 45 * DAY);
+        blob(root, "90/2/dddd/0", 91 * DAY);
+        blob(root, "dlq/t/0/17", 400 * DAY);
+        blob(root, "30/1/aaaa/2.tmp-1", 400 * DAY);
+        let mut seen = Vec::new();
+        let dry = sweep(root, SystemTime::now(), true, PACE, |p| {
+            seen.push(p.to_owned())
+        });
+        assert_eq!((dry.scanned, dry.expired, dry.removed), (5, 3, 0));
+        assert!(
+            root.join("30/1/aaaa/0").exists(),
+            "a dry run removes nothing"
+        );
+        let summary = sweep(root, SystemTime::now(), false, PACE, |_| {});
+        assert_eq!(
+            (summary.expired, summary.removed, summary.bytes),
+            (3, 3, 12)
+        );
+        for gone in ["30/1/aaaa/0", "30/1/bbbb", "90/2"] {
+            assert!(!root.join(gone).exists(), "{gone}");
+        }
+        for kept in [
+            "30/1/aaaa/1",
+            "90/1/cccc/0",
+            "dlq/t/0/17",
+            "30/1/aaaa/2.tmp-1",
+        ] {
+            assert!(root.join(kept).exists(), "{kept}");
+        }
+        assert_eq!(summary.directories, 3, "bbbb, 90/2/dddd and 90/2");
+        assert!(summary.errors.is_empty(), "{:?}", summary.errors);
+        assert_eq!(
+            sweep(root, SystemTime::now(), false, PACE, |_| {}).removed,
+            0
+        );
+    }
+
+    #[test]
+    fn removals_are_paced() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in 0..25 {
+            blob(dir.path(), &format!("30/1/aaaa/{n}"), 40 * DAY);
+        }
+        let started = Instant::now();
+        let pace = SweepPace {
+            sweep_max_deletes_per_second: 10,
+        };
+        assert_eq!(
+            sweep(dir.path(), SystemTime::now(), false, pace, |_| {}).removed,
+            25
+        );
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! `replay-ingest sweep` and the service's periodic sweep (`--sweep-interval-s`) on a real
+//! filesystem store: exactly the blobs older than their key's retention go, with the directories
+//! they leave empty; fresh blobs, dead-letter copies and other files stay.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use crate::support::*;
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// A blob at `key`, written `age` ago (its modification time set back).
+fn aged(root: &Path, key: &str, age: Duration) {
+    let path = root.join(key);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, b"\x78\x9c blob").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(SystemTime::now() - age)
+        .unwrap();
+}
+
+fn sweep(root: &Path, extra: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .args(["sweep", "--blob-dir", root.to_str().unwrap()])
+        .args(extra)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn the_sweep_removes_exactly_the_expired_blobs_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    aged(root, "30/42/aaaa/0", 31 * DAY);
+    aged(root, "30/42/aaaa/1", 2 * DAY);
+    aged(root, "90/42/bbbb/0", 91 * DAY);
+    aged(root, "90/42/cccc/0", 89 * DAY);
+    aged(root, "dlq/rec/0/12", 365 * DAY);
+    let (ok, dry) = sweep(root, &["--dry-run"]);
+    assert!(ok, "{dry}");
+    assert!(dry.contains("would remove"), "{dry}");
+    assert!(
+        dry.contains("4 blob(s) scanned, 2 past their retention, 0 removed"),
+        "{dry}"
+    );
+    assert!(root.join("30/42/aaaa/0").exists());
+    let (ok, said) = sweep(root, &[]);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("2 past their retention, 2 removed (14 bytes)"),
+        "{said}"
+    );
+    assert!(!root.join("30/42/aaaa/0").exists() && !root.join("90/42/bbbb").exists());
+    for kept in ["30/42/aaaa/1", "90/42/cccc/0", "dlq/rec/0/12"] {
+        assert!(root.join(kept).exists(), "{kept}");
+    }
+    let (ok, again) = sweep(root, &[]);
+    assert!(ok && again.contains("0 removed"), "{again}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn the_service_sweeps_its_filesystem_store_while_it_runs() {
+    let _stack = uses_stack().await;
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    aged(dir.path(), "30/42/aaaa/0", 40 * DAY);
+    aged(dir.path(), "90/42/bbbb/0", 100 * DAY);
+    let fixtures = small_fixtures(true);
+    let (report, _) = produce_fixtures(&topic, &fixtures, 5).await;
+    let statsd = Statsd::bind();
+    let args = with_flag(
+        service_args(&topic, &dlq, &group, dir.path(), free_port()),
+        "--statsd-address",
+        &format!("127.0.0.1:{}", statsd.port()),
+    );
+    let args: Vec<String> = args
+        .into_iter()
+        .chain(
+            [
+                "--sweep-interval-s",
+                "1",
+                "--statsd-flush-interval-ms",
+                "100",
+            ]
+            .map(String::from),
+        )
+        .collect();
+    let service = Service::start(&args);
+    wait_for("everything committed", Duration::from_secs(120), || {
+        service.committed() == expected_commits(&report)
+    })
+    .await;
+    wait_for("the aged blobs swept", Duration::from_secs(30), || {
+        !dir.path().join("30/42/aaaa").exists() && !dir.path().join("90/42/bbbb").exists()
+    })
+    .await;
+    let written = blobs_under(dir.path());
+    assert_eq!(written.len(), 5, "the fresh blobs stay: {written:?}");
+    assert_eq!(service.terminate(), Some(0));
+    let counters = statsd.read().counters;
+    assert_eq!(
+        counters.get("replay_ingest.sweep.removed"),
+        Some(&2.0),
+        "{counters:?}"
+    );
+}
+
+#[test]
+fn a_periodic_sweep_on_gcs_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .args([
+            "consume",
+            "--blob-sink",
+            "gcs",
+            "--gcs-bucket",
+            "b",
+            "--sweep-interval-s",
+            "60",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("--sweep-interval-s sweeps the filesystem blob store"),
+        "{said}"
+    );
+}
