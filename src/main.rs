@@ -246,18 +246,16 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
 async fn run_sweep(args: replay_ingest::tools::sweep::SweepArgs) -> anyhow::Result<()> {
     use replay_ingest::tools::sweep;
     let summary = tokio::task::spawn_blocking(move || {
-        let verb = if args.dry_run {
-            "would remove"
-        } else {
-            "removed"
-        };
+        // A dry run lists what it would remove; a real one (millions of files) only sums up.
         sweep::sweep(
             &args.blob_dir,
             std::time::SystemTime::now(),
             args.dry_run,
             args.pace,
             |path| {
-                println!("{verb} {}", path.display());
+                if args.dry_run {
+                    println!("would remove {}", path.display());
+                }
             },
         )
     })
