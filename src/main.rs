@@ -84,6 +84,10 @@ enum Command {
     /// Remove the filesystem blob store's blobs older than the retention their key carries
     /// (`{retention_days}/…`), and the directories that leaves empty; prints a summary.
     Sweep(replay_ingest::tools::sweep::SweepArgs),
+    /// Put dead letters back on the input topic (their original value and key), filtered by
+    /// reason and time, at a bounded rate; as a consumer group of its own, so a second run goes on
+    /// where the first stopped. Prints counts by reason.
+    Redrive(Box<replay_ingest::tools::redrive::RedriveArgs>),
 }
 
 fn main() -> ExitCode {
@@ -116,6 +120,9 @@ fn main() -> ExitCode {
             }
             Command::Delete(args) => replay_ingest::tools::delete::run(&args, &mut std::io::stdout()).await,
             Command::Sweep(args) => run_sweep(args).await,
+            Command::Redrive(args) => {
+                replay_ingest::tools::redrive::run(&args, &mut std::io::stdout()).await
+            }
             Command::Inspect { .. } => Ok(()),
         }
     });
@@ -229,6 +236,9 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
     };
     let trace_items = trace_items::build(&args.trace_items, &kafka, timeout)?;
     let mut stages = Vec::new();
+    if args.blobs.blob_sink == BlobSinkKind::Gcs {
+        warn_of_unexpired_blobs(args.blobs.gcs_config(timeout)?);
+    }
     let second = [rows, events].into_iter().chain(trace_items).collect();
     for stage in [vec![blobs, dlq], second] {
         let mut gated = Vec::new();
@@ -241,6 +251,27 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
         stages,
         rejections: Some(Box::new(rejections)),
     })
+}
+
+/// Warns, once at startup, of each retention prefix in the bucket that no lifecycle rule expires
+/// (its blobs would be kept for ever); never fails the start.
+fn warn_of_unexpired_blobs(config: replay_ingest::sink::gcs::GcsConfig) {
+    tokio::spawn(async move {
+        let gaps = match replay_ingest::sink::gcs_json::GcsStore::new(&config).await {
+            Ok(store) => store.unexpired_retentions().await,
+            Err(e) => Err(e),
+        };
+        match gaps {
+            Ok(gaps) => {
+                for retention in gaps {
+                    warn!(bucket = %config.bucket, prefix = %format!("{retention}/"), "no lifecycle rule deletes this prefix's blobs after {retention} days: they are kept until deleted by hand (docs/operations.md, \"Retention\")");
+                }
+            }
+            Err(error) => {
+                warn!(bucket = %config.bucket, %error, "could not read the bucket's lifecycle rules")
+            }
+        }
+    });
 }
 
 async fn run_sweep(args: replay_ingest::tools::sweep::SweepArgs) -> anyhow::Result<()> {

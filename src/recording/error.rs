@@ -42,6 +42,31 @@ pub enum Reason {
 }
 
 impl Reason {
+    pub const ALL: [Reason; 13] = [
+        Reason::InvalidMsgpack,
+        Reason::MissingField,
+        Reason::WrongType,
+        Reason::InvalidReplayId,
+        Reason::InvalidReceived,
+        Reason::MissingHeader,
+        Reason::InvalidHeader,
+        Reason::InvalidBody,
+        Reason::TruncatedBody,
+        Reason::TooLarge,
+        Reason::InvalidReplayEvent,
+        Reason::InternalError,
+        Reason::RejectedBySink,
+    ];
+
+    /// The reason whose string form is `name`.
+    pub fn from_name(name: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
+    pub fn names() -> Vec<&'static str> {
+        Reason::ALL.iter().map(|r| r.as_str()).collect()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::InvalidMsgpack => "invalid_msgpack",

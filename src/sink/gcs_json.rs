@@ -259,6 +259,52 @@ impl GcsStore {
     }
 }
 
+/// The retentions among `retentions` that no rule of `rules` expires: a `Delete` rule whose
+/// `matchesPrefix` holds `{retention}/` with an age of at least the retention, or one without a
+/// prefix condition (it covers every object) with an age of at least the longest retention.
+pub fn lifecycle_gaps(rules: &[LifecycleRule], retentions: &[u16]) -> Vec<u16> {
+    let longest = retentions.iter().copied().max().unwrap_or(0);
+    let deletes = rules.iter().filter(|r| r.action.kind == "Delete");
+    let covers = |rule: &LifecycleRule, retention: u16| {
+        let age_ok = rule
+            .condition
+            .age
+            .is_some_and(|age| age >= u32::from(retention));
+        let prefix = format!("{retention}/");
+        let for_prefix = rule
+            .condition
+            .matches_prefix
+            .iter()
+            .any(|p| prefix.starts_with(p.as_str()));
+        let for_all = rule.condition.matches_prefix.is_empty()
+            && rule
+                .condition
+                .age
+                .is_some_and(|age| age >= u32::from(longest));
+        (for_prefix && age_ok) || for_all
+    };
+    let deletes: Vec<&LifecycleRule> = deletes.collect();
+    retentions
+        .iter()
+        .copied()
+        .filter(|&retention| !deletes.iter().any(|rule| covers(rule, retention)))
+        .collect()
+}
+
+impl GcsStore {
+    /// The retention prefixes the bucket holds blobs under that no lifecycle rule expires.
+    pub async fn unexpired_retentions(&self) -> Result<Vec<u16>, SinkError> {
+        let retentions: Vec<u16> = self
+            .list_now("")
+            .await?
+            .prefixes
+            .iter()
+            .filter_map(|p| p.trim_end_matches('/').parse().ok())
+            .collect();
+        Ok(lifecycle_gaps(&self.lifecycle().await?, &retentions))
+    }
+}
+
 impl BlobStore for GcsStore {
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, SinkError>> {
         Box::pin(self.list_now(prefix))
@@ -300,6 +346,34 @@ mod tests {
         assert_eq!(encode("90/42/ab-c/0"), "90%2F42%2Fab-c%2F0");
         assert_eq!(encode("dlq/t/0/17.key"), "dlq%2Ft%2F0%2F17.key");
         assert_eq!(encode("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn a_retention_without_a_delete_rule_for_its_prefix_is_a_gap() {
+        let rule = |kind: &str, age, prefixes: &[&str]| LifecycleRule {
+            action: RuleAction { kind: kind.into() },
+            condition: RuleCondition {
+                age: Some(age),
+                matches_prefix: prefixes.iter().map(|p| p.to_string()).collect(),
+            },
+        };
+        let rules = [rule("Delete", 30, &["30/"]), rule("Delete", 60, &["90/"])];
+        assert_eq!(
+            lifecycle_gaps(&rules, &[30, 90]),
+            [90],
+            "90/ expires too early: not covered"
+        );
+        let rules = [rule("Delete", 30, &["30/"]), rule("Delete", 90, &["90/"])];
+        assert!(lifecycle_gaps(&rules, &[30, 90]).is_empty());
+        assert_eq!(
+            lifecycle_gaps(&[rule("SetStorageClass", 90, &["90/"])], &[90]),
+            [90]
+        );
+        assert!(
+            lifecycle_gaps(&[rule("Delete", 90, &[])], &[30, 90]).is_empty(),
+            "a rule for all"
+        );
+        assert_eq!(lifecycle_gaps(&[], &[30]), [30]);
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! Operator tools beside the service, for what Sentry's ingest leaves to hand work: removing one
-//! replay everywhere (`delete`), expiring the filesystem store's blobs (`sweep`). Each is a subcommand of `replay-ingest` that takes the same
+//! replay everywhere (`delete`), expiring the filesystem store's blobs (`sweep`), putting dead
+//! letters back on the input topic once their cause is fixed (`redrive`). Each is a subcommand of `replay-ingest` that takes the same
 //! store and sink flags as `consume`, so it reaches what the service wrote
 //! (`docs/operations.md`, "Operator tools").
 
 pub mod delete;
+pub mod redrive;
 pub mod sweep;
 
 use std::sync::Arc;

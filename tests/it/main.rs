@@ -28,6 +28,7 @@ mod pipeline_backpressure;
 mod pipeline_outages;
 mod produce_tool;
 mod readme;
+mod redrive;
 mod sentry_schemas;
 mod sink_outages;
 mod startup_checks;

@@ -138,3 +138,41 @@ async fn refused_clickhouse_credentials_stop_the_service_naming_the_flags() {
         "{stderr}"
     );
 }
+
+/// A bucket holding blobs under a retention prefix that no lifecycle rule expires (the emulator
+/// keeps no lifecycle rules at all) is warned of at startup, once per prefix, and the service
+/// starts as usual.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn blobs_no_lifecycle_rule_expires_are_warned_of_and_the_service_starts() {
+    use replay_ingest::sink::ObjectStore;
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let gcs = replay_ingest::sink::gcs::GcsSink::new(&replay_ingest::sink::gcs::GcsConfig {
+        bucket: names.bucket.clone(),
+        endpoint: Some(gcs_endpoint()),
+        anonymous: true,
+        concurrency: 1,
+        timeout: Duration::from_secs(10),
+    })
+    .await
+    .unwrap();
+    for key in ["30/42/aaaa/0", "90/42/bbbb/0"] {
+        gcs.put(key, b"x").await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("service.log");
+    let service = Service::start_logging_to(&names.args(free_port(), dir.path()), &log);
+    wait_for("ready and warned", Duration::from_secs(60), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        service.status().is_some_and(|s| s["ready"] == true)
+            && text.matches("no lifecycle rule").count() == 2
+    })
+    .await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("prefix=30/") && text.contains("prefix=90/"),
+        "{text}"
+    );
+    assert_eq!(service.terminate(), Some(0));
+}

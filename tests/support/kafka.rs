@@ -155,6 +155,20 @@ pub fn committed_on(
         .collect()
 }
 
+/// Each partition's high watermark (the next offset to be written), for partitions with
+/// anything in them.
+pub fn high_watermarks(topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    let consumer: BaseConsumer = kafka().create().expect("consumer");
+    (0..partitions)
+        .filter_map(|p| {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("watermarks");
+            (high > 0).then_some((p, high))
+        })
+        .collect()
+}
+
 /// `last delivered offset + 1` per partition: where the committed offsets must end up.
 pub fn expected_commits(report: &Produced) -> BTreeMap<i32, i64> {
     report

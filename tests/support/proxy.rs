@@ -29,9 +29,10 @@ pub enum Action {
     },
 }
 
-/// The path-and-query of a request, and how many requests came before it.
+/// The path-and-query and body of a request, and how many requests came before it.
 pub struct Seen<'a> {
     pub path: &'a str,
+    pub body: &'a [u8],
     pub nth: usize,
 }
 
@@ -111,7 +112,11 @@ impl Shared {
             .unwrap_or_default();
         let nth = self.requests.fetch_add(1, Ordering::SeqCst);
         self.paths.lock().unwrap().push(path.clone());
-        let action = (self.decide)(&Seen { path: &path, nth });
+        let action = (self.decide)(&Seen {
+            path: &path,
+            body: &body,
+            nth,
+        });
         if let Action::Answer {
             status,
             headers,

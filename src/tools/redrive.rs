@@ -1,0 +1,348 @@
+//! `replay-ingest redrive`: dead letters back onto the input topic once their cause is fixed (a
+//! sink that refused data, a bug since fixed). It reads the dead-letter topic as a consumer group
+//! of its own — from where that group last stopped, up to the end the topic had when the run
+//! started — and re-produces each chosen letter's original value and key (from the record, or
+//! from the blob store for one too large for its topic) to `--topic`, at a bounded rate. The
+//! letter's own headers (`reason`, `detail`, `original_*`, …) are left behind; the re-driven
+//! message carries one header, `redriven_from`, naming the letter (`topic/partition/offset`).
+//!
+//! Every letter read is committed for this group, chosen or not (another `--group-id` reads the
+//! topic afresh). A letter that cannot be re-driven (its stored value is gone, its headers are
+//! not a dead letter's) is reported, with where it is, and the run exits non-zero.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::config::{BlobArgs, KafkaArgs, producer_properties};
+use crate::recording::Reason;
+use crate::sink::store::BlobStore;
+
+/// Re-drive dead letters to the input topic.
+#[derive(Args, Debug, Clone)]
+pub struct RedriveArgs {
+    /// The dead-letter topic to read.
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_DLQ_TOPIC",
+        default_value = "ingest-replay-recordings-dlq"
+    )]
+    pub dlq_topic: String,
+    /// Where the letters go back to: the service's input topic.
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_TOPIC",
+        default_value = "ingest-replay-recordings"
+    )]
+    pub topic: String,
+    /// The consumer group this run reads as: a second run of the same group goes on where the
+    /// first stopped.
+    #[arg(long, default_value = "replay-ingest-redrive")]
+    pub group_id: String,
+    /// Only letters of this reason (e.g. `rejected_by_sink`); repeat for several. Default: all.
+    #[arg(long = "reason")]
+    pub reasons: Vec<String>,
+    /// Only letters dead-lettered at or after this instant (RFC 3339, e.g. 2026-12-01T10:00:00Z).
+    #[arg(long, value_parser = instant)]
+    pub since: Option<SystemTime>,
+    /// Only letters dead-lettered before this instant (RFC 3339).
+    #[arg(long, value_parser = instant)]
+    pub until: Option<SystemTime>,
+    /// Re-drive at most this many letters (the rest stay for the next run).
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// Most letters re-produced per second.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate: u32,
+    /// Count what would be re-driven, by reason; produce and commit nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Where the values of letters too large for their topic are kept.
+    #[command(flatten)]
+    pub blobs: BlobArgs,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Longest one request (the broker, the blob store) may take, ms.
+    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", default_value_t = 30_000)]
+    pub sink_timeout_ms: u64,
+}
+
+fn instant(text: &str) -> Result<SystemTime, String> {
+    humantime::parse_rfc3339_weak(text)
+        .map_err(|e| format!("{text:?}: {e} (RFC 3339, e.g. 2026-12-01T10:00:00Z)"))
+}
+
+/// What became of the letters read, by reason.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub redriven: BTreeMap<String, u64>,
+    pub passed_over: u64,
+    pub failed: Vec<String>,
+}
+
+/// Runs the re-drive, writing what it does to `out`.
+pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    args.kafka.validate()?;
+    args.blobs.validate().map_err(anyhow::Error::msg)?;
+    for reason in &args.reasons {
+        if Reason::from_name(reason).is_none() {
+            bail!(
+                "--reason {reason:?} is not a dead-letter reason (one of: {})",
+                Reason::names().join(", ")
+            );
+        }
+    }
+    if let (Some(since), Some(until)) = (args.since, args.until)
+        && since >= until
+    {
+        bail!("--since must be before --until");
+    }
+    let timeout = Duration::from_millis(args.sink_timeout_ms);
+    let store = super::blob_store(&args.blobs, timeout).await?;
+    let consumer = reader(args, timeout)?;
+    let producer: FutureProducer = args
+        .kafka
+        .client_config(&producer_properties(64 << 20, timeout))?
+        .create()
+        .context("creating the Kafka producer")?;
+    let ends = start(&consumer, &args.dlq_topic, timeout)?;
+    let mut counts = Counts::default();
+    let mut pacer = (Instant::now(), 0u32);
+    let mut positions = TopicPartitionList::new();
+    let mut remaining: BTreeMap<i32, i64> = ends.clone();
+    let idle_deadline = Duration::from_secs(30).max(timeout);
+    let mut last_message = Instant::now();
+    while !remaining.is_empty() {
+        if args
+            .limit
+            .is_some_and(|limit| counts.redriven.values().sum::<u64>() >= limit)
+        {
+            break;
+        }
+        let Some(polled) = consumer.poll(Duration::from_millis(200)) else {
+            if last_message.elapsed() > idle_deadline {
+                bail!(
+                    "no message from {} for {idle_deadline:?} before its end",
+                    args.dlq_topic
+                );
+            }
+            continue;
+        };
+        last_message = Instant::now();
+        let letter = polled.context("reading the dead-letter topic")?;
+        let (partition, offset) = (letter.partition(), letter.offset());
+        positions.add_partition_offset(&args.dlq_topic, partition, Offset::Offset(offset + 1))?;
+        if remaining
+            .get(&partition)
+            .is_some_and(|end| offset + 1 >= *end)
+        {
+            remaining.remove(&partition);
+        }
+        let at = format!("{}/{partition}/{offset}", args.dlq_topic);
+        let reason = header(&letter, "reason").unwrap_or_default();
+        if !chosen(args, &reason, &letter) {
+            counts.passed_over += 1;
+            continue;
+        }
+        if args.dry_run {
+            *counts.redriven.entry(reason).or_default() += 1;
+            continue;
+        }
+        match original(store.as_deref(), &letter).await {
+            Ok((value, key)) => {
+                pace(&mut pacer, args.rate).await;
+                let headers = OwnedHeaders::new().insert(Header {
+                    key: "redriven_from",
+                    value: Some(at.as_str()),
+                });
+                let mut record = FutureRecord::to(&args.topic)
+                    .payload(&value)
+                    .headers(headers);
+                if let Some(key) = &key {
+                    record = record.key(key);
+                }
+                producer
+                    .send(record, timeout)
+                    .await
+                    .map_err(|(e, _)| e)
+                    .with_context(|| format!("re-producing {at} to {}", args.topic))?;
+                writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;
+                *counts.redriven.entry(reason).or_default() += 1;
+            }
+            Err(e) => {
+                writeln!(out, "cannot re-drive {at}: {e:#}")?;
+                counts.failed.push(format!("{at}: {e:#}"));
+            }
+        }
+    }
+    if !args.dry_run && positions.count() > 0 {
+        consumer
+            .commit(&positions, CommitMode::Sync)
+            .context("committing what was read")?;
+    }
+    let total: u64 = counts.redriven.values().sum();
+    let verb = if args.dry_run {
+        "would be re-driven"
+    } else {
+        "re-driven"
+    };
+    writeln!(
+        out,
+        "{total} letter(s) {verb}, {} passed over, {} failed",
+        counts.passed_over,
+        counts.failed.len()
+    )?;
+    for (reason, n) in &counts.redriven {
+        writeln!(out, "  {reason:<22} {n}")?;
+    }
+    if !counts.failed.is_empty() {
+        bail!(
+            "{} letter(s) could not be re-driven:\n  {}",
+            counts.failed.len(),
+            counts.failed.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+fn reader(args: &RedriveArgs, timeout: Duration) -> anyhow::Result<BaseConsumer> {
+    let mut config = args.kafka.client_config(&[])?;
+    config
+        .set("group.id", &args.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("socket.timeout.ms", timeout.as_millis().to_string());
+    config.create().context("creating the Kafka consumer")
+}
+
+/// Assigns every partition from the group's committed offset (the start without one); returns
+/// the end of each partition that has anything left to read.
+fn start(
+    consumer: &BaseConsumer,
+    topic: &str,
+    timeout: Duration,
+) -> anyhow::Result<BTreeMap<i32, i64>> {
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .with_context(|| format!("reading the partitions of {topic}"))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        bail!("topic {topic} has no partitions (does it exist?)");
+    }
+    let mut wanted = TopicPartitionList::new();
+    for &p in &partitions {
+        wanted.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(wanted, timeout)
+        .context("reading the group's committed offsets")?;
+    let mut assignment = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for &p in &partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, p, timeout)?;
+        let from = match committed.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => o.max(low),
+            _ => low,
+        };
+        if from < high {
+            assignment.add_partition_offset(topic, p, Offset::Offset(from))?;
+            ends.insert(p, high);
+        }
+    }
+    consumer.assign(&assignment)?;
+    Ok(ends)
+}
+
+fn header(letter: &BorrowedMessage<'_>, name: &str) -> Option<String> {
+    letter
+        .headers()?
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+}
+
+/// Whether the filters take the letter.
+fn chosen(args: &RedriveArgs, reason: &str, letter: &BorrowedMessage<'_>) -> bool {
+    if !args.reasons.is_empty() && !args.reasons.iter().any(|r| r == reason) {
+        return false;
+    }
+    let at = letter
+        .timestamp()
+        .to_millis()
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
+    let after_since = args
+        .since
+        .is_none_or(|since| at.is_some_and(|t| t >= since));
+    let before_until = args.until.is_none_or(|until| at.is_some_and(|t| t < until));
+    after_since && before_until
+}
+
+/// The letter's original value and key: from the record, or from the blob store where the
+/// record points (`payload_location`, `key_location`).
+async fn original(
+    store: Option<&dyn BlobStore>,
+    letter: &BorrowedMessage<'_>,
+) -> anyhow::Result<(Vec<u8>, Option<Vec<u8>>)> {
+    let stored = |location: String| async move {
+        let store = store.context("the value is in the blob store, and --blob-sink is null")?;
+        let key = stored_key(store, &location)
+            .with_context(|| format!("{location} is not in the configured blob store"))?;
+        store
+            .read(&key)
+            .await?
+            .with_context(|| format!("{location} is gone from the blob store"))
+    };
+    let value = match header(letter, "payload_location") {
+        Some(location) => stored(location).await?,
+        None => letter.payload().unwrap_or_default().to_vec(),
+    };
+    let key = match header(letter, "key_location") {
+        Some(location) => Some(stored(location).await?),
+        None => letter.key().map(<[u8]>::to_vec),
+    };
+    if header(letter, "reason").is_none() {
+        bail!("not a dead letter (no reason header)");
+    }
+    Ok((value, key))
+}
+
+/// The store's key for a location it gave (`gs://bucket/key`, `file:///root/key`).
+fn stored_key(store: &dyn BlobStore, location: &str) -> Option<String> {
+    let root = store.location("");
+    location.strip_prefix(&root).map(str::to_owned)
+}
+
+/// At most `rate` sends per second.
+async fn pace(window: &mut (Instant, u32), rate: u32) {
+    if window.0.elapsed() >= Duration::from_secs(1) {
+        *window = (Instant::now(), 0);
+    }
+    if window.1 >= rate {
+        tokio::time::sleep(Duration::from_secs(1).saturating_sub(window.0.elapsed())).await;
+        *window = (Instant::now(), 0);
+    }
+    window.1 += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_are_rfc3339() {
+        assert!(instant("2026-12-01T10:00:00Z").is_ok());
+        assert!(instant("yesterday").unwrap_err().contains("RFC 3339"));
+    }
+}

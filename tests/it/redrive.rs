@@ -1,0 +1,260 @@
+//! `replay-ingest redrive` against the real stack: messages GCS refused (a proxy answering 400
+//! for some replays' uploads), dead-lettered as `rejected_by_sink`, are ingested once the cause is
+//! fixed and they are re-driven — each once, a second run of the group re-drives nothing; a dead
+//! letter too large for its topic goes back byte for byte from the blob store; a dry run counts
+//! and commits nothing; bad arguments are refused.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use replay_ingest::recording::{self, Limits};
+
+use crate::support::proxy::{Action, Proxy};
+use crate::support::*;
+
+const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
+
+fn redrive(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .arg("redrive")
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn messages_a_sink_refused_are_ingested_once_re_driven_after_the_fix() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let fixtures = small_fixtures(true);
+    let (report, sent) = produce_fixtures(&names.topic, &fixtures, 6).await;
+    let replay = |s: &Sent| {
+        recording::process(&s.value, &Limits::default())
+            .unwrap()
+            .ids
+            .replay_id
+    };
+    let refused: Vec<String> = sent[..2].iter().map(replay).collect();
+    let broken = Arc::new(AtomicBool::new(true));
+    let proxy = Proxy::start(&gcs_endpoint(), {
+        let (broken, refused) = (broken.clone(), refused.clone());
+        move |seen| {
+            let body = String::from_utf8_lossy(seen.body);
+            let named = |r: &String| seen.path.contains(r.as_str()) || body.contains(r.as_str());
+            if broken.load(Ordering::SeqCst) && refused.iter().any(named) {
+                Action::Answer {
+                    status: 400,
+                    headers: vec![("content-type", "application/json".into())],
+                    body: r#"{"error":{"code":400,"message":"Invalid object"}}"#.into(),
+                }
+            } else {
+                Action::Forward
+            }
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let statsd = Statsd::bind();
+    let args = with_flag(
+        names.args(statsd.port(), dir.path()),
+        "--gcs-endpoint",
+        &proxy.endpoint,
+    );
+    let service = Service::start(&args);
+    wait_for("everything committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&report)
+    })
+    .await;
+    let letters = read_messages(&names.dlq, 2, Duration::from_secs(20));
+    assert_eq!(letters.len(), 2, "{:?}", proxy.paths.lock().unwrap());
+    assert!(
+        letters
+            .iter()
+            .all(|l| l.headers["reason"] == "rejected_by_sink")
+    );
+
+    // The cause is fixed; the letters go back.
+    broken.store(false, Ordering::SeqCst);
+    let group = unique("redrive");
+    let common = [
+        "--brokers",
+        &brokers(),
+        "--dlq-topic",
+        &names.dlq,
+        "--topic",
+        &names.topic,
+        "--group-id",
+        &group,
+        "--blob-sink",
+        "null",
+    ];
+    let (ok, dry) =
+        redrive(&[&common[..], &["--dry-run", "--reason", "rejected_by_sink"]].concat());
+    assert!(ok, "{dry}");
+    assert!(dry.contains("2 letter(s) would be re-driven"), "{dry}");
+    let (ok, said) = redrive(&[&common[..], &["--reason", "rejected_by_sink"]].concat());
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("2 letter(s) re-driven, 0 passed over, 0 failed"),
+        "{said}"
+    );
+    assert!(said.contains("rejected_by_sink       2"), "{said}");
+
+    // The running service ingests them: their blobs land, and it commits to the new end.
+    let target: std::collections::BTreeMap<i32, i64> = {
+        let mut target = expected_commits(&report);
+        let received = read_messages(&names.topic, 8, Duration::from_secs(20));
+        assert_eq!(received.len(), 8, "six produced, two re-driven: each once");
+        let redriven: Vec<_> = received
+            .iter()
+            .filter(|m| m.headers.contains_key("redriven_from"))
+            .collect();
+        assert_eq!(redriven.len(), 2);
+        for s in &sent[..2] {
+            assert!(
+                redriven.iter().any(|m| m.value == s.value),
+                "the original bytes"
+            );
+        }
+        // Committed offsets are the next to read: the end of each partition now.
+        for (partition, end) in high_watermarks(&names.topic, 2) {
+            target.insert(partition, end);
+        }
+        target
+    };
+    wait_for("the re-driven messages committed", JOIN_AND_FLUSH, || {
+        service.committed() == target
+    })
+    .await;
+    let gcs = gcs_client().await;
+    for s in &sent[..2] {
+        let key = recording::process(&s.value, &Limits::default())
+            .unwrap()
+            .blob
+            .key;
+        assert!(
+            try_read_object(&gcs, &names.bucket, &key).await.is_ok(),
+            "{key} landed"
+        );
+    }
+    assert_eq!(service.terminate(), Some(0));
+
+    let (ok, again) = redrive(&[&common[..], &["--reason", "rejected_by_sink"]].concat());
+    assert!(ok, "{again}");
+    assert!(
+        again.contains("0 letter(s) re-driven"),
+        "the group goes on where it stopped: {again}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_dead_letter_kept_in_the_blob_store_goes_back_byte_for_byte() {
+    let _stack = uses_stack().await;
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    // Not a recording: invalid msgpack, 5 000 bytes, over the dead-letter limit below.
+    let oversized: Vec<u8> = (0..5000).map(|i| (i % 7) as u8 + 0xc1).collect();
+    let key = test_key(0);
+    let (report, _) = produce_values(&topic, vec![(oversized.clone(), key.clone())]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = with_flag(
+        service_args(&topic, &dlq, &group, dir.path(), free_port()),
+        "--buffer-max-age-ms",
+        "200",
+    );
+    let args: Vec<String> = args
+        .into_iter()
+        .chain(["--dlq-max-message-bytes", "2000"].map(String::from))
+        .collect();
+    let service = Service::start(&args);
+    wait_for("committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&report)
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+
+    let blob_dir = dir.path().to_str().unwrap();
+    let common = [
+        "--brokers",
+        &brokers(),
+        "--dlq-topic",
+        &dlq,
+        "--topic",
+        &topic,
+        "--group-id",
+        &unique("redrive"),
+        "--blob-sink",
+        "filesystem",
+        "--blob-dir",
+        blob_dir,
+    ];
+    let future = [&common[..], &["--since", "2999-01-01T00:00:00Z"]].concat();
+    let (ok, none) = redrive(&future);
+    assert!(ok, "{none}");
+    assert!(
+        none.contains("0 letter(s) re-driven, 1 passed over"),
+        "{none}"
+    );
+
+    let other_group = unique("redrive");
+    let mut again = common.to_vec();
+    again[7] = &other_group;
+    let (ok, said) = redrive(&again);
+    assert!(ok, "{said}");
+    assert!(said.contains("1 letter(s) re-driven"), "{said}");
+    let received = read_messages(&topic, 2, Duration::from_secs(20));
+    let back = received
+        .iter()
+        .find(|m| m.headers.contains_key("redriven_from"))
+        .unwrap();
+    assert_eq!(back.value, oversized, "byte for byte, from the blob store");
+    assert_eq!(back.key.as_deref(), Some(&key[..]));
+
+    // Its stored value gone: reported, and the run fails.
+    for file in files_under(dir.path())
+        .iter()
+        .filter(|f| f.starts_with("dlq/"))
+    {
+        std::fs::remove_file(dir.path().join(file)).unwrap();
+    }
+    let third = unique("redrive");
+    again[7] = &third;
+    let (ok, said) = redrive(&again);
+    assert!(!ok);
+    assert!(
+        said.contains("cannot re-drive") && said.contains("is gone from the blob store"),
+        "{said}"
+    );
+}
+
+#[test]
+fn bad_arguments_are_refused_with_a_clear_error() {
+    let (ok, said) = redrive(&["--reason", "sunspots", "--blob-sink", "null"]);
+    assert!(!ok);
+    assert!(
+        said.contains("\"sunspots\" is not a dead-letter reason"),
+        "{said}"
+    );
+    let (ok, said) = redrive(&[
+        "--since",
+        "2026-12-02T00:00:00Z",
+        "--until",
+        "2026-12-01T00:00:00Z",
+        "--blob-sink",
+        "null",
+    ]);
+    assert!(!ok);
+    assert!(said.contains("--since must be before --until"), "{said}");
+    let (ok, said) = redrive(&["--since", "yesterday"]);
+    assert!(!ok);
+    assert!(said.contains("RFC 3339"), "{said}");
+}
