@@ -142,9 +142,20 @@ pub fn committed_on(
     for p in 0..partitions {
         list.add_partition(topic, p);
     }
-    let committed = consumer
-        .committed_offsets(list, Duration::from_secs(10))
-        .expect("committed offsets");
+    // Right after a broker restart or hang the group's coordinator can be briefly unknown
+    // (`NotCoordinator`, `CoordinatorLoadInProgress`): asked again, not taken for an answer.
+    let mut attempts = 0;
+    let committed = loop {
+        match consumer.committed_offsets(list.clone(), Duration::from_secs(10)) {
+            Ok(committed) => break committed,
+            Err(e) if attempts < 20 => {
+                attempts += 1;
+                eprintln!("committed offsets of {group}: {e}; asking again");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Err(e) => panic!("committed offsets of {group}: {e}"),
+        }
+    };
     committed
         .elements()
         .iter()
