@@ -42,6 +42,7 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason (a new variant fails `as_str`'s match until it is listed here too).
     pub const ALL: [Reason; 13] = [
         Reason::InvalidMsgpack,
         Reason::MissingField,
@@ -128,27 +129,10 @@ impl InvalidRecording {
 mod tests {
     use super::*;
 
-    /// Every reason (a new variant fails `as_str`'s match until it is listed here too).
-    const ALL: [Reason; 13] = [
-        Reason::InvalidMsgpack,
-        Reason::MissingField,
-        Reason::WrongType,
-        Reason::InvalidReplayId,
-        Reason::InvalidReceived,
-        Reason::MissingHeader,
-        Reason::InvalidHeader,
-        Reason::InvalidBody,
-        Reason::TruncatedBody,
-        Reason::TooLarge,
-        Reason::InvalidReplayEvent,
-        Reason::InternalError,
-        Reason::RejectedBySink,
-    ];
-
     #[test]
     fn reason_strings_are_unique_snake_case() {
-        let names: std::collections::BTreeSet<_> = ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(names.len(), ALL.len());
+        let names: std::collections::BTreeSet<_> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), Reason::ALL.len());
         for name in names {
             assert!(
                 name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),

@@ -66,7 +66,7 @@ impl Rollout {
     fn samples(self, hash: &[u8; 16]) -> bool {
         let mut head = [0; 8];
         head.copy_from_slice(&hash[..8]);
-        self.0 == PARTS || u64::from_le_bytes(head) % u64::from(PARTS) < u64::from(self.0)
+        u64::from_le_bytes(head) % u64::from(PARTS) < u64::from(self.0)
     }
 }
 
@@ -170,8 +170,13 @@ impl Collector {
     /// The custom event at `index` of the array, with its rrweb timestamp (`event_ms`,
     /// normalised to milliseconds) and its `data` as JSON text.
     pub fn offer(&mut self, index: u32, event_ms: u64, data: &str) {
-        let hash = self.item_id(index);
-        if !self.rollout.samples(&hash) {
+        // The hash decides the sample; with every event sampled, it is only needed (as the item
+        // id) for the events that become items.
+        let hash = (self.rollout != Rollout::ALL).then(|| self.item_id(index));
+        if hash
+            .as_ref()
+            .is_some_and(|hash| !self.rollout.samples(hash))
+        {
             return;
         }
         let Ok(data) = serde_json::from_str::<serde_json::Value>(data) else {
@@ -209,7 +214,7 @@ impl Collector {
             return;
         }
         self.drafts.push(Draft {
-            item_id: hash,
+            item_id: hash.unwrap_or_else(|| self.item_id(index)),
             category: built.category,
             timestamp_ms: built.timestamp_ms,
             end: self.attributes.len(),
