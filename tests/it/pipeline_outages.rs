@@ -181,9 +181,16 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let (start, ticks) = (Instant::now(), cpu_ticks());
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let used = (cpu_ticks() - ticks) as f64 / 100.0 / start.elapsed().as_secs_f64();
+    // The tests share this process, so a test running beside this one adds its CPU to what is
+    // measured: the least of three windows is the pipeline's (a loop that spins does so in every
+    // window).
+    let mut used = f64::MAX;
+    for _ in 0..3 {
+        let (start, ticks) = (Instant::now(), cpu_ticks());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let window = (cpu_ticks() - ticks) as f64 / 100.0 / start.elapsed().as_secs_f64();
+        used = used.min(window);
+    }
     assert!(used < 0.05, "{:.1} % of a core while waiting", used * 100.0);
 
     drop(hung);
