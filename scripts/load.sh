@@ -9,6 +9,9 @@
 #   LOAD_THREADS=N                     processing threads (default: one per CPU)
 #   LOAD_JSON=FILE                     also append the results as one JSON line to FILE
 #   LOAD_FIXTURES="fixtures/segments/console-*.msgpack" scripts/load.sh   picks the message mix
+#   LOAD_PERF=FILE                     records the whole machine during the service's run (`perf record -a -g`)
+#                                      (`perf report -i FILE`); LOAD_PERF_STAT=1 prints its
+#                                      context switches, wake-ups and task clock instead
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COUNT=${1:-10000}
@@ -48,6 +51,16 @@ fi
   --buffer-max-age-ms 200 \
   2>/dev/null &
 pid=$!
+# perf attaches to the threads that exist, so it starts once the service serves its status (the
+# pools are up by then).
+if [ -n "${LOAD_PERF:-}${LOAD_PERF_STAT:-}" ]; then
+  until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do sleep 0.05; done
+  if [ -n "${LOAD_PERF:-}" ]; then
+    perf record -q -a -F 999 -g -o "$LOAD_PERF" -- sh -c "while kill -0 $pid 2>/dev/null; do sleep 0.2; done" 2>/dev/null &
+  else
+    perf stat -e task-clock,context-switches,cpu-migrations,sched:sched_wakeup -p "$pid" 2>&1 | sed 's/^/perf: /' &
+  fi
+fi
 python3 - "$port" "$pid" "$COUNT" "$produced" "$bare" "$BUFFER" "${LOAD_SINKS:-null}" "${LOAD_THREADS:-0}" "${LOAD_JSON:-}" <<'PY'
 import json, sys, time, urllib.request
 port, pid, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -103,6 +116,19 @@ print(f"backpressure pauses: {final['pauses']}")
 print(f"CPU per message: service {cpu_us:.1f} µs, bare consumer {bare_cpu_us:.1f} µs")
 print(f"steady state (10–90 %): pipeline {steady_rate:.0f} msgs/s, bare consumer {bare_steady_rate:.0f} msgs/s "
       f"({steady_rate / bare_steady_rate:.2f}x); CPU per message: service {steady_cpu_us:.1f} µs, bare {bare_steady_cpu_us:.1f} µs")
+# Where the CPU went, by thread (pool threads grouped by name without their number): the
+# whole run, startup included, per message.
+threads = {}
+for task in os.listdir(f"/proc/{pid}/task"):
+    try:
+        stat = open(f"/proc/{pid}/task/{task}/stat").read()
+    except OSError:
+        continue
+    name = stat[stat.find("(") + 1:stat.rfind(")")].rstrip("0123456789").rstrip("-#") or "?"
+    fields = stat[stat.rfind(")") + 2:].split()
+    threads[name] = threads.get(name, 0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+by_thread = {k: v / count * 1e6 for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0}
+print("CPU per message by thread (µs): " + ", ".join(f"{k} {v:.1f}" for k, v in by_thread.items()))
 peak = hwm()
 print(f"peak RSS {peak / 2**20:.0f} MiB with --buffer-max-bytes {buffer / 2**20:.0f} MiB and a {mb:.0f} MB backlog")
 if sys.argv[9]:
@@ -114,8 +140,9 @@ if sys.argv[9]:
             "peak_rss_mib": peak / 2**20, "cpu_us_per_msg": cpu_us, "bare_cpu_us_per_msg": bare_cpu_us,
             "steady_msgs_per_s": steady_rate, "bare_steady_msgs_per_s": bare_steady_rate,
             "steady_cpu_us_per_msg": steady_cpu_us, "bare_steady_cpu_us_per_msg": bare_steady_cpu_us,
-            "fixtures": os.environ.get("LOAD_FIXTURES", ""), "pauses": final["pauses"], "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
+            "fixtures": os.environ.get("LOAD_FIXTURES", ""), "pauses": final["pauses"], "cpu_us_by_thread": by_thread, "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
         }) + "\n")
 PY
 kill -TERM "$pid"
 wait "$pid"
+wait

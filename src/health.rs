@@ -209,9 +209,9 @@ impl Status {
     }
 
     /// A message was taken from the consumer.
-    pub fn record_consumed(&self) {
-        self.consumed.fetch_add(1, Ordering::Relaxed);
-        crate::metrics::consumed();
+    pub fn record_consumed(&self, messages: usize) {
+        self.consumed.fetch_add(messages as u64, Ordering::Relaxed);
+        crate::metrics::consumed(messages);
     }
 
     /// The buffer holds `messages` of `bytes`.

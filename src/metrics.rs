@@ -176,8 +176,8 @@ pub const SENTRY_RAGE_CLICK_DETECTED: &str = "replay.rage_click_detected";
 pub const SENTRY_RAGE_CLICK_ISSUES: &str = "replay.rage_click_issue_creation_with_replay_event";
 pub const SENTRY_HYDRATION_ISSUES: &str = "replay.hydration_error_issue_creation_with_replay_event";
 
-pub fn consumed() {
-    counter!(MESSAGES_CONSUMED).increment(1);
+pub fn consumed(messages: usize) {
+    counter!(MESSAGES_CONSUMED).increment(messages as u64);
 }
 
 /// What processing one valid segment cost (`memory`: what it holds while buffered) and found.

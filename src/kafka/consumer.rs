@@ -42,13 +42,19 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// What the rebalance callback waits beyond the drain deadline for the pipeline to answer.
 pub const DRAIN_MARGIN: Duration = Duration::from_secs(1);
 
-/// A polled message, with its room in the hand-over (given back when dropped) and the
-/// generation it was polled in.
+/// Messages polled back to back, in order, each with the generation it was polled in, and their
+/// room in the hand-over (given back when dropped). A batch is what librdkafka already held,
+/// taken without waiting: it costs no latency and saves the pipeline a wake-up per message.
 pub struct Polled {
-    pub message: OwnedMessage,
+    pub messages: Vec<(OwnedMessage, u64)>,
     pub room: super::handoff::Ticket,
-    pub generation: u64,
 }
+
+/// Most messages in one [`Polled`] batch.
+pub const POLL_BATCH_MESSAGES: usize = 16;
+
+/// A batch takes no further message once its values reach this many bytes.
+pub const POLL_BATCH_BYTES: usize = 1024 * 1024;
 
 /// `partitions` are being revoked; messages of earlier generations are no longer ours. The
 /// pipeline drains what can be made durable within the deadline, commits it, then sends on
@@ -232,7 +238,7 @@ struct Poller {
     handoff: Arc<Handoff>,
     ownership: Arc<Ownership>,
     /// Polled, not yet handed over (in order), with their generations. While anything is held
-    /// the assigned partitions are paused, so this holds a message or two.
+    /// past a hand-over the assigned partitions are paused, so this holds a batch at most.
     held: VecDeque<(OwnedMessage, u64)>,
     /// When intake was paused, while it is.
     paused_since: Option<Instant>,
@@ -245,53 +251,74 @@ impl Poller {
                 return;
             }
             // While a message is held, `poll` only serves callbacks (the partitions are paused)
-            // and must not wait: the hand-over does.
+            // and must not wait: the hand-over does. A message that arrives brings with it what
+            // librdkafka already holds, up to a batch.
             let timeout = if self.held.is_empty() {
                 POLL_INTERVAL
             } else {
                 Duration::ZERO
             };
-            let before = self.ownership.generation();
-            match self.consumer.poll(timeout) {
-                Some(Ok(message)) => self
-                    .held
-                    .push_back((message.detach(), self.ownership.generation())),
-                Some(Err(KafkaError::PartitionEOF(_))) | None => {}
-                Some(Err(error)) => warn!(%error, "consumer error"),
-            }
-            if self.ownership.generation() != before && !self.held.is_empty() {
-                // A revoke ran in that poll: what is held of the partitions given up is their
-                // next owner's, and must not keep the others paused.
-                self.held
-                    .retain(|(message, _)| self.ownership.owns(message.partition()));
+            if self.poll(timeout) {
+                let mut bytes = self.held.back().map_or(0, |(m, _)| value_len(m));
+                while self.held.len() < POLL_BATCH_MESSAGES
+                    && bytes < POLL_BATCH_BYTES
+                    && self.poll(Duration::ZERO)
+                {
+                    bytes += self.held.back().map_or(0, |(m, _)| value_len(m));
+                }
             }
         }
     }
 
-    /// Hands over what is held, oldest first, waiting at most one poll interval for room; pauses
-    /// intake while something is left and resumes it once nothing is. `false`: the pipeline is
-    /// gone.
+    /// One poll: `true` when it brought a message (now held, with its generation).
+    fn poll(&mut self, timeout: Duration) -> bool {
+        let before = self.ownership.generation();
+        let polled = match self.consumer.poll(timeout) {
+            Some(Ok(message)) => {
+                self.held
+                    .push_back((message.detach(), self.ownership.generation()));
+                true
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) | None => false,
+            Some(Err(error)) => {
+                warn!(%error, "consumer error");
+                false
+            }
+        };
+        if self.ownership.generation() != before && !self.held.is_empty() {
+            // A revoke ran in that poll: what is held of the partitions given up is their
+            // next owner's, and must not keep the others paused.
+            self.held
+                .retain(|(message, _)| self.ownership.owns(message.partition()));
+        }
+        polled
+    }
+
+    /// Hands over what is held, oldest first and in batches, waiting at most one poll interval
+    /// for room; pauses intake while something is left and resumes it once nothing is. `false`:
+    /// the pipeline is gone.
     fn hand_over(&mut self) -> bool {
         let deadline = Instant::now() + POLL_INTERVAL;
-        while let Some((message, _)) = self.held.front() {
-            let size = message.payload().map_or(0, <[u8]>::len);
-            match self
-                .handoff
-                .reserve(size, deadline.saturating_duration_since(Instant::now()))
-            {
+        while !self.held.is_empty() {
+            // The next batch: the oldest message, and those after it within the batch bounds.
+            let (mut count, mut bytes) = (0, 0);
+            for (message, _) in &self.held {
+                if count == POLL_BATCH_MESSAGES.min(self.handoff.max_messages())
+                    || (count > 0 && bytes >= POLL_BATCH_BYTES)
+                {
+                    break;
+                }
+                count += 1;
+                bytes += value_len(message);
+            }
+            match self.handoff.reserve(
+                count,
+                bytes,
+                deadline.saturating_duration_since(Instant::now()),
+            ) {
                 Reserved::Room(room) => {
-                    let Some((message, generation)) = self.held.pop_front() else {
-                        break;
-                    };
-                    if self
-                        .events
-                        .send(Polled {
-                            message,
-                            room,
-                            generation,
-                        })
-                        .is_err()
-                    {
+                    let messages = self.held.drain(..count).collect();
+                    if self.events.send(Polled { messages, room }).is_err() {
                         return false;
                     }
                 }
@@ -336,6 +363,10 @@ impl Poller {
             );
         }
     }
+}
+
+fn value_len(message: &OwnedMessage) -> usize {
+    message.payload().map_or(0, <[u8]>::len)
 }
 
 /// `(partition, next offset)` pairs as a commit list for `topic`.

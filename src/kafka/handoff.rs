@@ -4,7 +4,8 @@
 //! The polling thread must never block on it — a thread that does not call `poll` serves no
 //! rebalance and, past `max.poll.interval.ms`, is taken for stuck — so room is reserved with a
 //! bounded wait ([`Handoff::reserve`]), and a message that finds none is held by the poller,
-//! with its partitions paused, until it does.
+//! with its partitions paused, until it does. Room is reserved for a batch of messages at once
+//! and given back at once: one lock, and a wake-up only when someone waits.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -21,11 +22,14 @@ struct InTransit {
     messages: usize,
     bytes: usize,
     closed: bool,
+    /// Threads waiting in `reserve`: freeing room wakes them only if there are any.
+    waiting: usize,
 }
 
-/// Room for one message, given back when dropped (once the pipeline has taken the message).
+/// Room for a batch of messages, given back when dropped (once the pipeline has taken them).
 pub struct Ticket {
     handoff: Arc<Handoff>,
+    messages: usize,
     bytes: usize,
 }
 
@@ -55,8 +59,15 @@ impl Handoff {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Room for a message of `size` bytes, waiting at most `wait` for it.
-    pub fn reserve(self: &Arc<Self>, size: usize, wait: Duration) -> Reserved {
+    /// Most messages one ticket may hold: a batch is cut to this.
+    pub fn max_messages(&self) -> usize {
+        self.max_messages
+    }
+
+    /// Room for `messages` messages (at most [`max_messages`](Self::max_messages)) of `size`
+    /// bytes in all, waiting at most `wait` for it.
+    pub fn reserve(self: &Arc<Self>, messages: usize, size: usize, wait: Duration) -> Reserved {
+        let messages = messages.clamp(1, self.max_messages);
         let share = size.clamp(1, self.max_bytes);
         let deadline = Instant::now() + wait;
         let mut state = self.lock();
@@ -64,11 +75,14 @@ impl Handoff {
             if state.closed {
                 return Reserved::Closed;
             }
-            if state.messages < self.max_messages && state.bytes + share <= self.max_bytes {
-                state.messages += 1;
+            if state.messages + messages <= self.max_messages
+                && state.bytes + share <= self.max_bytes
+            {
+                state.messages += messages;
                 state.bytes += share;
                 return Reserved::Room(Ticket {
                     handoff: self.clone(),
+                    messages,
                     bytes: share,
                 });
             }
@@ -76,11 +90,13 @@ impl Handoff {
             if left.is_zero() {
                 return Reserved::Full;
             }
+            state.waiting += 1;
             state = self
                 .freed
                 .wait_timeout(state, left)
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .0;
+            state.waiting -= 1;
         }
     }
 
@@ -94,10 +110,13 @@ impl Handoff {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut state = self.handoff.lock();
-        state.messages -= 1;
+        state.messages -= self.messages;
         state.bytes -= self.bytes;
+        let waiting = state.waiting > 0;
         drop(state);
-        self.handoff.freed.notify_all();
+        if waiting {
+            self.handoff.freed.notify_all();
+        }
     }
 }
 
@@ -118,43 +137,59 @@ mod tests {
     #[test]
     fn messages_and_bytes_are_both_bounded_and_given_back_on_drop() {
         let handoff = Handoff::new(2, 100);
-        let a = room(handoff.reserve(60, NO_WAIT));
+        let a = room(handoff.reserve(1, 60, NO_WAIT));
         assert!(
-            matches!(handoff.reserve(50, NO_WAIT), Reserved::Full),
+            matches!(handoff.reserve(1, 50, NO_WAIT), Reserved::Full),
             "bytes"
         );
-        let b = room(handoff.reserve(40, NO_WAIT));
+        let b = room(handoff.reserve(1, 40, NO_WAIT));
         assert!(
-            matches!(handoff.reserve(0, NO_WAIT), Reserved::Full),
+            matches!(handoff.reserve(1, 0, NO_WAIT), Reserved::Full),
             "messages"
         );
         drop(a);
-        let _c = room(handoff.reserve(60, NO_WAIT));
+        let _c = room(handoff.reserve(1, 60, NO_WAIT));
         drop(b);
-        assert!(matches!(handoff.reserve(41, NO_WAIT), Reserved::Full));
+        assert!(matches!(handoff.reserve(1, 41, NO_WAIT), Reserved::Full));
+    }
+
+    #[test]
+    fn a_batch_takes_its_messages_and_bytes_and_gives_them_back_at_once() {
+        let handoff = Handoff::new(4, 100);
+        let batch = room(handoff.reserve(3, 90, NO_WAIT));
+        assert!(matches!(handoff.reserve(2, 1, NO_WAIT), Reserved::Full));
+        assert!(matches!(handoff.reserve(1, 20, NO_WAIT), Reserved::Full));
+        let one = room(handoff.reserve(1, 10, NO_WAIT));
+        drop(batch);
+        let three = room(handoff.reserve(3, 90, NO_WAIT));
+        // A batch larger than the bound is cut to it by the caller; asking for more takes it all.
+        drop(three);
+        drop(one);
+        let all = room(handoff.reserve(10, 1, NO_WAIT));
+        assert_eq!(all.messages, 4);
     }
 
     #[test]
     fn a_message_larger_than_the_budget_passes_alone() {
         let handoff = Handoff::new(16, 100);
-        let small = room(handoff.reserve(1, NO_WAIT));
-        assert!(matches!(handoff.reserve(1_000, NO_WAIT), Reserved::Full));
+        let small = room(handoff.reserve(1, 1, NO_WAIT));
+        assert!(matches!(handoff.reserve(1, 1_000, NO_WAIT), Reserved::Full));
         drop(small);
-        let large = room(handoff.reserve(1_000, NO_WAIT));
-        assert!(matches!(handoff.reserve(1, NO_WAIT), Reserved::Full));
+        let large = room(handoff.reserve(1, 1_000, NO_WAIT));
+        assert!(matches!(handoff.reserve(1, 1, NO_WAIT), Reserved::Full));
         drop(large);
-        room(handoff.reserve(1, NO_WAIT));
+        room(handoff.reserve(1, 1, NO_WAIT));
     }
 
     #[test]
     fn a_wait_ends_with_room_freed_or_when_closed() {
         let handoff = Handoff::new(1, 100);
-        let held = room(handoff.reserve(1, NO_WAIT));
+        let held = room(handoff.reserve(1, 1, NO_WAIT));
         let waiter = {
             let handoff = handoff.clone();
             std::thread::spawn(move || {
                 matches!(
-                    handoff.reserve(1, Duration::from_secs(60)),
+                    handoff.reserve(1, 1, Duration::from_secs(60)),
                     Reserved::Room(_)
                 )
             })
@@ -163,12 +198,12 @@ mod tests {
         drop(held);
         assert!(waiter.join().unwrap(), "room freed wakes the waiter");
 
-        let _held = room(handoff.reserve(1, NO_WAIT));
+        let _held = room(handoff.reserve(1, 1, NO_WAIT));
         let waiter = {
             let handoff = handoff.clone();
             std::thread::spawn(move || {
                 matches!(
-                    handoff.reserve(1, Duration::from_secs(60)),
+                    handoff.reserve(1, 1, Duration::from_secs(60)),
                     Reserved::Closed
                 )
             })
@@ -177,7 +212,7 @@ mod tests {
         handoff.close();
         assert!(waiter.join().unwrap(), "closing wakes the waiter");
         assert!(
-            matches!(handoff.reserve(1, NO_WAIT), Reserved::Closed),
+            matches!(handoff.reserve(1, 1, NO_WAIT), Reserved::Closed),
             "closed for good"
         );
     }

@@ -29,7 +29,7 @@ pub mod revocations;
 pub mod window;
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,7 +47,7 @@ use crate::health::Status;
 use crate::kafka::consumer::{
     IngestConsumer, IngestContext, Polled, Revoke, commit_list, key_and_timestamp, spawn_poller,
 };
-use crate::kafka::handoff::Handoff;
+use crate::kafka::handoff::{Handoff, Ticket};
 use crate::metrics;
 use crate::recording::{self, Limits, Reason};
 use crate::sink::{Entries, Entry, InvalidMessage, Outcome, SinkError};
@@ -61,10 +61,18 @@ use window::Window;
 /// the bounds keep the hand-over small next to librdkafka's own (bounded) prefetch. While the
 /// buffer is full the pipeline takes none, so it grows by at most the messages already being
 /// processed.
-const POLLED_IN_TRANSIT: usize = 16;
+const POLLED_IN_TRANSIT: usize = 64;
 
 /// Bytes of message values in transit (a larger message passes alone).
 pub const POLLED_IN_TRANSIT_BYTES: usize = 32 * 1024 * 1024;
+
+/// Most consecutive messages processed as one task on the pool (one wake-up each way instead of
+/// one per message)...
+const PROCESS_GROUP_MESSAGES: usize = 8;
+
+/// ...and a group takes no further message once its values reach this many bytes, so a large
+/// segment is a task of its own and the threads share the work.
+const PROCESS_GROUP_BYTES: usize = 256 * 1024;
 
 /// Why the pipeline stopped other than by a clean shutdown. Nothing past the failure was
 /// committed: a restart redelivers it.
@@ -90,6 +98,13 @@ enum Drained {
     MissedDeadline,
     /// A flush failed for good (or a task died): nothing past it is committed.
     Failed(PipelineError),
+}
+
+/// A batch from the polling thread, not yet in the processing window: its messages enter as the
+/// window makes room, and its room in the hand-over is given back once all have.
+struct Intake {
+    messages: VecDeque<(OwnedMessage, u64)>,
+    _room: Ticket,
 }
 
 /// A processed message on its way to the buffer.
@@ -177,6 +192,7 @@ pub async fn consume(
         revocations: Revocations::default(),
         pool: Arc::new(pool),
         limits: settings.limits,
+        intake: None,
         processing: Window::default(),
         buffer: Buffer::new(settings.buffer),
         frontier: Frontier::default(),
@@ -229,8 +245,10 @@ struct Pipeline {
     revocations: Revocations,
     pool: Arc<rayon::ThreadPool>,
     limits: Limits,
+    /// Polled, waiting for room in the processing window.
+    intake: Option<Intake>,
     /// Messages being processed, in arrival order, with their window reservations.
-    processing: Window<ProcessedEntry>,
+    processing: Window<Vec<ProcessedEntry>>,
     buffer: Buffer,
     frontier: Frontier,
     flushes: JoinSet<Flushed>,
@@ -282,14 +300,16 @@ impl Pipeline {
                     self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
                 }
                 Some(processed) = self.processing.next() => {
-                    self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
+                    for processed in processed.map_err(|_| PipelineError::TaskDied("processing".into()))? {
+                        self.buffered(processed);
+                        // A buffer closes at its limit, message by message.
+                        self.start_flushes(Instant::now());
+                    }
                 }
                 polled = self.polled.recv(), if self.takes_messages() => match polled {
-                    Some(polled) if !self.stale(polled.message.partition(), polled.generation) => {
-                        self.process(polled.message, polled.generation);
+                    Some(Polled { messages, room }) => {
+                        self.intake = Some(Intake { messages: messages.into(), _room: room });
                     }
-                    // Polled before its partition was revoked: its next owner reads it.
-                    Some(_stale) => {}
                     None => return Err(PipelineError::PollerGone),
                 },
                 () = tokio::time::sleep_until(age_deadline.unwrap_or_else(tokio::time::Instant::now)), if age_deadline.is_some() => {}
@@ -297,14 +317,52 @@ impl Pipeline {
             }
             self.start_flushes(Instant::now());
             self.backpressure();
+            self.admit();
         }
     }
 
-    /// Whether the loop takes another polled message: the processing window has room, and intake
-    /// is not paused. (When it does not, the polling thread soon finds no room to hand messages
-    /// over, and pauses the partitions.)
+    /// Whether the loop takes another polled batch: the last one is all in the processing
+    /// window, the window has room, and intake is not paused. (When it does not, the polling
+    /// thread soon finds no room to hand messages over, and pauses the partitions.)
     fn takes_messages(&self) -> bool {
+        self.intake.is_none() && self.admits()
+    }
+
+    fn admits(&self) -> bool {
         self.paused_since.is_none() && self.processing.has_room()
+    }
+
+    /// Moves polled messages into the processing window while it has room, consecutive small
+    /// ones in groups (each admitted as if alone). A message polled before its partition was
+    /// revoked is dropped here: its next owner reads it.
+    fn admit(&mut self) {
+        while self.admits() {
+            let Some(intake) = &mut self.intake else {
+                return;
+            };
+            let (mut group, mut reserved, mut values) = (Vec::new(), 0, 0);
+            while group.len() < PROCESS_GROUP_MESSAGES
+                && values < PROCESS_GROUP_BYTES
+                && self.processing.room_for(group.len(), reserved)
+            {
+                let Some((message, generation)) = intake.messages.pop_front() else {
+                    break;
+                };
+                if self.revocations.is_stale(message.partition(), generation) {
+                    continue;
+                }
+                let len = message.payload().map_or(0, <[u8]>::len);
+                values += len;
+                reserved += window::reservation(len);
+                group.push((message, generation));
+            }
+            if intake.messages.is_empty() {
+                self.intake = None;
+            }
+            if !group.is_empty() {
+                self.process(group, reserved);
+            }
+        }
     }
 
     /// Pauses intake when the buffer is full and no flush can start; resumes when one can.
@@ -335,20 +393,25 @@ impl Pipeline {
         self.revocations.is_stale(partition, generation)
     }
 
-    /// consume → process: decompress and parse on the pool.
-    fn process(&mut self, message: OwnedMessage, generation: u64) {
-        self.status.record_consumed();
-        let tx = self
-            .processing
-            .push(message.payload().map_or(0, <[u8]>::len));
+    /// consume → process: decompress and parse on the pool, a group of messages holding
+    /// `reserved` of the window as one task.
+    fn process(&mut self, group: Vec<(OwnedMessage, u64)>, reserved: usize) {
+        self.status.record_consumed(group.len());
+        let tx = self.processing.push(group.len(), reserved);
         let (limits, topic) = (self.limits, self.topic.clone());
         self.pool.spawn(move || {
-            let (entry, bytes) = to_entry(message, &limits, topic);
-            let _ = tx.send(ProcessedEntry {
-                entry,
-                bytes,
-                generation,
-            });
+            let processed = group
+                .into_iter()
+                .map(|(message, generation)| {
+                    let (entry, bytes) = to_entry(message, &limits, &topic);
+                    ProcessedEntry {
+                        entry,
+                        bytes,
+                        generation,
+                    }
+                })
+                .collect();
+            let _ = tx.send(processed);
         });
     }
 
@@ -574,7 +637,9 @@ impl Pipeline {
 
     async fn drain_inner(&mut self) -> Result<(), PipelineError> {
         while let Some(processed) = self.processing.next().await {
-            self.buffered(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
+            for processed in processed.map_err(|_| PipelineError::TaskDied("processing".into()))? {
+                self.buffered(processed);
+            }
         }
         loop {
             if !self.buffer.is_empty() && self.flushes.len() < self.max_flushes {
@@ -614,7 +679,7 @@ thread_local! {
 
 /// Runs the recording core on one message; an invalid one keeps its bytes for the dead-letter
 /// topic. Returns the entry and the bytes it holds.
-fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, usize) {
+fn to_entry(message: OwnedMessage, limits: &Limits, topic: &str) -> (Entry, usize) {
     let (partition, offset) = (message.partition(), message.offset());
     let value = message.payload().unwrap_or_default();
     let start = Instant::now();
@@ -651,7 +716,7 @@ fn to_entry(message: OwnedMessage, limits: &Limits, topic: String) -> (Entry, us
                 error,
                 value,
                 key,
-                topic,
+                topic: topic.to_owned(),
                 timestamp,
                 rejected_by: None,
             };
