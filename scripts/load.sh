@@ -6,6 +6,9 @@
 # age and dominate a short run.
 # Usage: scripts/load.sh [COUNT] [BUFFER_MAX_BYTES]      (defaults 10000, 64 MiB)
 #   LOAD_SINKS=real scripts/load.sh   GCS emulator + ClickHouse + event topics instead of the null sink
+#   LOAD_SINKS=gcs|clickhouse|events  that one real destination, the others null (its ceiling:
+#                                      scripts/sink-ceilings.sh)
+#   REPLAY_INGEST_GCS_BACKEND=filesystem  the emulator on disk (see scripts/stack.sh)
 #   LOAD_THREADS=N                     processing threads (default: one per CPU)
 #   LOAD_JSON=FILE                     also append the results as one JSON line to FILE
 #   LOAD_FIXTURES="fixtures/segments/console-*.msgpack" scripts/load.sh   picks the message mix
@@ -35,15 +38,25 @@ produced=$("${CARGO_TARGET_DIR:-target}"/release/examples/produce --brokers "$RE
 bare=$("${CARGO_TARGET_DIR:-target}"/release/examples/bare_consume "$REPLAY_INGEST_TEST_BROKERS" "$topic" "$COUNT")
 
 port=$(free_port)
-if [ "${LOAD_SINKS:-null}" = real ]; then
-  python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=load', data=b'{\"name\":\"$topic\"}', headers={'content-type': 'application/json'}))"
-  "$topics" --brokers "$REPLAY_INGEST_TEST_BROKERS" "$topic-outcomes:1:outcomes-billing" "$topic-analytics:1" "$topic-issues:1:ingest-occurrences"
-  sinks=(--blob-sink gcs --gcs-bucket "$topic" --gcs-endpoint "$REPLAY_INGEST_TEST_GCS_ENDPOINT" --gcs-anonymous
-    --rows-sink clickhouse --clickhouse-url "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" --clickhouse-table "load_${topic//-/_}" --migrate-on-start
-    --events-sink kafka --outcomes-topic "$topic-outcomes" --analytics-topic "$topic-analytics" --issues-topic "$topic-issues")
-else
-  sinks=(--blob-sink null --rows-sink null --events-sink null)
-fi
+# One real destination at a time (gcs, clickhouse, events: the others null) or all of them (real).
+real=${LOAD_SINKS:-null}
+[ "$real" = real ] && real="gcs clickhouse events"
+blob=(--blob-sink null) rows=(--rows-sink null) events=(--events-sink null)
+for sink in $real; do
+  case $sink in
+    null) ;;
+    gcs)
+      python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=load', data=b'{\"name\":\"$topic\"}', headers={'content-type': 'application/json'}))"
+      blob=(--blob-sink gcs --gcs-bucket "$topic" --gcs-endpoint "$REPLAY_INGEST_TEST_GCS_ENDPOINT" --gcs-anonymous) ;;
+    clickhouse)
+      rows=(--rows-sink clickhouse --clickhouse-url "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" --clickhouse-table "load_${topic//-/_}" --migrate-on-start) ;;
+    events)
+      "$topics" --brokers "$REPLAY_INGEST_TEST_BROKERS" "$topic-outcomes:1:outcomes-billing" "$topic-analytics:1" "$topic-issues:1:ingest-occurrences"
+      events=(--events-sink kafka --outcomes-topic "$topic-outcomes" --analytics-topic "$topic-analytics" --issues-topic "$topic-issues") ;;
+    *) echo "LOAD_SINKS is null, real, gcs, clickhouse or events, not $sink" >&2; exit 2 ;;
+  esac
+done
+sinks=("${blob[@]}" "${rows[@]}" "${events[@]}")
 "$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --dlq-topic "$topic-dlq" \
   --group-id "load-$RANDOM" "${sinks[@]}" --statsd-address "" --http-listen "127.0.0.1:$port" \
   --processing-threads "${LOAD_THREADS:-0}" \
@@ -112,6 +125,7 @@ print(f"{'bare rdkafka consumer':28} {bare_rate:>10.0f} {bare['bytes'] / 1e6 / b
 print(f"{'pipeline, ' + sys.argv[7] + ' sinks':28} {rate:>10.0f} {mb / seconds:>8.1f}   ({rate / bare_rate:.2f}x bare)")
 final = status() or s
 print("time per sink (s, summed over flushes): " + ", ".join(f"{k} {v['seconds']:.2f}" for k, v in sorted(final["sinks"].items())))
+print("written per second of its own time: " + ", ".join(f"{k} {v['items'] / v['seconds']:.0f}" for k, v in sorted(final["sinks"].items()) if v["seconds"] > 0))
 print(f"backpressure pauses: {final['pauses']}")
 print(f"CPU per message: service {cpu_us:.1f} µs, bare consumer {bare_cpu_us:.1f} µs")
 print(f"steady state (10–90 %): pipeline {steady_rate:.0f} msgs/s, bare consumer {bare_steady_rate:.0f} msgs/s "
@@ -141,6 +155,8 @@ if sys.argv[9]:
             "steady_msgs_per_s": steady_rate, "bare_steady_msgs_per_s": bare_steady_rate,
             "steady_cpu_us_per_msg": steady_cpu_us, "bare_steady_cpu_us_per_msg": bare_steady_cpu_us,
             "fixtures": os.environ.get("LOAD_FIXTURES", ""), "pauses": final["pauses"], "cpu_us_by_thread": by_thread, "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
+            "sink_items": {k: v["items"] for k, v in final["sinks"].items()},
+            "sink_writes": {k: v["writes"] for k, v in final["sinks"].items()},
         }) + "\n")
 PY
 kill -TERM "$pid"

@@ -85,6 +85,8 @@ pub struct Outage {
 #[derive(Debug, Default, Clone, Copy, Serialize)]
 pub struct SinkTotals {
     pub seconds: f64,
+    /// Flushes it wrote (items ÷ writes is its batch size).
+    pub writes: u64,
     pub items: u64,
     pub bytes: u64,
 }
@@ -275,6 +277,7 @@ impl Status {
         let mut sinks = lock(&self.sinks);
         let totals = sinks.entry(sink).or_default();
         totals.seconds += took.as_secs_f64();
+        totals.writes += 1;
         totals.items += items;
         totals.bytes += bytes;
     }
