@@ -242,13 +242,13 @@ impl Extractor {
     }
 
     fn custom(&mut self, data: Option<&str>, ts_ms: u64) -> bool {
-        let Some(custom) = data.and_then(parse::<CustomData>) else {
+        let Some((tag, payload)) = data.and_then(custom_data) else {
             return false;
         };
-        let Some(tag) = custom.tag.as_str() else {
+        let Some(tag) = tag.as_str() else {
             return false;
         };
-        let payload = custom.payload.as_ref().map(|p| p.get());
+        // The payload is validated here, once: by the typed parse of the tags read, or as JSON.
         let valid = match tag {
             "breadcrumb" => payload
                 .and_then(parse::<Breadcrumb>)
@@ -256,7 +256,7 @@ impl Extractor {
             "performanceSpan" => payload
                 .and_then(parse::<Span>)
                 .is_some_and(|s| self.span(s, ts_ms)),
-            _ => true,
+            _ => payload.is_none_or(valid_json),
         };
         // Only events that are kept are counted: a skipped one counts as invalid, not by tag.
         if valid {
