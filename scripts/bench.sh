@@ -3,11 +3,14 @@
 # and end-to-end load runs through the local broker (null sink at several buffer sizes and
 # thread counts, small segments only, and real sinks), then writes docs/benchmarks.md with
 # tables — throughput, CPU per message against `process` + a bare consumer — and
-# docs/benchmarks.png (throughput vs buffer size and threads, peak RSS).
+# docs/benchmarks.png (throughput vs buffer size and threads, peak RSS), and the sinks' ceilings
+# side by side (scripts/sink-ceilings.sh).
 # Usage: scripts/bench.sh [COUNT]     (messages per load run, default 3000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COUNT=${1:-3000}
+# The emulator on disk: its memory backend slows down as it fills (scripts/stack.sh).
+export REPLAY_INGEST_GCS_BACKEND=filesystem
 CACHE=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
@@ -34,8 +37,10 @@ echo "== load: null sink, small segments only"
 LOAD_FIXTURES=$small LOAD_JSON=$results bash scripts/load.sh "$((COUNT * 20))" 67108864 >/dev/null
 echo "== load: real sinks"
 LOAD_SINKS=real LOAD_JSON=$results bash scripts/load.sh "$COUNT" 67108864 >/dev/null
+echo "== sinks at their limit"
+ceilings=$(bash scripts/sink-ceilings.sh "$((COUNT * 2))")
 
-"$venv/bin/python" - "$results" "$python_lines" "${CARGO_TARGET_DIR:-target}/criterion" <<'PY'
+"$venv/bin/python" - "$results" "$python_lines" "${CARGO_TARGET_DIR:-target}/criterion" "$ceilings" <<'PY'
 import json, pathlib, sys
 import matplotlib
 matplotlib.use("Agg")
@@ -84,7 +89,7 @@ for group, unit in [("fixture_mix", "MiB/s"), ("small_segments", "segments/s")]:
         seconds, throughput = estimate(group, name)
         rates.append(throughput["Bytes"] / seconds / 2**20 if "Bytes" in throughput else throughput["Elements"] / seconds)
     out.append(f"| {group} ({unit}) | {rates[0]:.0f} | {rates[1]:.0f} | {rates[1] / rates[0]:.2f}× |")
-out += ["",
+out += ["", sys.argv[4], "",
         "## Through the broker", "",
         "Whole run (first message to the last flushed), and steady state (10 % to 90 % of the messages",
         "flushed; the bare consumer measured the same way), without the fetch ramp-up and the tail.", "",
@@ -109,6 +114,13 @@ for r in runs:
     work = process_us[mix_of(r)] + bare_us
     out.append(f"| {mix_of(r)} | {r['threads'] or 'all'} | {r['steady_cpu_us_per_msg']:.1f} | {work - bare_us:.1f} | "
                f"{bare_us:.1f} | {r['steady_cpu_us_per_msg'] / work:.2f}× |")
+out += ["", "Where the service's CPU goes (the whole run, µs per message, by thread; `process-N` are the",
+        "processing threads, `kafka-poll` the polling thread, `replay-ingest` the pipeline's task, `rdk:*`",
+        "librdkafka's, `tokio-rt-worker` the flushes):", "",
+        "| mix | threads | by thread |", "|---|---:|---|"]
+for r in runs:
+    if r["sinks"] == "null":
+        out.append(f"| {mix_of(r)} | {r['threads'] or 'all'} | " + ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_us_by_thread"].items()) + " |")
 out += ["", "![throughput and peak RSS](benchmarks.png)", ""]
 docs = pathlib.Path("docs")
 docs.mkdir(exist_ok=True)

@@ -12,6 +12,7 @@
 #   LOAD_THREADS=N                     processing threads (default: one per CPU)
 #   LOAD_JSON=FILE                     also append the results as one JSON line to FILE
 #   LOAD_FIXTURES="fixtures/segments/console-*.msgpack" scripts/load.sh   picks the message mix
+#   LOAD_STATSD=1                      sends metrics (to a UDP port nobody reads), as in production
 #   LOAD_PERF=FILE                     records the whole machine during the service's run (`perf record -a -g`)
 #                                      (`perf report -i FILE`); LOAD_PERF_STAT=1 prints its
 #                                      context switches, wake-ups and task clock instead
@@ -57,8 +58,10 @@ for sink in $real; do
   esac
 done
 sinks=("${blob[@]}" "${rows[@]}" "${events[@]}")
+statsd=""
+[ -n "${LOAD_STATSD:-}" ] && statsd=127.0.0.1:$(free_port)
 "$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --dlq-topic "$topic-dlq" \
-  --group-id "load-$RANDOM" "${sinks[@]}" --statsd-address "" --http-listen "127.0.0.1:$port" \
+  --group-id "load-$RANDOM" "${sinks[@]}" --statsd-address "$statsd" --http-listen "127.0.0.1:$port" \
   --processing-threads "${LOAD_THREADS:-0}" \
   --buffer-max-bytes "$BUFFER" --session-timeout-ms 6000 --drain-deadline-ms 5000 \
   --buffer-max-age-ms 200 \
