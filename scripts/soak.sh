@@ -166,6 +166,7 @@ mean_y = sum(r["rss_mib"] for r in warm) / n
 var = sum((r["consumed"] - mean_x) ** 2 for r in warm) or 1
 slope = sum((r["consumed"] - mean_x) * (r["rss_mib"] - mean_y) for r in warm) / var * 2**20
 idle_ends = [prev["lag"] for prev, r in zip(rows, rows[1:]) if prev["phase"] == "idle" and r["phase"] == "load"]
+idle_rss = [prev["rss_mib"] for prev, r in zip(rows, rows[1:]) if prev["phase"] == "idle" and r["phase"] == "load"]
 rss, fds, threads = spread("rss_mib"), spread("fds"), spread("threads")
 lines = ["# Soak", "", "Made by `scripts/soak.sh`: the service with every real sink (GCS emulator, ClickHouse, Kafka events)",
          f"for {minutes} minutes, {rate} messages/s of {len(fixtures)} recorded segments for {load_s} s then {idle_s} s idle, sampled",
@@ -177,6 +178,7 @@ lines = ["# Soak", "", "Made by `scripts/soak.sh`: the service with every real s
          f"| threads | {threads[0]:.0f}–{threads[1]:.0f} |",
          f"| RSS growth per message (least squares) | {slope:.1f} bytes |",
          f"| consumer lag at the end of each idle phase | {', '.join(f'{v:.0f}' for v in idle_ends) or '—'} |",
+         f"| RSS at the end of each idle phase (MiB) | {', '.join(f'{v:.1f}' for v in idle_rss) or '—'} |",
          "", "![soak](soak.png)", ""]
 (docs / "soak.md").write_text("\n".join(lines))
 print("\n".join(lines))
