@@ -12,6 +12,8 @@
 #   LOAD_THREADS=N                     processing threads (default: one per CPU)
 #   LOAD_JSON=FILE                     also append the results as one JSON line to FILE
 #   LOAD_FIXTURES="fixtures/segments/console-*.msgpack" scripts/load.sh   picks the message mix
+#   LOAD_BIN=FILE                      the service binary to measure (an A/B against another build)
+#   LOAD_LOG=FILE                      keeps the service's log (RUST_LOG applies)
 #   LOAD_STATSD=1                      sends metrics (to a UDP port nobody reads), as in production
 #   LOAD_PERF=FILE                     records the whole machine during the service's run (`perf record -a -g`)
 #                                      (`perf report -i FILE`); LOAD_PERF_STAT=1 prints its
@@ -28,7 +30,7 @@ scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
 cargo build --locked --release --quiet --bin replay-ingest --example bare_consume --example produce --example topics
-bin=${CARGO_TARGET_DIR:-target}/release/replay-ingest
+bin=${LOAD_BIN:-${CARGO_TARGET_DIR:-target}/release/replay-ingest}
 topic=load-$RANDOM$RANDOM
 topics=${CARGO_TARGET_DIR:-target}/release/examples/topics
 "$topics" --brokers "$REPLAY_INGEST_TEST_BROKERS" "$topic:4:ingest-replay-recordings" "$topic-dlq:1"
@@ -65,7 +67,7 @@ statsd=""
   --processing-threads "${LOAD_THREADS:-0}" \
   --buffer-max-bytes "$BUFFER" --session-timeout-ms 6000 --drain-deadline-ms 5000 \
   --buffer-max-age-ms 200 \
-  2>/dev/null &
+  2>"${LOAD_LOG:-/dev/null}" &
 pid=$!
 # perf attaches to the threads that exist, so it starts once the service serves its status (the
 # pools are up by then).

@@ -55,7 +55,7 @@ use buffer::{Buffer, BufferLimits, CloseReason, should_pause};
 use flush::{FlushReport, RetryPolicy, Sinks};
 use frontier::Frontier;
 use revocations::Revocations;
-use window::Window;
+use window::{Held, Progress, Window};
 
 /// Messages in transit between the polling thread and the pipeline. Each may be up to 15 MB:
 /// the bounds keep the hand-over small next to librdkafka's own (bounded) prefetch. While the
@@ -98,6 +98,13 @@ enum Drained {
     MissedDeadline,
     /// A flush failed for good (or a task died): nothing past it is committed.
     Failed(PipelineError),
+}
+
+/// What a group's results hold while they wait in the processing window.
+impl Held for Vec<ProcessedEntry> {
+    fn held_bytes(&self) -> usize {
+        self.iter().map(|p| p.bytes).sum()
+    }
 }
 
 /// A batch from the polling thread, not yet in the processing window: its messages enter as the
@@ -299,11 +306,14 @@ impl Pipeline {
                 Some(committed) = self.commits.join_next() => {
                     self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
                 }
-                Some(processed) = self.processing.next() => {
-                    for processed in processed.map_err(|_| PipelineError::TaskDied("processing".into()))? {
-                        self.buffered(processed);
-                        // A buffer closes at its limit, message by message.
-                        self.start_flushes(Instant::now());
+                Some(progress) = self.processing.next() => {
+                    // A later group done first only gave room back: admitted below.
+                    if let Progress::Ready(processed) = progress {
+                        for processed in processed.map_err(|_| PipelineError::TaskDied("processing".into()))? {
+                            self.buffered(processed);
+                            // A buffer closes at its limit, message by message.
+                            self.start_flushes(Instant::now());
+                        }
                     }
                 }
                 polled = self.polled.recv(), if self.takes_messages() => match polled {
@@ -636,9 +646,13 @@ impl Pipeline {
     }
 
     async fn drain_inner(&mut self) -> Result<(), PipelineError> {
-        while let Some(processed) = self.processing.next().await {
-            for processed in processed.map_err(|_| PipelineError::TaskDied("processing".into()))? {
-                self.buffered(processed);
+        while let Some(progress) = self.processing.next().await {
+            if let Progress::Ready(processed) = progress {
+                for processed in
+                    processed.map_err(|_| PipelineError::TaskDied("processing".into()))?
+                {
+                    self.buffered(processed);
+                }
             }
         }
         loop {
