@@ -213,12 +213,15 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     let hung = Switchable::default();
     let release = hung.hang();
     let status = Arc::new(Status::default());
+    // Produced before the member starts, so that its first flush (closed by age) holds both
+    // partitions' messages whichever it is asked to give up: polled as they are produced, a
+    // partition's messages can arrive in a batch of their own, after that flush closed.
+    let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
     let (stop, task) = spawn(
         consume_args(&topic, &group, &[]),
         hung.clone(),
         status.clone(),
     );
-    let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
     wait_for(
         "the first member's flush hung",
         Duration::from_secs(60),
