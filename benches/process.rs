@@ -21,6 +21,10 @@ use std::io::Read;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use replay_ingest::recording::{self, Inflater, Limits, Rollout, envelope, payload};
 
+/// The service's allocator (src/main.rs): the work is measured as the service does it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Fixture {
     value: Vec<u8>,
 }

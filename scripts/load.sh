@@ -17,7 +17,9 @@
 #   LOAD_STATSD=1                      sends metrics (to a UDP port nobody reads), as in production
 #   LOAD_PERF=FILE                     records the whole machine during the service's run (`perf record -a -g`)
 #                                      (`perf report -i FILE`); LOAD_PERF_STAT=1 prints its
-#                                      context switches, wake-ups and task clock instead
+#                                      context switches, wake-ups and task clock instead;
+#                                      LOAD_PERF_EVENTS="-e sched:sched_switch" records those events
+#                                      with their stacks instead of CPU samples (who sleeps on what)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COUNT=${1:-10000}
@@ -74,7 +76,7 @@ pid=$!
 if [ -n "${LOAD_PERF:-}${LOAD_PERF_STAT:-}" ]; then
   until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do sleep 0.05; done
   if [ -n "${LOAD_PERF:-}" ]; then
-    perf record -q -a -F 999 -g -o "$LOAD_PERF" -- sh -c "while kill -0 $pid 2>/dev/null; do sleep 0.2; done" 2>/dev/null &
+    perf record -q -a ${LOAD_PERF_EVENTS:--F 999} -g -o "$LOAD_PERF" -- sh -c "while kill -0 $pid 2>/dev/null; do sleep 0.2; done" 2>/dev/null &
   else
     perf stat -e task-clock,context-switches,cpu-migrations,sched:sched_wakeup -p "$pid" 2>&1 | sed 's/^/perf: /' &
   fi
@@ -137,7 +139,7 @@ print(f"steady state (10–90 %): pipeline {steady_rate:.0f} msgs/s, bare consum
       f"({steady_rate / bare_steady_rate:.2f}x); CPU per message: service {steady_cpu_us:.1f} µs, bare {bare_steady_cpu_us:.1f} µs")
 # Where the CPU went, by thread (pool threads grouped by name without their number): the
 # whole run, startup included, per message.
-threads = {}
+threads, kernel, switches, system, faults = {}, {}, {}, 0, 0
 for task in os.listdir(f"/proc/{pid}/task"):
     try:
         stat = open(f"/proc/{pid}/task/{task}/stat").read()
@@ -146,8 +148,17 @@ for task in os.listdir(f"/proc/{pid}/task"):
     name = stat[stat.find("(") + 1:stat.rfind(")")].rstrip("0123456789").rstrip("-#") or "?"
     fields = stat[stat.rfind(")") + 2:].split()
     threads[name] = threads.get(name, 0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    system += int(fields[12]) / os.sysconf("SC_CLK_TCK")
+    kernel[name] = kernel.get(name, 0) + int(fields[12]) / os.sysconf("SC_CLK_TCK")
+    faults += int(fields[7])
+    for line in open(f"/proc/{pid}/task/{task}/status"):
+        if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")):
+            k = name + (" sleeps" if line.startswith("vol") else " preempted")
+            switches[k] = switches.get(k, 0) + int(line.split()[1])
 by_thread = {k: v / count * 1e6 for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0}
 print("CPU per message by thread (µs): " + ", ".join(f"{k} {v:.1f}" for k, v in by_thread.items()))
+print("context switches per message: " + ", ".join(f"{k} {v / count:.3f}" for k, v in sorted(switches.items(), key=lambda kv: -kv[1]) if v > count / 1000))
+print(f"of which in the kernel: {system / count * 1e6:.1f} µs (" + ", ".join(f"{k} {v / count * 1e6:.1f}" for k, v in sorted(kernel.items(), key=lambda kv: -kv[1]) if v > 0) + f"); page faults per message: {faults / count:.2f}")
 peak = hwm()
 print(f"peak RSS {peak / 2**20:.0f} MiB with --buffer-max-bytes {buffer / 2**20:.0f} MiB and a {mb:.0f} MB backlog")
 if sys.argv[9]:
@@ -159,7 +170,7 @@ if sys.argv[9]:
             "peak_rss_mib": peak / 2**20, "cpu_us_per_msg": cpu_us, "bare_cpu_us_per_msg": bare_cpu_us,
             "steady_msgs_per_s": steady_rate, "bare_steady_msgs_per_s": bare_steady_rate,
             "steady_cpu_us_per_msg": steady_cpu_us, "bare_steady_cpu_us_per_msg": bare_steady_cpu_us,
-            "fixtures": os.environ.get("LOAD_FIXTURES", ""), "pauses": final["pauses"], "cpu_us_by_thread": by_thread, "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
+            "fixtures": os.environ.get("LOAD_FIXTURES", ""), "pauses": final["pauses"], "cpu_us_by_thread": by_thread, "system_us_per_msg": system / count * 1e6, "faults_per_msg": faults / count, "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
             "sink_items": {k: v["items"] for k, v in final["sinks"].items()},
             "sink_writes": {k: v["writes"] for k, v in final["sinks"].items()},
         }) + "\n")
