@@ -30,6 +30,16 @@ impl HeapSize for Box<str> {
     }
 }
 
+/// Borrowed text is static: nothing of it is on the heap.
+impl HeapSize for std::borrow::Cow<'static, str> {
+    fn heap_size(&self) -> usize {
+        match self {
+            std::borrow::Cow::Borrowed(_) => 0,
+            std::borrow::Cow::Owned(owned) => owned.heap_size(),
+        }
+    }
+}
+
 impl HeapSize for bytes::Bytes {
     /// Exact for `Bytes` made from a boxed slice (as blobs are); one buffer, however many clones.
     fn heap_size(&self) -> usize {

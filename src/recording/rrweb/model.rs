@@ -1,6 +1,7 @@
 //! What extraction yields for one segment: counts, click and tap rows, requests, navigations,
 //! and the caps that bound them (see the parent module).
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -42,10 +43,70 @@ const INCREMENTAL_SOURCES: [&str; 17] = [
 ];
 const UNKNOWN: &str = "Unknown";
 
+/// The keys the browser and mobile SDKs send most (custom event tags, breadcrumb categories,
+/// console levels, span ops), sorted: a count under one of them holds this text, not a copy.
+/// Counts are a quarter of a small segment's allocations otherwise.
+const KNOWN_KEYS: [&str; 46] = [
+    "assert",
+    "breadcrumb",
+    "console",
+    "debug",
+    "error",
+    "fetch",
+    "info",
+    "largest-contentful-paint",
+    "log",
+    "memory",
+    "navigation",
+    "navigation.back_forward",
+    "navigation.navigate",
+    "navigation.push",
+    "navigation.reload",
+    "none",
+    "options",
+    "other",
+    "paint",
+    "performanceSpan",
+    "replay.hydrate-error",
+    "replay.mutations",
+    "resource.css",
+    "resource.fetch",
+    "resource.img",
+    "resource.link",
+    "resource.other",
+    "resource.script",
+    "resource.xhr",
+    "sentry.event",
+    "sentry.transaction",
+    "trace",
+    "ui.blur",
+    "ui.click",
+    "ui.focus",
+    "ui.input",
+    "ui.keyDown",
+    "ui.multiClick",
+    "ui.slowClickDetected",
+    "ui.tap",
+    "video",
+    "warn",
+    "warning",
+    "web-vital",
+    "xhr",
+    "zoom",
+];
+
+/// `key` as one of [`KNOWN_KEYS`], or a copy.
+fn count_key(key: &str) -> Cow<'static, str> {
+    match KNOWN_KEYS.binary_search(&key).ok().and_then(|i| KNOWN_KEYS.get(i)) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(key.to_owned()),
+    }
+}
+
 /// Counts by a key taken from the input, with a bounded number of distinct keys of bounded length.
 /// Kept sorted by key (serialised as a map in that order).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Counts(Vec<(Box<str>, u64)>);
+pub struct Counts(Vec<(Cow<'static, str>, u64)>);
 
 impl Counts {
     /// Counts `key` (cut to `MAX_KEY_BYTES`); returns whether it had to be cut.
@@ -55,7 +116,7 @@ impl Counts {
         let slot = match self.0.binary_search_by(|(k, _)| (**k).cmp(key)) {
             Ok(i) => Some(i),
             Err(i) if self.0.len() < MAX_DISTINCT_KEYS => {
-                self.0.insert(i, (key.into(), 0));
+                self.0.insert(i, (count_key(key), 0));
                 Some(i)
             }
             Err(_) => None,
@@ -65,7 +126,7 @@ impl Counts {
                 || match self.0.binary_search_by(|(k, _)| (**k).cmp("other")) {
                     Ok(i) => i,
                     Err(i) => {
-                        self.0.insert(i, ("other".into(), 0));
+                        self.0.insert(i, (count_key("other"), 0));
                         i
                     }
                 },
@@ -106,16 +167,16 @@ impl Serialize for Counts {
 
 /// `text` cut to at most `max` bytes on a character boundary, the marker included; and whether it
 /// was cut.
-pub fn cut_bytes(text: &str, max: usize) -> (std::borrow::Cow<'_, str>, bool) {
+pub fn cut_bytes(text: &str, max: usize) -> (Cow<'_, str>, bool) {
     if text.len() <= max {
-        return (std::borrow::Cow::Borrowed(text), false);
+        return (Cow::Borrowed(text), false);
     }
     let mut end = max.saturating_sub(TRUNCATION_MARKER.len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }
     (
-        std::borrow::Cow::Owned(format!(
+        Cow::Owned(format!(
             "{}{TRUNCATION_MARKER}",
             text.get(..end).unwrap_or_default()
         )),
@@ -448,3 +509,35 @@ heap_size!(Extracted {
     web_vitals,
     urls,
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_keys_are_sorted_so_that_the_search_finds_them() {
+        assert!(KNOWN_KEYS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn a_known_key_is_counted_without_a_copy_and_any_other_with_one() {
+        let mut counts = Counts::default();
+        counts.add("ui.click");
+        counts.add("ui.click");
+        counts.add("custom.category");
+        assert_eq!(counts.get("ui.click"), 2);
+        assert_eq!(counts.get("custom.category"), 1);
+        let copies: Vec<&str> = counts
+            .0
+            .iter()
+            .filter_map(|(k, _)| matches!(k, Cow::Owned(_)).then_some(&**k))
+            .collect();
+        assert_eq!(copies, ["custom.category"]);
+        let slots = counts.0.capacity() * std::mem::size_of::<(Cow<'static, str>, u64)>();
+        assert_eq!(counts.heap_size(), slots + "custom.category".len());
+        assert_eq!(
+            serde_json::to_string(&counts).unwrap(),
+            r#"{"custom.category":1,"ui.click":2}"#
+        );
+    }
+}
