@@ -148,7 +148,7 @@ print(f"steady state (10–90 %): pipeline {steady_rate:.0f} msgs/s, bare consum
       f"({steady_rate / bare_steady_rate:.2f}x); CPU per message: service {steady_cpu_us:.1f} µs, bare {bare_steady_cpu_us:.1f} µs")
 # Where the CPU went, by thread (pool threads grouped by name without their number): the
 # whole run, startup included, per message.
-threads, kernel, switches, system, faults = {}, {}, {}, 0, 0
+threads, kernel, switches, faulted, system, faults = {}, {}, {}, {}, 0, 0
 for task in os.listdir(f"/proc/{pid}/task"):
     try:
         stat = open(f"/proc/{pid}/task/{task}/stat").read()
@@ -160,6 +160,7 @@ for task in os.listdir(f"/proc/{pid}/task"):
     system += int(fields[12]) / os.sysconf("SC_CLK_TCK")
     kernel[name] = kernel.get(name, 0) + int(fields[12]) / os.sysconf("SC_CLK_TCK")
     faults += int(fields[7])
+    faulted[name] = faulted.get(name, 0) + int(fields[7])
     for line in open(f"/proc/{pid}/task/{task}/status"):
         if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")):
             k = name + (" sleeps" if line.startswith("vol") else " preempted")
@@ -167,7 +168,8 @@ for task in os.listdir(f"/proc/{pid}/task"):
 by_thread = {k: v / count * 1e6 for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0}
 print("CPU per message by thread (µs): " + ", ".join(f"{k} {v:.1f}" for k, v in by_thread.items()))
 print("context switches per message: " + ", ".join(f"{k} {v / count:.3f}" for k, v in sorted(switches.items(), key=lambda kv: -kv[1]) if v > count / 1000))
-print(f"of which in the kernel: {system / count * 1e6:.1f} µs (" + ", ".join(f"{k} {v / count * 1e6:.1f}" for k, v in sorted(kernel.items(), key=lambda kv: -kv[1]) if v > 0) + f"); page faults per message: {faults / count:.2f}")
+print(f"of which in the kernel: {system / count * 1e6:.1f} µs (" + ", ".join(f"{k} {v / count * 1e6:.1f}" for k, v in sorted(kernel.items(), key=lambda kv: -kv[1]) if v > 0) + f"); page faults per message: {faults / count:.2f} ("
+      + ", ".join(f"{k} {v / count:.2f}" for k, v in sorted(faulted.items(), key=lambda kv: -kv[1]) if v > count / 100) + ")")
 peak = hwm()
 print(f"peak RSS {peak / 2**20:.0f} MiB with --buffer-max-bytes {buffer / 2**20:.0f} MiB and a {mb:.0f} MB backlog")
 if sys.argv[9]:
