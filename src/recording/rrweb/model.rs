@@ -97,7 +97,11 @@ const KNOWN_KEYS: [&str; 46] = [
 
 /// `key` as one of [`KNOWN_KEYS`], or a copy.
 fn count_key(key: &str) -> Cow<'static, str> {
-    match KNOWN_KEYS.binary_search(&key).ok().and_then(|i| KNOWN_KEYS.get(i)) {
+    match KNOWN_KEYS
+        .binary_search(&key)
+        .ok()
+        .and_then(|i| KNOWN_KEYS.get(i))
+    {
         Some(known) => Cow::Borrowed(known),
         None => Cow::Owned(key.to_owned()),
     }
