@@ -148,7 +148,7 @@ print(f"steady state (10–90 %): pipeline {steady_rate:.0f} msgs/s, bare consum
       f"({steady_rate / bare_steady_rate:.2f}x); CPU per message: service {steady_cpu_us:.1f} µs, bare {bare_steady_cpu_us:.1f} µs")
 # Where the CPU went, by thread (pool threads grouped by name without their number): the
 # whole run, startup included, per message.
-threads, kernel, switches, faulted, system, faults = {}, {}, {}, {}, 0, 0
+threads, kernel, switches, faulted = {}, {}, {}, {}
 for task in os.listdir(f"/proc/{pid}/task"):
     try:
         stat = open(f"/proc/{pid}/task/{task}/stat").read()
@@ -156,10 +156,9 @@ for task in os.listdir(f"/proc/{pid}/task"):
         continue
     name = stat[stat.find("(") + 1:stat.rfind(")")].rstrip("0123456789").rstrip("-#") or "?"
     fields = stat[stat.rfind(")") + 2:].split()
-    threads[name] = threads.get(name, 0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    system += int(fields[12]) / os.sysconf("SC_CLK_TCK")
-    kernel[name] = kernel.get(name, 0) + int(fields[12]) / os.sysconf("SC_CLK_TCK")
-    faults += int(fields[7])
+    user, sys_ = (int(fields[i]) / os.sysconf("SC_CLK_TCK") for i in (11, 12))
+    threads[name] = threads.get(name, 0) + user + sys_
+    kernel[name] = kernel.get(name, 0) + sys_
     faulted[name] = faulted.get(name, 0) + int(fields[7])
     for line in open(f"/proc/{pid}/task/{task}/status"):
         if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")):
@@ -167,6 +166,7 @@ for task in os.listdir(f"/proc/{pid}/task"):
             switches[k] = switches.get(k, 0) + int(line.split()[1])
 by_thread = {k: v / count * 1e6 for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0}
 print("CPU per message by thread (µs): " + ", ".join(f"{k} {v:.1f}" for k, v in by_thread.items()))
+system, faults = sum(kernel.values()), sum(faulted.values())
 print("context switches per message: " + ", ".join(f"{k} {v / count:.3f}" for k, v in sorted(switches.items(), key=lambda kv: -kv[1]) if v > count / 1000))
 print(f"of which in the kernel: {system / count * 1e6:.1f} µs (" + ", ".join(f"{k} {v / count * 1e6:.1f}" for k, v in sorted(kernel.items(), key=lambda kv: -kv[1]) if v > 0) + f"); page faults per message: {faults / count:.2f} ("
       + ", ".join(f"{k} {v / count:.2f}" for k, v in sorted(faulted.items(), key=lambda kv: -kv[1]) if v > count / 100) + ")")
