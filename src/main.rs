@@ -50,6 +50,14 @@ fn cap_malloc_arenas() {
     }
 }
 
+/// How long an idle thread of the blocking pool (flushes, commits) waits for work before it exits
+/// (tokio's default: 10 s). A thread that exits hands the pages its allocations used back to
+/// mimalloc, which returns them to the OS only on a later allocation: a soak's RSS fell 4–6 MiB
+/// at the start of every load phase and climbed back (±14 % over the run), and every load phase
+/// started new threads. Kept through an idle spell of a few minutes, the flushes' threads and
+/// their memory stay as they were.
+const BLOCKING_THREAD_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(600);
+
 #[derive(Parser)]
 #[command(version, about = "Ingests session-replay recording segments.")]
 struct Cli {
@@ -121,7 +129,11 @@ fn main() -> ExitCode {
         return run_inspect(files, &limits.limits(false));
     }
     init_logs(cli.log_format);
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_keep_alive(BLOCKING_THREAD_KEEP_ALIVE)
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("cannot start the async runtime: {e}");

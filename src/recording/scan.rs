@@ -374,7 +374,11 @@ impl SkipState {
         m: Masks,
         prefix_xor: impl Fn(u64) -> u64,
     ) -> Option<usize> {
-        let quotes = m.quote & !escaped(m.backslash, &mut self.escape_carry);
+        let quotes = if m.backslash | self.escape_carry == 0 {
+            m.quote
+        } else {
+            m.quote & !escaped(m.backslash, &mut self.escape_carry)
+        };
         let in_string = prefix_xor(quotes) ^ self.string_carry;
         self.string_carry = ((in_string as i64) >> 63) as u64;
         let open = m.open & !in_string;
