@@ -11,8 +11,7 @@
 //!   events, Meta) are parsed again with a validating parser.
 //!
 //! Containers are skipped 64 bytes at a time: per block, bitmasks of quotes, backslashes and
-//! brackets, escaped quotes removed (in a block without a backslash, most of them, there is
-//! nothing to remove: that test alone made the skip 1.4× faster on a large DOM), in-string bytes
+//! brackets, escaped quotes removed (nothing to do in a block without a backslash), in-string bytes
 //! found with a prefix XOR, and the bracket depth tracked by popcount — close by close only in a
 //! block where the container may end. The masks come from the widest vector unit available:
 //! AVX-512BW or AVX2, with carry-less multiplication and `popcnt`, when the CPU has them (detected
@@ -234,10 +233,14 @@ fn masks(block: &[u8; BLOCK]) -> Masks {
 }
 
 /// Bits of characters escaped by a preceding odd run of backslashes; `carry` is 1 when the
-/// previous block ended in such a run.
+/// previous block ended in such a run. Most blocks have no backslash and carry none: they return
+/// at once (the skip runs 1.4× faster on a large DOM than with the arithmetic on every block).
 #[inline(always)]
 fn escaped(backslash: u64, carry: &mut u64) -> u64 {
     const EVEN: u64 = 0x5555_5555_5555_5555;
+    if backslash | *carry == 0 {
+        return 0;
+    }
     let backslash = backslash & !*carry;
     let follows_escape = (backslash << 1) | *carry;
     let odd_starts = backslash & !EVEN & !follows_escape;
@@ -376,11 +379,7 @@ impl SkipState {
         m: Masks,
         prefix_xor: impl Fn(u64) -> u64,
     ) -> Option<usize> {
-        let quotes = if m.backslash | self.escape_carry == 0 {
-            m.quote
-        } else {
-            m.quote & !escaped(m.backslash, &mut self.escape_carry)
-        };
+        let quotes = m.quote & !escaped(m.backslash, &mut self.escape_carry);
         let in_string = prefix_xor(quotes) ^ self.string_carry;
         self.string_carry = ((in_string as i64) >> 63) as u64;
         let open = m.open & !in_string;
