@@ -42,6 +42,9 @@ pub struct Buffer {
     entries: Vec<Entry>,
     /// What each entry holds, in the same order.
     sizes: Vec<usize>,
+    /// The processing thread that made each entry (whose heap its memory is in), in the same
+    /// order.
+    threads: Vec<usize>,
     bytes: usize,
     /// When the first entry of the open buffer arrived.
     opened: Option<Instant>,
@@ -53,15 +56,18 @@ impl Buffer {
             limits,
             entries: Vec::new(),
             sizes: Vec::new(),
+            threads: Vec::new(),
             bytes: 0,
             opened: None,
         }
     }
 
-    pub fn push(&mut self, entry: Entry, bytes: usize, now: Instant) {
+    /// `entry`, holding `bytes`, made by processing thread `thread`, arrived `now`.
+    pub fn push(&mut self, entry: Entry, bytes: usize, thread: usize, now: Instant) {
         self.opened.get_or_insert(now);
         self.entries.push(entry);
         self.sizes.push(bytes);
+        self.threads.push(thread);
         self.bytes += bytes;
     }
 
@@ -69,10 +75,12 @@ impl Buffer {
     pub fn retain(&mut self, keep: impl Fn(i32) -> bool) {
         let entries = std::mem::take(&mut self.entries);
         let sizes = std::mem::take(&mut self.sizes);
-        for (entry, size) in entries.into_iter().zip(sizes) {
+        let threads = std::mem::take(&mut self.threads);
+        for ((entry, size), thread) in entries.into_iter().zip(sizes).zip(threads) {
             if keep(entry.partition) {
                 self.entries.push(entry);
                 self.sizes.push(size);
+                self.threads.push(thread);
             }
         }
         self.bytes = self.sizes.iter().sum();
@@ -116,14 +124,16 @@ impl Buffer {
         self.opened.map(|opened| opened + self.limits.max_age)
     }
 
-    /// Closes the buffer into a batch and opens an empty one.
-    pub fn take(&mut self) -> Batch {
+    /// Closes the buffer into a batch and opens an empty one; with the batch, the thread that
+    /// made each of its entries.
+    pub fn take(&mut self) -> (Batch, Vec<usize>) {
         self.bytes = 0;
         self.opened = None;
         self.sizes.clear();
-        Batch {
+        let batch = Batch {
             entries: std::mem::take(&mut self.entries),
-        }
+        };
+        (batch, std::mem::take(&mut self.threads))
     }
 }
 
@@ -178,10 +188,10 @@ mod tests {
     #[test]
     fn closes_at_the_message_limit() {
         let (mut buffer, now) = (Buffer::new(LIMITS), Instant::now());
-        buffer.push(entry(1), 1, now);
-        buffer.push(entry(2), 1, now);
+        buffer.push(entry(1), 1, 0, now);
+        buffer.push(entry(2), 1, 0, now);
         assert_eq!(buffer.close_reason(now), None);
-        buffer.push(entry(3), 1, now);
+        buffer.push(entry(3), 1, 0, now);
         assert_eq!(buffer.close_reason(now), Some(CloseReason::Messages));
         assert!(buffer.is_full());
     }
@@ -189,17 +199,17 @@ mod tests {
     #[test]
     fn closes_at_the_byte_limit() {
         let (mut buffer, now) = (Buffer::new(LIMITS), Instant::now());
-        buffer.push(entry(1), 99, now);
+        buffer.push(entry(1), 99, 0, now);
         assert_eq!(buffer.close_reason(now), None);
-        buffer.push(entry(2), 1, now);
+        buffer.push(entry(2), 1, 0, now);
         assert_eq!(buffer.close_reason(now), Some(CloseReason::Bytes));
     }
 
     #[test]
     fn closes_when_its_first_message_is_max_age_old() {
         let (mut buffer, start) = (Buffer::new(LIMITS), Instant::now());
-        buffer.push(entry(1), 1, start);
-        buffer.push(entry(2), 1, start + Duration::from_secs(4));
+        buffer.push(entry(1), 1, 0, start);
+        buffer.push(entry(2), 1, 0, start + Duration::from_secs(4));
         assert_eq!(
             buffer.close_reason(start + Duration::from_millis(4999)),
             None
@@ -214,19 +224,20 @@ mod tests {
     #[test]
     fn taking_a_batch_reopens_an_empty_buffer_with_a_fresh_age() {
         let (mut buffer, start) = (Buffer::new(LIMITS), Instant::now());
-        buffer.push(entry(1), 10, start);
-        buffer.push(entry(2), 10, start);
-        let batch = buffer.take();
+        buffer.push(entry(1), 10, 0, start);
+        buffer.push(entry(2), 10, 1, start);
+        let (batch, threads) = buffer.take();
         assert_eq!(
             batch.entries.iter().map(|e| e.offset).collect::<Vec<_>>(),
             [1, 2]
         );
+        assert_eq!(threads, [0, 1]);
         assert_eq!(
             (buffer.len(), buffer.bytes(), buffer.deadline()),
             (0, 0, None)
         );
         let later = start + Duration::from_secs(60);
-        buffer.push(entry(3), 1, later);
+        buffer.push(entry(3), 1, 0, later);
         assert_eq!(buffer.deadline(), Some(later + Duration::from_secs(5)));
     }
 
@@ -239,6 +250,7 @@ mod tests {
                 ..entry(1)
             },
             10,
+            0,
             now,
         );
         buffer.push(
@@ -247,6 +259,7 @@ mod tests {
                 ..entry(2)
             },
             20,
+            1,
             now,
         );
         buffer.retain(|partition| partition != 1);
@@ -254,12 +267,13 @@ mod tests {
             (buffer.len(), buffer.bytes(), buffer.deadline().is_some()),
             (1, 20, true)
         );
+        assert_eq!(buffer.threads, [1], "and their threads");
         buffer.retain(|_| false);
         assert_eq!(
             (buffer.len(), buffer.bytes(), buffer.deadline()),
             (0, 0, None)
         );
-        assert_eq!(buffer.take().entries.len(), 0);
+        assert_eq!(buffer.take().0.entries.len(), 0);
     }
 
     #[test]

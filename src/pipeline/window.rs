@@ -4,19 +4,25 @@
 //! ([`Window::push`]); each is admitted as if it came alone ([`Window::room_for`]), so the bounds
 //! are the same as one message at a time.
 //!
+//! A finished group does not wake the pipeline while more groups than there are processing
+//! threads are still unfinished: the pool has work queued, so nothing is gained by taking the
+//! result at once, and the pipeline collects every finished group at the next wake. Waking
+//! once the unfinished ones are no more than the threads (the last one always wakes) keeps
+//! every thread busy while the pipeline admits more, with a wake-up every few groups instead of
+//! one per group.
+//!
 //! A message holds its [`reservation`] — what its result may hold at most — while it is
 //! processed, and what its result does hold once it is done, waiting for an earlier one: a
 //! finished small message behind a large one at the head gives most of its share back at once,
 //! so the window takes the messages after it and every core keeps working.
 
-use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
-use tokio::sync::oneshot;
+use futures::task::AtomicWaker;
 
 /// Messages being processed or waiting for an earlier one to finish (arrival order is kept).
 /// A wide window keeps every core busy behind one large segment at the head.
@@ -39,61 +45,105 @@ pub trait Held {
     fn held_bytes(&self) -> usize;
 }
 
+/// A group's task ended without sending its result (it panicked).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Died;
+
 /// What [`Window::next`] brings.
 pub enum Progress<T> {
     /// The oldest group's result (`Err`: its task died).
-    Ready(Result<T, oneshot::error::RecvError>),
-    /// A later group finished first: it waits, having given back what it no longer holds.
+    Ready(Result<T, Died>),
+    /// Later groups finished first: they wait, having given back what they no longer hold.
     Freed,
 }
 
-/// The window, holding results of type `T` on their way (one per group of messages).
-pub struct Window<T> {
-    running: FuturesUnordered<Reserved<T>>,
-    /// Finished before an earlier group, by arrival number: messages, bytes held, result.
-    waiting: BTreeMap<u64, (usize, usize, Result<T, oneshot::error::RecvError>)>,
-    /// Arrival number of the next group pushed, and of the next to leave.
-    pushed: u64,
-    head: u64,
-    /// Messages in the window.
-    messages: usize,
-    /// Reservations of the running groups plus what the waiting ones hold.
-    bytes: usize,
+/// What the groups' tasks share with the window.
+struct Shared<T> {
+    /// Finished, not yet collected by the window: arrival number and result.
+    finished: Mutex<Vec<(u64, Result<T, Died>)>>,
+    /// Groups pushed whose task has not finished.
+    unfinished: AtomicUsize,
+    /// A finished group wakes the window only once this many or fewer are left unfinished.
+    wake_at: usize,
+    waker: AtomicWaker,
 }
 
-impl<T> Default for Window<T> {
-    fn default() -> Self {
-        Window {
-            running: FuturesUnordered::new(),
-            waiting: BTreeMap::new(),
-            pushed: 0,
-            head: 0,
-            messages: 0,
-            bytes: 0,
+/// Where a group's task sends its one result ([`Window::push`]). Dropped unsent (its task
+/// panicked), it tells the window the group died.
+pub struct Completion<T> {
+    shared: Arc<Shared<T>>,
+    seq: u64,
+    sent: bool,
+}
+
+impl<T> Completion<T> {
+    pub fn send(mut self, result: T) {
+        self.sent = true;
+        self.finish(Ok(result));
+    }
+
+    fn finish(&self, result: Result<T, Died>) {
+        let shared = &self.shared;
+        shared
+            .finished
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((self.seq, result));
+        let left = shared.unfinished.fetch_sub(1, Ordering::AcqRel) - 1;
+        if left <= shared.wake_at {
+            shared.waker.wake();
         }
     }
 }
 
-/// One group being processed, with its arrival number and the share of the window it holds.
-struct Reserved<T> {
-    result: oneshot::Receiver<T>,
-    seq: u64,
-    messages: usize,
-    bytes: usize,
-}
-
-impl<T> Future for Reserved<T> {
-    type Output = (u64, usize, usize, Result<T, oneshot::error::RecvError>);
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (seq, messages, bytes) = (self.seq, self.messages, self.bytes);
-        Pin::new(&mut self.result)
-            .poll(cx)
-            .map(|result| (seq, messages, bytes, result))
+impl<T> Drop for Completion<T> {
+    fn drop(&mut self) {
+        if !self.sent {
+            self.finish(Err(Died));
+        }
     }
 }
 
+/// One group in the window, in arrival order: its messages, what it holds (its reservation
+/// while it runs, its result's size once done) and its result once done.
+struct Group<T> {
+    messages: usize,
+    bytes: usize,
+    result: Option<Result<T, Died>>,
+}
+
+/// The window, holding results of type `T` on their way (one per group of messages).
+pub struct Window<T> {
+    shared: Arc<Shared<T>>,
+    /// The groups in the window; the first one's arrival number is `head`.
+    groups: VecDeque<Group<T>>,
+    head: u64,
+    /// Groups done whose result the window has not collected yet.
+    uncollected: usize,
+    /// Messages in the window.
+    messages: usize,
+    /// Reservations of the running groups plus what the finished ones hold.
+    bytes: usize,
+}
+
 impl<T: Held> Window<T> {
+    /// A window whose groups run on `threads` processing threads.
+    pub fn new(threads: usize) -> Self {
+        Window {
+            shared: Arc::new(Shared {
+                finished: Mutex::default(),
+                unfinished: AtomicUsize::new(0),
+                wake_at: threads.max(1),
+                waker: AtomicWaker::new(),
+            }),
+            groups: VecDeque::new(),
+            head: 0,
+            uncollected: 0,
+            messages: 0,
+            bytes: 0,
+        }
+    }
+
     /// Whether another message may enter.
     pub fn has_room(&self) -> bool {
         self.room_for(0, 0)
@@ -107,45 +157,80 @@ impl<T: Held> Window<T> {
     }
 
     /// `messages` enter together, holding `bytes` (the sum of their [`reservation`]s) until their
-    /// one result is done. Send the result on the returned sender.
-    pub fn push(&mut self, messages: usize, bytes: usize) -> oneshot::Sender<T> {
-        let (tx, rx) = oneshot::channel();
+    /// one result is done. Send the result on the returned completion.
+    pub fn push(&mut self, messages: usize, bytes: usize) -> Completion<T> {
         self.messages += messages;
         self.bytes += bytes;
-        self.running.push(Reserved {
-            result: rx,
-            seq: self.pushed,
+        self.groups.push_back(Group {
             messages,
             bytes,
+            result: None,
         });
-        self.pushed += 1;
-        tx
+        self.uncollected += 1;
+        self.shared.unfinished.fetch_add(1, Ordering::AcqRel);
+        Completion {
+            shared: self.shared.clone(),
+            seq: self.head + self.groups.len() as u64 - 1,
+            sent: false,
+        }
     }
 
-    /// The oldest group's result once it and every earlier one are done, or word that a later
-    /// one finished first; `None` when the window is empty. Cancel-safe: nothing changes until
+    /// The oldest group's result once it and every earlier one are done, or word that later
+    /// ones finished first; `None` when the window is empty. Cancel-safe: nothing changes until
     /// it returns.
     pub async fn next(&mut self) -> Option<Progress<T>> {
         if let Some(result) = self.leave() {
             return Some(Progress::Ready(result));
         }
-        let (seq, messages, reserved, result) = self.running.next().await?;
-        let held = result.as_ref().map_or(0, Held::held_bytes);
-        self.bytes = self.bytes - reserved + held;
-        self.waiting.insert(seq, (messages, held, result));
+        if self.uncollected == 0 {
+            return None;
+        }
+        poll_fn(|cx| {
+            if self.collect() {
+                return Poll::Ready(());
+            }
+            self.shared.waker.register(cx.waker());
+            // A group that finished before the waker was in place did not see it.
+            match self.collect() {
+                true => Poll::Ready(()),
+                false => Poll::Pending,
+            }
+        })
+        .await;
         Some(match self.leave() {
             Some(result) => Progress::Ready(result),
             None => Progress::Freed,
         })
     }
 
+    /// Takes the results of the groups that finished since the last call, each giving back its
+    /// reservation and holding its result's size instead; whether there were any.
+    fn collect(&mut self) -> bool {
+        let mut finished = self
+            .shared
+            .finished
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let any = !finished.is_empty();
+        for (seq, result) in finished.drain(..) {
+            let group = &mut self.groups[(seq - self.head) as usize];
+            let held = result.as_ref().map_or(0, Held::held_bytes);
+            self.bytes = self.bytes - group.bytes + held;
+            group.bytes = held;
+            group.result = Some(result);
+            self.uncollected -= 1;
+        }
+        any
+    }
+
     /// The head's result, if it is done.
-    fn leave(&mut self) -> Option<Result<T, oneshot::error::RecvError>> {
-        let (messages, held, result) = self.waiting.remove(&self.head)?;
+    fn leave(&mut self) -> Option<Result<T, Died>> {
+        self.groups.front()?.result.as_ref()?;
+        let group = self.groups.pop_front()?;
         self.head += 1;
-        self.messages -= messages;
-        self.bytes -= held;
-        Some(result)
+        self.messages -= group.messages;
+        self.bytes -= group.bytes;
+        group.result
     }
 }
 
@@ -166,7 +251,7 @@ mod tests {
         }
     }
 
-    async fn ready<T: Held>(window: &mut Window<T>) -> Result<T, oneshot::error::RecvError> {
+    async fn ready<T: Held>(window: &mut Window<T>) -> Result<T, Died> {
         loop {
             match window.next().await.expect("a group in the window") {
                 Progress::Ready(result) => return result,
@@ -177,17 +262,17 @@ mod tests {
 
     #[tokio::test]
     async fn results_leave_in_arrival_order_and_a_later_one_done_first_holds_only_its_size() {
-        let mut window = Window::default();
+        let mut window = Window::new(1);
         let (first, second) = (
             window.push(1, reservation(10)),
             window.push(1, reservation(20)),
         );
         assert_eq!(window.bytes, reservation(10) + reservation(20));
-        second.send("second").unwrap();
+        second.send("second");
         assert!(matches!(window.next().await, Some(Progress::Freed)));
         assert_eq!(window.bytes, reservation(10) + "second".len());
         assert_eq!(window.messages, 2, "it still counts until it leaves");
-        first.send("first").unwrap();
+        first.send("first");
         assert_eq!(ready(&mut window).await.unwrap(), "first");
         assert_eq!(window.bytes, "second".len());
         assert_eq!(ready(&mut window).await.unwrap(), "second");
@@ -197,7 +282,7 @@ mod tests {
 
     #[tokio::test]
     async fn behind_a_slow_head_finished_messages_make_room_for_more() {
-        let mut window = Window::<&str>::default();
+        let mut window = Window::<&str>::new(1);
         let _head = window.push(1, reservation(1_000_000));
         let mut later = Vec::new();
         while window.has_room() {
@@ -205,7 +290,7 @@ mod tests {
         }
         let admitted = later.len();
         for tx in later {
-            tx.send("done").unwrap();
+            tx.send("done");
             assert!(matches!(window.next().await, Some(Progress::Freed)));
         }
         assert!(window.has_room(), "their reservations are back");
@@ -214,7 +299,7 @@ mod tests {
             "the bytes bounded the window first"
         );
         while window.has_room() {
-            window.push(1, reservation(0)).send("done").unwrap();
+            window.push(1, reservation(0)).send("done");
             assert!(matches!(window.next().await, Some(Progress::Freed)));
         }
         assert_eq!(
@@ -226,7 +311,7 @@ mod tests {
     #[tokio::test]
     async fn the_window_is_bounded_by_messages_and_by_bytes() {
         // Small messages: each reserves at least 2 MiB, so the bytes bound the window first.
-        let mut small = Window::<()>::default();
+        let mut small = Window::<()>::new(1);
         let mut senders = Vec::new();
         while small.has_room() {
             senders.push(small.push(1, reservation(0)));
@@ -237,14 +322,14 @@ mod tests {
         assert!(ready(&mut small).await.is_err(), "a task that died is told");
         assert!(small.has_room(), "its share is back");
 
-        let mut large = Window::<()>::default();
+        let mut large = Window::<()>::new(1);
         let _large = large.push(1, reservation(PROCESSING_WINDOW_BYTES / 3));
         assert!(!large.has_room(), "one large message fills it");
     }
 
     #[tokio::test]
     async fn a_group_counts_each_of_its_messages_and_leaves_as_one() {
-        let mut window = Window::<&str>::default();
+        let mut window = Window::<&str>::new(1);
         let mut admitted = (0, 0);
         while window.room_for(admitted.0, admitted.1) {
             admitted = (admitted.0 + 1, admitted.1 + reservation(0));
@@ -256,9 +341,66 @@ mod tests {
         );
         let group = window.push(admitted.0, admitted.1);
         assert!(!window.has_room());
-        group.send("all of them").unwrap();
+        group.send("all of them");
         assert_eq!(ready(&mut window).await.unwrap(), "all of them");
         assert_eq!((window.messages, window.bytes), (0, 0));
         assert!(window.has_room());
+    }
+
+    /// Counts the wake-ups it is given.
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl futures::task::ArcWake for Wakes {
+        fn wake_by_ref(arc_self: &Arc<Self>) {
+            arc_self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Polls the window's `next` once (it is cancel-safe: dropping it pending loses nothing).
+    fn poll_next<'a>(
+        window: &mut Window<&'a str>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Progress<&'a str>>> {
+        std::future::Future::poll(std::pin::pin!(window.next()), cx)
+    }
+
+    #[test]
+    fn a_finished_group_wakes_the_pipeline_only_once_no_more_than_the_threads_are_left() {
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let waker = futures::task::waker(wakes.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let woken = || wakes.0.load(Ordering::SeqCst);
+        let ready = |poll| match poll {
+            Poll::Ready(Some(Progress::Ready(result))) => result,
+            _ => panic!("the head's result"),
+        };
+
+        let mut window = Window::<&str>::new(2);
+        let mut groups = (0..4)
+            .map(|_| window.push(1, reservation(0)))
+            .collect::<Vec<_>>()
+            .into_iter();
+        assert!(poll_next(&mut window, &mut cx).is_pending());
+        groups.next().unwrap().send("first");
+        assert_eq!(woken(), 0, "three left on two threads: the pool is busy");
+        groups.next().unwrap().send("second");
+        assert_eq!(woken(), 1, "two left: time to admit more");
+        assert_eq!(ready(poll_next(&mut window, &mut cx)), Ok("first"));
+        assert_eq!(
+            window.bytes,
+            "second".len() + 2 * reservation(0),
+            "both collected at the one wake: what the second holds, and the two running"
+        );
+        assert_eq!(ready(poll_next(&mut window, &mut cx)), Ok("second"));
+        assert!(poll_next(&mut window, &mut cx).is_pending());
+        drop(groups.next());
+        assert_eq!(woken(), 2, "one left: a task that died wakes too");
+        assert_eq!(ready(poll_next(&mut window, &mut cx)), Err(Died));
+        assert!(poll_next(&mut window, &mut cx).is_pending());
+        groups.next().unwrap().send("last");
+        assert_eq!(woken(), 3, "the last one always wakes");
+        assert_eq!(ready(poll_next(&mut window, &mut cx)), Ok("last"));
+        assert_eq!((window.messages, window.bytes), (0, 0));
+        assert!(matches!(poll_next(&mut window, &mut cx), Poll::Ready(None)));
     }
 }
