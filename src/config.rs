@@ -724,9 +724,15 @@ impl ConsumeArgs {
             // about 90 MB/s whatever its threads could process (1 900 messages/s of the recorded
             // mix on two threads; 3 800 with 10 ms).
             ("fetch.queue.backoff.ms", "10".into()),
+            // Per partition, librdkafka's own default, 1 MiB. A larger record batch still comes
+            // whole: the broker returns a fetch's first batch whatever its size (the 2 MB message
+            // in tests/it/dead_letters.rs). At 16 MiB, with a backlog, each response landed in
+            // fresh pages: librdkafka's fetch thread took 0.43 page faults per small segment
+            // (0.12 at 1 MiB), 1.6 µs of CPU (0.9), and peak RSS was 100 MiB higher, for no more
+            // throughput (docs/architecture.md, Performance).
             (
                 "max.partition.fetch.bytes",
-                self.fetch_max_bytes.min(16 * 1024 * 1024).to_string(),
+                self.fetch_max_bytes.min(1024 * 1024).to_string(),
             ),
             // Consumer lag per partition for the `consumer.lag` gauge.
             ("statistics.interval.ms", "10000".into()),
