@@ -17,8 +17,8 @@ use futures::channel::oneshot::Canceled;
 use futures::future::join_all;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::FutureRecord;
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use tracing::warn;
 
 use super::progress::keep_telling;
@@ -28,12 +28,13 @@ use super::{
     Rejected, Retry, Sink, SinkError, Writing, Written,
 };
 use crate::kafka::consumer::key_and_timestamp;
+use crate::kafka::producer::{DeliveryFuture, Producer};
 use crate::kafka::refetch::Refetcher;
 use crate::recording::InvalidRecording;
 
 #[derive(Clone)]
 pub struct DlqSink {
-    producer: FutureProducer,
+    producer: Producer,
     topic: String,
     /// The largest record the topic accepts (its `max.message.bytes`): a dead letter that would
     /// be larger, or that the broker refuses as too large, is kept whole in `overflow`.
@@ -51,7 +52,7 @@ const RECORD_OVERHEAD_BYTES: usize = 512;
 
 impl DlqSink {
     pub fn new(
-        producer: FutureProducer,
+        producer: Producer,
         topic: impl Into<String>,
         max_record_bytes: usize,
         overflow: Option<Arc<dyn ObjectStore>>,
@@ -90,14 +91,14 @@ impl DlqSink {
         if let Some(key) = key {
             record = record.key(key);
         }
-        match self.producer.send_result(record) {
+        match self.producer.enqueue(record) {
             Ok(delivery) => Ok(delivery),
             // Rare: the headers are built again rather than cloned for every dead letter.
-            Err((e, _)) if classify_producer_error(&e) == Retry::Rejected => {
+            Err(e) if classify_producer_error(&e) == Retry::Rejected => {
                 self.send_pointer(entry, message, headers(entry, message), progress)
                     .await
             }
-            Err((e, _)) => Err(SinkError::from_error(
+            Err(e) => Err(SinkError::from_error(
                 self.name(),
                 classify_producer_error(&e),
                 e,
@@ -167,8 +168,8 @@ impl DlqSink {
         }
         warn!(partition = entry.partition, offset = entry.offset, bytes = message.value.len(), %location, "dead letter too large for its topic: value kept in the blob store");
         self.producer
-            .send_result(record)
-            .map_err(|(e, _)| SinkError::from_error(self.name(), pointer_retry(&e), e))
+            .enqueue(record)
+            .map_err(|e| SinkError::from_error(self.name(), pointer_retry(&e), e))
     }
 }
 
@@ -327,7 +328,6 @@ impl DlqSink {
         if deliveries.is_empty() {
             return Ok(written);
         }
-        self.producer.poll(Duration::ZERO);
         // A broker whose topic limit is below `max_record_bytes` refuses the record on delivery:
         // that dead letter goes the pointer's way.
         let (mut failure, mut pointed, mut pointers) = (None, Vec::new(), Vec::new());

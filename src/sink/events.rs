@@ -9,7 +9,7 @@ use clap::Args;
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 
-use rdkafka::producer::FutureProducer;
+use crate::kafka::producer::Producer;
 
 use super::publish::{Publisher, Record};
 use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Writing, Written};
@@ -132,7 +132,7 @@ pub struct EventsSink {
 
 impl EventsSink {
     pub fn new(
-        producer: FutureProducer,
+        producer: Producer,
         topics: EventTopics,
         issues: IssueGates,
         first_replay_cache: usize,
@@ -267,7 +267,7 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let producer: FutureProducer = rdkafka::ClientConfig::new()
+        let producer: Producer = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", closed.to_string())
             .set("message.timeout.ms", "200")
             .create()

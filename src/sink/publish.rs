@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureRecord, Producer as _};
 
 use super::progress::keep_telling;
 use super::{Piece, Progress, Retry, SinkError, Written};
+use crate::kafka::producer::Producer;
 
 /// Bytes of values awaiting delivery at once within one write.
 pub const DELIVERY_WINDOW_BYTES: usize = 8 * 1024 * 1024;
@@ -30,13 +31,13 @@ pub struct Record<'a> {
 }
 
 pub struct Publisher {
-    producer: FutureProducer,
+    producer: Producer,
     sink: &'static str,
 }
 
 impl Publisher {
     /// `sink` names the sink in errors.
-    pub fn new(producer: FutureProducer, sink: &'static str) -> Self {
+    pub fn new(producer: Producer, sink: &'static str) -> Self {
         Publisher { producer, sink }
     }
 
@@ -94,17 +95,12 @@ impl Publisher {
         progress: &Progress<'_>,
         failure: &mut Option<SinkError>,
     ) where
-        F: std::future::Future<
-                Output = (
-                    Piece,
-                    Result<T, (rdkafka::error::KafkaError, rdkafka::message::OwnedMessage)>,
-                ),
-            >,
+        F: std::future::Future<Output = (Piece, Result<T, KafkaError>)>,
     {
         for (piece, delivery) in join_all(deliveries).await {
             match delivery {
                 Ok(_) => progress.stored(piece),
-                Err((e, _)) => {
+                Err(e) => {
                     let error = SinkError::from_error(self.sink, classify_producer_error(&e), e);
                     progress.failed(&error);
                     keep_telling(failure, error);
@@ -157,10 +153,7 @@ impl rdkafka::producer::ProducerContext for Refusals {
 }
 
 /// A producer for a sink named `sink`, from the producers' `config`.
-pub fn producer(
-    config: &rdkafka::ClientConfig,
-    sink: &'static str,
-) -> Result<FutureProducer, SinkError> {
+pub fn producer(config: &rdkafka::ClientConfig, sink: &'static str) -> Result<Producer, SinkError> {
     config.create().map_err(|e| {
         SinkError::new(
             sink,

@@ -4,7 +4,7 @@
 //! (over its `max.message.bytes`) is a rejection: the flush dead-letters that segment and
 //! publishes the rest.
 
-use rdkafka::producer::FutureProducer;
+use crate::kafka::producer::Producer;
 
 use super::publish::{Publisher, Record};
 use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Writing};
@@ -16,7 +16,7 @@ pub struct SnubaSink {
 }
 
 impl SnubaSink {
-    pub fn new(producer: FutureProducer, topic: impl Into<String>) -> Self {
+    pub fn new(producer: Producer, topic: impl Into<String>) -> Self {
         SnubaSink {
             publisher: Publisher::new(producer, "snuba"),
             topic: topic.into(),

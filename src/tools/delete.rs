@@ -24,11 +24,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 
 use crate::config::{
     BlobArgs, BlobSinkKind, KafkaArgs, RowsArgs, RowsSinkKind, producer_properties,
 };
+use crate::kafka::producer::Producer;
 use crate::recording::archive::Archive;
 use crate::recording::{blob, rrweb};
 use crate::sink::clickhouse::{self, ClickHouseConfig};
@@ -123,10 +124,7 @@ pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
 
 /// Where rows are removed.
 enum Rows {
-    Snuba {
-        producer: FutureProducer,
-        topic: String,
-    },
+    Snuba { producer: Producer, topic: String },
     ClickHouse(ClickHouseConfig),
     None,
 }
@@ -375,7 +373,6 @@ async fn archive_rows(
             producer
                 .send(FutureRecord::<(), _>::to(topic).payload(&message), timeout)
                 .await
-                .map_err(|(e, _)| e)
                 .with_context(|| format!("publishing the archive on {topic}"))?;
             Ok(Some(format!("archive published on {topic}")))
         }

@@ -18,10 +18,11 @@ use anyhow::{Context, bail};
 use clap::Args;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::{BlobArgs, KafkaArgs, producer_properties};
+use crate::kafka::producer::Producer;
 use crate::recording::Reason;
 use crate::sink::store::BlobStore;
 
@@ -107,7 +108,7 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     let timeout = Duration::from_millis(args.sink_timeout_ms);
     let store = super::blob_store(&args.blobs, timeout).await?;
     let consumer = reader(args, timeout)?;
-    let producer: FutureProducer = args
+    let producer: Producer = args
         .kafka
         .client_config(&producer_properties(64 << 20, timeout))?
         .create()
@@ -171,7 +172,6 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
                 producer
                     .send(record, timeout)
                     .await
-                    .map_err(|(e, _)| e)
                     .with_context(|| format!("re-producing {at} to {}", args.topic))?;
                 writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;
                 *counts.redriven.entry(reason).or_default() += 1;

@@ -338,7 +338,7 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
 
     let accepted = Arc::new(AtomicUsize::new(0));
     let args = consume_args(&topic, &group, &[]);
-    let dlq_sink = DlqSink::new(producer(), &dlq, 1_000_000, None);
+    let dlq_sink = DlqSink::new(producer_on(&kafka()), &dlq, 1_000_000, None);
     let config = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .clone();

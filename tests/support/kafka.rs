@@ -58,7 +58,9 @@ pub fn producer() -> FutureProducer {
     producer_on(&kafka())
 }
 
-pub fn producer_on(base: &ClientConfig) -> FutureProducer {
+/// A producer on `base` that takes messages as large as production's: rust-rdkafka's for test
+/// data, or the service's own for a sink under test.
+pub fn producer_on<P: rdkafka::config::FromClientConfig>(base: &ClientConfig) -> P {
     base.clone()
         .set("acks", "all")
         .set("message.max.bytes", "16000000")
