@@ -4,10 +4,12 @@
 //! rust-rdkafka's `FutureProducer` serves them by polling every 100 ms, and its poll rounds the
 //! time left down to whole milliseconds: the last fraction of each wait is polled with a zero
 //! timeout, in a loop — about 0.7 ms of CPU every 100 ms per producer, idle or not. Here
-//! librdkafka calls back when its queue of events stops being empty (`rd_kafka_queue_cb_event_enable`),
-//! the callback unparks the thread, and the thread serves every queued event and parks again.
+//! librdkafka calls back when its queue of events stops being empty
+//! (`rd_kafka_queue_cb_event_enable`), the callback unparks the thread, and the thread serves
+//! every queued event and parks again.
 
 use std::ffi::c_void;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::{JoinHandle, Thread};
@@ -22,8 +24,10 @@ use rdkafka::producer::future_producer::{Delivery, OwnedDeliveryResult};
 use rdkafka::producer::{BaseProducer, BaseRecord, FutureRecord, Producer as _, ProducerContext};
 use rdkafka::{ClientConfig, ClientContext};
 
-/// A record's delivery: its partition and offset, or why it failed; `Canceled` if the producer
-/// went away first.
+/// A record's delivery: its partition and offset, or why it failed. Dropping the last
+/// [`Producer`] fails what is still queued; a delivery librdkafka cannot report within the drop's
+/// flush (500 ms) never completes, so whoever awaits deliveries keeps a handle meanwhile (every
+/// sink and tool does).
 pub type DeliveryFuture = oneshot::Receiver<OwnedDeliveryResult>;
 
 /// How long [`Producer::send`] waits before enqueuing again while librdkafka's queue is full.
@@ -36,13 +40,19 @@ pub struct Producer(Arc<Served>);
 
 struct Served {
     producer: Arc<BaseProducer<Deliveries>>,
-    /// librdkafka's event queue, held for the wake-up callback registered on it.
-    queue: Queue,
-    /// The serving thread, which the callback unparks (its opaque pointer).
-    thread: Box<Thread>,
+    /// librdkafka's event queue: the wake-up callback is registered on it, the thread reads its
+    /// length.
+    queue: Arc<Queue>,
+    /// The serving thread's handle, which the callback unparks: its opaque pointer, leaked from
+    /// a `Box` and freed in `drop` once the callback is unregistered.
+    thread: NonNull<Thread>,
     handle: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
 }
+
+// SAFETY: `thread` points to a `Thread` (itself `Send + Sync`) that only `drop` frees.
+unsafe impl Send for Served {}
+unsafe impl Sync for Served {}
 
 /// Completes each record's [`DeliveryFuture`].
 struct Deliveries;
@@ -93,36 +103,33 @@ impl Drop for Queue {
 /// Called by librdkafka, with the queue locked, when an event lands on an empty queue: wakes the
 /// serving thread and nothing more (librdkafka must not be called from here).
 unsafe extern "C" fn wake(_: *mut rdsys::rd_kafka_t, thread: *mut c_void) {
-    // SAFETY: `thread` is the `Box<Thread>` of a `Served`, which unregisters this callback
-    // before dropping it.
+    // SAFETY: `thread` is a `Served`'s thread handle, which it frees only after unregistering
+    // this callback.
     unsafe { &*thread.cast::<Thread>() }.unpark();
 }
 
 impl FromClientConfig for Producer {
     fn from_config(config: &ClientConfig) -> KafkaResult<Producer> {
         let producer = Arc::new(BaseProducer::from_config_and_context(config, Deliveries)?);
-        let queue = Queue::main(&producer);
+        // The producer's main queue is never forwarded (only a consumer's is), so the callback
+        // belongs on it.
+        let queue = Arc::new(Queue::main(&producer));
         let stop = Arc::new(AtomicBool::new(false));
         let handle = {
-            let (producer, stop) = (producer.clone(), stop.clone());
-            let events = Queue::main(&producer);
+            let (producer, queue, stop) = (producer.clone(), queue.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("kafka-deliveries".into())
-                .spawn(move || serve(&producer, &events, &stop))
+                .spawn(move || serve(&producer, &queue, &stop))
                 .map_err(|e| KafkaError::ClientCreation(format!("starting its thread: {e}")))?
         };
-        let thread = Box::new(handle.thread().clone());
-        // SAFETY: the opaque is the boxed thread handle, alive until `Served::drop` has
+        let thread = NonNull::from(Box::leak(Box::new(handle.thread().clone())));
+        // SAFETY: the opaque is the leaked thread handle, freed only after `Served::drop` has
         // unregistered the callback.
         unsafe {
-            rdsys::rd_kafka_queue_cb_event_enable(
-                queue.0,
-                Some(wake),
-                std::ptr::from_ref::<Thread>(&thread).cast_mut().cast(),
-            );
+            rdsys::rd_kafka_queue_cb_event_enable(queue.0, Some(wake), thread.as_ptr().cast());
         }
         // Events queued before the callback was registered.
-        thread.unpark();
+        handle.thread().unpark();
         Ok(Producer(Arc::new(Served {
             producer,
             queue,
@@ -147,15 +154,20 @@ fn serve(producer: &BaseProducer<Deliveries>, events: &Queue, stop: &AtomicBool)
 
 impl Drop for Served {
     fn drop(&mut self) {
-        // SAFETY: unregisters `wake` (under the queue's lock), so it no longer reads `thread`.
-        unsafe { rdsys::rd_kafka_queue_cb_event_enable(self.queue.0, None, std::ptr::null_mut()) };
+        // SAFETY: unregisters `wake` under the queue's lock, which every call of it holds: once
+        // this returns, none runs or will, and `thread` can be freed.
+        unsafe {
+            rdsys::rd_kafka_queue_cb_event_enable(self.queue.0, None, std::ptr::null_mut());
+            drop(Box::from_raw(self.thread.as_ptr()));
+        }
         self.stop.store(true, Ordering::Release);
-        self.thread.unpark();
         if let Some(handle) = self.handle.take() {
+            handle.thread().unpark();
             let _ = handle.join();
         }
-        // The producer itself drops last: it fails the records still queued and serves their
-        // deliveries on this thread.
+        // Then the fields drop, the producer first and, the thread's clone gone, its last
+        // reference: it fails the records still queued and serves their deliveries here. Like
+        // rust-rdkafka's producers, the last handle's drop blocks for that (at most 500 ms).
     }
 }
 
