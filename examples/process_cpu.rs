@@ -4,9 +4,18 @@
 //! right beside the service's run, so that both see the machine at the same speed. Prints one
 //! JSON line: messages and the CPU seconds they took (after one untimed pass over the files).
 //!
+//! With `--vs-libdeflate`, `process` against inflating the same bodies alone with libdeflate (the
+//! floor), interleaved: ROUNDS rounds, each timing passes of both, in alternating order. Each
+//! round's ratio sees the machine at one speed, where two criterion benchmarks run seconds apart
+//! do not. Prints the ratio's median and quartiles, and both rates in MiB/s of decompressed JSON.
+//!
 //! Usage: process_cpu COUNT FILE…
+//!        process_cpu --vs-libdeflate ROUNDS FILE…
 
-use replay_ingest::recording::{self, Inflater, Limits};
+use replay_ingest::recording::{self, Inflater, Limits, envelope, payload};
+
+/// Passes over the files per side of a round: about 20 ms each on the recorded mix.
+const PASSES_PER_ROUND: usize = 8;
 
 /// The service's allocator (src/main.rs).
 #[global_allocator]
@@ -14,11 +23,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let against = args.get(1).is_some_and(|a| a == "--vs-libdeflate");
+    let args = args.get(usize::from(against)..).unwrap_or_default();
     let Some((count, files)) = args.get(1).zip(args.get(2..).filter(|f| !f.is_empty())) else {
-        eprintln!("usage: process_cpu COUNT FILE…");
+        eprintln!("usage: process_cpu COUNT FILE… | process_cpu --vs-libdeflate ROUNDS FILE…");
         std::process::exit(2);
     };
-    let count: usize = count.parse().expect("COUNT is a number");
+    let count: usize = count.parse().expect("COUNT (ROUNDS) is a number");
     let values: Vec<Vec<u8>> = files
         .iter()
         .map(|f| std::fs::read(f).unwrap_or_else(|e| panic!("reading {f}: {e}")))
@@ -34,6 +45,9 @@ fn main() {
         }
     };
     values.iter().for_each(|v| process(v));
+    if against {
+        return vs_libdeflate(count, &values, process);
+    }
     let start = cpu_seconds();
     for value in values.iter().cycle().take(count) {
         process(value);
@@ -41,6 +55,63 @@ fn main() {
     println!(
         "{{\"messages\":{count},\"cpu_seconds\":{}}}",
         cpu_seconds() - start
+    );
+}
+
+/// `--vs-libdeflate`: `rounds` interleaved rounds of `process` and libdeflate alone.
+fn vs_libdeflate(rounds: usize, values: &[Vec<u8>], mut process: impl FnMut(&[u8])) {
+    let bodies: Vec<&[u8]> = values
+        .iter()
+        .map(|v| {
+            let envelope = envelope::decode(v).expect("a recording envelope");
+            payload::split(envelope.payload).expect("a payload").body
+        })
+        .collect();
+    let mut decompressor = libdeflater::Decompressor::new();
+    let mut out = vec![0u8; 64 << 20];
+    let mut inflate = || {
+        bodies
+            .iter()
+            .map(|body| {
+                decompressor
+                    .zlib_decompress(body, &mut out)
+                    .expect("a zlib body")
+            })
+            .sum::<usize>()
+    };
+    let json_bytes = inflate() as f64;
+    let timed = |side: &mut dyn FnMut()| {
+        let start = cpu_seconds();
+        (0..PASSES_PER_ROUND).for_each(|_| side());
+        cpu_seconds() - start
+    };
+    let (mut ratios, mut inflate_s, mut process_s) = (Vec::new(), 0.0, 0.0);
+    for round in 0..rounds {
+        let mut inflating = || {
+            std::hint::black_box(inflate());
+        };
+        let mut processing = || values.iter().for_each(|v| process(v));
+        let (i, p) = if round % 2 == 0 {
+            let i = timed(&mut inflating);
+            (i, timed(&mut processing))
+        } else {
+            let p = timed(&mut processing);
+            (timed(&mut inflating), p)
+        };
+        ratios.push(i / p);
+        (inflate_s, process_s) = (inflate_s + i, process_s + p);
+    }
+    ratios.sort_by(f64::total_cmp);
+    let quantile = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+    let mib_s =
+        |seconds: f64| json_bytes * (rounds * PASSES_PER_ROUND) as f64 / seconds / 2f64.powi(20);
+    println!(
+        "{{\"rounds\":{rounds},\"ratio_median\":{:.3},\"ratio_p25\":{:.3},\"ratio_p75\":{:.3},\"process_mib_s\":{:.0},\"libdeflate_mib_s\":{:.0}}}",
+        quantile(0.5),
+        quantile(0.25),
+        quantile(0.75),
+        mib_s(process_s),
+        mib_s(inflate_s)
     );
 }
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Benchmark report: runs the criterion benchmark of the per-message core, the Python baselines,
+# Benchmark report: runs the criterion benchmark of the per-message core, `process` against
+# libdeflate interleaved (examples/process_cpu --vs-libdeflate), the Python baselines,
 # and end-to-end load runs through the local broker (null sink at several buffer sizes and
 # thread counts, small segments only at 1 and 2 threads, and real sinks), then writes docs/benchmarks.md with
 # tables — throughput, CPU per message against `process` + a bare consumer — and
@@ -17,6 +18,10 @@ trap 'rm -f "$results"' EXIT
 
 echo "== criterion: cargo bench --bench process"
 cargo bench --locked --bench process >/dev/null 2>&1
+
+echo "== process against libdeflate, interleaved (examples/process_cpu --vs-libdeflate)"
+cargo build --locked --release --quiet --example process_cpu
+interleaved=$("${CARGO_TARGET_DIR:-target}"/release/examples/process_cpu --vs-libdeflate 100 fixtures/segments/*.msgpack)
 
 echo "== Python baseline"
 venv=$CACHE/bench-venv
@@ -42,7 +47,7 @@ LOAD_SINKS=real LOAD_JSON=$results bash scripts/load.sh "$COUNT" 67108864 >/dev/
 echo "== sinks at their limit"
 ceilings=$(bash scripts/sink-ceilings.sh "$((COUNT * 2))")
 
-"$venv/bin/python" - "$results" "$python_lines" "${CARGO_TARGET_DIR:-target}/criterion" "$ceilings" <<'PY'
+"$venv/bin/python" - "$results" "$python_lines" "${CARGO_TARGET_DIR:-target}/criterion" "$ceilings" "$interleaved" <<'PY'
 import json, pathlib, sys
 import matplotlib
 matplotlib.use("Agg")
@@ -80,6 +85,12 @@ for name, label in labels.items():
 python_labels = {"json": "msgpack + zlib + json.loads", "orjson": "msgpack + zlib + orjson", "msgspec": "msgpack + zlib + msgspec (typed, lazy)"}
 for name, label in python_labels.items():
     out.append(f"| Python: {label} + classification | {python[name]:.1f} | {python[name] / floor:.2f}× |")
+interleaved = json.loads(sys.argv[5])
+out += ["", f"Interleaved on one thread (`examples/process_cpu --vs-libdeflate`, {interleaved['rounds']} rounds, each timing "
+        "both over the mix in turn, so that both see the machine at the same speed): `process` at "
+        f"{interleaved['ratio_median']:.2f}× libdeflate's inflate (median; quartiles {interleaved['ratio_p25']:.2f}–{interleaved['ratio_p75']:.2f}; "
+        f"{interleaved['process_mib_s']:.0f} against {interleaved['libdeflate_mib_s']:.0f} MiB/s). The criterion ratio above "
+        "compares two runs seconds apart and moves with the machine."]
 out += ["", f"`process` is {bench['process'] / python['msgspec']:.1f}× the fastest Python path (msgspec) and "
         f"{bench['process'] / python['json']:.0f}× the standard-library one.", "",
         "## EAP trace items (`--trace-items-rollout`)", "",
