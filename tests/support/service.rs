@@ -19,13 +19,24 @@ pub async fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut()
     }
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, never the same twice in this process, and below the kernel's
+/// ephemeral range: a port in that range can also go to an outgoing connection between the pick
+/// and the server's start (as `scripts/lib/isolated-stack.sh` explains).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768u16);
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = rand::random_range(10000..low);
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
 }
 
 /// The service as a child process, as operators run it.
