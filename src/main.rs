@@ -388,6 +388,10 @@ async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
+    // The signal handlers before anything else: a stop asked for during startup is a clean exit,
+    // not the default action's death by signal.
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
     // Probes first: a startup check waiting for a sink shows in `/status` and stays live.
     let status = Arc::new(Status::default());
     let listener = health::listen(args.http_listen)
@@ -404,14 +408,14 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
         let interval = std::time::Duration::from_secs(args.sweep_interval_s);
         spawn_sweeper(args.blobs.blob_dir.clone(), interval, args.sweep_pace);
     }
-    let sinks = sinks(args, &status).await?;
-    pipeline::consume(
-        args.pipeline_settings()?,
-        sinks,
-        status.clone(),
-        shutdown_signal(),
-    )
-    .await?;
+    let sinks = tokio::select! {
+        sinks = sinks(args, &status) => sinks?,
+        () = &mut shutdown => {
+            info!("stopped before the sinks were built");
+            return Ok(());
+        }
+    };
+    pipeline::consume(args.pipeline_settings()?, sinks, status.clone(), shutdown).await?;
     let done = status.snapshot();
     info!(
         consumed = done.consumed,
@@ -421,19 +425,26 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// Resolves on SIGTERM or SIGINT, whose handlers it installs when called (not when first polled).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let terminate = signal(SignalKind::terminate()).ok();
+    let interrupt = signal(SignalKind::interrupt()).ok();
+    async move {
+        tokio::select! {
+            () = received(terminate) => {}
+            () = received(interrupt) => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+    }
+}
+
+/// The next signal `signal` delivers; never, if its handler could not be installed.
+async fn received(signal: Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(mut signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

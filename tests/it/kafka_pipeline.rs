@@ -239,6 +239,12 @@ async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
     let target = last_offsets(&reports);
 
     let service = Service::start(&args);
+    // The last killed member may have committed everything already: the service must be up (its
+    // signal handlers installed) before the stop whose clean exit is checked.
+    wait_for("the service up", JOIN_AND_FLUSH, || {
+        service.status().is_some()
+    })
+    .await;
     wait_for(
         "everything committed after the last restart",
         JOIN_AND_FLUSH,
