@@ -181,34 +181,16 @@ async fn blobs_no_lifecycle_rule_expires_are_warned_of_and_the_service_starts() 
 /// exit. Before, the signal handlers were installed only once consuming began, and SIGTERM in
 /// between killed the process by the default action (exit by signal, 143 from a shell).
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_stop_during_startup_is_a_clean_exit() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
-    let args: Vec<String> = [
-        "consume",
-        "--brokers",
-        &closed.to_string(),
-        "--topic",
-        "t",
-        "--dlq-topic",
-        "t-dlq",
-        "--group-id",
-        "g",
-        "--blob-sink",
-        "null",
-        "--rows-sink",
-        "null",
-        "--events-sink",
-        "null",
-        "--statsd-address",
-        "",
-        "--http-listen",
-        &format!("127.0.0.1:{}", free_port()),
-    ]
-    .map(String::from)
-    .into();
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = service_args("t", "t-dlq", "g", dir.path(), free_port());
+    let brokers = args.iter().position(|a| a == "--brokers").unwrap() + 1;
+    args[brokers] = closed.to_string();
     let service = Service::start(&args);
     wait_for("the health endpoint", Duration::from_secs(30), || {
         service.status().is_some()
