@@ -180,11 +180,11 @@ impl Producer {
         K: ToBytes + ?Sized,
         P: ToBytes + ?Sized,
     {
-        let (tx, rx) = oneshot::channel();
+        let (record, delivery) = with_delivery(record);
         self.0
             .producer
-            .send(base_record(record, Box::new(tx)))
-            .map(|()| rx)
+            .send(record)
+            .map(|()| delivery)
             .map_err(|(e, _)| e)
     }
 
@@ -200,8 +200,7 @@ impl Producer {
         P: ToBytes + ?Sized,
     {
         let start = Instant::now();
-        let (tx, rx) = oneshot::channel();
-        let mut record = base_record(record, Box::new(tx));
+        let (mut record, delivery) = with_delivery(record);
         loop {
             match self.0.producer.send(record) {
                 Ok(()) => break,
@@ -214,31 +213,36 @@ impl Producer {
                 Err((e, _)) => return Err(e),
             }
         }
-        match rx.await {
+        match delivery.await {
             Ok(delivery) => delivery.map_err(|(e, _)| e),
             Err(oneshot::Canceled) => Err(KafkaError::Canceled),
         }
     }
 }
 
-/// `record` with `delivery` as its opaque (rust-rdkafka keeps that conversion private).
-fn base_record<'a, K, P>(
+/// `record` with a new delivery's sender as its opaque (rust-rdkafka keeps that conversion
+/// private), and the delivery.
+fn with_delivery<'a, K, P>(
     record: FutureRecord<'a, K, P>,
-    delivery: Box<oneshot::Sender<OwnedDeliveryResult>>,
-) -> BaseRecord<'a, K, P, Box<oneshot::Sender<OwnedDeliveryResult>>>
+) -> (
+    BaseRecord<'a, K, P, Box<oneshot::Sender<OwnedDeliveryResult>>>,
+    DeliveryFuture,
+)
 where
     K: ToBytes + ?Sized,
     P: ToBytes + ?Sized,
 {
-    BaseRecord {
+    let (tx, rx) = oneshot::channel();
+    let record = BaseRecord {
         topic: record.topic,
         partition: record.partition,
         payload: record.payload,
         key: record.key,
         timestamp: record.timestamp,
         headers: record.headers,
-        delivery_opaque: delivery,
-    }
+        delivery_opaque: Box::new(tx),
+    };
+    (record, rx)
 }
 
 #[cfg(test)]
