@@ -26,7 +26,8 @@ use replay_ingest::recording::{self, Inflater, Limits, Rollout, envelope, payloa
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 struct Fixture {
-    value: Vec<u8>,
+    /// As the service holds a message: a blob stored as received shares it.
+    value: bytes::Bytes,
 }
 
 fn fixtures() -> Vec<Fixture> {
@@ -39,7 +40,7 @@ fn fixtures() -> Vec<Fixture> {
     paths
         .into_iter()
         .map(|p| Fixture {
-            value: std::fs::read(p).unwrap(),
+            value: std::fs::read(p).unwrap().into(),
         })
         .collect()
 }

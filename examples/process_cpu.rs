@@ -30,12 +30,17 @@ fn main() {
         std::process::exit(2);
     };
     let count: usize = count.parse().expect("COUNT (ROUNDS) is a number");
-    let values: Vec<Vec<u8>> = files
+    // As the service holds a message: a blob stored as received shares it.
+    let values: Vec<bytes::Bytes> = files
         .iter()
-        .map(|f| std::fs::read(f).unwrap_or_else(|e| panic!("reading {f}: {e}")))
+        .map(|f| {
+            std::fs::read(f)
+                .unwrap_or_else(|e| panic!("reading {f}: {e}"))
+                .into()
+        })
         .collect();
     let (limits, mut inflater) = (Limits::default(), Inflater::default());
-    let mut process = |value: &[u8]| {
+    let mut process = |value: &bytes::Bytes| {
         if let Ok(processed) = recording::process_with(value, &limits, &mut inflater) {
             std::hint::black_box((
                 processed.rows(Default::default()),
@@ -44,7 +49,7 @@ fn main() {
             ));
         }
     };
-    values.iter().for_each(|v| process(v));
+    values.iter().for_each(&mut process);
     if against {
         return vs_libdeflate(count, &values, process);
     }
@@ -59,7 +64,7 @@ fn main() {
 }
 
 /// `--vs-libdeflate`: `rounds` interleaved rounds of `process` and libdeflate alone.
-fn vs_libdeflate(rounds: usize, values: &[Vec<u8>], mut process: impl FnMut(&[u8])) {
+fn vs_libdeflate(rounds: usize, values: &[bytes::Bytes], mut process: impl FnMut(&bytes::Bytes)) {
     let bodies: Vec<&[u8]> = values
         .iter()
         .map(|v| {
@@ -90,7 +95,7 @@ fn vs_libdeflate(rounds: usize, values: &[Vec<u8>], mut process: impl FnMut(&[u8
         let mut inflating = || {
             std::hint::black_box(inflate());
         };
-        let mut processing = || values.iter().for_each(|v| process(v));
+        let mut processing = || values.iter().for_each(&mut process);
         let (i, p) = if round % 2 == 0 {
             let i = timed(&mut inflating);
             (i, timed(&mut processing))

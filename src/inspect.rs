@@ -106,6 +106,10 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
 pub fn inspect(file: &str, value: &[u8], limits: &Limits) -> String {
     report_line(
         file,
-        &recording::process_guarded(value, limits, &mut recording::Inflater::default()),
+        &recording::process_guarded(
+            &bytes::Bytes::copy_from_slice(value),
+            limits,
+            &mut recording::Inflater::default(),
+        ),
     )
 }

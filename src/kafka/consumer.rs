@@ -26,13 +26,13 @@ use std::time::{Duration, Instant};
 use rdkafka::Offset;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::handoff::{Handoff, Reserved};
 use super::ownership::Ownership;
+use super::record::Record;
 use crate::health::Status;
 
 /// How long `poll` waits for a message, and how long a message waits for room in the hand-over
@@ -46,7 +46,7 @@ pub const DRAIN_MARGIN: Duration = Duration::from_secs(1);
 /// room in the hand-over (given back when dropped). A batch is what librdkafka already held,
 /// taken without waiting: it costs no latency and saves the pipeline a wake-up per message.
 pub struct Polled {
-    pub messages: Vec<(OwnedMessage, u64)>,
+    pub messages: Vec<(Record, u64)>,
     pub room: super::handoff::Ticket,
 }
 
@@ -239,7 +239,7 @@ struct Poller {
     ownership: Arc<Ownership>,
     /// Polled, not yet handed over (in order), with their generations. While anything is held
     /// past a hand-over the assigned partitions are paused, so this holds a batch at most.
-    held: VecDeque<(OwnedMessage, u64)>,
+    held: VecDeque<(Record, u64)>,
     /// When intake was paused, while it is.
     paused_since: Option<Instant>,
 }
@@ -259,12 +259,12 @@ impl Poller {
                 Duration::ZERO
             };
             if self.poll(timeout) {
-                let mut bytes = self.held.back().map_or(0, |(m, _)| value_len(m));
+                let mut bytes = self.held.back().map_or(0, |(r, _)| r.value.len());
                 while self.held.len() < POLL_BATCH_MESSAGES
                     && bytes < POLL_BATCH_BYTES
                     && self.poll(Duration::ZERO)
                 {
-                    bytes += self.held.back().map_or(0, |(m, _)| value_len(m));
+                    bytes += self.held.back().map_or(0, |(r, _)| r.value.len());
                 }
             }
         }
@@ -276,7 +276,7 @@ impl Poller {
         let polled = match self.consumer.poll(timeout) {
             Some(Ok(message)) => {
                 self.held
-                    .push_back((message.detach(), self.ownership.generation()));
+                    .push_back((Record::copy_of(&message), self.ownership.generation()));
                 true
             }
             Some(Err(KafkaError::PartitionEOF(_))) | None => false,
@@ -289,7 +289,7 @@ impl Poller {
             // A revoke ran in that poll: what is held of the partitions given up is their
             // next owner's, and must not keep the others paused.
             self.held
-                .retain(|(message, _)| self.ownership.owns(message.partition()));
+                .retain(|(record, _)| self.ownership.owns(record.partition));
         }
         polled
     }
@@ -302,14 +302,14 @@ impl Poller {
         while !self.held.is_empty() {
             // The next batch: the oldest message, and those after it within the batch bounds.
             let (mut count, mut bytes) = (0, 0);
-            for (message, _) in &self.held {
+            for (record, _) in &self.held {
                 if count == POLL_BATCH_MESSAGES.min(self.handoff.max_messages())
                     || (count > 0 && bytes >= POLL_BATCH_BYTES)
                 {
                     break;
                 }
                 count += 1;
-                bytes += value_len(message);
+                bytes += record.value.len();
             }
             match self.handoff.reserve(
                 count,
@@ -365,10 +365,6 @@ impl Poller {
     }
 }
 
-fn value_len(message: &OwnedMessage) -> usize {
-    message.payload().map_or(0, <[u8]>::len)
-}
-
 /// `(partition, next offset)` pairs as a commit list for `topic`.
 pub fn commit_list(topic: &str, positions: &[(i32, i64)]) -> TopicPartitionList {
     let mut list = TopicPartitionList::new();
@@ -377,14 +373,6 @@ pub fn commit_list(topic: &str, positions: &[(i32, i64)]) -> TopicPartitionList 
         let _ = list.add_partition_offset(topic, partition, Offset::Offset(offset));
     }
     list
-}
-
-/// The message's key and timestamp, for the dead-letter copy.
-pub fn key_and_timestamp(message: &OwnedMessage) -> (Option<Vec<u8>>, Option<i64>) {
-    (
-        message.key().map(<[u8]>::to_vec),
-        message.timestamp().to_millis(),
-    )
 }
 
 #[cfg(test)]

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use super::record::Record;
 
 /// A consumer that assigns itself the one partition it reads (librdkafka wants a group id for
 /// that, but it never joins the group or commits), used one fetch at a time.
@@ -38,7 +40,7 @@ impl Refetcher {
         partition: i32,
         offset: i64,
         timeout: Duration,
-    ) -> Result<OwnedMessage, RefetchError> {
+    ) -> Result<Record, RefetchError> {
         let at = || Position {
             topic: self.topic.clone(),
             partition,
@@ -60,7 +62,7 @@ impl Refetcher {
                 Some(Ok(message))
                     if message.partition() == partition && message.offset() == offset =>
                 {
-                    return Ok(message.detach());
+                    return Ok(Record::copy_of(&message));
                 }
                 Some(Ok(_)) | None => {}
                 Some(Err(source)) => return Err(RefetchError::Kafka { at: at(), source }),

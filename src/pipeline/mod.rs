@@ -38,16 +38,16 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, OwnedMessage};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
 use crate::health::Status;
 use crate::kafka::consumer::{
-    IngestConsumer, IngestContext, Polled, Revoke, commit_list, key_and_timestamp, spawn_poller,
+    IngestConsumer, IngestContext, Polled, Revoke, commit_list, spawn_poller,
 };
 use crate::kafka::handoff::{Handoff, Ticket};
+use crate::kafka::record::Record;
 use crate::metrics;
 use crate::recording::{self, Limits, Reason};
 use crate::sink::{Entries, Entry, InvalidMessage, Outcome, SinkError};
@@ -110,7 +110,7 @@ impl Held for Vec<ProcessedEntry> {
 /// A batch from the polling thread, not yet in the processing window: its messages enter as the
 /// window makes room, and its room in the hand-over is given back once all have.
 struct Intake {
-    messages: VecDeque<(OwnedMessage, u64)>,
+    messages: VecDeque<(Record, u64)>,
     _room: Ticket,
 }
 
@@ -357,16 +357,16 @@ impl Pipeline {
                 && values < PROCESS_GROUP_BYTES
                 && self.processing.room_for(group.len(), reserved)
             {
-                let Some((message, generation)) = intake.messages.pop_front() else {
+                let Some((record, generation)) = intake.messages.pop_front() else {
                     break;
                 };
-                if self.revocations.is_stale(message.partition(), generation) {
+                if self.revocations.is_stale(record.partition, generation) {
                     continue;
                 }
-                let len = message.payload().map_or(0, <[u8]>::len);
+                let len = record.value.len();
                 values += len;
                 reserved += window::reservation(len);
-                group.push((message, generation));
+                group.push((record, generation));
             }
             if intake.messages.is_empty() {
                 self.intake = None;
@@ -407,7 +407,7 @@ impl Pipeline {
 
     /// consume → process: decompress and parse on the pool, a group of messages holding
     /// `reserved` of the window as one task.
-    fn process(&mut self, group: Vec<(OwnedMessage, u64)>, reserved: usize) {
+    fn process(&mut self, group: Vec<(Record, u64)>, reserved: usize) {
         self.status.record_consumed(group.len());
         let tx = self.processing.push(group.len(), reserved);
         let (limits, topic) = (self.limits, self.topic.clone());
@@ -415,8 +415,8 @@ impl Pipeline {
             let thread = rayon::current_thread_index().unwrap_or_default();
             let processed = group
                 .into_iter()
-                .map(|(message, generation)| {
-                    let (entry, bytes) = to_entry(message, &limits, &topic);
+                .map(|(record, generation)| {
+                    let (entry, bytes) = to_entry(record, &limits, &topic);
                     ProcessedEntry {
                         entry,
                         bytes,
@@ -721,12 +721,11 @@ thread_local! {
 
 /// Runs the recording core on one message; an invalid one keeps its bytes for the dead-letter
 /// topic. Returns the entry and the bytes it holds.
-fn to_entry(message: OwnedMessage, limits: &Limits, topic: &str) -> (Entry, usize) {
-    let (partition, offset) = (message.partition(), message.offset());
-    let value = message.payload().unwrap_or_default();
+fn to_entry(record: Record, limits: &Limits, topic: &str) -> (Entry, usize) {
+    let (partition, offset) = (record.partition, record.offset);
     let start = Instant::now();
-    let result =
-        INFLATER.with_borrow_mut(|inflater| recording::process_guarded(value, limits, inflater));
+    let result = INFLATER
+        .with_borrow_mut(|inflater| recording::process_guarded(&record.value, limits, inflater));
     match result {
         Ok(processed) => {
             let bytes = processed.memory_bytes();
@@ -743,7 +742,7 @@ fn to_entry(message: OwnedMessage, limits: &Limits, topic: &str) -> (Entry, usiz
         Err(error) => {
             if error.reason == Reason::InternalError {
                 // A bug, not bad input: someone must look. The message is kept on the DLQ.
-                let replay_id = recording::envelope::decode(value)
+                let replay_id = recording::envelope::decode(&record.value)
                     .map(|e| e.replay_id)
                     .unwrap_or("unknown");
                 error!(partition, offset, replay_id, detail = %error.detail, "processing failed: message dead-lettered as internal_error");
@@ -751,15 +750,13 @@ fn to_entry(message: OwnedMessage, limits: &Limits, topic: &str) -> (Entry, usiz
                 // Expected bad input: counted and dead-lettered; DEBUG so a burst cannot flood the logs.
                 debug!(partition, offset, reason = error.reason.as_str(), detail = %error.detail, "invalid message: to the dead-letter topic");
             }
-            let (key, timestamp) = key_and_timestamp(&message);
-            let value = value.to_vec();
-            let bytes = value.len();
+            let bytes = record.value.len();
             let invalid = InvalidMessage {
                 error,
-                value,
-                key,
+                value: Vec::from(record.value),
+                key: record.key,
                 topic: topic.to_owned(),
-                timestamp,
+                timestamp: record.timestamp,
                 rejected_by: None,
             };
             (

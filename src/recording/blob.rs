@@ -2,9 +2,10 @@
 //!
 //! Key: `{retention_days}/{project_id}/{replay_id}/{segment_id}` — deterministic, so rewriting a
 //! redelivered segment is idempotent. Bytes: always a zlib stream.
-//! - no video, zlib body: the body exactly as received (no recompression) — unless the stream is
-//!   larger than the JSON it holds (only a crafted stream is: padding, empty blocks), which is
-//!   stored as zlib of the JSON instead, so a blob never outweighs its content;
+//! - no video, zlib body: the body exactly as received (no recompression), sharing the message's
+//!   buffer rather than copied out of it — unless the stream is larger than the JSON it holds
+//!   (only a crafted stream is: padding, empty blocks), which is stored as zlib of the JSON
+//!   instead, so a blob never outweighs its content;
 //! - no video, raw/gzip/zstd body: zlib of the rrweb JSON;
 //! - video present: zlib of `0x01 | u32 BE video length | video | rrweb JSON`;
 //! - video field present but empty: zlib of `0x00 | rrweb JSON`.
@@ -14,7 +15,7 @@ use std::io::{self, Write};
 use flate2::Compression;
 use flate2::write::ZlibEncoder;
 
-use super::heap::heap_size;
+use super::heap::HeapSize;
 use super::payload::{BodyEncoding, Payload};
 
 /// Pack marker: rrweb JSON only.
@@ -27,19 +28,53 @@ const PACK_VIDEO: u8 = 0x01;
 pub struct Blob {
     pub key: String,
     pub bytes: bytes::Bytes,
+    /// Bytes of the buffer `bytes` keeps alive: the whole message when it is a slice of it.
+    held: usize,
 }
 
-heap_size!(Blob { key, bytes });
+impl HeapSize for Blob {
+    fn heap_size(&self) -> usize {
+        self.key.heap_size() + self.held
+    }
+}
+
+/// A blob shares the message's buffer when what else the message holds (envelope, replay event)
+/// is at most this share of the body: past it the body is copied out, so that a buffered segment
+/// never holds much more than its blob (a small segment's replay event is about its body's size,
+/// and copying a small body costs next to nothing; a large body's copy cost 2 % of `process`).
+pub const SHARED_REST_DIVISOR: usize = 8;
+
+/// What sharing a buffer adds: `bytes` moves a `Vec`'s buffer under a reference count (its
+/// pointer, capacity and count) the first time it is shared.
+const SHARED_HEADER_BYTES: usize = 3 * std::mem::size_of::<usize>();
 
 pub fn key(retention_days: u16, project_id: u64, replay_id: &str, segment_id: u32) -> String {
     format!("{retention_days}/{project_id}/{replay_id}/{segment_id}")
 }
 
-/// Builds the stored bytes from the received payload and its decompressed JSON. Held as one
-/// exactly-sized allocation. Fails only if compressing into memory fails, which it cannot.
-pub fn bytes(payload: &Payload<'_>, json: &[u8], video: Option<&[u8]>) -> io::Result<bytes::Bytes> {
+/// Builds the blob from the received payload and its decompressed JSON. `message` is the value
+/// the payload was read from: a body stored as received is a slice of it (if the rest of the
+/// message is small, [`SHARED_REST_DIVISOR`]); anything else is one exactly-sized allocation.
+/// Fails only if compressing into memory fails, which it cannot.
+pub fn build(
+    key: String,
+    payload: &Payload<'_>,
+    json: &[u8],
+    video: Option<&[u8]>,
+    message: &bytes::Bytes,
+) -> io::Result<Blob> {
     let stored = match video {
         None if payload.encoding == BodyEncoding::Zlib && payload.body.len() <= json.len() => {
+            let within = message.as_ptr_range().start <= payload.body.as_ptr_range().start
+                && payload.body.as_ptr_range().end <= message.as_ptr_range().end;
+            let rest = message.len().saturating_sub(payload.body.len());
+            if within && rest <= payload.body.len() / SHARED_REST_DIVISOR {
+                return Ok(Blob {
+                    key,
+                    bytes: message.slice_ref(payload.body),
+                    held: message.len() + SHARED_HEADER_BYTES,
+                });
+            }
             payload.body.to_vec()
         }
         None => zlib(&[json])?,
@@ -51,7 +86,12 @@ pub fn bytes(payload: &Payload<'_>, json: &[u8], video: Option<&[u8]>) -> io::Re
             zlib(&[&[PACK_VIDEO], &len.to_be_bytes(), video, json])?
         }
     };
-    Ok(bytes::Bytes::from(stored.into_boxed_slice()))
+    let bytes = bytes::Bytes::from(stored.into_boxed_slice());
+    Ok(Blob {
+        key,
+        held: bytes.len(),
+        bytes,
+    })
 }
 
 fn zlib(parts: &[&[u8]]) -> io::Result<Vec<u8>> {
@@ -96,6 +136,44 @@ pub fn rrweb_json(stored: &[u8], cap: usize) -> io::Result<Vec<u8>> {
 mod tests {
     use super::*;
     use std::io::Read;
+
+    /// The stored bytes, built apart from any message (so always an allocation of their own).
+    fn bytes(payload: &Payload<'_>, json: &[u8], video: Option<&[u8]>) -> io::Result<bytes::Bytes> {
+        build(String::new(), payload, json, video, &bytes::Bytes::new()).map(|blob| blob.bytes)
+    }
+
+    #[test]
+    fn a_body_stored_as_received_shares_the_message_unless_the_rest_is_large() {
+        // An 800-byte body: up to 100 bytes of the rest of the message are shared with it.
+        let body = [&b"\x78\x9c"[..], &[b'z'; 798]].concat();
+        let json = vec![b' '; 1000];
+        for (rest, shared) in [(0, true), (100, true), (101, false), (5000, false)] {
+            let message = bytes::Bytes::from([vec![b'e'; rest], body.to_vec()].concat());
+            let payload = Payload {
+                segment_id: 0,
+                encoding: BodyEncoding::Zlib,
+                body: &message[rest..],
+            };
+            let blob = build("k".into(), &payload, &json, None, &message).unwrap();
+            assert_eq!(blob.bytes, &body[..], "{rest}");
+            assert_eq!(
+                blob.bytes.as_ptr() == payload.body.as_ptr(),
+                shared,
+                "{rest}"
+            );
+            // What it keeps alive is what it counts.
+            let held = if shared {
+                message.len() + SHARED_HEADER_BYTES
+            } else {
+                body.len()
+            };
+            assert_eq!(
+                blob.heap_size(),
+                "k".to_owned().heap_size() + held,
+                "{rest}"
+            );
+        }
+    }
 
     #[test]
     fn the_json_is_read_back_from_every_stored_form() {

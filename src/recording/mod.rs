@@ -26,6 +26,7 @@ pub mod events;
 pub mod heap;
 pub mod ids;
 mod json;
+mod libdeflate;
 pub mod occurrence;
 pub mod payload;
 pub mod replay_event;
@@ -34,6 +35,7 @@ pub mod rrweb;
 mod scan;
 pub mod snuba;
 pub mod trace_items;
+mod verify;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -179,15 +181,21 @@ impl Processed {
     }
 }
 
-/// Decodes, decompresses and extracts one message value, with a decompressor of its own. A
-/// processing thread uses [`process_with`] and keeps its [`Inflater`] between messages.
+/// Decodes, decompresses and extracts one message value, with a decompressor of its own and a
+/// copy of the value. A processing thread uses [`process_with`]: it keeps its [`Inflater`]
+/// between messages, and the blob shares the message's buffer.
 pub fn process(value: &[u8], limits: &Limits) -> Result<Processed, InvalidRecording> {
-    process_with(value, limits, &mut Inflater::default())
+    process_with(
+        &bytes::Bytes::copy_from_slice(value),
+        limits,
+        &mut Inflater::default(),
+    )
 }
 
-/// [`process`], decompressing with (and into the reused buffer of) `inflater`.
+/// [`process`] of the message's own buffer (which the blob may share: `blob::build`),
+/// decompressing with (and into the reused buffer of) `inflater`.
 pub fn process_with(
-    value: &[u8],
+    value: &bytes::Bytes,
     limits: &Limits,
     inflater: &mut Inflater,
 ) -> Result<Processed, InvalidRecording> {
@@ -197,13 +205,13 @@ pub fn process_with(
 }
 
 fn process_into(
-    value: &[u8],
+    value: &bytes::Bytes,
     limits: &Limits,
     inflater: &mut Inflater,
 ) -> Result<Processed, InvalidRecording> {
     let env = envelope::decode(value)?;
     let payload = payload::split(env.payload)?;
-    let json = payload::decompress(&payload, limits.max_decompressed_bytes, inflater)?;
+    let json = payload::decode(&payload, limits.max_decompressed_bytes, inflater)?;
     let mut items = trace_items::Collector::new(
         limits.trace_items,
         env.replay_id,
@@ -237,20 +245,24 @@ fn process_into(
         retention_days: env.retention_days,
         segment_id: payload.segment_id,
     };
-    let blob = Blob {
-        key: blob::key(
+    let blob = blob::build(
+        blob::key(
             ids.retention_days,
             ids.project_id,
             &ids.replay_id,
             ids.segment_id,
         ),
-        bytes: blob::bytes(&payload, &json, env.replay_video).map_err(|e| {
-            InvalidRecording::new(
-                Reason::InternalError,
-                format_args!("building the blob failed: {e}"),
-            )
-        })?,
-    };
+        &payload,
+        json.as_bytes(),
+        env.replay_video,
+        value,
+    )
+    .map_err(|e| {
+        InvalidRecording::new(
+            Reason::InternalError,
+            format_args!("building the blob failed: {e}"),
+        )
+    })?;
     let trace_items = items.map(|items| {
         let user = user_attributes(replay_event.as_ref());
         let trace_id = trace_id(&ids.replay_id, replay_event.as_ref());
@@ -320,7 +332,7 @@ fn user_attributes(event: Option<&ReplayEvent>) -> Vec<(&'static str, &str)> {
 /// so that one message cannot take the process down. The panic itself is reported by the panic
 /// hook (message and location on stderr).
 pub fn process_guarded(
-    value: &[u8],
+    value: &bytes::Bytes,
     limits: &Limits,
     inflater: &mut Inflater,
 ) -> Result<Processed, InvalidRecording> {

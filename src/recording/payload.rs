@@ -11,10 +11,10 @@ use std::borrow::Cow;
 use std::io::{self, Read};
 
 use flate2::{Decompress, FlushDecompress, Status};
-use libdeflater::DecompressionError;
 use serde::{Deserialize, Serialize};
 
 use super::error::{InvalidRecording, Reason};
+use super::{libdeflate, verify};
 
 /// How the segment body was encoded on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -107,9 +107,8 @@ pub fn split(payload: &[u8]) -> Result<Payload<'_>, InvalidRecording> {
 /// buffer kept between messages (up to [`RETAINED_OUTPUT_BYTES`]) and the expansion ratio recent
 /// bodies had, which sizes the first attempt.
 pub struct Inflater {
-    decompressor: libdeflater::Decompressor,
-    /// Always fully initialised (`len` is the usable size): libdeflate writes into a slice, and
-    /// a reused buffer is not zeroed again.
+    decompressor: libdeflate::Decompressor,
+    /// Its capacity is what is kept between messages; its contents are the last output.
     out: Vec<u8>,
     /// Typical decompressed / compressed size of recent zlib and gzip bodies, at most
     /// [`MAX_LEARNED_EXPANSION`].
@@ -133,7 +132,7 @@ const MIN_ATTEMPT_BYTES: usize = 16 << 10;
 impl Default for Inflater {
     fn default() -> Self {
         Inflater {
-            decompressor: libdeflater::Decompressor::new(),
+            decompressor: libdeflate::Decompressor::default(),
             out: Vec::new(),
             expansion: INITIAL_EXPANSION,
         }
@@ -143,16 +142,25 @@ impl Default for Inflater {
 impl std::fmt::Debug for Inflater {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Inflater")
-            .field("out", &self.out.len())
+            .field("out", &self.out.capacity())
             .field("expansion", &self.expansion)
             .finish()
     }
 }
 
+/// What a caller needs checked besides the stream itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// The bytes.
+    Bytes,
+    /// Text: whether the bytes are UTF-8 too, found in the zlib checksum's pass when it can be.
+    Text,
+}
+
 impl Inflater {
     /// Frees the output buffer if it grew past [`RETAINED_OUTPUT_BYTES`].
     pub fn release(&mut self) {
-        if self.out.len() > RETAINED_OUTPUT_BYTES {
+        if self.out.capacity() > RETAINED_OUTPUT_BYTES {
             self.out = Vec::new();
         }
     }
@@ -165,15 +173,18 @@ impl Inflater {
     /// zlib and gzip in one call into the whole buffer (libdeflate is ~3× faster than a streaming
     /// inflate). The buffer starts at the learned expansion (or the reused buffer's size, if
     /// larger) and doubles on "insufficient space", never past `cap`. A body libdeflate refuses
-    /// — bad data (it reports corrupt and truncated streams alike) or more than `cap` bytes (a
-    /// corrupt stream can overflow before libdeflate reaches its damage) — is decoded again by the
-    /// streaming decoder, whose verdict and message are reported: `truncated_body`, `too_large`
-    /// and `invalid_body` stay exact. Only invalid bodies pay that second pass.
+    /// — bad data (it reports corrupt and truncated streams alike, and a zlib checksum that does
+    /// not match) or more than `cap` bytes (a corrupt stream can overflow before libdeflate
+    /// reaches its damage) — is decoded again by the streaming decoder, whose verdict and message
+    /// are reported: `truncated_body`, `too_large` and `invalid_body` stay exact. Only invalid
+    /// bodies pay that second pass. With [`Want::Text`], a zlib body also says whether it is
+    /// UTF-8 (`Some`); `None` leaves that to the caller.
     fn inflate<'a>(
         &'a mut self,
         payload: &Payload<'a>,
         cap: usize,
-    ) -> Result<Cow<'a, [u8]>, InvalidRecording> {
+        want: Want,
+    ) -> Result<(Cow<'a, [u8]>, Option<bool>), InvalidRecording> {
         let input = payload.body;
         // The learned expansion with half again as headroom — which never pushes a buffer that
         // would be kept past what is kept (it would be freed and allocated again each time) —
@@ -190,46 +201,99 @@ impl Inflater {
                 .saturating_mul(4)
                 .saturating_add(RETAINED_OUTPUT_BYTES),
         );
-        let mut size = first.max(MIN_ATTEMPT_BYTES).max(self.out.len()).min(cap);
+        let mut size = first
+            .max(MIN_ATTEMPT_BYTES)
+            .max(self.out.capacity())
+            .min(cap);
         loop {
-            if self.out.len() < size {
-                // A fresh zeroed allocation, not a resize: nothing to copy, and the OS hands large
-                // ones out as untouched zero pages, so only what libdeflate writes becomes resident.
-                // The old one goes first: never two at once.
+            if self.out.capacity() < size {
+                // A fresh allocation, not a resize: nothing to copy, nothing zeroed (libdeflate
+                // writes what it returns), and the OS hands large ones out as untouched pages, so
+                // only what libdeflate writes becomes resident. The old one goes first: never two
+                // at once.
                 self.out = Vec::new();
-                self.out = vec![0; size];
+                self.out = Vec::with_capacity(size);
             }
-            let out = self.out.get_mut(..size).unwrap_or_default();
             let result = match payload.encoding {
-                BodyEncoding::Gzip => self.decompressor.gzip_decompress(input, out),
-                _ => self.decompressor.zlib_decompress(input, out),
+                BodyEncoding::Gzip => self
+                    .decompressor
+                    .gzip(input, &mut self.out, size)
+                    .map(|()| None),
+                _ => zlib(&mut self.decompressor, input, &mut self.out, size, want),
             };
             match result {
-                Ok(written) => {
-                    let observed = written / input.len().max(1) + 1;
+                Ok(utf8) => {
+                    let observed = self.out.len() / input.len().max(1) + 1;
                     self.expansion =
                         ((self.expansion * 3 + observed) / 4).clamp(1, MAX_LEARNED_EXPANSION);
-                    return Ok(Cow::Borrowed(self.out.get(..written).unwrap_or_default()));
+                    return Ok((Cow::Borrowed(self.out.as_slice()), utf8));
                 }
                 // Doubling: at most twice the work of one pass, and a buffer at most twice the output.
-                Err(DecompressionError::InsufficientSpace) if size < cap => {
+                Err(libdeflate::Error::InsufficientSpace) if size < cap => {
                     size = size.saturating_mul(2).min(cap)
                 }
                 // Over the cap, or bad: the streaming decoder decides (a corrupt stream can
                 // overflow a buffer before libdeflate reaches the damage it would report). Over
                 // the cap, its output is not needed: it goes through a small chunk, so that a
                 // bomb never holds a second buffer of the cap's size.
-                Err(DecompressionError::InsufficientSpace) => {
+                Err(libdeflate::Error::InsufficientSpace) => {
                     self.out = Vec::new();
                     return streaming(payload, cap, Output::Discard)
                         .and_then(|_| streaming(payload, cap, Output::Keep))
-                        .map(Cow::Owned);
+                        .map(|out| (Cow::Owned(out), None));
                 }
-                Err(DecompressionError::BadData) => {
-                    return streaming(payload, cap, Output::Keep).map(Cow::Owned);
+                Err(libdeflate::Error::BadData) => {
+                    return streaming(payload, cap, Output::Keep)
+                        .map(|out| (Cow::Owned(out), None));
                 }
             }
         }
+    }
+}
+
+/// A zlib stream (RFC 1950) as libdeflate checks it — a two-byte header (DEFLATE, a window of at
+/// most 32 KiB, no preset dictionary, a valid FCHECK), the raw stream, the big-endian Adler-32 of
+/// the output; bytes after the trailer are ignored — into `out`, in at most `limit` bytes. The
+/// checksum is computed here rather than by libdeflate so that, for text, the UTF-8 check shares
+/// its pass over the output (`verify.rs`).
+fn zlib(
+    decompressor: &mut libdeflate::Decompressor,
+    input: &[u8],
+    out: &mut Vec<u8>,
+    limit: usize,
+    want: Want,
+) -> Result<Option<bool>, libdeflate::Error> {
+    let bad = libdeflate::Error::BadData;
+    let (&[cmf, flg], rest) = input.split_first_chunk::<2>().ok_or(bad)?;
+    let stream = rest
+        .len()
+        .checked_sub(4)
+        .and_then(|n| rest.get(..n))
+        .ok_or(bad)?;
+    let header_valid = cmf & 0x0f == 8
+        && cmf >> 4 <= 7
+        && flg & 0x20 == 0
+        && u16::from_be_bytes([cmf, flg]) % 31 == 0;
+    if !header_valid {
+        return Err(bad);
+    }
+    let used = decompressor.deflate(stream, out, limit)?;
+    let trailer = rest
+        .get(used..)
+        .and_then(<[u8]>::first_chunk::<4>)
+        .map(|t| u32::from_be_bytes(*t))
+        .ok_or(bad)?;
+    let (adler32, utf8) = match want {
+        Want::Bytes => (verify::adler32(out), None),
+        Want::Text => {
+            let verified = verify::adler32_utf8(out);
+            (verified.adler32, Some(verified.utf8))
+        }
+    };
+    if adler32 == trailer {
+        Ok(utf8)
+    } else {
+        Err(bad)
     }
 }
 
@@ -240,11 +304,46 @@ pub fn decompress<'a>(
     cap: usize,
     inflater: &'a mut Inflater,
 ) -> Result<Cow<'a, [u8]>, InvalidRecording> {
+    decoded(payload, cap, inflater, Want::Bytes).map(|(bytes, _)| bytes)
+}
+
+/// [`decompress`], and the result checked to be UTF-8: the rrweb JSON as text. For a zlib body,
+/// the UTF-8 check and the checksum's share one pass over the output.
+pub fn decode<'a>(
+    payload: &Payload<'a>,
+    cap: usize,
+    inflater: &'a mut Inflater,
+) -> Result<Cow<'a, str>, InvalidRecording> {
+    let (bytes, utf8) = decoded(payload, cap, inflater, Want::Text)?;
+    if !utf8.unwrap_or_else(|| simdutf8::basic::from_utf8(&bytes).is_ok()) {
+        let at = simdutf8::compat::from_utf8(&bytes)
+            .err()
+            .map_or(0, |e| e.valid_up_to());
+        return Err(InvalidRecording::new(
+            Reason::InvalidBody,
+            format_args!("body is not valid UTF-8 (byte {at})"),
+        ));
+    }
+    // SAFETY: the bytes were just found to be UTF-8 (by `verify::adler32_utf8` or simdutf8).
+    Ok(match bytes {
+        Cow::Borrowed(bytes) => Cow::Borrowed(unsafe { std::str::from_utf8_unchecked(bytes) }),
+        Cow::Owned(bytes) => Cow::Owned(unsafe { String::from_utf8_unchecked(bytes) }),
+    })
+}
+
+fn decoded<'a>(
+    payload: &Payload<'a>,
+    cap: usize,
+    inflater: &'a mut Inflater,
+    want: Want,
+) -> Result<(Cow<'a, [u8]>, Option<bool>), InvalidRecording> {
     match payload.encoding {
         BodyEncoding::Raw if payload.body.len() > cap => Err(too_large(cap)),
-        BodyEncoding::Raw => Ok(Cow::Borrowed(payload.body)),
-        BodyEncoding::Zlib | BodyEncoding::Gzip => inflater.inflate(payload, cap),
-        BodyEncoding::Zstd => streaming(payload, cap, Output::Keep).map(Cow::Owned),
+        BodyEncoding::Raw => Ok((Cow::Borrowed(payload.body), None)),
+        BodyEncoding::Zlib | BodyEncoding::Gzip => inflater.inflate(payload, cap, want),
+        BodyEncoding::Zstd => {
+            streaming(payload, cap, Output::Keep).map(|out| (Cow::Owned(out), None))
+        }
     }
 }
 
@@ -445,6 +544,84 @@ mod tests {
         roundtrip(gzip(JSON), BodyEncoding::Gzip);
         roundtrip(zstd::encode_all(JSON, 3).unwrap(), BodyEncoding::Zstd);
         roundtrip(JSON.to_vec(), BodyEncoding::Raw);
+    }
+
+    #[test]
+    fn decoded_text_must_be_utf8_whatever_the_codec() {
+        let text = "[{\"type\":5,\"data\":{\"payload\":\"caf\u{e9} \u{1f600}\"}}]".repeat(300);
+        let mut invalid = text.clone().into_bytes();
+        let at = invalid.len() - 40;
+        invalid[at] = 0xff;
+        let encode = |encoding, data: &[u8]| match encoding {
+            BodyEncoding::Zlib => zlib(data),
+            BodyEncoding::Gzip => gzip(data),
+            BodyEncoding::Zstd => zstd::encode_all(data, 3).unwrap(),
+            BodyEncoding::Raw => data.to_vec(),
+        };
+        for encoding in [
+            BodyEncoding::Zlib,
+            BodyEncoding::Gzip,
+            BodyEncoding::Zstd,
+            BodyEncoding::Raw,
+        ] {
+            let body = encode(encoding, text.as_bytes());
+            let payload = Payload {
+                segment_id: 0,
+                encoding,
+                body: &body,
+            };
+            let mut inflater = Inflater::default();
+            let decoded = super::decode(&payload, 1 << 20, &mut inflater).unwrap();
+            assert_eq!(decoded, text, "{encoding:?}");
+            let body = encode(encoding, &invalid);
+            let payload = Payload {
+                segment_id: 0,
+                encoding,
+                body: &body,
+            };
+            let error = super::decode(&payload, 1 << 20, &mut Inflater::default()).unwrap_err();
+            assert_eq!(error.reason, Reason::InvalidBody, "{encoding:?}");
+            assert_eq!(error.detail, format!("body is not valid UTF-8 (byte {at})"));
+            // The bytes themselves decode: only text is refused.
+            assert_eq!(
+                decompress(&payload, 1 << 20, &mut Inflater::default()).unwrap(),
+                invalid
+            );
+        }
+    }
+
+    #[test]
+    fn the_zlib_container_is_checked_as_libdeflate_checks_it() {
+        let body = zlib(JSON);
+        let check = |body: &[u8]| {
+            let payload = Payload {
+                segment_id: 0,
+                encoding: BodyEncoding::Zlib,
+                body,
+            };
+            super::decode(&payload, 1 << 20, &mut Inflater::default()).map(Cow::into_owned)
+        };
+        // Bytes after the trailer are ignored.
+        assert_eq!(
+            check(&[body.as_slice(), b"trailing"].concat()).unwrap(),
+            std::str::from_utf8(JSON).unwrap()
+        );
+        // A wrong checksum: the streaming decoder's verdict.
+        let mut wrong = body.clone();
+        *wrong.last_mut().unwrap() ^= 1;
+        let error = check(&wrong).unwrap_err();
+        assert_eq!(error.reason, Reason::InvalidBody);
+        assert!(error.detail.starts_with("zlib: "), "{}", error.detail);
+        // A preset dictionary (FDICT): refused, as zlib refuses it without the dictionary.
+        let mut fdict = body.clone();
+        fdict[1] = (fdict[1] & 0xc0) | 0x20;
+        fdict[1] |= ((31 - u16::from_be_bytes([fdict[0], fdict[1]]) % 31) % 31) as u8;
+        assert_eq!(u16::from_be_bytes([fdict[0], fdict[1]]) % 31, 0);
+        assert_eq!(check(&fdict).unwrap_err().reason, Reason::InvalidBody);
+        // Too short for a header and a trailer.
+        for len in 0..6 {
+            assert!(check(&body[..len]).is_err(), "{len}");
+        }
     }
 
     #[test]

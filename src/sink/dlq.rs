@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures::channel::oneshot::Canceled;
 use futures::future::join_all;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use tracing::warn;
@@ -27,7 +27,6 @@ use super::{
     Built, DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Piece, Progress,
     Rejected, Retry, Sink, SinkError, Writing, Written,
 };
-use crate::kafka::consumer::key_and_timestamp;
 use crate::kafka::producer::{DeliveryFuture, Producer};
 use crate::kafka::refetch::Refetcher;
 use crate::recording::InvalidRecording;
@@ -264,18 +263,16 @@ impl RejectedToDlq {
                 .source
                 .fetch(r.partition, r.offset, self.timeout)
                 .map_err(|e| SinkError::from_error("rejected", Retry::Retryable, e))?;
-            let (key, timestamp) = key_and_timestamp(&original);
             let error = InvalidRecording::new(
                 r.reason(),
                 format_args!("{}: {}", r.error.sink, r.error.message),
             );
-            let value = original.payload().unwrap_or_default().to_vec();
             let message = InvalidMessage {
                 error,
-                value,
-                key,
+                value: Vec::from(original.value),
+                key: original.key,
                 topic: self.source_topic.clone(),
-                timestamp,
+                timestamp: original.timestamp,
                 rejected_by: Some(r.error.sink),
             };
             entries.push(Entry {

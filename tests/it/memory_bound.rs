@@ -81,11 +81,20 @@ fn measure(value: &[u8]) -> Measured {
     };
     // Once unmeasured: lazily initialised statics are not the segment's.
     drop(recording::process(value, &limits));
+    // The message's own buffer exists before processing (the consumer's record), as in the
+    // service, and is not part of the peak; a blob may share it, and then it is part of what the
+    // segment holds: what dropping the record's handle does not free.
+    let value = bytes::Bytes::copy_from_slice(value);
+    let len = value.len() as isize;
     let start = LIVE.with(Cell::get);
     PEAK.with(|peak| peak.set(start));
-    let result = recording::process(value, &limits).map(Box::new);
-    let held = LIVE.with(Cell::get) - start;
+    let result =
+        recording::process_with(&value, &limits, &mut recording::Inflater::default()).map(Box::new);
     let peak = PEAK.with(Cell::get) - start;
+    let before_drop = LIVE.with(Cell::get);
+    drop(value);
+    let freed = before_drop - LIVE.with(Cell::get);
+    let held = before_drop - start + (len - freed);
     Measured {
         result,
         held: held.max(0) as usize,

@@ -14,15 +14,6 @@ use crate::recording::trace_items::Collector;
 /// Scans a JSON array of rrweb events. Fails only when the body is not a JSON array (or not UTF-8);
 /// a malformed element is counted in `invalid_events`.
 pub fn extract(json: &[u8], limits: RowLimits) -> Result<Extracted, SyntaxError> {
-    extract_with(json, limits, None)
-}
-
-/// [`extract`], offering every custom event (with its index in the array) to `items`.
-pub fn extract_with(
-    json: &[u8],
-    limits: RowLimits,
-    mut items: Option<&mut Collector>,
-) -> Result<Extracted, SyntaxError> {
     // The fast check first; the one that says where only for the (invalid) bodies that fail it.
     let json = simdutf8::basic::from_utf8(json).or_else(|_| {
         simdutf8::compat::from_utf8(json).map_err(|e| SyntaxError {
@@ -30,6 +21,16 @@ pub fn extract_with(
             expected: "valid UTF-8",
         })
     })?;
+    extract_with(json, limits, None)
+}
+
+/// [`extract`] of text already known to be UTF-8 (`payload::decode` checks it while it checks
+/// the zlib stream), offering every custom event (with its index in the array) to `items`.
+pub fn extract_with(
+    json: &str,
+    limits: RowLimits,
+    mut items: Option<&mut Collector>,
+) -> Result<Extracted, SyntaxError> {
     let mut extractor = Extractor {
         out: Extracted::default(),
         limits,

@@ -1,0 +1,30 @@
+//! A consumed record, copied out of librdkafka once: what the pipeline and the dead-letter path
+//! need of it. The value is `Bytes`, so that a blob made from it shares its buffer instead of
+//! copying the body again (`recording::blob`), and nothing else is copied per message (rdkafka's
+//! `OwnedMessage` also copies the topic's name and the headers into allocations of their own).
+
+use bytes::Bytes;
+use rdkafka::message::{BorrowedMessage, Message};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    /// Empty for a record without a value.
+    pub value: Bytes,
+    pub key: Option<Vec<u8>>,
+    /// The record's timestamp (creation or log-append time), in ms since the epoch.
+    pub timestamp: Option<i64>,
+}
+
+impl Record {
+    pub fn copy_of(message: &BorrowedMessage<'_>) -> Self {
+        Record {
+            partition: message.partition(),
+            offset: message.offset(),
+            value: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
+            key: message.key().map(<[u8]>::to_vec),
+            timestamp: message.timestamp().to_millis(),
+        }
+    }
+}
