@@ -107,6 +107,10 @@ async fn produce(
         .set("message.max.bytes", "16000000")
         // A hung broker delays deliveries; it must not fail them.
         .set("message.timeout.ms", "600000")
+        // A send retried across a broker kill must not land twice: the copy whose delivery
+        // report was lost sits at an offset this harness never recorded, and its dead letter (or
+        // blob) would look like a message never produced (a CI run failed that way).
+        .set("enable.idempotence", "true")
         .create()
         .unwrap();
     let start = Instant::now();

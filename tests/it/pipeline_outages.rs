@@ -67,9 +67,6 @@ impl Drop for Release {
     }
 }
 
-/// CPU is measured for the whole test process: that test runs alone, the others side by side.
-static CPU_MEASURED: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
 /// Runs the pipeline in this process until `stop` is sent; the task's result is the pipeline's.
 fn spawn(
     args: ConsumeArgs,
@@ -111,7 +108,7 @@ fn cpu_ticks() -> u64 {
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_service_never_exits() {
     let _stack = uses_stack().await;
-    let _shared = CPU_MEASURED.read().await;
+    let _cpu = shares_cpu().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
     let sink = Switchable::default();
@@ -160,7 +157,7 @@ async fn an_outage_is_retried_without_limit_then_everything_commits_and_the_serv
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
     let _stack = uses_stack().await;
-    let _alone = CPU_MEASURED.write().await;
+    let _cpu = measures_cpu().await;
     let (topic, group) = (unique("rec"), unique("group"));
     create_topic(&topic, 1).await;
     let sink = Switchable::default();
@@ -206,7 +203,7 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries_on() {
     let _stack = uses_stack().await;
-    let _shared = CPU_MEASURED.read().await;
+    let _cpu = shares_cpu().await;
     let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
     create_topic(&topic, 2).await;
     create_topic(&dlq, 1).await;
@@ -326,7 +323,7 @@ impl Sink for Picky {
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() {
     let _stack = uses_stack().await;
-    let _shared = CPU_MEASURED.read().await;
+    let _cpu = shares_cpu().await;
     let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
     create_topic(&topic, 2).await;
     create_topic(&dlq, 1).await;

@@ -1,6 +1,7 @@
 //! Shared helpers for tests against the real local broker that `scripts/stack.sh up` starts
 //! (`REPLAY_INGEST_TEST_BROKERS`). Every test makes its own topics and consumer group.
 
+pub mod cpu;
 pub mod fixtures;
 pub mod hostile;
 pub mod kafka;
@@ -15,6 +16,7 @@ pub mod statsd;
 pub mod tls;
 pub mod topics;
 
+pub use cpu::*;
 pub use fixtures::*;
 pub use kafka::*;
 pub use service::*;
