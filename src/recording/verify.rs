@@ -162,28 +162,25 @@ fn chunk_avx512(sums: &mut Sums, chunk: &[u8]) -> bool {
     let weights = unsafe { _mm512_loadu_si512(WEIGHTS.as_ptr().cast()) };
     let ones = _mm512_set1_epi8(1);
     let zero = _mm512_setzero_si512();
-    let (mut s1, mut s2, mut before) = ([zero; 4], [zero; 4], [zero; 4]);
+    // Per stream: the byte sums, the weighted sums, and the byte sums of the groups before.
+    let mut streams = [[zero; 3]; 4];
     let mut high = zero;
     let groups = chunk.chunks_exact(GROUP);
     let rest = groups.remainder();
     let summed = chunk.len() - rest.len();
     for group in groups {
-        let blocks: [__m512i; 4] = std::array::from_fn(|k| {
-            // SAFETY: `group` is 256 readable bytes; block `k` is its bytes 64k..64k+64.
-            unsafe { _mm512_loadu_si512(group.as_ptr().add(64 * k).cast()) }
-        });
-        for (k, block) in blocks.into_iter().enumerate() {
-            let (Some(s1), Some(s2), Some(before)) =
-                (s1.get_mut(k), s2.get_mut(k), before.get_mut(k))
-            else {
-                continue;
-            };
+        for (k, [s1, s2, before]) in streams.iter_mut().enumerate() {
+            // SAFETY: `group` is 256 readable bytes; block `k` (< 4) is its bytes 64k..64k+64.
+            let block = unsafe { _mm512_loadu_si512(group.as_ptr().add(64 * k).cast()) };
             high = _mm512_or_si512(high, block);
             *before = _mm512_add_epi32(*before, *s1);
             *s2 = _mm512_dpbusd_epi32(*s2, block, weights);
             *s1 = _mm512_dpbusd_epi32(*s1, block, ones);
         }
     }
+    let s1 = streams.map(|[s1, _, _]| s1);
+    let s2 = streams.map(|[_, s2, _]| s2);
+    let before = streams.map(|[_, _, before]| before);
     let total = |v: [__m512i; 4]| v.map(|v| _mm512_reduce_add_epi32(v) as u32 as u64);
     let (s1, s2, before) = (total(s1), total(s2), total(before));
     // Group j adds 64 × (4 P + 3 a + 2 b + c) + the weighted sums, where P is what the groups
