@@ -1,7 +1,6 @@
 //! Kafka plumbing: the consumer's polling thread and rebalance callbacks, what the member owns,
 //! the bound on messages in transit to the pipeline, the records it hands over, re-reading single
-//! messages, and the producer
-//! every sink and tool publishes with.
+//! messages, and the producer every sink and tool publishes with.
 
 pub mod consumer;
 pub mod handoff;

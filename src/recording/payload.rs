@@ -41,14 +41,7 @@ impl BodyEncoding {
         match body {
             [0x1f, 0x8b, ..] => Ok(BodyEncoding::Gzip),
             [0x28, 0xb5, 0x2f, 0xfd, ..] => Ok(BodyEncoding::Zstd),
-            // CMF byte: deflate with a window of at most 32 KiB, and a valid FCHECK.
-            [cmf, flg, ..]
-                if cmf & 0x0f == 8
-                    && cmf >> 4 <= 7
-                    && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0 =>
-            {
-                Ok(BodyEncoding::Zlib)
-            }
+            [cmf, flg, ..] if zlib_header(*cmf, *flg) => Ok(BodyEncoding::Zlib),
             _ if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') => {
                 Ok(BodyEncoding::Raw)
             }
@@ -59,6 +52,12 @@ impl BodyEncoding {
             )),
         }
     }
+}
+
+/// Whether two bytes open a zlib stream (RFC 1950): DEFLATE with a window of at most 32 KiB, and
+/// a valid FCHECK. (A preset dictionary, FDICT, is refused when decoding, as zlib refuses it.)
+fn zlib_header(cmf: u8, flg: u8) -> bool {
+    cmf & 0x0f == 8 && cmf >> 4 <= 7 && u16::from_be_bytes([cmf, flg]).is_multiple_of(31)
 }
 
 /// A payload split into its header and body.
@@ -270,11 +269,7 @@ fn zlib(
         .checked_sub(4)
         .and_then(|n| rest.get(..n))
         .ok_or(bad)?;
-    let header_valid = cmf & 0x0f == 8
-        && cmf >> 4 <= 7
-        && flg & 0x20 == 0
-        && u16::from_be_bytes([cmf, flg]) % 31 == 0;
-    if !header_valid {
+    if !zlib_header(cmf, flg) || flg & 0x20 != 0 {
         return Err(bad);
     }
     let used = decompressor.deflate(stream, out, limit)?;
