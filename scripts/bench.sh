@@ -30,6 +30,8 @@ if ! "$venv/bin/python" -c 'import msgpack, matplotlib, orjson, msgspec' 2>/dev/
   "$venv/bin/pip" install --quiet --disable-pip-version-check msgpack==1.1.0 matplotlib==3.10.7 orjson==3.13.0 msgspec==0.22.0
 fi
 python_lines=$("$venv/bin/python" benches/python_baseline.py)
+# `process` again right after Python: the msgspec ratio uses the mean of the runs on either side.
+interleaved_after=$("${CARGO_TARGET_DIR:-target}"/release/examples/process_cpu --vs-libdeflate 50 fixtures/segments/*.msgpack)
 
 for threads in 1 2; do
   for buffer in 33554432 67108864 268435456; do
@@ -38,16 +40,19 @@ for threads in 1 2; do
   done
 done
 small=$(find fixtures/segments -name '*.msgpack' -size -64k | sort | tr '\n' ' ')
-for threads in 1 2; do
-  echo "== load: null sink, small segments only, $threads thread(s)"
-  LOAD_THREADS=$threads LOAD_FIXTURES=$small LOAD_JSON=$results bash scripts/load.sh "$((COUNT * 20))" 67108864 >/dev/null
+# Three runs each: the ratio to the work is the target here, and one run moves with the machine.
+for run in 1 2 3; do
+  for threads in 1 2; do
+    echo "== load: null sink, small segments only, $threads thread(s), run $run"
+    LOAD_THREADS=$threads LOAD_FIXTURES=$small LOAD_JSON=$results bash scripts/load.sh "$((COUNT * 20))" 67108864 >/dev/null
+  done
 done
 echo "== load: real sinks"
 LOAD_SINKS=real LOAD_JSON=$results bash scripts/load.sh "$COUNT" 67108864 >/dev/null
 echo "== sinks at their limit"
 ceilings=$(bash scripts/sink-ceilings.sh "$((COUNT * 2))")
 
-"$venv/bin/python" - "$results" "$python_lines" "${CARGO_TARGET_DIR:-target}/criterion" "$ceilings" "$interleaved" <<'PY'
+"$venv/bin/python" - "$results" "$python_lines" "${CARGO_TARGET_DIR:-target}/criterion" "$ceilings" "$interleaved" "$interleaved_after" <<'PY'
 import json, pathlib, sys
 import matplotlib
 matplotlib.use("Agg")
@@ -56,7 +61,6 @@ import matplotlib.pyplot as plt
 runs = [json.loads(l) for l in open(sys.argv[1])]
 python = {line.split(":")[0].split()[1]: float(line.split(":")[1].split()[0]) for line in sys.argv[2].splitlines()}
 criterion = pathlib.Path(sys.argv[3])
-mix = sorted(pathlib.Path("fixtures/segments").glob("*.msgpack"))
 def estimate(group, name):
     estimates = json.loads((criterion / group / name / "new" / "estimates.json").read_text())
     info = json.loads((criterion / group / name / "new" / "benchmark.json").read_text())
@@ -65,10 +69,6 @@ bench = {}
 for name in ["libdeflate_only", "inflate_only", "process", "sonic_lazy", "inflate_sonic_value", "inflate_serde_json_value"]:
     seconds, throughput = estimate("fixture_mix", name)
     bench[name] = throughput["Bytes"] / seconds / 2**20
-# CPU per message of `process` alone: the mix, and small segments (Elements = messages).
-process_us = {"all": estimate("fixture_mix", "process")[0] / len(mix) * 1e6}
-seconds, throughput = estimate("small_segments", "process")
-process_us["small"] = seconds / throughput["Elements"] * 1e6
 
 floor = bench["libdeflate_only"]
 out = ["# Benchmarks", "", "Made by `scripts/bench.sh` on a 2-core machine; the broker, ClickHouse and the GCS",
@@ -91,8 +91,13 @@ out += ["", f"Interleaved on one thread (`examples/process_cpu --vs-libdeflate`,
         f"{interleaved['ratio_median']:.2f}× libdeflate's inflate (median; quartiles {interleaved['ratio_p25']:.2f}–{interleaved['ratio_p75']:.2f}; "
         f"{interleaved['process_mib_s']:.0f} against {interleaved['libdeflate_mib_s']:.0f} MiB/s). The criterion ratio above "
         "compares two runs seconds apart and moves with the machine."]
-out += ["", f"`process` is {bench['process'] / python['msgspec']:.1f}× the fastest Python path (msgspec) and "
-        f"{bench['process'] / python['json']:.0f}× the standard-library one.", "",
+# Python's CPU-time rates against `process` interleaved just before and just after them.
+process_cpu_mib_s = (interleaved["process_mib_s"] + json.loads(sys.argv[6])["process_mib_s"]) / 2
+out += ["", f"`process` is {process_cpu_mib_s / python['msgspec']:.1f}× the fastest Python path (msgspec) and "
+        f"{process_cpu_mib_s / python['json']:.0f}× the standard-library one, in CPU time: `process` at "
+        f"{process_cpu_mib_s:.0f} MiB/s, the mean of the interleaved runs just before and just after Python's "
+        f"({interleaved['process_mib_s']:.0f} and {json.loads(sys.argv[6])['process_mib_s']:.0f}); against criterion's "
+        f"`process` {bench['process'] / python['msgspec']:.1f}×.", "",
         "## EAP trace items (`--trace-items-rollout`)", "",
         "`process` with the rollout at 0 (the default: no item is built) and at 1.0 (every breadcrumb an item).", "",
         "| group | rollout 0 | rollout 1.0 | ratio |", "|---|---:|---:|---:|"]
@@ -118,17 +123,29 @@ for r in runs:
 out += ["", "## CPU per message (null sinks)", "",
         "The service's CPU (every thread, from `/proc`, steady state) per message, against what the work itself",
         "costs: `process` alone on one thread over as many messages of the same mix (`examples/process_cpu`, the",
-        "service's allocator) plus a bare rdkafka consumer reading the same messages, both measured in the same",
-        "minute as the service (the machine's speed drifts by more than the differences sought). Criterion's",
-        "`process` from the top of this page, for comparison.", "",
-        "| mix | threads | service µs/msg | process µs/msg (criterion) | bare consumer µs/msg | service / (process + bare) | kernel µs/msg | page faults/msg |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        "service's allocator) plus a bare rdkafka consumer reading the same messages. With null sinks the service",
+        "builds no rows or events, so neither does the work here; what building them would add is its own column",
+        "(criterion's `process` includes it). The bare consumer runs just before the service; `process` runs",
+        "just before it and again just after it, and the column is the mean of the two (the machine's speed",
+        "drifts within minutes by more than the differences sought; the two are in brackets).", "",
+        "| mix | threads | service µs/msg | process µs/msg (before, after) | rows + events µs/msg | bare consumer µs/msg | service / (process + bare) | kernel µs/msg | page faults/msg |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def work_ratio(r):
+    return r["steady_cpu_us_per_msg"] / (r["process_cpu_us_per_msg"] + r["bare_steady_cpu_us_per_msg"])
 for r in runs:
     if r["sinks"] != "null":
         continue
     bare_us, work_us = r["bare_steady_cpu_us_per_msg"], r["process_cpu_us_per_msg"]
-    out.append(f"| {mix_of(r)} | {r['threads'] or 'all'} | {r['steady_cpu_us_per_msg']:.1f} | {work_us:.1f} ({process_us[mix_of(r)]:.1f}) | "
-               f"{bare_us:.1f} | {r['steady_cpu_us_per_msg'] / (work_us + bare_us):.2f}× | {r['system_us_per_msg']:.1f} | {r['faults_per_msg']:.2f} |")
+    before, after = r["process_cpu_us_before_after"]
+    out.append(f"| {mix_of(r)} | {r['threads'] or 'all'} | {r['steady_cpu_us_per_msg']:.1f} | {work_us:.1f} ({before:.1f}, {after:.1f}) | "
+               f"{r['outputs_cpu_us_per_msg']:.1f} | {bare_us:.1f} | {work_ratio(r):.2f}× | {r['system_us_per_msg']:.1f} | {r['faults_per_msg']:.2f} |")
+medians = []
+for threads in (1, 2):
+    ratios = sorted(work_ratio(r) for r in runs if r["sinks"] == "null" and mix_of(r) == "small" and r["threads"] == threads)
+    if ratios:
+        medians.append(f"{ratios[len(ratios) // 2]:.2f}× on {threads} thread{'s' if threads > 1 else ''} "
+                       f"({', '.join(f'{x:.2f}' for x in ratios)})")
+out += ["", "Small segments, service / work, median of the runs: " + "; ".join(medians) + "."]
 out += ["", "Where the service's CPU goes (the whole run, µs per message, by thread; `process-N` are the",
         "processing threads, `kafka-poll` the polling thread, `replay-ingest` the pipeline's task, `rdk:*`",
         "librdkafka's, `tokio-rt-worker` the flushes):", "",

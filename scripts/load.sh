@@ -3,7 +3,8 @@
 # then measures (1) a bare rdkafka consumer reading them, (2) the work itself, `process` on one
 # thread over as many messages of the same mix (examples/process_cpu), and (3) the service with the
 # null sink processing them, from a backlog far larger than its buffer. Prints throughput, peak
-# RSS, and the service's CPU per message against (1) + (2), measured within the same minute.
+# RSS, and the service's CPU per message against (1) + (2); (2) runs right before the service and
+# right after it, and counts the rows and events a flush builds only when the sinks are real.
 # The buffer age is 200 ms here: with the 5 s default the last partial buffer would wait out its
 # age and dominate a short run.
 # Usage: scripts/load.sh [COUNT] [BUFFER_MAX_BYTES]      (defaults 10000, 64 MiB)
@@ -43,9 +44,13 @@ echo "producing $COUNT messages (${LOAD_FIXTURES:-recorded fixture mix}) to $top
 # shellcheck disable=SC2086
 produced=$("${CARGO_TARGET_DIR:-target}"/release/examples/produce --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --count "$COUNT" ${LOAD_FIXTURES:-fixtures/segments/*.msgpack})
 bare=$("${CARGO_TARGET_DIR:-target}"/release/examples/bare_consume "$REPLAY_INGEST_TEST_BROKERS" "$topic" "$COUNT")
-# The work itself on one thread, the same mix and count, in the same minute as the service's run.
-# shellcheck disable=SC2086
-work=$("${CARGO_TARGET_DIR:-target}"/release/examples/process_cpu "$COUNT" ${LOAD_FIXTURES:-fixtures/segments/*.msgpack})
+# The work itself on one thread, the same mix and count, right before the service's run and again
+# right after it: the machine's speed drifts within minutes, and the mean of the two cancels a steady
+# drift (both are printed, so a jump shows). It times `process` alone and `process` with the rows and
+# events a flush builds, interleaved.
+# shellcheck disable=SC2206
+work_command=("${CARGO_TARGET_DIR:-target}"/release/examples/process_cpu "$COUNT" ${LOAD_FIXTURES:-fixtures/segments/*.msgpack})
+work=$("${work_command[@]}")
 
 port=$(free_port)
 # One real destination at a time (gcs, clickhouse, events: the others null) or all of them (real).
@@ -86,8 +91,8 @@ if [ -n "${LOAD_PERF:-}${LOAD_PERF_STAT:-}" ]; then
     perf stat -e task-clock,context-switches,cpu-migrations,sched:sched_wakeup -p "$pid" 2>&1 | sed 's/^/perf: /' &
   fi
 fi
-python3 - "$port" "$pid" "$COUNT" "$produced" "$bare" "$BUFFER" "${LOAD_SINKS:-null}" "${LOAD_THREADS:-0}" "${LOAD_JSON:-}" "$work" <<'PY'
-import json, sys, time, urllib.request
+python3 - "$port" "$pid" "$COUNT" "$produced" "$bare" "$BUFFER" "${LOAD_SINKS:-null}" "${LOAD_THREADS:-0}" "${LOAD_JSON:-}" "$work" "${work_command[@]}" <<'PY'
+import json, subprocess, sys, time, urllib.request
 port, pid, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 produced, bare, buffer = json.loads(sys.argv[4]), json.loads(sys.argv[5]), int(sys.argv[6])
 def status():
@@ -140,12 +145,6 @@ print("time per sink (s, summed over flushes): " + ", ".join(f"{k} {v['seconds']
 print("written per second of its own time: " + ", ".join(f"{k} {v['items'] / v['seconds']:.0f}" for k, v in sorted(final["sinks"].items()) if v["seconds"] > 0))
 print(f"backpressure pauses: {final['pauses']}")
 print(f"CPU per message: service {cpu_us:.1f} µs, bare consumer {bare_cpu_us:.1f} µs")
-work = json.loads(sys.argv[10])
-work_us = work["cpu_seconds"] / work["messages"] * 1e6
-print(f"the work: process {work_us:.1f} µs per message on one thread + bare consumer {bare_steady_cpu_us:.1f} µs; "
-      f"service (steady) / work = {steady_cpu_us / (work_us + bare_steady_cpu_us):.2f}x")
-print(f"steady state (10–90 %): pipeline {steady_rate:.0f} msgs/s, bare consumer {bare_steady_rate:.0f} msgs/s "
-      f"({steady_rate / bare_steady_rate:.2f}x); CPU per message: service {steady_cpu_us:.1f} µs, bare {bare_steady_cpu_us:.1f} µs")
 # Where the CPU went, by thread (pool threads grouped by name without their number): the
 # whole run, startup included, per message.
 threads, kernel, switches, faulted = {}, {}, {}, {}
@@ -164,6 +163,19 @@ for task in os.listdir(f"/proc/{pid}/task"):
         if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")):
             k = name + (" sleeps" if line.startswith("vol") else " preempted")
             switches[k] = switches.get(k, 0) + int(line.split()[1])
+# The work again, now that the service is idle (and its threads' CPU has been read).
+work_after = json.loads(subprocess.run(sys.argv[11:], check=True, capture_output=True, text=True).stdout)
+# With null sinks the service builds no rows or events: its work is `process` alone. Real sinks
+# build them in the flush.
+side = "process_us" if sys.argv[7] == "null" else "with_outputs_us"
+works_us = [w[side] for w in (json.loads(sys.argv[10]), work_after)]
+work_us = sum(works_us) / 2
+outputs_us = sum(w["with_outputs_us"] - w["process_us"] for w in (json.loads(sys.argv[10]), work_after)) / 2
+print(f"the work: process {work_us:.1f} µs per message on one thread ({works_us[0]:.1f} before the service, {works_us[1]:.1f} after; "
+      f"{'rows and events not built, as null sinks do not: they would add' if side == 'process_us' else 'with rows and events, of which'} {outputs_us:.1f} µs) "
+      f"+ bare consumer {bare_steady_cpu_us:.1f} µs; service (steady) / work = {steady_cpu_us / (work_us + bare_steady_cpu_us):.2f}x")
+print(f"steady state (10–90 %): pipeline {steady_rate:.0f} msgs/s, bare consumer {bare_steady_rate:.0f} msgs/s "
+      f"({steady_rate / bare_steady_rate:.2f}x); CPU per message: service {steady_cpu_us:.1f} µs, bare {bare_steady_cpu_us:.1f} µs")
 by_thread = {k: v / count * 1e6 for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0}
 print("CPU per message by thread (µs): " + ", ".join(f"{k} {v:.1f}" for k, v in by_thread.items()))
 system, faults = sum(kernel.values()), sum(faulted.values())
@@ -180,7 +192,7 @@ if sys.argv[9]:
             "bare_msgs_per_s": bare_rate, "bare_mb_per_s": bare["bytes"] / 1e6 / bare["seconds"],
             "peak_rss_mib": peak / 2**20, "cpu_us_per_msg": cpu_us, "bare_cpu_us_per_msg": bare_cpu_us,
             "steady_msgs_per_s": steady_rate, "bare_steady_msgs_per_s": bare_steady_rate,
-            "steady_cpu_us_per_msg": steady_cpu_us, "process_cpu_us_per_msg": work_us, "bare_steady_cpu_us_per_msg": bare_steady_cpu_us,
+            "steady_cpu_us_per_msg": steady_cpu_us, "process_cpu_us_per_msg": work_us, "process_cpu_us_before_after": works_us, "outputs_cpu_us_per_msg": outputs_us, "bare_steady_cpu_us_per_msg": bare_steady_cpu_us,
             "fixtures": os.environ.get("LOAD_FIXTURES", ""), "pauses": final["pauses"], "cpu_us_by_thread": by_thread, "system_us_per_msg": system / count * 1e6, "faults_per_msg": faults / count, "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
             "sink_items": {k: v["items"] for k, v in final["sinks"].items()},
             "sink_writes": {k: v["writes"] for k, v in final["sinks"].items()},
