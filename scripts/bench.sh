@@ -92,11 +92,12 @@ out += ["", f"Interleaved on one thread (`examples/process_cpu --vs-libdeflate`,
         f"{interleaved['process_mib_s']:.0f} against {interleaved['libdeflate_mib_s']:.0f} MiB/s). The criterion ratio above "
         "compares two runs seconds apart and moves with the machine."]
 # Python's CPU-time rates against `process` interleaved just before and just after them.
-process_cpu_mib_s = (interleaved["process_mib_s"] + json.loads(sys.argv[6])["process_mib_s"]) / 2
+interleaved_after = json.loads(sys.argv[6])
+process_cpu_mib_s = (interleaved["process_mib_s"] + interleaved_after["process_mib_s"]) / 2
 out += ["", f"`process` is {process_cpu_mib_s / python['msgspec']:.1f}× the fastest Python path (msgspec) and "
         f"{process_cpu_mib_s / python['json']:.0f}× the standard-library one, in CPU time: `process` at "
         f"{process_cpu_mib_s:.0f} MiB/s, the mean of the interleaved runs just before and just after Python's "
-        f"({interleaved['process_mib_s']:.0f} and {json.loads(sys.argv[6])['process_mib_s']:.0f}); against criterion's "
+        f"({interleaved['process_mib_s']:.0f} and {interleaved_after['process_mib_s']:.0f}); against criterion's "
         f"`process` {bench['process'] / python['msgspec']:.1f}×.", "",
         "## EAP trace items (`--trace-items-rollout`)", "",
         "`process` with the rollout at 0 (the default: no item is built) and at 1.0 (every breadcrumb an item).", "",

@@ -168,9 +168,10 @@ work_after = json.loads(subprocess.run(sys.argv[11:], check=True, capture_output
 # With null sinks the service builds no rows or events: its work is `process` alone. Real sinks
 # build them in the flush.
 side = "process_us" if sys.argv[7] == "null" else "with_outputs_us"
-works_us = [w[side] for w in (json.loads(sys.argv[10]), work_after)]
+works = (json.loads(sys.argv[10]), work_after)
+works_us = [w[side] for w in works]
 work_us = sum(works_us) / 2
-outputs_us = sum(w["with_outputs_us"] - w["process_us"] for w in (json.loads(sys.argv[10]), work_after)) / 2
+outputs_us = sum(w["with_outputs_us"] - w["process_us"] for w in works) / 2
 print(f"the work: process {work_us:.1f} µs per message on one thread ({works_us[0]:.1f} before the service, {works_us[1]:.1f} after; "
       f"{'rows and events not built, as null sinks do not: they would add' if side == 'process_us' else 'with rows and events, of which'} {outputs_us:.1f} µs) "
       f"+ bare consumer {bare_steady_cpu_us:.1f} µs; service (steady) / work = {steady_cpu_us / (work_us + bare_steady_cpu_us):.2f}x")

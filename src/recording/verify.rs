@@ -2,12 +2,12 @@
 //! with the stream's trailer by `payload.rs`) and whether it is UTF-8.
 //!
 //! Apart, each is a pass over the whole output (libdeflate's Adler-32, then simdutf8): together
-//! about 10 % of `process` on the recorded mix (5 % in one pass), most of it on the 7.4 MB full snapshot, which the
-//! decoder has just pushed out of the core's own caches. With AVX-512 VNNI they share each
-//! 64-byte load: the Adler sums take two `vpdpbusd`, and an OR of the blocks tells whether a 4 KiB
-//! chunk holds any byte above 0x7F. Only runs of such chunks are then validated as UTF-8, right
-//! after they were summed, while they are still in the cache; ASCII needs nothing more. Without
-//! AVX-512 VNNI (or off x86_64) the two checks run one after the other.
+//! about 10 % of `process` on the recorded mix (5 % in one pass), most of it on the 7.4 MB full
+//! snapshot, which the decoder has just pushed out of the core's own caches. With AVX-512 VNNI
+//! they share each 64-byte load: the Adler sums take two `vpdpbusd`, and an OR of the blocks tells
+//! whether a 4 KiB chunk holds any byte above 0x7F. Only runs of such chunks are then validated as
+//! UTF-8, right after they were summed, while they are still in the cache; ASCII needs nothing
+//! more. Without AVX-512 VNNI (or off x86_64) the two checks run one after the other.
 
 /// What one pass over the bytes found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
