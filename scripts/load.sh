@@ -18,6 +18,9 @@
 #   LOAD_BIN=FILE                      the service binary to measure (an A/B against another build)
 #   LOAD_LOG=FILE                      keeps the service's log (RUST_LOG applies)
 #   LOAD_STATSD=1                      sends metrics (to a UDP port nobody reads), as in production
+#   LOAD_BROKER_IDLE=1                 once the backlog is produced, the broker runs as SCHED_IDLE: it
+#                                      gets only the CPU what is measured leaves, as on a node of its
+#                                      own (the bare consumer and the work are measured so too)
 #   LOAD_PERF=FILE                     records the whole machine during the service's run (`perf record -a -g`)
 #                                      (`perf report -i FILE`); LOAD_PERF_STAT=1 prints its
 #                                      context switches, wake-ups and task clock instead;
@@ -43,6 +46,9 @@ topics=${CARGO_TARGET_DIR:-target}/release/examples/topics
 echo "producing $COUNT messages (${LOAD_FIXTURES:-recorded fixture mix}) to $topic"
 # shellcheck disable=SC2086
 produced=$("${CARGO_TARGET_DIR:-target}"/release/examples/produce --brokers "$REPLAY_INGEST_TEST_BROKERS" --topic "$topic" --count "$COUNT" ${LOAD_FIXTURES:-fixtures/segments/*.msgpack})
+if [ -n "${LOAD_BROKER_IDLE:-}" ]; then
+  chrt --all-tasks --idle --pid 0 "$(cat "$REPLAY_INGEST_STACK_DIR/kafka.pid")"
+fi
 bare=$("${CARGO_TARGET_DIR:-target}"/release/examples/bare_consume "$REPLAY_INGEST_TEST_BROKERS" "$topic" "$COUNT")
 # The work itself on one thread, the same mix and count, right before the service's run and again
 # right after it: the machine's speed drifts within minutes, and the mean of the two cancels a steady
@@ -194,7 +200,7 @@ if sys.argv[9]:
             "peak_rss_mib": peak / 2**20, "cpu_us_per_msg": cpu_us, "bare_cpu_us_per_msg": bare_cpu_us,
             "steady_msgs_per_s": steady_rate, "bare_steady_msgs_per_s": bare_steady_rate,
             "steady_cpu_us_per_msg": steady_cpu_us, "process_cpu_us_per_msg": work_us, "process_cpu_us_before_after": works_us, "outputs_cpu_us_per_msg": outputs_us, "bare_steady_cpu_us_per_msg": bare_steady_cpu_us,
-            "fixtures": os.environ.get("LOAD_FIXTURES", ""), "pauses": final["pauses"], "cpu_us_by_thread": by_thread, "system_us_per_msg": system / count * 1e6, "faults_per_msg": faults / count, "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
+            "fixtures": os.environ.get("LOAD_FIXTURES", ""), "broker_idle": bool(os.environ.get("LOAD_BROKER_IDLE")), "pauses": final["pauses"], "cpu_us_by_thread": by_thread, "system_us_per_msg": system / count * 1e6, "faults_per_msg": faults / count, "sink_seconds": {k: v["seconds"] for k, v in final["sinks"].items()},
             "sink_items": {k: v["items"] for k, v in final["sinks"].items()},
             "sink_writes": {k: v["writes"] for k, v in final["sinks"].items()},
         }) + "\n")
