@@ -30,8 +30,12 @@ pub const PROCESSING_WINDOW_MESSAGES: usize = 64;
 
 /// Bytes the window may hold: the reservations of the messages being processed, plus what the
 /// results waiting for an earlier one hold. So outputs waiting behind a slow head are bounded
-/// too, not only the inputs.
-pub const PROCESSING_WINDOW_BYTES: usize = 64 * 1024 * 1024;
+/// too, not only the inputs. Wide enough for [`PROCESSING_WINDOW_MESSAGES`] small segments (each
+/// reserves a little over 2 MiB): at 64 MiB the bytes admitted about 30, so the pipeline and the
+/// polling thread were woken every 16–18 messages, and each wake-up preempted a processing
+/// thread when every core was busy; at 128 MiB they sleep half as often (docs/architecture.md,
+/// Performance). What small segments really hold is far less: peak RSS did not change.
+pub const PROCESSING_WINDOW_BYTES: usize = 128 * 1024 * 1024;
 
 /// What a message of `value_len` bytes reserves in the processing window: its value, plus what
 /// processing it may hold — a blob and replay event no larger than about the value, and the
@@ -310,13 +314,21 @@ mod tests {
 
     #[tokio::test]
     async fn the_window_is_bounded_by_messages_and_by_bytes() {
-        // Small messages: each reserves at least 2 MiB, so the bytes bound the window first.
+        // Empty messages: the count bounds the window first.
+        let mut empty = Window::<()>::new(1);
+        while empty.has_room() {
+            let _ = empty.push(1, reservation(0));
+        }
+        assert_eq!(empty.messages, PROCESSING_WINDOW_MESSAGES);
+        // Messages of 256 KiB reserve 2.75 MiB each: the bytes bound the window first.
+        let each = reservation(256 << 10);
         let mut small = Window::<()>::new(1);
         let mut senders = Vec::new();
         while small.has_room() {
-            senders.push(small.push(1, reservation(0)));
+            senders.push(small.push(1, each));
         }
-        let fits = PROCESSING_WINDOW_MESSAGES.min(PROCESSING_WINDOW_BYTES.div_ceil(reservation(0)));
+        let fits = PROCESSING_WINDOW_BYTES.div_ceil(each);
+        assert!(fits < PROCESSING_WINDOW_MESSAGES);
         assert_eq!(senders.len(), fits);
         senders.remove(0);
         assert!(ready(&mut small).await.is_err(), "a task that died is told");
