@@ -45,41 +45,38 @@ pub fn messages(p: &Processed) -> Result<Vec<Vec<u8>>, serde_json::Error> {
         .replay_event
         .as_ref()
         .map_or("", |e| e.environment.as_str());
-    let envelope = |payload| Envelope {
-        project_id: ids.project_id,
-        replay_id: &ids.replay_id,
-        retention_days: ids.retention_days,
-        start_time: ids.received as f64,
-        kind: "replay_event",
-        payload,
+    // One message per kind of item: the items in an envelope, with `"type":"replay_event"`.
+    let mut publish = |items: Items<'_>| -> Result<(), serde_json::Error> {
+        messages.push(serde_json::to_vec(&Envelope {
+            project_id: ids.project_id,
+            replay_id: &ids.replay_id,
+            retention_days: ids.retention_days,
+            start_time: ids.received as f64,
+            kind: "replay_event",
+            payload: Inner {
+                environment,
+                replay_id: &ids.replay_id,
+                items,
+            },
+        })?);
+        Ok(())
     };
-    let clicks = &p.extracted.clicks;
+    let (clicks, taps) = (&p.extracted.clicks, &p.extracted.taps);
     if !clicks.is_empty() {
-        let items = Items::Clicks {
+        publish(Items::Clicks {
             clicks: clicks
                 .iter()
                 .map(|c| ClickItem::new(&ids.replay_id, c))
                 .collect(),
-        };
-        messages.push(serde_json::to_vec(&envelope(Inner {
-            environment,
-            replay_id: &ids.replay_id,
-            items,
-        }))?);
+        })?;
     }
-    let taps = &p.extracted.taps;
     if !taps.is_empty() {
-        let items = Items::Taps {
+        publish(Items::Taps {
             taps: taps
                 .iter()
                 .map(|t| TapItem::new(&ids.replay_id, t))
                 .collect(),
-        };
-        messages.push(serde_json::to_vec(&envelope(Inner {
-            environment,
-            replay_id: &ids.replay_id,
-            items,
-        }))?);
+        })?;
     }
     Ok(messages)
 }

@@ -187,6 +187,20 @@ impl GcsStore {
         }
     }
 
+    /// The body of a GET of the bucket or of its objects; the bucket missing is fatal (no retry
+    /// creates it).
+    async fn get_in_bucket(&self, path: &str) -> Result<Bytes, SinkError> {
+        let (status, body) = self.call(Method::GET, path).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Err(SinkError::new(
+                "gcs",
+                Retry::Fatal,
+                format_args!("bucket {} not found", self.bucket),
+            ));
+        }
+        Ok(body)
+    }
+
     async fn list_now(&self, prefix: &str) -> Result<Listing, SinkError> {
         let mut listing = Listing::default();
         let mut page: Option<String> = None;
@@ -199,14 +213,7 @@ impl GcsStore {
             if let Some(token) = &page {
                 path.push_str(&format!("&pageToken={}", encode(token)));
             }
-            let (status, body) = self.call(Method::GET, &path).await?;
-            if status == StatusCode::NOT_FOUND {
-                return Err(SinkError::new(
-                    "gcs",
-                    Retry::Fatal,
-                    format_args!("bucket {} not found", self.bucket),
-                ));
-            }
+            let body = self.get_in_bucket(&path).await?;
             let list: ObjectList = serde_json::from_slice(&body).map_err(|e| {
                 SinkError::new(
                     "gcs",
@@ -245,14 +252,7 @@ impl GcsStore {
     /// The bucket's lifecycle rules (none when it has no lifecycle configuration).
     pub async fn lifecycle(&self) -> Result<Vec<LifecycleRule>, SinkError> {
         let path = format!("/storage/v1/b/{}?fields=lifecycle", encode(&self.bucket));
-        let (status, body) = self.call(Method::GET, &path).await?;
-        if status == StatusCode::NOT_FOUND {
-            return Err(SinkError::new(
-                "gcs",
-                Retry::Fatal,
-                format_args!("bucket {} not found", self.bucket),
-            ));
-        }
+        let body = self.get_in_bucket(&path).await?;
         let bucket: BucketLifecycle = serde_json::from_slice(&body)
             .map_err(|e| SinkError::new("gcs", Retry::Retryable, format_args!("lifecycle: {e}")))?;
         Ok(bucket.lifecycle.map(|l| l.rule).unwrap_or_default())
