@@ -55,7 +55,7 @@
 
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_dogstatsd::DogStatsDBuilder;
 
 use crate::recording::Processed;
@@ -189,48 +189,102 @@ pub fn consumed(messages: usize) {
     counter!(MESSAGES_CONSUMED).increment(messages as u64);
 }
 
+/// Handles of what every valid segment records, registered on a processing thread's first
+/// segment and kept for the thread's life. Looked up by name instead (the `histogram!` macros),
+/// each segment paid about ten registry lookups (a hash and a map read each) and a labelled key
+/// built and dropped: with the DogStatsD exporter installed, 3 % of a processing thread's time on
+/// small segments (perf), 0.33 µs a segment against 0.06 µs with the handles (hot loop, one
+/// thread). The exporter is installed before any processing thread starts, so no thread keeps
+/// the no-op handles of the time before it. A counter a thread never increments is sent once, as
+/// 0, as the exporter sends one that went idle.
+struct SegmentMetrics {
+    compressed_bytes: Histogram,
+    uncompressed_bytes: Histogram,
+    memory_bytes: Histogram,
+    duration_ms: Histogram,
+    events_invalid: Counter,
+    truncated: Counter,
+    sentry_size_compressed: Histogram,
+    sentry_size_uncompressed: Histogram,
+    request_body_size: Histogram,
+    response_body_size: Histogram,
+    video_count: Counter,
+    video_size: Histogram,
+    video_event_size: Histogram,
+    /// `value:False`, `value:True`.
+    should_publish: [Counter; 2],
+    missing_replay_event: Counter,
+    hydration_breadcrumbs: Counter,
+}
+
+impl SegmentMetrics {
+    fn register() -> Self {
+        SegmentMetrics {
+            compressed_bytes: histogram!(SEGMENT_COMPRESSED_BYTES),
+            uncompressed_bytes: histogram!(SEGMENT_UNCOMPRESSED_BYTES),
+            memory_bytes: histogram!(SEGMENT_MEMORY_BYTES),
+            duration_ms: histogram!(PROCESS_DURATION_MS),
+            events_invalid: counter!(EVENTS_INVALID),
+            truncated: counter!(SEGMENT_TRUNCATED),
+            sentry_size_compressed: histogram!(SENTRY_SIZE_COMPRESSED),
+            sentry_size_uncompressed: histogram!(SENTRY_SIZE_UNCOMPRESSED),
+            request_body_size: histogram!(SENTRY_REQUEST_BODY_SIZE),
+            response_body_size: histogram!(SENTRY_RESPONSE_BODY_SIZE),
+            video_count: counter!(SENTRY_VIDEO_COUNT),
+            video_size: histogram!(SENTRY_VIDEO_SIZE),
+            video_event_size: histogram!(SENTRY_VIDEO_EVENT_SIZE),
+            should_publish: ["False", "True"]
+                .map(|value| counter!(SENTRY_SHOULD_PUBLISH, "value" => value)),
+            missing_replay_event: counter!(SENTRY_MISSING_REPLAY_EVENT),
+            hydration_breadcrumbs: counter!(SENTRY_HYDRATION_BREADCRUMBS),
+        }
+    }
+}
+
+thread_local! {
+    static SEGMENT_METRICS: SegmentMetrics = SegmentMetrics::register();
+}
+
 /// What processing one valid segment cost (`memory`: what it holds while buffered) and found.
 pub fn processed_segment(p: &Processed, memory: usize, took: Duration) {
-    histogram!(SEGMENT_COMPRESSED_BYTES).record(p.compressed_bytes as f64);
-    histogram!(SEGMENT_UNCOMPRESSED_BYTES).record(p.uncompressed_bytes as f64);
-    histogram!(SEGMENT_MEMORY_BYTES).record(memory as f64);
-    histogram!(PROCESS_DURATION_MS).record(took.as_secs_f64() * 1000.0);
-    if p.extracted.invalid_events > 0 {
-        counter!(EVENTS_INVALID).increment(p.extracted.invalid_events);
-    }
-    let truncated = p.truncations();
-    if truncated > 0 {
-        counter!(SEGMENT_TRUNCATED).increment(truncated);
-    }
-    histogram!(SENTRY_SIZE_COMPRESSED).record(p.compressed_bytes as f64);
-    histogram!(SENTRY_SIZE_UNCOMPRESSED).record(p.uncompressed_bytes as f64);
-    for request in &p.extracted.requests {
-        if let Some(size) = request.request_size {
-            histogram!(SENTRY_REQUEST_BODY_SIZE).record(size as f64);
+    SEGMENT_METRICS.with(|m| {
+        m.compressed_bytes.record(p.compressed_bytes as f64);
+        m.uncompressed_bytes.record(p.uncompressed_bytes as f64);
+        m.memory_bytes.record(memory as f64);
+        m.duration_ms.record(took.as_secs_f64() * 1000.0);
+        if p.extracted.invalid_events > 0 {
+            m.events_invalid.increment(p.extracted.invalid_events);
         }
-        if let Some(size) = request.response_size {
-            histogram!(SENTRY_RESPONSE_BODY_SIZE).record(size as f64);
+        let truncated = p.truncations();
+        if truncated > 0 {
+            m.truncated.increment(truncated);
         }
-    }
-    if p.video_bytes > 0 {
-        counter!(SENTRY_VIDEO_COUNT).increment(1);
-        histogram!(SENTRY_VIDEO_SIZE).record(p.video_bytes as f64);
-        histogram!(SENTRY_VIDEO_EVENT_SIZE).record(p.blob.bytes.len() as f64);
-    }
-    let publishes = if p.writes_segment_row {
-        "True"
-    } else {
-        "False"
-    };
-    counter!(SENTRY_SHOULD_PUBLISH, "value" => publishes).increment(1);
-    if p.replay_event.is_none() {
-        counter!(SENTRY_MISSING_REPLAY_EVENT).increment(1);
-    }
-    counter!(SENTRY_HYDRATION_BREADCRUMBS).increment(
-        p.extracted
-            .breadcrumbs_by_category
-            .get("replay.hydrate-error"),
-    );
+        m.sentry_size_compressed.record(p.compressed_bytes as f64);
+        m.sentry_size_uncompressed
+            .record(p.uncompressed_bytes as f64);
+        for request in &p.extracted.requests {
+            if let Some(size) = request.request_size {
+                m.request_body_size.record(size as f64);
+            }
+            if let Some(size) = request.response_size {
+                m.response_body_size.record(size as f64);
+            }
+        }
+        if p.video_bytes > 0 {
+            m.video_count.increment(1);
+            m.video_size.record(p.video_bytes as f64);
+            m.video_event_size.record(p.blob.bytes.len() as f64);
+        }
+        m.should_publish[usize::from(p.writes_segment_row)].increment(1);
+        if p.replay_event.is_none() {
+            m.missing_replay_event.increment(1);
+        }
+        m.hydration_breadcrumbs.increment(
+            p.extracted
+                .breadcrumbs_by_category
+                .get("replay.hydrate-error"),
+        );
+    });
     if let Some(items) = &p.trace_items {
         trace_items(items);
     }
@@ -318,4 +372,82 @@ pub fn swept(blobs: u64, bytes: u64) {
 
 pub fn lag(partition: i32, lag: i64) {
     gauge!(CONSUMER_LAG, "partition" => partition.to_string()).set(lag as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use std::collections::BTreeMap;
+
+    /// Each metric of a snapshot by name and labels (`name|key:value`): a counter's value, or
+    /// a histogram's values.
+    fn recorded(recorder: &DebuggingRecorder) -> BTreeMap<String, Vec<f64>> {
+        let mut out = BTreeMap::new();
+        for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
+            let key = key.key();
+            let name = std::iter::once(key.name().to_owned())
+                .chain(key.labels().map(|l| format!("{}:{}", l.key(), l.value())))
+                .collect::<Vec<_>>()
+                .join("|");
+            let values = match value {
+                DebugValue::Counter(n) => vec![n as f64],
+                DebugValue::Histogram(values) => {
+                    values.into_iter().map(|v| v.into_inner()).collect()
+                }
+                DebugValue::Gauge(v) => vec![v.into_inner()],
+            };
+            out.insert(name, values);
+        }
+        out
+    }
+
+    #[test]
+    fn a_segment_records_through_the_handles_its_thread_registered() {
+        let value = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/segments/network-0.msgpack"
+        ))
+        .unwrap();
+        let mut processed = crate::recording::process(&value, &Default::default()).unwrap();
+        let sizes = |f: fn(&crate::recording::rrweb::Request) -> Option<u64>| {
+            let requests = &processed.extracted.requests;
+            requests
+                .iter()
+                .filter_map(f)
+                .map(|s| s as f64)
+                .collect::<Vec<_>>()
+        };
+        let (request_sizes, response_sizes) =
+            (sizes(|r| r.request_size), sizes(|r| r.response_size));
+        assert!(!request_sizes.is_empty() && !response_sizes.is_empty());
+        let compressed = processed.compressed_bytes as f64;
+        // A thread of its own: the handles are the thread's, registered with its first segment.
+        let recorder = std::thread::spawn(move || {
+            let recorder = DebuggingRecorder::new();
+            metrics::with_local_recorder(&recorder, || {
+                processed.writes_segment_row = true;
+                processed_segment(&processed, 4096, Duration::from_millis(2));
+                processed_segment(&processed, 4096, Duration::from_millis(2));
+                processed.writes_segment_row = false;
+                processed_segment(&processed, 8192, Duration::from_millis(3));
+            });
+            recorder
+        })
+        .join()
+        .unwrap();
+        let recorded = recorded(&recorder);
+        let thrice = |v: &[f64]| [v, v, v].concat();
+        assert_eq!(recorded[SEGMENT_COMPRESSED_BYTES], [compressed; 3]);
+        assert_eq!(recorded[SENTRY_SIZE_COMPRESSED], [compressed; 3]);
+        assert_eq!(recorded[SEGMENT_MEMORY_BYTES], [4096.0, 4096.0, 8192.0]);
+        assert_eq!(recorded[PROCESS_DURATION_MS], [2.0, 2.0, 3.0]);
+        assert_eq!(recorded[SENTRY_REQUEST_BODY_SIZE], thrice(&request_sizes));
+        assert_eq!(recorded[SENTRY_RESPONSE_BODY_SIZE], thrice(&response_sizes));
+        let publish =
+            |value: &str| recorded[&format!("{SENTRY_SHOULD_PUBLISH}|value:{value}")].clone();
+        assert_eq!((publish("True"), publish("False")), (vec![2.0], vec![1.0]));
+        // Registered with the rest, never incremented.
+        assert_eq!(recorded[SENTRY_VIDEO_COUNT], [0.0]);
+    }
 }
