@@ -291,15 +291,33 @@ impl Pipeline {
                 () = &mut shutdown => {
                     info!("shutdown requested: draining");
                     self.status.record_stopping();
-                    return match self.drain().await {
-                        Drained::Durable => Ok(()),
-                        Drained::MissedDeadline => Err(PipelineError::DrainDeadline(self.drain_deadline)),
-                        Drained::Failed(error) => Err(error),
-                    };
+                    return self.shut_down(self.drain_deadline).await;
                 }
                 Some(Revoke { partitions, generation, done }) = self.revokes.recv() => {
-                    self.revoke(&partitions, generation).await?;
+                    // A shutdown requested during the revoke's drain is not kept waiting behind
+                    // it: readiness goes off at once, and the drain that follows gets what is
+                    // left of the deadline, counted from the request.
+                    let status = self.status.clone();
+                    let mut requested = None;
+                    {
+                        let revoke = self.revoke(&partitions, generation);
+                        tokio::pin!(revoke);
+                        loop {
+                            tokio::select! {
+                                biased;
+                                revoked = &mut revoke => break revoked,
+                                () = &mut shutdown, if requested.is_none() => {
+                                    info!("shutdown requested during a revoke: draining once it ends");
+                                    status.record_stopping();
+                                    requested = Some(Instant::now());
+                                }
+                            }
+                        }
+                    }?;
                     let _ = done.send(());
+                    if let Some(at) = requested {
+                        return self.shut_down(self.drain_deadline.saturating_sub(at.elapsed())).await;
+                    }
                 }
                 Some(flushed) = self.flushes.join_next() => {
                     let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;
@@ -330,6 +348,15 @@ impl Pipeline {
             self.start_flushes(Instant::now());
             self.backpressure();
             self.admit();
+        }
+    }
+
+    /// The last drain, within `deadline`, and how the pipeline ends.
+    async fn shut_down(&mut self, deadline: Duration) -> Result<(), PipelineError> {
+        match self.drain(deadline).await {
+            Drained::Durable => Ok(()),
+            Drained::MissedDeadline => Err(PipelineError::DrainDeadline(self.drain_deadline)),
+            Drained::Failed(error) => Err(error),
         }
     }
 
@@ -620,7 +647,7 @@ impl Pipeline {
     /// is given up for the revoked partitions only (their next owner reads it again) and kept for
     /// the others, which this member goes on consuming.
     async fn revoke(&mut self, partitions: &[i32], generation: u64) -> Result<(), PipelineError> {
-        match self.drain().await {
+        match self.drain(self.drain_deadline).await {
             Drained::Durable => {}
             Drained::MissedDeadline => warn!(
                 deadline_ms = self.drain_deadline.as_millis() as u64,
@@ -640,10 +667,10 @@ impl Pipeline {
     }
 
     /// Shutdown and revocation: everything polled so far is processed, flushed and committed,
-    /// within the drain deadline; says how it ended.
-    async fn drain(&mut self) -> Drained {
+    /// within `deadline`; says how it ended.
+    async fn drain(&mut self, deadline: Duration) -> Drained {
         self.status.record_draining(true);
-        let result = tokio::time::timeout(self.drain_deadline, self.drain_inner()).await;
+        let result = tokio::time::timeout(deadline, self.drain_inner()).await;
         self.status.record_draining(false);
         match result {
             Ok(Ok(())) => Drained::Durable,

@@ -92,6 +92,43 @@ fn spawn(
     (stop, task)
 }
 
+/// Two partitions holding 30 small segments, a dead-letter topic, and a sink that hangs every
+/// write until `release` is dropped: what a member started on them meets in the rebalance tests.
+/// The segments are produced before the member starts, so that its first flush (closed by age)
+/// holds both partitions' messages whichever it is asked to give up: polled as they are produced,
+/// a partition's messages can arrive in a batch of their own, after that flush closed.
+struct Backlog {
+    topic: String,
+    group: String,
+    dlq: String,
+    hung: Switchable,
+    release: Release,
+    status: Arc<Status>,
+    report: load::Produced,
+    sent: Vec<Sent>,
+}
+
+impl Backlog {
+    async fn behind_a_hung_sink() -> Backlog {
+        let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
+        create_topic(&topic, 2).await;
+        create_topic(&dlq, 1).await;
+        let hung = Switchable::default();
+        let release = hung.hang();
+        let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
+        Backlog {
+            topic,
+            group,
+            dlq,
+            hung,
+            release,
+            status: Arc::new(Status::default()),
+            report,
+            sent,
+        }
+    }
+}
+
 /// CPU time (user + system) this process has used, in clock ticks (1/100 s).
 fn cpu_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
@@ -204,16 +241,16 @@ async fn a_buffer_waiting_behind_a_hung_flush_costs_no_cpu() {
 async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries_on() {
     let _stack = uses_stack().await;
     let _cpu = shares_cpu().await;
-    let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
-    create_topic(&topic, 2).await;
-    create_topic(&dlq, 1).await;
-    let hung = Switchable::default();
-    let release = hung.hang();
-    let status = Arc::new(Status::default());
-    // Produced before the member starts, so that its first flush (closed by age) holds both
-    // partitions' messages whichever it is asked to give up: polled as they are produced, a
-    // partition's messages can arrive in a batch of their own, after that flush closed.
-    let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
+    let Backlog {
+        topic,
+        group,
+        dlq,
+        hung,
+        release,
+        status,
+        report,
+        sent,
+    } = Backlog::behind_a_hung_sink().await;
     let (stop, task) = spawn(
         consume_args(&topic, &group, &[]),
         hung.clone(),
@@ -283,6 +320,62 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     assert_eq!(other.terminate(), Some(0));
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
+}
+
+/// A shutdown requested while a revoke drains behind a hung flush does not wait behind it:
+/// readiness goes off while the revoke still runs, and the member stops within one drain
+/// deadline of the request. (It used to hear the request only once the revoke's drain had ended,
+/// then drain for a whole deadline of its own: twice the deadline, readiness on all along.)
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_shutdown_during_a_revoke_is_heard_at_once_and_bounded_by_one_drain_deadline() {
+    let _stack = uses_stack().await;
+    let _cpu = shares_cpu().await;
+    const DRAIN: Duration = Duration::from_secs(4);
+    let backlog = Backlog::behind_a_hung_sink().await;
+    let (topic, group, dlq) = (&backlog.topic, &backlog.group, &backlog.dlq);
+    let (hung, status) = (&backlog.hung, &backlog.status);
+    let mut args = consume_args(topic, group, &[]);
+    args.drain_deadline_ms = DRAIN.as_millis() as u64;
+    args.session_timeout_ms = 10_000;
+    let (stop, task) = spawn(args, hung.clone(), status.clone());
+    wait_for("the member's flush hung", Duration::from_secs(60), || {
+        hung.attempts.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+
+    // A second member joins: the first revokes a partition, and its drain waits on the hung
+    // flush until the deadline.
+    let dir = tempfile::tempdir().unwrap();
+    let other = Service::start(&service_args(topic, dlq, group, dir.path(), free_port()));
+    wait_for(
+        "the revoke draining behind the hung flush",
+        Duration::from_secs(60),
+        || {
+            let s = status.snapshot();
+            s.draining && s.rebalances == 0
+        },
+    )
+    .await;
+    let requested = Instant::now();
+    stop.send(()).unwrap();
+    wait_for("readiness off", DRAIN, || status.snapshot().stopping).await;
+    assert_eq!(
+        status.snapshot().rebalances,
+        0,
+        "the shutdown is heard while the revoke still drains"
+    );
+    let ended = tokio::time::timeout(DRAIN + Duration::from_secs(2), task)
+        .await
+        .expect("stopped within one drain deadline of the request (and a margin)")
+        .unwrap();
+    assert!(
+        matches!(ended, Err(pipeline::PipelineError::DrainDeadline(_))),
+        "the hung flush is left undone: {ended:?}"
+    );
+    assert!(requested.elapsed() < DRAIN + Duration::from_secs(2));
+    drop(backlog.release);
+    assert_eq!(other.terminate(), Some(0));
 }
 
 /// Rejects any write holding one of `bad` (partition, offset); counts the messages it accepted.
