@@ -200,7 +200,19 @@ async fn write_isolating(
                             error,
                         });
                     }
-                    _ => {
+                    // Nothing in this part is the sink's to write, so no message can be blamed
+                    // (and halving it again would never end): the sink's own fault.
+                    (None, _) => {
+                        return Err(SinkError::new(
+                            sink.name(),
+                            Retry::Fatal,
+                            format_args!(
+                                "failed a write that holds none of its messages, so no message is to blame: {}",
+                                error.message
+                            ),
+                        ));
+                    }
+                    (Some(_), Some(_)) => {
                         let (first, second) = part.split_at(part.len() / 2);
                         parts.push(second);
                         parts.push(first);
@@ -573,6 +585,45 @@ mod tests {
             recorder.0.lock().unwrap().is_empty(),
             "nothing dead-lettered"
         );
+    }
+
+    /// Writes for no message, and fails every write as `retry`.
+    struct Blameless(Retry);
+
+    impl Sink for Blameless {
+        fn name(&self) -> &'static str {
+            "blameless"
+        }
+        fn write<'a>(&'a self, _: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+            Box::pin(async move { Err(SinkError::new("blameless", self.0, "refused")) })
+        }
+        fn writes_for(&self, _: &Entry) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_failure_no_message_can_be_blamed_for_stops_the_flush_instead_of_halving_forever() {
+        for retry in [Retry::Rejected, Retry::Panicked] {
+            let recorder = std::sync::Arc::new(Recorder::default());
+            let sinks = Sinks {
+                stages: vec![vec![Box::new(Blameless(retry))]],
+                rejections: Some(Box::new(recorder.clone())),
+            };
+            for batch in [entries(1), entries(4)] {
+                let error = run(&batch, &sinks, &FAST, &Status::default()).unwrap_err();
+                assert_eq!(error.retry, Retry::Fatal, "{retry:?}");
+                assert!(
+                    error.message.contains("no message is to blame"),
+                    "{}",
+                    error.message
+                );
+            }
+            assert!(
+                recorder.0.lock().unwrap().is_empty(),
+                "nothing dead-lettered"
+            );
+        }
     }
 
     #[test]
