@@ -677,6 +677,10 @@ impl ConsumeArgs {
             },
             buffer: self.buffer_limits(),
             max_flushes: self.max_flushes_in_flight,
+            max_uncommitted: crate::pipeline::max_uncommitted(
+                self.buffer_max_messages,
+                self.max_flushes_in_flight,
+            ),
             retry: self.retry_policy(),
             drain_deadline: self.drain_deadline(),
             flush_stall: self.flush_stall(),
