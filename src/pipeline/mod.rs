@@ -92,7 +92,7 @@ pub enum PipelineError {
 
 /// How a drain ended.
 enum Drained {
-    /// Everything polled before it is durable and committed.
+    /// Everything taken in for processing before it is durable and committed.
     Durable,
     /// The deadline passed first: what is not durable yet is not committed.
     MissedDeadline,
@@ -659,10 +659,13 @@ impl Pipeline {
     }
 
     /// `partitions` are revoked — all of them with eager assignment, some with cooperative
-    /// (incremental) rebalancing: drain within the deadline, so that everything polled so far,
-    /// whatever its partition, is durable and committed. What the drain could not finish in time
-    /// is given up for the revoked partitions only (their next owner reads it again) and kept for
-    /// the others, which this member goes on consuming.
+    /// (incremental) rebalancing: drain within the deadline, so that everything taken in for
+    /// processing so far, whatever its partition, is durable and committed. What the drain could
+    /// not finish in time is given up for the revoked partitions only (their next owner reads it
+    /// again) and kept for the others, which this member goes on consuming. Messages polled but
+    /// not yet taken in (the hand-over, the polled batch waiting for the window) are left alone:
+    /// the revoked partitions' are dropped unprocessed (stale) and read by their next owner, the
+    /// others' are processed after the revoke, so a rebalance does not wait on them.
     async fn revoke(&mut self, partitions: &[i32], generation: u64) -> Result<(), PipelineError> {
         match self.drain(self.drain_deadline).await {
             Drained::Durable => {}
@@ -683,8 +686,8 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Shutdown and revocation: everything polled so far is processed, flushed and committed,
-    /// within `deadline`; says how it ended.
+    /// Shutdown and revocation: everything taken in for processing so far is processed, flushed
+    /// and committed, within `deadline`; says how it ended.
     async fn drain(&mut self, deadline: Duration) -> Drained {
         self.status.record_draining(true);
         let result = tokio::time::timeout(deadline, self.drain_inner()).await;
