@@ -1,7 +1,10 @@
 //! Re-reads single messages from the consumed topic by partition and offset. A processed segment
 //! does not keep its original bytes (that would double what the buffer holds); when a sink
 //! rejects a message at flush time, its bytes are read again from Kafka — it is not committed
-//! yet, so it is still there — to be dead-lettered whole.
+//! yet, so it is normally still there — to be dead-lettered whole. Normally: a flush retried for
+//! longer than the topic's retention (or records deleted by an operator) can find it gone, which
+//! is told apart from a slow read ([`RefetchError::Gone`]) so that the flush does not retry a read
+//! that can never succeed.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -51,6 +54,14 @@ impl Refetcher {
             .consumer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Below the partition's first offset, the message is gone: polling would only wait out
+        // the timeout (librdkafka resets an offset out of range to the end).
+        let (low, _) = consumer
+            .fetch_watermarks(&self.topic, partition, timeout)
+            .map_err(|source| RefetchError::Kafka { at: at(), source })?;
+        if offset < low {
+            return Err(RefetchError::Gone { at: at(), low });
+        }
         let mut position = TopicPartitionList::new();
         position
             .add_partition_offset(&self.topic, partition, Offset::Offset(offset))
@@ -93,4 +104,7 @@ pub enum RefetchError {
     Kafka { at: Position, source: KafkaError },
     #[error("{at} not read within {timeout:?}")]
     Timeout { at: Position, timeout: Duration },
+    /// Removed from the topic (retention, or records deleted): the partition now starts at `low`.
+    #[error("{at} is no longer in the topic, which now starts at offset {low}")]
+    Gone { at: Position, low: i64 },
 }

@@ -19,7 +19,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
-use tracing::warn;
+use tracing::{error, warn};
 
 use super::progress::keep_telling;
 use super::publish::classify_producer_error;
@@ -28,7 +28,8 @@ use super::{
     Rejected, Retry, Sink, SinkError, Writing, Written,
 };
 use crate::kafka::producer::{DeliveryFuture, Producer};
-use crate::kafka::refetch::Refetcher;
+use crate::kafka::record::Record;
+use crate::kafka::refetch::{RefetchError, Refetcher};
 use crate::recording::InvalidRecording;
 
 #[derive(Clone)]
@@ -259,16 +260,26 @@ impl RejectedToDlq {
             }) {
                 continue;
             }
-            let original = self
-                .source
-                .fetch(r.partition, r.offset, self.timeout)
-                .map_err(|e| SinkError::from_error("rejected", Retry::Retryable, e))?;
-            let error = InvalidRecording::new(
-                r.reason(),
-                format_args!("{}: {}", r.error.sink, r.error.message),
-            );
+            let detail = format!("{}: {}", r.error.sink, r.error.message);
+            // A message gone from the topic cannot be read however long the flush retries: its
+            // dead letter says where it was and why it was refused, without its bytes.
+            let (original, detail) = match self.source.fetch(r.partition, r.offset, self.timeout) {
+                Ok(original) => (original, detail),
+                Err(gone @ RefetchError::Gone { .. }) => {
+                    error!(partition = r.partition, offset = r.offset, %gone, "a message a sink rejected is gone from the topic: dead-lettered without its bytes");
+                    let missing = Record {
+                        partition: r.partition,
+                        offset: r.offset,
+                        value: Default::default(),
+                        key: None,
+                        timestamp: None,
+                    };
+                    (missing, format!("{detail} (original bytes lost: {gone})"))
+                }
+                Err(e) => return Err(SinkError::from_error("rejected", Retry::Retryable, e)),
+            };
             let message = InvalidMessage {
-                error,
+                error: InvalidRecording::new(r.reason(), detail),
                 value: Vec::from(original.value),
                 key: original.key,
                 topic: self.source_topic.clone(),

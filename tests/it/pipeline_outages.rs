@@ -95,20 +95,34 @@ fn spawn_with(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<Result<(), pipeline::PipelineError>>,
 ) {
+    spawn_sinks(settings, Sinks::new(vec![vec![Box::new(sink)]]), status)
+}
+
+/// [`spawn_with`] with every sink given.
+fn spawn_sinks(
+    settings: pipeline::Settings,
+    sinks: Sinks,
+    status: Arc<Status>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), pipeline::PipelineError>>,
+) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async {
             let _ = stopped.await;
         };
-        pipeline::consume(
-            settings,
-            Sinks::new(vec![vec![Box::new(sink)]]),
-            status,
-            shutdown,
-        )
-        .await
+        pipeline::consume(settings, sinks, status, shutdown).await
     });
     (stop, task)
+}
+
+/// A consumed topic of `partitions` partitions, a group and a dead-letter topic, all new.
+async fn topics(partitions: i32) -> (String, String, String) {
+    let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
+    create_topic(&topic, partitions).await;
+    create_topic(&dlq, 1).await;
+    (topic, group, dlq)
 }
 
 /// Two partitions holding 30 small segments, a dead-letter topic, and a sink that hangs every
@@ -129,9 +143,7 @@ struct Backlog {
 
 impl Backlog {
     async fn behind_a_hung_sink() -> Backlog {
-        let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
-        create_topic(&topic, 2).await;
-        create_topic(&dlq, 1).await;
+        let (topic, group, dlq) = topics(2).await;
         let hung = Switchable::default();
         let release = hung.hang();
         let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
@@ -464,6 +476,8 @@ async fn one_stuck_flush_bounds_what_waits_behind_it_to_be_committed() {
 struct Picky {
     bad: Vec<(i32, i64)>,
     accepted: Arc<AtomicUsize>,
+    /// Every write waits while this is set.
+    held: Arc<AtomicBool>,
 }
 
 impl Sink for Picky {
@@ -472,6 +486,9 @@ impl Sink for Picky {
     }
     fn write<'a>(&'a self, batch: &'a [Entry], _: &'a Progress) -> Writing<'a> {
         Box::pin(async move {
+            while self.held.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             if batch
                 .iter()
                 .any(|e| self.bad.contains(&(e.partition, e.offset)))
@@ -494,14 +511,29 @@ impl Sink for Picky {
     }
 }
 
+/// `picky`, and the dead-letter sink on `dlq` beside it, which also takes what `picky` rejects
+/// (read again from `topic`), as the service's sinks are arranged.
+fn rejecting_to(dlq: &str, topic: &str, group: &str, picky: Picky) -> Sinks {
+    let dlq_sink = DlqSink::new(producer_on(&kafka()), dlq, 1_000_000, None);
+    let source = Refetcher::new(kafka(), topic, &format!("{group}-refetch")).unwrap();
+    let rejections = RejectedToDlq {
+        dlq: dlq_sink.clone(),
+        source,
+        source_topic: topic.to_owned(),
+        timeout: Duration::from_secs(10),
+    };
+    Sinks {
+        stages: vec![vec![Box::new(picky), Box::new(dlq_sink)]],
+        rejections: Some(Box::new(rejections)),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() {
     let _stack = uses_stack().await;
     let _cpu = shares_cpu().await;
-    let (topic, group, dlq) = (unique("rec"), unique("group"), unique("dlq"));
-    create_topic(&topic, 2).await;
-    create_topic(&dlq, 1).await;
+    let (topic, group, dlq) = topics(2).await;
     let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
     let bad: Vec<(i32, i64)> = [&sent[4], &sent[17]]
         .iter()
@@ -509,39 +541,19 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
         .collect();
 
     let accepted = Arc::new(AtomicUsize::new(0));
-    let args = consume_args(&topic, &group, &[]);
-    let dlq_sink = DlqSink::new(producer_on(&kafka()), &dlq, 1_000_000, None);
-    let config = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .clone();
-    let source = Refetcher::new(config, &topic, &format!("{group}-refetch")).unwrap();
-    let rejections = RejectedToDlq {
-        dlq: dlq_sink.clone(),
-        source,
-        source_topic: topic.clone(),
-        timeout: Duration::from_secs(10),
-    };
-    let sinks = Sinks {
-        stages: vec![vec![
-            Box::new(Picky {
-                bad: bad.clone(),
-                accepted: accepted.clone(),
-            }),
-            Box::new(dlq_sink),
-        ]],
-        rejections: Some(Box::new(rejections)),
+    let picky = Picky {
+        bad: bad.clone(),
+        accepted: accepted.clone(),
+        held: Default::default(),
     };
     let status = Arc::new(Status::default());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn({
-        let status = status.clone();
-        async move {
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            pipeline::consume(args.pipeline_settings().unwrap(), sinks, status, shutdown).await
-        }
-    });
+    let (stop, task) = spawn_sinks(
+        consume_args(&topic, &group, &[])
+            .pipeline_settings()
+            .unwrap(),
+        rejecting_to(&dlq, &topic, &group, picky),
+        status.clone(),
+    );
 
     let target = expected_commits(&report);
     wait_for("everything committed", Duration::from_secs(60), || {
@@ -575,6 +587,65 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
             headers["detail"]
         );
     }
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+/// A message a sink rejects that is gone from the topic by the time it is read again (its flush
+/// held past what retention keeps; here its records are deleted): dead-lettered without its
+/// bytes, the dead letter saying so, and the partition commits to the end. (The read was retried
+/// without end before, holding every commit of the partition back.)
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_rejected_message_gone_from_the_topic_is_dead_lettered_without_its_bytes() {
+    let _stack = uses_stack().await;
+    let _cpu = shares_cpu().await;
+    let (topic, group, dlq) = topics(1).await;
+    let (report, _) = produce_fixtures(&topic, &small_fixtures(true), 30).await;
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let held = Arc::new(AtomicBool::new(true));
+    let picky = Picky {
+        bad: vec![(0, 4)],
+        accepted: accepted.clone(),
+        held: held.clone(),
+    };
+    let status = Arc::new(Status::default());
+    let (stop, task) = spawn_sinks(
+        consume_args(&topic, &group, &[])
+            .pipeline_settings()
+            .unwrap(),
+        rejecting_to(&dlq, &topic, &group, picky),
+        status.clone(),
+    );
+    wait_for("every message polled", Duration::from_secs(60), || {
+        status.snapshot().consumed >= 30
+    })
+    .await;
+    delete_records_before(&topic, 0, 10).await;
+    held.store(false, Ordering::SeqCst);
+
+    wait_for("everything committed", Duration::from_secs(60), || {
+        committed(&group, &topic, 1) == expected_commits(&report)
+    })
+    .await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 29, "the others written");
+    let dead = read_messages(&dlq, 1, Duration::from_secs(30));
+    assert_eq!(dead.len(), 1);
+    let Received { value, headers, .. } = &dead[0];
+    assert_eq!(
+        (
+            headers["original_offset"].as_str(),
+            headers["reason"].as_str()
+        ),
+        ("4", "rejected_by_sink")
+    );
+    assert!(value.is_empty(), "no bytes to keep");
+    assert!(
+        headers["detail"].starts_with("picky: Code: 27")
+            && headers["detail"].contains("original bytes lost"),
+        "{}",
+        headers["detail"]
+    );
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 }

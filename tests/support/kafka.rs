@@ -30,6 +30,24 @@ pub fn kafka() -> ClientConfig {
         .clone()
 }
 
+/// Deletes the records of `partition` before `offset`, as retention would: the partition then
+/// starts at `offset`.
+pub async fn delete_records_before(topic: &str, partition: i32, offset: i64) {
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        kafka().create().unwrap();
+    let mut before = TopicPartitionList::new();
+    before
+        .add_partition_offset(topic, partition, Offset::Offset(offset))
+        .unwrap();
+    let deleted = admin
+        .delete_records(&before, &rdkafka::admin::AdminOptions::new())
+        .await
+        .unwrap();
+    for element in deleted.elements() {
+        element.error().unwrap();
+    }
+}
+
 pub async fn create_topic(name: &str, partitions: i32) {
     create_topic_on(&kafka(), name, partitions).await
 }
