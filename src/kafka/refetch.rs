@@ -60,7 +60,10 @@ impl Refetcher {
             .fetch_watermarks(&self.topic, partition, timeout)
             .map_err(|source| RefetchError::Kafka { at: at(), source })?;
         if offset < low {
-            return Err(RefetchError::Gone { at: at(), low });
+            return Err(RefetchError::Gone {
+                at: at(),
+                next: low,
+            });
         }
         let mut position = TopicPartitionList::new();
         position
@@ -74,6 +77,16 @@ impl Refetcher {
                     if message.partition() == partition && message.offset() == offset =>
                 {
                     return Ok(Record::copy_of(&message));
+                }
+                // The log skips the offset (compacted away, or cut back by a leader that did
+                // not have it): it will not come however long the read waits.
+                Some(Ok(message))
+                    if message.partition() == partition && message.offset() > offset =>
+                {
+                    return Err(RefetchError::Gone {
+                        at: at(),
+                        next: message.offset(),
+                    });
                 }
                 Some(Ok(_)) | None => {}
                 Some(Err(source)) => return Err(RefetchError::Kafka { at: at(), source }),
@@ -104,7 +117,8 @@ pub enum RefetchError {
     Kafka { at: Position, source: KafkaError },
     #[error("{at} not read within {timeout:?}")]
     Timeout { at: Position, timeout: Duration },
-    /// Removed from the topic (retention, or records deleted): the partition now starts at `low`.
-    #[error("{at} is no longer in the topic, which now starts at offset {low}")]
-    Gone { at: Position, low: i64 },
+    /// Not in the topic any more (retention, records deleted, compaction, a log cut back): the
+    /// first message of the partition after it is at `next`.
+    #[error("{at} is no longer in the topic (the next message there is at offset {next})")]
+    Gone { at: Position, next: i64 },
 }
