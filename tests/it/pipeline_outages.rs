@@ -510,9 +510,18 @@ impl Sink for Picky {
     }
 }
 
-/// `picky`, and the dead-letter sink on `dlq` beside it, which also takes what `picky` rejects
-/// (read again from `topic`), as the service's sinks are arranged.
-fn rejecting_to(dlq: &str, topic: &str, group: &str, picky: Picky) -> Sinks {
+/// Runs the pipeline on `topic` with `picky`, and the dead-letter sink on `dlq` beside it, which
+/// also takes what `picky` rejects (read again from `topic`), as the service's sinks are arranged.
+fn spawn_rejecting(
+    topic: &str,
+    group: &str,
+    dlq: &str,
+    picky: Picky,
+    status: &Arc<Status>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), pipeline::PipelineError>>,
+) {
     let dlq_sink = DlqSink::new(producer_on(&kafka()), dlq, 1_000_000, None);
     let source = Refetcher::new(kafka(), topic, &format!("{group}-refetch")).unwrap();
     let rejections = RejectedToDlq {
@@ -521,10 +530,12 @@ fn rejecting_to(dlq: &str, topic: &str, group: &str, picky: Picky) -> Sinks {
         source_topic: topic.to_owned(),
         timeout: Duration::from_secs(10),
     };
-    Sinks {
+    let sinks = Sinks {
         stages: vec![vec![Box::new(picky), Box::new(dlq_sink)]],
         rejections: Some(Box::new(rejections)),
-    }
+    };
+    let settings = consume_args(topic, group, &[]).pipeline_settings().unwrap();
+    spawn_sinks(settings, sinks, status.clone())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -546,13 +557,7 @@ async fn messages_a_sink_rejects_are_dead_lettered_whole_and_the_rest_commits() 
         held: Default::default(),
     };
     let status = Arc::new(Status::default());
-    let (stop, task) = spawn_sinks(
-        consume_args(&topic, &group, &[])
-            .pipeline_settings()
-            .unwrap(),
-        rejecting_to(&dlq, &topic, &group, picky),
-        status.clone(),
-    );
+    let (stop, task) = spawn_rejecting(&topic, &group, &dlq, picky, &status);
 
     let target = expected_commits(&report);
     wait_for("everything committed", Duration::from_secs(60), || {
@@ -609,13 +614,7 @@ async fn a_rejected_message_gone_from_the_topic_is_dead_lettered_without_its_byt
         held: held.clone(),
     };
     let status = Arc::new(Status::default());
-    let (stop, task) = spawn_sinks(
-        consume_args(&topic, &group, &[])
-            .pipeline_settings()
-            .unwrap(),
-        rejecting_to(&dlq, &topic, &group, picky),
-        status.clone(),
-    );
+    let (stop, task) = spawn_rejecting(&topic, &group, &dlq, picky, &status);
     wait_for("every message polled", Duration::from_secs(60), || {
         status.snapshot().consumed >= 30
     })
