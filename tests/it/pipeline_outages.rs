@@ -670,8 +670,13 @@ async fn reading_again_an_offset_the_log_skips_finds_it_gone() {
             .send(BaseRecord::<(), _>::to(&topic).partition(0).payload(value))
             .unwrap();
     }
-    // Offsets 0 and 1, and the commit marker at 2.
+    // Offsets 0 and 1, and the commit marker at 2. The coordinator writes the marker after it
+    // answers the commit, so a record sent at once could take offset 2 before it: wait for it.
     producer.commit_transaction(timeout).unwrap();
+    wait_for("the commit marker at offset 2", timeout, || {
+        high_watermarks(&topic, 1).get(&0) == Some(&3)
+    })
+    .await;
     let plain: BaseProducer = kafka().create().unwrap();
     plain
         .send(BaseRecord::<(), _>::to(&topic).partition(0).payload("c"))
