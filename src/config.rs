@@ -505,6 +505,17 @@ pub struct ConsumeArgs {
     /// exit only turns an outage into a restart loop.
     #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_ATTEMPTS", default_value_t = 0)]
     pub flush_max_attempts: u32,
+    /// A sink that refuses this many messages of one flush or more, and accepts none of them, is
+    /// taken for misconfigured (a table whose columns changed): the service stops instead of
+    /// dead-lettering them. Fewer are dead-lettered: a quiet topic's batch of a few hostile
+    /// messages must not stop the service, whose restart would meet them again. 0: never stop;
+    /// every refused message is dead-lettered (and can be re-driven once the sink is fixed).
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_MISCONFIGURED_AT_REFUSALS",
+        default_value_t = 10
+    )]
+    pub misconfigured_at_refusals: usize,
     /// Deadline of one sink request, ms: a GCS upload, a ClickHouse write attempt, a Kafka
     /// delivery. Past it the attempt fails and is retried.
     #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 30_000)]
@@ -648,6 +659,7 @@ impl ConsumeArgs {
             max_attempts: self.flush_max_attempts,
             initial_backoff: Duration::from_millis(self.flush_initial_backoff_ms),
             max_backoff: Duration::from_millis(self.flush_max_backoff_ms),
+            misconfigured_at: self.misconfigured_at_refusals,
         }
     }
 

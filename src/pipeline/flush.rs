@@ -16,8 +16,11 @@
 //!
 //! When a sink rejects data, the flush halves the batch (and halves again) until each rejected
 //! message stands alone; those are dead-lettered with reason `rejected_by_sink`, the rest is
-//! written, and the batch commits. A sink that rejects every message it is given (two or more)
-//! is not refusing data but misconfigured: that stops the flush like any fatal error. A sink that
+//! written, and the batch commits. A sink that refuses every message it is given, when they are
+//! many (`--misconfigured-at-refusals`, 10 by default), is not refusing data but misconfigured:
+//! that stops the flush like any fatal error. A few refused with nothing accepted prove nothing
+//! (on a quiet topic a batch may hold only two hostile messages; stopping on them would restart
+//! into them again and again): they are dead-lettered. A sink that
 //! panics (a bug, which some value of a message triggers) is narrowed down the same way, and the
 //! message that makes it panic is dead-lettered as `internal_error`.
 
@@ -58,6 +61,9 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
+    /// A sink that refuses at least this many messages of one batch and accepts none of them is
+    /// taken for misconfigured: the flush stops (fatal) instead of dead-lettering them. 0: never.
+    pub misconfigured_at: usize,
 }
 
 impl RetryPolicy {
@@ -222,20 +228,23 @@ async fn write_isolating(
             Err(error) => return Err(error),
         }
     }
-    // One message refused alone proves nothing about the sink: it is dead-lettered. Two or more,
-    // and nothing accepted, is the sink's configuration. (Panics are bugs that values trigger,
+    // A few messages refused prove nothing about the sink: they are dead-lettered. Many, and
+    // nothing accepted, is the sink's configuration. (Panics are bugs that values trigger,
     // whatever the configuration: each such message is dead-lettered.)
     let refused = rejected
         .iter()
         .filter(|r| r.error.retry == Retry::Rejected)
         .count();
-    if refused >= 2 && refused == batch.iter().filter(|e| sink.writes_for(e)).count() {
+    if policy.misconfigured_at > 0
+        && refused >= policy.misconfigured_at
+        && refused == batch.iter().filter(|e| sink.writes_for(e)).count()
+    {
         let first = &rejected[0].error;
         return Err(SinkError::new(
             sink.name(),
             Retry::Fatal,
             format_args!(
-                "every message of the batch rejected, so the sink is misconfigured: {}",
+                "all {refused} messages of the batch refused, so the sink is taken for misconfigured (if the data is at fault, --misconfigured-at-refusals 0 dead-letters them instead): {}",
                 first.message
             ),
         ));
@@ -344,6 +353,7 @@ mod tests {
         max_attempts: 4,
         initial_backoff: Duration::from_millis(1),
         max_backoff: Duration::from_millis(2),
+        misconfigured_at: 4,
     };
 
     /// Fails with `retry` for its first `failures` writes, and logs every write.
@@ -392,6 +402,7 @@ mod tests {
             max_attempts: 9,
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(1),
+            misconfigured_at: 10,
         };
         assert_eq!(p.backoff(1, 1.0), Duration::from_millis(100));
         assert_eq!(p.backoff(3, 1.0), Duration::from_millis(400));
@@ -566,24 +577,49 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_sink_that_rejects_every_message_is_misconfigured_and_stops_the_flush() {
-        let batch = entries(4);
+    /// A sink refusing every message, `batch` messages a flush, through `policy`: the flush's
+    /// error, if it failed, and the offsets dead-lettered.
+    fn refusing_all(batch: i64, policy: &RetryPolicy) -> (Option<SinkError>, Vec<i64>) {
         let recorder = std::sync::Arc::new(Recorder::default());
         let picky = Picky {
-            bad: vec![0, 1, 2, 3],
+            bad: (0..batch).collect(),
             accepted: Mutex::new(Vec::new()),
         };
         let sinks = Sinks {
             stages: vec![vec![Box::new(picky)]],
             rejections: Some(Box::new(recorder.clone())),
         };
-        let error = run(&batch, &sinks, &FAST, &Status::default()).unwrap_err();
+        let error = run(&entries(batch), &sinks, policy, &Status::default()).err();
+        (error, recorder.0.lock().unwrap().clone())
+    }
+
+    #[test]
+    fn a_sink_that_refuses_many_messages_and_accepts_none_is_misconfigured_and_stops_the_flush() {
+        let (error, dead) = refusing_all(4, &FAST);
+        let error = error.unwrap();
         assert_eq!(error.retry, Retry::Fatal);
-        assert!(error.message.contains("misconfigured"), "{}", error.message);
         assert!(
-            recorder.0.lock().unwrap().is_empty(),
-            "nothing dead-lettered"
+            error.message.starts_with(
+                "all 4 messages of the batch refused, so the sink is taken for misconfigured"
+            ),
+            "{}",
+            error.message
+        );
+        assert!(dead.is_empty(), "nothing dead-lettered");
+    }
+
+    #[test]
+    fn fewer_refusals_than_the_threshold_are_dead_lettered_even_with_nothing_accepted() {
+        // A quiet topic's batch of three hostile messages: stopping would restart into them.
+        assert_eq!(refusing_all(3, &FAST), (None, vec![0, 1, 2]));
+        let never = RetryPolicy {
+            misconfigured_at: 0,
+            ..FAST
+        };
+        assert_eq!(
+            refusing_all(40, &never),
+            (None, (0..40).collect()),
+            "0: every refusal dead-lettered, however many"
         );
     }
 

@@ -220,6 +220,7 @@ async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
         max_attempts: 0,
         initial_backoff: std::time::Duration::from_millis(10),
         max_backoff: std::time::Duration::from_millis(100),
+        misconfigured_at: 10,
     };
     let runtime = tokio::runtime::Handle::current();
     let (report, batch) = tokio::task::spawn_blocking(move || {

@@ -31,6 +31,7 @@ mod readme;
 mod redrive;
 mod sentry_schemas;
 mod sink_outages;
+mod sink_refusals;
 mod startup_checks;
 mod sweep;
 mod trace_items;

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use replay_ingest::recording::{self, Limits};
 
-use crate::support::proxy::{Action, Proxy};
 use crate::support::*;
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
@@ -35,31 +34,9 @@ async fn messages_a_sink_refused_are_ingested_once_re_driven_after_the_fix() {
     let names = Names::create().await;
     let fixtures = small_fixtures(true);
     let (report, sent) = produce_fixtures(&names.topic, &fixtures, 6).await;
-    let replay = |s: &Sent| {
-        recording::process(&s.value, &Limits::default())
-            .unwrap()
-            .ids
-            .replay_id
-    };
-    let refused: Vec<String> = sent[..2].iter().map(replay).collect();
+    let refused: Vec<String> = sent[..2].iter().map(|s| replay_of(&s.value)).collect();
     let broken = Arc::new(AtomicBool::new(true));
-    let proxy = Proxy::start(&gcs_endpoint(), {
-        let (broken, refused) = (broken.clone(), refused.clone());
-        move |seen| {
-            let body = String::from_utf8_lossy(seen.body);
-            let named = |r: &String| seen.path.contains(r.as_str()) || body.contains(r.as_str());
-            if broken.load(Ordering::SeqCst) && refused.iter().any(named) {
-                Action::Answer {
-                    status: 400,
-                    headers: vec![("content-type", "application/json".into())],
-                    body: r#"{"error":{"code":400,"message":"Invalid object"}}"#.into(),
-                }
-            } else {
-                Action::Forward
-            }
-        }
-    })
-    .await;
+    let proxy = gcs_refusing(refused, broken.clone()).await;
     let dir = tempfile::tempdir().unwrap();
     let statsd = Statsd::bind();
     let args = with_flag(

@@ -2,6 +2,8 @@
 //! bucket, table) each test gets of its own.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use google_cloud_storage::client::Storage;
 
@@ -192,4 +194,31 @@ pub async fn clickhouse_rows(table: &str) -> Vec<replay_ingest::recording::Repla
         .fetch_all()
         .await
         .unwrap()
+}
+
+/// A proxy in front of the GCS emulator that refuses, while `refusing` is set, every upload of a
+/// blob of one of `replays` with GCS's 400 for an object it will not take; the rest goes through.
+pub async fn gcs_refusing(replays: Vec<String>, refusing: Arc<AtomicBool>) -> proxy::Proxy {
+    proxy::Proxy::start(&gcs_endpoint(), move |seen| {
+        let body = String::from_utf8_lossy(seen.body);
+        let named = |r: &String| seen.path.contains(r.as_str()) || body.contains(r.as_str());
+        if refusing.load(Ordering::SeqCst) && replays.iter().any(named) {
+            proxy::Action::Answer {
+                status: 400,
+                headers: vec![("content-type", "application/json".into())],
+                body: r#"{"error":{"code":400,"message":"Invalid object"}}"#.into(),
+            }
+        } else {
+            proxy::Action::Forward
+        }
+    })
+    .await
+}
+
+/// The replay id of a message `recording::process` accepts.
+pub fn replay_of(value: &[u8]) -> String {
+    replay_ingest::recording::process(value, &replay_ingest::recording::Limits::default())
+        .expect("a valid message")
+        .ids
+        .replay_id
 }

@@ -1,0 +1,87 @@
+//! A sink refusing messages, through the service on the real stack (GCS refusing some replays'
+//! uploads through a proxy answering 400): a few refused in a batch that holds nothing else — a
+//! quiet topic's flush — are dead-lettered and the service goes on; a whole batch of many refused
+//! is the sink's configuration, and the service stops with nothing committed.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use crate::support::load::Produced;
+use crate::support::*;
+
+const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
+
+/// Produces `count` messages on a fresh topic and starts the service with every real sink, GCS
+/// refusing the first `refused` of them; the names, what was sent, the proxy (held for the run)
+/// and the service, its logs in `dir`.
+async fn refusing_run(
+    count: u64,
+    refused: usize,
+    dir: &std::path::Path,
+) -> (Names, Produced, Vec<Sent>, proxy::Proxy, Service) {
+    let names = Names::create().await;
+    let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), count).await;
+    let replays = sent[..refused]
+        .iter()
+        .map(|s| replay_of(&s.value))
+        .collect();
+    let proxy = gcs_refusing(replays, Arc::new(AtomicBool::new(true))).await;
+    let args = with_flag(
+        names.args(Statsd::bind().port(), dir),
+        "--gcs-endpoint",
+        &proxy.endpoint,
+    );
+    let service = Service::start_logging_to(&args, &dir.join("service.log"));
+    (names, report, sent, proxy, service)
+}
+
+/// Before, two or more messages refused with nothing accepted stopped the service, and its
+/// restart met them again: a quiet topic stopped for good on two hostile messages.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_few_refused_messages_alone_in_their_batch_are_dead_lettered_and_the_service_goes_on() {
+    let _stack = uses_stack().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (names, report, sent, _proxy, service) = refusing_run(3, 3, dir.path()).await;
+    wait_for("the refused messages committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&report)
+    })
+    .await;
+    let letters = read_messages(&names.dlq, 3, Duration::from_secs(20));
+    assert_eq!(letters.len(), 3);
+    for letter in &letters {
+        assert_eq!(letter.headers["reason"], "rejected_by_sink");
+        assert_eq!(letter.headers["sink"], "gcs");
+        assert!(sent.iter().any(|s| s.value == letter.value), "the original");
+    }
+    // Still consuming: a message GCS takes is written and committed.
+    let (more, _) = produce_fixtures(&names.topic, &small_fixtures(true), 1).await;
+    let mut target = expected_commits(&report);
+    target.extend(expected_commits(&more));
+    wait_for("a later message committed", JOIN_AND_FLUSH, || {
+        service.committed() == target
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_sink_refusing_a_whole_batch_of_many_stops_the_service_with_nothing_committed() {
+    let _stack = uses_stack().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (names, _, _, _proxy, service) = refusing_run(30, 30, dir.path()).await;
+    let code = service.exit_within(JOIN_AND_FLUSH).await;
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "stopped, and said so: {code:?}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("service.log")).unwrap();
+    assert!(
+        log.contains("messages of the batch refused, so the sink is taken for misconfigured"),
+        "{log}"
+    );
+    assert!(committed(&names.group, &names.topic, 2).is_empty());
+    assert!(read_messages(&names.dlq, 1, Duration::from_secs(3)).is_empty());
+}
