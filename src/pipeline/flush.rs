@@ -20,9 +20,9 @@
 //! many (`--misconfigured-at-refusals`, 10 by default), is not refusing data but misconfigured:
 //! that stops the flush like any fatal error. A few refused with nothing accepted prove nothing
 //! (on a quiet topic a batch may hold only two hostile messages; stopping on them would restart
-//! into them again and again): they are dead-lettered. A sink that
-//! panics (a bug, which some value of a message triggers) is narrowed down the same way, and the
-//! message that makes it panic is dead-lettered as `internal_error`.
+//! into them again and again): they are dead-lettered. A sink that panics (a bug, which some
+//! value of a message triggers) is narrowed down the same way, and the message that makes it
+//! panic is dead-lettered as `internal_error`.
 
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
