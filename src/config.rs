@@ -505,11 +505,12 @@ pub struct ConsumeArgs {
     /// exit only turns an outage into a restart loop.
     #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_ATTEMPTS", default_value_t = 0)]
     pub flush_max_attempts: u32,
-    /// A sink that refuses this many messages of one flush or more, and accepts none of them, is
-    /// taken for misconfigured (a table whose columns changed): the service stops instead of
-    /// dead-lettering them. Fewer are dead-lettered: a quiet topic's batch of a few hostile
-    /// messages must not stop the service, whose restart would meet them again. 0: never stop;
-    /// every refused message is dead-lettered (and can be re-driven once the sink is fixed).
+    /// A sink that refuses this many messages in a row, over one flush or several, accepting none
+    /// in between, is taken for misconfigured (a table whose columns changed): the service stops.
+    /// Fewer are dead-lettered: a quiet topic's few hostile messages must not stop it (the count
+    /// starts again with the process, so a restart goes on past earlier flushes' refusals). 0:
+    /// never stop; every refused message is dead-lettered (to be re-driven once the sink is
+    /// fixed). 1 is refused.
     #[arg(
         long,
         env = "REPLAY_INGEST_MISCONFIGURED_AT_REFUSALS",
@@ -601,6 +602,9 @@ impl ConsumeArgs {
                 "--drain-deadline-ms ({}) plus {margin} ms must be below max.poll.interval.ms ({max_poll_interval}): the polling thread waits that long for a revoke's drain",
                 self.drain_deadline_ms
             ));
+        }
+        if self.misconfigured_at_refusals == 1 {
+            return Err("--misconfigured-at-refusals must be 0 (never) or at least 2: at 1 a single refused message would stop the service, and its restart would meet it again".to_owned());
         }
         if self.drain_deadline_ms >= self.session_timeout_ms {
             return Err(format!(
@@ -806,6 +810,15 @@ mod tests {
                 .contains("--gcs-bucket")
         );
         assert!(parse(&["--gcs-bucket", "replays"]).validate().is_ok());
+    }
+
+    #[test]
+    fn a_refusal_threshold_of_one_is_rejected() {
+        let with =
+            |n: &str| parse(&["--blob-sink", "null", "--misconfigured-at-refusals", n]).validate();
+        assert!(with("0").is_ok() && with("2").is_ok());
+        let err = with("1").unwrap_err().to_string();
+        assert!(err.contains("--misconfigured-at-refusals"), "{err}");
     }
 
     #[test]

@@ -284,10 +284,7 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
         }
         stages.push(gated);
     }
-    Ok(Sinks {
-        stages,
-        rejections: Some(Box::new(rejections)),
-    })
+    Ok(Sinks::dead_lettering(stages, Box::new(rejections)))
 }
 
 /// Warns, once at startup, of each retention prefix in the bucket that no lifecycle rule expires

@@ -30,14 +30,17 @@ impl Refetcher {
         config
             .set("group.id", group)
             .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false");
+            .set("enable.partition.eof", "false")
+            // An offset out of range is an error to report, not a jump to the log's end.
+            .set("auto.offset.reset", "error");
         Ok(Refetcher {
             consumer: Mutex::new(config.create()?),
             topic: topic.to_owned(),
         })
     }
 
-    /// The message at `offset` of `partition`, waiting at most `timeout` for it.
+    /// The message at `offset` of `partition`, waiting at most `timeout` for it (the watermark
+    /// query included).
     pub fn fetch(
         &self,
         partition: i32,
@@ -54,15 +57,17 @@ impl Refetcher {
             .consumer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // Below the partition's first offset, the message is gone: polling would only wait out
-        // the timeout (librdkafka resets an offset out of range to the end).
-        let (low, _) = consumer
+        let deadline = Instant::now() + timeout;
+        // Outside the partition's offsets the message is gone: below the first, deleted
+        // (retention, an operator); at or past the end, cut back by a leader that did not have it
+        // (this service read it, so it was below the end once). Polling would only time out.
+        let (low, high) = consumer
             .fetch_watermarks(&self.topic, partition, timeout)
             .map_err(|source| RefetchError::Kafka { at: at(), source })?;
-        if offset < low {
+        if offset < low || offset >= high {
             return Err(RefetchError::Gone {
                 at: at(),
-                next: low,
+                next: if offset < low { low } else { high },
             });
         }
         let mut position = TopicPartitionList::new();
@@ -70,7 +75,6 @@ impl Refetcher {
             .add_partition_offset(&self.topic, partition, Offset::Offset(offset))
             .and_then(|()| consumer.assign(&position))
             .map_err(|source| RefetchError::Kafka { at: at(), source })?;
-        let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(message))
@@ -118,7 +122,7 @@ pub enum RefetchError {
     #[error("{at} not read within {timeout:?}")]
     Timeout { at: Position, timeout: Duration },
     /// Not in the topic any more (retention, records deleted, compaction, a log cut back): the
-    /// first message of the partition after it is at `next`.
+    /// first message of the partition after it is at `next` (or will be, for a log cut back).
     #[error("{at} is no longer in the topic (the next message there is at offset {next})")]
     Gone { at: Position, next: i64 },
 }

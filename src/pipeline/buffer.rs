@@ -164,6 +164,7 @@ mod tests {
                 topic: "t".into(),
                 timestamp: None,
                 rejected_by: None,
+                original_lost: false,
             })),
         }
     }

@@ -16,15 +16,19 @@
 //!
 //! When a sink rejects data, the flush halves the batch (and halves again) until each rejected
 //! message stands alone; those are dead-lettered with reason `rejected_by_sink`, the rest is
-//! written, and the batch commits. A sink that refuses every message it is given, when they are
-//! many (`--misconfigured-at-refusals`, 10 by default), is not refusing data but misconfigured:
-//! that stops the flush like any fatal error. A few refused with nothing accepted prove nothing
-//! (on a quiet topic a batch may hold only two hostile messages; stopping on them would restart
-//! into them again and again): they are dead-lettered. A sink that panics (a bug, which some
-//! value of a message triggers) is narrowed down the same way, and the message that makes it
-//! panic is dead-lettered as `internal_error`.
+//! written, and the batch commits. A message a stage refuses is left out of the later stages
+//! (no row or event for a blob that was not stored; a re-drive writes them once). A sink that
+//! refuses many messages in a row (`--misconfigured-at-refusals`, 10 by default), accepting none
+//! in between, over one flush or several, is not refusing data but misconfigured: that stops the
+//! flush like any fatal error. A few refused prove nothing (on a quiet topic a batch may hold only
+//! two hostile messages): they are dead-lettered, and since the count starts again with the
+//! process, a restart after a stop goes on past the messages of earlier flushes. A sink that
+//! panics (a bug, which some value of a message triggers) is narrowed down the same way, and the
+//! message that makes it panic is dead-lettered as `internal_error`.
 
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -36,22 +40,76 @@ use tracing::{error, warn};
 use crate::health::Status;
 use crate::recording::panic_message;
 use crate::sink::{
-    DeadLetters, Entry, Progress, Rejected, Retry, Sink, SinkError, Writing, Written,
+    Batch, DeadLetters, Entry, Progress, Rejected, Retry, Sink, SinkError, Writing, Written,
 };
 
 /// Sinks grouped into ordered stages, and where messages a sink rejects are dead-lettered.
 pub struct Sinks {
-    pub stages: Vec<Vec<Box<dyn Sink>>>,
+    stages: Vec<Vec<Box<dyn Sink>>>,
     /// `None`: a rejection is fatal (nowhere to put the message).
-    pub rejections: Option<Box<dyn DeadLetters>>,
+    rejections: Option<Box<dyn DeadLetters>>,
+    /// Per sink, the messages it refused since it last accepted one, over every flush so far.
+    refused_in_a_row: Mutex<HashMap<&'static str, usize>>,
 }
 
 impl Sinks {
+    /// Sinks whose rejections are fatal.
     pub fn new(stages: Vec<Vec<Box<dyn Sink>>>) -> Self {
         Sinks {
             stages,
             rejections: None,
+            refused_in_a_row: Mutex::default(),
         }
+    }
+
+    /// Sinks whose rejected messages are dead-lettered through `dead_letters`.
+    pub fn dead_lettering(
+        stages: Vec<Vec<Box<dyn Sink>>>,
+        dead_letters: Box<dyn DeadLetters>,
+    ) -> Self {
+        Sinks {
+            rejections: Some(dead_letters),
+            ..Sinks::new(stages)
+        }
+    }
+
+    /// Counts what `sink` refused of `batch` (`refused` of the messages it writes for, the rest
+    /// accepted, or dead-lettered for a panic); fatal once it refused `policy.misconfigured_at`
+    /// in a row.
+    fn count_refusals(
+        &self,
+        sink: &dyn Sink,
+        batch: &[Entry],
+        rejected: &[Rejected],
+        policy: &RetryPolicy,
+    ) -> Result<(), SinkError> {
+        let refused = rejected
+            .iter()
+            .filter(|r| r.error.retry == Retry::Rejected)
+            .count();
+        let concerned = batch.iter().filter(|e| sink.writes_for(e)).count();
+        let mut counts = self
+            .refused_in_a_row
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let in_a_row = counts.entry(sink.name()).or_default();
+        if concerned > rejected.len() {
+            *in_a_row = 0;
+            return Ok(());
+        }
+        *in_a_row += refused;
+        if policy.misconfigured_at == 0 || *in_a_row < policy.misconfigured_at {
+            return Ok(());
+        }
+        let (count, first) = (*in_a_row, &rejected[0].error);
+        Err(SinkError::new(
+            sink.name(),
+            Retry::Fatal,
+            format_args!(
+                "refused the last {count} messages it was given ({refused} of this batch) and accepted none, so the sink is taken for misconfigured (if the data is at fault, --misconfigured-at-refusals 0 dead-letters them instead): {}",
+                first.message
+            ),
+        ))
     }
 }
 
@@ -61,8 +119,8 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
-    /// A sink that refuses at least this many messages of one batch and accepts none of them is
-    /// taken for misconfigured: the flush stops (fatal) instead of dead-lettering them. 0: never.
+    /// A sink that refuses this many messages in a row, over one flush or several, accepting none
+    /// in between, is taken for misconfigured: the flush stops (fatal). 0: never.
     pub misconfigured_at: usize,
 }
 
@@ -98,32 +156,53 @@ pub struct FlushReport {
 
 /// Writes `batch` through every stage, from a thread of the blocking pool of `runtime` (never
 /// one of its async workers). `Err` means a sink failed fatally or ran out of attempts: nothing
-/// of this batch may be committed.
+/// of this batch may be committed. The messages a stage rejects are taken out of `batch` before
+/// the next stage (and dropped here).
 pub fn flush(
     runtime: &Handle,
-    batch: &[Entry],
+    batch: &mut Batch,
     sinks: &Sinks,
     policy: &RetryPolicy,
     status: &Status,
 ) -> Result<FlushReport, SinkError> {
-    runtime.block_on(flush_stages(batch, sinks, policy, status))
+    runtime
+        .block_on(flush_stages(batch, sinks, policy, status))
+        .inspect_err(|error| {
+            status.sink_failed(error.sink, &error.message);
+            crate::metrics::flush_failed(error.sink);
+        })
 }
 
 async fn flush_stages(
-    batch: &[Entry],
+    batch: &mut Batch,
     sinks: &Sinks,
     policy: &RetryPolicy,
     status: &Status,
 ) -> Result<FlushReport, SinkError> {
     let mut report = FlushReport::default();
     for stage in &sinks.stages {
+        let entries: &[Entry] = batch;
         let writes = stage
             .iter()
-            .map(|sink| write_isolating(sink.as_ref(), batch, policy, status));
-        for result in join_all(writes).await {
-            let (sink, rejected) = result?;
-            report.sinks.push(sink);
-            report.rejected.extend(rejected);
+            .map(|sink| write_isolating(sink.as_ref(), entries, policy, status));
+        let mut refused_here = Vec::new();
+        for (sink, result) in stage.iter().zip(join_all(writes).await) {
+            let (written, rejected) = result?;
+            sinks.count_refusals(sink.as_ref(), entries, &rejected, policy)?;
+            report.sinks.push(written);
+            refused_here.extend(rejected);
+        }
+        if !refused_here.is_empty() {
+            // Later stages point at what earlier ones wrote (rows and events at blobs): a message
+            // refused here is dead-lettered whole and written by none of them.
+            let out: HashSet<(i32, i64)> = refused_here
+                .iter()
+                .map(|r| (r.partition, r.offset))
+                .collect();
+            batch
+                .entries
+                .retain(|e| !out.contains(&(e.partition, e.offset)));
+            report.rejected.extend(refused_here);
         }
     }
     if !report.rejected.is_empty() {
@@ -228,27 +307,6 @@ async fn write_isolating(
             Err(error) => return Err(error),
         }
     }
-    // A few messages refused prove nothing about the sink: they are dead-lettered. Many, and
-    // nothing accepted, is the sink's configuration. (Panics are bugs that values trigger,
-    // whatever the configuration: each such message is dead-lettered.)
-    let refused = rejected
-        .iter()
-        .filter(|r| r.error.retry == Retry::Rejected)
-        .count();
-    if policy.misconfigured_at > 0
-        && refused >= policy.misconfigured_at
-        && refused == batch.iter().filter(|e| sink.writes_for(e)).count()
-    {
-        let first = &rejected[0].error;
-        return Err(SinkError::new(
-            sink.name(),
-            Retry::Fatal,
-            format_args!(
-                "all {refused} messages of the batch refused, so the sink is taken for misconfigured (if the data is at fault, --misconfigured-at-refusals 0 dead-letters them instead): {}",
-                first.message
-            ),
-        ));
-    }
     Ok((
         SinkReport {
             sink: sink.name(),
@@ -317,12 +375,8 @@ async fn write_with_retries(
                 status.flush_progress();
                 attempt = attempt.saturating_add(1);
             }
-            Err(error) if error.retry.pins_messages() => return Err(error),
-            Err(error) => {
-                status.sink_failed(sink.name(), &error.message);
-                crate::metrics::flush_failed(sink.name());
-                return Err(error);
-            }
+            // Recorded as the flush's failure where the flush ends.
+            Err(error) => return Err(error),
         }
     }
 }
@@ -336,7 +390,7 @@ mod tests {
     /// Flushes from this thread on a runtime of its own, as the pipeline does from the blocking
     /// pool (the multi-threaded runtime drives the timers that backoff waits on).
     fn run(
-        batch: &[Entry],
+        entries: Vec<Entry>,
         sinks: &Sinks,
         policy: &RetryPolicy,
         status: &Status,
@@ -346,7 +400,13 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        flush(runtime.handle(), batch, sinks, policy, status)
+        flush(
+            runtime.handle(),
+            &mut Batch { entries },
+            sinks,
+            policy,
+            status,
+        )
     }
 
     const FAST: RetryPolicy = RetryPolicy {
@@ -421,7 +481,7 @@ mod tests {
             ],
             vec![flaky("rows", 0, Retry::Retryable, &LOG)],
         ]);
-        let report = run(&[], &sinks, &FAST, &Status::default()).unwrap();
+        let report = run(Vec::new(), &sinks, &FAST, &Status::default()).unwrap();
         let log = LOG.lock().unwrap().clone();
         assert_eq!(log.iter().filter(|s| **s == "blobs").count(), 3);
         assert_eq!(log.iter().filter(|s| **s == "dlq").count(), 1);
@@ -453,7 +513,7 @@ mod tests {
             vec![flaky("blobs", 1, Retry::Fatal, &LOG)],
             vec![flaky("rows", 0, Retry::Retryable, &LOG)],
         ]);
-        let error = run(&[], &sinks, &FAST, &Status::default()).unwrap_err();
+        let error = run(Vec::new(), &sinks, &FAST, &Status::default()).unwrap_err();
         assert_eq!((error.sink, error.retry), ("blobs", Retry::Fatal));
         assert_eq!(*LOG.lock().unwrap(), ["blobs"]);
     }
@@ -467,7 +527,7 @@ mod tests {
             ..FAST
         };
         let status = Status::default();
-        let report = run(&[], &sinks, &unlimited, &status).unwrap();
+        let report = run(Vec::new(), &sinks, &unlimited, &status).unwrap();
         assert_eq!(report.sinks[0].retries, 50);
         assert!(
             status.sink_recovered("blobs").is_none(),
@@ -529,7 +589,11 @@ mod tests {
     }
 
     fn entries(count: i64) -> Vec<Entry> {
-        (0..count)
+        entries_at(0..count)
+    }
+
+    fn entries_at(offsets: std::ops::Range<i64>) -> Vec<Entry> {
+        offsets
             .map(|offset| Entry {
                 partition: 0,
                 offset,
@@ -543,6 +607,7 @@ mod tests {
                     topic: "t".into(),
                     timestamp: None,
                     rejected_by: None,
+                    original_lost: false,
                 })),
             })
             .collect()
@@ -556,11 +621,8 @@ mod tests {
             bad: vec![3, 7],
             accepted: Mutex::new(Vec::new()),
         };
-        let sinks = Sinks {
-            stages: vec![vec![Box::new(picky)]],
-            rejections: Some(Box::new(recorder.clone())),
-        };
-        let report = run(&batch, &sinks, &FAST, &Status::default()).unwrap();
+        let sinks = Sinks::dead_lettering(vec![vec![Box::new(picky)]], Box::new(recorder.clone()));
+        let report = run(batch, &sinks, &FAST, &Status::default()).unwrap();
         assert_eq!(
             report.rejected.iter().map(|r| r.offset).collect::<Vec<_>>(),
             [3, 7]
@@ -577,50 +639,94 @@ mod tests {
         );
     }
 
-    /// A sink refusing every message, `batch` messages a flush, through `policy`: the flush's
-    /// error, if it failed, and the offsets dead-lettered.
-    fn refusing_all(batch: i64, policy: &RetryPolicy) -> (Option<SinkError>, Vec<i64>) {
+    /// Sinks of one stage, `picky` refusing its `bad` offsets, what it refuses dead-lettered into
+    /// the recorder.
+    fn dead_lettering(bad: Vec<i64>) -> (Sinks, std::sync::Arc<Recorder>) {
         let recorder = std::sync::Arc::new(Recorder::default());
         let picky = Picky {
-            bad: (0..batch).collect(),
+            bad,
             accepted: Mutex::new(Vec::new()),
         };
-        let sinks = Sinks {
-            stages: vec![vec![Box::new(picky)]],
-            rejections: Some(Box::new(recorder.clone())),
-        };
-        let error = run(&entries(batch), &sinks, policy, &Status::default()).err();
-        (error, recorder.0.lock().unwrap().clone())
+        let sinks = Sinks::dead_lettering(vec![vec![Box::new(picky)]], Box::new(recorder.clone()));
+        (sinks, recorder)
     }
 
     #[test]
     fn a_sink_that_refuses_many_messages_and_accepts_none_is_misconfigured_and_stops_the_flush() {
-        let (error, dead) = refusing_all(4, &FAST);
-        let error = error.unwrap();
+        let (sinks, recorder) = dead_lettering(vec![0, 1, 2, 3]);
+        let error = run(entries(4), &sinks, &FAST, &Status::default()).unwrap_err();
         assert_eq!(error.retry, Retry::Fatal);
         assert!(
             error.message.starts_with(
-                "all 4 messages of the batch refused, so the sink is taken for misconfigured"
+                "refused the last 4 messages it was given (4 of this batch) and accepted none, so the sink is taken for misconfigured"
             ),
             "{}",
             error.message
         );
-        assert!(dead.is_empty(), "nothing dead-lettered");
+        assert!(
+            recorder.0.lock().unwrap().is_empty(),
+            "nothing dead-lettered"
+        );
     }
 
     #[test]
     fn fewer_refusals_than_the_threshold_are_dead_lettered_even_with_nothing_accepted() {
         // A quiet topic's batch of three hostile messages: stopping would restart into them.
-        assert_eq!(refusing_all(3, &FAST), (None, vec![0, 1, 2]));
+        let (sinks, recorder) = dead_lettering(vec![0, 1, 2]);
+        run(entries(3), &sinks, &FAST, &Status::default()).unwrap();
+        assert_eq!(*recorder.0.lock().unwrap(), [0, 1, 2]);
         let never = RetryPolicy {
             misconfigured_at: 0,
             ..FAST
         };
+        let (sinks, recorder) = dead_lettering((0..40).collect());
+        run(entries(40), &sinks, &never, &Status::default()).unwrap();
         assert_eq!(
-            refusing_all(40, &never),
-            (None, (0..40).collect()),
+            *recorder.0.lock().unwrap(),
+            (0..40).collect::<Vec<_>>(),
             "0: every refusal dead-lettered, however many"
         );
+    }
+
+    #[test]
+    fn refusals_count_in_a_row_over_flushes_and_one_accepted_message_starts_the_count_again() {
+        let (sinks, recorder) = dead_lettering(vec![0, 1, 3, 10, 11, 12, 20]);
+        let flush = |offsets: std::ops::Range<i64>| {
+            run(entries_at(offsets), &sinks, &FAST, &Status::default())
+        };
+        flush(0..2).unwrap();
+        // 2 accepted: the 3 refused beside it say nothing about the sink.
+        flush(2..4).unwrap();
+        flush(10..13).unwrap();
+        let error = flush(20..21).unwrap_err();
+        assert!(
+            error.message.starts_with(
+                "refused the last 4 messages it was given (1 of this batch) and accepted none"
+            ),
+            "{}",
+            error.message
+        );
+        assert_eq!(*recorder.0.lock().unwrap(), [0, 1, 3, 10, 11, 12]);
+    }
+
+    #[test]
+    fn a_message_a_stage_refuses_is_written_by_no_later_stage() {
+        let recorder = std::sync::Arc::new(Recorder::default());
+        let later = std::sync::Arc::new(Picky {
+            bad: vec![],
+            accepted: Mutex::new(Vec::new()),
+        });
+        let blobs = Picky {
+            bad: vec![1],
+            accepted: Mutex::new(Vec::new()),
+        };
+        let sinks = Sinks::dead_lettering(
+            vec![vec![Box::new(blobs)], vec![Box::new(later.clone())]],
+            Box::new(recorder.clone()),
+        );
+        run(entries(3), &sinks, &FAST, &Status::default()).unwrap();
+        assert_eq!(*recorder.0.lock().unwrap(), [1]);
+        assert_eq!(*later.accepted.lock().unwrap(), [0, 2]);
     }
 
     /// Writes for no message, and fails every write as `retry`.
@@ -642,12 +748,12 @@ mod tests {
     fn a_failure_no_message_can_be_blamed_for_stops_the_flush_instead_of_halving_forever() {
         for retry in [Retry::Rejected, Retry::Panicked] {
             let recorder = std::sync::Arc::new(Recorder::default());
-            let sinks = Sinks {
-                stages: vec![vec![Box::new(Blameless(retry))]],
-                rejections: Some(Box::new(recorder.clone())),
-            };
+            let sinks = Sinks::dead_lettering(
+                vec![vec![Box::new(Blameless(retry))]],
+                Box::new(recorder.clone()),
+            );
             for batch in [entries(1), entries(4)] {
-                let error = run(&batch, &sinks, &FAST, &Status::default()).unwrap_err();
+                let error = run(batch, &sinks, &FAST, &Status::default()).unwrap_err();
                 assert_eq!(error.retry, Retry::Fatal, "{retry:?}");
                 assert!(
                     error.message.contains("no message is to blame"),
@@ -663,29 +769,13 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_message_refused_is_dead_lettered_not_taken_for_misconfiguration() {
-        let recorder = std::sync::Arc::new(Recorder::default());
-        let picky = Picky {
-            bad: vec![0],
-            accepted: Mutex::new(Vec::new()),
-        };
-        let sinks = Sinks {
-            stages: vec![vec![Box::new(picky)]],
-            rejections: Some(Box::new(recorder.clone())),
-        };
-        let report = run(&entries(1), &sinks, &FAST, &Status::default()).unwrap();
-        assert_eq!(report.rejected.len(), 1);
-        assert_eq!(*recorder.0.lock().unwrap(), [0]);
-    }
-
-    #[test]
     fn a_rejection_with_nowhere_to_dead_letter_it_stops_the_flush() {
         let picky = Picky {
             bad: vec![1],
             accepted: Mutex::new(Vec::new()),
         };
         let error = run(
-            &entries(3),
+            entries(3),
             &Sinks::new(vec![vec![Box::new(picky)]]),
             &FAST,
             &Status::default(),
@@ -733,11 +823,11 @@ mod tests {
             bad: vec![0, 2, 3],
             accepted: Mutex::new(Vec::new()),
         });
-        let sinks = Sinks {
-            stages: vec![vec![Box::new(panicky.clone())]],
-            rejections: Some(Box::new(recorder.clone())),
-        };
-        let report = run(&entries(4), &sinks, &FAST, &Status::default()).unwrap();
+        let sinks = Sinks::dead_lettering(
+            vec![vec![Box::new(panicky.clone())]],
+            Box::new(recorder.clone()),
+        );
+        let report = run(entries(4), &sinks, &FAST, &Status::default()).unwrap();
         assert_eq!(
             report.rejected.iter().map(|r| r.offset).collect::<Vec<_>>(),
             [0, 2, 3]
@@ -760,12 +850,10 @@ mod tests {
             bad: vec![0, 1],
             accepted: Mutex::new(Vec::new()),
         };
-        let sinks = Sinks {
-            stages: vec![vec![Box::new(all_bad)]],
-            rejections: Some(Box::new(recorder.clone())),
-        };
+        let sinks =
+            Sinks::dead_lettering(vec![vec![Box::new(all_bad)]], Box::new(recorder.clone()));
         assert_eq!(
-            run(&entries(2), &sinks, &FAST, &Status::default())
+            run(entries(2), &sinks, &FAST, &Status::default())
                 .unwrap()
                 .rejected
                 .len(),
@@ -812,7 +900,7 @@ mod tests {
             uploads: Mutex::new(Vec::new()),
         });
         let sinks = Sinks::new(vec![vec![Box::new(tail.clone())]]);
-        let report = run(&entries(100), &sinks, &FAST, &Status::default()).unwrap();
+        let report = run(entries(100), &sinks, &FAST, &Status::default()).unwrap();
         assert_eq!(report.sinks[0].retries, 1);
         assert_eq!(
             tail.uploads.lock().unwrap().len(),
@@ -825,7 +913,7 @@ mod tests {
     fn retries_stop_after_the_configured_attempts() {
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
         let sinks = Sinks::new(vec![vec![flaky("blobs", 100, Retry::Retryable, &LOG)]]);
-        assert!(run(&[], &sinks, &FAST, &Status::default()).is_err());
+        assert!(run(Vec::new(), &sinks, &FAST, &Status::default()).is_err());
         assert_eq!(LOG.lock().unwrap().len(), 4);
     }
 }

@@ -361,7 +361,7 @@ impl Pipeline {
     async fn shut_down(&mut self, deadline: Duration) -> Result<(), PipelineError> {
         match self.drain(deadline).await {
             Drained::Durable => Ok(()),
-            Drained::MissedDeadline => Err(PipelineError::DrainDeadline(self.drain_deadline)),
+            Drained::MissedDeadline => Err(PipelineError::DrainDeadline(deadline)),
             Drained::Failed(error) => Err(error),
         }
     }
@@ -505,7 +505,7 @@ impl Pipeline {
     }
 
     fn start_flush(&mut self, reason: CloseReason) {
-        let (batch, threads) = self.buffer.take();
+        let (mut batch, threads) = self.buffer.take();
         self.publish_buffer();
         let offsets: Vec<(i32, i64)> = batch
             .entries
@@ -527,7 +527,6 @@ impl Pipeline {
         self.status.flush_progress();
         let runtime = tokio::runtime::Handle::current();
         self.flushes.spawn_blocking(move || {
-            let result = flush::flush(&runtime, &batch, &sinks, &retry, &status);
             let mut valid = batch.valid().count() as u64;
             let mut invalid_by_reason = BTreeMap::new();
             for (_, invalid) in batch.invalid() {
@@ -535,6 +534,7 @@ impl Pipeline {
                     .entry(invalid.error.reason.as_str())
                     .or_default() += 1;
             }
+            let result = flush::flush(&runtime, &mut batch, &sinks, &retry, &status);
             if let Ok(report) = &result {
                 for rejected in &report.rejected {
                     valid = valid.saturating_sub(1);
@@ -750,7 +750,7 @@ impl Pipeline {
 /// arrive.
 pub fn max_uncommitted(buffer_messages: usize, max_flushes: usize) -> usize {
     buffer_messages
-        .saturating_mul(max_flushes + 1)
+        .saturating_mul(max_flushes.saturating_add(1))
         .saturating_mul(2)
         .max(1_000_000)
 }
@@ -820,6 +820,7 @@ fn to_entry(record: Record, limits: &Limits, topic: &str) -> (Entry, usize) {
                 topic: topic.to_owned(),
                 timestamp: record.timestamp,
                 rejected_by: None,
+                original_lost: false,
             };
             (
                 Entry {

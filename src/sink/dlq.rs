@@ -1,8 +1,9 @@
 //! The dead-letter topic: every invalid message's original bytes, with headers saying why —
 //! `reason`, `detail`, `original_topic`, `original_partition`, `original_offset`,
 //! `original_timestamp`, and `sink` for a valid message a sink rejected (`rejected_by_sink`;
-//! `detail` then holds the sink's error). Written as part of the flush, so it is durable before
-//! the offset commits.
+//! `detail` then holds the sink's error; and `original_lost: true`, with no value, when the
+//! message was gone from its topic by the time it was read again). Written as part of the flush,
+//! so it is durable before the offset commits.
 //!
 //! A dead letter larger than the topic accepts is not dropped and does not stop the flush: its
 //! value is written whole to the blob store under `dlq/{topic}/{partition}/{offset}` and the
@@ -211,12 +212,20 @@ fn headers(entry: &Entry, message: &InvalidMessage) -> OwnedHeaders {
             key: "original_timestamp",
             value: Some(timestamp.as_str()),
         });
-    match message.rejected_by {
+    let headers = match message.rejected_by {
         Some(sink) => headers.insert(Header {
             key: "sink",
             value: Some(sink),
         }),
         None => headers,
+    };
+    if message.original_lost {
+        headers.insert(Header {
+            key: "original_lost",
+            value: Some("true"),
+        })
+    } else {
+        headers
     }
 }
 
@@ -263,8 +272,12 @@ impl RejectedToDlq {
             let detail = format!("{}: {}", r.error.sink, r.error.message);
             // A message gone from the topic cannot be read however long the flush retries: its
             // dead letter says where it was and why it was refused, without its bytes.
-            let (original, detail) = match self.source.fetch(r.partition, r.offset, self.timeout) {
-                Ok(original) => (original, detail),
+            let (original, detail, lost) = match self.source.fetch(
+                r.partition,
+                r.offset,
+                self.timeout,
+            ) {
+                Ok(original) => (original, detail, false),
                 Err(gone @ RefetchError::Gone { .. }) => {
                     error!(partition = r.partition, offset = r.offset, %gone, "a message a sink rejected is gone from the topic: dead-lettered without its bytes");
                     let missing = Record {
@@ -274,7 +287,11 @@ impl RejectedToDlq {
                         key: None,
                         timestamp: None,
                     };
-                    (missing, format!("{detail} (original bytes lost: {gone})"))
+                    (
+                        missing,
+                        format!("{detail} (original bytes lost: {gone})"),
+                        true,
+                    )
                 }
                 Err(e) => return Err(SinkError::from_error("rejected", Retry::Retryable, e)),
             };
@@ -285,6 +302,7 @@ impl RejectedToDlq {
                 topic: self.source_topic.clone(),
                 timestamp: original.timestamp,
                 rejected_by: Some(r.error.sink),
+                original_lost: lost,
             };
             entries.push(Entry {
                 partition: r.partition,

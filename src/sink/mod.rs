@@ -134,6 +134,9 @@ pub struct InvalidMessage {
     pub timestamp: Option<i64>,
     /// The sink that rejected a valid message (`rejected_by_sink`), for the dead-letter headers.
     pub rejected_by: Option<&'static str>,
+    /// The message was gone from its topic when read again to be dead-lettered: `value` is
+    /// empty, not the original (header `original_lost: true`; `redrive` refuses such letters).
+    pub original_lost: bool,
 }
 
 /// What one flush writes. Sinks write slices of it (`&[Entry]`): the flush hands a sink part of

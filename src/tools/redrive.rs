@@ -7,8 +7,9 @@
 //! message carries one header, `redriven_from`, naming the letter (`topic/partition/offset`).
 //!
 //! Every letter read is committed for this group, chosen or not (another `--group-id` reads the
-//! topic afresh). A letter that cannot be re-driven (its stored value is gone, its headers are
-//! not a dead letter's) is reported, with where it is, and the run exits non-zero.
+//! topic afresh). A letter that cannot be re-driven (its stored value is gone, its original bytes
+//! were lost before it was written, its headers are not a dead letter's) is reported, with where
+//! it is, and the run exits non-zero.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -314,6 +315,11 @@ async fn original(
     };
     if header(letter, "reason").is_none() {
         bail!("not a dead letter (no reason header)");
+    }
+    if header(letter, "original_lost").is_some() {
+        bail!(
+            "its original bytes were gone from the topic when it was dead-lettered (see its detail)"
+        );
     }
     Ok((value, key))
 }

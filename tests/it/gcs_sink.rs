@@ -225,7 +225,8 @@ async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
     let runtime = tokio::runtime::Handle::current();
     let (report, batch) = tokio::task::spawn_blocking(move || {
         let status = replay_ingest::health::Status::default();
-        (flush(&runtime, &batch, &sinks, &policy, &status), batch)
+        let mut batch = batch;
+        (flush(&runtime, &mut batch, &sinks, &policy, &status), batch)
     })
     .await
     .unwrap();

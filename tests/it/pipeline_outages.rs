@@ -530,10 +530,10 @@ fn spawn_rejecting(
         source_topic: topic.to_owned(),
         timeout: Duration::from_secs(10),
     };
-    let sinks = Sinks {
-        stages: vec![vec![Box::new(picky), Box::new(dlq_sink)]],
-        rejections: Some(Box::new(rejections)),
-    };
+    let sinks = Sinks::dead_lettering(
+        vec![vec![Box::new(picky), Box::new(dlq_sink)]],
+        Box::new(rejections),
+    );
     let settings = consume_args(topic, group, &[]).pipeline_settings().unwrap();
     spawn_sinks(settings, sinks, status.clone())
 }
@@ -638,6 +638,10 @@ async fn a_rejected_message_gone_from_the_topic_is_dead_lettered_without_its_byt
         ("4", "rejected_by_sink")
     );
     assert!(value.is_empty(), "no bytes to keep");
+    assert_eq!(
+        headers["original_lost"], "true",
+        "told apart from an empty message"
+    );
     assert!(
         headers["detail"].starts_with("picky: Code: 27")
             && headers["detail"].contains("original bytes lost"),
@@ -690,4 +694,12 @@ async fn reading_again_an_offset_the_log_skips_finds_it_gone() {
         other => panic!("offset 2 holds no message: {other:?}"),
     }
     assert_eq!(&source.fetch(0, 3, timeout).unwrap().value[..], b"c");
+    // Back to an earlier offset after a later one was read (and more prefetched): not taken for
+    // gone, whatever the earlier reads left in the consumer.
+    assert_eq!(&source.fetch(0, 0, timeout).unwrap().value[..], b"a");
+    // At or past the end — a log cut back below an offset this service read — gone at once.
+    match source.fetch(0, 6, timeout) {
+        Err(RefetchError::Gone { next: 4, .. }) => {}
+        other => panic!("offset 6 is past the end: {other:?}"),
+    }
 }

@@ -1,11 +1,14 @@
 //! A sink refusing messages, through the service on the real stack (GCS refusing some replays'
 //! uploads through a proxy answering 400): a few refused in a batch that holds nothing else — a
-//! quiet topic's flush — are dead-lettered and the service goes on; a whole batch of many refused
-//! is the sink's configuration, and the service stops with nothing committed.
+//! quiet topic's flush — are dead-lettered, written by no later stage, and the service goes on; a
+//! whole batch of many refused is the sink's configuration, and the service stops with nothing
+//! committed.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+
+use replay_ingest::recording::{self, Limits};
 
 use crate::support::load::Produced;
 use crate::support::*;
@@ -20,6 +23,8 @@ async fn refusing_run(
     refused: usize,
     dir: &std::path::Path,
 ) -> (Names, Produced, Vec<Sent>, proxy::Proxy, Service) {
+    // The first batch holds all of them, however slowly they arrive.
+    let batch = count.to_string();
     let names = Names::create().await;
     let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), count).await;
     let replays = sent[..refused]
@@ -27,11 +32,13 @@ async fn refusing_run(
         .map(|s| replay_of(&s.value))
         .collect();
     let proxy = gcs_refusing(replays, Arc::new(AtomicBool::new(true))).await;
-    let args = with_flag(
+    let mut args = with_flag(
         names.args(Statsd::bind().port(), dir),
         "--gcs-endpoint",
         &proxy.endpoint,
     );
+    args = with_flag(args, "--buffer-max-age-ms", "30000");
+    args.extend(["--buffer-max-messages".to_owned(), batch]);
     let service = Service::start_logging_to(&args, &dir.join("service.log"));
     (names, report, sent, proxy, service)
 }
@@ -64,6 +71,23 @@ async fn a_few_refused_messages_alone_in_their_batch_are_dead_lettered_and_the_s
     })
     .await;
     assert_eq!(service.terminate(), Some(0));
+    // Nothing of theirs in the later stages: no row points at a blob that was not stored.
+    let refused: Vec<&Sent> = sent.iter().collect();
+    assert!(
+        refused.iter().any(|s| {
+            recording::process(&s.value, &Limits::default())
+                .unwrap()
+                .has_rows()
+        }),
+        "some refused message has rows to leave out"
+    );
+    let ids: Vec<String> = refused.iter().map(|s| replay_of(&s.value)).collect();
+    let rows = clickhouse_rows(&names.table).await;
+    assert!(
+        rows.iter()
+            .all(|r| !ids.contains(&r.replay_id.simple().to_string())),
+        "no row of a refused message"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -79,7 +103,7 @@ async fn a_sink_refusing_a_whole_batch_of_many_stops_the_service_with_nothing_co
     );
     let log = std::fs::read_to_string(dir.path().join("service.log")).unwrap();
     assert!(
-        log.contains("messages of the batch refused, so the sink is taken for misconfigured"),
+        log.contains("and accepted none, so the sink is taken for misconfigured"),
         "{log}"
     );
     assert!(committed(&names.group, &names.topic, 2).is_empty());
