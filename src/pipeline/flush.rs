@@ -98,10 +98,15 @@ impl Sinks {
             return Ok(());
         }
         *in_a_row += refused;
-        if policy.misconfigured_at == 0 || *in_a_row < policy.misconfigured_at {
-            return Ok(());
-        }
-        let (count, first) = (*in_a_row, &rejected[0].error);
+        // Only a flush with refusals of its own stops (a concurrent one may have reached the
+        // count first).
+        let first = match rejected.iter().find(|r| r.error.retry == Retry::Rejected) {
+            Some(first) if policy.misconfigured_at > 0 && *in_a_row >= policy.misconfigured_at => {
+                &first.error
+            }
+            _ => return Ok(()),
+        };
+        let count = *in_a_row;
         Err(SinkError::new(
             sink.name(),
             Retry::Fatal,

@@ -1,8 +1,9 @@
 //! `replay-ingest redrive` against the real stack: messages GCS refused (a proxy answering 400
 //! for some replays' uploads), dead-lettered as `rejected_by_sink`, are ingested once the cause is
 //! fixed and they are re-driven — each once, a second run of the group re-drives nothing; a dead
-//! letter too large for its topic goes back byte for byte from the blob store; a dry run counts
-//! and commits nothing; bad arguments are refused.
+//! letter too large for its topic goes back byte for byte from the blob store; one whose original
+//! was lost is reported, not sent; a dry run counts and commits nothing; bad arguments are
+//! refused.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -234,4 +235,64 @@ fn bad_arguments_are_refused_with_a_clear_error() {
     let (ok, said) = redrive(&["--since", "yesterday"]);
     assert!(!ok);
     assert!(said.contains("RFC 3339"), "{said}");
+}
+
+/// A letter whose original was gone from the topic when it was dead-lettered (no value, header
+/// `original_lost`) is reported and not sent: re-driven, it would be an empty message.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_letter_whose_original_was_lost_is_reported_not_sent() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::FutureRecord;
+    let _stack = uses_stack().await;
+    let (topic, dlq) = (unique("rec"), unique("dlq"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    let headers = [
+        ("reason", "rejected_by_sink"),
+        ("detail", "gcs: 400 (original bytes lost: gone)"),
+        ("original_topic", topic.as_str()),
+        ("original_partition", "0"),
+        ("original_offset", "4"),
+        ("sink", "gcs"),
+        ("original_lost", "true"),
+    ]
+    .into_iter()
+    .fold(OwnedHeaders::new(), |h, (key, value)| {
+        h.insert(Header {
+            key,
+            value: Some(value),
+        })
+    });
+    producer()
+        .send(
+            FutureRecord::<(), [u8]>::to(&dlq)
+                .payload(&[])
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let (ok, said) = redrive(&[
+        "--brokers",
+        &brokers(),
+        "--dlq-topic",
+        &dlq,
+        "--topic",
+        &topic,
+        "--group-id",
+        &unique("redrive"),
+        "--blob-sink",
+        "null",
+    ]);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("cannot re-drive") && said.contains("original bytes were gone"),
+        "{said}"
+    );
+    assert!(
+        said.contains("0 letter(s) re-driven, 0 passed over, 1 failed"),
+        "{said}"
+    );
+    assert!(high_watermarks(&topic, 1).is_empty(), "nothing sent");
 }
