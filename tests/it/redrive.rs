@@ -28,6 +28,22 @@ fn redrive(args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// `redrive` of the letters on `dlq` back to `topic` as `group`, with `more` flags.
+fn redrive_in(dlq: &str, topic: &str, group: &str, more: &[&str]) -> (bool, String) {
+    let brokers = brokers();
+    let flags = [
+        "--brokers",
+        &brokers,
+        "--dlq-topic",
+        dlq,
+        "--topic",
+        topic,
+        "--group-id",
+        group,
+    ];
+    redrive(&[&flags[..], more].concat())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn messages_a_sink_refused_are_ingested_once_re_driven_after_the_fix() {
@@ -61,23 +77,18 @@ async fn messages_a_sink_refused_are_ingested_once_re_driven_after_the_fix() {
     // The cause is fixed; the letters go back.
     broken.store(false, Ordering::SeqCst);
     let group = unique("redrive");
-    let common = [
-        "--brokers",
-        &brokers(),
-        "--dlq-topic",
-        &names.dlq,
-        "--topic",
-        &names.topic,
-        "--group-id",
-        &group,
-        "--blob-sink",
-        "null",
-    ];
-    let (ok, dry) =
-        redrive(&[&common[..], &["--dry-run", "--reason", "rejected_by_sink"]].concat());
+    let again = |more: &[&str]| {
+        let flags = [
+            &["--blob-sink", "null", "--reason", "rejected_by_sink"][..],
+            more,
+        ]
+        .concat();
+        redrive_in(&names.dlq, &names.topic, &group, &flags)
+    };
+    let (ok, dry) = again(&["--dry-run"]);
     assert!(ok, "{dry}");
     assert!(dry.contains("2 letter(s) would be re-driven"), "{dry}");
-    let (ok, said) = redrive(&[&common[..], &["--reason", "rejected_by_sink"]].concat());
+    let (ok, said) = again(&[]);
     assert!(ok, "{said}");
     assert!(
         said.contains("2 letter(s) re-driven, 0 passed over, 0 failed"),
@@ -124,11 +135,11 @@ async fn messages_a_sink_refused_are_ingested_once_re_driven_after_the_fix() {
     }
     assert_eq!(service.terminate(), Some(0));
 
-    let (ok, again) = redrive(&[&common[..], &["--reason", "rejected_by_sink"]].concat());
-    assert!(ok, "{again}");
+    let (ok, said) = again(&[]);
+    assert!(ok, "{said}");
     assert!(
-        again.contains("0 letter(s) re-driven"),
-        "the group goes on where it stopped: {again}"
+        said.contains("0 letter(s) re-driven"),
+        "the group goes on where it stopped: {said}"
     );
 }
 
@@ -161,32 +172,23 @@ async fn a_dead_letter_kept_in_the_blob_store_goes_back_byte_for_byte() {
     assert_eq!(service.terminate(), Some(0));
 
     let blob_dir = dir.path().to_str().unwrap();
-    let common = [
-        "--brokers",
-        &brokers(),
-        "--dlq-topic",
-        &dlq,
-        "--topic",
-        &topic,
-        "--group-id",
-        &unique("redrive"),
-        "--blob-sink",
-        "filesystem",
-        "--blob-dir",
-        blob_dir,
-    ];
-    let future = [&common[..], &["--since", "2999-01-01T00:00:00Z"]].concat();
-    let (ok, none) = redrive(&future);
+    // Each run a group of its own: each reads the topic from its start.
+    let afresh = |more: &[&str]| {
+        let flags = [
+            &["--blob-sink", "filesystem", "--blob-dir", blob_dir][..],
+            more,
+        ]
+        .concat();
+        redrive_in(&dlq, &topic, &unique("redrive"), &flags)
+    };
+    let (ok, none) = afresh(&["--since", "2999-01-01T00:00:00Z"]);
     assert!(ok, "{none}");
     assert!(
         none.contains("0 letter(s) re-driven, 1 passed over"),
         "{none}"
     );
 
-    let other_group = unique("redrive");
-    let mut again = common.to_vec();
-    again[7] = &other_group;
-    let (ok, said) = redrive(&again);
+    let (ok, said) = afresh(&[]);
     assert!(ok, "{said}");
     assert!(said.contains("1 letter(s) re-driven"), "{said}");
     let received = read_messages(&topic, 2, Duration::from_secs(20));
@@ -204,9 +206,7 @@ async fn a_dead_letter_kept_in_the_blob_store_goes_back_byte_for_byte() {
     {
         std::fs::remove_file(dir.path().join(file)).unwrap();
     }
-    let third = unique("redrive");
-    again[7] = &third;
-    let (ok, said) = redrive(&again);
+    let (ok, said) = afresh(&[]);
     assert!(!ok);
     assert!(
         said.contains("cannot re-drive") && said.contains("is gone from the blob store"),
@@ -273,18 +273,7 @@ async fn a_letter_whose_original_was_lost_is_reported_not_sent() {
         )
         .await
         .unwrap();
-    let (ok, said) = redrive(&[
-        "--brokers",
-        &brokers(),
-        "--dlq-topic",
-        &dlq,
-        "--topic",
-        &topic,
-        "--group-id",
-        &unique("redrive"),
-        "--blob-sink",
-        "null",
-    ]);
+    let (ok, said) = redrive_in(&dlq, &topic, &unique("redrive"), &["--blob-sink", "null"]);
     assert!(!ok, "{said}");
     assert!(
         said.contains("cannot re-drive") && said.contains("original bytes were gone"),
