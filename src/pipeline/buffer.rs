@@ -150,23 +150,9 @@ pub fn should_pause(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::{InvalidRecording, Reason};
-    use crate::sink::{InvalidMessage, Outcome};
 
     fn entry(offset: i64) -> Entry {
-        Entry {
-            partition: 0,
-            offset,
-            outcome: Outcome::Invalid(Box::new(InvalidMessage {
-                error: InvalidRecording::new(Reason::WrongType, "x"),
-                value: vec![],
-                key: None,
-                topic: "t".into(),
-                timestamp: None,
-                rejected_by: None,
-                original_lost: false,
-            })),
-        }
+        Entry::invalid_for_test(0, offset)
     }
 
     const LIMITS: BufferLimits = BufferLimits {

@@ -599,22 +599,7 @@ mod tests {
 
     fn entries_at(offsets: std::ops::Range<i64>) -> Vec<Entry> {
         offsets
-            .map(|offset| Entry {
-                partition: 0,
-                offset,
-                outcome: crate::sink::Outcome::Invalid(Box::new(crate::sink::InvalidMessage {
-                    error: crate::recording::InvalidRecording::new(
-                        crate::recording::Reason::WrongType,
-                        "x",
-                    ),
-                    value: vec![],
-                    key: None,
-                    topic: "t".into(),
-                    timestamp: None,
-                    rejected_by: None,
-                    original_lost: false,
-                })),
-            })
+            .map(|offset| Entry::invalid_for_test(0, offset))
             .collect()
     }
 

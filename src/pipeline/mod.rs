@@ -543,6 +543,7 @@ impl Pipeline {
                         .or_default() += 1;
                 }
             }
+            let threads = threads_left(&offsets, threads, &batch.entries);
             free_where_made(&pool, batch.entries, threads);
             Flushed {
                 generation,
@@ -755,6 +756,22 @@ pub fn max_uncommitted(buffer_messages: usize, max_flushes: usize) -> usize {
         .max(1_000_000)
 }
 
+/// The threads that made `left`, the entries a flush left in its batch: `threads` are those of
+/// the entries at `offsets`, the batch before the flush took out the messages a stage refused
+/// (the rest in order).
+fn threads_left(offsets: &[(i32, i64)], threads: Vec<usize>, left: &[Entry]) -> Vec<usize> {
+    if left.len() == threads.len() {
+        return threads;
+    }
+    let mut left = left.iter().map(|e| (e.partition, e.offset)).peekable();
+    offsets
+        .iter()
+        .zip(threads)
+        .filter(|(at, _)| left.next_if_eq(at).is_some())
+        .map(|(_, thread)| thread)
+        .collect()
+}
+
 /// Frees a flushed batch on the processing threads that made its entries, each thread its own.
 /// mimalloc frees a block of another thread's heap by pushing it onto a list that the owner
 /// walks later, a cache miss on each side; freeing it in its own heap is a plain push. Freed on
@@ -862,6 +879,20 @@ mod tests {
         );
         assert_eq!(max_uncommitted(200_000, 4), 2_000_000);
         assert_eq!(max_uncommitted(usize::MAX, 4), usize::MAX, "no overflow");
+    }
+
+    #[test]
+    fn the_entries_a_flush_left_keep_the_threads_that_made_them() {
+        let offsets = [(0, 1), (0, 2), (1, 7), (1, 8), (0, 3)];
+        let left: Vec<Entry> = [(0, 2), (1, 8)]
+            .into_iter()
+            .map(|(partition, offset)| Entry::invalid_for_test(partition, offset))
+            .collect();
+        assert_eq!(
+            threads_left(&offsets, vec![0, 1, 0, 1, 1], &left),
+            [1, 1],
+            "the threads of (0, 2) and (1, 8)"
+        );
     }
 
     #[test]

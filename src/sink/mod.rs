@@ -116,6 +116,29 @@ pub struct Entry {
     pub outcome: Outcome,
 }
 
+#[cfg(test)]
+impl Entry {
+    /// An invalid message at `partition`/`offset`, for the unit tests of what handles entries.
+    pub fn invalid_for_test(partition: i32, offset: i64) -> Entry {
+        Entry {
+            partition,
+            offset,
+            outcome: Outcome::Invalid(Box::new(InvalidMessage {
+                error: crate::recording::InvalidRecording::new(
+                    crate::recording::Reason::WrongType,
+                    "x",
+                ),
+                value: vec![],
+                key: None,
+                topic: "t".into(),
+                timestamp: None,
+                rejected_by: None,
+                original_lost: false,
+            })),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub enum Outcome {
     Valid(Box<Processed>),
