@@ -24,6 +24,17 @@ impl HeapSize for String {
     }
 }
 
+/// A short string is held inline (no heap); a longer one owns its capacity.
+impl HeapSize for compact_str::CompactString {
+    fn heap_size(&self) -> usize {
+        if self.is_heap_allocated() {
+            self.capacity()
+        } else {
+            0
+        }
+    }
+}
+
 impl HeapSize for Box<str> {
     fn heap_size(&self) -> usize {
         self.len()

@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
+use compact_str::CompactString;
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use uuid::Uuid;
@@ -47,7 +48,7 @@ pub struct ReplayEvent {
     pub replay_start_timestamp: Option<f64>,
     /// Shared with the segment's visited URLs.
     pub urls: Vec<Url>,
-    pub segment_names: Vec<String>,
+    pub segment_names: Vec<CompactString>,
     /// Ids that are not UUIDs are dropped.
     pub error_ids: Vec<Uuid>,
     pub trace_ids: Vec<Uuid>,
@@ -55,40 +56,40 @@ pub struct ReplayEvent {
     /// items get depends on it).
     pub trace_ids_sent: usize,
     pub is_archived: bool,
-    pub replay_type: String,
-    pub platform: String,
-    pub environment: String,
-    pub release: String,
-    pub dist: String,
-    pub sdk_name: String,
-    pub sdk_version: String,
+    pub replay_type: CompactString,
+    pub platform: CompactString,
+    pub environment: CompactString,
+    pub release: CompactString,
+    pub dist: CompactString,
+    pub sdk_name: CompactString,
+    pub sdk_version: CompactString,
     /// `user.id` as sent (a string, or an integer's digits); `None` when absent.
-    pub user_id: Option<String>,
-    pub user_name: Option<String>,
-    pub user_email: Option<String>,
+    pub user_id: Option<CompactString>,
+    pub user_name: Option<CompactString>,
+    pub user_email: Option<CompactString>,
     /// `user.ip_address` as sent; parsed when the row is built.
-    pub ip_address: Option<String>,
-    pub geo_city: String,
-    pub geo_country_code: String,
-    pub geo_region: String,
-    pub geo_subdivision: String,
-    pub os_name: String,
-    pub os_version: String,
-    pub browser_name: String,
-    pub browser_version: String,
-    pub device_name: String,
-    pub device_brand: String,
-    pub device_family: String,
-    pub device_model: String,
-    pub ota_updates_channel: String,
-    pub ota_updates_runtime_version: String,
-    pub ota_updates_update_id: String,
+    pub ip_address: Option<CompactString>,
+    pub geo_city: CompactString,
+    pub geo_country_code: CompactString,
+    pub geo_region: CompactString,
+    pub geo_subdivision: CompactString,
+    pub os_name: CompactString,
+    pub os_version: CompactString,
+    pub browser_name: CompactString,
+    pub browser_version: CompactString,
+    pub device_name: CompactString,
+    pub device_brand: CompactString,
+    pub device_family: CompactString,
+    pub device_model: CompactString,
+    pub ota_updates_channel: CompactString,
+    pub ota_updates_runtime_version: CompactString,
+    pub ota_updates_update_id: CompactString,
     pub error_sample_rate: Option<f64>,
     pub session_sample_rate: Option<f64>,
     /// The value of the last `transaction` tag (`None` when there is none, or it is null).
-    pub title: Option<String>,
+    pub title: Option<CompactString>,
     /// Every other tag pair in the order sent; a null value is "".
-    pub tags: Vec<(String, String)>,
+    pub tags: Vec<(CompactString, CompactString)>,
     /// List entries and tags left out by the limits above.
     pub dropped_items: u64,
 }
@@ -323,8 +324,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Pair<'a> {
     }
 }
 
-fn string(text: Text<'_>) -> String {
-    text.0.map(Cow::into_owned).unwrap_or_default()
+fn string(text: Text<'_>) -> CompactString {
+    text.0.map(CompactString::from).unwrap_or_default()
 }
 
 /// The first `MAX_LIST_ENTRIES` strings of a list, and how many were left out.
@@ -379,7 +380,7 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     let urls = urls.map(|url| Arc::from(url.as_ref())).collect();
     let (segment_names, left_out) = first_entries(wire.segment_names);
     dropped_items += left_out;
-    let segment_names = segment_names.map(Cow::into_owned).collect();
+    let segment_names = segment_names.map(CompactString::from).collect();
     let error_ids = uuids(wire.error_ids, &mut dropped_items);
     let trace_ids_sent = wire.trace_ids.0.len() + wire.trace_ids.1.0 as usize;
     let trace_ids = uuids(wire.trace_ids, &mut dropped_items);
@@ -388,11 +389,11 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     let (mut title, mut tags) = (None, Vec::new());
     for (key, value) in wire.tags.0 {
         if key == "transaction" {
-            title = value.map(Cow::into_owned);
+            title = value.map(CompactString::from);
         } else {
             tags.push((
-                key.into_owned(),
-                value.map(Cow::into_owned).unwrap_or_default(),
+                CompactString::from(key),
+                value.map(CompactString::from).unwrap_or_default(),
             ));
         }
     }
@@ -425,10 +426,10 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
         dist: string(wire.dist),
         sdk_name: string(wire.sdk.0.name),
         sdk_version: string(wire.sdk.0.version),
-        user_id: user.id.0.map(Cow::into_owned),
-        user_name: user.username.0.map(Cow::into_owned),
-        user_email: user.email.0.map(Cow::into_owned),
-        ip_address: user.ip_address.0.map(Cow::into_owned),
+        user_id: user.id.0.map(CompactString::from),
+        user_name: user.username.0.map(CompactString::from),
+        user_email: user.email.0.map(CompactString::from),
+        ip_address: user.ip_address.0.map(CompactString::from),
         geo_city: string(geo.city),
         geo_country_code: string(geo.country_code),
         geo_region: string(geo.region),
@@ -495,8 +496,8 @@ mod tests {
         assert_eq!(
             event.tags,
             [
-                ("plan".to_owned(), "pro".to_owned()),
-                ("n".to_owned(), String::new())
+                ("plan".into(), "pro".into()),
+                ("n".into(), CompactString::default())
             ]
         );
     }

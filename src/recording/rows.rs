@@ -302,16 +302,20 @@ pub fn click_row(
     ReplayRow {
         environment: Some(environment.to_owned()),
         click_node_id: u32::try_from(click.node_id).unwrap_or(u32::MAX),
-        click_tag: click.tag.clone(),
-        click_id: click.id.clone(),
-        click_class: click.classes.clone(),
-        click_text: click.text.clone(),
-        click_role: click.role.clone(),
-        click_alt: click.alt.clone(),
-        click_testid: click.testid.clone(),
-        click_aria_label: click.aria_label.clone(),
-        click_title: click.title.clone(),
-        click_component_name: click.component_name.clone(),
+        click_tag: click.tag.to_string(),
+        click_id: click.id.to_string(),
+        click_class: click
+            .classes
+            .iter()
+            .map(|class| class.to_string())
+            .collect(),
+        click_text: click.text.to_string(),
+        click_role: click.role.to_string(),
+        click_alt: click.alt.to_string(),
+        click_testid: click.testid.to_string(),
+        click_aria_label: click.aria_label.to_string(),
+        click_title: click.title.to_string(),
+        click_component_name: click.component_name.to_string(),
         click_is_dead: u8::from(click.is_dead),
         click_is_rage: u8::from(click.is_rage),
         ..ReplayRow::base(ids, at, hash, seconds(click.timestamp))
@@ -322,9 +326,9 @@ pub fn tap_row(ids: &SegmentIds, at: KafkaPosition, environment: &str, tap: &Tap
     let hash = tap_event_hash(&ids.replay_id, tap.timestamp, &tap.view_id);
     ReplayRow {
         environment: Some(environment.to_owned()),
-        tap_message: tap.message.clone(),
-        tap_view_class: tap.view_class.clone(),
-        tap_view_id: tap.view_id.clone(),
+        tap_message: tap.message.to_string(),
+        tap_view_class: tap.view_class.to_string(),
+        tap_view_id: tap.view_id.to_string(),
         ..ReplayRow::base(ids, at, hash, seconds(tap.timestamp))
     }
 }
@@ -352,52 +356,59 @@ pub fn segment_row(ids: &SegmentIds, at: KafkaPosition, event: &ReplayEvent) -> 
         Some(IpAddr::V6(v6)) => (None, Some(v6)),
         None => (None, None),
     };
-    let user = (event.user_id.clone())
-        .or_else(|| event.user_name.clone())
-        .or_else(|| event.user_email.clone())
+    let user = (event.user_id.as_deref())
+        .or(event.user_name.as_deref())
+        .or(event.user_email.as_deref())
+        .map(str::to_owned)
         .or_else(|| ip.map(|ip| ip.to_string()))
         .unwrap_or_default();
-    let (tags_key, tags_value) = event.tags.iter().cloned().unzip();
+    let (tags_key, tags_value) = (event.tags.iter())
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .unzip();
     ReplayRow {
         replay_id: event.replay_id.unwrap_or(ids.replay_uuid),
-        replay_type: Some(event.replay_type.clone()),
+        replay_type: Some(event.replay_type.to_string()),
         error_sample_rate: Some(event.error_sample_rate.unwrap_or(-1.0)),
         session_sample_rate: Some(event.session_sample_rate.unwrap_or(-1.0)),
         segment_id: event.segment_id.and_then(|id| u16::try_from(id).ok()),
         trace_ids: event.trace_ids.clone(),
-        title: event.title.clone(),
+        title: event.title.as_deref().map(str::to_owned),
         urls: event.urls.iter().map(|url| url.to_string()).collect(),
-        segment_names: event.segment_names.clone(),
+        segment_names: event
+            .segment_names
+            .iter()
+            .map(|name| name.to_string())
+            .collect(),
         is_archived: Some(u8::from(event.is_archived)),
         error_ids: event.error_ids.clone(),
         replay_start_timestamp: event.replay_start_timestamp.map(seconds),
-        platform: event.platform.clone(),
-        environment: Some(event.environment.clone()),
-        release: Some(event.release.clone()),
-        dist: Some(event.dist.clone()),
+        platform: event.platform.to_string(),
+        environment: Some(event.environment.to_string()),
+        release: Some(event.release.to_string()),
+        dist: Some(event.dist.to_string()),
         ip_address_v4,
         ip_address_v6,
         user: Some(user),
-        user_id: Some(event.user_id.clone().unwrap_or_default()),
-        user_name: Some(event.user_name.clone().unwrap_or_default()),
-        user_email: Some(event.user_email.clone().unwrap_or_default()),
-        user_geo_city: event.geo_city.clone(),
-        user_geo_country_code: event.geo_country_code.clone(),
-        user_geo_region: event.geo_region.clone(),
-        user_geo_subdivision: event.geo_subdivision.clone(),
-        os_name: Some(event.os_name.clone()),
-        os_version: Some(event.os_version.clone()),
-        browser_name: Some(event.browser_name.clone()),
-        browser_version: Some(event.browser_version.clone()),
-        device_name: Some(event.device_name.clone()),
-        device_brand: Some(event.device_brand.clone()),
-        device_family: Some(event.device_family.clone()),
-        device_model: Some(event.device_model.clone()),
-        ota_updates_channel: event.ota_updates_channel.clone(),
-        ota_updates_runtime_version: event.ota_updates_runtime_version.clone(),
-        ota_updates_update_id: event.ota_updates_update_id.clone(),
-        sdk_name: Some(event.sdk_name.clone()),
-        sdk_version: Some(event.sdk_version.clone()),
+        user_id: Some(event.user_id.as_deref().unwrap_or_default().to_owned()),
+        user_name: Some(event.user_name.as_deref().unwrap_or_default().to_owned()),
+        user_email: Some(event.user_email.as_deref().unwrap_or_default().to_owned()),
+        user_geo_city: event.geo_city.to_string(),
+        user_geo_country_code: event.geo_country_code.to_string(),
+        user_geo_region: event.geo_region.to_string(),
+        user_geo_subdivision: event.geo_subdivision.to_string(),
+        os_name: Some(event.os_name.to_string()),
+        os_version: Some(event.os_version.to_string()),
+        browser_name: Some(event.browser_name.to_string()),
+        browser_version: Some(event.browser_version.to_string()),
+        device_name: Some(event.device_name.to_string()),
+        device_brand: Some(event.device_brand.to_string()),
+        device_family: Some(event.device_family.to_string()),
+        device_model: Some(event.device_model.to_string()),
+        ota_updates_channel: event.ota_updates_channel.to_string(),
+        ota_updates_runtime_version: event.ota_updates_runtime_version.to_string(),
+        ota_updates_update_id: event.ota_updates_update_id.to_string(),
+        sdk_name: Some(event.sdk_name.to_string()),
+        sdk_version: Some(event.sdk_version.to_string()),
         tags_key,
         tags_value,
         ..ReplayRow::base(ids, at, hash, timestamp)

@@ -13,6 +13,7 @@
 //! clamped to what snuba's columns hold (snuba clamps timestamps itself and would reject a
 //! `node_id` past 32 bits). Messages carry no key, as Sentry's do.
 
+use compact_str::CompactString;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -122,7 +123,7 @@ enum Items<'a> {
 struct ClickItem<'a> {
     alt: &'a str,
     aria_label: &'a str,
-    class: &'a [String],
+    class: &'a [CompactString],
     component_name: &'a str,
     event_hash: String,
     id: &'a str,

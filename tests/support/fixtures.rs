@@ -221,10 +221,7 @@ pub fn fixture_batch() -> Batch {
         .filter_map(|value| recording::process(value, &Limits::default()).ok())
         .map(|mut p| {
             if let Some(event) = p.replay_event.as_mut().filter(|_| p.writes_segment_row) {
-                event.ip_address = addresses
-                    .next()
-                    .map(String::from)
-                    .or(event.ip_address.take());
+                event.ip_address = addresses.next().map(Into::into).or(event.ip_address.take());
             }
             p
         })

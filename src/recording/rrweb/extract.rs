@@ -4,6 +4,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use compact_str::CompactString;
+
 use super::model::*;
 use super::wire::*;
 use super::{MAX_LIST_BYTES, MAX_LIST_ITEMS, MAX_TEXT_BYTES, MAX_URL_BYTES, RowLimits};
@@ -104,10 +106,10 @@ fn to_millis(timestamp: f64) -> Option<u64> {
 
 /// The first `max_chars` characters (Python's `s[:max_chars]`, as Sentry cuts click fields), and
 /// whether anything was cut.
-fn truncate(s: &str, max_chars: usize) -> (String, bool) {
+fn truncate(s: &str, max_chars: usize) -> (CompactString, bool) {
     match s.char_indices().nth(max_chars) {
-        Some((end, _)) => (s.get(..end).unwrap_or(s).to_owned(), true),
-        None => (s.to_owned(), false),
+        Some((end, _)) => (s.get(..end).unwrap_or(s).into(), true),
+        None => (s.into(), false),
     }
 }
 
@@ -138,14 +140,14 @@ const RAGE_CLICK_MIN_COUNT: f64 = 5.0;
 
 impl Extractor {
     /// `text` cut to `max` bytes with the marker; cuts are counted.
-    fn capped(&mut self, text: &str, max: usize) -> String {
+    fn capped(&mut self, text: &str, max: usize) -> CompactString {
         let (kept, cut) = cut_bytes(text, max);
         self.out.truncated_values += u64::from(cut);
-        kept.into_owned()
+        kept.into()
     }
 
     /// Sentry's `s[:max_chars]` for a click column; cuts are counted.
-    fn column(&mut self, text: &Text<'_>, max_chars: usize) -> String {
+    fn column(&mut self, text: &Text<'_>, max_chars: usize) -> CompactString {
         let (kept, cut) = truncate(text.as_str().unwrap_or_default(), max_chars);
         self.out.truncated_values += u64::from(cut);
         kept
@@ -341,7 +343,7 @@ impl Extractor {
                         if self.admit::<Navigation>(text) {
                             let item = Navigation {
                                 timestamp_ms: ts_ms,
-                                op: category.to_owned(),
+                                op: category.into(),
                                 from: from.map(|f| self.url(f)),
                                 to: self.url(to),
                             };
@@ -415,7 +417,7 @@ impl Extractor {
             .into_iter()
             .find(|t| t.as_str().is_some_and(|t| !t.is_empty()))
             .unwrap_or(&attrs.test_id);
-        let classes: Vec<String> = attrs
+        let classes: Vec<CompactString> = attrs
             .class
             .as_str()
             .unwrap_or_default()
@@ -492,7 +494,7 @@ impl Extractor {
                 if self.admit::<Request>(text + op.len()) {
                     let item = Request {
                         timestamp_ms: ts_ms,
-                        op: op.to_owned(),
+                        op: op.into(),
                         url: self.url(description),
                         method: method.map(|m| self.capped(m, MAX_TEXT_BYTES)),
                         status_code: data.status_code.as_u64(),
@@ -774,8 +776,8 @@ mod tests {
 
     #[test]
     fn truncation_counts_characters_not_bytes() {
-        assert_eq!(truncate("ééé", 2), ("éé".to_owned(), true));
-        assert_eq!(truncate("ab", 5), ("ab".to_owned(), false));
+        assert_eq!(truncate("ééé", 2), ("éé".into(), true));
+        assert_eq!(truncate("ab", 5), ("ab".into(), false));
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use compact_str::CompactString;
 use serde::Serialize;
 
 use super::{MAX_DISTINCT_KEYS, MAX_KEY_BYTES, MAX_LIST_ITEMS, TRUNCATION_MARKER};
@@ -250,22 +251,22 @@ pub struct Click {
     pub timestamp: f64,
     pub node_id: u64,
     /// Element tag name (≤ 32 chars).
-    pub tag: String,
+    pub tag: CompactString,
     /// `id` attribute (≤ 64 chars).
-    pub id: String,
+    pub id: CompactString,
     /// First 10 classes of the `class` attribute, each at most `MAX_TEXT_BYTES`.
-    pub classes: Vec<String>,
+    pub classes: Vec<CompactString>,
     /// Visible text (≤ 1024 chars).
-    pub text: String,
-    pub role: String,
-    pub alt: String,
-    pub aria_label: String,
-    pub title: String,
-    pub testid: String,
+    pub text: CompactString,
+    pub role: CompactString,
+    pub alt: CompactString,
+    pub aria_label: CompactString,
+    pub title: CompactString,
+    pub testid: CompactString,
     /// `data-sentry-component`, the framework component name.
-    pub component_name: String,
+    pub component_name: CompactString,
     /// CSS selector of the node (`payload.message`), at most `MAX_TEXT_BYTES`.
-    pub selector: String,
+    pub selector: CompactString,
     /// Page the click happened on: the breadcrumb's own `url` (shared with the visited URLs, not
     /// copied), empty when it has none. Sentry reports a rage click as an issue only with one.
     pub url: Url,
@@ -286,10 +287,10 @@ impl Click {
             classes: vec!["btn".into(), "primary".into()],
             text: "Submit".into(),
             role: "button".into(),
-            alt: String::new(),
-            aria_label: String::new(),
-            title: String::new(),
-            testid: String::new(),
+            alt: CompactString::default(),
+            aria_label: CompactString::default(),
+            title: CompactString::default(),
+            testid: CompactString::default(),
             component_name: "SignUpForm".into(),
             selector: "button#submit".into(),
             url: "https://example.com/signup".into(),
@@ -304,9 +305,9 @@ impl Click {
 pub struct Tap {
     /// Seconds since the epoch.
     pub timestamp: f64,
-    pub message: String,
-    pub view_class: String,
-    pub view_id: String,
+    pub message: CompactString,
+    pub view_class: CompactString,
+    pub view_id: CompactString,
 }
 
 /// A `ui.multiClick` breadcrumb: several quick clicks on one node that did react.
@@ -314,7 +315,7 @@ pub struct Tap {
 pub struct MultiClick {
     pub timestamp_ms: u64,
     pub node_id: Option<u64>,
-    pub selector: String,
+    pub selector: CompactString,
     pub click_count: u64,
 }
 
@@ -323,7 +324,7 @@ pub struct MultiClick {
 pub struct Navigation {
     pub timestamp_ms: u64,
     /// Span op (`navigation.navigate`, `navigation.push`, …) or `navigation` for a breadcrumb.
-    pub op: String,
+    pub op: CompactString,
     pub from: Option<Url>,
     /// For a span, the same allocation as the page URL it moves to.
     pub to: Url,
@@ -333,9 +334,9 @@ pub struct Navigation {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Request {
     pub timestamp_ms: u64,
-    pub op: String,
+    pub op: CompactString,
     pub url: Url,
-    pub method: Option<String>,
+    pub method: Option<CompactString>,
     pub status_code: Option<u64>,
     pub request_size: Option<u64>,
     pub response_size: Option<u64>,
@@ -355,9 +356,9 @@ pub struct HydrationError {
 pub struct WebVital {
     pub timestamp_ms: u64,
     /// The span description, e.g. `largest-contentful-paint`.
-    pub name: String,
+    pub name: CompactString,
     pub value: Option<f64>,
-    pub rating: Option<String>,
+    pub rating: Option<CompactString>,
 }
 
 /// Everything extracted from one segment's events.

@@ -486,9 +486,9 @@ mod tests {
         let row = |seconds: f64| {
             let tap = crate::recording::rrweb::Tap {
                 timestamp: seconds,
-                message: String::new(),
-                view_class: String::new(),
-                view_id: String::new(),
+                message: Default::default(),
+                view_class: Default::default(),
+                view_id: Default::default(),
             };
             crate::recording::rows::tap_row(&ids, Default::default(), "", &tap)
         };
