@@ -129,12 +129,16 @@ impl Watch {
     fn saw(&mut self, read: &[u8]) -> Option<ExceptionIn200> {
         let mut window = std::mem::take(&mut self.carry);
         window.extend_from_slice(read);
+        // Only this answer's bytes count: the carry may end the previous answer on the connection
+        // (an error's body, which would otherwise be found again in the next `200`).
+        let mut answer = &window[..];
         if let Some(at) = memchr::memmem::rfind(&window, b"HTTP/1.1 ")
             && let Some(code) = window.get(at + 9..at + 12)
         {
             self.ok = code == b"200";
+            answer = &window[at..];
         }
-        let found = self.ok.then(|| exception(&window)).flatten();
+        let found = self.ok.then(|| exception(answer)).flatten();
         let keep = window.len().saturating_sub(CARRY);
         self.carry = window.split_off(keep);
         found
@@ -288,6 +292,16 @@ mod tests {
             keep_alive
                 .saw(b"HTTP/1.1 200 OK\r\n\r\nCode: 241. DB::Exception: Memory limit\n")
                 .is_some()
+        );
+        // An error's body carried over is not found again in the next answer, an empty `200`
+        // (the other half of a batch ClickHouse refused part of, on the same connection).
+        let mut after_error = Watch::default();
+        let refused = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 38\r\n\r\nCode: 27. DB::Exception: Cannot parse\n";
+        assert_eq!(after_error.saw(refused), None);
+        assert_eq!(
+            after_error.saw(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+            None,
+            "the previous answer's exception is not this one's"
         );
         assert_eq!(Watch::default().saw(b"HTTP/1.1 200 OK\r\n\r\n"), None);
         assert_eq!(
