@@ -17,7 +17,8 @@
 //! When a sink rejects data, the flush halves the batch (and halves again) until each rejected
 //! message stands alone; those are dead-lettered with reason `rejected_by_sink`, the rest is
 //! written, and the batch commits. A message a stage refuses is left out of the later stages
-//! (no row or event for a blob that was not stored; a re-drive writes them once). A sink that
+//! (no row or event for a blob that was not stored; a re-drive writes them once). Which stages
+//! there are, and why in that order, is `main.rs::sinks`'s. A sink that
 //! refuses many messages in a row (`--misconfigured-at-refusals`, 10 by default), accepting none
 //! in between, over one flush or several, is not refusing data but misconfigured: that stops the
 //! flush like any fatal error. A few refused prove nothing (on a quiet topic a batch may hold only

@@ -48,21 +48,6 @@ async fn capture_inserts() -> (String, Arc<Mutex<Vec<bytes::Bytes>>>) {
     (url, bodies)
 }
 
-/// ClickHouse's compressed block stream (16-byte checksum, method 0x82 = LZ4, compressed size
-/// with the 9-byte header, decompressed size, data) back to the bytes it carries.
-fn decompress(mut stream: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while !stream.is_empty() {
-        let header = &stream[16..25];
-        assert_eq!(header[0], 0x82, "LZ4 block");
-        let compressed = u32::from_le_bytes(header[1..5].try_into().unwrap()) as usize;
-        let size = u32::from_le_bytes(header[5..9].try_into().unwrap()) as usize;
-        out.extend(lz4_flex::block::decompress(&stream[25..16 + compressed], size).unwrap());
-        stream = &stream[16 + compressed..];
-    }
-    out
-}
-
 /// Every number as a float, so `-1` from ClickHouse and `-1.0` from serde compare equal.
 fn normalized(value: Value) -> Value {
     match value {
@@ -96,7 +81,7 @@ async fn snubas_ddl_runs_on_clickhouse_26_and_the_sinks_bytes_insert_and_read_ba
         .lock()
         .unwrap()
         .iter()
-        .flat_map(|b| decompress(b))
+        .flat_map(|b| clickhouse_decompress(b))
         .collect();
 
     let columns = <ReplayRow as clickhouse::Row>::COLUMN_NAMES;

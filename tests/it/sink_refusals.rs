@@ -2,13 +2,15 @@
 //! uploads through a proxy answering 400): a few refused in a batch that holds nothing else — a
 //! quiet topic's flush — are dead-lettered, written by no later stage, and the service goes on; a
 //! whole batch of many refused is the sink's configuration, and the service stops with nothing
-//! committed.
+//! committed. ClickHouse refusing some messages' rows (through a proxy answering as ClickHouse
+//! does a row it cannot parse): no event of theirs is published before they are dead-lettered, so
+//! a re-drive publishes them once.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use replay_ingest::recording::{self, Limits};
+use replay_ingest::recording::{self, IssueGates, Limits};
 
 use crate::support::load::Produced;
 use crate::support::*;
@@ -108,4 +110,82 @@ async fn a_sink_refusing_a_whole_batch_of_many_stops_the_service_with_nothing_co
     );
     assert!(committed(&names.group, &names.topic, 2).is_empty());
     assert!(read_messages(&names.dlq, 1, Duration::from_secs(3)).is_empty());
+}
+
+/// Rows are written before events: a message ClickHouse refuses has had its blob written (the same
+/// key again on a re-drive) and nothing published. With rows and events in one stage, its billing
+/// outcome went out before the dead letter, and again with the re-drive.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_letter() {
+    let _stack = uses_stack().await;
+    let dir = tempfile::tempdir().unwrap();
+    let count = 12;
+    let names = Names::create().await;
+    let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), count).await;
+    let outcomes_of = |s: &Sent| -> Vec<String> {
+        let processed = recording::process(&s.value, &Limits::default()).unwrap();
+        (processed.events(&IssueGates::default()).into_iter())
+            .filter(|e| e.kind() == "outcome")
+            .map(|e| String::from_utf8(e.into_json().unwrap()).unwrap())
+            .collect()
+    };
+    let has_rows =
+        |s: &Sent| (recording::process(&s.value, &Limits::default()).unwrap()).has_rows();
+    // Two messages with rows and a billing outcome are refused; the rest are written.
+    let (refused, accepted): (Vec<&Sent>, Vec<&Sent>) = {
+        let mut refused = 0;
+        sent.iter().partition(|s| {
+            let refuse = refused < 2 && has_rows(s) && !outcomes_of(s).is_empty();
+            refused += usize::from(refuse);
+            refuse
+        })
+    };
+    assert_eq!(
+        refused.len(),
+        2,
+        "the mix has messages with rows and an outcome"
+    );
+    let mut expected: Vec<String> = accepted.iter().flat_map(|s| outcomes_of(s)).collect();
+    assert!(!expected.is_empty(), "some accepted message has an outcome");
+    let ids: Vec<String> = refused.iter().map(|s| replay_of(&s.value)).collect();
+    let proxy = clickhouse_refusing(ids.clone(), Arc::new(AtomicBool::new(true))).await;
+    let mut args = with_flag(
+        names.args(Statsd::bind().port(), dir.path()),
+        "--clickhouse-url",
+        &proxy.endpoint,
+    );
+    args = with_flag(args, "--buffer-max-age-ms", "30000");
+    args.extend(["--buffer-max-messages".to_owned(), count.to_string()]);
+    let service = Service::start_logging_to(&args, &dir.path().join("service.log"));
+    wait_for("the batch committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&report)
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+
+    let letters = read_messages(&names.dlq, 3, Duration::from_secs(10));
+    assert_eq!(letters.len(), 2, "each refused message dead-lettered once");
+    for letter in &letters {
+        assert_eq!(letter.headers["sink"], "clickhouse");
+        assert!(
+            refused.iter().any(|s| s.value == letter.value),
+            "the original"
+        );
+    }
+    let rows = clickhouse_rows(&names.table).await;
+    assert!(
+        rows.iter()
+            .all(|r| !ids.contains(&r.replay_id.simple().to_string())),
+        "no row of a refused message"
+    );
+    // Exactly the accepted messages' outcomes: none of the refused ones went out.
+    let mut published: Vec<String> =
+        read_messages(&names.outcomes, expected.len() + 2, Duration::from_secs(10))
+            .into_iter()
+            .map(|m| String::from_utf8(m.value).unwrap())
+            .collect();
+    published.sort();
+    expected.sort();
+    assert_eq!(published, expected);
 }

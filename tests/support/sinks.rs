@@ -215,6 +215,52 @@ pub async fn gcs_refusing(replays: Vec<String>, refusing: Arc<AtomicBool>) -> pr
     .await
 }
 
+/// ClickHouse's compressed block stream (16-byte checksum, method 0x82 = LZ4, compressed size
+/// with the 9-byte header, decompressed size, data) back to the bytes it carries.
+pub fn clickhouse_decompress(mut stream: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while !stream.is_empty() {
+        let header = &stream[16..25];
+        assert_eq!(header[0], 0x82, "LZ4 block");
+        let compressed = u32::from_le_bytes(header[1..5].try_into().unwrap()) as usize;
+        let size = u32::from_le_bytes(header[5..9].try_into().unwrap()) as usize;
+        out.extend(lz4_flex::block::decompress(&stream[25..16 + compressed], size).unwrap());
+        stream = &stream[16 + compressed..];
+    }
+    out
+}
+
+/// A proxy in front of ClickHouse that refuses, while `refusing` is set, every INSERT holding a
+/// row of one of `replays` (its `replay_id` as RowBinary writes a UUID: two little-endian
+/// halves), answering as ClickHouse does a row it cannot parse; the rest goes through.
+pub async fn clickhouse_refusing(replays: Vec<String>, refusing: Arc<AtomicBool>) -> proxy::Proxy {
+    let ids: Vec<[u8; 16]> = replays
+        .iter()
+        .map(|replay| {
+            let (high, low) = uuid::Uuid::parse_str(replay).unwrap().as_u64_pair();
+            let mut bytes = [0; 16];
+            bytes[..8].copy_from_slice(&high.to_le_bytes());
+            bytes[8..].copy_from_slice(&low.to_le_bytes());
+            bytes
+        })
+        .collect();
+    proxy::Proxy::start(&clickhouse_url(), move |seen| {
+        let inserting = seen.path.contains("INSERT") && seen.path.contains("decompress=1");
+        let holds = |rows: &[u8]| ids.iter().any(|id| rows.windows(16).any(|w| w == id));
+        if inserting && refusing.load(Ordering::SeqCst) && holds(&clickhouse_decompress(seen.body)) {
+            proxy::Action::Answer {
+                status: 500,
+                headers: vec![("x-clickhouse-exception-code", "27".into())],
+                body: "Code: 27. DB::Exception: Cannot parse input: expected '\\t' (version 18.16.1)\n"
+                    .into(),
+            }
+        } else {
+            proxy::Action::Forward
+        }
+    })
+    .await
+}
+
 /// The replay id of a message `recording::process` accepts.
 pub fn replay_of(value: &[u8]) -> String {
     replay_ingest::recording::process(value, &replay_ingest::recording::Limits::default())
