@@ -194,14 +194,15 @@ fn said_once(error: &anyhow::Error) -> String {
 }
 
 /// The flush stages, one after the other: blobs (and dead letters) first, so no row or event ever
-/// points at a missing blob; then rows; then events; then EAP trace items. A message a stage
-/// refuses is written by no later stage and re-driven whole, so what a re-drive writes again must
-/// come before the refusal: blobs and rows are written again harmlessly (the same key, a row that
-/// collapses with its first copy), events and items would be counted twice. Hence rows before
-/// events, and only the last stage's refusal can follow a write of events. In turn, rows and
-/// events add their times to a flush's instead of overlapping; both are small beside the blobs'
-/// (`architecture.md`). Metrics follow the flush. Each sink module builds its sink with its destination's health check
-/// (`sink::Built`); `startup` runs the checks.
+/// points at a missing blob; then rows and EAP trace items together; then events. A message a
+/// stage refuses is written by no later stage and re-driven whole, so a re-drive writes again what
+/// came before the refusal: blobs, rows and trace items harmlessly (the same key, a row that
+/// collapses with its first copy, an item under the same `item_id`), events not (a billing outcome
+/// counts twice). Events come last, so that no other sink's refusal follows them; only the events
+/// sink's own can (one of a message's events refused after another was delivered). In turn, rows
+/// and events add their times to a flush's instead of overlapping; both are small beside the
+/// blobs' (`architecture.md`). Metrics follow the flush. Each sink module builds its sink with its
+/// destination's health check (`sink::Built`); `startup` runs the checks.
 async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks> {
     let timeout = args.sink_timeout();
     let kafka = args
@@ -282,11 +283,8 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
     if args.blobs.blob_sink == BlobSinkKind::Gcs {
         warn_of_unexpired_blobs(args.blobs.gcs_config(timeout)?);
     }
-    let later = [rows, events]
-        .into_iter()
-        .chain(trace_items)
-        .map(|sink| vec![sink]);
-    for stage in std::iter::once(vec![blobs, dlq]).chain(later) {
+    let idempotent = std::iter::once(rows).chain(trace_items).collect();
+    for stage in [vec![blobs, dlq], idempotent, vec![events]] {
         let mut gated = Vec::new();
         for built in stage {
             gated.push(startup::gated(built, status).await?);

@@ -199,8 +199,9 @@ async fn flush_stages(
             refused_here.extend(rejected);
         }
         if !refused_here.is_empty() {
-            // Later stages point at what earlier ones wrote (rows and events at blobs): a message
-            // refused here is dead-lettered whole and written by none of them.
+            // Later stages point at what earlier ones wrote (rows and events at blobs), and a
+            // re-drive writes it all again (`main.rs::sinks` orders the stages for that): a
+            // message refused here is dead-lettered whole and written by none of them.
             let out: HashSet<(i32, i64)> = refused_here
                 .iter()
                 .map(|r| (r.partition, r.offset))

@@ -302,20 +302,20 @@ pub fn click_row(
     ReplayRow {
         environment: Some(environment.to_owned()),
         click_node_id: u32::try_from(click.node_id).unwrap_or(u32::MAX),
-        click_tag: click.tag.to_string(),
-        click_id: click.id.to_string(),
+        click_tag: click.tag.as_str().to_owned(),
+        click_id: click.id.as_str().to_owned(),
         click_class: click
             .classes
             .iter()
-            .map(|class| class.to_string())
+            .map(|class| class.as_str().to_owned())
             .collect(),
-        click_text: click.text.to_string(),
-        click_role: click.role.to_string(),
-        click_alt: click.alt.to_string(),
-        click_testid: click.testid.to_string(),
-        click_aria_label: click.aria_label.to_string(),
-        click_title: click.title.to_string(),
-        click_component_name: click.component_name.to_string(),
+        click_text: click.text.as_str().to_owned(),
+        click_role: click.role.as_str().to_owned(),
+        click_alt: click.alt.as_str().to_owned(),
+        click_testid: click.testid.as_str().to_owned(),
+        click_aria_label: click.aria_label.as_str().to_owned(),
+        click_title: click.title.as_str().to_owned(),
+        click_component_name: click.component_name.as_str().to_owned(),
         click_is_dead: u8::from(click.is_dead),
         click_is_rage: u8::from(click.is_rage),
         ..ReplayRow::base(ids, at, hash, seconds(click.timestamp))
@@ -326,9 +326,9 @@ pub fn tap_row(ids: &SegmentIds, at: KafkaPosition, environment: &str, tap: &Tap
     let hash = tap_event_hash(&ids.replay_id, tap.timestamp, &tap.view_id);
     ReplayRow {
         environment: Some(environment.to_owned()),
-        tap_message: tap.message.to_string(),
-        tap_view_class: tap.view_class.to_string(),
-        tap_view_id: tap.view_id.to_string(),
+        tap_message: tap.message.as_str().to_owned(),
+        tap_view_class: tap.view_class.as_str().to_owned(),
+        tap_view_id: tap.view_id.as_str().to_owned(),
         ..ReplayRow::base(ids, at, hash, seconds(tap.timestamp))
     }
 }
@@ -363,11 +363,11 @@ pub fn segment_row(ids: &SegmentIds, at: KafkaPosition, event: &ReplayEvent) -> 
         .or_else(|| ip.map(|ip| ip.to_string()))
         .unwrap_or_default();
     let (tags_key, tags_value) = (event.tags.iter())
-        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .map(|(key, value)| (key.as_str().to_owned(), value.as_str().to_owned()))
         .unzip();
     ReplayRow {
         replay_id: event.replay_id.unwrap_or(ids.replay_uuid),
-        replay_type: Some(event.replay_type.to_string()),
+        replay_type: Some(event.replay_type.as_str().to_owned()),
         error_sample_rate: Some(event.error_sample_rate.unwrap_or(-1.0)),
         session_sample_rate: Some(event.session_sample_rate.unwrap_or(-1.0)),
         segment_id: event.segment_id.and_then(|id| u16::try_from(id).ok()),
@@ -377,38 +377,38 @@ pub fn segment_row(ids: &SegmentIds, at: KafkaPosition, event: &ReplayEvent) -> 
         segment_names: event
             .segment_names
             .iter()
-            .map(|name| name.to_string())
+            .map(|name| name.as_str().to_owned())
             .collect(),
         is_archived: Some(u8::from(event.is_archived)),
         error_ids: event.error_ids.clone(),
         replay_start_timestamp: event.replay_start_timestamp.map(seconds),
-        platform: event.platform.to_string(),
-        environment: Some(event.environment.to_string()),
-        release: Some(event.release.to_string()),
-        dist: Some(event.dist.to_string()),
+        platform: event.platform.as_str().to_owned(),
+        environment: Some(event.environment.as_str().to_owned()),
+        release: Some(event.release.as_str().to_owned()),
+        dist: Some(event.dist.as_str().to_owned()),
         ip_address_v4,
         ip_address_v6,
         user: Some(user),
         user_id: Some(event.user_id.as_deref().unwrap_or_default().to_owned()),
         user_name: Some(event.user_name.as_deref().unwrap_or_default().to_owned()),
         user_email: Some(event.user_email.as_deref().unwrap_or_default().to_owned()),
-        user_geo_city: event.geo_city.to_string(),
-        user_geo_country_code: event.geo_country_code.to_string(),
-        user_geo_region: event.geo_region.to_string(),
-        user_geo_subdivision: event.geo_subdivision.to_string(),
-        os_name: Some(event.os_name.to_string()),
-        os_version: Some(event.os_version.to_string()),
-        browser_name: Some(event.browser_name.to_string()),
-        browser_version: Some(event.browser_version.to_string()),
-        device_name: Some(event.device_name.to_string()),
-        device_brand: Some(event.device_brand.to_string()),
-        device_family: Some(event.device_family.to_string()),
-        device_model: Some(event.device_model.to_string()),
-        ota_updates_channel: event.ota_updates_channel.to_string(),
-        ota_updates_runtime_version: event.ota_updates_runtime_version.to_string(),
-        ota_updates_update_id: event.ota_updates_update_id.to_string(),
-        sdk_name: Some(event.sdk_name.to_string()),
-        sdk_version: Some(event.sdk_version.to_string()),
+        user_geo_city: event.geo_city.as_str().to_owned(),
+        user_geo_country_code: event.geo_country_code.as_str().to_owned(),
+        user_geo_region: event.geo_region.as_str().to_owned(),
+        user_geo_subdivision: event.geo_subdivision.as_str().to_owned(),
+        os_name: Some(event.os_name.as_str().to_owned()),
+        os_version: Some(event.os_version.as_str().to_owned()),
+        browser_name: Some(event.browser_name.as_str().to_owned()),
+        browser_version: Some(event.browser_version.as_str().to_owned()),
+        device_name: Some(event.device_name.as_str().to_owned()),
+        device_brand: Some(event.device_brand.as_str().to_owned()),
+        device_family: Some(event.device_family.as_str().to_owned()),
+        device_model: Some(event.device_model.as_str().to_owned()),
+        ota_updates_channel: event.ota_updates_channel.as_str().to_owned(),
+        ota_updates_runtime_version: event.ota_updates_runtime_version.as_str().to_owned(),
+        ota_updates_update_id: event.ota_updates_update_id.as_str().to_owned(),
+        sdk_name: Some(event.sdk_name.as_str().to_owned()),
+        sdk_version: Some(event.sdk_version.as_str().to_owned()),
         tags_key,
         tags_value,
         ..ReplayRow::base(ids, at, hash, timestamp)

@@ -1,8 +1,8 @@
 //! Breadcrumbs as EAP trace items on `snuba-items`: one message per item, no key, the
 //! `TraceItem` protobuf as the value (built while processing, `recording::trace_items`). Off
-//! unless `--trace-items-rollout` is above 0, as in Sentry. Written in the flush's second stage,
-//! after the blobs, and acknowledged before the batch commits; a redelivered segment rewrites the
-//! same items (same `item_id`), which Snuba's table collapses.
+//! unless `--trace-items-rollout` is above 0, as in Sentry. Written beside the rows, after the
+//! blobs and before the events, and acknowledged before the batch commits; a redelivered segment
+//! rewrites the same items (same `item_id`), which Snuba's table collapses.
 
 use clap::Args;
 

@@ -128,11 +128,13 @@ impl Watch {
     /// Looks at `read` (the bytes one read returned); an exception in a `200` answer is returned.
     fn saw(&mut self, read: &[u8]) -> Option<ExceptionIn200> {
         let mut window = std::mem::take(&mut self.carry);
+        let carried = window.len();
         window.extend_from_slice(read);
         // Only this answer's bytes count: the carry may end the previous answer on the connection
-        // (an error's body, which would otherwise be found again in the next `200`).
+        // (an error's body, which would otherwise be found again in the next `200`). A status
+        // line starts a read or a line; "HTTP/1.1 " inside a body is not one.
         let mut answer = &window[..];
-        if let Some(at) = memchr::memmem::rfind(&window, b"HTTP/1.1 ")
+        if let Some(at) = status_line(&window, carried)
             && let Some(code) = window.get(at + 9..at + 12)
         {
             self.ok = code == b"200";
@@ -143,6 +145,13 @@ impl Watch {
         self.carry = window.split_off(keep);
         found
     }
+}
+
+/// Where the last status line in `window` starts: "HTTP/1.1 " at the start of the window, of
+/// the read after `carried` bytes of the one before, or of a line.
+fn status_line(window: &[u8], carried: usize) -> Option<usize> {
+    memchr::memmem::rfind_iter(window, b"HTTP/1.1 ")
+        .find(|&at| at == 0 || at == carried || window[at - 1] == b'\n')
 }
 
 /// `Code: N. DB::Exception: …` or `Code: N, e.displayText() = DB::Exception: …` in `window`.
@@ -302,6 +311,13 @@ mod tests {
             after_error.saw(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
             None,
             "the previous answer's exception is not this one's"
+        );
+        // A body quoting a status line is still the body of the `200` it follows.
+        let quoting =
+            b"HTTP/1.1 200 OK\r\n\r\nCode: 1000. DB::Exception: remote answered HTTP/1.1 200 OK\n";
+        assert!(
+            Watch::default().saw(quoting).is_some(),
+            "\"HTTP/1.1 \" inside the body is not a status line"
         );
         assert_eq!(Watch::default().saw(b"HTTP/1.1 200 OK\r\n\r\n"), None);
         assert_eq!(
