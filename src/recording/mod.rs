@@ -310,16 +310,16 @@ fn user_attributes(event: Option<&ReplayEvent>) -> Vec<(&'static str, &str)> {
         return Vec::new();
     };
     let optional = [
-        ("user_id", event.user_id.as_deref()),
-        ("user_email", event.user_email.as_deref()),
-        ("user_name", event.user_name.as_deref()),
-        ("user_ip", event.ip_address.as_deref()),
+        ("user_id", event.user_id()),
+        ("user_email", event.user_email()),
+        ("user_name", event.user_name()),
+        ("user_ip", event.ip_address()),
     ];
     let present = [
-        ("user_geo_city", event.geo_city.as_str()),
-        ("user_geo_country_code", event.geo_country_code.as_str()),
-        ("user_geo_region", event.geo_region.as_str()),
-        ("user_geo_subdivision", event.geo_subdivision.as_str()),
+        ("user_geo_city", event.geo_city()),
+        ("user_geo_country_code", event.geo_country_code()),
+        ("user_geo_region", event.geo_region()),
+        ("user_geo_subdivision", event.geo_subdivision()),
     ];
     optional
         .into_iter()

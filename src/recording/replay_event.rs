@@ -35,6 +35,7 @@ pub const MAX_TAGS: usize = 1000;
 
 /// The replay event's fields this service stores, owned. Absent and wrong-typed fields are
 /// `None` or empty; the segment row maps them as snuba maps the published event (`rows.rs`).
+/// The texts are read through the methods [`text_fields!`] declares.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReplayEvent {
     /// The event's own `replay_id`, when it is a UUID.
@@ -56,42 +57,13 @@ pub struct ReplayEvent {
     /// items get depends on it).
     pub trace_ids_sent: usize,
     pub is_archived: bool,
-    pub replay_type: CompactString,
-    pub platform: CompactString,
-    pub environment: CompactString,
-    pub release: CompactString,
-    pub dist: CompactString,
-    pub sdk_name: CompactString,
-    pub sdk_version: CompactString,
-    /// `user.id` as sent (a string, or an integer's digits); `None` when absent.
-    pub user_id: Option<CompactString>,
-    pub user_name: Option<CompactString>,
-    pub user_email: Option<CompactString>,
-    /// `user.ip_address` as sent; parsed when the row is built.
-    pub ip_address: Option<CompactString>,
-    pub geo_city: CompactString,
-    pub geo_country_code: CompactString,
-    pub geo_region: CompactString,
-    pub geo_subdivision: CompactString,
-    pub os_name: CompactString,
-    pub os_version: CompactString,
-    pub browser_name: CompactString,
-    pub browser_version: CompactString,
-    pub device_name: CompactString,
-    pub device_brand: CompactString,
-    pub device_family: CompactString,
-    pub device_model: CompactString,
-    pub ota_updates_channel: CompactString,
-    pub ota_updates_runtime_version: CompactString,
-    pub ota_updates_update_id: CompactString,
     pub error_sample_rate: Option<f64>,
     pub session_sample_rate: Option<f64>,
-    /// The value of the last `transaction` tag (`None` when there is none, or it is null).
-    pub title: Option<CompactString>,
-    /// Every other tag pair in the order sent; a null value is "".
+    /// Every tag pair but `transaction` (the title), in the order sent; a null value is "".
     pub tags: Vec<(CompactString, CompactString)>,
     /// List entries and tags left out by the limits above.
     pub dropped_items: u64,
+    texts: Texts,
 }
 
 heap_size!(ReplayEvent {
@@ -99,35 +71,122 @@ heap_size!(ReplayEvent {
     segment_names,
     error_ids,
     trace_ids,
-    replay_type,
-    platform,
-    environment,
-    release,
-    dist,
-    sdk_name,
-    sdk_version,
-    user_id,
-    user_name,
-    user_email,
-    ip_address,
-    geo_city,
-    geo_country_code,
-    geo_region,
-    geo_subdivision,
-    os_name,
-    os_version,
-    browser_name,
-    browser_version,
-    device_name,
-    device_brand,
-    device_family,
-    device_model,
-    ota_updates_channel,
-    ota_updates_runtime_version,
-    ota_updates_update_id,
-    title,
     tags,
+    texts,
 });
+
+/// Declares the replay event's text fields: [`TextField`], a method reading each (`&str` for
+/// one that is empty when absent, `Option<&str>` for one whose absence the rows keep).
+macro_rules! text_fields {
+    (
+        present: $($(#[$present_doc:meta])* $present:ident),+;
+        optional: $($(#[$optional_doc:meta])* $optional:ident),+;
+    ) => {
+        /// A text field of the replay event.
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum TextField {
+            $($present,)+
+            $($optional,)+
+        }
+
+        impl TextField {
+            const ALL: &[TextField] = &[$(TextField::$present,)+ $(TextField::$optional,)+];
+        }
+
+        impl ReplayEvent {
+            $(
+                $(#[$present_doc])*
+                pub fn $present(&self) -> &str {
+                    self.texts.get(TextField::$present).unwrap_or_default()
+                }
+            )+
+            $(
+                $(#[$optional_doc])*
+                pub fn $optional(&self) -> Option<&str> {
+                    self.texts.get(TextField::$optional)
+                }
+            )+
+        }
+    };
+}
+
+text_fields! {
+    present: replay_type, platform, environment, release, dist, sdk_name, sdk_version, geo_city,
+        geo_country_code, geo_region, geo_subdivision, os_name, os_version, browser_name,
+        browser_version, device_name, device_brand, device_family, device_model,
+        ota_updates_channel, ota_updates_runtime_version, ota_updates_update_id;
+    optional:
+        /// `user.id` as sent (a string, or an integer's digits).
+        user_id, user_name, user_email,
+        /// `user.ip_address` as sent; parsed when the row is built.
+        ip_address,
+        /// The value of the last `transaction` tag (`None` when there is none, or it is null).
+        title;
+}
+
+/// Text fields the event holds.
+const TEXT_FIELDS: usize = TextField::ALL.len();
+
+/// The event's texts in one allocation, instead of one (or an inline string of 24 bytes) each:
+/// a buffered segment's replay event took 896 bytes, most of them empty strings.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Texts {
+    /// Every present field's text, in [`TextField`] order.
+    joined: Box<str>,
+    /// Where each field's text ends in `joined`; it starts where the one before ends.
+    ends: [u32; TEXT_FIELDS],
+    /// A bit per field that is present.
+    present: u32,
+}
+
+heap_size!(Texts { joined });
+
+impl Texts {
+    /// `values` in [`TextField`] order.
+    fn new(values: &[Option<&str>; TEXT_FIELDS]) -> Texts {
+        let mut joined = String::with_capacity(values.iter().flatten().map(|v| v.len()).sum());
+        let (mut ends, mut present) = ([0; TEXT_FIELDS], 0);
+        for (i, (value, end)) in values.iter().zip(&mut ends).enumerate() {
+            if let Some(value) = value {
+                joined.push_str(value);
+                present |= 1 << i;
+            }
+            // A replay event is part of one Kafka message, far below 4 GiB.
+            *end = u32::try_from(joined.len()).unwrap_or(u32::MAX);
+        }
+        Texts {
+            joined: joined.into_boxed_str(),
+            ends,
+            present,
+        }
+    }
+
+    fn get(&self, field: TextField) -> Option<&str> {
+        let i = field as usize;
+        if self.present & 1 << i == 0 {
+            return None;
+        }
+        let start = i.checked_sub(1).and_then(|before| self.ends.get(before));
+        let (start, end) = (start.copied().unwrap_or(0), *self.ends.get(i)?);
+        self.joined.get(start as usize..end as usize)
+    }
+
+    fn values(&self) -> [Option<&str>; TEXT_FIELDS] {
+        std::array::from_fn(|i| TextField::ALL.get(i).and_then(|&field| self.get(field)))
+    }
+}
+
+impl ReplayEvent {
+    /// Sets one text field (absent with `None`).
+    pub fn set_text(&mut self, field: TextField, value: Option<&str>) {
+        let mut values = self.texts.values();
+        if let Some(slot) = values.get_mut(field as usize) {
+            *slot = value;
+        }
+        self.texts = Texts::new(&values);
+    }
+}
 
 #[derive(Deserialize)]
 struct Wire<'a> {
@@ -324,10 +383,6 @@ impl<'de: 'a, 'a> Deserialize<'de> for Pair<'a> {
     }
 }
 
-fn string(text: Text<'_>) -> CompactString {
-    text.0.map(CompactString::from).unwrap_or_default()
-}
-
 /// The first `MAX_LIST_ENTRIES` strings of a list, and how many were left out.
 fn first_entries<'a>(list: TextList<'a>) -> (impl Iterator<Item = Cow<'a, str>>, u64) {
     let dropped = list.1.0 + list.0.len().saturating_sub(MAX_LIST_ENTRIES) as u64;
@@ -389,7 +444,7 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     let (mut title, mut tags) = (None, Vec::new());
     for (key, value) in wire.tags.0 {
         if key == "transaction" {
-            title = value.map(CompactString::from);
+            title = value;
         } else {
             tags.push((
                 CompactString::from(key),
@@ -398,6 +453,58 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
         }
     }
     tags.shrink_to_fit();
+    let mut texts = [None; TEXT_FIELDS];
+    for (field, text) in [
+        (TextField::replay_type, wire.replay_type.0.as_deref()),
+        (TextField::platform, wire.platform.0.as_deref()),
+        (TextField::environment, wire.environment.0.as_deref()),
+        (TextField::release, wire.release.0.as_deref()),
+        (TextField::dist, wire.dist.0.as_deref()),
+        (TextField::sdk_name, wire.sdk.0.name.0.as_deref()),
+        (TextField::sdk_version, wire.sdk.0.version.0.as_deref()),
+        (TextField::user_id, user.id.0.as_deref()),
+        (TextField::user_name, user.username.0.as_deref()),
+        (TextField::user_email, user.email.0.as_deref()),
+        (TextField::ip_address, user.ip_address.0.as_deref()),
+        (TextField::geo_city, geo.city.0.as_deref()),
+        (TextField::geo_country_code, geo.country_code.0.as_deref()),
+        (TextField::geo_region, geo.region.0.as_deref()),
+        (TextField::geo_subdivision, geo.subdivision.0.as_deref()),
+        (TextField::os_name, contexts.os.0.name.0.as_deref()),
+        (TextField::os_version, contexts.os.0.version.0.as_deref()),
+        (
+            TextField::browser_name,
+            contexts.browser.0.name.0.as_deref(),
+        ),
+        (
+            TextField::browser_version,
+            contexts.browser.0.version.0.as_deref(),
+        ),
+        (TextField::device_name, contexts.device.0.name.0.as_deref()),
+        (
+            TextField::device_brand,
+            contexts.device.0.brand.0.as_deref(),
+        ),
+        (
+            TextField::device_family,
+            contexts.device.0.family.0.as_deref(),
+        ),
+        (
+            TextField::device_model,
+            contexts.device.0.model.0.as_deref(),
+        ),
+        (TextField::ota_updates_channel, ota.channel.0.as_deref()),
+        (
+            TextField::ota_updates_runtime_version,
+            ota.runtime_version.0.as_deref(),
+        ),
+        (TextField::ota_updates_update_id, ota.update_id.0.as_deref()),
+        (TextField::title, title.as_deref()),
+    ] {
+        if let Some(slot) = texts.get_mut(field as usize) {
+            *slot = text;
+        }
+    }
     Ok(ReplayEvent {
         replay_id: wire
             .replay_id
@@ -419,37 +526,11 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
         trace_ids,
         trace_ids_sent,
         is_archived: wire.is_archived.0,
-        replay_type: string(wire.replay_type),
-        platform: string(wire.platform),
-        environment: string(wire.environment),
-        release: string(wire.release),
-        dist: string(wire.dist),
-        sdk_name: string(wire.sdk.0.name),
-        sdk_version: string(wire.sdk.0.version),
-        user_id: user.id.0.map(CompactString::from),
-        user_name: user.username.0.map(CompactString::from),
-        user_email: user.email.0.map(CompactString::from),
-        ip_address: user.ip_address.0.map(CompactString::from),
-        geo_city: string(geo.city),
-        geo_country_code: string(geo.country_code),
-        geo_region: string(geo.region),
-        geo_subdivision: string(geo.subdivision),
-        os_name: string(contexts.os.0.name),
-        os_version: string(contexts.os.0.version),
-        browser_name: string(contexts.browser.0.name),
-        browser_version: string(contexts.browser.0.version),
-        device_name: string(contexts.device.0.name),
-        device_brand: string(contexts.device.0.brand),
-        device_family: string(contexts.device.0.family),
-        device_model: string(contexts.device.0.model),
-        ota_updates_channel: string(ota.channel),
-        ota_updates_runtime_version: string(ota.runtime_version),
-        ota_updates_update_id: string(ota.update_id),
         error_sample_rate: contexts.replay.0.error_sample_rate.0,
         session_sample_rate: contexts.replay.0.session_sample_rate.0,
-        title,
         tags,
         dropped_items,
+        texts: Texts::new(&texts),
     })
 }
 
@@ -477,17 +558,14 @@ mod tests {
         );
         assert_eq!(event.error_ids.len(), 1, "non-UUID ids are dropped");
         assert_eq!(
-            (event.sdk_name.as_str(), event.sdk_version.as_str()),
+            (event.sdk_name(), event.sdk_version()),
             ("sentry.javascript.browser", "11.12.0")
         );
         assert_eq!(
-            (event.user_id.as_deref(), event.ip_address.as_deref()),
+            (event.user_id(), event.ip_address()),
             (Some("42"), Some("127.0.0.1"))
         );
-        assert_eq!(
-            (event.browser_name.as_str(), event.os_name.as_str()),
-            ("Chrome", "Linux")
-        );
+        assert_eq!((event.browser_name(), event.os_name()), ("Chrome", "Linux"));
         assert_eq!(
             (event.session_sample_rate, event.error_sample_rate),
             (Some(1.0), Some(0.5))
@@ -514,9 +592,37 @@ mod tests {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         assert_eq!(tags, [("a", "1"), ("b", ""), ("c", "3")]);
-        assert_eq!(event.title.as_deref(), Some("/b"));
+        assert_eq!(event.title(), Some("/b"));
         let null_title = parse(br#"{"tags":[["transaction","/a"],["transaction",null]]}"#).unwrap();
-        assert_eq!((null_title.title, null_title.tags.len()), (None, 0));
+        assert_eq!((null_title.title(), null_title.tags.len()), (None, 0));
+    }
+
+    #[test]
+    fn texts_share_one_allocation_and_an_absent_field_differs_from_an_empty_one() {
+        let mut event = parse(
+            br#"{"platform":"javascript","user":{"id":"","username":"ada"},"release":"x@1.2.3 \u00e9",
+            "tags":[["transaction","/a"]]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (event.platform(), event.release(), event.environment()),
+            ("javascript", "x@1.2.3 é", "")
+        );
+        assert_eq!(
+            (event.user_id(), event.user_name(), event.user_email()),
+            (Some(""), Some("ada"), None)
+        );
+        assert_eq!(event.title(), Some("/a"));
+        let before = event.clone();
+        event.set_text(TextField::ip_address, Some("192.0.2.7"));
+        assert_eq!(event.ip_address(), Some("192.0.2.7"));
+        event.set_text(TextField::ip_address, None);
+        assert_eq!(event, before, "every other text kept, in place");
+        use crate::recording::heap::HeapSize;
+        assert_eq!(
+            event.texts.heap_size(),
+            "javascript".len() + "ada".len() + "x@1.2.3 é".len() + "/a".len()
+        );
     }
 
     #[test]
@@ -537,15 +643,15 @@ mod tests {
             (Some(70_000), None, true)
         );
         assert_eq!(
-            (event.user_id.as_deref(), event.user_name.as_deref()),
+            (event.user_id(), event.user_name()),
             (Some("42"), Some("ada"))
         );
-        assert_eq!((event.user_email, event.ip_address), (None, None));
+        assert_eq!((event.user_email(), event.ip_address()), (None, None));
         assert_eq!(
-            (event.geo_city.as_str(), event.geo_country_code.as_str()),
+            (event.geo_city(), event.geo_country_code()),
             ("Austin", "US")
         );
-        assert_eq!(event.ota_updates_channel, "prod");
+        assert_eq!(event.ota_updates_channel(), "prod");
         assert_eq!(event.segment_names, ["checkout"]);
     }
 

@@ -269,9 +269,7 @@ pub fn build(
     publish_replay_event: bool,
     extracted: &Extracted,
 ) -> Vec<ReplayRow> {
-    let environment = replay_event
-        .map(|e| e.environment.as_str())
-        .unwrap_or_default();
+    let environment = replay_event.map(|e| e.environment()).unwrap_or_default();
     let segment = replay_event.filter(|_| publish_replay_event);
     let mut rows = Vec::with_capacity(
         usize::from(segment.is_some()) + extracted.clicks.len() + extracted.taps.len(),
@@ -347,18 +345,15 @@ pub fn segment_row(ids: &SegmentIds, at: KafkaPosition, event: &ReplayEvent) -> 
     let hash = event
         .event_hash
         .unwrap_or_else(|| segment_event_hash(event.segment_id.unwrap_or(ids.segment_id)));
-    let ip = event
-        .ip_address
-        .as_deref()
-        .and_then(|ip| ip.parse::<IpAddr>().ok());
+    let ip = (event.ip_address()).and_then(|ip| ip.parse::<IpAddr>().ok());
     let (ip_address_v4, ip_address_v6) = match ip {
         Some(IpAddr::V4(v4)) => (Some(v4), None),
         Some(IpAddr::V6(v6)) => (None, Some(v6)),
         None => (None, None),
     };
-    let user = (event.user_id.as_deref())
-        .or(event.user_name.as_deref())
-        .or(event.user_email.as_deref())
+    let user = (event.user_id())
+        .or(event.user_name())
+        .or(event.user_email())
         .map(str::to_owned)
         .or_else(|| ip.map(|ip| ip.to_string()))
         .unwrap_or_default();
@@ -367,12 +362,12 @@ pub fn segment_row(ids: &SegmentIds, at: KafkaPosition, event: &ReplayEvent) -> 
         .unzip();
     ReplayRow {
         replay_id: event.replay_id.unwrap_or(ids.replay_uuid),
-        replay_type: Some(event.replay_type.as_str().to_owned()),
+        replay_type: Some(event.replay_type().to_owned()),
         error_sample_rate: Some(event.error_sample_rate.unwrap_or(-1.0)),
         session_sample_rate: Some(event.session_sample_rate.unwrap_or(-1.0)),
         segment_id: event.segment_id.and_then(|id| u16::try_from(id).ok()),
         trace_ids: event.trace_ids.clone(),
-        title: event.title.as_deref().map(str::to_owned),
+        title: event.title().map(str::to_owned),
         urls: event.urls.iter().map(|url| url.to_string()).collect(),
         segment_names: event
             .segment_names
@@ -382,33 +377,33 @@ pub fn segment_row(ids: &SegmentIds, at: KafkaPosition, event: &ReplayEvent) -> 
         is_archived: Some(u8::from(event.is_archived)),
         error_ids: event.error_ids.clone(),
         replay_start_timestamp: event.replay_start_timestamp.map(seconds),
-        platform: event.platform.as_str().to_owned(),
-        environment: Some(event.environment.as_str().to_owned()),
-        release: Some(event.release.as_str().to_owned()),
-        dist: Some(event.dist.as_str().to_owned()),
+        platform: event.platform().to_owned(),
+        environment: Some(event.environment().to_owned()),
+        release: Some(event.release().to_owned()),
+        dist: Some(event.dist().to_owned()),
         ip_address_v4,
         ip_address_v6,
         user: Some(user),
-        user_id: Some(event.user_id.as_deref().unwrap_or_default().to_owned()),
-        user_name: Some(event.user_name.as_deref().unwrap_or_default().to_owned()),
-        user_email: Some(event.user_email.as_deref().unwrap_or_default().to_owned()),
-        user_geo_city: event.geo_city.as_str().to_owned(),
-        user_geo_country_code: event.geo_country_code.as_str().to_owned(),
-        user_geo_region: event.geo_region.as_str().to_owned(),
-        user_geo_subdivision: event.geo_subdivision.as_str().to_owned(),
-        os_name: Some(event.os_name.as_str().to_owned()),
-        os_version: Some(event.os_version.as_str().to_owned()),
-        browser_name: Some(event.browser_name.as_str().to_owned()),
-        browser_version: Some(event.browser_version.as_str().to_owned()),
-        device_name: Some(event.device_name.as_str().to_owned()),
-        device_brand: Some(event.device_brand.as_str().to_owned()),
-        device_family: Some(event.device_family.as_str().to_owned()),
-        device_model: Some(event.device_model.as_str().to_owned()),
-        ota_updates_channel: event.ota_updates_channel.as_str().to_owned(),
-        ota_updates_runtime_version: event.ota_updates_runtime_version.as_str().to_owned(),
-        ota_updates_update_id: event.ota_updates_update_id.as_str().to_owned(),
-        sdk_name: Some(event.sdk_name.as_str().to_owned()),
-        sdk_version: Some(event.sdk_version.as_str().to_owned()),
+        user_id: Some(event.user_id().unwrap_or_default().to_owned()),
+        user_name: Some(event.user_name().unwrap_or_default().to_owned()),
+        user_email: Some(event.user_email().unwrap_or_default().to_owned()),
+        user_geo_city: event.geo_city().to_owned(),
+        user_geo_country_code: event.geo_country_code().to_owned(),
+        user_geo_region: event.geo_region().to_owned(),
+        user_geo_subdivision: event.geo_subdivision().to_owned(),
+        os_name: Some(event.os_name().to_owned()),
+        os_version: Some(event.os_version().to_owned()),
+        browser_name: Some(event.browser_name().to_owned()),
+        browser_version: Some(event.browser_version().to_owned()),
+        device_name: Some(event.device_name().to_owned()),
+        device_brand: Some(event.device_brand().to_owned()),
+        device_family: Some(event.device_family().to_owned()),
+        device_model: Some(event.device_model().to_owned()),
+        ota_updates_channel: event.ota_updates_channel().to_owned(),
+        ota_updates_runtime_version: event.ota_updates_runtime_version().to_owned(),
+        ota_updates_update_id: event.ota_updates_update_id().to_owned(),
+        sdk_name: Some(event.sdk_name().to_owned()),
+        sdk_version: Some(event.sdk_version().to_owned()),
         tags_key,
         tags_value,
         ..ReplayRow::base(ids, at, hash, timestamp)

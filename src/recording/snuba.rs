@@ -42,10 +42,7 @@ pub fn messages(p: &Processed) -> Result<Vec<Vec<u8>>, serde_json::Error> {
             payload,
         })?);
     }
-    let environment = p
-        .replay_event
-        .as_ref()
-        .map_or("", |e| e.environment.as_str());
+    let environment = p.replay_event.as_ref().map_or("", |e| e.environment());
     // One message per kind of item: the items in an envelope, with `"type":"replay_event"`.
     let mut publish = |items: Items<'_>| -> Result<(), serde_json::Error> {
         messages.push(serde_json::to_vec(&Envelope {

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use replay_ingest::recording::replay_event::TextField;
 use replay_ingest::recording::{self, KafkaPosition, Limits, ReplayRow};
 use replay_ingest::sink::{Batch, Entry, Outcome};
 
@@ -220,8 +221,10 @@ pub fn fixture_batch() -> Batch {
         .iter()
         .filter_map(|value| recording::process(value, &Limits::default()).ok())
         .map(|mut p| {
-            if let Some(event) = p.replay_event.as_mut().filter(|_| p.writes_segment_row) {
-                event.ip_address = addresses.next().map(Into::into).or(event.ip_address.take());
+            if let Some(event) = p.replay_event.as_mut().filter(|_| p.writes_segment_row)
+                && let Some(address) = addresses.next()
+            {
+                event.set_text(TextField::ip_address, Some(address));
             }
             p
         })
