@@ -35,7 +35,8 @@ pub const MAX_TAGS: usize = 1000;
 
 /// The replay event's fields this service stores, owned. Absent and wrong-typed fields are
 /// `None` or empty; the segment row maps them as snuba maps the published event (`rows.rs`).
-/// The texts are read through the methods [`text_fields!`] declares.
+/// Its texts are read through methods (`platform()`, `user_id()`, …), which `text_fields!`
+/// declares.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReplayEvent {
     /// The event's own `replay_id`, when it is a UUID.
@@ -75,30 +76,31 @@ heap_size!(ReplayEvent {
     texts,
 });
 
-/// Declares the replay event's text fields: [`TextField`], a method reading each (`&str` for
-/// one that is empty when absent, `Option<&str>` for one whose absence the rows keep).
+/// Declares the replay event's text fields: [`TextField`], and a method reading each: `&str`
+/// for a `text` (empty when absent), `Option<&str>` for an `optional` one (whose absence the rows
+/// keep).
 macro_rules! text_fields {
     (
-        present: $($(#[$present_doc:meta])* $present:ident),+;
+        text: $($(#[$text_doc:meta])* $text:ident),+;
         optional: $($(#[$optional_doc:meta])* $optional:ident),+;
     ) => {
         /// A text field of the replay event.
         #[allow(non_camel_case_types)]
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub enum TextField {
-            $($present,)+
+            $($text,)+
             $($optional,)+
         }
 
         impl TextField {
-            const ALL: &[TextField] = &[$(TextField::$present,)+ $(TextField::$optional,)+];
+            const ALL: &[TextField] = &[$(TextField::$text,)+ $(TextField::$optional,)+];
         }
 
         impl ReplayEvent {
             $(
-                $(#[$present_doc])*
-                pub fn $present(&self) -> &str {
-                    self.texts.get(TextField::$present).unwrap_or_default()
+                $(#[$text_doc])*
+                pub fn $text(&self) -> &str {
+                    self.texts.get(TextField::$text).unwrap_or_default()
                 }
             )+
             $(
@@ -112,7 +114,7 @@ macro_rules! text_fields {
 }
 
 text_fields! {
-    present: replay_type, platform, environment, release, dist, sdk_name, sdk_version, geo_city,
+    text: replay_type, platform, environment, release, dist, sdk_name, sdk_version, geo_city,
         geo_country_code, geo_region, geo_subdivision, os_name, os_version, browser_name,
         browser_version, device_name, device_brand, device_family, device_model,
         ota_updates_channel, ota_updates_runtime_version, ota_updates_update_id;
@@ -127,6 +129,9 @@ text_fields! {
 
 /// Text fields the event holds.
 const TEXT_FIELDS: usize = TextField::ALL.len();
+
+// One bit of `Texts::present` per field.
+const _: () = assert!(TEXT_FIELDS <= u32::BITS as usize);
 
 /// The event's texts in one allocation, instead of one (or an inline string of 24 bytes) each:
 /// a buffered segment's replay event took 896 bytes, most of them empty strings.
