@@ -25,8 +25,6 @@ async fn refusing_run(
     refused: usize,
     dir: &std::path::Path,
 ) -> (Names, Produced, Vec<Sent>, proxy::Proxy, Service) {
-    // The first batch holds all of them, however slowly they arrive.
-    let batch = count.to_string();
     let names = Names::create().await;
     let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), count).await;
     let replays = sent[..refused]
@@ -34,15 +32,27 @@ async fn refusing_run(
         .map(|s| replay_of(&s.value))
         .collect();
     let proxy = gcs_refusing(replays, Arc::new(AtomicBool::new(true))).await;
+    let service = one_batch_service(&names, count, dir, ("--gcs-endpoint", &proxy.endpoint));
+    (names, report, sent, proxy, service)
+}
+
+/// The service with every real sink, `destination` (a flag and its value) pointing one of them
+/// elsewhere, flushing the first `count` messages as one batch however slowly they arrive; its
+/// logs in `dir`.
+fn one_batch_service(
+    names: &Names,
+    count: u64,
+    dir: &std::path::Path,
+    destination: (&str, &str),
+) -> Service {
     let mut args = with_flag(
         names.args(Statsd::bind().port(), dir),
-        "--gcs-endpoint",
-        &proxy.endpoint,
+        destination.0,
+        destination.1,
     );
     args = with_flag(args, "--buffer-max-age-ms", "30000");
-    args.extend(["--buffer-max-messages".to_owned(), batch]);
-    let service = Service::start_logging_to(&args, &dir.join("service.log"));
-    (names, report, sent, proxy, service)
+    args.extend(["--buffer-max-messages".to_owned(), count.to_string()]);
+    Service::start_logging_to(&args, &dir.join("service.log"))
 }
 
 /// Before, two or more messages refused with nothing accepted stopped the service, and its
@@ -123,20 +133,22 @@ async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_l
     let count = 12;
     let names = Names::create().await;
     let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), count).await;
-    let outcomes_of = |s: &Sent| -> Vec<String> {
-        let processed = recording::process(&s.value, &Limits::default()).unwrap();
-        (processed.events(&IssueGates::default()).into_iter())
-            .filter(|e| e.kind() == "outcome")
-            .map(|e| String::from_utf8(e.into_json().unwrap()).unwrap())
-            .collect()
-    };
-    let has_rows =
-        |s: &Sent| (recording::process(&s.value, &Limits::default()).unwrap()).has_rows();
+    // Each message with whether it has rows and its billing outcomes.
+    let made: Vec<(&Sent, bool, Vec<String>)> = (sent.iter())
+        .map(|s| {
+            let processed = recording::process(&s.value, &Limits::default()).unwrap();
+            let outcomes = (processed.events(&IssueGates::default()).into_iter())
+                .filter(|e| e.kind() == "outcome")
+                .map(|e| String::from_utf8(e.into_json().unwrap()).unwrap())
+                .collect();
+            (s, processed.has_rows(), outcomes)
+        })
+        .collect();
     // Two messages with rows and a billing outcome are refused; the rest are written.
-    let (refused, accepted): (Vec<&Sent>, Vec<&Sent>) = {
+    let (refused, accepted): (Vec<_>, Vec<_>) = {
         let mut refused = 0;
-        sent.iter().partition(|s| {
-            let refuse = refused < 2 && has_rows(s) && !outcomes_of(s).is_empty();
+        made.iter().partition(|(_, has_rows, outcomes)| {
+            let refuse = refused < 2 && *has_rows && !outcomes.is_empty();
             refused += usize::from(refuse);
             refuse
         })
@@ -146,18 +158,14 @@ async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_l
         2,
         "the mix has messages with rows and an outcome"
     );
-    let mut expected: Vec<String> = accepted.iter().flat_map(|s| outcomes_of(s)).collect();
+    let mut expected: Vec<String> = (accepted.iter())
+        .flat_map(|(_, _, outcomes)| outcomes.clone())
+        .collect();
     assert!(!expected.is_empty(), "some accepted message has an outcome");
-    let ids: Vec<String> = refused.iter().map(|s| replay_of(&s.value)).collect();
+    let ids: Vec<String> = refused.iter().map(|(s, ..)| replay_of(&s.value)).collect();
     let proxy = clickhouse_refusing(ids.clone(), Arc::new(AtomicBool::new(true))).await;
-    let mut args = with_flag(
-        names.args(Statsd::bind().port(), dir.path()),
-        "--clickhouse-url",
-        &proxy.endpoint,
-    );
-    args = with_flag(args, "--buffer-max-age-ms", "30000");
-    args.extend(["--buffer-max-messages".to_owned(), count.to_string()]);
-    let service = Service::start_logging_to(&args, &dir.path().join("service.log"));
+    let destination = ("--clickhouse-url", proxy.endpoint.as_str());
+    let service = one_batch_service(&names, count, dir.path(), destination);
     wait_for("the batch committed", JOIN_AND_FLUSH, || {
         service.committed() == expected_commits(&report)
     })
@@ -169,7 +177,7 @@ async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_l
     for letter in &letters {
         assert_eq!(letter.headers["sink"], "clickhouse");
         assert!(
-            refused.iter().any(|s| s.value == letter.value),
+            refused.iter().any(|(s, ..)| s.value == letter.value),
             "the original"
         );
     }
