@@ -198,8 +198,8 @@ fn said_once(error: &anyhow::Error) -> String {
 /// stage refuses is written by no later stage and re-driven whole, so a re-drive writes again what
 /// came before the refusal: blobs, rows and trace items harmlessly (the same key, a row that
 /// collapses with its first copy, an item under the same `item_id`), events not (a billing outcome
-/// counts twice). Events come last, so that no other sink's refusal follows them; only the events
-/// sink's own can (one of a message's events refused after another was delivered). In turn, rows
+/// counts twice). Events come last, so that no other sink's refusal follows them, and the events
+/// sink refuses a message before sending any of its events (`events.rs`). In turn, rows
 /// and events add their times to a flush's instead of overlapping; both are small beside the
 /// blobs' (`architecture.md`). Metrics follow the flush. Each sink module builds its sink with its
 /// destination's health check (`sink::Built`); `startup` runs the checks.

@@ -2,16 +2,23 @@
 //! occurrences, each to its configured topic as JSON with the key Sentry gives it. The write
 //! returns only once every delivery is acknowledged.
 //!
+//! A message's events go out all or none. The last stage of a flush, this sink is the only one
+//! that could be refused part of a message after the rest of it was delivered, and a re-drive
+//! would then publish the delivered part again (a billing outcome counted twice). An event over
+//! its topic's `max.message.bytes` (read from the brokers, [`TopicLimits`]) refuses its message
+//! before any of them is sent.
+//!
 //! "First replay received" goes out once per project per process: projects are remembered in a
 //! bounded FIFO set, and only after their event was delivered (a failed write retries it).
 
 use clap::Args;
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use crate::kafka::producer::Producer;
 
-use super::publish::{Publisher, Record};
+use super::publish::{Publisher, Record, TopicLimits, over_limit};
 use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Writing, Written};
 use crate::metrics;
 use crate::recording::occurrence::IssueKind;
@@ -123,8 +130,17 @@ impl SeenProjects {
     }
 }
 
+/// How old the topics' limits may be when a write starts: a limit changed at run time is taken up
+/// within this.
+const LIMITS_MAX_AGE: Duration = Duration::from_secs(300);
+
+/// How old the limits may be when they refuse a message: older ones are read again first.
+const LIMITS_RECHECK_AGE: Duration = Duration::from_secs(1);
+
 pub struct EventsSink {
     publisher: Publisher,
+    /// Each topic's `max.message.bytes`, checked before any of a message's events is sent.
+    limits: TopicLimits,
     topics: EventTopics,
     issues: IssueGates,
     seen: Mutex<SeenProjects>,
@@ -133,6 +149,7 @@ pub struct EventsSink {
 impl EventsSink {
     pub fn new(
         producer: Producer,
+        limits: TopicLimits,
         topics: EventTopics,
         issues: IssueGates,
         first_replay_cache: usize,
@@ -144,6 +161,7 @@ impl EventsSink {
         };
         EventsSink {
             publisher: Publisher::new(producer, "events"),
+            limits,
             topics,
             issues,
             seen: Mutex::new(seen),
@@ -174,56 +192,98 @@ impl EventsSink {
         batch: &'a [Entry],
         progress: &'a Progress<'_>,
     ) -> Result<Written, SinkError> {
+        self.limits.refresh(LIMITS_MAX_AGE).await;
+        let limits = self.limits.current();
         let mut announced = Vec::new();
         let (mut rage_clicks, mut hydration_errors) = (0, 0);
-        // Numbered before any is left out, so that a retry names each event the same.
-        let events = batch.iter().flat_map(|entry| {
+        // The topic and size of each event that refused its message for the topic's limit.
+        let mut over = Vec::new();
+        let records = batch.iter().flat_map(|entry| {
             let events = match &entry.outcome {
                 Outcome::Valid(processed) => processed.events(&self.issues),
                 Outcome::Invalid(_) => Vec::new(),
             };
-            (0..)
+            // Numbered before any is left out, so that a retry names each event the same.
+            let records: Result<Vec<Record>, SinkError> = (0..)
                 .zip(events)
-                .map(move |(n, event)| (Piece::of(entry, n), event))
-        });
-        let records = events
-            .filter(|(_, event)| match event {
-                AnalyticsEvent::FirstReplay(first) => {
-                    let new = !self.seen().contains(first.project_id)
-                        && !announced.contains(&first.project_id);
-                    if new {
-                        announced.push(first.project_id);
+                .filter(|(_, event)| match event {
+                    AnalyticsEvent::FirstReplay(first) => {
+                        let new = !self.seen().contains(first.project_id)
+                            && !announced.contains(&first.project_id);
+                        if new {
+                            announced.push(first.project_id);
+                        }
+                        new
                     }
-                    new
-                }
-                AnalyticsEvent::Occurrence(o) => {
-                    match o.kind {
-                        IssueKind::RageClick => rage_clicks += 1,
-                        IssueKind::HydrationError => hydration_errors += 1,
+                    AnalyticsEvent::Occurrence(o) => {
+                        match o.kind {
+                            IssueKind::RageClick => rage_clicks += 1,
+                            IssueKind::HydrationError => hydration_errors += 1,
+                        }
+                        true
                     }
-                    true
-                }
-                _ => true,
-            })
-            .map(|(piece, event)| {
-                let (topic, key) = (self.topics.name(event.topic()), event.key());
-                let value = event
-                    .into_json()
-                    .map_err(|e| SinkError::from_error(self.name(), Retry::Rejected, e))?;
-                Ok(Record {
-                    piece,
-                    topic,
-                    key,
-                    value,
+                    _ => true,
                 })
+                .map(|(n, event)| self.record(Piece::of(entry, n), event))
+                .collect();
+            // A message's events go out all or none: one its topic would refuse refuses the
+            // message before any is sent, so that its re-drive sends none of them twice.
+            let refused = records.as_ref().ok().and_then(|records| {
+                let (record, (size, limit)) = records
+                    .iter()
+                    .find_map(|r| Some((r, over_limit(&limits, r)?)))?;
+                over.push((record.topic, size));
+                Some(SinkError::new(
+                    self.name(),
+                    Retry::Rejected,
+                    format_args!(
+                        "an event of {size} bytes (with the broker's framing) is over the max.message.bytes of {} ({limit}); none of the message's events was sent",
+                        record.topic
+                    ),
+                ))
             });
-        let written = self.publisher.publish(records, progress).await?;
+            match (records, refused) {
+                (Ok(records), None) => records.into_iter().map(Ok).collect(),
+                (Err(refused), _) | (_, Some(refused)) => vec![Err(refused)],
+            }
+        });
+        let published = self.publisher.publish(records, progress).await;
+        // A refusal on limits read a while ago: read them again, and if the topic now takes what
+        // was refused (an operator raised it, say, before re-driving), the flush retries.
+        if !over.is_empty() && self.limits.refresh(LIMITS_RECHECK_AGE).await {
+            let limits = self.limits.current();
+            if over
+                .iter()
+                .any(|(topic, size)| limits.get(*topic).is_none_or(|limit| size <= limit))
+            {
+                return Err(SinkError::new(
+                    self.name(),
+                    Retry::Retryable,
+                    "a topic's max.message.bytes changed since it was read: the events are sent again",
+                ));
+            }
+        }
+        let written = published?;
         metrics::occurrences_published(rage_clicks, hydration_errors);
         let mut seen = self.seen();
         for project in announced {
             seen.insert(project);
         }
         Ok(written)
+    }
+
+    /// The record of `event`, the `piece` of its message.
+    fn record(&self, piece: Piece, event: AnalyticsEvent) -> Result<Record<'_>, SinkError> {
+        let (topic, key) = (self.topics.name(event.topic()), event.key());
+        let value = event
+            .into_json()
+            .map_err(|e| SinkError::from_error(self.name(), Retry::Rejected, e))?;
+        Ok(Record {
+            piece,
+            topic,
+            key,
+            value,
+        })
     }
 }
 
@@ -243,6 +303,7 @@ pub fn build(
     ];
     let sink = EventsSink::new(
         super::publish::producer(producer, "events")?,
+        TopicLimits::new(producer, names.clone(), timeout),
         topics,
         issues,
         first_replay_cache,
@@ -267,17 +328,23 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let producer: Producer = rdkafka::ClientConfig::new()
+        let config = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", closed.to_string())
             .set("message.timeout.ms", "200")
-            .create()
-            .unwrap();
+            .clone();
         let topics = EventTopics {
             outcomes: "o".into(),
             analytics: "a".into(),
             issues: "i".into(),
         };
-        let sink = EventsSink::new(producer, topics, IssueGates::default(), 16);
+        let limits = TopicLimits::new(&config, vec![], Duration::from_millis(200));
+        let sink = EventsSink::new(
+            config.create().unwrap(),
+            limits,
+            topics,
+            IssueGates::default(),
+            16,
+        );
         let segment_0 =
             std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/segments"))
                 .unwrap()

@@ -3,13 +3,19 @@
 //! large batch never holds all its values at once; the write returns only once every delivery
 //! is acknowledged, and the first failure is its error. A record an earlier attempt delivered is
 //! not sent again (each names its [`Piece`]). Also what every Kafka destination shares: how a
-//! producer error is classified, and the startup check that its topics exist.
+//! producer error is classified, the startup check that its topics exist, and the largest record
+//! each topic takes ([`TopicLimits`]).
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use rdkafka::admin::{AdminClient, AdminOptions, OwnedResourceSpecifier, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureRecord, Producer as _};
+use tracing::warn;
 
 use super::progress::keep_telling;
 use super::{Piece, Progress, Retry, SinkError, Written};
@@ -41,8 +47,10 @@ impl Publisher {
         Publisher { producer, sink }
     }
 
-    /// Publishes every record `progress` does not have as delivered, stopping at the first one
-    /// that cannot be built. Counts every record, delivered before or now.
+    /// Publishes every record `progress` does not have as delivered. An `Err` in `records` (a
+    /// record that could not be built, or a message the sink refuses before sending any of its
+    /// records) is the write's error once the rest is delivered. Counts every record, delivered
+    /// before or now.
     pub async fn publish<'a>(
         &self,
         records: impl IntoIterator<Item = Result<Record<'a>, SinkError>>,
@@ -58,7 +66,13 @@ impl Publisher {
                 topic,
                 key,
                 value,
-            } = record?;
+            } = match record {
+                Ok(record) => record,
+                Err(refused) => {
+                    keep_telling(&mut failure, refused);
+                    continue;
+                }
+            };
             written.items += 1;
             written.bytes += value.len() as u64;
             if progress.is_stored(piece) {
@@ -108,6 +122,116 @@ impl Publisher {
             }
         }
     }
+}
+
+/// What a record adds to its key and value on the broker, at most: the header of the batch it
+/// travels in (61 bytes) and its own framing (attributes and five varints, 32 bytes at most). The
+/// broker measures a topic's `max.message.bytes` against the whole batch.
+pub const RECORD_OVERHEAD_BYTES: usize = 93;
+
+/// The largest record each of some topics takes (`max.message.bytes`, as the brokers report it:
+/// the topic's own setting or the broker's default), so that a sink can refuse a message whose
+/// record would be refused before sending any of that message's records. Read on demand with an
+/// admin client made for the read and dropped after it (no client, thread or connection held
+/// between reads). A topic whose limit could not be read (no `DescribeConfigs` permission) has
+/// none: its records are sent and the broker decides.
+pub struct TopicLimits {
+    config: rdkafka::ClientConfig,
+    topics: Vec<String>,
+    timeout: Duration,
+    read: Mutex<LimitsRead>,
+}
+
+struct LimitsRead {
+    limits: Arc<HashMap<String, usize>>,
+    /// When a read was last tried, whether or not it succeeded.
+    tried: Option<Instant>,
+}
+
+impl TopicLimits {
+    /// Limits of `topics`, read through a client made from `config`, each read within `timeout`.
+    pub fn new(config: &rdkafka::ClientConfig, topics: Vec<String>, timeout: Duration) -> Self {
+        TopicLimits {
+            config: config.clone(),
+            topics,
+            timeout,
+            read: Mutex::new(LimitsRead {
+                limits: Arc::default(),
+                tried: None,
+            }),
+        }
+    }
+
+    /// The limits as last read.
+    pub fn current(&self) -> Arc<HashMap<String, usize>> {
+        self.lock().limits.clone()
+    }
+
+    /// Reads the limits again unless a read was tried less than `age` ago; whether they changed.
+    /// A failed read keeps what was known (and is logged).
+    pub async fn refresh(&self, age: Duration) -> bool {
+        {
+            let mut read = self.lock();
+            if read.tried.is_some_and(|at| at.elapsed() < age) {
+                return false;
+            }
+            read.tried = Some(Instant::now());
+        }
+        match self.read().await {
+            Ok(limits) => {
+                let mut read = self.lock();
+                let changed = *read.limits != limits;
+                read.limits = Arc::new(limits);
+                changed
+            }
+            Err(error) => {
+                warn!(%error, topics = ?self.topics, "could not read the topics' max.message.bytes; records are sent unchecked until a read succeeds");
+                false
+            }
+        }
+    }
+
+    async fn read(&self) -> Result<HashMap<String, usize>, KafkaError> {
+        let admin: AdminClient<DefaultClientContext> = self.config.create()?;
+        let topics: Vec<ResourceSpecifier> = (self.topics.iter())
+            .map(|t| ResourceSpecifier::Topic(t))
+            .collect();
+        let options = AdminOptions::new().request_timeout(Some(self.timeout));
+        let described = admin.describe_configs(&topics, &options).await;
+        // Dropping the client joins its polling thread, which wakes every 100 ms: 100 ms of the
+        // write's time, unless dropped on another thread (2.5–4 ms a read on the local stack).
+        tokio::task::spawn_blocking(move || drop(admin));
+        Ok(described?
+            .into_iter()
+            .filter_map(|topic| {
+                let topic = topic.ok()?;
+                let limit = topic
+                    .get("max.message.bytes")?
+                    .value
+                    .as_deref()?
+                    .parse()
+                    .ok()?;
+                match topic.specifier {
+                    OwnedResourceSpecifier::Topic(name) => Some((name, limit)),
+                    _ => None,
+                }
+            })
+            .collect())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LimitsRead> {
+        // Plain data: a panic elsewhere cannot leave it inconsistent.
+        self.read.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Why `record` would be refused by its topic under `limits`, if it would: its size with the
+/// broker's framing, and the limit.
+pub fn over_limit(limits: &HashMap<String, usize>, record: &Record<'_>) -> Option<(usize, usize)> {
+    let limit = *limits.get(record.topic)?;
+    let size =
+        record.key.as_ref().map_or(0, String::len) + record.value.len() + RECORD_OVERHEAD_BYTES;
+    (size > limit).then_some((size, limit))
 }
 
 /// Retry classification for producer errors: the message itself is unacceptable → rejected;
@@ -257,6 +381,37 @@ pub fn check_topics(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_is_over_its_topics_limit_with_the_brokers_framing_and_unchecked_without_a_limit() {
+        let limits = HashMap::from([("o".to_owned(), 1000)]);
+        let record = |topic, key: Option<&str>, value: usize| Record {
+            piece: Piece {
+                partition: 0,
+                offset: 0,
+                index: 0,
+            },
+            topic,
+            key: key.map(str::to_owned),
+            value: vec![b'x'; value],
+        };
+        let fits = 1000 - RECORD_OVERHEAD_BYTES;
+        assert_eq!(over_limit(&limits, &record("o", None, fits)), None);
+        assert_eq!(
+            over_limit(&limits, &record("o", None, fits + 1)),
+            Some((1001, 1000))
+        );
+        assert_eq!(
+            over_limit(&limits, &record("o", Some("ab"), fits - 1)),
+            Some((1001, 1000)),
+            "the key counts"
+        );
+        assert_eq!(
+            over_limit(&limits, &record("unread", None, 1 << 20)),
+            None,
+            "a topic whose limit is not known is left to the broker"
+        );
+    }
 
     #[test]
     fn oversized_messages_are_rejected_unauthorised_ones_fatal_and_broker_trouble_retried() {

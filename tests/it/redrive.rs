@@ -1,16 +1,17 @@
 //! `replay-ingest redrive` against the real stack: messages GCS refused (a proxy answering 400
 //! for some replays' uploads), dead-lettered as `rejected_by_sink`, are ingested once the cause is
-//! fixed and they are re-driven — each once, a second run of the group re-drives nothing; a dead
-//! letter too large for its topic goes back byte for byte from the blob store; one whose original
-//! was lost is reported, not sent; a dry run counts and commits nothing; bad arguments are
-//! refused.
+//! fixed and they are re-driven — each once, a second run of the group re-drives nothing; a
+//! message one of whose events is over its topic's `max.message.bytes` has none of its events
+//! published, and each once after the limit is raised and it is re-driven; a dead letter too large
+//! for its topic goes back byte for byte from the blob store; one whose original was lost is
+//! reported, not sent; a dry run counts and commits nothing; bad arguments are refused.
 
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use replay_ingest::recording::{self, Limits};
+use replay_ingest::recording::{self, IssueGates, Limits};
 
 use crate::support::*;
 
@@ -140,6 +141,109 @@ async fn messages_a_sink_refused_are_ingested_once_re_driven_after_the_fix() {
     assert!(
         said.contains("0 letter(s) re-driven"),
         "the group goes on where it stopped: {said}"
+    );
+}
+
+/// The JSON of each event of `kind` the message `value` makes.
+fn events_of(value: &[u8], kind: &str) -> Vec<String> {
+    let processed = recording::process(value, &Limits::default()).unwrap();
+    (processed.events(&IssueGates::default()).into_iter())
+        .filter(|e| e.kind() == kind)
+        .map(|e| String::from_utf8(e.into_json().unwrap()).unwrap())
+        .collect()
+}
+
+/// The values on `topic`, `expected` of them (and any more within a few seconds), sorted.
+fn values_on(topic: &str, expected: usize) -> Vec<String> {
+    let mut values: Vec<String> = read_messages(topic, expected + 1, Duration::from_secs(5))
+        .into_iter()
+        .map(|m| String::from_utf8(m.value).unwrap())
+        .collect();
+    values.sort();
+    values
+}
+
+/// Before, the events of such a message were sent one by one: its billing outcome was published,
+/// its occurrence refused, the message dead-lettered — and its re-drive published the outcome a
+/// second time.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_message_with_an_event_over_its_topics_limit_publishes_each_event_once_re_driven_after_the_limit_is_raised()
+ {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    // console-0's hydration-error occurrence is 1348 bytes; every other event is far smaller.
+    set_topic_limit(&names.issues, 1000).await;
+    let fixtures: Vec<Vec<u8>> = ["console-0", "dead-click-0", "interactions-0", "network-1"]
+        .iter()
+        .map(|name| std::fs::read(fixture_dir().join(format!("segments/{name}.msgpack"))).unwrap())
+        .collect();
+    let (report, sent) = produce_fixtures(&names.topic, &fixtures, 4).await;
+    let refused = (sent.iter())
+        .find(|s| !events_of(&s.value, "hydration_error").is_empty())
+        .unwrap();
+    let mut outcomes: Vec<String> = (sent.iter())
+        .filter(|s| s.value != refused.value)
+        .flat_map(|s| events_of(&s.value, "outcome"))
+        .collect();
+    outcomes.sort();
+    assert_eq!(outcomes.len(), 2, "the accepted messages have outcomes");
+    assert_eq!(events_of(&refused.value, "outcome").len(), 1);
+
+    let dir = tempfile::tempdir().unwrap();
+    let statsd = Statsd::bind();
+    let service = Service::start(&names.args(statsd.port(), dir.path()));
+    wait_for("everything committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&report)
+    })
+    .await;
+    let letters = read_messages(&names.dlq, 2, Duration::from_secs(10));
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].value, refused.value);
+    assert_eq!(letters[0].headers["sink"], "events");
+    assert!(
+        letters[0].headers["detail"].contains("max.message.bytes"),
+        "{:?}",
+        letters[0].headers
+    );
+    assert_eq!(
+        values_on(&names.outcomes, outcomes.len()),
+        outcomes,
+        "none of the refused message's outcomes"
+    );
+    assert!(read_messages(&names.issues, 1, Duration::from_secs(2)).is_empty());
+
+    // The operator raises the limit and re-drives the letter; the running service takes up the
+    // new limit.
+    set_topic_limit(&names.issues, 1_048_588).await;
+    let (ok, said) = redrive_in(
+        &names.dlq,
+        &names.topic,
+        &unique("redrive"),
+        &["--blob-sink", "null"],
+    );
+    assert!(ok, "{said}");
+    let target = high_watermarks(&names.topic, 2);
+    assert_eq!(
+        target.values().sum::<i64>(),
+        5,
+        "four produced, one re-driven"
+    );
+    wait_for("the re-driven message committed", JOIN_AND_FLUSH, || {
+        service.committed() == target
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+    outcomes.extend(events_of(&refused.value, "outcome"));
+    outcomes.sort();
+    assert_eq!(
+        values_on(&names.outcomes, outcomes.len()),
+        outcomes,
+        "each outcome once"
+    );
+    assert_eq!(
+        values_on(&names.issues, 1),
+        events_of(&refused.value, "hydration_error")
     );
 }
 

@@ -72,6 +72,28 @@ pub async fn create_topic_on(base: &ClientConfig, name: &str, partitions: i32) {
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// Sets `topic`'s `max.message.bytes` to `bytes` while the cluster runs, as an operator would.
+/// The request replaces the topic's whole configuration, so it carries the Sentry settings
+/// `create_topic` gave it.
+pub async fn set_topic_limit(topic: &str, bytes: usize) {
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        kafka().create().unwrap();
+    let bytes = bytes.to_string();
+    let mut config =
+        rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(topic));
+    for (key, value) in topics::sentry_topic_config(stands_for(topic)) {
+        config = config.set(key, value);
+    }
+    config = config.set("max.message.bytes", &bytes);
+    let altered = admin
+        .alter_configs(&[config], &rdkafka::admin::AdminOptions::new())
+        .await
+        .unwrap();
+    for result in altered {
+        result.unwrap_or_else(|e| panic!("altering {topic}: {e:?}"));
+    }
+}
+
 pub fn producer() -> FutureProducer {
     producer_on(&kafka())
 }
