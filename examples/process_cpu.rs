@@ -11,8 +11,15 @@
 //! round's ratio sees the machine at one speed, where two criterion benchmarks run seconds apart
 //! do not. Prints the ratio's median and quartiles, and both rates in MiB/s of decompressed JSON.
 //!
+//! With `--held`, what holding results until a flush costs: `process` over runs of 2 × HOLD
+//! messages, each result freed at once against results kept HOLD at a time and then freed, as the
+//! buffer keeps them (its default is 1 000 messages; one more buffer is held while it flushes).
+//! [`HELD_PAIRS`] pairs of runs, in alternating order. Prints the held/at-once ratio's median and
+//! quartiles, and page faults per message each way.
+//!
 //! Usage: process_cpu COUNT FILE…
 //!        process_cpu --vs-libdeflate ROUNDS FILE…
+//!        process_cpu --held HOLD FILE…
 
 use replay_ingest::recording::{self, Inflater, Limits, envelope, payload};
 
@@ -22,16 +29,21 @@ const PASSES_PER_ROUND: usize = 8;
 /// CPU seconds a chunk of one half lasts, about (whole passes over the files).
 const CHUNK_SECONDS: f64 = 0.02;
 
+/// Pairs of runs `--held` times.
+const HELD_PAIRS: usize = 30;
+
 /// The service's allocator (src/main.rs).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let against = args.get(1).is_some_and(|a| a == "--vs-libdeflate");
-    let args = args.get(usize::from(against)..).unwrap_or_default();
+    let mode = args.get(1).filter(|a| a.starts_with("--")).cloned();
+    let args = args.get(usize::from(mode.is_some())..).unwrap_or_default();
     let Some((count, files)) = args.get(1).zip(args.get(2..).filter(|f| !f.is_empty())) else {
-        eprintln!("usage: process_cpu COUNT FILE… | process_cpu --vs-libdeflate ROUNDS FILE…");
+        eprintln!(
+            "usage: process_cpu COUNT FILE… | process_cpu --vs-libdeflate ROUNDS FILE… | process_cpu --held HOLD FILE…"
+        );
         std::process::exit(2);
     };
     let count: usize = count.parse().expect("COUNT (ROUNDS) is a number");
@@ -59,8 +71,11 @@ fn main() {
     let start = cpu_seconds();
     values.iter().for_each(|v| process(v, true));
     let pass_seconds = cpu_seconds() - start;
-    if against {
-        return vs_libdeflate(count, &values, |v| process(v, true));
+    match mode.as_deref() {
+        Some("--vs-libdeflate") => return vs_libdeflate(count, &values, |v| process(v, true)),
+        Some("--held") => return held(count, &values, &limits, &mut inflater),
+        Some(other) => panic!("unknown mode {other}"),
+        None => {}
     }
     // [only processed, with outputs]: CPU seconds and messages.
     let (mut seconds, mut messages) = ([0.0; 2], [0usize; 2]);
@@ -128,28 +143,89 @@ fn vs_libdeflate(rounds: usize, values: &[bytes::Bytes], mut process: impl FnMut
         ratios.push(i / p);
         (inflate_s, process_s) = (inflate_s + i, process_s + p);
     }
-    ratios.sort_by(f64::total_cmp);
-    let quantile = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
     let mib_s =
         |seconds: f64| json_bytes * (rounds * PASSES_PER_ROUND) as f64 / seconds / 2f64.powi(20);
     println!(
-        "{{\"rounds\":{rounds},\"ratio_median\":{:.3},\"ratio_p25\":{:.3},\"ratio_p75\":{:.3},\"process_mib_s\":{:.0},\"libdeflate_mib_s\":{:.0}}}",
-        quantile(0.5),
-        quantile(0.25),
-        quantile(0.75),
+        "{{\"rounds\":{rounds},{},\"process_mib_s\":{:.0},\"libdeflate_mib_s\":{:.0}}}",
+        quartiles(ratios),
         mib_s(process_s),
         mib_s(inflate_s)
     );
 }
 
+/// `--held`: `process` freeing each result at once against holding `hold` results at a time.
+fn held(hold: usize, values: &[bytes::Bytes], limits: &Limits, inflater: &mut Inflater) {
+    let messages = 2 * hold.max(1);
+    // CPU seconds and page faults of one run.
+    let mut run = |held: bool| {
+        let (start, faults) = (cpu_seconds(), page_faults());
+        let mut kept = Vec::with_capacity(hold);
+        for value in values.iter().cycle().take(messages) {
+            if let Ok(processed) = recording::process_with(value, limits, inflater) {
+                if held {
+                    kept.push(processed);
+                    if kept.len() >= hold {
+                        kept.clear();
+                    }
+                } else {
+                    std::hint::black_box(processed);
+                }
+            }
+        }
+        drop(kept);
+        (cpu_seconds() - start, page_faults() - faults)
+    };
+    let (mut ratios, mut faults) = (Vec::new(), [0; 2]);
+    for pair in 0..HELD_PAIRS {
+        let (at_once, held) = if pair % 2 == 0 {
+            let at_once = run(false);
+            (at_once, run(true))
+        } else {
+            let held = run(true);
+            (run(false), held)
+        };
+        ratios.push(held.0 / at_once.0);
+        faults[0] += at_once.1;
+        faults[1] += held.1;
+    }
+    let per_message = |f: i64| f as f64 / (HELD_PAIRS * messages) as f64;
+    println!(
+        "{{\"hold\":{hold},{},\"faults_per_message_at_once\":{:.3},\"faults_per_message_held\":{:.3}}}",
+        quartiles(ratios),
+        per_message(faults[0]),
+        per_message(faults[1])
+    );
+}
+
+/// The median and quartiles of `ratios`, as JSON members.
+fn quartiles(mut ratios: Vec<f64>) -> String {
+    ratios.sort_by(f64::total_cmp);
+    let quantile = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "\"ratio_median\":{:.3},\"ratio_p25\":{:.3},\"ratio_p75\":{:.3}",
+        quantile(0.5),
+        quantile(0.25),
+        quantile(0.75)
+    )
+}
+
+/// Minor page faults of this process so far.
+fn page_faults() -> i64 {
+    rusage().ru_minflt
+}
+
 /// User + system CPU of this process, to the microsecond.
 fn cpu_seconds() -> f64 {
+    let usage = rusage();
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+fn rusage() -> libc::rusage {
     // SAFETY: getrusage only writes the struct it is given.
-    let usage = unsafe {
+    unsafe {
         let mut usage = std::mem::zeroed::<libc::rusage>();
         libc::getrusage(libc::RUSAGE_SELF, &mut usage);
         usage
-    };
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+    }
 }
