@@ -13,7 +13,7 @@
 
 use clap::Args;
 use std::collections::{HashSet, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::kafka::producer::Producer;
@@ -140,7 +140,7 @@ const LIMITS_RECHECK_AGE: Duration = Duration::from_secs(1);
 pub struct EventsSink {
     publisher: Publisher,
     /// Each topic's `max.message.bytes`, checked before any of a message's events is sent.
-    limits: TopicLimits,
+    limits: Arc<TopicLimits>,
     topics: EventTopics,
     issues: IssueGates,
     seen: Mutex<SeenProjects>,
@@ -149,7 +149,7 @@ pub struct EventsSink {
 impl EventsSink {
     pub fn new(
         producer: Producer,
-        limits: TopicLimits,
+        limits: Arc<TopicLimits>,
         topics: EventTopics,
         issues: IssueGates,
         first_replay_cache: usize,
@@ -227,8 +227,12 @@ impl EventsSink {
                 .map(|(n, event)| self.record(Piece::of(entry, n), event))
                 .collect();
             // A message's events go out all or none: one its topic would refuse refuses the
-            // message before any is sent, so that its re-drive sends none of them twice.
+            // message before any is sent, so that its re-drive sends none of them twice. Unless
+            // an earlier attempt delivered some (a limit lowered since): the rest go out then.
             let refused = records.as_ref().ok().and_then(|records| {
+                if records.iter().any(|r| progress.is_stored(r.piece)) {
+                    return None;
+                }
                 let (record, (size, limit)) = records
                     .iter()
                     .find_map(|r| Some((r, over_limit(&limits, r)?)))?;
@@ -301,14 +305,24 @@ pub fn build(
         topics.analytics.clone(),
         topics.issues.clone(),
     ];
+    let limits = Arc::new(TopicLimits::new(producer, names.clone(), timeout));
     let sink = EventsSink::new(
         super::publish::producer(producer, "events")?,
-        TopicLimits::new(producer, names.clone(), timeout),
+        limits.clone(),
         topics,
         issues,
         first_replay_cache,
     );
-    let check = super::publish::topics_check(producer, names, timeout);
+    // The limits are read once the topics are found, so that the first flush finds them read.
+    let mut exist = super::publish::topics_check(producer, names, timeout);
+    let check: super::Check = Box::new(move || {
+        let (exist, limits) = (exist(), limits.clone());
+        Box::pin(async move {
+            exist.await?;
+            limits.refresh(Duration::ZERO).await;
+            Ok(())
+        })
+    });
     // Its outage shows under its own name, as its writes' do.
     let what = sink.name();
     Ok(Built::checked(sink, what, "the Kafka topics", check))
@@ -337,7 +351,11 @@ mod tests {
             analytics: "a".into(),
             issues: "i".into(),
         };
-        let limits = TopicLimits::new(&config, vec![], Duration::from_millis(200));
+        let limits = Arc::new(TopicLimits::new(
+            &config,
+            vec![],
+            Duration::from_millis(200),
+        ));
         let sink = EventsSink::new(
             config.create().unwrap(),
             limits,
