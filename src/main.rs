@@ -199,7 +199,8 @@ fn said_once(error: &anyhow::Error) -> String {
 /// came before the refusal: blobs, rows and trace items harmlessly (the same key, a row that
 /// collapses with its first copy, an item under the same `item_id`), events not (a billing outcome
 /// counts twice). Events come last, so that no other sink's refusal follows them, and the events
-/// sink refuses a message before sending any of its events (`events.rs`). In turn, rows
+/// sink refuses a message over a topic's limit before sending any of its events (`events.rs`:
+/// what it leaves to the broker). In turn, rows
 /// and events add their times to a flush's instead of overlapping; both are small beside the
 /// blobs' (`architecture.md`). Metrics follow the flush. Each sink module builds its sink with its
 /// destination's health check (`sink::Built`); `startup` runs the checks.

@@ -2,17 +2,19 @@
 //! occurrences, each to its configured topic as JSON with the key Sentry gives it. The write
 //! returns only once every delivery is acknowledged.
 //!
-//! A message's events go out all or none. The last stage of a flush, this sink is the only one
-//! that could be refused part of a message after the rest of it was delivered, and a re-drive
-//! would then publish the delivered part again (a billing outcome counted twice). An event over
-//! its topic's `max.message.bytes` (read from the brokers, [`TopicLimits`]) refuses its message
-//! before any of them is sent.
+//! A message's events go out all or none, as far as the topics' limits are known. This is the
+//! one sink whose outputs a re-drive must not write twice (a billing outcome would count twice),
+//! so part of a message delivered before the rest is refused is what it avoids: an event over its
+//! topic's `max.message.bytes` (read from the brokers, [`TopicLimits`]) refuses its message
+//! before any of them is sent. Left to the broker: topics whose limit could not be read, records
+//! batched together over a limit below the producer's `batch.size`, and a refusal for anything
+//! but size.
 //!
 //! "First replay received" goes out once per project per process: projects are remembered in a
 //! bounded FIFO set, and only after their event was delivered (a failed write retries it).
 
 use clap::Args;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -134,7 +136,8 @@ impl SeenProjects {
 /// within this.
 const LIMITS_MAX_AGE: Duration = Duration::from_secs(300);
 
-/// How old the limits may be when they refuse a message: older ones are read again first.
+/// How old the limits may be when they have refused a message: older ones are read again, and
+/// the batch passed over again if they changed.
 const LIMITS_RECHECK_AGE: Duration = Duration::from_secs(1);
 
 pub struct EventsSink {
@@ -186,6 +189,17 @@ impl Sink for EventsSink {
     }
 }
 
+/// What one pass over a batch published, and what it left out.
+struct Pass {
+    published: Result<Written, SinkError>,
+    /// Projects whose first replay this pass announced (or found delivered before).
+    announced: Vec<u64>,
+    rage_clicks: u64,
+    hydration_errors: u64,
+    /// The topic and size of each event that refused its message under the topic's limit.
+    over: Vec<(String, usize)>,
+}
+
 impl EventsSink {
     async fn publish_events<'a>(
         &'a self,
@@ -193,10 +207,36 @@ impl EventsSink {
         progress: &'a Progress<'_>,
     ) -> Result<Written, SinkError> {
         self.limits.refresh(LIMITS_MAX_AGE).await;
-        let limits = self.limits.current();
+        let mut pass = self.pass(batch, progress, &self.limits.current()).await;
+        // A refusal on limits read a while ago: they are read again, and if the topic now takes
+        // what was refused (an operator raised its limit before re-driving, say), the batch is
+        // passed over once more; what the first pass delivered is not sent again.
+        if !pass.over.is_empty() {
+            self.limits.refresh(LIMITS_RECHECK_AGE).await;
+            let limits = self.limits.current();
+            if (pass.over.iter()).any(|(topic, size)| limits.get(topic).is_some_and(|l| size <= l))
+            {
+                pass = self.pass(batch, progress, &limits).await;
+            }
+        }
+        let written = pass.published?;
+        metrics::occurrences_published(pass.rage_clicks, pass.hydration_errors);
+        let mut seen = self.seen();
+        for project in pass.announced {
+            seen.insert(project);
+        }
+        Ok(written)
+    }
+
+    /// Publishes the events of `batch` under `limits`.
+    async fn pass(
+        &self,
+        batch: &[Entry],
+        progress: &Progress<'_>,
+        limits: &HashMap<String, usize>,
+    ) -> Pass {
         let mut announced = Vec::new();
         let (mut rage_clicks, mut hydration_errors) = (0, 0);
-        // The topic and size of each event that refused its message for the topic's limit.
         let mut over = Vec::new();
         let records = batch.iter().flat_map(|entry| {
             let events = match &entry.outcome {
@@ -226,54 +266,56 @@ impl EventsSink {
                 })
                 .map(|(n, event)| self.record(Piece::of(entry, n), event))
                 .collect();
-            // A message's events go out all or none: one its topic would refuse refuses the
-            // message before any is sent, so that its re-drive sends none of them twice. Unless
-            // an earlier attempt delivered some (a limit lowered since): the rest go out then.
-            let refused = records.as_ref().ok().and_then(|records| {
-                if records.iter().any(|r| progress.is_stored(r.piece)) {
-                    return None;
-                }
-                let (record, (size, limit)) = records
-                    .iter()
-                    .find_map(|r| Some((r, over_limit(&limits, r)?)))?;
-                over.push((record.topic, size));
-                Some(SinkError::new(
-                    self.name(),
-                    Retry::Rejected,
-                    format_args!(
-                        "an event of {size} bytes (with the broker's framing) is over the max.message.bytes of {} ({limit}); none of the message's events was sent",
-                        record.topic
-                    ),
-                ))
-            });
+            let refused = records
+                .as_ref()
+                .ok()
+                .and_then(|records| self.over_limits(records, limits, progress, &mut over));
             match (records, refused) {
                 (Ok(records), None) => records.into_iter().map(Ok).collect(),
                 (Err(refused), _) | (_, Some(refused)) => vec![Err(refused)],
             }
         });
         let published = self.publisher.publish(records, progress).await;
-        // A refusal on limits read a while ago: read them again, and if the topic now takes what
-        // was refused (an operator raised it, say, before re-driving), the flush retries.
-        if !over.is_empty() && self.limits.refresh(LIMITS_RECHECK_AGE).await {
-            let limits = self.limits.current();
-            if over
-                .iter()
-                .any(|(topic, size)| limits.get(*topic).is_none_or(|limit| size <= limit))
-            {
-                return Err(SinkError::new(
-                    self.name(),
-                    Retry::Retryable,
-                    "a topic's max.message.bytes changed since it was read: the events are sent again",
-                ));
+        Pass {
+            published,
+            announced,
+            rage_clicks,
+            hydration_errors,
+            over,
+        }
+    }
+
+    /// A message's events go out all or none: any its topic would refuse under `limits` refuses
+    /// the message before one is sent, so that its re-drive sends none of them twice (each such
+    /// event noted in `over`). Unless an earlier attempt delivered some (a limit lowered since):
+    /// the rest go out then, and the broker decides.
+    fn over_limits(
+        &self,
+        records: &[Record],
+        limits: &HashMap<String, usize>,
+        progress: &Progress<'_>,
+        over: &mut Vec<(String, usize)>,
+    ) -> Option<SinkError> {
+        if records.iter().any(|r| progress.is_stored(r.piece)) {
+            return None;
+        }
+        let mut refused = None;
+        for record in records {
+            if let Some((size, limit)) = over_limit(limits, record) {
+                over.push((record.topic.to_owned(), size));
+                refused.get_or_insert_with(|| {
+                    SinkError::new(
+                        self.name(),
+                        Retry::Rejected,
+                        format_args!(
+                            "an event of {size} bytes (with the broker's framing) is over the max.message.bytes of {} ({limit}); none of the message's events was sent",
+                            record.topic
+                        ),
+                    )
+                });
             }
         }
-        let written = published?;
-        metrics::occurrences_published(rage_clicks, hydration_errors);
-        let mut seen = self.seen();
-        for project in announced {
-            seen.insert(project);
-        }
-        Ok(written)
+        refused
     }
 
     /// The record of `event`, the `piece` of its message.
@@ -334,10 +376,9 @@ mod tests {
     use crate::recording::{self, Limits};
     use crate::sink::{Batch, Outcome};
 
-    /// A write whose deliveries fail (no broker listens; each delivery times out after 200 ms,
-    /// never sent) leaves the project unannounced, so that the flush's retry sends the event.
-    #[tokio::test(flavor = "multi_thread")]
-    async fn a_first_replay_event_that_was_not_delivered_is_not_marked_as_sent() {
+    /// A sink on topics `o`, `a` and `i` whose producer reaches no broker: each delivery times
+    /// out after 200 ms, never sent.
+    fn unconnected_sink() -> EventsSink {
         let closed = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -351,18 +392,59 @@ mod tests {
             analytics: "a".into(),
             issues: "i".into(),
         };
-        let limits = Arc::new(TopicLimits::new(
-            &config,
-            vec![],
-            Duration::from_millis(200),
-        ));
-        let sink = EventsSink::new(
+        let limits = TopicLimits::new(&config, vec![], Duration::from_millis(200));
+        EventsSink::new(
             config.create().unwrap(),
-            limits,
+            Arc::new(limits),
             topics,
             IssueGates::default(),
             16,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_message_with_an_event_over_its_topics_limit_is_refused_whole_unless_part_was_delivered()
+     {
+        let sink = unconnected_sink();
+        let status = crate::health::Status::default();
+        let progress = Progress::new("events", &status);
+        let record = |index, topic, bytes| Record {
+            piece: Piece {
+                partition: 0,
+                offset: 7,
+                index,
+            },
+            topic,
+            key: None,
+            value: vec![b'x'; bytes],
+        };
+        let message = [
+            record(0, "o", 100),
+            record(1, "i", 5000),
+            record(2, "i", 6000),
+        ];
+        let limits = HashMap::from([("o".to_owned(), 1000), ("i".to_owned(), 2000)]);
+        let mut over = Vec::new();
+        let refused = sink.over_limits(&message, &limits, &progress, &mut over);
+        assert_eq!(refused.map(|e| e.retry), Some(Retry::Rejected));
+        assert_eq!(over, [("i".to_owned(), 5080), ("i".to_owned(), 6080)]);
+        let unknown = HashMap::from([("o".to_owned(), 1000)]);
+        assert!(
+            (sink.over_limits(&message, &unknown, &progress, &mut Vec::new())).is_none(),
+            "a topic whose limit is not known is left to the broker"
         );
+        progress.stored(message[0].piece);
+        assert!(
+            (sink.over_limits(&message, &limits, &progress, &mut Vec::new())).is_none(),
+            "part delivered: the rest goes out"
+        );
+    }
+
+    /// A write whose deliveries fail (no broker listens; each delivery times out after 200 ms,
+    /// never sent) leaves the project unannounced, so that the flush's retry sends the event.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_first_replay_event_that_was_not_delivered_is_not_marked_as_sent() {
+        let sink = unconnected_sink();
         let segment_0 =
             std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/segments"))
                 .unwrap()

@@ -1,7 +1,8 @@
 //! Publishing JSON records to Kafka for the sinks that write to topics (`events`, `snuba`):
 //! records are sent as they are built and awaited in windows of [`DELIVERY_WINDOW_BYTES`], so a
 //! large batch never holds all its values at once; the write returns only once every delivery
-//! is acknowledged, and the first failure is its error. A record an earlier attempt delivered is
+//! is acknowledged, and the failure that says most (a refused record or message before a
+//! timeout) is its error. A record an earlier attempt delivered is
 //! not sent again (each names its [`Piece`]). Also what every Kafka destination shares: how a
 //! producer error is classified, the startup check that its topics exist, and the largest record
 //! each topic takes ([`TopicLimits`]).
@@ -124,28 +125,40 @@ impl Publisher {
     }
 }
 
-/// What a record adds to its key and value on the broker, at most: the header of the batch it
-/// travels in (61 bytes) and its own framing (attributes and five varints, 32 bytes at most). The
-/// broker measures a topic's `max.message.bytes` against the whole batch.
-pub const RECORD_OVERHEAD_BYTES: usize = 93;
+/// What a record alone in its batch adds to its key and value on the broker, at most: the batch's
+/// header (61 bytes, with the offset and length the broker counts) and the record's framing —
+/// its length, key length and value length (varints, 5 bytes at most each), its attributes, its
+/// offset and timestamp deltas (0 alone in a batch) and its header count (none), a byte each. The
+/// broker compares a topic's `max.message.bytes` with the whole batch as the producer sent it
+/// (uncompressed here: the producers set no compression).
+pub const RECORD_OVERHEAD_BYTES: usize = 61 + 3 * 5 + 4;
+
+/// librdkafka's `batch.size`, which the producers keep: records of one partition are sent in
+/// batches up to this, and the broker refuses a batch over the topic's limit whole.
+const PRODUCER_BATCH_BYTES: usize = 1_000_000;
+
+/// How soon a read of the limits that failed is tried again.
+const FAILED_READ_RETRY: Duration = Duration::from_secs(15);
 
 /// The largest record each of some topics takes (`max.message.bytes`, as the brokers report it:
 /// the topic's own setting or the broker's default), so that a sink can refuse a message whose
 /// record would be refused before sending any of that message's records. Read on demand with an
 /// admin client made for the read and dropped after it (no client, thread or connection held
-/// between reads). A topic whose limit could not be read (no `DescribeConfigs` permission) has
-/// none: its records are sent and the broker decides.
+/// between reads). A topic whose limit was never read (no `DescribeConfigs` permission on it,
+/// say) has none: its records are sent and the broker decides.
 pub struct TopicLimits {
     config: rdkafka::ClientConfig,
     topics: Vec<String>,
     timeout: Duration,
+    /// Held across a read, so that a caller arriving during one waits for its result.
+    reading: tokio::sync::Mutex<()>,
     read: Mutex<LimitsRead>,
 }
 
 struct LimitsRead {
     limits: Arc<HashMap<String, usize>>,
-    /// When a read was last tried, whether or not it succeeded.
-    tried: Option<Instant>,
+    /// When a read was last tried, and whether it failed.
+    tried: Option<(Instant, bool)>,
 }
 
 impl TopicLimits {
@@ -155,6 +168,7 @@ impl TopicLimits {
             config: config.clone(),
             topics,
             timeout,
+            reading: tokio::sync::Mutex::new(()),
             read: Mutex::new(LimitsRead {
                 limits: Arc::default(),
                 tried: None,
@@ -167,26 +181,49 @@ impl TopicLimits {
         self.lock().limits.clone()
     }
 
-    /// Reads the limits again unless a read was tried less than `age` ago; whether they changed.
-    /// A failed read keeps what was known (and is logged).
-    pub async fn refresh(&self, age: Duration) -> bool {
-        {
-            let mut read = self.lock();
-            if read.tried.is_some_and(|at| at.elapsed() < age) {
-                return false;
+    /// Reads the limits again unless a read was tried less than `age` ago (a failed one: less
+    /// than [`FAILED_READ_RETRY`] or `age`, whichever is shorter). A topic the brokers do not
+    /// describe keeps the limit last read for it.
+    pub async fn refresh(&self, age: Duration) {
+        let _reading = self.reading.lock().await;
+        let due = match self.lock().tried {
+            None => true,
+            Some((at, failed)) => {
+                at.elapsed()
+                    >= if failed {
+                        age.min(FAILED_READ_RETRY)
+                    } else {
+                        age
+                    }
             }
-            read.tried = Some(Instant::now());
+        };
+        if !due || self.topics.is_empty() {
+            return;
         }
-        match self.read().await {
-            Ok(limits) => {
-                let mut read = self.lock();
-                let changed = *read.limits != limits;
-                read.limits = Arc::new(limits);
-                changed
+        let read = self.read().await;
+        let mut known = self.lock();
+        known.tried = Some((Instant::now(), read.is_err()));
+        match read {
+            Ok(read) => {
+                let mut limits = (*known.limits).clone();
+                limits.extend(read);
+                known.limits = Arc::new(limits);
+                let unread: Vec<&str> = (self.topics.iter())
+                    .filter(|t| !known.limits.contains_key(*t))
+                    .map(String::as_str)
+                    .collect();
+                if !unread.is_empty() {
+                    warn!(topics = ?unread, "the brokers did not give these topics' max.message.bytes (is DescribeConfigs allowed on them?): their records are sent unchecked");
+                }
+                let batched: Vec<(&String, &usize)> = (known.limits.iter())
+                    .filter(|(_, limit)| **limit < PRODUCER_BATCH_BYTES)
+                    .collect();
+                if !batched.is_empty() {
+                    warn!(limits = ?batched, "max.message.bytes under the producer's batch.size ({PRODUCER_BATCH_BYTES}): records that each fit may be batched over it and refused together");
+                }
             }
             Err(error) => {
-                warn!(%error, topics = ?self.topics, "could not read the topics' max.message.bytes; records are sent unchecked until a read succeeds");
-                false
+                warn!(%error, topics = ?self.topics, retry_in_s = FAILED_READ_RETRY.as_secs(), "could not read the topics' max.message.bytes; the limits known before are kept (none at first: records are sent unchecked)");
             }
         }
     }
@@ -201,6 +238,8 @@ impl TopicLimits {
         // Dropping the client joins its polling thread, which wakes every 100 ms: 100 ms of the
         // write's time, unless dropped on another thread (2.5–4 ms a read on the local stack).
         tokio::task::spawn_blocking(move || drop(admin));
+        // A topic the principal may not describe comes back without entries (rust-rdkafka does
+        // not report per-topic errors): it is left out.
         Ok(described?
             .into_iter()
             .filter_map(|topic| {

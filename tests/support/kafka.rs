@@ -72,9 +72,9 @@ pub async fn create_topic_on(base: &ClientConfig, name: &str, partitions: i32) {
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// Sets `topic`'s `max.message.bytes` to `bytes` while the cluster runs, as an operator would.
-/// The request replaces the topic's whole configuration, so it carries the Sentry settings
-/// `create_topic` gave it.
+/// Sets `topic`'s `max.message.bytes` to `bytes` while the cluster runs, as an operator would,
+/// and waits until the brokers report it. The request replaces the topic's whole configuration,
+/// so it carries the Sentry settings `create_topic` gave it.
 pub async fn set_topic_limit(topic: &str, bytes: usize) {
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
         kafka().create().unwrap();
@@ -91,6 +91,26 @@ pub async fn set_topic_limit(topic: &str, bytes: usize) {
         .unwrap();
     for result in altered {
         result.unwrap_or_else(|e| panic!("altering {topic}: {e:?}"));
+    }
+    // rust-rdkafka reports every resource of an alteration as done: the value read back is what
+    // tells.
+    let described = || async {
+        let topic = rdkafka::admin::ResourceSpecifier::Topic(topic);
+        let read = admin
+            .describe_configs([&topic], &rdkafka::admin::AdminOptions::new())
+            .await
+            .unwrap();
+        read.into_iter()
+            .filter_map(Result::ok)
+            .find_map(|c| c.get("max.message.bytes")?.value.clone())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while described().await.as_deref() != Some(bytes.as_str()) {
+        assert!(
+            Instant::now() < deadline,
+            "{topic}'s max.message.bytes stays unchanged"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
