@@ -208,9 +208,10 @@ impl EventsSink {
     ) -> Result<Written, SinkError> {
         self.limits.refresh(LIMITS_MAX_AGE).await;
         let mut pass = self.pass(batch, progress, &self.limits.current()).await;
-        // A refusal on limits read a while ago: they are read again, and if the topic now takes
-        // what was refused (an operator raised its limit before re-driving, say), the batch is
-        // passed over once more; what the first pass delivered is not sent again.
+        // A refusal on limits: they are read again unless read within the last second, and if
+        // the topic now takes what was refused (an operator raised its limit before re-driving,
+        // say), the batch is passed over once more; what the first pass delivered is not sent
+        // again.
         if !pass.over.is_empty() {
             self.limits.refresh(LIMITS_RECHECK_AGE).await;
             let limits = self.limits.current();
