@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use replay_ingest::recording::{self, IssueGates, Limits};
+use replay_ingest::recording::{self, Limits};
 
 use crate::support::*;
 
@@ -144,25 +144,6 @@ async fn messages_a_sink_refused_are_ingested_once_re_driven_after_the_fix() {
     );
 }
 
-/// The JSON of each event of `kind` the message `value` makes.
-fn events_of(value: &[u8], kind: &str) -> Vec<String> {
-    let processed = recording::process(value, &Limits::default()).unwrap();
-    (processed.events(&IssueGates::default()).into_iter())
-        .filter(|e| e.kind() == kind)
-        .map(|e| String::from_utf8(e.into_json().unwrap()).unwrap())
-        .collect()
-}
-
-/// The values on `topic`, `expected` of them (and any more within a few seconds), sorted.
-fn values_on(topic: &str, expected: usize) -> Vec<String> {
-    let mut values: Vec<String> = read_messages(topic, expected + 1, Duration::from_secs(5))
-        .into_iter()
-        .map(|m| String::from_utf8(m.value).unwrap())
-        .collect();
-    values.sort();
-    values
-}
-
 /// Before, the events of such a message were sent one by one: its billing outcome was published,
 /// its occurrence refused, the message dead-lettered — and its re-drive published the outcome a
 /// second time.
@@ -207,7 +188,7 @@ async fn a_message_with_an_event_over_its_topics_limit_publishes_each_event_once
         letters[0].headers
     );
     assert_eq!(
-        values_on(&names.outcomes, outcomes.len()),
+        sorted_values(&names.outcomes, outcomes.len() + 1, Duration::from_secs(5)),
         outcomes,
         "none of the refused message's outcomes"
     );
@@ -237,12 +218,12 @@ async fn a_message_with_an_event_over_its_topics_limit_publishes_each_event_once
     outcomes.extend(events_of(&refused.value, "outcome"));
     outcomes.sort();
     assert_eq!(
-        values_on(&names.outcomes, outcomes.len()),
+        sorted_values(&names.outcomes, outcomes.len() + 1, Duration::from_secs(5)),
         outcomes,
         "each outcome once"
     );
     assert_eq!(
-        values_on(&names.issues, 1),
+        sorted_values(&names.issues, 2, Duration::from_secs(5)),
         events_of(&refused.value, "hydration_error")
     );
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use replay_ingest::recording::{self, IssueGates, Limits};
+use replay_ingest::recording::{self, Limits};
 
 use crate::support::load::Produced;
 use crate::support::*;
@@ -137,11 +137,7 @@ async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_l
     let made: Vec<(&Sent, bool, Vec<String>)> = (sent.iter())
         .map(|s| {
             let processed = recording::process(&s.value, &Limits::default()).unwrap();
-            let outcomes = (processed.events(&IssueGates::default()).into_iter())
-                .filter(|e| e.kind() == "outcome")
-                .map(|e| String::from_utf8(e.into_json().unwrap()).unwrap())
-                .collect();
-            (s, processed.has_rows(), outcomes)
+            (s, processed.has_rows(), events_of(&s.value, "outcome"))
         })
         .collect();
     // Two messages with rows and a billing outcome are refused; the rest are written.
@@ -188,12 +184,7 @@ async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_l
         "no row of a refused message"
     );
     // Exactly the accepted messages' outcomes: none of the refused ones went out.
-    let mut published: Vec<String> =
-        read_messages(&names.outcomes, expected.len() + 2, Duration::from_secs(10))
-            .into_iter()
-            .map(|m| String::from_utf8(m.value).unwrap())
-            .collect();
-    published.sort();
+    let published = sorted_values(&names.outcomes, expected.len() + 2, Duration::from_secs(10));
     expected.sort();
     assert_eq!(published, expected);
 }

@@ -261,3 +261,15 @@ pub async fn write_once(
     let progress = replay_ingest::sink::Progress::new(sink.name(), &status);
     sink.write(batch, &progress).await
 }
+
+/// The JSON of each event of `kind` (`outcome`, `hydration_error`, …) the message `value` makes,
+/// every issue kind on.
+pub fn events_of(value: &[u8], kind: &str) -> Vec<String> {
+    let processed = recording::process(value, &Limits::default()).unwrap();
+    (processed
+        .events(&recording::IssueGates::default())
+        .into_iter())
+    .filter(|e| e.kind() == kind)
+    .map(|e| String::from_utf8(e.into_json().unwrap()).unwrap())
+    .collect()
+}

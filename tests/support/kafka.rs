@@ -264,6 +264,16 @@ pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<Receiv
     read_messages_on(&kafka(), topic, count, timeout)
 }
 
+/// The values (UTF-8) of up to `at_most` messages on `topic`, read until `timeout`, sorted.
+pub fn sorted_values(topic: &str, at_most: usize, timeout: Duration) -> Vec<String> {
+    let mut values: Vec<String> = read_messages(topic, at_most, timeout)
+        .into_iter()
+        .map(|m| String::from_utf8(m.value).unwrap())
+        .collect();
+    values.sort();
+    values
+}
+
 /// `read_messages` from the cluster `base` points at.
 pub fn read_messages_on(
     base: &ClientConfig,
