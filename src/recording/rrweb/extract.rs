@@ -1094,6 +1094,24 @@ mod tests {
     }
 
     #[test]
+    fn the_depth_limit_holds_exactly_whether_the_kind_comes_before_the_data_or_after() {
+        // The data object is one level: 127 arrays in it make 128, the most a parser may take.
+        let nested = |levels: usize| format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
+        for (arrays, valid) in [(127, 1), (128, 0)] {
+            let data = format!(r#"{{"href":{}}}"#, nested(arrays));
+            let x = extract_events(&[
+                format!(r#"{{"type":4,"timestamp":{TS},"data":{data}}}"#),
+                format!(r#"{{"data":{data},"timestamp":{TS},"type":4}}"#),
+            ]);
+            assert_eq!(
+                (x.events, x.invalid_events),
+                (2 * valid, 2 - 2 * valid),
+                "{arrays}"
+            );
+        }
+    }
+
+    #[test]
     fn input_keyed_counts_are_bounded() {
         let events: Vec<String> = (0..MAX_DISTINCT_KEYS + 10)
             .map(|i| breadcrumb(&format!("cat.{i}"), ""))
