@@ -4,8 +4,7 @@
 //! type raises, and that one item is dropped; the conversions below follow Python's (`int()`,
 //! `float()`, `str()`, `bool()`) on the JSON values they can meet.
 
-use serde_json::{Map, Value};
-
+use super::dom::{Json, Object};
 use super::proto::{self, Value as Any};
 use crate::recording::rrweb::cut_bytes;
 
@@ -90,7 +89,7 @@ const MAX_MILLIS: f64 = 253_402_300_799_999.0;
 /// `event_ms` is the rrweb event's own timestamp, normalised to milliseconds. On an error nothing
 /// is left appended. `headers_cut` counts headers left out or cut.
 pub fn build(
-    data: &Value,
+    data: &Json,
     event_ms: u64,
     out: &mut Vec<u8>,
     headers_cut: &mut u64,
@@ -123,7 +122,7 @@ enum Kind {
 
 /// Sentry's `which`: any missing key or wrong type on the way is an event of unknown kind (no item,
 /// not an error).
-fn classify(data: &Value) -> Option<Kind> {
+fn classify(data: &Json) -> Option<Kind> {
     let tag = data.get("tag")?.as_str()?;
     if tag == "options" {
         return Some(Kind::Options);
@@ -162,20 +161,20 @@ fn classify(data: &Value) -> Option<Kind> {
 
 /// A slow click is dead after 7 s without a reaction on a link, button or input (the tag name as
 /// sent), and rage with five clicks or more.
-fn slow_click(data: &Value) -> Option<Kind> {
+fn slow_click(data: &Json) -> Option<Kind> {
     let data = data.as_object()?;
-    let timed_out = data.get("endReason").and_then(Value::as_str) == Some("timeout");
+    let timed_out = data.get("endReason").and_then(Json::as_str) == Some("timeout");
     let tag = data
         .get("node")
         .and_then(|n| n.get("tagName"))
-        .and_then(Value::as_str);
+        .and_then(Json::as_str);
     let on_target = matches!(tag, Some("a" | "button" | "input"));
     let either = |a: &str, b: &str| {
         let first = data.get(a).filter(|v| truthy(v));
         first.or_else(|| data.get(b).filter(|v| truthy(v)))
     };
     // `x or y or 0`, compared with a number: anything else raises and the event is unknown.
-    let number = |v: Option<&Value>| match v {
+    let number = |v: Option<&Json>| match v {
         None => Some(0.0),
         Some(v) => number_of(v),
     };
@@ -210,7 +209,7 @@ impl Attributes<'_> {
     fn kind(
         &mut self,
         kind: Kind,
-        data: &Value,
+        data: &Json,
         event_ms: u64,
     ) -> Result<Option<Built>, InvalidField> {
         let payload = || field(data, "payload");
@@ -232,7 +231,7 @@ impl Attributes<'_> {
                 built(Category::Click, seconds(field(payload, "timestamp")?)?)
             }
             Kind::Tap => {
-                let payload = data.get("payload").unwrap_or(&Value::Null);
+                let payload = data.get("payload").unwrap_or(&Json::Null);
                 let tap_data = field(payload, "data")?;
                 self.category(Category::Tap);
                 self.put("message", Any::Str(string(field(payload, "message")?)?));
@@ -352,8 +351,8 @@ impl Attributes<'_> {
 
     fn click(
         &mut self,
-        payload: &Value,
-        node: &Value,
+        payload: &Json,
+        node: &Json,
         is_dead: bool,
         is_rage: bool,
     ) -> Result<(), InvalidField> {
@@ -382,7 +381,7 @@ impl Attributes<'_> {
         }
         let testid = ["testId", "data-testid", "data-test-id"]
             .into_iter()
-            .filter_map(|key| attributes.and_then(|a| a.get(key)).and_then(Value::as_str))
+            .filter_map(|key| attributes.and_then(|a| a.get(key)).and_then(Json::as_str))
             .find(|id| !id.is_empty());
         if let Some(testid) = testid {
             self.put("testid", Any::Str(testid));
@@ -393,7 +392,7 @@ impl Attributes<'_> {
         Ok(())
     }
 
-    fn request(&mut self, payload: &Value, category: Category) -> Result<(), InvalidField> {
+    fn request(&mut self, payload: &Json, category: Category) -> Result<(), InvalidField> {
         let request = field(payload, "data")?;
         self.category(category);
         self.put("url", Any::Str(string(field(payload, "description")?)?));
@@ -407,7 +406,7 @@ impl Attributes<'_> {
             let headers = request
                 .get(direction)
                 .and_then(|d| d.get("headers"))
-                .and_then(Value::as_object);
+                .and_then(Json::as_object);
             if let Some(headers) = headers {
                 self.headers(direction, headers);
             }
@@ -432,9 +431,9 @@ impl Attributes<'_> {
     }
 
     /// `{direction}.headers.{name}` for each header, as `str(value)`, within the caps.
-    fn headers(&mut self, direction: &str, headers: &Map<String, Value>) {
+    fn headers(&mut self, direction: &str, headers: &Object<'_>) {
         let mut kept = 0;
-        for (name, value) in headers {
+        for (name, value) in headers.entries() {
             if kept == MAX_HEADERS || name.len() > MAX_HEADER_BYTES {
                 *self.headers_cut += 1;
                 continue;
@@ -450,7 +449,7 @@ impl Attributes<'_> {
 }
 
 /// `value[key]`: a missing key, or `value` not an object, raises.
-fn field<'v>(value: &'v Value, key: &str) -> Result<&'v Value, InvalidField> {
+fn field<'v>(value: &'v Json<'v>, key: &str) -> Result<&'v Json<'v>, InvalidField> {
     value
         .as_object()
         .and_then(|o| o.get(key))
@@ -460,25 +459,25 @@ fn field<'v>(value: &'v Value, key: &str) -> Result<&'v Value, InvalidField> {
 /// `value.get(key, {})` used as a dict: absent is empty; present but not an object raises where
 /// it is then read (here at once).
 fn optional_object<'v>(
-    value: &'v Value,
+    value: &'v Json<'v>,
     key: &str,
-) -> Result<Option<&'v Map<String, Value>>, InvalidField> {
+) -> Result<Option<&'v Object<'v>>, InvalidField> {
     match value.as_object().and_then(|o| o.get(key)) {
         None => Ok(None),
-        Some(Value::Object(map)) => Ok(Some(map)),
+        Some(Json::Object(map)) => Ok(Some(map)),
         Some(_) => Err(InvalidField),
     }
 }
 
 /// Sentry's `as_string_strict`.
-fn string(value: &Value) -> Result<&str, InvalidField> {
+fn string<'v>(value: &'v Json<'_>) -> Result<&'v str, InvalidField> {
     value.as_str().ok_or(InvalidField)
 }
 
 /// Python's `int()` of a JSON value: integers, floats toward zero, booleans, integer strings.
-fn int(value: &Value) -> Result<i64, InvalidField> {
+fn int(value: &Json<'_>) -> Result<i64, InvalidField> {
     match value {
-        Value::Number(n) => n
+        Json::Number(n) => n
             .as_i64()
             .or_else(|| {
                 n.as_f64()
@@ -486,61 +485,61 @@ fn int(value: &Value) -> Result<i64, InvalidField> {
                     .map(|f| f as i64)
             })
             .ok_or(InvalidField),
-        Value::Bool(b) => Ok(i64::from(*b)),
-        Value::String(s) => s.trim().parse().map_err(|_| InvalidField),
+        Json::Bool(b) => Ok(i64::from(*b)),
+        Json::Str(s) => s.trim().parse().map_err(|_| InvalidField),
         _ => Err(InvalidField),
     }
 }
 
 /// Python's `float()` of a JSON value: numbers, booleans, numeric strings.
-fn float(value: &Value) -> Result<f64, InvalidField> {
+fn float(value: &Json<'_>) -> Result<f64, InvalidField> {
     match value {
-        Value::String(s) => s.trim().parse().map_err(|_| InvalidField),
+        Json::Str(s) => s.trim().parse().map_err(|_| InvalidField),
         other => number_of(other).ok_or(InvalidField),
     }
 }
 
 /// A number or a boolean as a float (what Python compares and adds without raising).
-fn number_of(value: &Value) -> Option<f64> {
+fn number_of(value: &Json<'_>) -> Option<f64> {
     match value {
-        Value::Number(n) => n.as_f64(),
-        Value::Bool(b) => Some(f64::from(u8::from(*b))),
+        Json::Number(n) => n.as_f64(),
+        Json::Bool(b) => Some(f64::from(u8::from(*b))),
         _ => None,
     }
 }
 
 /// Python's truthiness.
-fn truthy(value: &Value) -> bool {
+fn truthy(value: &Json<'_>) -> bool {
     match value {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
+        Json::Null => false,
+        Json::Bool(b) => *b,
+        Json::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Json::Str(s) => !s.is_empty(),
+        Json::Array(a) => !a.is_empty(),
+        Json::Object(o) => !o.is_empty(),
     }
 }
 
 /// Python's `str()` of a JSON value, for the values Sentry passes through it (a method, a header):
 /// strings as they are, `True`/`False`/`None`, numbers as JSON writes them, containers as JSON.
-fn python_str(value: &Value) -> String {
+fn python_str(value: &Json<'_>) -> String {
     match value {
-        Value::String(s) => s.clone(),
-        Value::Bool(true) => "True".to_owned(),
-        Value::Bool(false) => "False".to_owned(),
-        Value::Null => "None".to_owned(),
-        other => other.to_string(),
+        Json::Str(s) => s.to_string(),
+        Json::Bool(true) => "True".to_owned(),
+        Json::Bool(false) => "False".to_owned(),
+        Json::Null => "None".to_owned(),
+        other => serde_json::to_string(other).unwrap_or_default(),
     }
 }
 
 /// `float(end) - float(start)` of a span.
-fn duration(payload: &Value) -> Result<f64, InvalidField> {
+fn duration(payload: &Json<'_>) -> Result<f64, InvalidField> {
     Ok(float(field(payload, "endTimestamp")?)? - float(field(payload, "startTimestamp")?)?)
 }
 
 /// A timestamp in seconds (`float()`), truncated to milliseconds as Sentry does; an instant no
 /// `datetime` holds raises.
-fn seconds(value: &Value) -> Result<i64, InvalidField> {
+fn seconds(value: &Json<'_>) -> Result<i64, InvalidField> {
     let ms = (float(value)? * 1000.0).trunc();
     if !ms.is_finite() || ms.abs() > MAX_MILLIS {
         return Err(InvalidField);
@@ -556,11 +555,19 @@ fn first_chars(s: &str, n: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
+
+    /// `f` of the value as the builder reads it: parsed from the value's text.
+    fn read<R>(value: &Value, f: impl FnOnce(&Json<'_>) -> R) -> R {
+        let text = value.to_string();
+        f(&serde_json::from_str(&text).unwrap())
+    }
 
     fn built(data: Value) -> (Result<Option<Built>, InvalidField>, Vec<u8>, u64) {
         let (mut out, mut cut) = (Vec::new(), 0);
-        let result = build(&data, 1_700_000_000_000, &mut out, &mut cut);
+        let result = read(&data, |data| {
+            build(data, 1_700_000_000_000, &mut out, &mut cut)
+        });
         (result, out, cut)
     }
 
@@ -596,21 +603,21 @@ mod tests {
                          "node": {"tagName": tag}}}})
         };
         assert_eq!(
-            classify(&slow("button", 5)),
+            read(&slow("button", 5), classify),
             Some(Kind::Click {
                 is_dead: true,
                 is_rage: true
             })
         );
         assert_eq!(
-            classify(&slow("a", 1)),
+            read(&slow("a", 1), classify),
             Some(Kind::Click {
                 is_dead: true,
                 is_rage: false
             })
         );
         assert_eq!(
-            classify(&slow("BUTTON", 9)),
+            read(&slow("BUTTON", 9), classify),
             Some(Kind::Click {
                 is_dead: false,
                 is_rage: false
@@ -637,19 +644,19 @@ mod tests {
 
     #[test]
     fn python_conversions() {
-        assert_eq!(int(&json!(3.9)), Ok(3));
-        assert_eq!(int(&json!(-3.9)), Ok(-3));
-        assert_eq!(int(&json!(" 12 ")), Ok(12));
-        assert_eq!(int(&json!("1.5")), Err(InvalidField));
-        assert_eq!(int(&json!(true)), Ok(1));
-        assert_eq!(int(&json!(null)), Err(InvalidField));
-        assert_eq!(float(&json!("2.5")), Ok(2.5));
-        assert_eq!(python_str(&json!(null)), "None");
-        assert_eq!(python_str(&json!(false)), "False");
-        assert!(truthy(&json!("false")));
-        assert!(!truthy(&json!(0)));
+        assert_eq!(read(&json!(3.9), int), Ok(3));
+        assert_eq!(read(&json!(-3.9), int), Ok(-3));
+        assert_eq!(read(&json!(" 12 "), int), Ok(12));
+        assert_eq!(read(&json!("1.5"), int), Err(InvalidField));
+        assert_eq!(read(&json!(true), int), Ok(1));
+        assert_eq!(read(&json!(null), int), Err(InvalidField));
+        assert_eq!(read(&json!("2.5"), float), Ok(2.5));
+        assert_eq!(read(&json!(null), python_str), "None");
+        assert_eq!(read(&json!(false), python_str), "False");
+        assert!(read(&json!("false"), truthy));
+        assert!(!read(&json!(0), truthy));
         assert_eq!(first_chars("héllo", 2), "hé");
-        assert_eq!(seconds(&json!(1.2345)), Ok(1234));
-        assert_eq!(seconds(&json!(1e20)), Err(InvalidField));
+        assert_eq!(read(&json!(1.2345), seconds), Ok(1234));
+        assert_eq!(read(&json!(1e20), seconds), Err(InvalidField));
     }
 }

@@ -16,6 +16,7 @@
 //! - items Snuba would refuse (a trace id that is not a UUID) are not produced, and are counted.
 
 mod build;
+mod dom;
 pub mod proto;
 
 use md5::{Digest, Md5};
@@ -179,7 +180,7 @@ impl Collector {
         {
             return;
         }
-        let Ok(data) = serde_json::from_str::<serde_json::Value>(data) else {
+        let Ok(data) = serde_json::from_str::<dom::Json>(data) else {
             self.counts.drop(Dropped::InvalidField, 1);
             return;
         };

@@ -1,0 +1,299 @@
+//! A custom event's data as a JSON value borrowed from the segment's text, for building its trace
+//! item. Sentry reads the event as a Python dict; the builder needs a general value too (a
+//! header's value or a method may be anything), but `serde_json::Value` allocated a string for
+//! every text and a tree of nodes for every object, and freed them all again: most of what the
+//! items cost (docs/outputs.md). Here a text without escapes is a slice of the segment and an
+//! object is one vector of its entries.
+//!
+//! It reads as `serde_json::Value` does: of repeated keys the last wins, and an object's entries
+//! go in key order (as `serde_json::Map` keeps them), which is where headers are taken from and
+//! how a container prints.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde_json::Number;
+
+/// A JSON value; texts and keys borrow from the input unless they hold escapes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Json<'a> {
+    Null,
+    Bool(bool),
+    Number(Number),
+    Str(Cow<'a, str>),
+    Array(Vec<Json<'a>>),
+    Object(Object<'a>),
+}
+
+/// An object's entries as read, repeated keys included.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Object<'a>(Vec<(Cow<'a, str>, Json<'a>)>);
+
+impl<'a> Json<'a> {
+    /// The value of `key` when this is an object that has it.
+    pub fn get(&self, key: &str) -> Option<&Json<'a>> {
+        self.as_object().and_then(|o| o.get(key))
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Json::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_object(&self) -> Option<&Object<'a>> {
+        match self {
+            Json::Object(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+impl<'a> Object<'a> {
+    /// The value of `key`: the last one, when the key is repeated.
+    pub fn get(&self, key: &str) -> Option<&Json<'a>> {
+        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// Whether it has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Its entries in key order, each key once with its last value.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &Json<'a>)> {
+        let mut sorted: Vec<(&str, &Json<'a>)> = self.0.iter().map(|(k, v)| (&**k, v)).collect();
+        // Stable: of equal keys the one read last comes last.
+        sorted.sort_by(|a, b| a.0.cmp(b.0));
+        let mut kept: Vec<(&str, &Json<'a>)> = Vec::with_capacity(sorted.len());
+        for entry in sorted {
+            match kept.last_mut() {
+                Some(last) if last.0 == entry.0 => *last = entry,
+                _ => kept.push(entry),
+            }
+        }
+        kept.into_iter()
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Json<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(JsonVisitor(std::marker::PhantomData))
+    }
+}
+
+struct JsonVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for JsonVisitor<'a> {
+    type Value = Json<'a>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Json<'a>, E> {
+        Ok(Json::Bool(b))
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Json<'a>, E> {
+        Ok(Json::Number(n.into()))
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Json<'a>, E> {
+        Ok(Json::Number(n.into()))
+    }
+
+    fn visit_f64<E>(self, n: f64) -> Result<Json<'a>, E> {
+        Ok(Number::from_f64(n).map_or(Json::Null, Json::Number))
+    }
+
+    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Json<'a>, E> {
+        Ok(Json::Str(Cow::Borrowed(s)))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Json<'a>, E> {
+        Ok(Json::Str(Cow::Owned(s.to_owned())))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Json<'a>, E> {
+        Ok(Json::Str(Cow::Owned(s)))
+    }
+
+    fn visit_unit<E>(self) -> Result<Json<'a>, E> {
+        Ok(Json::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Json<'a>, E> {
+        Ok(Json::Null)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Json<'a>, D::Error> {
+        Json::deserialize(d)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json<'a>, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Json::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json<'a>, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(Key(key)) = map.next_key()? {
+            entries.push((key, map.next_value()?));
+        }
+        Ok(Json::Object(Object(entries)))
+    }
+}
+
+/// An object's key, borrowed unless it holds escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Key<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for KeyVisitor<'a> {
+            type Value = Key<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Key<'a>, E> {
+                Ok(Key(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Key<'a>, E> {
+                Ok(Key(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Key<'a>, E> {
+                Ok(Key(Cow::Owned(s)))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor(std::marker::PhantomData))
+    }
+}
+
+/// As `serde_json::Value` writes itself: an object's entries in key order.
+impl Serialize for Json<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Json::Null => serializer.serialize_unit(),
+            Json::Bool(b) => serializer.serialize_bool(*b),
+            Json::Number(n) => n.serialize(serializer),
+            Json::Str(s) => serializer.serialize_str(s),
+            Json::Array(items) => {
+                let mut seq = serializer.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(item)?;
+                }
+                seq.end()
+            }
+            Json::Object(object) => {
+                let mut map = serializer.serialize_map(None)?;
+                for (key, value) in object.entries() {
+                    map.serialize_entry(key, value)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// JSON texts with what a general value meets: escapes, repeated keys, numbers of every kind.
+    fn json_text() -> impl Strategy<Value = String> {
+        let key = prop::sample::select(vec!["a", "b", "h", "\\u0061", "a\\n", "é", ""]);
+        let leaf = prop_oneof![
+            Just("null".to_owned()),
+            any::<bool>().prop_map(|b| b.to_string()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<u64>().prop_map(|n| n.to_string()),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| format!("{f:e}")),
+            Just("-0.0".to_owned()),
+            "[a-z\\\\\"/ é\u{1F600}]{0,8}"
+                .prop_map(|s| serde_json::to_string(&s).unwrap_or_default()),
+            Just(r#""\ud83d\ude00\t\u0000""#.to_owned()),
+        ];
+        leaf.prop_recursive(4, 40, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6)
+                    .prop_map(|items| format!("[{}]", items.join(","))),
+                prop::collection::vec((key.clone(), inner), 0..6).prop_map(|entries| {
+                    let entries: Vec<String> = entries
+                        .into_iter()
+                        .map(|(k, v)| format!("\"{k}\" : {v}"))
+                        .collect();
+                    format!("{{{}}}", entries.join(","))
+                }),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Read, looked up and written as `serde_json::Value` reads, looks up and writes it.
+        #[test]
+        fn it_reads_and_writes_as_serde_json_value_does(text in json_text()) {
+            let (value, json) = match (
+                serde_json::from_str::<serde_json::Value>(&text),
+                serde_json::from_str::<Json>(&text),
+            ) {
+                (Ok(value), Ok(json)) => (value, json),
+                (value, json) => {
+                    prop_assert_eq!(value.is_ok(), json.is_ok(), "{}", text);
+                    return Ok(());
+                }
+            };
+            prop_assert_eq!(serde_json::to_string(&json).unwrap(), value.to_string());
+            for key in ["a", "b", "h", "a\n", "é", ""] {
+                prop_assert_eq!(
+                    json.get(key).map(|v| serde_json::to_string(v).unwrap()),
+                    value.get(key).map(|v| v.to_string())
+                );
+            }
+            let keys = |o: &Object| o.entries().map(|(k, _)| k.to_owned()).collect::<Vec<_>>();
+            prop_assert_eq!(
+                json.as_object().map(keys),
+                value.as_object().map(|o| o.keys().cloned().collect())
+            );
+        }
+    }
+
+    #[test]
+    fn texts_without_escapes_borrow_from_the_input() {
+        let json: Json = serde_json::from_str(r#"{"plain":"text","esc\u0061ped":"a\nb"}"#).unwrap();
+        let Json::Object(Object(entries)) = &json else {
+            panic!("{json:?}")
+        };
+        assert!(matches!(
+            &entries[0],
+            (Cow::Borrowed("plain"), Json::Str(Cow::Borrowed("text")))
+        ));
+        assert!(
+            matches!(&entries[1], (Cow::Owned(k), Json::Str(Cow::Owned(v))) if k == "escaped" && v == "a\nb")
+        );
+    }
+
+    #[test]
+    fn what_serde_json_refuses_it_refuses() {
+        for text in [
+            r#"{"a":1,}"#,
+            "[1 2]",
+            r#"{"a" 1}"#,
+            "\"\\x\"",
+            "01",
+            "[1]]",
+            "1e400",
+        ] {
+            assert!(serde_json::from_str::<Json>(text).is_err(), "{text}");
+        }
+    }
+}
