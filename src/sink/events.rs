@@ -215,7 +215,10 @@ impl EventsSink {
         if !pass.over.is_empty() {
             self.limits.refresh(LIMITS_RECHECK_AGE).await;
             let limits = self.limits.current();
-            if (pass.over.iter()).any(|(topic, size)| limits.get(topic).is_some_and(|l| size <= l))
+            if pass
+                .over
+                .iter()
+                .any(|(topic, size)| limits.get(topic).is_some_and(|l| size <= l))
             {
                 pass = self.pass(batch, progress, &limits).await;
             }
@@ -431,12 +434,14 @@ mod tests {
         assert_eq!(over, [("i".to_owned(), 5080), ("i".to_owned(), 6080)]);
         let unknown = HashMap::from([("o".to_owned(), 1000)]);
         assert!(
-            (sink.over_limits(&message, &unknown, &progress, &mut Vec::new())).is_none(),
+            sink.over_limits(&message, &unknown, &progress, &mut Vec::new())
+                .is_none(),
             "a topic whose limit is not known is left to the broker"
         );
         progress.stored(message[0].piece);
         assert!(
-            (sink.over_limits(&message, &limits, &progress, &mut Vec::new())).is_none(),
+            sink.over_limits(&message, &limits, &progress, &mut Vec::new())
+                .is_none(),
             "part delivered: the rest goes out"
         );
     }

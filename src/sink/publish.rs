@@ -208,14 +208,18 @@ impl TopicLimits {
                 let mut limits = (*known.limits).clone();
                 limits.extend(read);
                 known.limits = Arc::new(limits);
-                let unread: Vec<&str> = (self.topics.iter())
+                let unread: Vec<&str> = self
+                    .topics
+                    .iter()
                     .filter(|t| !known.limits.contains_key(*t))
                     .map(String::as_str)
                     .collect();
                 if !unread.is_empty() {
                     warn!(topics = ?unread, "the brokers did not give these topics' max.message.bytes (is DescribeConfigs allowed on them?): their records are sent unchecked");
                 }
-                let batched: Vec<(&String, &usize)> = (known.limits.iter())
+                let batched: Vec<(&String, &usize)> = known
+                    .limits
+                    .iter()
                     .filter(|(_, limit)| **limit < PRODUCER_BATCH_BYTES)
                     .collect();
                 if !batched.is_empty() {
@@ -230,7 +234,9 @@ impl TopicLimits {
 
     async fn read(&self) -> Result<HashMap<String, usize>, KafkaError> {
         let admin: AdminClient<DefaultClientContext> = self.config.create()?;
-        let topics: Vec<ResourceSpecifier> = (self.topics.iter())
+        let topics: Vec<ResourceSpecifier> = self
+            .topics
+            .iter()
             .map(|t| ResourceSpecifier::Topic(t))
             .collect();
         let options = AdminOptions::new().request_timeout(Some(self.timeout));
