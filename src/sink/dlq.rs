@@ -344,29 +344,42 @@ impl DlqSink {
                 .map(|(_, message)| message.value.len() as u64)
                 .sum(),
         };
-        let (mut sent, mut deliveries) = (Vec::new(), Vec::new());
+        // A letter that cannot be enqueued (its blob-store copy failed, the queue is full) ends
+        // the sending, but not the attempt: the letters already enqueued are still delivered, and
+        // are awaited and marked stored, so that the retry sends only the rest.
+        let (mut failure, mut sent, mut deliveries) = (None, Vec::new(), Vec::new());
         for &(entry, message) in &letters {
-            if !progress.is_stored(Piece::of(entry, RECORD)) {
-                deliveries.push(self.send(entry, message, progress).await?);
-                sent.push((entry, message));
+            if progress.is_stored(Piece::of(entry, RECORD)) {
+                continue;
             }
-        }
-        if deliveries.is_empty() {
-            return Ok(written);
+            match self.send(entry, message, progress).await {
+                Ok(delivery) => {
+                    deliveries.push(delivery);
+                    sent.push((entry, message));
+                }
+                Err(e) => {
+                    keep_telling(&mut failure, e);
+                    break;
+                }
+            }
         }
         // A broker whose topic limit is below `max_record_bytes` refuses the record on delivery:
         // that dead letter goes the pointer's way.
-        let (mut failure, mut pointed, mut pointers) = (None, Vec::new(), Vec::new());
+        let (mut pointed, mut pointers) = (Vec::new(), Vec::new());
         for ((entry, message), delivery) in sent.into_iter().zip(join_all(deliveries).await) {
             match delivered(delivery, classify_producer_error) {
                 Ok(()) => progress.stored(Piece::of(entry, RECORD)),
-                Err(e) if e.retry == Retry::Rejected => {
-                    let pointer = self
-                        .send_pointer(entry, message, headers(entry, message), progress)
-                        .await?;
-                    pointers.push(pointer);
-                    pointed.push(entry);
-                }
+                Err(e) if e.retry == Retry::Rejected => match self
+                    .send_pointer(entry, message, headers(entry, message), progress)
+                    .await
+                {
+                    Ok(pointer) => {
+                        pointers.push(pointer);
+                        pointed.push(entry);
+                    }
+                    // The blob store's failure was counted by its request.
+                    Err(e) => keep_telling(&mut failure, e),
+                },
                 Err(e) => {
                     progress.failed(&e);
                     keep_telling(&mut failure, e);

@@ -9,9 +9,10 @@ use crate::support::*;
 use rdkafka::producer::FutureRecord;
 use replay_ingest::health::Status;
 use replay_ingest::pipeline::{self, flush::Sinks};
-use replay_ingest::sink::ObjectStore;
+use replay_ingest::recording::{InvalidRecording, Reason};
 use replay_ingest::sink::dlq::DlqSink;
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
+use replay_ingest::sink::{Entry, InvalidMessage, ObjectStore, Outcome, Progress, Sink};
 
 /// The dead-letter producer's own limit (librdkafka's `message.max.bytes`): below the topic's
 /// configured limit, as when an operator sets the flag higher than the broker allows.
@@ -136,4 +137,78 @@ async fn dead_letters_too_large_for_their_topic_keep_their_value_in_the_blob_sto
             assert_eq!(letter.key.as_ref(), Some(key));
         }
     }
+}
+
+/// An invalid message, as the pipeline hands it to the dead-letter sink.
+fn invalid(offset: i64, value: Vec<u8>, topic: &str) -> Entry {
+    Entry {
+        partition: 0,
+        offset,
+        outcome: Outcome::Invalid(Box::new(InvalidMessage {
+            error: InvalidRecording::new(Reason::InvalidMsgpack, "not a segment"),
+            value,
+            key: None,
+            topic: topic.to_owned(),
+            timestamp: None,
+            rejected_by: None,
+            original_lost: false,
+        })),
+    }
+}
+
+/// A letter that cannot be sent (its blob-store copy fails) must not make the retry send again the
+/// letters enqueued before it: they are still delivered, and the retry sends only the rest.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_letter_that_cannot_be_sent_does_not_make_the_retry_send_the_others_again() {
+    let _stack = uses_stack().await;
+    let (dlq, bucket) = (unique("dlq"), unique("blobs"));
+    create_topic(&dlq, 1).await;
+    // The bucket does not exist yet: the oversized letter's copy fails on the first attempt.
+    let overflow: Arc<dyn ObjectStore> = Arc::new(
+        GcsSink::new(&GcsConfig {
+            bucket: bucket.clone(),
+            endpoint: Some(gcs_endpoint()),
+            anonymous: true,
+            concurrency: 2,
+            timeout: Duration::from_secs(30),
+        })
+        .await
+        .unwrap(),
+    );
+    let producer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let sink = DlqSink::new(producer, &dlq, 1_000_000, Some(overflow));
+    let batch = [
+        invalid(0, b"small".to_vec(), "rec"),
+        invalid(1, vec![b'x'; 1_500_000], "rec"),
+        invalid(2, b"after".to_vec(), "rec"),
+    ];
+    let status = Status::default();
+    let progress = Progress::new(sink.name(), &status);
+    let first = sink.write(&batch, &progress).await;
+    assert!(first.is_err(), "the copy into a missing bucket fails");
+    create_bucket(&bucket);
+    progress.new_attempt();
+    sink.write(&batch, &progress)
+        .await
+        .expect("the retry succeeds");
+
+    let letters = read_messages(&dlq, 3, Duration::from_secs(15));
+    let mut offsets: Vec<&str> = letters
+        .iter()
+        .map(|m| m.headers["original_offset"].as_str())
+        .collect();
+    offsets.sort();
+    assert_eq!(offsets, ["0", "1", "2"], "each letter once");
+    let pointer = letters
+        .iter()
+        .find(|m| m.headers["original_offset"] == "1")
+        .unwrap();
+    assert_eq!(
+        pointer.headers["payload_location"],
+        format!("gs://{bucket}/dlq/rec/0/1")
+    );
 }
