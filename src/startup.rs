@@ -25,6 +25,33 @@ use crate::sink::{Built, Check, Checked, Entry, Retry, Sink, SinkError, Writing}
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
+/// How long the try before joining the group may take: a destination that accepts connections
+/// and never answers (hung, overloaded, a black-holed address) must not keep the service out of
+/// its group past the liveness window — the pod would be restarted into the same wait, again
+/// and again. Past it the destination counts as not answering yet.
+const FIRST_TRY_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long a try in the background may take (a table's migration included), so that a hung
+/// try is given up and tried again.
+const TRY_DEADLINE: Duration = Duration::from_secs(60);
+
+/// One try of `what`'s check, a try past `deadline` failing as retryable.
+async fn try_check(
+    what: &'static str,
+    check: &mut Check,
+    deadline: Duration,
+) -> Result<(), SinkError> {
+    tokio::time::timeout(deadline, check())
+        .await
+        .unwrap_or_else(|_| {
+            Err(SinkError::new(
+                what,
+                Retry::Retryable,
+                format_args!("no answer within {deadline:?}"),
+            ))
+        })
+}
+
 /// Whether a destination's startup check has passed.
 pub struct Gate {
     state: Mutex<State>,
@@ -77,7 +104,7 @@ pub async fn check(
     mut check: Check,
 ) -> Result<Arc<Gate>, SinkError> {
     status.beat();
-    match check().await {
+    match try_check(what, &mut check, FIRST_TRY_DEADLINE).await {
         Ok(()) => Ok(Gate::new(State::Passed)),
         Err(error) if error.retry == Retry::Retryable => {
             status.sink_failed(what, &error.message);
@@ -94,7 +121,7 @@ async fn keep_checking(what: &'static str, status: Arc<Status>, mut check: Check
     let mut backoff = FIRST_BACKOFF;
     loop {
         tokio::time::sleep(backoff).await;
-        match check().await {
+        match try_check(what, &mut check, TRY_DEADLINE).await {
             Ok(()) => {
                 let waited = status.sink_recovered(what).unwrap_or_default();
                 info!(
@@ -235,6 +262,46 @@ mod tests {
             serde_json::json!({}),
             "the outage cleared when the check passed"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_destination_that_never_answers_does_not_hold_the_service_out_of_its_group() {
+        let status = Arc::new(Status::default());
+        let tries = Arc::new(AtomicU32::new(0));
+        let counted = tries.clone();
+        // Hangs on its first two tries (accepts, never answers), then passes.
+        let check: Check = Box::new(move || {
+            if counted.fetch_add(1, Ordering::SeqCst) < 2 {
+                Box::pin(std::future::pending())
+            } else {
+                Box::pin(std::future::ready(Ok(())))
+            }
+        });
+        let started = tokio::time::Instant::now();
+        let gate = super::check("clickhouse", &status, check).await.unwrap();
+        assert_eq!(
+            started.elapsed(),
+            FIRST_TRY_DEADLINE,
+            "given up at its deadline"
+        );
+        assert!(
+            started.elapsed() < crate::health::LIVENESS_STALE_AFTER,
+            "within the liveness window"
+        );
+        let closed = gate.open("clickhouse").unwrap_err();
+        assert_eq!(closed.retry, Retry::Retryable, "{closed}");
+        assert!(closed.message.contains("no answer within 10s"), "{closed}");
+        // The hung background try is given up too, and the next one passes.
+        tokio::time::sleep(FIRST_BACKOFF + TRY_DEADLINE).await;
+        assert_eq!(
+            tries.load(Ordering::SeqCst),
+            2,
+            "the second try still hangs"
+        );
+        assert!(gate.open("clickhouse").is_err());
+        tokio::time::sleep(MAX_BACKOFF).await;
+        assert_eq!(tries.load(Ordering::SeqCst), 3);
+        assert!(gate.open("clickhouse").is_ok());
     }
 
     #[tokio::test(start_paused = true)]
