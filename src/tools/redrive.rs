@@ -6,8 +6,10 @@
 //! letter's own headers (`reason`, `detail`, `original_*`, …) are left behind; the re-driven
 //! message carries one header, `redriven_from`, naming the letter (`topic/partition/offset`).
 //!
-//! Every letter read is committed for this group, chosen or not (another `--group-id` reads the
-//! topic afresh). A letter that cannot be re-driven (its stored value is gone, its original bytes
+//! Every letter handled is committed for this group, chosen or not (another `--group-id` reads
+//! the topic afresh): every second while the run goes, and when it ends, however it ends (an
+//! error, a broker that stops answering), so that a second run goes on where it stopped. Letters
+//! that arrive after the run started are left for the next one. A letter that cannot be re-driven (its stored value is gone, its original bytes
 //! were lost before it was written, its headers are not a dead letter's) is reported, with where
 //! it is, and the run exits non-zero.
 
@@ -115,79 +117,25 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
         .create()
         .context("creating the Kafka producer")?;
     let ends = start(&consumer, &args.dlq_topic, timeout)?;
-    let mut counts = Counts::default();
-    let mut pacer = (Instant::now(), 0u32);
-    let mut positions = TopicPartitionList::new();
-    let mut remaining: BTreeMap<i32, i64> = ends.clone();
-    let idle_deadline = Duration::from_secs(30).max(timeout);
-    let mut last_message = Instant::now();
-    while !remaining.is_empty() {
-        if args
-            .limit
-            .is_some_and(|limit| counts.redriven.values().sum::<u64>() >= limit)
-        {
-            break;
-        }
-        let Some(polled) = consumer.poll(Duration::from_millis(200)) else {
-            if last_message.elapsed() > idle_deadline {
-                bail!(
-                    "no message from {} for {idle_deadline:?} before its end",
-                    args.dlq_topic
-                );
-            }
-            continue;
-        };
-        last_message = Instant::now();
-        let letter = polled.context("reading the dead-letter topic")?;
-        let (partition, offset) = (letter.partition(), letter.offset());
-        positions.add_partition_offset(&args.dlq_topic, partition, Offset::Offset(offset + 1))?;
-        if remaining
-            .get(&partition)
-            .is_some_and(|end| offset + 1 >= *end)
-        {
-            remaining.remove(&partition);
-        }
-        let at = format!("{}/{partition}/{offset}", args.dlq_topic);
-        let reason = header(&letter, "reason").unwrap_or_default();
-        if !chosen(args, &reason, &letter) {
-            counts.passed_over += 1;
-            continue;
-        }
-        if args.dry_run {
-            *counts.redriven.entry(reason).or_default() += 1;
-            continue;
-        }
-        match original(store.as_deref(), &letter).await {
-            Ok((value, key)) => {
-                pace(&mut pacer, args.rate).await;
-                let headers = OwnedHeaders::new().insert(Header {
-                    key: "redriven_from",
-                    value: Some(at.as_str()),
-                });
-                let mut record = FutureRecord::to(&args.topic)
-                    .payload(&value)
-                    .headers(headers);
-                if let Some(key) = &key {
-                    record = record.key(key);
-                }
-                producer
-                    .send(record, timeout)
-                    .await
-                    .with_context(|| format!("re-producing {at} to {}", args.topic))?;
-                writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;
-                *counts.redriven.entry(reason).or_default() += 1;
-            }
-            Err(e) => {
-                writeln!(out, "cannot re-drive {at}: {e:#}")?;
-                counts.failed.push(format!("{at}: {e:#}"));
-            }
-        }
-    }
-    if !args.dry_run && positions.count() > 0 {
-        consumer
-            .commit(&positions, CommitMode::Sync)
-            .context("committing what was read")?;
-    }
+    let mut read = Read::default();
+    let result = redrive_letters(
+        args,
+        Clients {
+            consumer: &consumer,
+            producer: &producer,
+            store: store.as_deref(),
+        },
+        &ends,
+        &mut read,
+        out,
+    )
+    .await;
+    // However the run ends, what it handled is committed: a second run goes on where this one
+    // stopped instead of re-driving it all again.
+    let committed = read.commit(args, &consumer);
+    result?;
+    committed?;
+    let counts = read.counts;
     let total: u64 = counts.redriven.values().sum();
     let verb = if args.dry_run {
         "would be re-driven"
@@ -213,6 +161,137 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     Ok(())
 }
 
+/// How often a run commits what it has handled (and once more when it ends, however it ends):
+/// a run killed loses at most this much of its progress.
+const COMMIT_EVERY: Duration = Duration::from_secs(1);
+
+/// How much a run fetches ahead of the letter it handles, KiB.
+const READ_AHEAD_KIB: usize = 4 << 10;
+
+/// What a run has read: the counts, and each partition's next offset to commit.
+#[derive(Default)]
+struct Read {
+    counts: Counts,
+    positions: TopicPartitionList,
+    last_commit: Option<Instant>,
+}
+
+impl Read {
+    /// Commits the letters handled so far (nothing in a dry run).
+    fn commit(&mut self, args: &RedriveArgs, consumer: &BaseConsumer) -> anyhow::Result<()> {
+        self.last_commit = Some(Instant::now());
+        if args.dry_run || self.positions.count() == 0 {
+            return Ok(());
+        }
+        consumer
+            .commit(&self.positions, CommitMode::Sync)
+            .context("committing what was read")
+    }
+}
+
+/// The clients a run reads and writes with.
+struct Clients<'a> {
+    consumer: &'a BaseConsumer,
+    producer: &'a Producer,
+    store: Option<&'a dyn BlobStore>,
+}
+
+/// Reads the letters up to `ends` (each partition's end when the run started) and re-drives
+/// the chosen ones. A letter counts as handled — its position is recorded in `read` — once it
+/// is re-driven (delivered to `--topic`), passed over, or reported as one that cannot be; an
+/// error (the broker, a send) ends the run before the letter it happened on.
+async fn redrive_letters(
+    args: &RedriveArgs,
+    clients: Clients<'_>,
+    ends: &BTreeMap<i32, i64>,
+    read: &mut Read,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let timeout = Duration::from_millis(args.sink_timeout_ms);
+    let mut pacer = (Instant::now(), 0u32);
+    let mut remaining = ends.clone();
+    let idle_deadline = Duration::from_secs(30).max(timeout);
+    let mut last_message = Instant::now();
+    while !remaining.is_empty() {
+        if args
+            .limit
+            .is_some_and(|limit| read.counts.redriven.values().sum::<u64>() >= limit)
+        {
+            break;
+        }
+        if read
+            .last_commit
+            .is_none_or(|at| at.elapsed() >= COMMIT_EVERY)
+        {
+            read.commit(args, clients.consumer)?;
+        }
+        let Some(polled) = clients.consumer.poll(Duration::from_millis(200)) else {
+            if last_message.elapsed() > idle_deadline {
+                bail!(
+                    "no message from {} for {idle_deadline:?} before its end",
+                    args.dlq_topic
+                );
+            }
+            continue;
+        };
+        last_message = Instant::now();
+        let letter = polled.context("reading the dead-letter topic")?;
+        let (partition, offset) = (letter.partition(), letter.offset());
+        let Some(&end) = ends.get(&partition).filter(|end| offset < **end) else {
+            // Past the end the partition had when the run started (the letters of what this
+            // run re-drives, if they fail again, among them): the next run's.
+            continue;
+        };
+        let at = format!("{}/{partition}/{offset}", args.dlq_topic);
+        let reason = header(&letter, "reason").unwrap_or_default();
+        if !chosen(args, &reason, &letter) {
+            read.counts.passed_over += 1;
+        } else if args.dry_run {
+            *read.counts.redriven.entry(reason).or_default() += 1;
+        } else {
+            match original(clients.store, &letter).await {
+                Ok((value, key)) => {
+                    pace(&mut pacer, args.rate).await;
+                    let headers = OwnedHeaders::new().insert(Header {
+                        key: "redriven_from",
+                        value: Some(at.as_str()),
+                    });
+                    let mut record = FutureRecord::to(&args.topic)
+                        .payload(&value)
+                        .headers(headers);
+                    if let Some(key) = &key {
+                        record = record.key(key);
+                    }
+                    clients
+                        .producer
+                        .send(record, timeout)
+                        .await
+                        .with_context(|| format!("re-producing {at} to {}", args.topic))?;
+                    writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;
+                    *read.counts.redriven.entry(reason).or_default() += 1;
+                }
+                Err(e) => {
+                    writeln!(out, "cannot re-drive {at}: {e:#}")?;
+                    read.counts.failed.push(format!("{at}: {e:#}"));
+                }
+            }
+        }
+        read.positions.add_partition_offset(
+            &args.dlq_topic,
+            partition,
+            Offset::Offset(offset + 1),
+        )?;
+        if offset + 1 >= end {
+            // Done with it: nothing more is fetched from it.
+            remaining.remove(&partition);
+            let mut done = TopicPartitionList::new();
+            done.add_partition(&args.dlq_topic, partition);
+            clients.consumer.pause(&done)?;
+        }
+    }
+    Ok(())
+}
+
 fn reader(args: &RedriveArgs, timeout: Duration) -> anyhow::Result<BaseConsumer> {
     let mut config = args.kafka.client_config(&[])?;
     config
@@ -220,6 +299,9 @@ fn reader(args: &RedriveArgs, timeout: Duration) -> anyhow::Result<BaseConsumer>
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
         .set("auto.offset.reset", "earliest")
+        // A paced run needs little ahead of it: librdkafka's default fetches up to 64 MiB ahead,
+        // which letters of up to a megabyte each fill, for a run that re-drives 100 a second.
+        .set("queued.max.messages.kbytes", READ_AHEAD_KIB.to_string())
         .set("socket.timeout.ms", timeout.as_millis().to_string());
     config.create().context("creating the Kafka consumer")
 }

@@ -370,3 +370,105 @@ async fn a_letter_whose_original_was_lost_is_reported_not_sent() {
     );
     assert!(high_watermarks(&topic, 1).is_empty(), "nothing sent");
 }
+
+/// Puts a dead letter of `value` (reason `rejected_by_sink`) on `partition` of `dlq`.
+async fn letter(dlq: &str, partition: i32, value: &[u8]) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::FutureRecord;
+    let headers = OwnedHeaders::new().insert(Header {
+        key: "reason",
+        value: Some("rejected_by_sink"),
+    });
+    producer()
+        .send(
+            FutureRecord::<(), [u8]>::to(dlq)
+                .partition(partition)
+                .payload(value)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+}
+
+/// A run that stops on an error (here a letter over the input topic's `max.message.bytes`) has
+/// committed what it re-drove before it: the next run goes on from the letter it stopped at, and
+/// nothing is re-driven twice.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_run_that_stops_on_an_error_keeps_its_progress() {
+    let _stack = uses_stack().await;
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("redrive"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    set_topic_limit(&topic, 10_000).await;
+    letter(&dlq, 0, b"first").await;
+    letter(&dlq, 0, b"second").await;
+    letter(&dlq, 0, &[b'x'; 50_000]).await;
+    letter(&dlq, 0, b"fourth").await;
+    let flags = ["--blob-sink", "null", "--sink-timeout-ms", "5000"];
+    let (ok, said) = redrive_in(&dlq, &topic, &group, &flags);
+    assert!(!ok, "the third letter is over the topic's limit: {said}");
+    assert!(said.contains(&format!("re-producing {dlq}/0/2")), "{said}");
+    assert_eq!(
+        committed(&group, &dlq, 1),
+        [(0, 2)].into_iter().collect(),
+        "the two letters re-driven are committed"
+    );
+    set_topic_limit(&topic, 1_000_000).await;
+    let (ok, said) = redrive_in(&dlq, &topic, &group, &flags);
+    assert!(ok, "{said}");
+    assert!(said.contains("2 letter(s) re-driven"), "{said}");
+    let mut lengths: Vec<usize> = read_messages(&topic, 4, Duration::from_secs(15))
+        .iter()
+        .map(|m| m.value.len())
+        .collect();
+    lengths.sort();
+    assert_eq!(lengths, [5, 6, 6, 50_000], "each letter once");
+}
+
+/// A run reads up to the end each partition had when it started: a letter that arrives on a
+/// partition it has finished (the dead letter of a message it re-drove, say) is left for the next
+/// run, however long the run goes on with the other partitions.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn letters_that_arrive_during_a_run_are_left_for_the_next() {
+    let _stack = uses_stack().await;
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("redrive"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 2).await;
+    letter(&dlq, 0, b"early").await;
+    // More than the run reads ahead (4 MiB): partition 1 is still being fetched when the late
+    // letter arrives, so that it is fetched too, before partition 1's last letters.
+    for i in 0..8u8 {
+        letter(&dlq, 1, &vec![b'a' + i; 800_000]).await;
+    }
+    let run = {
+        let (dlq, topic, group) = (dlq.clone(), topic.clone(), group.clone());
+        // Two letters a second: the run lasts about four seconds.
+        tokio::task::spawn_blocking(move || {
+            redrive_in(
+                &dlq,
+                &topic,
+                &group,
+                &["--blob-sink", "null", "--rate", "2"],
+            )
+        })
+    };
+    // Once the run has re-driven partition 0's letter, a new one arrives there.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !sorted_values(&topic, 9, Duration::from_millis(500)).contains(&"early".to_owned()) {
+        assert!(std::time::Instant::now() < deadline, "the run re-drives");
+    }
+    letter(&dlq, 0, b"late").await;
+    let (ok, said) = run.await.unwrap();
+    assert!(ok, "{said}");
+    assert!(said.contains("9 letter(s) re-driven"), "{said}");
+    assert!(!said.contains(&format!("{dlq}/0/1")), "{said}");
+    let (ok, said) = redrive_in(&dlq, &topic, &group, &["--blob-sink", "null"]);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains(&format!("re-driven {dlq}/0/1")) && said.contains("1 letter(s) re-driven"),
+        "the next run takes it: {said}"
+    );
+}
