@@ -16,8 +16,16 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use super::record::Record;
 
+/// How much a read fetches ahead of the message it wants, KiB (librdkafka's default is 64 MiB).
+const READ_AHEAD_KIB: usize = 1 << 10;
+
+/// Events left from before a read that it throws away, at most: errors the client reported
+/// between reads (a broker restarting), which are not this read's answer.
+const STALE_EVENTS: usize = 10_000;
+
 /// A consumer that assigns itself the one partition it reads (librdkafka wants a group id for
-/// that, but it never joins the group or commits), used one fetch at a time.
+/// that, but it never joins the group or commits), used one fetch at a time. Between reads it
+/// holds no partition: it fetches nothing, and keeps nothing fetched.
 pub struct Refetcher {
     consumer: Mutex<BaseConsumer>,
     topic: String,
@@ -32,7 +40,9 @@ impl Refetcher {
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
             // An offset out of range is an error to report, not a jump to the log's end.
-            .set("auto.offset.reset", "error");
+            .set("auto.offset.reset", "error")
+            // One message is read at a time: what is fetched ahead of it is thrown away.
+            .set("queued.max.messages.kbytes", READ_AHEAD_KIB.to_string());
         Ok(Refetcher {
             consumer: Mutex::new(config.create()?),
             topic: topic.to_owned(),
@@ -57,47 +67,85 @@ impl Refetcher {
             .consumer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let deadline = Instant::now() + timeout;
-        // Outside the partition's offsets the message is gone: below the first, deleted
-        // (retention, an operator); at or past the end, cut back by a leader that did not have it
-        // (this service read it, so it was below the end once). Polling would only time out.
-        let (low, high) = consumer
-            .fetch_watermarks(&self.topic, partition, timeout)
-            .map_err(|source| RefetchError::Kafka { at: at(), source })?;
-        if offset < low || offset >= high {
-            return Err(RefetchError::Gone {
-                at: at(),
-                next: if offset < low { low } else { high },
-            });
-        }
-        let mut position = TopicPartitionList::new();
-        position
-            .add_partition_offset(&self.topic, partition, Offset::Offset(offset))
-            .and_then(|()| consumer.assign(&position))
-            .map_err(|source| RefetchError::Kafka { at: at(), source })?;
-        while Instant::now() < deadline {
-            match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(message))
-                    if message.partition() == partition && message.offset() == offset =>
-                {
-                    return Ok(Record::copy_of(&message));
-                }
-                // The log skips the offset (compacted away, or cut back by a leader that did
-                // not have it): it will not come however long the read waits.
-                Some(Ok(message))
-                    if message.partition() == partition && message.offset() > offset =>
-                {
-                    return Err(RefetchError::Gone {
-                        at: at(),
-                        next: message.offset(),
-                    });
-                }
-                Some(Ok(_)) | None => {}
-                Some(Err(source)) => return Err(RefetchError::Kafka { at: at(), source }),
+        // What the client reported since the last read (a broker that restarted meanwhile) is
+        // not about this one: a broker down now fails it below.
+        for _ in 0..STALE_EVENTS {
+            if consumer.poll(Duration::ZERO).is_none() {
+                break;
             }
         }
-        Err(RefetchError::Timeout { at: at(), timeout })
+        let read = read(&consumer, &self.topic, partition, offset, timeout, at);
+        // Whatever the outcome: nothing more is fetched until the next read.
+        if let Err(error) = consumer.unassign() {
+            tracing::warn!(%error, "the reader of rejected messages could not let go of its partition");
+        }
+        read
     }
+}
+
+/// The message at `offset` of `partition`, waiting at most `timeout` for it.
+fn read(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    timeout: Duration,
+    at: impl Fn() -> Position,
+) -> Result<Record, RefetchError> {
+    let deadline = Instant::now() + timeout;
+    // Outside the partition's offsets the message is gone: below the first, deleted
+    // (retention, an operator); at or past the end, cut back by a leader that did not have it
+    // (this service read it, so it was below the end once). Polling would only time out.
+    let (low, high) = consumer
+        .fetch_watermarks(topic, partition, timeout)
+        .map_err(|source| RefetchError::Kafka { at: at(), source })?;
+    if offset < low || offset >= high {
+        return Err(RefetchError::Gone {
+            at: at(),
+            next: if offset < low { low } else { high },
+        });
+    }
+    let mut position = TopicPartitionList::new();
+    position
+        .add_partition_offset(topic, partition, Offset::Offset(offset))
+        .and_then(|()| consumer.assign(&position))
+        .map_err(|source| RefetchError::Kafka { at: at(), source })?;
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(message)) if message.partition() == partition && message.offset() == offset => {
+                return Ok(Record::copy_of(&message));
+            }
+            // The log skips the offset (compacted away, or cut back by a leader that did
+            // not have it): it will not come however long the read waits.
+            Some(Ok(message)) if message.partition() == partition && message.offset() > offset => {
+                return Err(RefetchError::Gone {
+                    at: at(),
+                    next: message.offset(),
+                });
+            }
+            Some(Ok(_)) | None => {}
+            // The client's trouble with some broker (one restarting, an address that does not
+            // answer) is not this read's answer: it goes on until its deadline, and a broker
+            // that is down makes it time out (retried like any sink request).
+            Some(Err(source)) if about_a_broker(&source) => {
+                tracing::debug!(error = %source, at = %at(), "reading a message again: the client reports");
+            }
+            Some(Err(source)) => return Err(RefetchError::Kafka { at: at(), source }),
+        }
+    }
+    Err(RefetchError::Timeout { at: at(), timeout })
+}
+
+/// Whether `error` is the client's report about a connection to some broker, rather than about
+/// the partition read.
+fn about_a_broker(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode::{
+        AllBrokersDown, BrokerTransportFailure, NetworkException, Resolve,
+    };
+    matches!(
+        error.rdkafka_error_code(),
+        Some(BrokerTransportFailure | AllBrokersDown | Resolve | NetworkException)
+    )
 }
 
 /// Where a message is: `topic/partition@offset`.

@@ -703,3 +703,33 @@ async fn reading_again_an_offset_the_log_skips_finds_it_gone() {
         other => panic!("offset 6 is past the end: {other:?}"),
     }
 }
+
+/// Reading a rejected message again is not failed by the client's trouble with some other
+/// broker — here a bootstrap address that refuses connections, reported during the reads and
+/// between them (a broker of the cluster restarting, in production). Each read lets go of its
+/// partition when it ends, and reads again at earlier and later offsets.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_read_again_is_not_failed_by_trouble_with_another_broker() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let _stack = uses_stack().await;
+    let (topic, group, _) = topics(1).await;
+    let plain: BaseProducer = kafka().create().unwrap();
+    for value in ["a", "b", "c"] {
+        plain
+            .send(BaseRecord::<(), _>::to(&topic).partition(0).payload(value))
+            .unwrap();
+    }
+    plain.flush(Duration::from_secs(10)).unwrap();
+    // A first address that refuses connections: the client reports it as an error, between
+    // the reads too.
+    let mut config = kafka();
+    config.set("bootstrap.servers", format!("127.0.0.1:1,{}", brokers()));
+    let source = Refetcher::new(config, &topic, &group).unwrap();
+    let timeout = Duration::from_secs(10);
+    assert_eq!(&source.fetch(0, 0, timeout).unwrap().value[..], b"a");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(&source.fetch(0, 2, timeout).unwrap().value[..], b"c");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(&source.fetch(0, 1, timeout).unwrap().value[..], b"b");
+}
