@@ -178,6 +178,20 @@ def main():
     properties = next(d for _, d in docs if d["kind"] == "ConfigMap")["data"]["REPLAY_INGEST_KAFKA_PROPERTIES"]
     if "debug=cgrp,fetch" not in properties.split("\n"):
         fail(f"a property value with commas must survive rendering: {properties!r}")
+    # One processing thread per requested core, rounded up, unless config sets it: left to the
+    # service it would take one per core of the node.
+    for values, threads in [
+        ({}, "2"),
+        ({"resources": {"requests": {"cpu": "1500m"}}}, "2"),
+        ({"resources": {"requests": {"cpu": "250m"}}}, "1"),
+        ({"resources": {"requests": {"cpu": 4}}}, "4"),
+        ({"config": {"PROCESSING_THREADS": "3"}}, "3"),
+    ]:
+        rendered = helm.Chart.load(str(CHART)).render(values, name="x", namespace="y")
+        data = next(d for _, d in documents(rendered) if d["kind"] == "ConfigMap")["data"]
+        if data.get("REPLAY_INGEST_PROCESSING_THREADS") != threads:
+            fail(f"{values}: {threads} processing threads expected, got {data.get('REPLAY_INGEST_PROCESSING_THREADS')}")
+    print("processing threads: one per requested core, or config.PROCESSING_THREADS")
     # The chart refuses values that cannot work — each with its own message; any other render
     # error (a template bug) is a failure, not the expected refusal.
     refusals = [
