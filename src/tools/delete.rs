@@ -3,10 +3,13 @@
 //! such tool; its own delete task does the same steps, and this one follows them.
 //!
 //! Per replay, in an order that is safe to stop anywhere and run again:
-//! 1. **Find** its segment blobs under every retention prefix in the store
-//!    (`{retention}/{project}/{replay}/…`), the dead-letter copies of its messages
+//! 1. **Find** every object under its prefix in each retention prefix of the store
+//!    (`{retention}/{project}/{replay}/…`: the segment blobs, and whatever else a writer put there,
+//!    such as Sentry's `{segment}.video`), the dead-letter copies of its messages
 //!    (`dlq/{topic}/{partition}/{offset}`, read to see whose they are) and, with ClickHouse, its
-//!    rows. Nothing found: nothing to do, and nothing is written (a second run is a no-op).
+//!    rows. Nothing found: nothing to do, and nothing is written (a second run is a no-op) — but
+//!    through snuba the rows cannot be seen, so the archive is published whatever was found (a
+//!    second archive changes nothing: an archived replay stays archived).
 //! 2. **Rows.** With `--rows-sink snuba`: publish the archive Sentry publishes
 //!    (`recording::archive`) on `--replay-events-topic` and wait for the broker. With
 //!    `--rows-sink clickhouse`: delete the replay's rows (`ALTER TABLE … DELETE`, a mutation every
@@ -132,8 +135,10 @@ enum Rows {
 /// What was found of one replay.
 #[derive(Debug, Default)]
 struct Found {
-    /// Segment blobs, by segment id.
-    segments: BTreeMap<u32, String>,
+    /// Every object under the replay's prefix in each retention prefix.
+    blobs: Vec<String>,
+    /// Its earliest segment blob (the lowest segment id), to read the replay's time from.
+    first_segment: Option<(u32, String)>,
     /// The retention prefix its blobs are under.
     retention: Option<u16>,
     /// Dead-letter copies (values and long keys).
@@ -144,7 +149,7 @@ struct Found {
 
 impl Found {
     fn is_empty(&self) -> bool {
-        self.segments.is_empty() && self.dead_letters.is_empty() && self.rows == 0
+        self.blobs.is_empty() && self.dead_letters.is_empty() && self.rows == 0
     }
 }
 
@@ -186,7 +191,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
         writeln!(
             out,
             "{name}: found {} segment blob(s), {} dead-letter copy object(s), {}",
-            found.segments.len(),
+            found.blobs.len(),
             found.dead_letters.len(),
             match rows {
                 Rows::ClickHouse(_) => format!("{} row(s)", found.rows),
@@ -194,12 +199,14 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
                 Rows::None => "no rows sink".to_owned(),
             }
         )?;
-        if found.is_empty() {
+        // Through snuba the rows cannot be counted: they may be there with no blob left (every
+        // segment dead-lettered, or a run stopped after the blobs), so the archive goes anyway.
+        if found.is_empty() && !matches!(rows, Rows::Snuba { .. }) {
             writeln!(out, "{name}: nothing to delete")?;
             continue;
         }
         if args.dry_run {
-            for key in found.segments.values().chain(&found.dead_letters) {
+            for key in found.blobs.iter().chain(&found.dead_letters) {
                 let location = store
                     .as_deref()
                     .map_or_else(|| key.clone(), |s| s.location(key));
@@ -233,7 +240,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
             }
         }
         if let Some(store) = store.as_deref() {
-            for key in found.segments.values().chain(&found.dead_letters) {
+            for key in found.blobs.iter().chain(&found.dead_letters) {
                 match store.delete(key).await {
                     Ok(true) => {
                         removed += 1;
@@ -279,12 +286,18 @@ async fn find(
                 continue;
             };
             let replay = format!("{prefix}{}/{}/", target.project, target.replay);
-            for object in store.list(&replay).await?.objects {
+            for object in store::walk(store, &replay).await? {
+                found.retention.get_or_insert(retention);
                 let segment = object.key.rsplit('/').next().and_then(|s| s.parse().ok());
-                if let Some(segment) = segment {
-                    found.segments.insert(segment, object.key);
-                    found.retention.get_or_insert(retention);
+                if let Some(segment) = segment
+                    && found
+                        .first_segment
+                        .as_ref()
+                        .is_none_or(|(s, _)| segment < *s)
+                {
+                    found.first_segment = Some((segment, object.key.clone()));
                 }
+                found.blobs.push(object.key);
             }
         }
         if let Some(keys) = copies.get(&(target.project, target.replay.clone())) {
@@ -351,7 +364,7 @@ fn owner(value: &[u8]) -> Option<(u64, String)> {
 
 /// The replay's time: the first event of its earliest segment blob, in seconds.
 async fn replay_time(store: Option<&dyn BlobStore>, found: &Found) -> Option<f64> {
-    let key = found.segments.values().next()?;
+    let (_, key) = found.first_segment.as_ref()?;
     let stored = store?.read(key).await.ok()??;
     let json = blob::rrweb_json(&stored, crate::recording::DEFAULT_MAX_DECOMPRESSED_BYTES).ok()?;
     let first = rrweb::extract(&json, rrweb::RowLimits::default())

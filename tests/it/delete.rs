@@ -347,3 +347,102 @@ fn without_replays_or_with_a_bad_id_delete_says_what_is_wrong() {
     assert!(!ok);
     assert!(said.contains("\"x\" is not a replay id"), "{said}");
 }
+
+/// Everything under the replay's prefix goes, whatever its name and under every retention prefix:
+/// the same segment under two retentions (the retention changed mid-replay) and a screen
+/// recording Sentry stored beside a segment (`{segment}.video`) included.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn every_object_under_the_replays_prefixes_goes() {
+    use replay_ingest::sink::ObjectStore;
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let store = replay_ingest::sink::gcs::GcsSink::new(&replay_ingest::sink::gcs::GcsConfig {
+        bucket: names.bucket.clone(),
+        endpoint: Some(gcs_endpoint()),
+        anonymous: true,
+        concurrency: 4,
+        timeout: Duration::from_secs(10),
+    })
+    .await
+    .unwrap();
+    let value = fixture("console-1.msgpack");
+    let processed = recording::process(&value, &Limits::default()).unwrap();
+    let (project, replay) = (processed.ids.project_id, processed.ids.replay_id.clone());
+    let ours = [
+        format!("30/{project}/{replay}/0"),
+        format!("90/{project}/{replay}/0"),
+        format!("90/{project}/{replay}/0.video"),
+    ];
+    let another = format!("90/{project}/{}/0", "f".repeat(32));
+    for key in ours.iter().chain([&another]) {
+        store.put(key, &processed.blob.bytes).await.unwrap();
+    }
+    let flags: Vec<String> = gcs_flags(&names)
+        .into_iter()
+        .chain(
+            [
+                "--rows-sink",
+                "null",
+                "--project",
+                &project.to_string(),
+                "--replay",
+                &replay,
+            ]
+            .map(String::from),
+        )
+        .collect();
+    let (ok, said) = delete(&flags);
+    assert!(ok, "{said}");
+    assert!(said.contains("found 3 segment blob(s)"), "{said}");
+    let gcs = gcs_client().await;
+    for key in &ours {
+        assert!(
+            try_read_object(&gcs, &names.bucket, key).await.is_err(),
+            "{key}: {said}"
+        );
+    }
+    assert!(
+        try_read_object(&gcs, &names.bucket, &another).await.is_ok(),
+        "another replay's blob stays"
+    );
+}
+
+/// Through snuba the rows cannot be counted: a replay with no blob left (each of its segments
+/// dead-lettered whole on the topic, or a run stopped after removing them) is still archived,
+/// not taken for "nothing to delete".
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn with_snuba_a_replay_without_blobs_is_still_archived() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let replay_events = unique("replay-events");
+    create_topic(&replay_events, 1).await;
+    let replay = "0123456789abcdef0123456789abcdef";
+    let flags: Vec<String> = gcs_flags(&names)
+        .into_iter()
+        .chain(
+            [
+                "--rows-sink",
+                "snuba",
+                "--replay-events-topic",
+                &replay_events,
+                "--project",
+                "42",
+                "--replay",
+                replay,
+            ]
+            .map(String::from),
+        )
+        .collect();
+    let (ok, said) = delete(&flags);
+    assert!(ok, "{said}");
+    assert!(said.contains("archive published"), "{said}");
+    let archives = read_messages(&replay_events, 1, Duration::from_secs(20));
+    assert_eq!(archives.len(), 1, "{said}");
+    let schema = sentry_kafka_schemas::get_schema("ingest-replay-events", None).unwrap();
+    let message = schema.validate_json(&archives[0].value).unwrap();
+    assert_eq!(message["replay_id"], replay);
+    assert_eq!(message["project_id"], 42);
+    assert_eq!(message["payload"]["is_archived"], true);
+}
