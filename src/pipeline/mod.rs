@@ -302,7 +302,9 @@ impl Pipeline {
                 Some(Revoke { partitions, generation, done }) = self.revokes.recv() => {
                     // A shutdown requested during the revoke's drain is not kept waiting behind
                     // it: readiness goes off at once, and the drain that follows gets what is
-                    // left of the deadline, counted from the request.
+                    // left of the deadline, counted from the request. The drain is bounded by
+                    // its deadline, so the loop is alive while it waits: it beats, or a drain
+                    // longer than the liveness window would get the pod restarted mid-rebalance.
                     let status = self.status.clone();
                     let mut requested = None;
                     {
@@ -317,6 +319,7 @@ impl Pipeline {
                                     status.record_stopping();
                                     requested = Some(Instant::now());
                                 }
+                                _ = heartbeat.tick() => status.beat(),
                             }
                         }
                     }?;

@@ -353,6 +353,60 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     task.await.unwrap().unwrap();
 }
 
+/// A revoke's drain is bounded by its deadline, so the member is alive while it waits: with a
+/// deadline past the liveness window (30 s), behind a hung flush, `/health/live` stays green
+/// throughout (it used to go red 30 s into the drain, and the kubelet restarted the pod in the
+/// middle of the rebalance).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_revoke_that_drains_past_the_liveness_window_stays_live() {
+    let _stack = uses_stack().await;
+    let _cpu = shares_cpu().await;
+    let Backlog {
+        topic,
+        group,
+        dlq,
+        hung,
+        release,
+        status,
+        ..
+    } = Backlog::behind_a_hung_sink().await;
+    let mut args = consume_args(&topic, &group, &[]);
+    (args.session_timeout_ms, args.drain_deadline_ms) = (45_000, 36_000);
+    let (stop, task) = spawn(args, hung.clone(), status.clone());
+    wait_for(
+        "the first member's flush hung",
+        Duration::from_secs(60),
+        || hung.attempts.load(Ordering::SeqCst) >= 1,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let joined = Instant::now();
+    let other = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
+    while status.snapshot().rebalances == 0 {
+        assert!(
+            status.live(),
+            "live {:?} after the second member started",
+            joined.elapsed()
+        );
+        assert!(
+            joined.elapsed() < Duration::from_secs(120),
+            "the revoke ends"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        joined.elapsed() > replay_ingest::health::LIVENESS_STALE_AFTER,
+        "the drain outlasted the liveness window ({:?})",
+        joined.elapsed()
+    );
+    assert!(!task.is_finished(), "the member carries on");
+    drop(release);
+    assert_eq!(other.terminate(), Some(0));
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
 /// A shutdown requested while a revoke drains behind a hung flush does not wait behind it:
 /// readiness goes off while the revoke still runs, and the member stops within one drain
 /// deadline of the request. (It used to hear the request only once the revoke's drain had ended,
