@@ -53,6 +53,10 @@ pub struct RuleCondition {
     pub age: Option<u32>,
     #[serde(default, rename = "matchesPrefix")]
     pub matches_prefix: Vec<String>,
+    /// Any other condition (`isLive`, `matchesSuffix`, `createdBefore`, …): the rule may then
+    /// spare some live objects.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -259,35 +263,28 @@ impl GcsStore {
     }
 }
 
-/// The retentions among `retentions` that no rule of `rules` expires: a `Delete` rule whose
-/// `matchesPrefix` holds `{retention}/` with an age of at least the retention, or one without a
-/// prefix condition (it covers every object) with an age of at least the longest retention.
+/// The retentions among `retentions` that no rule of `rules` expires at their age: a `Delete`
+/// rule whose only conditions are an age of exactly the retention and, if any, a
+/// `matchesPrefix` that holds `{retention}/` (without one it applies to every object). A rule
+/// that deletes later leaves blobs past their retention; one that deletes earlier removes
+/// recordings whose rows are still shown; one with another condition may spare some.
 pub fn lifecycle_gaps(rules: &[LifecycleRule], retentions: &[u16]) -> Vec<u16> {
-    let longest = retentions.iter().copied().max().unwrap_or(0);
-    let deletes = rules.iter().filter(|r| r.action.kind == "Delete");
     let covers = |rule: &LifecycleRule, retention: u16| {
-        let age_ok = rule
-            .condition
-            .age
-            .is_some_and(|age| age >= u32::from(retention));
+        let condition = &rule.condition;
         let prefix = format!("{retention}/");
-        let for_prefix = rule
-            .condition
-            .matches_prefix
-            .iter()
-            .any(|p| prefix.starts_with(p.as_str()));
-        let for_all = rule.condition.matches_prefix.is_empty()
-            && rule
-                .condition
-                .age
-                .is_some_and(|age| age >= u32::from(longest));
-        (for_prefix && age_ok) || for_all
+        rule.action.kind == "Delete"
+            && condition.other.is_empty()
+            && condition.age == Some(u32::from(retention))
+            && (condition.matches_prefix.is_empty()
+                || condition
+                    .matches_prefix
+                    .iter()
+                    .any(|p| prefix.starts_with(p.as_str())))
     };
-    let deletes: Vec<&LifecycleRule> = deletes.collect();
     retentions
         .iter()
         .copied()
-        .filter(|&retention| !deletes.iter().any(|rule| covers(rule, retention)))
+        .filter(|&retention| !rules.iter().any(|rule| covers(rule, retention)))
         .collect()
 }
 
@@ -355,6 +352,7 @@ mod tests {
             condition: RuleCondition {
                 age: Some(age),
                 matches_prefix: prefixes.iter().map(|p| p.to_string()).collect(),
+                other: Default::default(),
             },
         };
         let rules = [rule("Delete", 30, &["30/"]), rule("Delete", 60, &["90/"])];
@@ -369,9 +367,26 @@ mod tests {
             lifecycle_gaps(&[rule("SetStorageClass", 90, &["90/"])], &[90]),
             [90]
         );
-        assert!(
-            lifecycle_gaps(&[rule("Delete", 90, &[])], &[30, 90]).is_empty(),
-            "a rule for all"
+        assert_eq!(
+            lifecycle_gaps(&[rule("Delete", 90, &[])], &[30, 90]),
+            [30],
+            "a rule for all at 90 days leaves 30/ blobs 60 days past their retention"
+        );
+        assert!(lifecycle_gaps(&[rule("Delete", 30, &[])], &[30]).is_empty());
+        assert_eq!(
+            lifecycle_gaps(&[rule("Delete", 365, &["30/"])], &[30]),
+            [30],
+            "expires, but 335 days late"
+        );
+        let mut spares_live = rule("Delete", 30, &["30/"]);
+        spares_live
+            .condition
+            .other
+            .insert("isLive".into(), serde_json::Value::Bool(false));
+        assert_eq!(
+            lifecycle_gaps(&[spares_live], &[30]),
+            [30],
+            "a rule for noncurrent versions only"
         );
         assert_eq!(lifecycle_gaps(&[], &[30]), [30]);
     }
