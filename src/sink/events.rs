@@ -11,7 +11,9 @@
 //! but size.
 //!
 //! "First replay received" goes out once per project per process: projects are remembered in a
-//! bounded FIFO set, and only after their event was delivered (a failed write retries it).
+//! bounded FIFO set, and only after their event was delivered (a failed write retries it). Two
+//! flushes in flight at once (`--max-flushes-in-flight` above 1) can each send it: an extra
+//! analytics event.
 
 use clap::Args;
 use std::collections::{HashMap, HashSet, VecDeque};
