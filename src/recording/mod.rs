@@ -309,23 +309,19 @@ fn user_attributes(event: Option<&ReplayEvent>) -> Vec<(&'static str, &str)> {
     let Some(event) = event else {
         return Vec::new();
     };
-    let optional = [
+    [
         ("user_id", event.user_id()),
         ("user_email", event.user_email()),
         ("user_name", event.user_name()),
         ("user_ip", event.ip_address()),
-    ];
-    let present = [
         ("user_geo_city", event.geo_city()),
         ("user_geo_country_code", event.geo_country_code()),
         ("user_geo_region", event.geo_region()),
         ("user_geo_subdivision", event.geo_subdivision()),
-    ];
-    optional
-        .into_iter()
-        .filter_map(|(key, value)| Some((key, value?)))
-        .chain(present.into_iter().filter(|(_, value)| !value.is_empty()))
-        .collect()
+    ]
+    .into_iter()
+    .filter_map(|(key, value)| Some((key, value?)))
+    .collect()
 }
 
 /// [`process`], with a panic — a bug, never bad input — turned into an `internal_error` rejection

@@ -9,8 +9,9 @@
 //! ```
 //! Fields are read leniently (a wrong-typed field becomes empty); only a document that is not a
 //! JSON object, or nests deeper than `scan::MAX_NESTING`, is invalid. Lists are cut as Relay cuts
-//! them (`urls`, `error_ids`, `trace_ids`: 100 entries) and tags to `MAX_TAGS` pairs, so what is
-//! kept is at most the document's size plus a small constant.
+//! them (`urls`, `error_ids`, `trace_ids`: 100 entries), `segment_names` to 100 too (Relay and
+//! snuba keep them all: a bound of this service's) and tags to `MAX_TAGS` pairs, so what is kept
+//! is at most the document's size plus a small constant.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -114,13 +115,14 @@ macro_rules! text_fields {
 }
 
 text_fields! {
-    text: replay_type, platform, environment, release, dist, sdk_name, sdk_version, geo_city,
-        geo_country_code, geo_region, geo_subdivision, os_name, os_version, browser_name,
-        browser_version, device_name, device_brand, device_family, device_model,
-        ota_updates_channel, ota_updates_runtime_version, ota_updates_update_id;
+    text: replay_type, platform, environment, release, dist, sdk_name, sdk_version, os_name,
+        os_version, browser_name, browser_version, device_name, device_brand, device_family,
+        device_model, ota_updates_channel, ota_updates_runtime_version, ota_updates_update_id;
     optional:
         /// `user.id` as sent (a string, or an integer's digits).
         user_id, user_name, user_email,
+        /// `user.geo`'s texts: an empty one is present (the trace items carry it).
+        geo_city, geo_country_code, geo_region, geo_subdivision,
         /// `user.ip_address` as sent; parsed when the row is built.
         ip_address,
         /// The value of the last `transaction` tag (`None` when there is none, or it is null).
@@ -654,7 +656,7 @@ mod tests {
         assert_eq!((event.user_email(), event.ip_address()), (None, None));
         assert_eq!(
             (event.geo_city(), event.geo_country_code()),
-            ("Austin", "US")
+            (Some("Austin"), Some("US"))
         );
         assert_eq!(event.ota_updates_channel(), "prod");
         assert_eq!(event.segment_names, ["checkout"]);

@@ -394,8 +394,8 @@ impl Extractor {
             return;
         };
         let tag_name = node.tag_name.as_str().unwrap_or_default();
+        // As sent, as Sentry stores and tests it (rrweb sends it lower-case already).
         let (tag, cut) = truncate(tag_name, 32);
-        let tag = tag.to_ascii_lowercase();
         let time_after_click_ms = data
             .time_after_click_ms
             .0
@@ -421,7 +421,9 @@ impl Extractor {
             .class
             .as_str()
             .unwrap_or_default()
-            .split_whitespace()
+            // On single spaces, as Sentry splits it: other whitespace stays in the class.
+            .split(' ')
+            .filter(|class| !class.is_empty())
             .take(10)
             .map(|class| self.capped(class, MAX_TEXT_BYTES))
             .collect();
@@ -660,6 +662,24 @@ mod tests {
     }
 
     #[test]
+    fn the_tag_is_kept_and_tested_as_sent_and_classes_split_on_single_spaces() {
+        // Sentry's `tagName in ("a", "button", "input")` is case-sensitive: an upper-case tag
+        // (from a producer other than rrweb, which lower-cases it) is an ordinary click.
+        let x = extract_events(&[slow_click("BUTTON", "timeout", 9000, 6)]);
+        let click = &x.clicks[0];
+        assert_eq!(
+            (click.tag.as_str(), click.is_dead, click.is_rage),
+            ("BUTTON", false, false)
+        );
+        let x = extract_events(&[slow_click("button", "timeout", 9000, 6)]);
+        assert!(x.clicks[0].is_rage);
+        let x = extract_events(&[click_with_node(
+            r#"{"id":3,"tagName":"div","attributes":{"class":"btn\n  primary\tx  "}}"#,
+        )]);
+        assert_eq!(x.clicks[0].classes, ["btn\n", "primary\tx"]);
+    }
+
+    #[test]
     fn a_ui_click_is_a_click_row_that_is_neither_dead_nor_rage() {
         let x = extract_events(&[click_with_node(
             r#"{"id":3,"tagName":"BUTTON","textContent":"Buy","attributes":{"id":"buy","class":"btn  primary","role":"button","alt":"a","aria-label":"Buy now","title":"t","testId":"buy-btn","data-sentry-component":"BuyButton"}}"#,
@@ -667,7 +687,8 @@ mod tests {
         let click = &x.clicks[0];
         assert_eq!(
             (click.node_id, click.tag.as_str(), click.id.as_str()),
-            (3, "button", "buy")
+            (3, "BUTTON", "buy"),
+            "the tag as sent"
         );
         assert_eq!(click.classes, ["btn", "primary"]);
         assert_eq!(
