@@ -295,18 +295,26 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
     Ok(Sinks::dead_lettering(stages, Box::new(rejections)))
 }
 
-/// Warns, once at startup, of each retention prefix in the bucket that no lifecycle rule expires
-/// (its blobs would be kept for ever); never fails the start.
+/// Warns, once at startup, of each retention prefix in the bucket whose blobs its lifecycle rules
+/// do not delete at their retention (kept past it, or deleted before); never fails the start.
 fn warn_of_unexpired_blobs(config: replay_ingest::sink::gcs::GcsConfig) {
+    use replay_ingest::sink::gcs_json::Gap;
     tokio::spawn(async move {
         let gaps = match replay_ingest::sink::gcs_json::GcsStore::new(&config).await {
-            Ok(store) => store.unexpired_retentions().await,
+            Ok(store) => store.lifecycle_gaps().await,
             Err(e) => Err(e),
         };
         match gaps {
             Ok(gaps) => {
-                for retention in gaps {
-                    warn!(bucket = %config.bucket, prefix = %format!("{retention}/"), "no lifecycle rule deletes this prefix's blobs after {retention} days: they are kept until deleted by hand (docs/operations.md, \"Retention\")");
+                for gap in gaps {
+                    match gap {
+                        Gap::Late { retention } => {
+                            warn!(bucket = %config.bucket, prefix = %format!("{retention}/"), "no lifecycle rule deletes this prefix's blobs after {retention} days: they are kept past their retention (docs/operations.md, \"Retention\")")
+                        }
+                        Gap::Early { retention, age } => {
+                            warn!(bucket = %config.bucket, prefix = %format!("{retention}/"), "a lifecycle rule deletes this prefix's blobs after {age} days, before their {retention}-day retention: recordings go while their rows are still listed (docs/operations.md, \"Retention\")")
+                        }
+                    }
                 }
             }
             Err(error) => {

@@ -263,34 +263,57 @@ impl GcsStore {
     }
 }
 
-/// The retentions among `retentions` that no rule of `rules` expires at their age: a `Delete`
-/// rule whose only conditions are an age of exactly the retention and, if any, a
-/// `matchesPrefix` that holds `{retention}/` (without one it applies to every object). A rule
-/// that deletes later leaves blobs past their retention; one that deletes earlier removes
-/// recordings whose rows are still shown; one with another condition may spare some.
-pub fn lifecycle_gaps(rules: &[LifecycleRule], retentions: &[u16]) -> Vec<u16> {
-    let covers = |rule: &LifecycleRule, retention: u16| {
-        let condition = &rule.condition;
+/// A retention prefix whose blobs the bucket's lifecycle rules do not delete at its age.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gap {
+    /// A rule deletes them after `age` days, before their retention: recordings go while their
+    /// rows are still listed.
+    Early { retention: u16, age: u32 },
+    /// No rule deletes them at their retention: they are kept past it.
+    Late { retention: u16 },
+}
+
+/// The retentions among `retentions` whose blobs `rules` do not delete at their age. A `Delete`
+/// rule applies to a prefix when its only conditions are an age and, if any, a `matchesPrefix`
+/// that holds `{retention}/` (without one it applies to every object); one with another condition
+/// (`isLive`, `matchesSuffix`, …) may spare some objects and is not counted. A prefix is covered
+/// when a rule applies to it at exactly its retention and none applies earlier.
+pub fn lifecycle_gaps(rules: &[LifecycleRule], retentions: &[u16]) -> Vec<Gap> {
+    // Each applicable rule's age for `retention` (a rule without one deletes at once).
+    let ages = |retention: u16| {
         let prefix = format!("{retention}/");
-        rule.action.kind == "Delete"
-            && condition.other.is_empty()
-            && condition.age == Some(u32::from(retention))
-            && (condition.matches_prefix.is_empty()
-                || condition
-                    .matches_prefix
-                    .iter()
-                    .any(|p| prefix.starts_with(p.as_str())))
+        rules
+            .iter()
+            .filter(move |rule| {
+                let condition = &rule.condition;
+                rule.action.kind == "Delete"
+                    && condition.other.is_empty()
+                    && (condition.matches_prefix.is_empty()
+                        || condition
+                            .matches_prefix
+                            .iter()
+                            .any(|p| prefix.starts_with(p.as_str())))
+            })
+            .map(|rule| rule.condition.age.unwrap_or(0))
     };
     retentions
         .iter()
         .copied()
-        .filter(|&retention| !rules.iter().any(|rule| covers(rule, retention)))
+        .filter_map(|retention| {
+            let at = u32::from(retention);
+            match ages(retention).min() {
+                Some(age) if age < at => Some(Gap::Early { retention, age }),
+                _ if ages(retention).any(|age| age == at) => None,
+                _ => Some(Gap::Late { retention }),
+            }
+        })
         .collect()
 }
 
 impl GcsStore {
-    /// The retention prefixes the bucket holds blobs under that no lifecycle rule expires.
-    pub async fn unexpired_retentions(&self) -> Result<Vec<u16>, SinkError> {
+    /// The retention prefixes the bucket holds blobs under that its lifecycle rules do not
+    /// expire at their age.
+    pub async fn lifecycle_gaps(&self) -> Result<Vec<Gap>, SinkError> {
         let retentions: Vec<u16> = self
             .list_now("")
             .await?
@@ -346,7 +369,7 @@ mod tests {
     }
 
     #[test]
-    fn a_retention_without_a_delete_rule_for_its_prefix_is_a_gap() {
+    fn a_retention_is_covered_by_a_delete_rule_at_exactly_its_age_and_none_earlier() {
         let rule = |kind: &str, age, prefixes: &[&str]| LifecycleRule {
             action: RuleAction { kind: kind.into() },
             condition: RuleCondition {
@@ -355,27 +378,39 @@ mod tests {
                 other: Default::default(),
             },
         };
+        use Gap::{Early, Late};
+        let rules = [rule("Delete", 30, &["30/"]), rule("Delete", 90, &["90/"])];
+        assert!(lifecycle_gaps(&rules, &[30, 90]).is_empty());
         let rules = [rule("Delete", 30, &["30/"]), rule("Delete", 60, &["90/"])];
         assert_eq!(
             lifecycle_gaps(&rules, &[30, 90]),
-            [90],
-            "90/ expires too early: not covered"
+            [Early {
+                retention: 90,
+                age: 60
+            }]
         );
-        let rules = [rule("Delete", 30, &["30/"]), rule("Delete", 90, &["90/"])];
-        assert!(lifecycle_gaps(&rules, &[30, 90]).is_empty());
+        let rules = [rule("Delete", 30, &[]), rule("Delete", 90, &["90/"])];
+        assert_eq!(
+            lifecycle_gaps(&rules, &[30, 90]),
+            [Early {
+                retention: 90,
+                age: 30
+            }],
+            "a rule for the whole bucket at 30 days deletes 90/ early"
+        );
         assert_eq!(
             lifecycle_gaps(&[rule("SetStorageClass", 90, &["90/"])], &[90]),
-            [90]
+            [Late { retention: 90 }]
         );
         assert_eq!(
             lifecycle_gaps(&[rule("Delete", 90, &[])], &[30, 90]),
-            [30],
+            [Late { retention: 30 }],
             "a rule for all at 90 days leaves 30/ blobs 60 days past their retention"
         );
         assert!(lifecycle_gaps(&[rule("Delete", 30, &[])], &[30]).is_empty());
         assert_eq!(
             lifecycle_gaps(&[rule("Delete", 365, &["30/"])], &[30]),
-            [30],
+            [Late { retention: 30 }],
             "expires, but 335 days late"
         );
         let mut spares_live = rule("Delete", 30, &["30/"]);
@@ -385,10 +420,10 @@ mod tests {
             .insert("isLive".into(), serde_json::Value::Bool(false));
         assert_eq!(
             lifecycle_gaps(&[spares_live], &[30]),
-            [30],
+            [Late { retention: 30 }],
             "a rule for noncurrent versions only"
         );
-        assert_eq!(lifecycle_gaps(&[], &[30]), [30]);
+        assert_eq!(lifecycle_gaps(&[], &[30]), [Late { retention: 30 }]);
     }
 
     #[test]
