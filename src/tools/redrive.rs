@@ -8,8 +8,10 @@
 //!
 //! Every letter handled is committed for this group, chosen or not (another `--group-id` reads
 //! the topic afresh): every second while the run goes, and when it ends, however it ends (an
-//! error, a broker that stops answering), so that a second run goes on where it stopped. Letters
-//! that arrive after the run started are left for the next one. A letter that cannot be re-driven (its stored value is gone, its original bytes
+//! error, a broker that stops answering), so that a second run goes on where it stopped. What it
+//! sent since the last commit that went through is sent again by the next run: a second's worth,
+//! or more if the broker stopped taking commits. Letters that arrive after the run started are
+//! left for the next one. A letter that cannot be re-driven (its stored value is gone, its original bytes
 //! were lost before it was written, its headers are not a dead letter's) is reported, with where
 //! it is, and the run exits non-zero.
 
@@ -172,7 +174,7 @@ const READ_AHEAD_KIB: usize = 4 << 10;
 #[derive(Default)]
 struct Read {
     counts: Counts,
-    positions: TopicPartitionList,
+    positions: BTreeMap<i32, i64>,
     last_commit: Option<Instant>,
 }
 
@@ -180,11 +182,15 @@ impl Read {
     /// Commits the letters handled so far (nothing in a dry run).
     fn commit(&mut self, args: &RedriveArgs, consumer: &BaseConsumer) -> anyhow::Result<()> {
         self.last_commit = Some(Instant::now());
-        if args.dry_run || self.positions.count() == 0 {
+        if args.dry_run || self.positions.is_empty() {
             return Ok(());
         }
+        let mut positions = TopicPartitionList::new();
+        for (&partition, &next) in &self.positions {
+            positions.add_partition_offset(&args.dlq_topic, partition, Offset::Offset(next))?;
+        }
         consumer
-            .commit(&self.positions, CommitMode::Sync)
+            .commit(&positions, CommitMode::Sync)
             .context("committing what was read")
     }
 }
@@ -222,8 +228,11 @@ async fn redrive_letters(
         if read
             .last_commit
             .is_none_or(|at| at.elapsed() >= COMMIT_EVERY)
+            && let Err(e) = read.commit(args, clients.consumer)
         {
-            read.commit(args, clients.consumer)?;
+            // Tried again in a second, and when the run ends; until one goes through, a run
+            // stopped re-drives again what it sent since the last that did.
+            writeln!(out, "could not commit yet: {e:#}")?;
         }
         let Some(polled) = clients.consumer.poll(Duration::from_millis(200)) else {
             if last_message.elapsed() > idle_deadline {
@@ -237,11 +246,16 @@ async fn redrive_letters(
         last_message = Instant::now();
         let letter = polled.context("reading the dead-letter topic")?;
         let (partition, offset) = (letter.partition(), letter.offset());
-        let Some(&end) = ends.get(&partition).filter(|end| offset < **end) else {
-            // Past the end the partition had when the run started (the letters of what this
-            // run re-drives, if they fail again, among them): the next run's.
+        let Some(&end) = ends.get(&partition) else {
             continue;
         };
+        if offset >= end {
+            // Past the end the partition had when the run started (the letters of what this
+            // run re-drives, if they fail again, among them): the next run's. Reached without
+            // its last letter (retention removed it meanwhile), the partition is done too.
+            finish(&mut remaining, partition, clients.consumer, &args.dlq_topic)?;
+            continue;
+        }
         let at = format!("{}/{partition}/{offset}", args.dlq_topic);
         let reason = header(&letter, "reason").unwrap_or_default();
         if !chosen(args, &reason, &letter) {
@@ -276,18 +290,25 @@ async fn redrive_letters(
                 }
             }
         }
-        read.positions.add_partition_offset(
-            &args.dlq_topic,
-            partition,
-            Offset::Offset(offset + 1),
-        )?;
+        read.positions.insert(partition, offset + 1);
         if offset + 1 >= end {
-            // Done with it: nothing more is fetched from it.
-            remaining.remove(&partition);
-            let mut done = TopicPartitionList::new();
-            done.add_partition(&args.dlq_topic, partition);
-            clients.consumer.pause(&done)?;
+            finish(&mut remaining, partition, clients.consumer, &args.dlq_topic)?;
         }
+    }
+    Ok(())
+}
+
+/// Done with `partition`: nothing more is fetched from it.
+fn finish(
+    remaining: &mut BTreeMap<i32, i64>,
+    partition: i32,
+    consumer: &BaseConsumer,
+    topic: &str,
+) -> anyhow::Result<()> {
+    if remaining.remove(&partition).is_some() {
+        let mut done = TopicPartitionList::new();
+        done.add_partition(topic, partition);
+        consumer.pause(&done)?;
     }
     Ok(())
 }

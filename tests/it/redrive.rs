@@ -443,24 +443,46 @@ async fn letters_that_arrive_during_a_run_are_left_for_the_next() {
     for i in 0..8u8 {
         letter(&dlq, 1, &vec![b'a' + i; 800_000]).await;
     }
+    // Watches the input topic from its start, assigned (no group to join): it sees each
+    // re-driven letter within a fetch.
+    let watcher: rdkafka::consumer::BaseConsumer = kafka()
+        .set("group.id", unique("watcher"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut start = rdkafka::TopicPartitionList::new();
+    start
+        .add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    rdkafka::consumer::Consumer::assign(&watcher, &start).unwrap();
     let run = {
         let (dlq, topic, group) = (dlq.clone(), topic.clone(), group.clone());
-        // Two letters a second: the run lasts about four seconds.
+        // One letter a second: the run lasts about eight seconds.
         tokio::task::spawn_blocking(move || {
             redrive_in(
                 &dlq,
                 &topic,
                 &group,
-                &["--blob-sink", "null", "--rate", "2"],
+                &["--blob-sink", "null", "--rate", "1"],
             )
         })
     };
     // Once the run has re-driven partition 0's letter, a new one arrives there.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !sorted_values(&topic, 9, Duration::from_millis(500)).contains(&"early".to_owned()) {
+    loop {
+        use rdkafka::Message;
         assert!(std::time::Instant::now() < deadline, "the run re-drives");
+        if let Some(Ok(m)) = watcher.poll(Duration::from_millis(100))
+            && m.payload() == Some(b"early".as_slice())
+        {
+            break;
+        }
     }
     letter(&dlq, 0, b"late").await;
+    assert!(
+        !run.is_finished(),
+        "the late letter arrived while the run still went on"
+    );
     let (ok, said) = run.await.unwrap();
     assert!(ok, "{said}");
     assert!(said.contains("9 letter(s) re-driven"), "{said}");
