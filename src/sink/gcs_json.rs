@@ -280,11 +280,11 @@ pub enum Gap {
 /// when a rule applies to it at exactly its retention and none applies earlier.
 pub fn lifecycle_gaps(rules: &[LifecycleRule], retentions: &[u16]) -> Vec<Gap> {
     // Each applicable rule's age for `retention` (a rule without one deletes at once).
-    let ages = |retention: u16| {
+    let ages = |retention: u16| -> Vec<u32> {
         let prefix = format!("{retention}/");
         rules
             .iter()
-            .filter(move |rule| {
+            .filter(|rule| {
                 let condition = &rule.condition;
                 rule.action.kind == "Delete"
                     && condition.other.is_empty()
@@ -295,15 +295,16 @@ pub fn lifecycle_gaps(rules: &[LifecycleRule], retentions: &[u16]) -> Vec<Gap> {
                             .any(|p| prefix.starts_with(p.as_str())))
             })
             .map(|rule| rule.condition.age.unwrap_or(0))
+            .collect()
     };
     retentions
         .iter()
         .copied()
         .filter_map(|retention| {
-            let at = u32::from(retention);
-            match ages(retention).min() {
-                Some(age) if age < at => Some(Gap::Early { retention, age }),
-                _ if ages(retention).any(|age| age == at) => None,
+            let (at, ages) = (u32::from(retention), ages(retention));
+            match ages.iter().min() {
+                Some(&age) if age < at => Some(Gap::Early { retention, age }),
+                _ if ages.contains(&at) => None,
                 _ => Some(Gap::Late { retention }),
             }
         })

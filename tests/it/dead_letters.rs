@@ -11,7 +11,6 @@ use replay_ingest::health::Status;
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::recording::{InvalidRecording, Reason};
 use replay_ingest::sink::dlq::DlqSink;
-use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
 use replay_ingest::sink::{Entry, InvalidMessage, ObjectStore, Outcome, Progress, Sink};
 
 /// The dead-letter producer's own limit (librdkafka's `message.max.bytes`): below the topic's
@@ -55,17 +54,7 @@ async fn dead_letters_too_large_for_their_topic_keep_their_value_in_the_blob_sto
         offsets.push(delivery.offset);
     }
 
-    let gcs = Arc::new(
-        GcsSink::new(&GcsConfig {
-            bucket: bucket.clone(),
-            endpoint: Some(gcs_endpoint()),
-            anonymous: true,
-            concurrency: 2,
-            timeout: Duration::from_secs(30),
-        })
-        .await
-        .unwrap(),
-    );
+    let gcs = Arc::new(gcs_store(&bucket, 2).await);
     let dlq_producer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("message.max.bytes", PRODUCER_LIMIT.to_string())
@@ -165,17 +154,7 @@ async fn a_letter_that_cannot_be_sent_does_not_make_the_retry_send_the_others_ag
     let (dlq, bucket) = (unique("dlq"), unique("blobs"));
     create_topic(&dlq, 1).await;
     // The bucket does not exist yet: the oversized letter's copy fails on the first attempt.
-    let overflow: Arc<dyn ObjectStore> = Arc::new(
-        GcsSink::new(&GcsConfig {
-            bucket: bucket.clone(),
-            endpoint: Some(gcs_endpoint()),
-            anonymous: true,
-            concurrency: 2,
-            timeout: Duration::from_secs(30),
-        })
-        .await
-        .unwrap(),
-    );
+    let overflow: Arc<dyn ObjectStore> = Arc::new(gcs_store(&bucket, 2).await);
     let producer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create()

@@ -223,15 +223,7 @@ async fn with_snuba_a_run_killed_half_way_is_finished_by_the_next_and_the_archiv
     let replay_events = unique("replay-events");
     create_topic(&replay_events, 1).await;
     // A long replay, written by the service's own blob writer: 400 segments.
-    let store = replay_ingest::sink::gcs::GcsSink::new(&replay_ingest::sink::gcs::GcsConfig {
-        bucket: names.bucket.clone(),
-        endpoint: Some(gcs_endpoint()),
-        anonymous: true,
-        concurrency: 16,
-        timeout: Duration::from_secs(10),
-    })
-    .await
-    .unwrap();
+    let store = gcs_store(&names.bucket, 16).await;
     let value = fixture("console-1.msgpack");
     let ids = recording::process(&value, &Limits::default()).unwrap().ids;
     let segment = recording::process(&value, &Limits::default())
@@ -357,15 +349,7 @@ async fn every_object_under_the_replays_prefixes_goes() {
     use replay_ingest::sink::ObjectStore;
     let _stack = uses_stack().await;
     let names = Names::create().await;
-    let store = replay_ingest::sink::gcs::GcsSink::new(&replay_ingest::sink::gcs::GcsConfig {
-        bucket: names.bucket.clone(),
-        endpoint: Some(gcs_endpoint()),
-        anonymous: true,
-        concurrency: 4,
-        timeout: Duration::from_secs(10),
-    })
-    .await
-    .unwrap();
+    let store = gcs_store(&names.bucket, 4).await;
     let value = fixture("console-1.msgpack");
     let processed = recording::process(&value, &Limits::default()).unwrap();
     let (project, replay) = (processed.ids.project_id, processed.ids.replay_id.clone());

@@ -148,15 +148,7 @@ async fn blobs_no_lifecycle_rule_expires_are_warned_of_and_the_service_starts() 
     use replay_ingest::sink::ObjectStore;
     let _stack = uses_stack().await;
     let names = Names::create().await;
-    let gcs = replay_ingest::sink::gcs::GcsSink::new(&replay_ingest::sink::gcs::GcsConfig {
-        bucket: names.bucket.clone(),
-        endpoint: Some(gcs_endpoint()),
-        anonymous: true,
-        concurrency: 1,
-        timeout: Duration::from_secs(10),
-    })
-    .await
-    .unwrap();
+    let gcs = gcs_store(&names.bucket, 1).await;
     for key in ["30/42/aaaa/0", "90/42/bbbb/0"] {
         gcs.put(key, b"x").await.unwrap();
     }

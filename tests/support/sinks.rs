@@ -51,6 +51,19 @@ pub async fn gcs_client() -> Storage {
         .unwrap()
 }
 
+/// The service's GCS sink (its store) on the emulator's `bucket`, `concurrency` uploads at a time.
+pub async fn gcs_store(bucket: &str, concurrency: usize) -> replay_ingest::sink::gcs::GcsSink {
+    replay_ingest::sink::gcs::GcsSink::new(&replay_ingest::sink::gcs::GcsConfig {
+        bucket: bucket.to_owned(),
+        endpoint: Some(gcs_endpoint()),
+        anonymous: true,
+        concurrency,
+        timeout: std::time::Duration::from_secs(30),
+    })
+    .await
+    .unwrap()
+}
+
 /// Every sent (valid) message's blob is in `bucket`, byte for byte.
 pub async fn every_blob_in_gcs(bucket: &str, sent: impl IntoIterator<Item = &Sent>) {
     let gcs = gcs_client().await;
