@@ -23,6 +23,9 @@ struct Valid<'a> {
     body_encoding: BodyEncoding,
     compressed_bytes: usize,
     uncompressed_bytes: usize,
+    /// Why nothing was read from the body (`Processed::unread_body`); absent when it was read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unread_body: Option<&'a str>,
     #[serde(flatten)]
     extracted: &'a Extracted,
     rows: RowCounts,
@@ -70,6 +73,7 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
                 body_encoding: p.body_encoding,
                 compressed_bytes: p.compressed_bytes,
                 uncompressed_bytes: p.uncompressed_bytes,
+                unread_body: p.unread_body.as_deref(),
                 extracted: &p.extracted,
                 rows,
                 memory_bytes: p.memory_bytes(),

@@ -13,6 +13,7 @@
 //! | `segment.compressed_bytes` | distribution | bytes | | body as received |
 //! | `segment.uncompressed_bytes` | distribution | bytes | | rrweb JSON |
 //! | `segment.memory_bytes` | distribution | bytes | | what a processed segment holds while buffered |
+//! | `segment.unread` | counter | segments | | bodies that decompressed but are not a JSON array of events: stored and billed, nothing read from them (Sentry's "Failed to parse recording") |
 //! | `segment.truncated` | counter | values | | values cut to a cap and list items left out (hostile or unusually large input; never fails a segment) |
 //! | `process.duration_ms` | distribution | ms | | decode + decompress + extract, per message |
 //! | `buffer.messages` | gauge | messages | | open buffer |
@@ -147,6 +148,7 @@ pub const EVENTS_INVALID: &str = "events.invalid";
 pub const SEGMENT_COMPRESSED_BYTES: &str = "segment.compressed_bytes";
 pub const SEGMENT_UNCOMPRESSED_BYTES: &str = "segment.uncompressed_bytes";
 pub const SEGMENT_MEMORY_BYTES: &str = "segment.memory_bytes";
+pub const SEGMENT_UNREAD: &str = "segment.unread";
 pub const SEGMENT_TRUNCATED: &str = "segment.truncated";
 pub const PROCESS_DURATION_MS: &str = "process.duration_ms";
 pub const BUFFER_MESSAGES: &str = "buffer.messages";
@@ -203,6 +205,7 @@ struct SegmentMetrics {
     memory_bytes: Histogram,
     duration_ms: Histogram,
     events_invalid: Counter,
+    unread: Counter,
     truncated: Counter,
     sentry_size_compressed: Histogram,
     sentry_size_uncompressed: Histogram,
@@ -225,6 +228,7 @@ impl SegmentMetrics {
             memory_bytes: histogram!(SEGMENT_MEMORY_BYTES),
             duration_ms: histogram!(PROCESS_DURATION_MS),
             events_invalid: counter!(EVENTS_INVALID),
+            unread: counter!(SEGMENT_UNREAD),
             truncated: counter!(SEGMENT_TRUNCATED),
             sentry_size_compressed: histogram!(SENTRY_SIZE_COMPRESSED),
             sentry_size_uncompressed: histogram!(SENTRY_SIZE_UNCOMPRESSED),
@@ -254,6 +258,9 @@ pub fn processed_segment(p: &Processed, memory: usize, took: Duration) {
         m.duration_ms.record(took.as_secs_f64() * 1000.0);
         if p.extracted.invalid_events > 0 {
             m.events_invalid.increment(p.extracted.invalid_events);
+        }
+        if p.unread_body.is_some() {
+            m.unread.increment(1);
         }
         let truncated = p.truncations();
         if truncated > 0 {

@@ -810,6 +810,11 @@ fn to_entry(record: Record, limits: &Limits, topic: &str) -> (Entry, usize) {
         .with_borrow_mut(|inflater| recording::process_guarded(&record.value, limits, inflater));
     match result {
         Ok(processed) => {
+            if let Some(why) = &processed.unread_body {
+                // Stored as received, nothing read from it, as Sentry does; DEBUG like the dead
+                // letters, so that a burst cannot flood the logs (`segment.unread` counts them).
+                debug!(partition, offset, replay_id = %processed.ids.replay_id, segment_id = processed.ids.segment_id, detail = %why, "body stored unread: not a JSON array of events");
+            }
             let bytes = processed.memory_bytes();
             metrics::processed_segment(&processed, bytes, start.elapsed());
             (

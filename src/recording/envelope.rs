@@ -135,7 +135,10 @@ pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
             Some(days) => days,
         },
         payload: required(wire.payload, "payload")?,
-        replay_event: wire.replay_event,
+        // Sentry treats an empty replay event, and JSON `null`, as none.
+        replay_event: wire
+            .replay_event
+            .filter(|json| !matches!(json.trim_ascii(), b"" | b"null")),
         replay_video: wire.replay_video,
         relay_snuba_publish_disabled: wire.relay_snuba_publish_disabled.unwrap_or(false),
     })
@@ -215,6 +218,24 @@ pub(crate) mod tests {
         assert_eq!((env.received, env.retention_days), (1_796_012_448, 90));
         assert_eq!(env.payload, msg.payload.as_slice());
         assert!(bytes.as_ptr_range().contains(&env.payload.as_ptr()));
+    }
+
+    #[test]
+    fn an_empty_or_null_replay_event_is_none_as_sentry_reads_it() {
+        for (sent, kept) in [
+            (&b""[..], None),
+            (b"null", None),
+            (b" null\n", None),
+            (b"{}", Some(&b"{}"[..])),
+            (b"nul", Some(&b"nul"[..])),
+        ] {
+            let msg = TestMessage {
+                replay_event: Some(sent.to_vec()),
+                ..TestMessage::new(b"{\"segment_id\":0}\n[]".to_vec())
+            };
+            let bytes = msg.encode();
+            assert_eq!(decode(&bytes).unwrap().replay_event, kept, "{sent:?}");
+        }
     }
 
     #[test]

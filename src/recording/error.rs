@@ -25,7 +25,8 @@ pub enum Reason {
     MissingHeader,
     /// The header line is not JSON with a non-negative integer `segment_id`.
     InvalidHeader,
-    /// The body is corrupt (bad compressed stream) or is not a JSON array.
+    /// The body is empty or corrupt (a bad compressed stream). One that decompresses but is not
+    /// a JSON array of events is kept, unread (`Processed::unread_body`).
     InvalidBody,
     /// The compressed stream ends before its end marker.
     TruncatedBody,

@@ -109,6 +109,10 @@ pub struct Processed {
     pub video_bytes: usize,
     pub blob: Blob,
     pub extracted: Extracted,
+    /// Why nothing was read from the body, when it decompressed but is not a JSON array of events
+    /// (not UTF-8, not JSON, not an array): the blob, the billing outcome and the segment row are
+    /// still written; `extracted` is empty and there are no trace items.
+    pub unread_body: Option<String>,
     /// The replay event, when the message carried one.
     pub replay_event: Option<ReplayEvent>,
     /// The replay event as sent, kept only when an output passes it on: the republished segment
@@ -126,6 +130,7 @@ heap::heap_size!(Processed {
     ids,
     blob,
     extracted,
+    unread_body,
     replay_event,
     replay_event_json,
     trace_items
@@ -211,19 +216,28 @@ fn process_into(
 ) -> Result<Processed, InvalidRecording> {
     let env = envelope::decode(value)?;
     let payload = payload::split(env.payload)?;
-    let json = payload::decode(&payload, limits.max_decompressed_bytes, inflater)?;
+    let body = payload::decode(&payload, limits.max_decompressed_bytes, inflater)?;
+    let json = body.bytes();
     let mut items = trace_items::Collector::new(
         limits.trace_items,
         env.replay_id,
         payload.segment_id,
         json.len(),
     );
-    let mut extracted = rrweb::extract_with(&json, limits.rows, items.as_mut()).map_err(|e| {
-        InvalidRecording::new(
-            Reason::InvalidBody,
-            format_args!("body is not a JSON array of events: {e}"),
-        )
-    })?;
+    // A body that decompressed but is not a JSON array of events is still the segment's
+    // recording: stored, billed and its replay event's row written, with nothing read from it,
+    // as Sentry does (its parse failure only skips the events).
+    let read = body.text().and_then(|text| {
+        rrweb::extract_with(text, limits.rows, items.as_mut())
+            .map_err(|e| format!("body is not a JSON array of events: {e}"))
+    });
+    let (mut extracted, unread_body) = match read {
+        Ok(extracted) => (extracted, None),
+        Err(why) => {
+            items = None;
+            (Extracted::default(), Some(why))
+        }
+    };
     let replay_event = env.replay_event.map(replay_event::parse).transpose()?;
     if let Some(event) = &replay_event {
         extracted.add_urls(&event.urls);
@@ -253,7 +267,7 @@ fn process_into(
             ids.segment_id,
         ),
         &payload,
-        json.as_bytes(),
+        json,
         env.replay_video,
         value,
     )
@@ -286,6 +300,7 @@ fn process_into(
         video_bytes: env.replay_video.map_or(0, <[u8]>::len),
         blob,
         extracted,
+        unread_body,
         replay_event,
         replay_event_json,
         writes_segment_row: env.relay_snuba_publish_disabled,
@@ -356,7 +371,74 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::envelope::tests::TestMessage;
     use super::*;
+
+    fn zlib(data: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn a_body_that_decompresses_but_is_not_events_is_kept_unread() {
+        let replay_event = br#"{"type":"replay_event","replay_id":"6aa0d45db9b94b989501ce3be4daf802","segment_id":0,"timestamp":1796012448.5,"urls":["https://example.com/a"]}"#;
+        let cases: [(&[u8], bool, &str); 6] = [
+            (b"{\"type\":2}", true, "expected '[' at byte 0"),
+            (b"[{\"type\":4,\"timestamp\":1,\"data\":{}}", true, "expected ',' or ']' at byte 35"),
+            (b"[]x", true, "at byte 2"),
+            (b"[NaN]", true, "at byte 1"),
+            (b"[\"caf\xe9\"]", true, "not valid UTF-8 (byte 5)"),
+            // Raw JSON (first byte `[`): stored as zlib of it, as Sentry does.
+            (b"[{\"type\":4,", false, "at byte 11"),
+        ];
+        for (body, compressed, why) in cases {
+            let sent = if compressed { zlib(body) } else { body.to_vec() };
+            let message = TestMessage {
+                replay_event: Some(replay_event.to_vec()),
+                relay_snuba_publish_disabled: true,
+                ..TestMessage::new([b"{\"segment_id\":0}\n".as_slice(), &sent].concat())
+            };
+            let name = String::from_utf8_lossy(body);
+            let p = process(&message.encode(), &Limits::default())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let unread = p.unread_body.as_deref().unwrap_or_default();
+            assert!(unread.ends_with(why), "{name}: {unread}");
+            assert_eq!(p.extracted.events, 0, "{name}");
+            assert!(p.extracted.clicks.is_empty(), "{name}");
+            let mut inflated = Vec::new();
+            std::io::Read::read_to_end(
+                &mut flate2::read::ZlibDecoder::new(&p.blob.bytes[..]),
+                &mut inflated,
+            )
+            .unwrap();
+            assert_eq!(inflated, body, "{name}: the blob holds the body");
+            let kinds: Vec<&str> = p.events(&IssueGates::default()).iter().map(|e| e.kind()).collect();
+            assert_eq!(kinds, ["outcome", "first_replay"], "{name}");
+            let rows = p.rows(KafkaPosition { partition: 0, offset: 1 });
+            assert_eq!(rows.len(), 1, "{name}: the segment row");
+            assert!(rows[0].is_segment(), "{name}");
+        }
+        // What was read before the body turned out broken is not used: no items either.
+        let broken = br#"[{"type":5,"timestamp":1000,"data":{"tag":"breadcrumb","payload":{"category":"ui.tap","message":"m","timestamp":1.5,"data":{"view.id":"a","view.class":"b"}}}},"#;
+        let limits = Limits {
+            trace_items: Rollout::ALL,
+            ..Limits::default()
+        };
+        let message = TestMessage::new([b"{\"segment_id\":0}\n".as_slice(), &zlib(broken)].concat());
+        let p = process(&message.encode(), &limits).unwrap();
+        assert!(p.unread_body.is_some());
+        assert!(p.trace_items.is_none());
+        assert_eq!(p.extracted.breadcrumbs_by_category, Extracted::default().breadcrumbs_by_category);
+        let whole = [&broken[..broken.len() - 1], b"]"].concat();
+        let message = TestMessage::new([b"{\"segment_id\":0}\n".as_slice(), &zlib(&whole)].concat());
+        let read = process(&message.encode(), &limits).unwrap();
+        assert_eq!(read.trace_items.map(|items| items.len()), Some(1));
+        // A body that is read has no reason.
+        let read = TestMessage::new(b"{\"segment_id\":0}\n[]".to_vec());
+        assert_eq!(process(&read.encode(), &Limits::default()).unwrap().unread_body, None);
+    }
 
     #[test]
     fn a_panic_while_processing_becomes_an_internal_error_rejection() {

@@ -302,28 +302,43 @@ pub fn decompress<'a>(
     decoded(payload, cap, inflater, Want::Bytes).map(|(bytes, _)| bytes)
 }
 
-/// [`decompress`], and the result checked to be UTF-8: the rrweb JSON as text. For a zlib body,
-/// the UTF-8 check and the checksum's share one pass over the output.
+/// A decompressed body, and whether it is UTF-8 (for a zlib body, found in the checksum's pass
+/// over the output).
+#[derive(Debug)]
+pub struct Decoded<'a> {
+    bytes: Cow<'a, [u8]>,
+    utf8: bool,
+}
+
+impl Decoded<'_> {
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The body as text: the rrweb JSON. `Err` says where it is not UTF-8.
+    pub fn text(&self) -> Result<&str, String> {
+        if self.utf8 {
+            // SAFETY: `utf8` is set only when the bytes were found to be UTF-8 (by
+            // `verify::adler32_utf8` or simdutf8), and they are never changed after.
+            return Ok(unsafe { std::str::from_utf8_unchecked(&self.bytes) });
+        }
+        let at = simdutf8::compat::from_utf8(&self.bytes)
+            .err()
+            .map_or(0, |e| e.valid_up_to());
+        Err(format!("body is not valid UTF-8 (byte {at})"))
+    }
+}
+
+/// [`decompress`], and the result checked to be UTF-8. For a zlib body, the UTF-8 check and the
+/// checksum's share one pass over the output.
 pub fn decode<'a>(
     payload: &Payload<'a>,
     cap: usize,
     inflater: &'a mut Inflater,
-) -> Result<Cow<'a, str>, InvalidRecording> {
+) -> Result<Decoded<'a>, InvalidRecording> {
     let (bytes, utf8) = decoded(payload, cap, inflater, Want::Text)?;
-    if !utf8.unwrap_or_else(|| simdutf8::basic::from_utf8(&bytes).is_ok()) {
-        let at = simdutf8::compat::from_utf8(&bytes)
-            .err()
-            .map_or(0, |e| e.valid_up_to());
-        return Err(InvalidRecording::new(
-            Reason::InvalidBody,
-            format_args!("body is not valid UTF-8 (byte {at})"),
-        ));
-    }
-    // SAFETY: the bytes were just found to be UTF-8 (by `verify::adler32_utf8` or simdutf8).
-    Ok(match bytes {
-        Cow::Borrowed(bytes) => Cow::Borrowed(unsafe { std::str::from_utf8_unchecked(bytes) }),
-        Cow::Owned(bytes) => Cow::Owned(unsafe { String::from_utf8_unchecked(bytes) }),
-    })
+    let utf8 = utf8.unwrap_or_else(|| simdutf8::basic::from_utf8(&bytes).is_ok());
+    Ok(Decoded { bytes, utf8 })
 }
 
 fn decoded<'a>(
@@ -542,7 +557,7 @@ mod tests {
     }
 
     #[test]
-    fn decoded_text_must_be_utf8_whatever_the_codec() {
+    fn decoded_text_is_utf8_or_says_where_not_whatever_the_codec() {
         let text = "[{\"type\":5,\"data\":{\"payload\":\"caf\u{e9} \u{1f600}\"}}]".repeat(300);
         let mut invalid = text.clone().into_bytes();
         let at = invalid.len() - 40;
@@ -567,21 +582,22 @@ mod tests {
             };
             let mut inflater = Inflater::default();
             let decoded = super::decode(&payload, 1 << 20, &mut inflater).unwrap();
-            assert_eq!(decoded, text, "{encoding:?}");
+            assert_eq!(decoded.text(), Ok(text.as_str()), "{encoding:?}");
             let body = encode(encoding, &invalid);
             let payload = Payload {
                 segment_id: 0,
                 encoding,
                 body: &body,
             };
-            let error = super::decode(&payload, 1 << 20, &mut Inflater::default()).unwrap_err();
-            assert_eq!(error.reason, Reason::InvalidBody, "{encoding:?}");
-            assert_eq!(error.detail, format!("body is not valid UTF-8 (byte {at})"));
-            // The bytes themselves decode: only text is refused.
+            let mut inflater = Inflater::default();
+            let decoded = super::decode(&payload, 1 << 20, &mut inflater).unwrap();
             assert_eq!(
-                decompress(&payload, 1 << 20, &mut Inflater::default()).unwrap(),
-                invalid
+                decoded.text(),
+                Err(format!("body is not valid UTF-8 (byte {at})")),
+                "{encoding:?}"
             );
+            // The bytes themselves decode: only text is refused.
+            assert_eq!(decoded.bytes(), invalid.as_slice(), "{encoding:?}");
         }
     }
 
@@ -594,12 +610,13 @@ mod tests {
                 encoding: BodyEncoding::Zlib,
                 body,
             };
-            super::decode(&payload, 1 << 20, &mut Inflater::default()).map(Cow::into_owned)
+            super::decode(&payload, 1 << 20, &mut Inflater::default())
+                .map(|decoded| decoded.text().map(str::to_owned))
         };
         // Bytes after the trailer are ignored.
         assert_eq!(
             check(&[body.as_slice(), b"trailing"].concat()).unwrap(),
-            std::str::from_utf8(JSON).unwrap()
+            Ok(std::str::from_utf8(JSON).unwrap().to_owned())
         );
         // A wrong checksum: the streaming decoder's verdict.
         let mut wrong = body.clone();

@@ -97,7 +97,6 @@ fn hostile_fixtures_are_rejected_with_their_reason() {
         ("corrupt-zlib", Reason::InvalidBody),
         ("truncated-zlib", Reason::TruncatedBody),
         ("zlib-bomb", Reason::TooLarge),
-        ("body-not-an-array", Reason::InvalidBody),
     ];
     for (name, reason) in expected {
         let err = process("synthetic", name).expect_err(name);
@@ -107,6 +106,32 @@ fn hostile_fixtures_are_rejected_with_their_reason() {
             "{name}"
         );
     }
+}
+
+/// A body that decompresses to something other than a JSON array of events is still the
+/// segment's recording, as Sentry keeps it: stored as received, billed, its replay event's row
+/// written; nothing read from it.
+#[test]
+fn a_body_that_is_not_an_array_of_events_is_stored_billed_and_left_unread() {
+    let p = process("synthetic", "body-not-an-array").unwrap();
+    assert_eq!(
+        p.unread_body.as_deref(),
+        Some("body is not a JSON array of events: expected '[' at byte 0")
+    );
+    assert_eq!(p.extracted.events, 0);
+    assert_eq!(p.extracted.events_by_type, recording::Extracted::default().events_by_type);
+    assert!(p.extracted.clicks.is_empty() && p.trace_items.is_none());
+    let mut stored = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::ZlibDecoder::new(&p.blob.bytes[..]),
+        &mut stored,
+    )
+    .unwrap();
+    assert_eq!(stored, b"{\"type\":2}", "the body, as zlib");
+    assert_eq!(p.ids.segment_id, 0);
+    let kinds: Vec<&str> = p.events(&ALL).iter().map(AnalyticsEvent::kind).collect();
+    assert!(kinds.contains(&"outcome"), "{kinds:?}");
+    assert_eq!(p.has_segment_row(), p.writes_segment_row);
 }
 
 #[test]
