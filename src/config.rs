@@ -526,11 +526,12 @@ pub struct ConsumeArgs {
     /// timeout.
     #[arg(long, env = "REPLAY_INGEST_FLUSH_STALL_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000), default_value_t = 300_000)]
     pub flush_stall_timeout_ms: u64,
-    /// First retry backoff, ms; doubles per attempt, full jitter.
-    #[arg(long, env = "REPLAY_INGEST_FLUSH_INITIAL_BACKOFF_MS", value_parser = clap::value_parser!(u64).range(0..=3_600_000), default_value_t = 200)]
+    /// First retry backoff, ms; doubles per attempt, full jitter. At least 1: a backoff that
+    /// starts at 0 stays 0 (retries in a hot loop against a sink that is down).
+    #[arg(long, env = "REPLAY_INGEST_FLUSH_INITIAL_BACKOFF_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 200)]
     pub flush_initial_backoff_ms: u64,
     /// Longest retry backoff, ms.
-    #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_BACKOFF_MS", value_parser = clap::value_parser!(u64).range(0..=3_600_000), default_value_t = 10_000)]
+    #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_BACKOFF_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 10_000)]
     pub flush_max_backoff_ms: u64,
     /// Time allowed to flush and commit on shutdown or partition revoke, ms. Must be below the
     /// session timeout and the pod's termination grace period.
@@ -901,6 +902,8 @@ mod tests {
             ("--buffer-max-messages", "0"),
             ("--sink-timeout-ms", "0"),
             ("--max-flushes-in-flight", "0"),
+            ("--flush-initial-backoff-ms", "0"),
+            ("--flush-max-backoff-ms", "0"),
         ] {
             let error = Cli::try_parse_from(["x", flag, value])
                 .err()

@@ -386,7 +386,11 @@ mod tests {
         let replay_event = br#"{"type":"replay_event","replay_id":"6aa0d45db9b94b989501ce3be4daf802","segment_id":0,"timestamp":1796012448.5,"urls":["https://example.com/a"]}"#;
         let cases: [(&[u8], bool, &str); 6] = [
             (b"{\"type\":2}", true, "expected '[' at byte 0"),
-            (b"[{\"type\":4,\"timestamp\":1,\"data\":{}}", true, "expected ',' or ']' at byte 35"),
+            (
+                b"[{\"type\":4,\"timestamp\":1,\"data\":{}}",
+                true,
+                "expected ',' or ']' at byte 35",
+            ),
             (b"[]x", true, "at byte 2"),
             (b"[NaN]", true, "at byte 1"),
             (b"[\"caf\xe9\"]", true, "not valid UTF-8 (byte 5)"),
@@ -394,7 +398,11 @@ mod tests {
             (b"[{\"type\":4,", false, "at byte 11"),
         ];
         for (body, compressed, why) in cases {
-            let sent = if compressed { zlib(body) } else { body.to_vec() };
+            let sent = if compressed {
+                zlib(body)
+            } else {
+                body.to_vec()
+            };
             let message = TestMessage {
                 replay_event: Some(replay_event.to_vec()),
                 relay_snuba_publish_disabled: true,
@@ -414,9 +422,16 @@ mod tests {
             )
             .unwrap();
             assert_eq!(inflated, body, "{name}: the blob holds the body");
-            let kinds: Vec<&str> = p.events(&IssueGates::default()).iter().map(|e| e.kind()).collect();
+            let kinds: Vec<&str> = p
+                .events(&IssueGates::default())
+                .iter()
+                .map(|e| e.kind())
+                .collect();
             assert_eq!(kinds, ["outcome", "first_replay"], "{name}");
-            let rows = p.rows(KafkaPosition { partition: 0, offset: 1 });
+            let rows = p.rows(KafkaPosition {
+                partition: 0,
+                offset: 1,
+            });
             assert_eq!(rows.len(), 1, "{name}: the segment row");
             assert!(rows[0].is_segment(), "{name}");
         }
@@ -426,18 +441,28 @@ mod tests {
             trace_items: Rollout::ALL,
             ..Limits::default()
         };
-        let message = TestMessage::new([b"{\"segment_id\":0}\n".as_slice(), &zlib(broken)].concat());
+        let message =
+            TestMessage::new([b"{\"segment_id\":0}\n".as_slice(), &zlib(broken)].concat());
         let p = process(&message.encode(), &limits).unwrap();
         assert!(p.unread_body.is_some());
         assert!(p.trace_items.is_none());
-        assert_eq!(p.extracted.breadcrumbs_by_category, Extracted::default().breadcrumbs_by_category);
+        assert_eq!(
+            p.extracted.breadcrumbs_by_category,
+            Extracted::default().breadcrumbs_by_category
+        );
         let whole = [&broken[..broken.len() - 1], b"]"].concat();
-        let message = TestMessage::new([b"{\"segment_id\":0}\n".as_slice(), &zlib(&whole)].concat());
+        let message =
+            TestMessage::new([b"{\"segment_id\":0}\n".as_slice(), &zlib(&whole)].concat());
         let read = process(&message.encode(), &limits).unwrap();
         assert_eq!(read.trace_items.map(|items| items.len()), Some(1));
         // A body that is read has no reason.
         let read = TestMessage::new(b"{\"segment_id\":0}\n[]".to_vec());
-        assert_eq!(process(&read.encode(), &Limits::default()).unwrap().unread_body, None);
+        assert_eq!(
+            process(&read.encode(), &Limits::default())
+                .unwrap()
+                .unread_body,
+            None
+        );
     }
 
     #[test]

@@ -119,7 +119,10 @@ fn a_body_that_is_not_an_array_of_events_is_stored_billed_and_left_unread() {
         Some("body is not a JSON array of events: expected '[' at byte 0")
     );
     assert_eq!(p.extracted.events, 0);
-    assert_eq!(p.extracted.events_by_type, recording::Extracted::default().events_by_type);
+    assert_eq!(
+        p.extracted.events_by_type,
+        recording::Extracted::default().events_by_type
+    );
     assert!(p.extracted.clicks.is_empty() && p.trace_items.is_none());
     let mut stored = Vec::new();
     std::io::Read::read_to_end(

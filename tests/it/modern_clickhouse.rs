@@ -32,13 +32,17 @@ print(s.query(f"SELECT {columns} FROM db.replays_local SETTINGS date_time_output
 print(s.query("SELECT countIf(count_urls != length(urls)) + countIf(count_errors != length(error_ids)) + countIf(length(_trace_ids_hashed) != length(trace_ids)) + countIf(length(_tags_hash_map) != length(`tags.key`)) AS wrong FROM db.replays_local", "JSONEachRow"))
 "#;
 
-/// The request bodies the sink sends, captured by a stand-in server that answers 200.
-async fn capture_inserts() -> (String, Arc<Mutex<Vec<bytes::Bytes>>>) {
-    let bodies = Arc::new(Mutex::new(Vec::new()));
+/// The requests the sink sends (query string and body), captured by a stand-in server that
+/// answers 200.
+type Captured = Arc<Mutex<Vec<(String, bytes::Bytes)>>>;
+
+async fn capture_inserts() -> (String, Captured) {
+    let bodies = Captured::default();
     let app = axum::Router::new().fallback({
         let bodies = bodies.clone();
-        move |body: bytes::Bytes| async move {
-            bodies.lock().unwrap().push(body);
+        move |uri: axum::http::Uri, body: bytes::Bytes| async move {
+            let query = uri.query().unwrap_or_default().to_owned();
+            bodies.lock().unwrap().push((query, body));
             ""
         }
     });
@@ -77,11 +81,19 @@ async fn snubas_ddl_runs_on_clickhouse_26_and_the_sinks_bytes_insert_and_read_ba
     let written = crate::support::write_once(&sink, &batch).await.unwrap();
     let expected = rows_of(&batch);
     assert_eq!(written.items as usize, expected.len());
+    // Every INSERT waits for the server to finish it and, into a Distributed table, for the
+    // shards to have it.
+    for (query, _) in bodies.lock().unwrap().iter() {
+        let settings: Vec<&str> = query.split('&').collect();
+        for setting in ["wait_end_of_query=1", "insert_distributed_sync=1"] {
+            assert!(settings.contains(&setting), "{setting} in {query}");
+        }
+    }
     let body: Vec<u8> = bodies
         .lock()
         .unwrap()
         .iter()
-        .flat_map(|b| clickhouse_decompress(b))
+        .flat_map(|(_, b)| clickhouse_decompress(b))
         .collect();
 
     let columns = <ReplayRow as clickhouse::Row>::COLUMN_NAMES;

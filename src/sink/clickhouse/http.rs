@@ -27,6 +27,13 @@ use hyper_util::rt::TokioExecutor;
 #[error("answered 200 with an exception in the body: {0}")]
 pub struct ExceptionIn200(pub String);
 
+/// An `https://` URL with no trust roots to check the server's certificate against.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no TLS trust roots could be loaded ({0}): an https:// URL is refused rather than sent in plain text; put the CA bundle in SSL_CERT_FILE"
+)]
+pub struct NoTrustRoots(pub String);
+
 /// A [`clickhouse::Client`] whose connections are watched.
 pub fn clickhouse_client() -> clickhouse::Client {
     let mut http = HttpConnector::new();
@@ -40,23 +47,28 @@ pub fn clickhouse_client() -> clickhouse::Client {
                 .enable_http1()
                 .wrap_connector(http.clone())
         });
-    let connector = match https {
-        Ok(https) => Watched(Inner::Https(https)),
-        // No usable trust store (none in the image, no SSL_CERT_FILE): plain HTTP works, and an
-        // `https://` URL fails with the connector's own error.
-        Err(_) => Watched(Inner::Http(http)),
-    };
+    client(match https {
+        Ok(https) => Inner::Https(https),
+        // No usable trust store (none in the image, an SSL_CERT_FILE that is missing or empty):
+        // plain HTTP works, and an `https://` URL is refused. (`enforce_http(false)` would open a
+        // plain TCP connection to it and send the password in clear text.)
+        Err(e) => Inner::Http(http, NoTrustRoots(e.to_string())),
+    })
+}
+
+fn client(connector: Inner) -> clickhouse::Client {
     // The request body type is the crate's own: inferred from its one client implementation.
     let pool = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(2))
-        .build(connector);
+        .build(Watched(connector));
     clickhouse::Client::with_http_client(pool)
 }
 
 #[derive(Clone)]
 enum Inner {
     Https(hyper_rustls::HttpsConnector<HttpConnector>),
-    Http(HttpConnector),
+    /// Plain HTTP only, and why (an `https://` URL gets the error).
+    Http(HttpConnector, NoTrustRoots),
 }
 
 /// A connector whose connections are [`WatchedStream`]s.
@@ -74,7 +86,7 @@ impl tower_service::Service<Uri> for Watched {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Boxed>> {
         match &mut self.0 {
             Inner::Https(https) => https.poll_ready(cx),
-            Inner::Http(http) => http.poll_ready(cx).map_err(Into::into),
+            Inner::Http(http, _) => http.poll_ready(cx).map_err(Into::into),
         }
     }
 
@@ -84,7 +96,11 @@ impl tower_service::Service<Uri> for Watched {
                 let connecting = https.call(uri);
                 Box::pin(async move { Ok(WatchedStream::new(connecting.await?)) })
             }
-            Inner::Http(http) => {
+            Inner::Http(_, no_roots) if uri.scheme() != Some(&hyper::http::uri::Scheme::HTTP) => {
+                let refused: Boxed = Box::new(no_roots.clone());
+                Box::pin(async move { Err(refused) })
+            }
+            Inner::Http(http, _) => {
                 let connecting = http.call(uri);
                 Box::pin(async move {
                     Ok(WatchedStream::new(hyper_rustls::MaybeHttpsStream::Http(
@@ -244,13 +260,27 @@ impl<S: Connection> Connection for WatchedStream<S> {
 pub fn exception_in_200<'a>(
     error: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a ExceptionIn200> {
+    found_in(error)
+}
+
+/// [`NoTrustRoots`], when it is among `error`'s causes.
+pub fn no_trust_roots<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a NoTrustRoots> {
+    found_in(error)
+}
+
+/// The first cause of `error` (itself included, and through `io::Error` wrappers) that is a `T`.
+fn found_in<'a, T: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
     let mut cause = Some(error);
     while let Some(error) = cause {
         let wrapped = error
             .downcast_ref::<std::io::Error>()
             .and_then(|io| io.get_ref())
             .map(|e| e as &dyn std::error::Error);
-        if let Some(found) = wrapped.unwrap_or(error).downcast_ref::<ExceptionIn200>() {
+        if let Some(found) = wrapped.unwrap_or(error).downcast_ref::<T>() {
             return Some(found);
         }
         cause = error.source();
@@ -261,6 +291,42 @@ pub fn exception_in_200<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without trust roots an `https://` URL is refused before any connection: the password in
+    /// its header never crosses the network in clear text. Plain `http://` still works.
+    #[tokio::test]
+    async fn without_trust_roots_https_is_refused_not_sent_in_plain_text() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let plain = client(Inner::Http(http, NoTrustRoots("none in the test".into())));
+        let error = plain
+            .clone()
+            .with_url(format!("https://127.0.0.1:{port}"))
+            .with_password("hunter2")
+            .query("SELECT 1")
+            .execute()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, clickhouse::error::Error::Network(cause) if no_trust_roots(cause.as_ref()).is_some()),
+            "{error:?}"
+        );
+        assert_eq!(super::super::classify(&error), crate::sink::Retry::Fatal);
+        let accepted = tokio::time::timeout(Duration::from_millis(300), listener.accept()).await;
+        assert!(accepted.is_err(), "no connection was opened");
+        // The same client reaches an http:// URL.
+        let asked = tokio::spawn(
+            plain
+                .with_url(format!("http://127.0.0.1:{port}"))
+                .query("SELECT 1")
+                .execute(),
+        );
+        let accepted = tokio::time::timeout(Duration::from_secs(5), listener.accept()).await;
+        assert!(matches!(accepted, Ok(Ok(_))), "http:// connects");
+        asked.abort();
+    }
 
     #[test]
     fn an_exception_in_a_200_is_found_whatever_the_reads_and_only_in_a_200() {

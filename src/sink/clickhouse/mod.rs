@@ -102,8 +102,10 @@ const REJECTED_CODES: [u32; 14] = [6, 26, 27, 32, 33, 38, 41, 53, 69, 70, 72, 11
 
 /// ClickHouse error codes no data can fix: the configuration is wrong. 16
 /// NO_SUCH_COLUMN_IN_TABLE, 36 BAD_ARGUMENTS, 43 ILLEGAL_TYPE_OF_ARGUMENT, 60 UNKNOWN_TABLE,
-/// 62 SYNTAX_ERROR, 81 UNKNOWN_DATABASE, and the [`AUTHENTICATION_CODES`].
-const FATAL_CODES: [u32; 10] = [16, 36, 43, 60, 62, 81, 192, 193, 194, 516];
+/// 62 SYNTAX_ERROR, 81 UNKNOWN_DATABASE; a user that may not write: 164 READONLY, 291
+/// DATABASE_ACCESS_DENIED, 497 ACCESS_DENIED (the startup check only reads, so a read-only user
+/// passes it and is refused at the first INSERT); and the [`AUTHENTICATION_CODES`].
+const FATAL_CODES: [u32; 13] = [16, 36, 43, 60, 62, 81, 164, 291, 497, 192, 193, 194, 516];
 
 /// Partitions one INSERT may touch. Rows are partitioned by `(retention_days,
 /// toMonday(timestamp))`; half the server's default limit leaves room for a server time zone
@@ -154,6 +156,8 @@ pub fn classify(error: &clickhouse::error::Error) -> Retry {
         Error::Network(cause) if let Some(exception) = http::exception_in_200(cause.as_ref()) => {
             by_code(&exception.0)
         }
+        // Configuration: no retry loads a trust store.
+        Error::Network(cause) if http::no_trust_roots(cause.as_ref()).is_some() => Retry::Fatal,
         Error::Network(_) | Error::TimedOut | Error::Compression(_) | Error::Decompression(_) => {
             Retry::Retryable
         }
@@ -184,6 +188,11 @@ pub fn setup_error(error: &clickhouse::error::Error, config: &ClickHouseConfig) 
                     "authentication as {user:?} failed at {at} (check --clickhouse-user and --clickhouse-password-file): {detail}"
                 ),
             )
+        }
+        clickhouse::error::Error::Network(cause)
+            if let Some(no_roots) = http::no_trust_roots(cause.as_ref()) =>
+        {
+            (Retry::Fatal, format!("TLS to {at}: {no_roots}"))
         }
         _ if detail.contains("invalid peer certificate") => (
             Retry::Fatal,
@@ -242,6 +251,11 @@ pub fn client(config: &ClickHouseConfig) -> clickhouse::Client {
         .with_database(&config.database)
         .with_validation(false)
         .with_setting("wait_end_of_query", "1")
+        // Into a Distributed table (`replays_dist`), as snuba inserts: answered once every shard
+        // has the rows, not once they are queued on the node that took them (whose later
+        // forwarding errors the service would never see, its offsets committed). No effect on a
+        // local table. (`distributed_foreground_insert` since ClickHouse 23.x; the old name stays.)
+        .with_setting("insert_distributed_sync", "1")
 }
 
 pub struct ClickHouseSink {
@@ -404,6 +418,18 @@ mod tests {
             (
                 "Code: 241. DB::Exception: Memory limit exceeded",
                 Retry::Retryable,
+            ),
+            (
+                "Code: 164, e.displayText() = DB::Exception: Cannot execute query in readonly mode",
+                Retry::Fatal,
+            ),
+            (
+                "Code: 497. DB::Exception: ingest: Not enough privileges. To execute this query, it's necessary to have the grant INSERT ON default.replays_local",
+                Retry::Fatal,
+            ),
+            (
+                "Code: 291. DB::Exception: Database default is not allowed for user ingest",
+                Retry::Fatal,
             ),
             ("Code: 252. DB::Exception: Too many parts", Retry::Retryable),
             (
