@@ -197,6 +197,10 @@ def main():
     refusals = [
         ({"terminationGracePeriodSeconds": 10}, "must exceed config.DRAIN_DEADLINE_MS"),
         ({"config": {"HTTP_LISTEN": "0.0.0.0:1"}}, "set http.port instead"),
+        ({"config": {"CLICKHOUSE_PASSWORD": "x"}}, "config.CLICKHOUSE_PASSWORD: a secret goes in secrets."),
+        ({"config": {"KAFKA_SASL_PASSWORD": "x"}}, "config.KAFKA_SASL_PASSWORD: a secret goes in secrets."),
+        ({"kafkaProperties": {"sasl.password": "x"}}, "kafkaProperties.sasl.password: a secret goes in secrets."),
+        ({"kafkaProperties": {"ssl.key.pem": "x"}}, "kafkaProperties.ssl.key.pem: a secret goes in secrets."),
     ]
     for values, message in refusals:
         try:
@@ -207,6 +211,10 @@ def main():
         else:
             fail(f"{values} must not render")
         print(f"refused as it must be: {values} ({message})")
+    # Paths to secrets are not secrets.
+    for values in [{"config": {"CLICKHOUSE_PASSWORD_FILE": "/x"}}, {"config": {"KAFKA_SSL_KEY_LOCATION": "/x"}}]:
+        helm.Chart.load(str(CHART)).render(values, name="x", namespace="y")
+        print(f"renders, as it must: {values}")
 
 
 if __name__ == "__main__":

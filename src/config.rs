@@ -767,14 +767,18 @@ impl ConsumeArgs {
     }
 }
 
-/// Producer properties for the dead-letter and event topics: fully acknowledged writes, each
-/// delivery failing (and retried by the flush) past `timeout`.
+/// Producer properties for the dead-letter and event topics: fully acknowledged, idempotent
+/// writes, each delivery failing (and retried by the flush) past `timeout`. Idempotent: librdkafka
+/// retries a produce request whose answer was lost (a connection reset, a leader moving during a
+/// rolling restart) on its own, and without idempotence the broker would append that batch twice
+/// — a billing outcome counted twice.
 pub fn producer_properties(
     max_message_bytes: usize,
     timeout: Duration,
 ) -> Vec<(&'static str, String)> {
     vec![
         ("acks", "all".into()),
+        ("enable.idempotence", "true".into()),
         (
             "message.max.bytes",
             (max_message_bytes + 1024 * 1024).to_string(),
@@ -915,6 +919,17 @@ mod tests {
             0,
             "0: one per CPU"
         );
+    }
+
+    #[test]
+    fn producers_write_idempotently_with_every_replica() {
+        let properties = producer_properties(1 << 20, Duration::from_secs(30));
+        for expected in [("acks", "all"), ("enable.idempotence", "true")] {
+            assert!(
+                properties.iter().any(|(k, v)| (*k, v.as_str()) == expected),
+                "{expected:?}"
+            );
+        }
     }
 
     #[test]

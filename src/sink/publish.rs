@@ -280,7 +280,9 @@ pub fn over_limit(limits: &HashMap<String, usize>, record: &Record<'_>) -> Optio
 }
 
 /// Retry classification for producer errors: the message itself is unacceptable → rejected;
-/// not allowed to write → fatal; anything about the broker, network or queues → retryable.
+/// not allowed to write, or a producer in librdkafka's fatal state (an idempotence guarantee it
+/// could not keep: no retry with it can succeed, a restart makes a new one) → fatal; anything
+/// about the broker, network or queues → retryable.
 pub fn classify_producer_error(error: &KafkaError) -> Retry {
     match error.rdkafka_error_code() {
         Some(
@@ -292,7 +294,8 @@ pub fn classify_producer_error(error: &KafkaError) -> Retry {
         ) => Retry::Rejected,
         Some(
             RDKafkaErrorCode::TopicAuthorizationFailed
-            | RDKafkaErrorCode::ClusterAuthorizationFailed,
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::Fatal,
         ) => Retry::Fatal,
         _ => Retry::Retryable,
     }
@@ -464,6 +467,8 @@ mod tests {
         assert_eq!(classify_producer_error(&oversized), Retry::Rejected);
         let auth = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
         assert_eq!(classify_producer_error(&auth), Retry::Fatal);
+        let fatal = KafkaError::MessageProduction(RDKafkaErrorCode::Fatal);
+        assert_eq!(classify_producer_error(&fatal), Retry::Fatal);
         for code in [
             RDKafkaErrorCode::QueueFull,
             RDKafkaErrorCode::MessageTimedOut,
