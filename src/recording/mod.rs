@@ -319,7 +319,8 @@ fn trace_id(replay_id: &str, event: Option<&ReplayEvent>) -> Option<String> {
     }
 }
 
-/// The user attributes of every item, from the replay event's `user` (those present).
+/// The user attributes of every item, from the replay event's `user`: those present and not
+/// empty, as Sentry sets them (`if user.get("id")`: an empty text is left out).
 fn user_attributes(event: Option<&ReplayEvent>) -> Vec<(&'static str, &str)> {
     let Some(event) = event else {
         return Vec::new();
@@ -329,13 +330,13 @@ fn user_attributes(event: Option<&ReplayEvent>) -> Vec<(&'static str, &str)> {
         ("user_email", event.user_email()),
         ("user_name", event.user_name()),
         ("user_ip", event.ip_address()),
-        ("user_geo_city", event.geo_city()),
-        ("user_geo_country_code", event.geo_country_code()),
-        ("user_geo_region", event.geo_region()),
-        ("user_geo_subdivision", event.geo_subdivision()),
+        ("user_geo_city", Some(event.geo_city())),
+        ("user_geo_country_code", Some(event.geo_country_code())),
+        ("user_geo_region", Some(event.geo_region())),
+        ("user_geo_subdivision", Some(event.geo_subdivision())),
     ]
     .into_iter()
-    .filter_map(|(key, value)| Some((key, value?)))
+    .filter_map(|(key, value)| Some((key, value.filter(|v| !v.is_empty())?)))
     .collect()
 }
 

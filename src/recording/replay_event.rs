@@ -115,14 +115,13 @@ macro_rules! text_fields {
 }
 
 text_fields! {
-    text: replay_type, platform, environment, release, dist, sdk_name, sdk_version, os_name,
-        os_version, browser_name, browser_version, device_name, device_brand, device_family,
-        device_model, ota_updates_channel, ota_updates_runtime_version, ota_updates_update_id;
+    text: replay_type, platform, environment, release, dist, sdk_name, sdk_version, geo_city,
+        geo_country_code, geo_region, geo_subdivision, os_name, os_version, browser_name,
+        browser_version, device_name, device_brand, device_family, device_model,
+        ota_updates_channel, ota_updates_runtime_version, ota_updates_update_id;
     optional:
         /// `user.id` as sent (a string, or an integer's digits).
         user_id, user_name, user_email,
-        /// `user.geo`'s texts: an empty one is present (the trace items carry it).
-        geo_city, geo_country_code, geo_region, geo_subdivision,
         /// `user.ip_address` as sent; parsed when the row is built.
         ip_address,
         /// The value of the last `transaction` tag (`None` when there is none, or it is null).
@@ -656,7 +655,7 @@ mod tests {
         assert_eq!((event.user_email(), event.ip_address()), (None, None));
         assert_eq!(
             (event.geo_city(), event.geo_country_code()),
-            (Some("Austin"), Some("US"))
+            ("Austin", "US")
         );
         assert_eq!(event.ota_updates_channel(), "prod");
         assert_eq!(event.segment_names, ["checkout"]);

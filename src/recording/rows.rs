@@ -242,14 +242,20 @@ pub fn seconds(timestamp: f64) -> u32 {
     timestamp.clamp(0.0, f64::from(u32::MAX)) as u32
 }
 
+/// Whole seconds as Sentry puts them in an id: Python's `int()` of the float, truncated toward
+/// zero and not clamped (the row's column is; the hash keeps what was sent, `-1` or `5000000000`).
+fn id_seconds(timestamp: f64) -> i128 {
+    timestamp.trunc() as i128
+}
+
 /// `md5("{replay_id}{timestamp}{node_id}")`, timestamp in whole seconds (docs/formats.md, "What a segment yields").
 pub fn click_event_hash(replay_id: &str, timestamp: f64, node_id: u64) -> Uuid {
-    md5_uuid(&format!("{replay_id}{}{node_id}", seconds(timestamp)))
+    md5_uuid(&format!("{replay_id}{}{node_id}", id_seconds(timestamp)))
 }
 
 /// `md5("{replay_id}{timestamp}{view_id}")`, timestamp in whole seconds (docs/formats.md, "What a segment yields").
 pub fn tap_event_hash(replay_id: &str, timestamp: f64, view_id: &str) -> Uuid {
-    md5_uuid(&format!("{replay_id}{}{view_id}", seconds(timestamp)))
+    md5_uuid(&format!("{replay_id}{}{view_id}", id_seconds(timestamp)))
 }
 
 /// A segment row's `event_hash` as snuba computes it: the 16 bytes of the md5 of the segment
@@ -387,10 +393,10 @@ pub fn segment_row(ids: &SegmentIds, at: KafkaPosition, event: &ReplayEvent) -> 
         user_id: Some(event.user_id().unwrap_or_default().to_owned()),
         user_name: Some(event.user_name().unwrap_or_default().to_owned()),
         user_email: Some(event.user_email().unwrap_or_default().to_owned()),
-        user_geo_city: event.geo_city().unwrap_or_default().to_owned(),
-        user_geo_country_code: event.geo_country_code().unwrap_or_default().to_owned(),
-        user_geo_region: event.geo_region().unwrap_or_default().to_owned(),
-        user_geo_subdivision: event.geo_subdivision().unwrap_or_default().to_owned(),
+        user_geo_city: event.geo_city().to_owned(),
+        user_geo_country_code: event.geo_country_code().to_owned(),
+        user_geo_region: event.geo_region().to_owned(),
+        user_geo_subdivision: event.geo_subdivision().to_owned(),
         os_name: Some(event.os_name().to_owned()),
         os_version: Some(event.os_version().to_owned()),
         browser_name: Some(event.browser_name().to_owned()),
@@ -445,6 +451,29 @@ mod tests {
             tap_event_hash(REPLAY, 10.5, "btn"),
             md5_uuid(&format!("{REPLAY}10btn"))
         );
+    }
+
+    /// Outside the column's range the hash keeps Python's `int()` of the timestamp, as Sentry's
+    /// does: truncated toward zero, not clamped.
+    #[test]
+    fn event_hashes_take_the_timestamp_as_sent_not_the_columns_clamped_value() {
+        for (timestamp, digits) in [
+            (-1.5, "-1"),
+            (-0.5, "0"),
+            (5e9, "5000000000"),
+            (1e20, "100000000000000000000"),
+        ] {
+            assert_eq!(
+                click_event_hash(REPLAY, timestamp, 3),
+                md5_uuid(&format!("{REPLAY}{digits}3")),
+                "{timestamp}"
+            );
+            assert_eq!(
+                tap_event_hash(REPLAY, timestamp, "v"),
+                md5_uuid(&format!("{REPLAY}{digits}v")),
+                "{timestamp}"
+            );
+        }
     }
 
     /// Identifiers of the examples in snuba's compatibility notes: replay `834f314c…`, project 1,
