@@ -10,6 +10,19 @@ struct Partition {
     pending: VecDeque<(i64, bool)>,
     /// Next offset to commit (last contiguous durable offset + 1), if it moved since reported.
     advanced: Option<i64>,
+    /// The last offset tracked, durable or not.
+    last: Option<i64>,
+}
+
+/// An offset at or below one already tracked in the same partition and assignment: the log was
+/// cut back or the position reset (librdkafka seeks by itself on a detected truncation or an
+/// out-of-range position). Offsets would no longer increase, which the frontier relies on: a
+/// completion would miss its slot and the partition would never commit again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WentBack {
+    pub partition: i32,
+    pub last: i64,
+    pub offset: i64,
 }
 
 #[derive(Debug, Default)]
@@ -18,13 +31,19 @@ pub struct Frontier {
 }
 
 impl Frontier {
-    /// A message entered the buffer.
-    pub fn track(&mut self, partition: i32, offset: i64) {
-        self.partitions
-            .entry(partition)
-            .or_default()
-            .pending
-            .push_back((offset, false));
+    /// A message entered the buffer; refused, untracked, when its offset does not increase.
+    pub fn track(&mut self, partition: i32, offset: i64) -> Result<(), WentBack> {
+        let p = self.partitions.entry(partition).or_default();
+        if let Some(last) = p.last.filter(|&last| offset <= last) {
+            return Err(WentBack {
+                partition,
+                last,
+                offset,
+            });
+        }
+        p.last = Some(offset);
+        p.pending.push_back((offset, false));
+        Ok(())
     }
 
     /// A message's outputs are durable.
@@ -62,6 +81,12 @@ impl Frontier {
         }
     }
 
+    /// Whether some partition's frontier moved and is not committed: what `take_advanced` would
+    /// return.
+    pub fn has_advanced(&self) -> bool {
+        self.partitions.values().any(|p| p.advanced.is_some())
+    }
+
     /// Messages tracked but not yet durable.
     pub fn pending(&self) -> usize {
         self.partitions.values().map(|p| p.pending.len()).sum()
@@ -83,12 +108,12 @@ mod tests {
     fn a_failed_commit_is_reported_again_unless_overtaken_or_revoked() {
         let mut f = Frontier::default();
         for (partition, offset) in [(0, 5), (1, 9)] {
-            f.track(partition, offset);
+            f.track(partition, offset).unwrap();
             f.complete(partition, offset);
         }
         let failed = f.take_advanced();
         assert_eq!(failed, [(0, 6), (1, 10)]);
-        f.track(0, 6);
+        f.track(0, 6).unwrap();
         f.complete(0, 6);
         f.forget(&[1]);
         f.uncommitted(&failed);
@@ -103,10 +128,35 @@ mod tests {
     }
 
     #[test]
+    fn an_offset_that_does_not_increase_is_refused_not_tracked() {
+        let mut f = Frontier::default();
+        for offset in [10, 11, 12] {
+            f.track(0, offset).unwrap();
+        }
+        f.track(1, 3).unwrap();
+        let back = WentBack {
+            partition: 0,
+            last: 12,
+            offset: 0,
+        };
+        assert_eq!(f.track(0, 0), Err(back));
+        assert_eq!(f.track(0, 12), Err(WentBack { offset: 12, ..back }));
+        for offset in [10, 11, 12] {
+            f.complete(0, offset);
+        }
+        assert_eq!(f.pending(), 1, "partition 1's");
+        assert_eq!(f.take_advanced(), [(0, 13)]);
+        // Even with nothing pending, the last offset is remembered; a revoke forgets it.
+        assert!(f.track(0, 11).is_err());
+        f.forget(&[0]);
+        f.track(0, 11).unwrap();
+    }
+
+    #[test]
     fn commits_only_up_to_the_first_message_not_yet_durable() {
         let mut f = Frontier::default();
         for offset in 10..15 {
-            f.track(0, offset);
+            f.track(0, offset).unwrap();
         }
         f.complete(0, 12);
         f.complete(0, 13);
@@ -126,9 +176,9 @@ mod tests {
     #[test]
     fn partitions_advance_independently() {
         let mut f = Frontier::default();
-        f.track(0, 5);
-        f.track(1, 7);
-        f.track(0, 6);
+        f.track(0, 5).unwrap();
+        f.track(1, 7).unwrap();
+        f.track(0, 6).unwrap();
         f.complete(1, 7);
         f.complete(0, 6);
         assert_eq!(f.take_advanced(), [(1, 8)]);
@@ -139,8 +189,8 @@ mod tests {
     #[test]
     fn gaps_between_offsets_do_not_block_the_frontier() {
         let mut f = Frontier::default();
-        f.track(0, 100);
-        f.track(0, 250);
+        f.track(0, 100).unwrap();
+        f.track(0, 250).unwrap();
         f.complete(0, 100);
         f.complete(0, 250);
         assert_eq!(f.take_advanced(), [(0, 251)]);
@@ -150,8 +200,8 @@ mod tests {
     fn unknown_completions_are_ignored_and_a_revoked_partition_is_forgotten_alone() {
         let mut f = Frontier::default();
         f.complete(3, 1);
-        f.track(0, 1);
-        f.track(1, 7);
+        f.track(0, 1).unwrap();
+        f.track(1, 7).unwrap();
         f.forget(&[0]);
         assert_eq!(f.pending(), 1);
         f.complete(0, 1);

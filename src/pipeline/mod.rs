@@ -88,7 +88,23 @@ pub enum PipelineError {
     TaskDied(String),
     #[error("the Kafka polling thread stopped")]
     PollerGone,
+    /// Stopping is the way back to increasing offsets: the next start reads from the committed
+    /// ones, which nothing past the cut has moved.
+    #[error(
+        "partition {}: offset {} read after {} in the same assignment (the log was cut back or the position reset): stopping, to start again from the committed offsets",
+        .0.partition, .0.offset, .0.last
+    )]
+    OffsetWentBack(frontier::WentBack),
+    #[error(
+        "everything was flushed, but the last offset commit failed: what was flushed since the last commit is read again on the next start"
+    )]
+    DrainUncommitted,
 }
+
+/// A drain's attempts at its last commit, and the wait between two when one failed (a
+/// coordinator moving, a commit held through a rebalance's other round).
+const DRAIN_COMMIT_ATTEMPTS: u32 = 4;
+const DRAIN_COMMIT_RETRY: Duration = Duration::from_millis(250);
 
 /// How a drain ended.
 enum Drained {
@@ -96,6 +112,9 @@ enum Drained {
     Durable,
     /// The deadline passed first: what is not durable yet is not committed.
     MissedDeadline,
+    /// Everything is durable, but the last commit failed every attempt: what was made durable
+    /// since the last commit that succeeded is read again.
+    Uncommitted,
     /// A flush failed for good (or a task died): nothing past it is committed.
     Failed(PipelineError),
 }
@@ -339,7 +358,7 @@ impl Pipeline {
                     // A later group done first only gave room back: admitted below.
                     if let Progress::Ready(processed) = progress {
                         for processed in processed.map_err(|_| PipelineError::TaskDied("processing".into()))? {
-                            self.buffered(processed);
+                            self.buffered(processed)?;
                             // A buffer closes at its limit, message by message.
                             self.start_flushes(Instant::now());
                         }
@@ -365,6 +384,7 @@ impl Pipeline {
         match self.drain(deadline).await {
             Drained::Durable => Ok(()),
             Drained::MissedDeadline => Err(PipelineError::DrainDeadline(deadline)),
+            Drained::Uncommitted => Err(PipelineError::DrainUncommitted),
             Drained::Failed(error) => Err(error),
         }
     }
@@ -485,17 +505,20 @@ impl Pipeline {
             thread,
             generation,
         }: ProcessedEntry,
-    ) {
+    ) -> Result<(), PipelineError> {
         if self.stale(entry.partition, generation) {
             // Processed across a revoke whose drain gave up on it.
-            return;
+            return Ok(());
         }
+        self.frontier
+            .track(entry.partition, entry.offset)
+            .map_err(PipelineError::OffsetWentBack)?;
         if let Outcome::Invalid(invalid) = &entry.outcome {
             self.status.record_invalid(invalid.error.reason.as_str());
         }
-        self.frontier.track(entry.partition, entry.offset);
         self.buffer.push(entry, bytes, thread, Instant::now());
         self.publish_buffer();
+        Ok(())
     }
 
     /// buffer → flush, while a flush slot is free and the buffer wants closing.
@@ -679,6 +702,9 @@ impl Pipeline {
                 buffered = self.buffer.len(),
                 "revoke: drain missed its deadline; what is not durable is left to the next owner"
             ),
+            Drained::Uncommitted => warn!(
+                "revoke: everything is durable but the offset commit failed; the next owner reads again what was flushed since the last commit"
+            ),
             Drained::Failed(error) => return Err(error),
         }
         self.revocations.revoked(partitions, generation);
@@ -697,45 +723,62 @@ impl Pipeline {
         let result = tokio::time::timeout(deadline, self.drain_inner()).await;
         self.status.record_draining(false);
         match result {
-            Ok(Ok(())) => Drained::Durable,
+            Ok(Ok(true)) => Drained::Durable,
+            Ok(Ok(false)) => Drained::Uncommitted,
             Ok(Err(error)) => Drained::Failed(error),
             Err(_) => Drained::MissedDeadline,
         }
     }
 
-    async fn drain_inner(&mut self) -> Result<(), PipelineError> {
+    /// `Ok(false)`: everything is durable, but the last offsets could not be committed.
+    async fn drain_inner(&mut self) -> Result<bool, PipelineError> {
         while let Some(progress) = self.processing.next().await {
             if let Progress::Ready(processed) = progress {
                 for processed in
                     processed.map_err(|_| PipelineError::TaskDied("processing".into()))?
                 {
-                    self.buffered(processed);
+                    self.buffered(processed)?;
                 }
             }
         }
+        // Commits go on while flushes end: what one flush made durable is committed while a
+        // later one still waits on a slow sink, so a drain that then misses its deadline leaves
+        // the next owner only what was not durable (a commit in flight when the drain began
+        // would otherwise hold every later one back until the last flush ended).
         loop {
             if !self.buffer.is_empty() && self.flushes.len() < self.max_flushes {
                 self.start_flush(CloseReason::Drain);
             }
-            match self.flushes.join_next().await {
-                Some(flushed) => {
+            if self.flushes.is_empty() && self.buffer.is_empty() {
+                break;
+            }
+            tokio::select! {
+                Some(flushed) = self.flushes.join_next() => {
                     let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;
                     self.flushed(flushed)?;
                 }
-                None if self.buffer.is_empty() => break,
-                None => {}
+                Some(committed) = self.commits.join_next() => {
+                    self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
+                }
             }
         }
-        // Every flush is done: the commit in flight, then what is left (a failed one is tried
-        // once more here).
-        for _ in 0..2 {
+        // Every flush is done: the commit in flight, then what is left. A failed commit is
+        // tried again a few times (within the drain's deadline); if it still fails, the drain
+        // says so: the offsets are read again by the next owner or the next start.
+        for attempt in 1..=DRAIN_COMMIT_ATTEMPTS {
             self.commit();
             while let Some(committed) = self.commits.join_next().await {
                 self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
             }
+            if !self.frontier.has_advanced() {
+                info!(pending = self.frontier.pending(), "drained");
+                return Ok(true);
+            }
+            if attempt < DRAIN_COMMIT_ATTEMPTS {
+                tokio::time::sleep(DRAIN_COMMIT_RETRY).await;
+            }
         }
-        info!(pending = self.frontier.pending(), "drained");
-        Ok(())
+        Ok(false)
     }
 
     fn publish_buffer(&self) {
