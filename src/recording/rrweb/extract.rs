@@ -276,15 +276,20 @@ impl Extractor {
         let ts_seconds = crumb.timestamp.0.unwrap_or(event_ms as f64 / 1000.0);
         let ts_ms = to_millis(ts_seconds).unwrap_or(event_ms);
         let message = crumb.message.as_str().unwrap_or_default();
+        // Sentry reads a click's, a tap's and a hydration error's own timestamp (and a click's
+        // message) as required fields: without them the entry raises and is left out.
+        let own_timestamp = crumb.timestamp.0.is_some();
         match category {
             "ui.click" | "ui.slowClickDetected" => match parse_data::<ClickData>(&crumb.data) {
                 Some(data) => {
-                    self.click(
-                        message,
-                        data,
-                        ts_seconds,
-                        category == "ui.slowClickDetected",
-                    );
+                    if let (Some(selector), true) = (crumb.message.as_str(), own_timestamp) {
+                        self.click(
+                            selector,
+                            data,
+                            ts_seconds,
+                            category == "ui.slowClickDetected",
+                        );
+                    }
                     true
                 }
                 None => false,
@@ -317,7 +322,7 @@ impl Extractor {
             },
             "ui.tap" => match parse_data::<TapData>(&crumb.data) {
                 Some(data) => {
-                    if self.out.taps.len() < self.limits.max_taps {
+                    if own_timestamp && self.out.taps.len() < self.limits.max_taps {
                         let tap = Tap {
                             timestamp: ts_seconds,
                             message: self.capped(message, MAX_TEXT_BYTES),
@@ -365,7 +370,10 @@ impl Extractor {
             "replay.hydrate-error" => match parse_data::<UrlData>(&crumb.data) {
                 Some(data) => {
                     let own = data.url.as_str();
-                    if self.admit::<HydrationError>(own.map_or(0, |u| u.len().min(MAX_URL_BYTES))) {
+                    if own_timestamp
+                        && self
+                            .admit::<HydrationError>(own.map_or(0, |u| u.len().min(MAX_URL_BYTES)))
+                    {
                         let url = own.map(|url| self.url(url));
                         let item = HydrationError {
                             timestamp: ts_seconds,
@@ -393,7 +401,10 @@ impl Extractor {
         let Some(node_id) = node.id.as_u64() else {
             return;
         };
-        let tag_name = node.tag_name.as_str().unwrap_or_default();
+        // Required by Sentry too (`node["tagName"]`, `node["textContent"]`).
+        let (Some(tag_name), Some(_)) = (node.tag_name.as_str(), node.text_content.as_str()) else {
+            return;
+        };
         // As sent, as Sentry stores and tests it (rrweb sends it lower-case already).
         let (tag, cut) = truncate(tag_name, 32);
         let time_after_click_ms = data
@@ -573,6 +584,52 @@ mod tests {
         )
     }
 
+    /// What Sentry's parser reads as required (`node["tagName"]`, `node["textContent"]`,
+    /// `payload["message"]`, `int(payload["timestamp"])`) leaves the entry out when missing, as
+    /// Sentry's raises and leaves it out; a full click after twenty such still gets its row.
+    #[test]
+    fn clicks_taps_and_hydration_errors_without_sentrys_required_fields_are_left_out() {
+        let full = click_with_node(r#"{"id":3,"tagName":"button","textContent":"Buy"}"#);
+        let without_timestamp = |event: &str| event.replace(r#""timestamp":1796012448.69,"#, "");
+        let mut events: Vec<String> = [
+            click_with_node(r#"{"id":3}"#),
+            click_with_node(r#"{"id":3,"tagName":"button"}"#),
+            click_with_node(r#"{"id":3,"textContent":"Buy"}"#),
+            click_with_node(r#"{"id":3,"tagName":7,"textContent":"Buy"}"#),
+            full.replace(r#""message":"div > button","#, ""),
+            without_timestamp(&full),
+            without_timestamp(&slow_click("button", "timeout", 7000, 5)),
+        ]
+        .into_iter()
+        .cycle()
+        .take(21)
+        .collect();
+        events.push(full.clone());
+        events.push(without_timestamp(&breadcrumb(
+            "ui.tap",
+            r#","message":"t","data":{"view.id":"v"}"#,
+        )));
+        events.push(without_timestamp(&breadcrumb(
+            "replay.hydrate-error",
+            r#","data":{}"#,
+        )));
+        let x = extract_events(&events);
+        assert_eq!(x.clicks.len(), 1, "{:?}", x.clicks);
+        assert_eq!(
+            (x.clicks[0].tag.as_str(), x.clicks[0].text.as_ref()),
+            ("button", "Buy")
+        );
+        assert!(x.late_rage_clicks.is_empty());
+        assert!(x.taps.is_empty() && x.hydration_errors.is_empty());
+        assert_eq!(x.invalid_events, 0, "well-formed events, only not written");
+        // The same tap and hydration error with their timestamps are kept.
+        let x = extract_events(&[
+            breadcrumb("ui.tap", r#","message":"t","data":{"view.id":"v"}"#),
+            breadcrumb("replay.hydrate-error", r#","data":{}"#),
+        ]);
+        assert_eq!((x.taps.len(), x.hydration_errors.len()), (1, 1));
+    }
+
     #[test]
     fn events_are_counted_by_type_and_incremental_source() {
         let x = extract_events(&[
@@ -615,7 +672,7 @@ mod tests {
     {
         let testid = |attributes: &str| {
             let x = extract_events(&[click_with_node(&format!(
-                r#"{{"id":3,"tagName":"a","attributes":{attributes}}}"#
+                r#"{{"id":3,"tagName":"a","textContent":"","attributes":{attributes}}}"#
             ))]);
             assert_eq!(x.invalid_events, 0, "{attributes}");
             x.clicks[0].testid.clone()
@@ -633,7 +690,7 @@ mod tests {
     fn lower_case_slow_click_fields_count_too() {
         let crumb = breadcrumb(
             "ui.slowClickDetected",
-            r#","message":"a","data":{"node":{"id":1,"tagName":"a"},"timeafterclickms":7000,"endReason":"timeout","clickcount":5}"#,
+            r#","message":"a","data":{"node":{"id":1,"tagName":"a","textContent":""},"timeafterclickms":7000,"endReason":"timeout","clickcount":5}"#,
         );
         let x = extract_events(&[crumb]);
         assert!(x.clicks[0].is_dead && x.clicks[0].is_rage);
@@ -642,7 +699,7 @@ mod tests {
     #[test]
     fn rage_clicks_past_the_click_rows_limit_are_kept_for_their_reports() {
         let mut events: Vec<String> = (0..25)
-            .map(|_| click_with_node(r#"{"id":3,"tagName":"a"}"#))
+            .map(|_| click_with_node(r#"{"id":3,"tagName":"a","textContent":""}"#))
             .collect();
         events.insert(22, slow_click("button", "timeout", 7000, 5));
         let x = extract_events(&events);
@@ -674,7 +731,7 @@ mod tests {
         let x = extract_events(&[slow_click("button", "timeout", 9000, 6)]);
         assert!(x.clicks[0].is_rage);
         let x = extract_events(&[click_with_node(
-            r#"{"id":3,"tagName":"div","attributes":{"class":"btn\n  primary\tx  "}}"#,
+            r#"{"id":3,"tagName":"div","textContent":"","attributes":{"class":"btn\n  primary\tx  "}}"#,
         )]);
         assert_eq!(x.clicks[0].classes, ["btn\n", "primary\tx"]);
     }
@@ -713,7 +770,7 @@ mod tests {
     #[test]
     fn data_testid_is_accepted_as_well_as_the_sdks_test_id() {
         let x = extract_events(&[click_with_node(
-            r#"{"id":3,"tagName":"a","attributes":{"data-testid":"nav"}}"#,
+            r#"{"id":3,"tagName":"a","textContent":"","attributes":{"data-testid":"nav"}}"#,
         )]);
         assert_eq!(x.clicks[0].testid, "nav");
     }
@@ -758,7 +815,7 @@ mod tests {
     fn clicks_without_a_node_or_with_a_negative_id_are_skipped() {
         let x = extract_events(&[
             breadcrumb("ui.click", r#","data":{"nodeId":3}"#),
-            click_with_node(r#"{"id":-1,"tagName":"button"}"#),
+            click_with_node(r#"{"id":-1,"tagName":"button","textContent":""}"#),
         ]);
         assert!(x.clicks.is_empty());
         assert_eq!(
@@ -804,7 +861,7 @@ mod tests {
     #[test]
     fn at_most_the_configured_number_of_clicks_and_taps_are_kept() {
         let clicks: Vec<String> = (0..25)
-            .map(|_| click_with_node(r#"{"id":1,"tagName":"a"}"#))
+            .map(|_| click_with_node(r#"{"id":1,"tagName":"a","textContent":""}"#))
             .collect();
         let taps: Vec<String> = (0..25)
             .map(|_| breadcrumb("ui.tap", r#","message":"t","data":{"view.id":"v"}"#))
@@ -813,7 +870,7 @@ mod tests {
         assert_eq!((x.clicks.len(), x.taps.len()), (20, 20));
         let json = format!(
             "[{}]",
-            vec![click_with_node(r#"{"id":1,"tagName":"a"}"#); 5].join(",")
+            vec![click_with_node(r#"{"id":1,"tagName":"a","textContent":""}"#); 5].join(",")
         );
         assert_eq!(
             extract(
@@ -851,7 +908,7 @@ mod tests {
     fn multi_clicks_keep_their_click_count() {
         let x = extract_events(&[breadcrumb(
             "ui.multiClick",
-            r#","message":"button#add","data":{"node":{"id":21,"tagName":"button"},"clickCount":4,"metric":true}"#,
+            r#","message":"button#add","data":{"node":{"id":21,"tagName":"button","textContent":""},"clickCount":4,"metric":true}"#,
         )]);
         assert_eq!(x.multi_clicks[0].click_count, 4);
         assert_eq!(x.multi_clicks[0].node_id, Some(21));
@@ -950,7 +1007,7 @@ mod tests {
     fn a_click_without_its_own_url_has_none_even_on_a_known_page() {
         let x = extract_events(&[
             format!(r#"{{"type":4,"data":{{"href":"https://shop/p/1"}},"timestamp":{TS}}}"#),
-            click_with_node(r#"{"id":1,"tagName":"a"}"#),
+            click_with_node(r#"{"id":1,"tagName":"a","textContent":""}"#),
             breadcrumb("replay.hydrate-error", r#","data":{}"#),
         ]);
         assert_eq!(&*x.clicks[0].url, "");
@@ -1046,8 +1103,7 @@ mod tests {
         let mut events = vec![format!(
             r#"{{"type":4,"data":{{"href":"https://shop/p/1"}},"timestamp":{TS}}}"#
         )];
-        let click =
-            r#","message":"a","data":{"node":{"id":1,"tagName":"a"},"url":"https://shop/p/1"}"#;
+        let click = r#","message":"a","data":{"node":{"id":1,"tagName":"a","textContent":""},"url":"https://shop/p/1"}"#;
         events.extend((0..5).map(|_| breadcrumb("ui.click", click)));
         events.extend((0..5).map(|_| {
             breadcrumb(
