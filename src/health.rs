@@ -229,10 +229,9 @@ impl Status {
         self.paused.store(true, Ordering::Relaxed);
     }
 
-    /// Intake resumed after being paused for `paused_for`.
-    pub fn record_resumed(&self, paused_for: Duration) {
+    /// Intake resumed.
+    pub fn record_resumed(&self) {
         self.paused.store(false, Ordering::Relaxed);
-        crate::metrics::paused_for(paused_for);
     }
 
     /// The broker confirmed a commit of `positions`.

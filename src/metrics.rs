@@ -26,7 +26,7 @@
 //! | `flush.errors` | counter | batches | `sink` | flushes that failed for good (the service stops) |
 //! | `sink.outage_ms` | gauge | ms | `sink` | how long the sink's current write has been failing (0 once it succeeds) |
 //! | `commits` | counter | commits | | offset commits |
-//! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure |
+//! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure, counted every second while it lasts |
 //! | `consumer.rebalances` | counter | rebalances | | partition revocations drained |
 //! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics, for owned partitions; 0 once given away |
 //! | `trace_items.built` | counter | items | `category` | EAP trace items built while processing (`--trace-items-rollout`); `flush.items{sink:trace_items}` counts them delivered |

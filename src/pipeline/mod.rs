@@ -236,6 +236,7 @@ pub async fn consume(
         drain_deadline: settings.drain_deadline,
         status,
         paused_since: None,
+        pause_counted_to: None,
     };
     // A shutdown is bounded by the drain deadline as a whole (the chart's grace period counts on
     // it): leaving the group gets what the drain left of it.
@@ -295,6 +296,8 @@ struct Pipeline {
     status: Arc<Status>,
     /// Since when intake is paused behind a full buffer, while it is.
     paused_since: Option<Instant>,
+    /// While paused: up to when the pause is counted in `consumer.paused_ms`.
+    pause_counted_to: Option<Instant>,
 }
 
 impl Pipeline {
@@ -371,7 +374,10 @@ impl Pipeline {
                     None => return Err(PipelineError::PollerGone),
                 },
                 () = tokio::time::sleep_until(age_deadline.unwrap_or_else(tokio::time::Instant::now)), if age_deadline.is_some() => {}
-                _ = heartbeat.tick() => self.commit(),
+                _ = heartbeat.tick() => {
+                    self.commit();
+                    self.count_pause();
+                }
             }
             self.start_flushes(Instant::now());
             self.backpressure();
@@ -442,7 +448,8 @@ impl Pipeline {
             return;
         }
         if pause {
-            self.paused_since = Some(Instant::now());
+            let now = Instant::now();
+            (self.paused_since, self.pause_counted_to) = (Some(now), Some(now));
             self.status.record_paused();
             if full {
                 info!(
@@ -459,11 +466,23 @@ impl Pipeline {
                 );
             }
         } else if let Some(since) = self.paused_since.take() {
-            self.status.record_resumed(since.elapsed());
+            self.count_pause();
+            self.pause_counted_to = None;
+            self.status.record_resumed();
             info!(
                 paused_ms = since.elapsed().as_millis() as u64,
                 "flush done: intake resumed"
             );
+        }
+    }
+
+    /// Counts the pause so far in `consumer.paused_ms`: every second while it lasts (a pause
+    /// behind a long outage shows in the rate while it lasts), the rest when it ends.
+    fn count_pause(&mut self) {
+        if let Some(counted_to) = &mut self.pause_counted_to {
+            let now = Instant::now();
+            metrics::paused_for(now.saturating_duration_since(*counted_to));
+            *counted_to = now;
         }
     }
 

@@ -49,6 +49,10 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
         service.committed() == expected_commits(&first)
     })
     .await;
+    // What the first batch's pauses counted (they ended with its flushes), apart from what the
+    // outage's pause counts while it lasts.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut read = vec![statsd.read_now()];
 
     let outage = ClickHouseDown::begin();
     let (second, _) = produce_fixtures(&names.topic, &fixtures, 10).await;
@@ -78,6 +82,19 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
         10,
         "the failing flush is not counted as done"
     );
+    // The pause is counted while it lasts (an alert on its rate fires during the outage), not
+    // only once intake resumes.
+    let paused_ms = |m: &Metrics| m.counters.get("replay_ingest.consumer.paused_ms").copied();
+    wait_for(
+        "consumer.paused_ms sent during the pause",
+        Duration::from_secs(10),
+        || {
+            read.push(statsd.read_now());
+            read.last().and_then(paused_ms).is_some_and(|ms| ms > 0.0)
+        },
+    )
+    .await;
+    assert_eq!(service.status().unwrap()["paused"], true, "still paused");
     drop(outage);
 
     let mut target = expected_commits(&first);
@@ -97,7 +114,8 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
     assert_eq!(segments, 20, "every segment row stored once");
 
     // What the outage looked like in the metrics.
-    let metrics = statsd.read();
+    read.push(statsd.read());
+    let metrics = Metrics::sum(read);
     let retries = metrics
         .counters
         .get("replay_ingest.flush.retries|sink:clickhouse")

@@ -23,6 +23,29 @@ pub struct Metrics {
     pub seen: BTreeSet<String>,
 }
 
+impl Metrics {
+    /// Successive reads as one: lines and values in order, counters summed.
+    pub fn sum(reads: Vec<Metrics>) -> Metrics {
+        let mut all = Metrics {
+            text: String::new(),
+            counters: BTreeMap::new(),
+            values: BTreeMap::new(),
+            seen: BTreeSet::new(),
+        };
+        for read in reads {
+            all.text.push_str(&read.text);
+            for (name, n) in read.counters {
+                *all.counters.entry(name).or_default() += n;
+            }
+            for (name, values) in read.values {
+                all.values.entry(name).or_default().extend(values);
+            }
+            all.seen.extend(read.seen);
+        }
+        all
+    }
+}
+
 impl Drop for Statsd {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
