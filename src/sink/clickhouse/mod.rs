@@ -1,8 +1,10 @@
 //! Rows to ClickHouse: one `replays` table (ReplacingMergeTree) holding click, tap and segment
-//! rows, inserted with RowBinary over HTTP, one insert per batch — cut at `chunk_rows` rows and
-//! before an insert would touch more than `MAX_PARTITIONS_PER_INSERT` partitions (the server
-//! refuses a block spread over more than `max_partitions_per_insert_block`, 100 by default; one
-//! segment with clicks over many weeks would otherwise be rejected forever).
+//! rows, inserted with RowBinary over HTTP, one insert per batch — cut between messages, before
+//! `chunk_rows` rows and before an insert would touch more than `MAX_PARTITIONS_PER_INSERT`
+//! partitions (the server refuses a block spread over more than `max_partitions_per_insert_block`,
+//! 100 by default; one segment with clicks over many weeks would otherwise be rejected forever).
+//! A message's rows are never split between two inserts, so one the server refuses leaves none
+//! of its rows behind.
 //! Rows with the same key collapse; `segment_id` is the version, so a slow/dead/rage click
 //! reported in a later segment replaces the plain click of the same node and second.
 //!
@@ -62,7 +64,7 @@ pub struct ClickHouseArgs {
     /// File holding the password (a mounted Kubernetes Secret); wins over the variable.
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE")]
     pub clickhouse_password_file: Option<PathBuf>,
-    /// Rows per INSERT; larger batches are split.
+    /// Rows per INSERT; larger batches are split, between messages.
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_CHUNK_ROWS", value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000_000), default_value_t = 100_000)]
     pub clickhouse_chunk_rows: usize,
 }
@@ -119,7 +121,9 @@ fn partition_of(row: &ReplayRow) -> (u16, u32) {
     (row.retention_days, days.saturating_sub((days + 3) % 7))
 }
 
-/// The rows of the INSERT being written: how many, and which partitions they touch.
+/// The rows of the INSERT being written: how many, and which partitions they touch. An INSERT
+/// holds whole messages: a message whose rows the server refuses is dead-lettered with none of
+/// its rows left in the table by an earlier INSERT of the same write.
 #[derive(Default)]
 struct Chunk {
     rows: usize,
@@ -127,16 +131,19 @@ struct Chunk {
 }
 
 impl Chunk {
-    /// Whether a row in `partition` must start a new INSERT.
-    fn is_full_for(&self, partition: (u16, u32), max_rows: usize) -> bool {
-        self.rows >= max_rows
-            || (self.partitions.len() >= MAX_PARTITIONS_PER_INSERT
-                && !self.partitions.contains(&partition))
+    /// Whether a message's `rows`, touching `partitions`, must start a new INSERT: with them
+    /// this one would pass `max_rows` or [`MAX_PARTITIONS_PER_INSERT`]. A message alone past a
+    /// limit goes alone (its rows are at most the click and tap limits and its segment row: far
+    /// under the server's 100 partitions unless those limits are raised past it).
+    fn is_full_for(&self, rows: usize, partitions: &HashSet<(u16, u32)>, max_rows: usize) -> bool {
+        self.rows > 0
+            && (self.rows + rows > max_rows
+                || self.partitions.union(partitions).count() > MAX_PARTITIONS_PER_INSERT)
     }
 
-    fn add(&mut self, partition: (u16, u32)) {
-        self.rows += 1;
-        self.partitions.insert(partition);
+    fn add(&mut self, rows: usize, partitions: HashSet<(u16, u32)>) {
+        self.rows += rows;
+        self.partitions.extend(partitions);
     }
 }
 
@@ -236,7 +243,7 @@ pub struct ClickHouseConfig {
     pub table: String,
     pub user: String,
     pub password: Secret,
-    /// Rows per INSERT; a batch with more rows is split.
+    /// Rows per INSERT; a batch with more rows is split, between messages.
     pub chunk_rows: usize,
     /// One write attempt (the batch's INSERTs) past this is abandoned and retried: a half-open
     /// connection must not wedge the flush.
@@ -292,23 +299,27 @@ impl ClickHouseSink {
             Outcome::Invalid(_) => None,
         });
         for (processed, at) in valid {
-            for row in processed.rows(at) {
-                let partition = partition_of(&row);
-                if chunk.is_full_for(partition, self.chunk_rows) {
-                    if let Some(full) = insert.take() {
-                        full.end().await?;
-                    }
-                    chunk = Chunk::default();
-                }
-                if insert.is_none() {
-                    insert = Some(self.client.insert::<ReplayRow>(&self.config.table).await?);
-                }
-                if let Some(open) = insert.as_mut() {
-                    open.write(&row).await?;
-                }
-                chunk.add(partition);
-                written += 1;
+            let rows = processed.rows(at);
+            if rows.is_empty() {
+                continue;
             }
+            let partitions: HashSet<(u16, u32)> = rows.iter().map(partition_of).collect();
+            if chunk.is_full_for(rows.len(), &partitions, self.chunk_rows) {
+                if let Some(full) = insert.take() {
+                    full.end().await?;
+                }
+                chunk = Chunk::default();
+            }
+            if insert.is_none() {
+                insert = Some(self.client.insert::<ReplayRow>(&self.config.table).await?);
+            }
+            if let Some(open) = insert.as_mut() {
+                for row in &rows {
+                    open.write(row).await?;
+                }
+            }
+            chunk.add(rows.len(), partitions);
+            written += rows.len() as u64;
         }
         if let Some(last) = insert {
             last.end().await?;
@@ -489,21 +500,34 @@ mod tests {
     }
 
     #[test]
-    fn an_insert_is_cut_before_it_touches_too_many_partitions_or_rows() {
+    fn an_insert_is_cut_between_messages_before_too_many_partitions_or_rows() {
+        let weeks = |range: std::ops::Range<u32>| -> HashSet<(u16, u32)> {
+            range.map(|week| (30, week * 7)).collect()
+        };
         let mut chunk = Chunk::default();
-        for week in 0..MAX_PARTITIONS_PER_INSERT as u32 {
-            assert!(!chunk.is_full_for((30, week * 7), 1000));
-            chunk.add((30, week * 7));
+        let limit = MAX_PARTITIONS_PER_INSERT as u32;
+        for message in 0..limit / 2 {
+            let touched = weeks(message * 2..message * 2 + 2);
+            assert!(!chunk.is_full_for(2, &touched, 1000));
+            chunk.add(2, touched);
         }
         assert!(
-            !chunk.is_full_for((30, 0), 1000),
-            "a partition it already touches"
+            !chunk.is_full_for(3, &weeks(0..3), 1000),
+            "partitions it already touches"
         );
         assert!(
-            chunk.is_full_for((90, 0), 1000),
-            "a new partition past the limit"
+            chunk.is_full_for(2, &weeks(limit - 1..limit + 1), 1000),
+            "a message whose rows would pass the partition limit starts the next INSERT"
         );
-        assert!(chunk.is_full_for((30, 0), chunk.rows), "the row limit");
+        assert!(
+            chunk.is_full_for(3, &weeks(0..1), chunk.rows + 2),
+            "or the row limit: a message's rows are not split"
+        );
+        let empty = Chunk::default();
+        assert!(
+            !empty.is_full_for(5, &weeks(0..200), 2),
+            "a message alone past a limit goes alone, whole"
+        );
     }
 
     #[test]
