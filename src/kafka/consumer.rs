@@ -62,6 +62,9 @@ pub const POLL_BATCH_BYTES: usize = 1024 * 1024;
 pub struct Revoke {
     pub partitions: Vec<i32>,
     pub generation: u64,
+    /// The group already gave the partitions to another member (this one missed its session or
+    /// poll interval): nothing of them may be written or committed any more.
+    pub lost: bool,
     pub done: std_mpsc::SyncSender<()>,
 }
 
@@ -158,7 +161,12 @@ impl ConsumerContext for IngestContext {
         if let Rebalance::Revoke(partitions) = rebalance {
             let ids = ids(partitions);
             let generation = self.lost(&ids);
-            info!(partitions = ?ids, generation, "partitions revoked: draining");
+            let lost = consumer.assignment_lost();
+            if lost {
+                warn!(partitions = ?ids, generation, "partitions lost (the session or poll interval expired): their buffered messages are left to the new owner, not flushed");
+            } else {
+                info!(partitions = ?ids, generation, "partitions revoked: draining");
+            }
             // librdkafka keeps a partition's pause flag: one given up while paused would stay
             // paused when it comes back.
             if self.paused.load(Ordering::Acquire)
@@ -172,6 +180,7 @@ impl ConsumerContext for IngestContext {
             let revoke = Revoke {
                 partitions: ids,
                 generation,
+                lost,
                 done,
             };
             if self.revokes.send(revoke).is_ok() && drained.recv_timeout(wait).is_err() {

@@ -321,7 +321,7 @@ impl Pipeline {
                     self.status.record_stopping();
                     return self.shut_down(self.drain_deadline).await;
                 }
-                Some(Revoke { partitions, generation, done }) = self.revokes.recv() => {
+                Some(Revoke { partitions, generation, lost, done }) = self.revokes.recv() => {
                     // A shutdown requested during the revoke's drain is not kept waiting behind
                     // it: readiness goes off at once, and the drain that follows gets what is
                     // left of the deadline, counted from the request. The drain is bounded by
@@ -330,7 +330,7 @@ impl Pipeline {
                     let status = self.status.clone();
                     let mut requested = None;
                     {
-                        let revoke = self.revoke(&partitions, generation);
+                        let revoke = self.revoke(&partitions, generation, lost);
                         tokio::pin!(revoke);
                         loop {
                             tokio::select! {
@@ -712,8 +712,22 @@ impl Pipeline {
     /// not yet taken in (the hand-over, the polled batch waiting for the window) are left alone:
     /// the revoked partitions' are dropped unprocessed (stale) and read by their next owner, the
     /// others' are processed after the revoke, so a rebalance does not wait on them.
-    async fn revoke(&mut self, partitions: &[i32], generation: u64) -> Result<(), PipelineError> {
-        match self.drain(self.drain_deadline).await {
+    async fn revoke(
+        &mut self,
+        partitions: &[i32],
+        generation: u64,
+        lost: bool,
+    ) -> Result<(), PipelineError> {
+        // Lost partitions are another member's already, read from their last commit: flushing
+        // what is buffered of them would write it twice (billing outcomes and occurrences are
+        // not idempotent) and delay the rejoin. They are given up at once; flushes in flight
+        // finish, and commit only what this member still owns.
+        let drained = if lost {
+            Drained::Durable
+        } else {
+            self.drain(self.drain_deadline).await
+        };
+        match drained {
             Drained::Durable => {}
             Drained::MissedDeadline => warn!(
                 deadline_ms = self.drain_deadline.as_millis() as u64,
@@ -778,6 +792,10 @@ impl Pipeline {
                 }
                 Some(committed) = self.commits.join_next() => {
                     self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
+                }
+                // A commit that failed is tried again while a flush still runs.
+                () = tokio::time::sleep(DRAIN_COMMIT_RETRY), if self.frontier.has_advanced() => {
+                    self.commit();
                 }
             }
         }

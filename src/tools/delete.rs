@@ -139,7 +139,8 @@ struct Found {
     blobs: Vec<String>,
     /// Its earliest segment blob (the lowest segment id), to read the replay's time from.
     first_segment: Option<(u32, String)>,
-    /// The retention prefix its blobs are under.
+    /// The longest retention prefix its blobs are under: the archive that hides the rows (through
+    /// snuba) must outlive every one of them.
     retention: Option<u16>,
     /// Dead-letter copies (values and long keys).
     dead_letters: Vec<String>,
@@ -160,6 +161,13 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
     args.kafka.validate()?;
     let targets = targets(args)?;
     let timeout = Duration::from_millis(args.sink_timeout_ms);
+    // A mistyped --blob-dir would be created empty and the replay reported as without blobs.
+    if args.blobs.blob_sink == BlobSinkKind::Filesystem && !args.blobs.blob_dir.is_dir() {
+        anyhow::bail!(
+            "--blob-dir {} is not a directory: nothing deleted",
+            args.blobs.blob_dir.display()
+        );
+    }
     let store = super::blob_store(&args.blobs, timeout).await?;
     let rows = match args.rows.rows_sink {
         RowsSinkKind::Snuba => {
@@ -225,7 +233,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
         if timestamp.is_none() {
             writeln!(
                 out,
-                "{name}: no segment blob to read its time from: archived as of now"
+                "{name}: no time could be read from its segment blobs (none, or none readable): archived as of now"
             )?;
         }
         match archive_rows(&rows, &archive, timeout).await {
@@ -287,7 +295,7 @@ async fn find(
             };
             let replay = format!("{prefix}{}/{}/", target.project, target.replay);
             for object in store::walk(store, &replay).await? {
-                found.retention.get_or_insert(retention);
+                found.retention = found.retention.max(Some(retention));
                 let segment = object.key.rsplit('/').next().and_then(|s| s.parse().ok());
                 if let Some(segment) = segment
                     && found
@@ -473,6 +481,62 @@ mod tests {
 
     fn parse(argv: &[&str]) -> Result<DeleteArgs, clap::Error> {
         Cli::try_parse_from(std::iter::once("delete").chain(argv.iter().copied())).map(|c| c.args)
+    }
+
+    /// Through snuba the rows are only hidden by the archive, which expires at its retention:
+    /// it takes the longest retention the replay's blobs are under ("30" sorts before "90", and
+    /// "100" before both).
+    #[tokio::test]
+    async fn the_archive_outlives_every_retention_the_replay_is_under() {
+        use crate::sink::ObjectStore;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap();
+        let replay = "834f314caae54030a1b0dc52b202f24a";
+        for key in [
+            format!("30/42/{replay}/0"),
+            format!("90/42/{replay}/1"),
+            format!("7/42/{replay}/2"),
+        ] {
+            store
+                .put(&key, &bytes::Bytes::from_static(b"x"))
+                .await
+                .unwrap();
+        }
+        let target = Target {
+            project: 42,
+            replay: replay.into(),
+        };
+        let found = find(Some(&store), &Rows::None, &BTreeMap::new(), &target)
+            .await
+            .unwrap();
+        assert_eq!(found.retention, Some(90));
+        assert_eq!(found.blobs.len(), 3);
+    }
+
+    #[test]
+    fn a_missing_blob_dir_is_refused_before_anything_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("typo");
+        let args = parse(&[
+            "--blob-sink",
+            "filesystem",
+            "--blob-dir",
+            missing.to_str().unwrap(),
+            "--rows-sink",
+            "null",
+            "--project",
+            "42",
+            "--replay",
+            "834f314caae54030a1b0dc52b202f24a",
+        ])
+        .unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let error = runtime
+            .block_on(run(&args, &mut Vec::new()))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("is not a directory"), "{error}");
+        assert!(!missing.exists(), "not created");
     }
 
     #[test]

@@ -314,7 +314,9 @@ fn finish(
 }
 
 fn reader(args: &RedriveArgs, timeout: Duration) -> anyhow::Result<BaseConsumer> {
-    let mut config = args.kafka.client_config(&[])?;
+    let mut config = args
+        .kafka
+        .client_config(&session_within_poll_interval(&args.kafka))?;
     config
         .set("group.id", &args.group_id)
         .set("enable.auto.commit", "false")
@@ -325,6 +327,30 @@ fn reader(args: &RedriveArgs, timeout: Duration) -> anyhow::Result<BaseConsumer>
         .set("queued.max.messages.kbytes", READ_AHEAD_KIB.to_string())
         .set("socket.timeout.ms", timeout.as_millis().to_string());
     config.create().context("creating the Kafka consumer")
+}
+
+/// librdkafka refuses a classic-protocol consumer whose `max.poll.interval.ms` is below its
+/// session timeout (45 s by default). A deployment that shortens the poll interval through
+/// `--kafka-property` (the service pairs it with `--session-timeout-ms`) would make the tool
+/// fail to start: the session is shortened to match (the tool assigns, it joins no group).
+fn session_within_poll_interval(kafka: &crate::config::KafkaArgs) -> Vec<(&'static str, String)> {
+    const LIBRDKAFKA_SESSION_MS: u64 = 45_000;
+    let poll_interval = kafka.properties().ok().and_then(|properties| {
+        properties
+            .iter()
+            .find(|(key, _)| key == "max.poll.interval.ms")
+            .and_then(|(_, value)| value.parse::<u64>().ok())
+    });
+    match poll_interval {
+        Some(ms) if ms < LIBRDKAFKA_SESSION_MS && !kafka.consumer_group_protocol() => vec![
+            ("session.timeout.ms", ms.to_string()),
+            (
+                "heartbeat.interval.ms",
+                (ms / 3).clamp(100, 3000).to_string(),
+            ),
+        ],
+        _ => Vec::new(),
+    }
 }
 
 /// Assigns every partition from the group's committed offset (the start without one); returns
@@ -448,6 +474,29 @@ async fn pace(window: &mut (Instant, u32), rate: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: RedriveArgs,
+    }
+
+    /// librdkafka checks the poll interval against the session when the client is created: no
+    /// broker needed to see the tool refused.
+    #[test]
+    fn a_short_poll_interval_from_the_deployment_does_not_stop_the_reader() {
+        use clap::Parser;
+        for properties in [
+            "max.poll.interval.ms=20000",
+            "max.poll.interval.ms=20000\nclient.id=x",
+        ] {
+            let cli = Cli::try_parse_from(["x", "--kafka-property", properties]).unwrap();
+            let reader = reader(&cli.args, Duration::from_secs(5));
+            assert!(reader.is_ok(), "{properties}: {:?}", reader.err());
+        }
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert!(session_within_poll_interval(&cli.args.kafka).is_empty());
+    }
 
     #[test]
     fn instants_are_rfc3339() {

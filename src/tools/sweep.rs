@@ -73,6 +73,13 @@ pub fn sweep(
     mut removed: impl FnMut(&Path),
 ) -> Summary {
     let mut summary = Summary::default();
+    // A mistyped or relative --blob-dir would otherwise sweep nothing and report success.
+    if !root.is_dir() {
+        summary
+            .errors
+            .push(format!("{}: not a directory (--blob-dir)", root.display()));
+        return summary;
+    }
     let mut pacer = Pacer::new(pace.sweep_max_deletes_per_second);
     for (retention_dir, days) in retention_dirs(root, &mut summary) {
         let cutoff = now
@@ -270,6 +277,16 @@ mod tests {
             sweep(root, SystemTime::now(), false, PACE, |_| {}).removed,
             0
         );
+    }
+
+    #[test]
+    fn a_blob_dir_that_is_not_a_directory_is_an_error_not_an_empty_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("typo");
+        let summary = sweep(&missing, SystemTime::now(), false, PACE, |_| {});
+        assert_eq!(summary.errors.len(), 1, "{:?}", summary.errors);
+        assert!(summary.errors[0].contains("not a directory"));
+        assert!(!missing.exists(), "nothing created");
     }
 
     #[test]

@@ -25,8 +25,7 @@ fn limits(rollout: Rollout) -> Limits {
     }
 }
 
-/// Every recorded (and synthetic) fixture that processes, by file name.
-/// Every fixture whose events are read (a body left unread has no items), processed with `rollout`.
+/// Every recorded and synthetic fixture that processes and whose events are read (a body left unread has no items), processed with `rollout`.
 fn processed(rollout: Rollout) -> BTreeMap<String, Processed> {
     let mut out = BTreeMap::new();
     for dir in ["segments", "synthetic"] {
