@@ -411,7 +411,7 @@ async fn archive_rows(
                 .await
                 .map_err(|e| clickhouse::setup_error(&e, config))
                 .context("deleting the rows")?;
-            wait_for_mutations(&client, config, timeout).await?;
+            wait_for_mutation(&client, config, &hyphenated(archive.replay_id), timeout).await?;
             let row = archive.row().map_err(|e| anyhow::anyhow!("{e}"))?;
             let mut insert = client
                 .insert::<crate::recording::ReplayRow>(&config.table)
@@ -431,18 +431,22 @@ async fn archive_rows(
     }
 }
 
-/// Waits until the table has no mutation left running (the delete just submitted among them).
-async fn wait_for_mutations(
+/// Waits until the delete just submitted for `replay` (its command names the replay's UUID) is
+/// done; the table's other mutations (Sentry's own, another run's) are not waited for, beyond
+/// what ClickHouse makes this one wait (mutations apply to a part in order).
+async fn wait_for_mutation(
     client: &::clickhouse::Client,
     config: &ClickHouseConfig,
+    replay: &str,
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + timeout.max(Duration::from_secs(60));
     loop {
         let running = client
-            .query("SELECT count() FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0")
+            .query("SELECT count() FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0 AND position(command, ?) > 0")
             .bind(&config.database)
             .bind(&config.table)
+            .bind(replay)
             .fetch_one::<u64>()
             .await
             .map_err(|e| clickhouse::setup_error(&e, config))?;
