@@ -31,19 +31,28 @@ pub struct Frontier {
 }
 
 impl Frontier {
-    /// A message entered the buffer; refused, untracked, when its offset does not increase.
-    pub fn track(&mut self, partition: i32, offset: i64) -> Result<(), WentBack> {
+    /// A message entered the buffer. An offset that does not increase starts the partition
+    /// over when nothing of it is pending (what moved and is not committed yet is dropped: the
+    /// messages are being read again), and is refused, untracked, when something is: a flush in
+    /// flight would complete offsets that now mean other messages. `Ok(Some(last))` says it
+    /// started over after `last`.
+    pub fn track(&mut self, partition: i32, offset: i64) -> Result<Option<i64>, WentBack> {
         let p = self.partitions.entry(partition).or_default();
+        let mut restarted = None;
         if let Some(last) = p.last.filter(|&last| offset <= last) {
-            return Err(WentBack {
-                partition,
-                last,
-                offset,
-            });
+            if !p.pending.is_empty() {
+                return Err(WentBack {
+                    partition,
+                    last,
+                    offset,
+                });
+            }
+            p.advanced = None;
+            restarted = Some(last);
         }
         p.last = Some(offset);
         p.pending.push_back((offset, false));
-        Ok(())
+        Ok(restarted)
     }
 
     /// A message's outputs are durable.
@@ -139,17 +148,23 @@ mod tests {
             last: 12,
             offset: 0,
         };
-        assert_eq!(f.track(0, 0), Err(back));
+        assert_eq!(f.track(0, 0), Err(back), "10..=12 are pending");
         assert_eq!(f.track(0, 12), Err(WentBack { offset: 12, ..back }));
         for offset in [10, 11, 12] {
             f.complete(0, offset);
         }
         assert_eq!(f.pending(), 1, "partition 1's");
-        assert_eq!(f.take_advanced(), [(0, 13)]);
-        // Even with nothing pending, the last offset is remembered; a revoke forgets it.
-        assert!(f.track(0, 11).is_err());
-        f.forget(&[0]);
-        f.track(0, 11).unwrap();
+        // With nothing pending it starts over, dropping what moved and was not committed.
+        assert!(f.has_advanced());
+        assert_eq!(f.track(0, 11), Ok(Some(12)));
+        assert_eq!(
+            f.take_advanced(),
+            [],
+            "13 is not committed over the messages read again"
+        );
+        f.complete(0, 11);
+        assert_eq!(f.take_advanced(), [(0, 12)]);
+        assert_eq!(f.track(0, 12), Ok(None));
     }
 
     #[test]

@@ -529,9 +529,18 @@ impl Pipeline {
             // Processed across a revoke whose drain gave up on it.
             return Ok(());
         }
-        self.frontier
+        let restarted = self
+            .frontier
             .track(entry.partition, entry.offset)
             .map_err(PipelineError::OffsetWentBack)?;
+        if let Some(last) = restarted {
+            warn!(
+                partition = entry.partition,
+                offset = entry.offset,
+                last,
+                "offsets went back with nothing of the partition pending (the log was cut back or the position reset): tracking starts over"
+            );
+        }
         if let Outcome::Invalid(invalid) = &entry.outcome {
             self.status.record_invalid(invalid.error.reason.as_str());
         }
