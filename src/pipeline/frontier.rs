@@ -137,7 +137,7 @@ mod tests {
     }
 
     #[test]
-    fn an_offset_that_does_not_increase_is_refused_not_tracked() {
+    fn an_offset_that_does_not_increase_is_refused_while_pending_and_starts_over_after() {
         let mut f = Frontier::default();
         for offset in [10, 11, 12] {
             f.track(0, offset).unwrap();

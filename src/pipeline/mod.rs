@@ -235,8 +235,7 @@ pub async fn consume(
         retry: settings.retry,
         drain_deadline: settings.drain_deadline,
         status,
-        paused_since: None,
-        pause_counted_to: None,
+        paused: None,
     };
     // A shutdown is bounded by the drain deadline as a whole (the chart's grace period counts on
     // it): leaving the group gets what the drain left of it.
@@ -294,10 +293,14 @@ struct Pipeline {
     retry: RetryPolicy,
     drain_deadline: Duration,
     status: Arc<Status>,
-    /// Since when intake is paused behind a full buffer, while it is.
-    paused_since: Option<Instant>,
-    /// While paused: up to when the pause is counted in `consumer.paused_ms`.
-    pause_counted_to: Option<Instant>,
+    /// While intake is paused behind a full buffer.
+    paused: Option<Pause>,
+}
+
+/// A pause of intake: since when, and up to when it is counted in `consumer.paused_ms`.
+struct Pause {
+    since: Instant,
+    counted_to: Instant,
 }
 
 impl Pipeline {
@@ -403,7 +406,7 @@ impl Pipeline {
     }
 
     fn admits(&self) -> bool {
-        self.paused_since.is_none() && self.processing.has_room()
+        self.paused.is_none() && self.processing.has_room()
     }
 
     /// Moves polled messages into the processing window while it has room, consecutive small
@@ -444,12 +447,15 @@ impl Pipeline {
         let full = should_pause(self.buffer.is_full(), self.flushes.len(), self.max_flushes);
         let uncommitted = self.frontier.pending();
         let pause = full || uncommitted > self.uncommitted_bound;
-        if pause == self.paused_since.is_some() {
+        if pause == self.paused.is_some() {
             return;
         }
         if pause {
             let now = Instant::now();
-            (self.paused_since, self.pause_counted_to) = (Some(now), Some(now));
+            self.paused = Some(Pause {
+                since: now,
+                counted_to: now,
+            });
             self.status.record_paused();
             if full {
                 info!(
@@ -465,9 +471,9 @@ impl Pipeline {
                     "an earlier flush holds the commits back: intake paused until it is durable"
                 );
             }
-        } else if let Some(since) = self.paused_since.take() {
+        } else if let Some(since) = self.paused.as_ref().map(|p| p.since) {
             self.count_pause();
-            self.pause_counted_to = None;
+            self.paused = None;
             self.status.record_resumed();
             info!(
                 paused_ms = since.elapsed().as_millis() as u64,
@@ -479,10 +485,10 @@ impl Pipeline {
     /// Counts the pause so far in `consumer.paused_ms`: every second while it lasts (a pause
     /// behind a long outage shows in the rate while it lasts), the rest when it ends.
     fn count_pause(&mut self) {
-        if let Some(counted_to) = &mut self.pause_counted_to {
+        if let Some(pause) = &mut self.paused {
             let now = Instant::now();
-            metrics::paused_for(now.saturating_duration_since(*counted_to));
-            *counted_to = now;
+            metrics::paused_for(now.saturating_duration_since(pause.counted_to));
+            pause.counted_to = now;
         }
     }
 

@@ -373,14 +373,8 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 #[cfg(test)]
 mod tests {
     use super::envelope::tests::TestMessage;
+    use super::payload::tests::zlib;
     use super::*;
-
-    fn zlib(data: &[u8]) -> Vec<u8> {
-        use std::io::Write;
-        let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
-        encoder.write_all(data).unwrap();
-        encoder.finish().unwrap()
-    }
 
     #[test]
     fn a_body_that_decompresses_but_is_not_events_is_kept_unread() {
