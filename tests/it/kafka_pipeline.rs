@@ -512,6 +512,107 @@ async fn members_join_and_leave_under_load(protocol: &[&str]) {
     );
 }
 
+/// A member frozen past its session (SIGSTOP: a stalled node, a CPU-throttled pod) with messages
+/// buffered: the group gives its partitions to the other member, which reads them again from the
+/// last commit and stores them. Resumed, the frozen member finds its partitions lost and gives
+/// them up without flushing what it buffered of them — the new owner has written it already, and
+/// billing outcomes are not idempotent — then rejoins and carries on. Its blob directory stays
+/// empty (a drain on the loss would have written its buffer there), the other's holds every
+/// segment, the group commits to the end and neither member exits.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_flushing_them() {
+    let _stack = uses_stack().await;
+    let (topic, dlq, group) = (unique("frozen"), unique("dlq"), unique("group"));
+    create_topic(&topic, 4).await;
+    create_topic(&dlq, 1).await;
+    let (dirs, logs) = (
+        [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()],
+        tempfile::tempdir().unwrap(),
+    );
+    // Nothing is flushed on age while the test runs: what a member holds stays buffered until a
+    // revoke drains it (or, lost, drops it).
+    let member = |dir: &std::path::Path, log: &std::path::Path| {
+        let args = with_flag(
+            service_args(&topic, &dlq, &group, dir, free_port()),
+            "--session-timeout-ms",
+            "6000",
+        );
+        let args = with_flag(args, "--drain-deadline-ms", "4000");
+        Service::start_logging_to(&with_flag(args, "--buffer-max-age-ms", "120000"), log)
+    };
+    let frozen_log = logs.path().join("frozen.log");
+    let frozen = member(dirs[0].path(), &frozen_log);
+    let other = member(dirs[1].path(), &logs.path().join("other.log"));
+    let owned = |s: &Service| {
+        s.status()
+            .map_or(0, |s| s["partitions"].as_array().map_or(0, Vec::len))
+    };
+    wait_for("both members owning partitions", JOIN_AND_FLUSH, || {
+        owned(&frozen) > 0 && owned(&other) > 0 && owned(&frozen) + owned(&other) == 4
+    })
+    .await;
+    let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 24).await;
+    let consumed = |s: &Service| s.status().map_or(0, |s| s["consumed"].as_u64().unwrap());
+    wait_for(
+        "every message consumed and buffered",
+        JOIN_AND_FLUSH,
+        || consumed(&frozen) + consumed(&other) == 24,
+    )
+    .await;
+    let held = frozen.status().unwrap()["buffer_messages"]
+        .as_u64()
+        .unwrap();
+    assert!(held > 0, "the member to freeze buffers messages");
+
+    let log = || std::fs::read_to_string(&frozen_log).unwrap_or_default();
+    // What the member logs from the freeze on (before it, the join may have revoked some).
+    let logged_before = log().len();
+    let since_freeze = || log().get(logged_before..).unwrap_or_default().to_owned();
+    frozen.signal("-STOP");
+    wait_for(
+        "the other member owning every partition and holding every message",
+        JOIN_AND_FLUSH,
+        || owned(&other) == 4 && consumed(&other) == 24,
+    )
+    .await;
+    frozen.signal("-CONT");
+    wait_for(
+        "the resumed member finding its partitions lost",
+        JOIN_AND_FLUSH,
+        || log().contains("partitions lost"),
+    )
+    .await;
+    wait_for("the group committing to the end", JOIN_AND_FLUSH, || {
+        committed(&group, &topic, 4) == expected_commits(&report)
+    })
+    .await;
+    wait_for(
+        "the resumed member owning partitions again",
+        JOIN_AND_FLUSH,
+        || owned(&frozen) > 0,
+    )
+    .await;
+    assert!(
+        !since_freeze().contains("partitions revoked: draining"),
+        "the loss was not drained:\n{}",
+        since_freeze()
+    );
+    assert_eq!(
+        files_under(dirs[0].path()),
+        Vec::<String>::new(),
+        "the frozen member wrote nothing of the {held} messages it held"
+    );
+    let (blobs, _) = outcomes(&sent);
+    assert_eq!(
+        blobs_under(dirs[1].path()),
+        blobs,
+        "the other member stored every segment"
+    );
+    assert_eq!(frozen.terminate(), Some(0), "the resumed member carried on");
+    assert_eq!(other.terminate(), Some(0));
+}
+
 /// More members than partitions: the one left without a partition is ready all the same, and the
 /// other stays ready through the rebalance its arrival causes (readiness is "initialised and not
 /// shutting down", so idle members and rebalances do not hold up a rollout under the

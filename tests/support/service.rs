@@ -254,8 +254,13 @@ impl Service {
 
     /// Sends SIGTERM without waiting for the exit.
     pub fn signal_term(&self) {
+        self.signal("-TERM");
+    }
+
+    /// Sends `signal` (`-STOP`, `-CONT`, …) to the process.
+    pub fn signal(&self, signal: &str) {
         let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([signal, &self.child.id().to_string()])
             .status();
     }
 
