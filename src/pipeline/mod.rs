@@ -82,8 +82,16 @@ pub enum PipelineError {
     Flush(SinkError),
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
-    #[error("drain did not finish within {0:?}")]
-    DrainDeadline(Duration),
+    /// What was left says what the next start reads again: everything after the last commit.
+    #[error(
+        "drain did not finish within {deadline:?}: {not_durable} messages not yet durable{}; the next start reads again from the last commit",
+        if *.uncommitted { ", offsets of durable ones not committed (the broker did not answer)" } else { "" }
+    )]
+    DrainDeadline {
+        deadline: Duration,
+        not_durable: usize,
+        uncommitted: bool,
+    },
     #[error("a processing or flush task died: {0}")]
     TaskDied(String),
     #[error("the Kafka polling thread stopped")]
@@ -392,7 +400,11 @@ impl Pipeline {
     async fn shut_down(&mut self, deadline: Duration) -> Result<(), PipelineError> {
         match self.drain(deadline).await {
             Drained::Durable => Ok(()),
-            Drained::MissedDeadline => Err(PipelineError::DrainDeadline(deadline)),
+            Drained::MissedDeadline => Err(PipelineError::DrainDeadline {
+                deadline,
+                not_durable: self.frontier.pending(),
+                uncommitted: self.frontier.has_advanced() || !self.commits.is_empty(),
+            }),
             Drained::Uncommitted => Err(PipelineError::DrainUncommitted),
             Drained::Failed(error) => Err(error),
         }

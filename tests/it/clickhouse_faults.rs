@@ -14,23 +14,6 @@ use crate::support::*;
 
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 
-/// Stops ClickHouse; it is started again when the guard is dropped, so that a test failing
-/// mid-outage does not leave the server down for the tests after it.
-struct ClickHouseDown;
-
-impl ClickHouseDown {
-    fn begin() -> ClickHouseDown {
-        stack(&["stop", "clickhouse"]);
-        ClickHouseDown
-    }
-}
-
-impl Drop for ClickHouseDown {
-    fn drop(&mut self) {
-        stack(&["start", "clickhouse"]);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
@@ -54,7 +37,7 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut read = vec![statsd.read_now()];
 
-    let outage = ClickHouseDown::begin();
+    let outage = Down::begin("clickhouse");
     let (second, _) = produce_fixtures(&names.topic, &fixtures, 10).await;
     // The second batch is consumed until intake pauses, and its flush keeps failing: retried
     // (without limit, the default), and the broker's commits stay where they were. Waiting on
@@ -228,7 +211,7 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
 async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joins_and_consumes() {
     let _stack = stops_stack().await;
     let names = Names::create().await;
-    let outage = ClickHouseDown::begin();
+    let outage = Down::begin("clickhouse");
     let dir = tempfile::tempdir().unwrap();
     let service = Service::start(&names.args(free_port(), dir.path()));
     wait_for("the wait shown in /status", Duration::from_secs(30), || {

@@ -613,6 +613,80 @@ async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_f
     assert_eq!(other.terminate(), Some(0));
 }
 
+/// A shutdown while the broker is down (stopped cleanly; its log directory kept): the drain
+/// flushes what the service buffered, but no commit can reach the group coordinator, so the
+/// service exits 1 within its drain deadline and says why, instead of hanging or claiming a clean
+/// stop. With the broker back, the next start reads again from the last commit: every segment
+/// stored by both runs, the group committed to the end.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_shutdown_while_the_broker_is_down_exits_1_on_time_and_the_next_start_loses_nothing() {
+    let _stack = stops_stack().await;
+    let (topic, dlq, group) = (unique("brokerdown"), unique("dlq"), unique("group"));
+    create_topic(&topic, 2).await;
+    create_topic(&dlq, 1).await;
+    let (dirs, logs) = (
+        [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()],
+        tempfile::tempdir().unwrap(),
+    );
+    let args = |dir: &std::path::Path| service_args(&topic, &dlq, &group, dir, free_port());
+    let log = logs.path().join("first.log");
+    // What it consumes is held in the buffer until the shutdown drains it.
+    let first = Service::start_logging_to(
+        &with_flag(args(dirs[0].path()), "--buffer-max-age-ms", "120000"),
+        &log,
+    );
+    wait_for("the member owning both partitions", JOIN_AND_FLUSH, || {
+        first
+            .status()
+            .is_some_and(|s| s["partitions"].as_array().is_some_and(|p| p.len() == 2))
+    })
+    .await;
+    let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 20).await;
+    wait_for("every message consumed", JOIN_AND_FLUSH, || {
+        first.status().is_some_and(|s| s["consumed"] == 20)
+    })
+    .await;
+
+    let broker = Down::begin("kafka");
+    let asked = std::time::Instant::now();
+    first.signal_term();
+    let code = first.exit_within(Duration::from_secs(30)).await;
+    let took = asked.elapsed();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(1), "an unclean stop exits 1:\n{logged}");
+    assert!(
+        took < Duration::from_secs(10),
+        "the exit waited {took:?} (drain deadline 1.5 s)"
+    );
+    assert!(
+        logged.contains("the last offset commit failed")
+            || logged.contains("drain did not finish within 1.5s: 0 messages not yet durable, offsets of durable ones not committed"),
+        "the log says what was not committed:\n{logged}"
+    );
+    let (blobs, _) = outcomes(&sent);
+    assert_eq!(
+        blobs_under(dirs[0].path()),
+        blobs,
+        "the drain flushed everything before its commit failed"
+    );
+    drop(broker);
+
+    let second = Service::start(&args(dirs[1].path()));
+    wait_for(
+        "the next start committing to the end",
+        JOIN_AND_FLUSH,
+        || committed(&group, &topic, 2) == expected_commits(&report),
+    )
+    .await;
+    assert_eq!(
+        blobs_under(dirs[1].path()),
+        blobs,
+        "the next start read everything again from the last commit"
+    );
+    assert_eq!(second.terminate(), Some(0));
+}
+
 /// More members than partitions: the one left without a partition is ready all the same, and the
 /// other stays ready through the rebalance its arrival causes (readiness is "initialised and not
 /// shutting down", so idle members and rebalances do not hold up a rollout under the

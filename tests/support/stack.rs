@@ -44,3 +44,20 @@ pub fn stack(args: &[&str]) {
         .unwrap();
     assert!(status.success(), "scripts/stack.sh {args:?}");
 }
+
+/// Stops a stack service (`kafka`, `clickhouse`, `gcs`); it is started again when the guard is
+/// dropped, so that a test failing mid-outage does not leave it down for the tests after it.
+pub struct Down(&'static str);
+
+impl Down {
+    pub fn begin(service: &'static str) -> Down {
+        stack(&["stop", service]);
+        Down(service)
+    }
+}
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        stack(&["start", self.0]);
+    }
+}
