@@ -13,7 +13,8 @@
 //! or more if the broker stopped taking commits. Letters that arrive after the run started are
 //! left for the next one. A letter that cannot be re-driven (its stored value is gone, its original bytes
 //! were lost before it was written, its headers are not a dead letter's) is reported, with where
-//! it is, and the run exits non-zero.
+//! it is, and the run exits non-zero. A blob store that cannot be read (down, or not the store a
+//! letter points to) stops the run at that letter, uncommitted: the next run starts with it.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -135,6 +136,11 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     // However the run ends, what it handled is committed: a second run goes on where this one
     // stopped instead of re-driving it all again.
     let committed = read.commit(args, &consumer);
+    if let (Err(stopped), Err(uncommitted)) = (&result, &committed) {
+        bail!(
+            "{stopped:#}; committing what the run handled failed too ({uncommitted:#}): the next run re-drives it again"
+        );
+    }
     result?;
     committed?;
     let counts = read.counts;
@@ -263,7 +269,13 @@ async fn redrive_letters(
         } else if args.dry_run {
             *read.counts.redriven.entry(reason).or_default() += 1;
         } else {
-            match original(clients.store, &letter).await {
+            // A read of the blob store that fails (an outage, a store not configured as the
+            // letter's) stops the run here, before the letter is counted as handled: the next
+            // run reads it again. Only what is wrong with the letter itself passes it.
+            let original = original(clients.store, &letter).await.with_context(|| {
+                format!("reading the original of {at}: stopping here; the next run starts with it")
+            })?;
+            match original {
                 Ok((value, key)) => {
                     pace(&mut pacer, args.rate).await;
                     let headers = OwnedHeaders::new().insert(Header {
@@ -284,9 +296,9 @@ async fn redrive_letters(
                     writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;
                     *read.counts.redriven.entry(reason).or_default() += 1;
                 }
-                Err(e) => {
-                    writeln!(out, "cannot re-drive {at}: {e:#}")?;
-                    read.counts.failed.push(format!("{at}: {e:#}"));
+                Err(why) => {
+                    writeln!(out, "cannot re-drive {at}: {why}")?;
+                    read.counts.failed.push(format!("{at}: {why}"));
                 }
             }
         }
@@ -420,37 +432,48 @@ fn chosen(args: &RedriveArgs, reason: &str, letter: &BorrowedMessage<'_>) -> boo
 }
 
 /// The letter's original value and key: from the record, or from the blob store where the
-/// record points (`payload_location`, `key_location`).
+/// record points (`payload_location`, `key_location`). `Ok(Err(why))`: the letter cannot be
+/// re-driven, ever (its stored value is gone, it is not a dead letter, its original was lost);
+/// `Err`: the store could not be read (down, or not the one the letter points to), which a later
+/// run may get past.
 async fn original(
     store: Option<&dyn BlobStore>,
     letter: &BorrowedMessage<'_>,
-) -> anyhow::Result<(Vec<u8>, Option<Vec<u8>>)> {
+) -> anyhow::Result<Result<(Vec<u8>, Option<Vec<u8>>), String>> {
+    if header(letter, "reason").is_none() {
+        return Ok(Err("not a dead letter (no reason header)".into()));
+    }
+    if header(letter, "original_lost").is_some() {
+        return Ok(Err(
+            "its original bytes were gone from the topic when it was dead-lettered (see its detail)"
+                .into(),
+        ));
+    }
     let stored = |location: String| async move {
         let store = store.context("the value is in the blob store, and --blob-sink is null")?;
         let key = stored_key(store, &location)
             .with_context(|| format!("{location} is not in the configured blob store"))?;
-        store
+        let found = store
             .read(&key)
-            .await?
-            .with_context(|| format!("{location} is gone from the blob store"))
+            .await
+            .with_context(|| format!("reading {location}"))?;
+        anyhow::Ok(found.ok_or_else(|| format!("{location} is gone from the blob store")))
     };
     let value = match header(letter, "payload_location") {
-        Some(location) => stored(location).await?,
+        Some(location) => match stored(location).await? {
+            Ok(value) => value,
+            Err(gone) => return Ok(Err(gone)),
+        },
         None => letter.payload().unwrap_or_default().to_vec(),
     };
     let key = match header(letter, "key_location") {
-        Some(location) => Some(stored(location).await?),
+        Some(location) => match stored(location).await? {
+            Ok(key) => Some(key),
+            Err(gone) => return Ok(Err(gone)),
+        },
         None => letter.key().map(<[u8]>::to_vec),
     };
-    if header(letter, "reason").is_none() {
-        bail!("not a dead letter (no reason header)");
-    }
-    if header(letter, "original_lost").is_some() {
-        bail!(
-            "its original bytes were gone from the topic when it was dead-lettered (see its detail)"
-        );
-    }
-    Ok((value, key))
+    Ok(Ok((value, key)))
 }
 
 /// The store's key for a location it gave (`gs://bucket/key`, `file:///root/key`).

@@ -284,6 +284,42 @@ async fn a_dead_letter_kept_in_the_blob_store_goes_back_byte_for_byte() {
     assert_eq!(back.value, oversized, "byte for byte, from the blob store");
     assert_eq!(back.key.as_deref(), Some(&key[..]));
 
+    // The store unreadable — not configured, then failing — stops the run at the letter,
+    // uncommitted: the group's next run, with the store back, re-drives it.
+    let group = unique("redrive");
+    let (ok, said) = redrive_in(&dlq, &topic, &group, &["--blob-sink", "null"]);
+    assert!(!ok);
+    assert!(
+        said.contains("--blob-sink is null") && said.contains("the next run starts with it"),
+        "{said}"
+    );
+    let stored: Vec<String> = files_under(dir.path())
+        .into_iter()
+        .filter(|f| f.starts_with("dlq/"))
+        .collect();
+    assert!(!stored.is_empty());
+    for file in &stored {
+        let path = dir.path().join(file);
+        std::fs::rename(&path, path.with_extension("aside")).unwrap();
+        std::fs::create_dir(&path).unwrap();
+    }
+    let with_store = ["--blob-sink", "filesystem", "--blob-dir", blob_dir];
+    let (ok, said) = redrive_in(&dlq, &topic, &group, &with_store);
+    assert!(!ok);
+    assert!(said.contains("stopping here"), "{said}");
+    assert!(
+        !said.contains("cannot re-drive"),
+        "not the letter's fault: {said}"
+    );
+    for file in &stored {
+        let path = dir.path().join(file);
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::rename(path.with_extension("aside"), &path).unwrap();
+    }
+    let (ok, said) = redrive_in(&dlq, &topic, &group, &with_store);
+    assert!(ok, "{said}");
+    assert!(said.contains("1 letter(s) re-driven"), "{said}");
+
     // Its stored value gone: reported, and the run fails.
     for file in files_under(dir.path())
         .iter()
