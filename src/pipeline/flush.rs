@@ -209,37 +209,48 @@ async fn flush_stages(
             batch
                 .entries
                 .retain(|e| !out.contains(&(e.partition, e.offset)));
+            // Dead-lettered before the next stage runs: a dead-letter path that fails stops the
+            // flush before later stages wrote the batch's other messages — billing outcomes
+            // among them, which the batch's next flush (after the restart) would send again.
+            report
+                .sinks
+                .push(dead_letter(&mut refused_here, sinks, policy, status).await?);
             report.rejected.extend(refused_here);
         }
     }
-    if !report.rejected.is_empty() {
-        let Some(dead_letters) = &sinks.rejections else {
-            let first = &report.rejected[0].error;
-            return Err(SinkError::new(
-                first.sink,
-                Retry::Fatal,
-                format_args!("rejected, and no dead-letter path: {}", first.message),
-            ));
-        };
-        // The same message may be rejected by two sinks: dead-lettered once.
-        report.rejected.sort_by_key(|r| (r.partition, r.offset));
-        report.rejected.dedup_by_key(|r| (r.partition, r.offset));
-        let sink = RejectionSink {
-            dead_letters: dead_letters.as_ref(),
-            rejected: &report.rejected,
-        };
-        report.sinks.push(
-            write_with_retries(
-                &sink,
-                &[],
-                &Progress::new(sink.name(), status),
-                policy,
-                status,
-            )
-            .await?,
-        );
-    }
     Ok(report)
+}
+
+/// Dead-letters what one stage refused, each message once (two sinks of a stage may refuse the
+/// same one); fails fatally when there is no dead-letter path.
+async fn dead_letter(
+    refused: &mut Vec<Rejected>,
+    sinks: &Sinks,
+    policy: &RetryPolicy,
+    status: &Status,
+) -> Result<SinkReport, SinkError> {
+    let Some(dead_letters) = &sinks.rejections else {
+        let first = &refused[0].error;
+        return Err(SinkError::new(
+            first.sink,
+            Retry::Fatal,
+            format_args!("rejected, and no dead-letter path: {}", first.message),
+        ));
+    };
+    refused.sort_by_key(|r| (r.partition, r.offset));
+    refused.dedup_by_key(|r| (r.partition, r.offset));
+    let sink = RejectionSink {
+        dead_letters: dead_letters.as_ref(),
+        rejected: refused,
+    };
+    write_with_retries(
+        &sink,
+        &[],
+        &Progress::new(sink.name(), status),
+        policy,
+        status,
+    )
+    .await
 }
 
 /// The dead-letter path for rejected messages, as a sink the retry loop can drive.
@@ -719,6 +730,39 @@ mod tests {
         run(entries(3), &sinks, &FAST, &Status::default()).unwrap();
         assert_eq!(*recorder.0.lock().unwrap(), [1]);
         assert_eq!(*later.accepted.lock().unwrap(), [0, 2]);
+    }
+
+    /// Fails every dead letter fatally (a dead-letter topic the service may not write to).
+    struct Unwritable;
+
+    impl DeadLetters for Unwritable {
+        fn dead_letter<'a>(&'a self, _: &'a [Rejected], _: &'a Progress) -> Writing<'a> {
+            Box::pin(async { Err(SinkError::new("dlq", Retry::Fatal, "not authorized")) })
+        }
+    }
+
+    #[test]
+    fn a_refusal_that_cannot_be_dead_lettered_stops_the_flush_before_later_stages_write() {
+        static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+        let stages = || {
+            let blobs = Picky {
+                bad: vec![1],
+                accepted: Mutex::new(Vec::new()),
+            };
+            vec![
+                vec![Box::new(blobs) as Box<dyn Sink>],
+                vec![flaky("events", 0, Retry::Retryable, &LOG)],
+            ]
+        };
+        let sinks = Sinks::dead_lettering(stages(), Box::new(Unwritable));
+        let error = run(entries(3), &sinks, &FAST, &Status::default()).unwrap_err();
+        assert_eq!((error.sink, error.retry), ("dlq", Retry::Fatal));
+        let error = run(entries(3), &Sinks::new(stages()), &FAST, &Status::default()).unwrap_err();
+        assert_eq!(error.retry, Retry::Fatal);
+        assert!(
+            LOG.lock().unwrap().is_empty(),
+            "the events stage sent nothing (the batch's next flush sends it all)"
+        );
     }
 
     /// Writes for no message, and fails every write as `retry`.
