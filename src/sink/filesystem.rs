@@ -128,8 +128,9 @@ impl FilesystemBlobSink {
         )
     }
 
-    /// The directory `prefix` names (its last `/` and all), sorted: files are objects (a
-    /// writer's temporary file is not), directories are prefixes. A missing directory is empty.
+    /// The directory `prefix` names (its last `/` and all), sorted: files are objects —
+    /// a writer's temporary file too: one a failed write or a crash left holds a replay's bytes,
+    /// which `delete` must find — and directories are prefixes. A missing directory is empty.
     fn list_now(&self, prefix: &str) -> Result<Listing, SinkError> {
         let dir = self.root.join(prefix);
         let entries = match fs::read_dir(&dir) {
@@ -144,7 +145,7 @@ impl FilesystemBlobSink {
             let meta = entry.metadata().map_err(|e| self.error(prefix, &e))?;
             if meta.is_dir() {
                 listing.prefixes.push(format!("{prefix}{name}/"));
-            } else if !name.contains(".tmp-") {
+            } else {
                 let updated = meta
                     .modified()
                     .ok()

@@ -141,15 +141,11 @@ fn subdirectories(dir: &Path, summary: &mut Summary) -> Vec<PathBuf> {
     found
 }
 
+/// The files of `dir`, a writer's temporary ones among them: one being written is as young as
+/// its write, and one a failed write or a crash left expires with the blobs beside it.
 fn files(dir: &Path, summary: &mut Summary) -> Vec<(PathBuf, fs::Metadata)> {
     entries(dir, summary)
-        .filter(|(path, meta)| {
-            let temporary = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.contains(".tmp-"));
-            meta.is_file() && !temporary
-        })
+        .filter(|(_, meta)| meta.is_file())
         .collect()
 }
 
@@ -246,11 +242,12 @@ mod tests {
         blob(root, "90/2/dddd/0", 91 * DAY);
         blob(root, "dlq/t/0/17", 400 * DAY);
         blob(root, "30/1/aaaa/2.tmp-1", 400 * DAY);
+        blob(root, "30/1/aaaa/3.tmp-1", Duration::ZERO);
         let mut seen = Vec::new();
         let dry = sweep(root, SystemTime::now(), true, PACE, |p| {
             seen.push(p.to_owned())
         });
-        assert_eq!((dry.scanned, dry.expired, dry.removed), (5, 3, 0));
+        assert_eq!((dry.scanned, dry.expired, dry.removed), (7, 4, 0));
         assert!(
             root.join("30/1/aaaa/0").exists(),
             "a dry run removes nothing"
@@ -258,16 +255,17 @@ mod tests {
         let summary = sweep(root, SystemTime::now(), false, PACE, |_| {});
         assert_eq!(
             (summary.expired, summary.removed, summary.bytes),
-            (3, 3, 12)
+            (4, 4, 16)
         );
-        for gone in ["30/1/aaaa/0", "30/1/bbbb", "90/2"] {
+        // A writer's temporary file a crash left expires with the blobs beside it.
+        for gone in ["30/1/aaaa/0", "30/1/aaaa/2.tmp-1", "30/1/bbbb", "90/2"] {
             assert!(!root.join(gone).exists(), "{gone}");
         }
         for kept in [
             "30/1/aaaa/1",
             "90/1/cccc/0",
             "dlq/t/0/17",
-            "30/1/aaaa/2.tmp-1",
+            "30/1/aaaa/3.tmp-1",
         ] {
             assert!(root.join(kept).exists(), "{kept}");
         }

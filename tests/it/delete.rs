@@ -392,6 +392,45 @@ async fn every_object_under_the_replays_prefixes_goes() {
     );
 }
 
+/// In the filesystem store, a writer's temporary file that a failed write or a crash left in the
+/// replay's directory holds the replay's bytes: it goes with the blobs (it was not listed, and the
+/// run said "nothing to delete" over it).
+#[test]
+fn a_temporary_file_a_crashed_write_left_goes_with_the_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let (project, replay) = ("42", "a".repeat(32));
+    let ours = [
+        format!("90/{project}/{replay}/0"),
+        format!("90/{project}/{replay}/1.tmp-4242"),
+    ];
+    let another = format!("90/{project}/{}/0.tmp-4242", "b".repeat(32));
+    for key in ours.iter().chain([&another]) {
+        let path = dir.path().join(key);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"segment bytes").unwrap();
+    }
+    let flags = [
+        "--blob-sink",
+        "filesystem",
+        "--blob-dir",
+        dir.path().to_str().unwrap(),
+        "--rows-sink",
+        "null",
+        "--project",
+        project,
+        "--replay",
+        &replay,
+    ]
+    .map(String::from);
+    let (ok, said) = delete(&flags);
+    assert!(ok, "{said}");
+    assert!(said.contains("found 2 segment blob(s)"), "{said}");
+    for key in &ours {
+        assert!(!dir.path().join(key).exists(), "{key}: {said}");
+    }
+    assert!(dir.path().join(&another).exists(), "another replay's stays");
+}
+
 /// Through snuba the rows cannot be counted: a replay with no blob left (each of its segments
 /// dead-lettered whole on the topic, or a run stopped after removing them) is still archived,
 /// not taken for "nothing to delete".
