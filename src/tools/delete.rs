@@ -337,7 +337,7 @@ async fn dead_letter_copies(
         return Ok(copies);
     };
     let objects = store::walk(store, "dlq/").await?;
-    let keys: std::collections::BTreeSet<&str> = objects.iter().map(|o| o.key.as_str()).collect();
+    let stored: std::collections::BTreeSet<&str> = objects.iter().map(|o| o.key.as_str()).collect();
     for object in objects.iter().filter(|o| !o.key.ends_with(".key")) {
         let Some(value) = store.read(&object.key).await? else {
             continue;
@@ -346,7 +346,7 @@ async fn dead_letter_copies(
             let keys = copies.entry(owner).or_default();
             keys.push(object.key.clone());
             let long_key = format!("{}.key", object.key);
-            if keys.contains(long_key.as_str()) {
+            if stored.contains(long_key.as_str()) {
                 keys.push(long_key);
             }
         }
