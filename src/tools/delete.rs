@@ -406,13 +406,35 @@ async fn archive_rows(
                 archive.project_id,
                 hyphenated(archive.replay_id)
             );
-            client
-                .query(&delete)
-                .execute()
+            let replay = hyphenated(archive.replay_id);
+            // A run again after one that gave up waiting finds that run's delete still queued:
+            // it waits for it instead of queuing another behind it.
+            if unfinished_mutations(&client, config, &replay).await? == 0 {
+                client
+                    .query(&delete)
+                    .execute()
+                    .await
+                    .map_err(|e| clickhouse::setup_error(&e, config))
+                    .context("deleting the rows")?;
+            }
+            wait_for_mutation(&client, config, &replay, timeout).await?;
+            // A mutation killed by an operator ends without deleting; rows the running service
+            // wrote since the delete began are not in it either.
+            let left = client
+                .query(&format!(
+                    "SELECT count() FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND is_archived = 0",
+                    config.table
+                ))
+                .bind(archive.project_id)
+                .bind(&replay)
+                .fetch_one::<u64>()
                 .await
-                .map_err(|e| clickhouse::setup_error(&e, config))
-                .context("deleting the rows")?;
-            wait_for_mutation(&client, config, &hyphenated(archive.replay_id), timeout).await?;
+                .map_err(|e| clickhouse::setup_error(&e, config))?;
+            if left > 0 {
+                bail!(
+                    "{left} row(s) of the replay remain after its delete mutation ended (killed, or written since the delete began): run the delete again"
+                );
+            }
             let row = archive.row().map_err(|e| anyhow::anyhow!("{e}"))?;
             let mut insert = client
                 .insert::<crate::recording::ReplayRow>(&config.table)
@@ -432,8 +454,7 @@ async fn archive_rows(
     }
 }
 
-/// Waits until the delete just submitted for `replay` (its command names the replay's UUID) is
-/// done; the table's other mutations (Sentry's own, another run's) are not waited for, beyond
+/// Waits until the delete submitted for `replay` (see [`unfinished_mutations`]) is done; the table's other mutations (Sentry's own, another run's) are not waited for, beyond
 /// what ClickHouse makes this one wait (mutations apply to a part in order).
 async fn wait_for_mutation(
     client: &::clickhouse::Client,
@@ -442,23 +463,44 @@ async fn wait_for_mutation(
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + timeout.max(Duration::from_secs(60));
-    loop {
-        let running = client
-            .query("SELECT count() FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0 AND position(command, ?) > 0")
-            .bind(&config.database)
-            .bind(&config.table)
-            .bind(replay)
-            .fetch_one::<u64>()
-            .await
-            .map_err(|e| clickhouse::setup_error(&e, config))?;
-        if running == 0 {
-            return Ok(());
-        }
+    while unfinished_mutations(client, config, replay).await? > 0 {
         if tokio::time::Instant::now() > deadline {
-            bail!("the delete mutation of {} is still running", config.table);
+            // Why it has not finished, where the server says (ClickHouse 19.x and later): a
+            // mutation that fails is retried until it is killed, and later ones wait behind it.
+            let reason = client
+                .query("SELECT any(latest_fail_reason) FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0 AND latest_fail_reason != ''")
+                .bind(&config.database)
+                .bind(&config.table)
+                .fetch_one::<String>()
+                .await
+                .ok()
+                .filter(|r| !r.is_empty())
+                .map_or_else(String::new, |r| format!("; a mutation of the table fails: {r}"));
+            bail!(
+                "the delete mutation of {} is still running{reason} (see system.mutations; a run again waits for it, and queues no other)",
+                config.table
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok(())
+}
+
+/// The table's unfinished deletes of `replay` (hyphenated) this tool submitted: their command
+/// names the replay and `is_archived`.
+async fn unfinished_mutations(
+    client: &::clickhouse::Client,
+    config: &ClickHouseConfig,
+    replay: &str,
+) -> anyhow::Result<u64> {
+    client
+        .query("SELECT count() FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0 AND position(command, ?) > 0 AND position(command, 'is_archived') > 0")
+        .bind(&config.database)
+        .bind(&config.table)
+        .bind(replay)
+        .fetch_one::<u64>()
+        .await
+        .map_err(|e| clickhouse::setup_error(&e, config).into())
 }
 
 /// The replay id as ClickHouse parses a UUID (every version takes the hyphenated form).

@@ -392,6 +392,86 @@ async fn every_object_under_the_replays_prefixes_goes() {
     );
 }
 
+/// A mutation of the table that fails for ever (ClickHouse retries it until it is killed, and
+/// later mutations wait behind it) holds the replay's delete: the run gives up after its wait with
+/// exit 1, saying the mutation still runs; a run again waits for the same delete instead of
+/// queuing a second one behind it (each run queued one more before).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_delete_held_by_a_failing_mutation_fails_and_a_run_again_queues_no_second_one() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let config = clickhouse_config(&names.table);
+    replay_ingest::sink::clickhouse::migrate(&config)
+        .await
+        .unwrap();
+    let client = replay_ingest::sink::clickhouse::client(&config);
+    let processed = recording::process(&fixture("console-0.msgpack"), &Limits::default()).unwrap();
+    let mut insert = client
+        .insert::<recording::ReplayRow>(&names.table)
+        .await
+        .unwrap();
+    for row in processed.rows(Default::default()) {
+        insert.write(&row).await.unwrap();
+    }
+    insert.end().await.unwrap();
+    let ids = &processed.ids;
+    let uuid = ids.replay_uuid.hyphenated().to_string();
+    client
+        .query(&format!(
+            "ALTER TABLE {} DELETE WHERE replay_id = toUUID('{uuid}') AND throwIf(project_id > 0)",
+            names.table
+        ))
+        .execute()
+        .await
+        .unwrap();
+    let mutations = || async {
+        client
+            .query(
+                "SELECT count() FROM system.mutations WHERE table = ? AND position(command, ?) > 0",
+            )
+            .bind(&names.table)
+            .bind(&uuid)
+            .fetch_one::<u64>()
+            .await
+            .unwrap()
+    };
+    let flags = [
+        "--blob-sink",
+        "null",
+        "--rows-sink",
+        "clickhouse",
+        "--clickhouse-url",
+        &clickhouse_url(),
+        "--clickhouse-database",
+        &config.database,
+        "--clickhouse-table",
+        &names.table,
+        "--project",
+        &ids.project_id.to_string(),
+        "--replay",
+        &ids.replay_id,
+    ]
+    .map(String::from);
+    for run in 1..=2 {
+        let (ok, said) = delete(&flags);
+        assert!(!ok, "run {run}: {said}");
+        assert!(said.contains("is still running"), "run {run}: {said}");
+        assert_eq!(
+            mutations().await,
+            2,
+            "run {run}: the failing one and one delete"
+        );
+    }
+    // The failing mutation is retried for as long as its table exists (18.16 has no KILL
+    // MUTATION).
+    client
+        .query(&format!("DROP TABLE {}", names.table))
+        .execute()
+        .await
+        .unwrap();
+}
+
 /// In the filesystem store, a writer's temporary file that a failed write or a crash left in the
 /// replay's directory holds the replay's bytes: it goes with the blobs (it was not listed, and the
 /// run said "nothing to delete" over it).
