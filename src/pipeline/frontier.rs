@@ -96,7 +96,7 @@ impl Frontier {
         self.partitions.values().any(|p| p.advanced.is_some())
     }
 
-    /// Messages tracked but not yet durable.
+    /// Messages the frontier holds back: not yet durable, or durable behind one that is not.
     pub fn pending(&self) -> usize {
         self.partitions.values().map(|p| p.pending.len()).sum()
     }

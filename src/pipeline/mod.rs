@@ -84,12 +84,12 @@ pub enum PipelineError {
     Kafka(#[from] KafkaError),
     /// What was left says what the next start reads again: everything after the last commit.
     #[error(
-        "drain did not finish within {deadline:?}: {not_durable} messages not yet durable{}; the next start reads again from the last commit",
-        if *.uncommitted { ", offsets of durable ones not committed (the broker did not answer)" } else { "" }
+        "drain did not finish within {deadline:?}: {held_back} messages not committable yet (not durable, or behind one that is not){}; the next start reads again from the last commit",
+        if *.uncommitted { ", and offsets of durable ones not committed (the broker did not answer)" } else { "" }
     )]
     DrainDeadline {
         deadline: Duration,
-        not_durable: usize,
+        held_back: usize,
         uncommitted: bool,
     },
     #[error("a processing or flush task died: {0}")]
@@ -402,7 +402,7 @@ impl Pipeline {
             Drained::Durable => Ok(()),
             Drained::MissedDeadline => Err(PipelineError::DrainDeadline {
                 deadline,
-                not_durable: self.frontier.pending(),
+                held_back: self.frontier.pending(),
                 uncommitted: self.frontier.has_advanced() || !self.commits.is_empty(),
             }),
             Drained::Uncommitted => Err(PipelineError::DrainUncommitted),

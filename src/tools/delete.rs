@@ -338,18 +338,31 @@ async fn dead_letter_copies(
     };
     let objects = store::walk(store, "dlq/").await?;
     let stored: std::collections::BTreeSet<&str> = objects.iter().map(|o| o.key.as_str()).collect();
-    for object in objects.iter().filter(|o| !o.key.ends_with(".key")) {
+    // A copy's long key is `{copy}.key`; a write a crash cut short left `{copy}.tmp-PID` or
+    // `{copy}.key.tmp-PID` (filesystem store). Values are read, the copy's own temporary one
+    // too (it may be whole); keys go with their value.
+    let values = objects
+        .iter()
+        .filter(|o| !o.key.ends_with(".key") && !o.key.contains(".key.tmp-"));
+    for object in values {
         let Some(value) = store.read(&object.key).await? else {
             continue;
         };
         if let Some(owner) = owner(&value) {
             let keys = copies.entry(owner).or_default();
             keys.push(object.key.clone());
-            let long_key = format!("{}.key", object.key);
-            if stored.contains(long_key.as_str()) {
-                keys.push(long_key);
-            }
+            let siblings = format!("{}.", object.key);
+            keys.extend(
+                stored
+                    .range(siblings.as_str()..)
+                    .take_while(|k| k.starts_with(&siblings))
+                    .map(|k| k.to_string()),
+            );
         }
+    }
+    for keys in copies.values_mut() {
+        keys.sort();
+        keys.dedup();
     }
     Ok(copies)
 }
@@ -651,5 +664,41 @@ mod tests {
             Some((42, "834f314caae54030a1b0dc52b202f24a".into()))
         );
         assert_eq!(owner(b"\xc1 not msgpack"), None);
+    }
+
+    #[tokio::test]
+    async fn a_copys_long_key_and_the_temporary_files_a_crash_left_go_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let value = |replay: &str| {
+            rmp_serde::to_vec_named(&serde_json::json!({"project_id": 42, "replay_id": replay}))
+                .unwrap()
+        };
+        let (ours, theirs) = ("a".repeat(32), "b".repeat(32));
+        let files = [
+            ("dlq/t/0/17", value(&ours)),
+            ("dlq/t/0/17.key", b"k".to_vec()),
+            ("dlq/t/0/17.key.tmp-1", b"k".to_vec()),
+            ("dlq/t/0/17.tmp-2", b"cut sh".to_vec()),
+            ("dlq/t/0/18.tmp-3", value(&ours)),
+            ("dlq/t/0/170", value(&theirs)),
+        ];
+        for (key, bytes) in &files {
+            let path = dir.path().join(key);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, bytes).unwrap();
+        }
+        let store = crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap();
+        let copies = dead_letter_copies(Some(&store)).await.unwrap();
+        assert_eq!(
+            copies[&(42, ours)],
+            [
+                "dlq/t/0/17",
+                "dlq/t/0/17.key",
+                "dlq/t/0/17.key.tmp-1",
+                "dlq/t/0/17.tmp-2",
+                "dlq/t/0/18.tmp-3"
+            ]
+        );
+        assert_eq!(copies[&(42, theirs)], ["dlq/t/0/170"]);
     }
 }

@@ -92,6 +92,8 @@ pub struct Counts {
     pub redriven: BTreeMap<String, u64>,
     pub passed_over: u64,
     pub failed: Vec<String>,
+    /// Letters of a message another letter of this run re-drove already.
+    pub copies: u64,
 }
 
 /// Runs the re-drive, writing what it does to `out`.
@@ -152,9 +154,13 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     };
     writeln!(
         out,
-        "{total} letter(s) {verb}, {} passed over, {} failed",
+        "{total} letter(s) {verb}, {} passed over, {} failed{}",
         counts.passed_over,
-        counts.failed.len()
+        counts.failed.len(),
+        match counts.copies {
+            0 => String::new(),
+            n => format!(", {n} copies of letters re-driven skipped"),
+        }
     )?;
     for (reason, n) in &counts.redriven {
         writeln!(out, "  {reason:<22} {n}")?;
@@ -182,6 +188,8 @@ struct Read {
     counts: Counts,
     positions: BTreeMap<i32, i64>,
     last_commit: Option<Instant>,
+    /// The original positions (`original_topic`, `_partition`, `_offset`) re-driven so far.
+    sent: std::collections::HashSet<(String, String, String)>,
 }
 
 impl Read {
@@ -264,10 +272,23 @@ async fn redrive_letters(
         }
         let at = format!("{}/{partition}/{offset}", args.dlq_topic);
         let reason = header(&letter, "reason").unwrap_or_default();
+        // A message is dead-lettered again when its batch is flushed again (the flush failed
+        // later, the process was killed before the commit): its letters share the original
+        // position, and only the first is re-driven.
+        let origin = ["original_topic", "original_partition", "original_offset"]
+            .map(|name| header(&letter, name));
+        let origin = match origin {
+            [Some(topic), Some(partition), Some(offset)] => Some((topic, partition, offset)),
+            _ => None,
+        };
         if !chosen(args, &reason, &letter) {
             read.counts.passed_over += 1;
+        } else if origin.as_ref().is_some_and(|o| read.sent.contains(o)) {
+            writeln!(out, "skipped {at}: a copy of a letter re-driven already")?;
+            read.counts.copies += 1;
         } else if args.dry_run {
             *read.counts.redriven.entry(reason).or_default() += 1;
+            read.sent.extend(origin);
         } else {
             // A read of the blob store that fails (an outage, a store not configured as the
             // letter's) stops the run here, before the letter is counted as handled: the next
@@ -295,6 +316,7 @@ async fn redrive_letters(
                         .with_context(|| format!("re-producing {at} to {}", args.topic))?;
                     writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;
                     *read.counts.redriven.entry(reason).or_default() += 1;
+                    read.sent.extend(origin);
                 }
                 Err(why) => {
                     writeln!(out, "cannot re-drive {at}: {why}")?;

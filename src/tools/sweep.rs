@@ -8,7 +8,8 @@
 //! Bounded I/O: one directory is read at a time (nothing lists the whole store), and removals
 //! are paced to `--max-deletes-per-second`, so a sweep beside the running service never starves
 //! its writes. Anything not under a numeric retention directory (dead-letter copies under
-//! `dlq/`, the startup probe) is left alone, and so is a writer's temporary file.
+//! `dlq/`, the startup probe) is left alone. A writer's temporary file expires like the blobs
+//! beside it: one being written is as young as its write.
 
 use std::fs;
 use std::io;

@@ -409,12 +409,22 @@ async fn a_letter_whose_original_was_lost_is_reported_not_sent() {
 
 /// Puts a dead letter of `value` (reason `rejected_by_sink`) on `partition` of `dlq`.
 async fn letter(dlq: &str, partition: i32, value: &[u8]) {
+    letter_with(dlq, partition, value, &[]).await;
+}
+
+/// The same, with `more` headers.
+async fn letter_with(dlq: &str, partition: i32, value: &[u8], more: &[(&str, &str)]) {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::FutureRecord;
-    let headers = OwnedHeaders::new().insert(Header {
-        key: "reason",
-        value: Some("rejected_by_sink"),
-    });
+    let headers = [("reason", "rejected_by_sink")].iter().chain(more).fold(
+        OwnedHeaders::new(),
+        |headers, (key, value)| {
+            headers.insert(Header {
+                key,
+                value: Some(*value),
+            })
+        },
+    );
     producer()
         .send(
             FutureRecord::<(), [u8]>::to(dlq)
@@ -425,6 +435,44 @@ async fn letter(dlq: &str, partition: i32, value: &[u8]) {
         )
         .await
         .unwrap();
+}
+
+/// A message dead-lettered twice (its batch flushed again after a later stage failed, or after a
+/// kill before the commit) has two letters with the same original position: the run re-drives
+/// the first and skips the other, so the message is not ingested — and billed — twice.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn copies_of_a_letter_are_re_driven_once() {
+    let _stack = uses_stack().await;
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("redrive"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    let at = |offset: &'static str| {
+        [
+            ("original_topic", "ingest-replay-recordings"),
+            ("original_partition", "0"),
+            ("original_offset", offset),
+        ]
+    };
+    letter_with(&dlq, 0, b"five", &at("5")).await;
+    letter_with(&dlq, 0, b"six", &at("6")).await;
+    letter_with(&dlq, 0, b"five", &at("5")).await;
+    let (ok, said) = redrive_in(&dlq, &topic, &group, &["--blob-sink", "null"]);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains(
+            "2 letter(s) re-driven, 0 passed over, 0 failed, 1 copies of letters re-driven skipped"
+        ),
+        "{said}"
+    );
+    assert!(said.contains(&format!("skipped {dlq}/0/2")), "{said}");
+    let mut values: Vec<Vec<u8>> = read_messages(&topic, 2, Duration::from_secs(15))
+        .into_iter()
+        .map(|m| m.value)
+        .collect();
+    values.sort();
+    assert_eq!(values, [b"five".to_vec(), b"six".to_vec()]);
+    assert_eq!(high_watermarks(&topic, 1)[&0], 2, "nothing more sent");
 }
 
 /// A run that stops on an error (here a letter over the input topic's `max.message.bytes`) has
