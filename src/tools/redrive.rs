@@ -188,11 +188,35 @@ struct Read {
     counts: Counts,
     positions: BTreeMap<i32, i64>,
     last_commit: Option<Instant>,
-    /// The original positions (`original_topic`, `_partition`, `_offset`) re-driven so far.
-    sent: std::collections::HashSet<(String, String, String)>,
+    /// The originals re-driven so far: topic (its index in `topics`), partition, offset and
+    /// timestamp — 24 bytes each, so a million letters hold tens of MB.
+    sent: std::collections::HashSet<(usize, i32, i64, i64)>,
+    topics: Vec<String>,
 }
 
 impl Read {
+    /// The letter's original message — its `original_topic`, `_partition`, `_offset` and
+    /// `_timestamp` (the timestamp tells apart two messages at one offset of a topic recreated,
+    /// or of a log cut back) — when it says all four.
+    fn origin(&mut self, letter: &BorrowedMessage<'_>) -> Option<(usize, i32, i64, i64)> {
+        let topic = header(letter, "original_topic")?;
+        let partition = header(letter, "original_partition")?.parse().ok()?;
+        let offset = header(letter, "original_offset")?.parse().ok()?;
+        // Empty for a message the broker gave no timestamp.
+        let timestamp = match header(letter, "original_timestamp")? {
+            t if t.is_empty() => -1,
+            t => t.parse().ok()?,
+        };
+        let index = match self.topics.iter().position(|t| *t == topic) {
+            Some(index) => index,
+            None => {
+                self.topics.push(topic);
+                self.topics.len() - 1
+            }
+        };
+        Some((index, partition, offset, timestamp))
+    }
+
     /// Commits the letters handled so far (nothing in a dry run).
     fn commit(&mut self, args: &RedriveArgs, consumer: &BaseConsumer) -> anyhow::Result<()> {
         self.last_commit = Some(Instant::now());
@@ -273,14 +297,9 @@ async fn redrive_letters(
         let at = format!("{}/{partition}/{offset}", args.dlq_topic);
         let reason = header(&letter, "reason").unwrap_or_default();
         // A message is dead-lettered again when its batch is flushed again (the flush failed
-        // later, the process was killed before the commit): its letters share the original
-        // position, and only the first is re-driven.
-        let origin = ["original_topic", "original_partition", "original_offset"]
-            .map(|name| header(&letter, name));
-        let origin = match origin {
-            [Some(topic), Some(partition), Some(offset)] => Some((topic, partition, offset)),
-            _ => None,
-        };
+        // later, the process was killed before the commit): its letters name the same original,
+        // and only the first is re-driven.
+        let origin = read.origin(&letter);
         if !chosen(args, &reason, &letter) {
             read.counts.passed_over += 1;
         } else if origin.as_ref().is_some_and(|o| read.sent.contains(o)) {

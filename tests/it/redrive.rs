@@ -438,8 +438,9 @@ async fn letter_with(dlq: &str, partition: i32, value: &[u8], more: &[(&str, &st
 }
 
 /// A message dead-lettered twice (its batch flushed again after a later stage failed, or after a
-/// kill before the commit) has two letters with the same original position: the run re-drives
-/// the first and skips the other, so the message is not ingested — and billed — twice.
+/// kill before the commit) has two letters naming the same original: the run re-drives the first
+/// and skips the other, so the message is not ingested — and billed — twice. Another message at
+/// the same offset (a later timestamp) is not taken for a copy.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn copies_of_a_letter_are_re_driven_once() {
@@ -447,32 +448,38 @@ async fn copies_of_a_letter_are_re_driven_once() {
     let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("redrive"));
     create_topic(&topic, 1).await;
     create_topic(&dlq, 1).await;
-    let at = |offset: &'static str| {
+    let at = |offset: &'static str, timestamp: &'static str| {
         [
             ("original_topic", "ingest-replay-recordings"),
             ("original_partition", "0"),
             ("original_offset", offset),
+            ("original_timestamp", timestamp),
         ]
     };
-    letter_with(&dlq, 0, b"five", &at("5")).await;
-    letter_with(&dlq, 0, b"six", &at("6")).await;
-    letter_with(&dlq, 0, b"five", &at("5")).await;
+    letter_with(&dlq, 0, b"five", &at("5", "1702848650000")).await;
+    letter_with(&dlq, 0, b"six", &at("6", "1702848650000")).await;
+    letter_with(&dlq, 0, b"five", &at("5", "1702848650000")).await;
+    // Another message at the same offset (the topic recreated, or its log cut back).
+    letter_with(&dlq, 0, b"new five", &at("5", "1702900000000")).await;
     let (ok, said) = redrive_in(&dlq, &topic, &group, &["--blob-sink", "null"]);
     assert!(ok, "{said}");
     assert!(
         said.contains(
-            "2 letter(s) re-driven, 0 passed over, 0 failed, 1 copies of letters re-driven skipped"
+            "3 letter(s) re-driven, 0 passed over, 0 failed, 1 copies of letters re-driven skipped"
         ),
         "{said}"
     );
     assert!(said.contains(&format!("skipped {dlq}/0/2")), "{said}");
-    let mut values: Vec<Vec<u8>> = read_messages(&topic, 2, Duration::from_secs(15))
+    let mut values: Vec<Vec<u8>> = read_messages(&topic, 3, Duration::from_secs(15))
         .into_iter()
         .map(|m| m.value)
         .collect();
     values.sort();
-    assert_eq!(values, [b"five".to_vec(), b"six".to_vec()]);
-    assert_eq!(high_watermarks(&topic, 1)[&0], 2, "nothing more sent");
+    assert_eq!(
+        values,
+        [b"five".to_vec(), b"new five".to_vec(), b"six".to_vec()]
+    );
+    assert_eq!(high_watermarks(&topic, 1)[&0], 3, "nothing more sent");
 }
 
 /// A run that stops on an error (here a letter over the input topic's `max.message.bytes`) has
