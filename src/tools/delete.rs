@@ -467,8 +467,9 @@ async fn archive_rows(
     }
 }
 
-/// Waits until the delete submitted for `replay` (see [`unfinished_mutations`]) is done; the table's other mutations (Sentry's own, another run's) are not waited for, beyond
-/// what ClickHouse makes this one wait (mutations apply to a part in order).
+/// Waits until the delete submitted for `replay` (see [`unfinished_mutations`]) is done; the
+/// table's other mutations (Sentry's own) are not waited for, beyond what ClickHouse makes this
+/// one wait (mutations apply to a part in order).
 async fn wait_for_mutation(
     client: &::clickhouse::Client,
     config: &ClickHouseConfig,
