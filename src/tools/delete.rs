@@ -313,16 +313,13 @@ async fn find(
         }
     }
     if let Rows::ClickHouse(config) = rows {
-        found.rows = clickhouse::client(config)
-            .query(&format!(
-                "SELECT count() FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND is_archived = 0",
-                config.table
-            ))
-            .bind(target.project)
-            .bind(hyphenated(&target.replay))
-            .fetch_one::<u64>()
-            .await
-            .map_err(|e| clickhouse::setup_error(&e, config))?;
+        found.rows = live_rows(
+            &clickhouse::client(config),
+            config,
+            target.project,
+            &hyphenated(&target.replay),
+        )
+        .await?;
     }
     Ok(found)
 }
@@ -433,16 +430,7 @@ async fn archive_rows(
             wait_for_mutation(&client, config, &replay, timeout).await?;
             // A mutation killed by an operator ends without deleting; rows the running service
             // wrote since the delete began are not in it either.
-            let left = client
-                .query(&format!(
-                    "SELECT count() FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND is_archived = 0",
-                    config.table
-                ))
-                .bind(archive.project_id)
-                .bind(&replay)
-                .fetch_one::<u64>()
-                .await
-                .map_err(|e| clickhouse::setup_error(&e, config))?;
+            let left = live_rows(&client, config, archive.project_id, &replay).await?;
             if left > 0 {
                 bail!(
                     "{left} row(s) of the replay remain after its delete mutation ended (killed, or written since the delete began): run the delete again"
@@ -498,6 +486,25 @@ async fn wait_for_mutation(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
+}
+
+/// The replay's rows not archived: what a delete removes. `replay` hyphenated.
+async fn live_rows(
+    client: &::clickhouse::Client,
+    config: &ClickHouseConfig,
+    project: u64,
+    replay: &str,
+) -> anyhow::Result<u64> {
+    client
+        .query(&format!(
+            "SELECT count() FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND is_archived = 0",
+            config.table
+        ))
+        .bind(project)
+        .bind(replay)
+        .fetch_one::<u64>()
+        .await
+        .map_err(|e| clickhouse::setup_error(&e, config).into())
 }
 
 /// The table's unfinished deletes of `replay` (hyphenated) this tool submitted: their command
