@@ -254,7 +254,7 @@ impl Status {
         close_reason: &'static str,
         valid: u64,
         invalid_by_reason: impl Iterator<Item = (&'static str, u64)>,
-        sinks: impl Iterator<Item = (&'static str, Duration, u32, u64, u64)>,
+        sinks: impl Iterator<Item = (&'static str, Duration, u64, u64)>,
     ) {
         self.flushed.fetch_add(messages, Ordering::Relaxed);
         crate::metrics::flushed(close_reason, valid, invalid_by_reason, sinks);

@@ -22,7 +22,7 @@
 //! | `flush.batch_messages` | distribution | messages | `close_reason` | batch size |
 //! | `flush.items` | counter | rows/blobs/events | `sink` | what a sink wrote |
 //! | `flush.bytes` | counter | bytes | `sink` | what a sink wrote |
-//! | `flush.retries` | counter | attempts | `sink` | failed attempts that were retried |
+//! | `flush.retries` | counter | attempts | `sink` | failed attempts that were retried, counted as each fails |
 //! | `flush.errors` | counter | batches | `sink` | flushes that failed for good (the service stops) |
 //! | `sink.outage_ms` | gauge | ms | `sink` | how long the sink's current write has been failing (0 once it succeeds) |
 //! | `commits` | counter | commits | | offset commits |
@@ -330,8 +330,8 @@ pub fn flushed(
     close_reason: &'static str,
     valid: u64,
     invalid_by_reason: impl Iterator<Item = (&'static str, u64)>,
-    // Each sink: its name, how long its write took, its retries, the items and bytes it wrote.
-    sinks: impl Iterator<Item = (&'static str, Duration, u32, u64, u64)>,
+    // Each sink: its name, how long its write took, the items and bytes it wrote.
+    sinks: impl Iterator<Item = (&'static str, Duration, u64, u64)>,
 ) {
     counter!(MESSAGES_PROCESSED).increment(valid);
     let mut batch = valid;
@@ -340,19 +340,25 @@ pub fn flushed(
         batch += n;
     }
     histogram!(FLUSH_BATCH_MESSAGES, "close_reason" => close_reason).record(batch as f64);
-    for (sink, took, retries, items, bytes) in sinks {
+    for (sink, took, items, bytes) in sinks {
         histogram!(FLUSH_DURATION_MS, "sink" => sink).record(took.as_secs_f64() * 1000.0);
         counter!(FLUSH_ITEMS, "sink" => sink).increment(items);
         counter!(FLUSH_BYTES, "sink" => sink).increment(bytes);
-        if retries > 0 {
-            counter!(FLUSH_RETRIES, "sink" => sink).increment(u64::from(retries));
-        }
     }
 }
 
-/// A sink's write has been failing for `failing_for` (zero: it recovered).
-pub fn outage(sink: &'static str, failing_for: Duration) {
+/// An attempt of a sink's write failed and is retried; the write has been failing for
+/// `failing_for`. Counted as it happens, so that a rate alert fires during an outage.
+pub fn retrying(sink: &'static str, failing_for: Duration) {
+    counter!(FLUSH_RETRIES, "sink" => sink).increment(1);
     gauge!(SINK_OUTAGE_MS, "sink" => sink).set(failing_for.as_millis() as f64);
+}
+
+/// A sink's write succeeded: no outage. Set on every success, not only on the one that ends an
+/// outage `/status` shows: a startup check that passed clears that first, and the gauge, which
+/// the exporter keeps sending, would hold the outage's last length for good.
+pub fn sink_wrote(sink: &'static str) {
+    gauge!(SINK_OUTAGE_MS, "sink" => sink).set(0.0);
 }
 
 pub fn flush_failed(sink: &'static str) {

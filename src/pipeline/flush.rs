@@ -365,13 +365,13 @@ async fn write_with_retries(
         status.flush_progress();
         match result {
             Ok(written) => {
+                crate::metrics::sink_wrote(sink.name());
                 if let Some(lasted) = status.sink_recovered(sink.name()) {
                     warn!(
                         sink = sink.name(),
                         outage_ms = lasted.as_millis() as u64,
                         "sink recovered"
                     );
-                    crate::metrics::outage(sink.name(), Duration::ZERO);
                 }
                 return Ok(SinkReport {
                     sink: sink.name(),
@@ -385,7 +385,7 @@ async fn write_with_retries(
                     && (policy.max_attempts == 0 || attempt < policy.max_attempts) =>
             {
                 status.sink_failed(sink.name(), &error.message);
-                crate::metrics::outage(sink.name(), start.elapsed());
+                crate::metrics::retrying(sink.name(), start.elapsed());
                 let pause = policy.backoff(attempt, rand::rng().random::<f64>());
                 warn!(sink = sink.name(), attempt, backoff_ms = pause.as_millis() as u64, %error, "sink write failed; retrying");
                 tokio::time::sleep(pause).await;

@@ -77,6 +77,22 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
         },
     )
     .await;
+    // Failed attempts are counted as they fail (an alert on their rate fires during the
+    // outage), not once the flush is durable.
+    let retries = |m: &Metrics| {
+        m.counters
+            .get("replay_ingest.flush.retries|sink:clickhouse")
+            .copied()
+    };
+    wait_for(
+        "flush.retries sent during the outage",
+        Duration::from_secs(10),
+        || {
+            read.push(statsd.read_now());
+            read.last().and_then(retries).is_some_and(|n| n > 0.0)
+        },
+    )
+    .await;
     assert_eq!(service.status().unwrap()["paused"], true, "still paused");
     drop(outage);
 
@@ -213,7 +229,8 @@ async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joi
     let names = Names::create().await;
     let outage = Down::begin("clickhouse");
     let dir = tempfile::tempdir().unwrap();
-    let service = Service::start(&names.args(free_port(), dir.path()));
+    let statsd = Statsd::bind();
+    let service = Service::start(&names.args(statsd.port(), dir.path()));
     wait_for("the wait shown in /status", Duration::from_secs(30), || {
         service
             .status()
@@ -252,6 +269,26 @@ async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joi
     )
     .await;
     assert_eq!(service.status().unwrap()["outages"], serde_json::json!({}));
+    // The gauge showed the wait and is back at 0: the startup check that passed cleared the
+    // outage in /status before the first write succeeded, and the gauge, which the exporter
+    // keeps sending, held the wait's length for good.
+    let outage_ms = || {
+        statsd
+            .read_now()
+            .values
+            .remove("replay_ingest.sink.outage_ms|sink:clickhouse")
+            .unwrap_or_default()
+    };
+    let mut seen = outage_ms();
+    wait_for("sink.outage_ms back at 0", Duration::from_secs(10), || {
+        seen.extend(outage_ms());
+        seen.last() == Some(&0.0)
+    })
+    .await;
+    assert!(
+        seen.iter().any(|&ms| ms > 0.0),
+        "sink.outage_ms showed the wait: {seen:?}"
+    );
     assert_eq!(service.terminate(), Some(0));
 }
 
