@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use rdkafka::Offset;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
@@ -48,6 +49,30 @@ pub const DRAIN_MARGIN: Duration = Duration::from_secs(1);
 pub struct Polled {
     pub messages: Vec<(Record, u64)>,
     pub room: super::handoff::Ticket,
+}
+
+/// What the polling thread hands over: messages, or why the brokers will never let this member
+/// consume as configured (the pipeline stops with it).
+pub type FromPoller = Result<Polled, String>;
+
+/// A consumer error no retry gets past — the group coordinator refuses the member's settings or
+/// the principal's rights — with what to fix. librdkafka keeps retrying these, every few
+/// seconds, for ever: a member ready and consuming nothing, seen only as lag from outside.
+fn refusal(error: &KafkaError) -> Option<String> {
+    let fix = match error.rdkafka_error_code()? {
+        RDKafkaErrorCode::InvalidSessionTimeout => {
+            "`--session-timeout-ms` is outside what the brokers allow (group.min.session.timeout.ms to group.max.session.timeout.ms; 6 s to 30 min by default)"
+        }
+        RDKafkaErrorCode::GroupAuthorizationFailed => {
+            "the principal may not join the consumer group `--group-id` (it needs READ on the group)"
+        }
+        RDKafkaErrorCode::TopicAuthorizationFailed => {
+            "the principal may not read `--topic` (it needs READ and DESCRIBE on the topic)"
+        }
+        RDKafkaErrorCode::InvalidGroupId => "`--group-id` is not a group id the brokers accept",
+        _ => return None,
+    };
+    Some(format!("the brokers refuse this member: {error}: {fix}"))
 }
 
 /// Most messages in one [`Polled`] batch.
@@ -222,7 +247,7 @@ pub type IngestConsumer = BaseConsumer<IngestContext>;
 /// generation they were polled in. Returns the thread handle.
 pub fn spawn_poller(
     consumer: Arc<IngestConsumer>,
-    events: mpsc::UnboundedSender<Polled>,
+    events: mpsc::UnboundedSender<FromPoller>,
     handoff: Arc<Handoff>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
@@ -243,7 +268,7 @@ pub fn spawn_poller(
 
 struct Poller {
     consumer: Arc<IngestConsumer>,
-    events: mpsc::UnboundedSender<Polled>,
+    events: mpsc::UnboundedSender<FromPoller>,
     handoff: Arc<Handoff>,
     ownership: Arc<Ownership>,
     /// Polled, not yet handed over (in order), with their generations. While anything is held
@@ -290,7 +315,13 @@ impl Poller {
             }
             Some(Err(KafkaError::PartitionEOF(_))) | None => false,
             Some(Err(error)) => {
-                warn!(%error, "consumer error");
+                match refusal(&error) {
+                    // The pipeline stops on it; this thread is stopped with it.
+                    Some(refused) => {
+                        let _ = self.events.send(Err(refused));
+                    }
+                    None => warn!(%error, "consumer error"),
+                }
                 false
             }
         };
@@ -327,7 +358,7 @@ impl Poller {
             ) {
                 Reserved::Room(room) => {
                     let messages = self.held.drain(..count).collect();
-                    if self.events.send(Polled { messages, room }).is_err() {
+                    if self.events.send(Ok(Polled { messages, room })).is_err() {
                         return false;
                     }
                 }
@@ -441,5 +472,27 @@ mod tests {
                 "what /status shows"
             );
         });
+    }
+
+    #[test]
+    fn only_errors_no_retry_gets_past_stop_the_member() {
+        let refused = |code| refusal(&KafkaError::MessageConsumption(code));
+        let session = refused(RDKafkaErrorCode::InvalidSessionTimeout).unwrap();
+        assert!(session.contains("`--session-timeout-ms`"), "{session}");
+        assert!(
+            refused(RDKafkaErrorCode::GroupAuthorizationFailed)
+                .unwrap()
+                .contains("READ on the group")
+        );
+        for passing in [
+            RDKafkaErrorCode::BrokerTransportFailure,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::CoordinatorNotAvailable,
+            RDKafkaErrorCode::RebalanceInProgress,
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+        ] {
+            assert_eq!(refused(passing), None, "{passing:?}");
+        }
+        assert_eq!(refusal(&KafkaError::PartitionEOF(0)), None);
     }
 }

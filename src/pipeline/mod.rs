@@ -44,7 +44,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::health::Status;
 use crate::kafka::consumer::{
-    IngestConsumer, IngestContext, Polled, Revoke, commit_list, spawn_poller,
+    FromPoller, IngestConsumer, IngestContext, Polled, Revoke, commit_list, spawn_poller,
 };
 use crate::kafka::handoff::{Handoff, Ticket};
 use crate::kafka::record::Record;
@@ -96,6 +96,10 @@ pub enum PipelineError {
     TaskDied(String),
     #[error("the Kafka polling thread stopped")]
     PollerGone,
+    /// The group coordinator refuses the member's settings or the principal's rights: no retry
+    /// would ever consume.
+    #[error("{0}")]
+    Refused(String),
     /// Stopping is the way back to increasing offsets: the next start reads from the committed
     /// ones, which nothing past the cut has moved.
     #[error(
@@ -279,7 +283,7 @@ pub async fn consume(
 struct Pipeline {
     topic: String,
     consumer: Arc<IngestConsumer>,
-    polled: mpsc::UnboundedReceiver<Polled>,
+    polled: mpsc::UnboundedReceiver<FromPoller>,
     revokes: mpsc::UnboundedReceiver<Revoke>,
     /// What this member may still commit, per partition.
     revocations: Revocations,
@@ -379,9 +383,10 @@ impl Pipeline {
                     }
                 }
                 polled = self.polled.recv(), if self.takes_messages() => match polled {
-                    Some(Polled { messages, room }) => {
+                    Some(Ok(Polled { messages, room })) => {
                         self.intake = Some(Intake { messages: messages.into(), _room: room });
                     }
+                    Some(Err(refused)) => return Err(PipelineError::Refused(refused)),
                     None => return Err(PipelineError::PollerGone),
                 },
                 () = tokio::time::sleep_until(age_deadline.unwrap_or_else(tokio::time::Instant::now)), if age_deadline.is_some() => {}
@@ -660,7 +665,7 @@ impl Pipeline {
             report
                 .sinks
                 .iter()
-                .map(|s| (s.sink, s.took, s.retries, s.written.items, s.written.bytes)),
+                .map(|s| (s.sink, s.took, s.written.items, s.written.bytes)),
         );
         for rejected in &report.rejected {
             self.status.record_invalid(rejected.reason().as_str());

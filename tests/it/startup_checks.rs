@@ -67,6 +67,33 @@ async fn a_missing_topic_stops_the_service_naming_it() {
     }
 }
 
+/// A session timeout the group coordinator refuses (below the broker's
+/// `group.min.session.timeout.ms`, 1 s on the local broker) stops the service, naming the flag.
+/// Before, librdkafka retried the join every two seconds for ever and the service, ready, only
+/// logged a warning each time: it consumed nothing, seen only as lag from outside.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_session_timeout_the_brokers_refuse_stops_the_service_naming_the_flag() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    produce_fixtures(&names.topic, &all_fixtures(), 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = with_flag(
+        names.args(free_port(), dir.path()),
+        "--session-timeout-ms",
+        "500",
+    );
+    let (exit, log) = run_until_exit(&with_flag(args, "--drain-deadline-ms", "100")).await;
+    assert_eq!(exit, Some(1), "{log}");
+    assert!(
+        log.contains("the brokers refuse this member")
+            && log.contains("Invalid session timeout")
+            && log.contains("`--session-timeout-ms`"),
+        "{log}"
+    );
+    assert!(committed(&names.group, &names.topic, 2).is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn with_every_destination_in_place_the_checks_pass_having_written_the_probe_object() {
