@@ -192,6 +192,21 @@ def main():
         if data.get("REPLAY_INGEST_PROCESSING_THREADS") != threads:
             fail(f"{values}: {threads} processing threads expected, got {data.get('REPLAY_INGEST_PROCESSING_THREADS')}")
     print("processing threads: one per requested core, or config.PROCESSING_THREADS")
+    # Helm reads YAML numbers as floats: 1048576 would print as 1.048576e+06, which librdkafka
+    # reads as 1. KEDA reads the lag from the service's own brokers unless told otherwise.
+    rendered = helm.Chart.load(str(CHART)).render(
+        {"kafkaProperties": {"queued.max.messages.kbytes": 1048576, "fetch.wait.max.ms": 100, "enable.partition.eof": False},
+         "config": {"KAFKA_BROKERS": "b1:9092,b2:9092"}, "autoscaling": {"keda": {"enabled": True}}},
+        name="x", namespace="y")
+    docs = documents(rendered)
+    properties = next(d for _, d in docs if d["kind"] == "ConfigMap")["data"]["REPLAY_INGEST_KAFKA_PROPERTIES"].split("\n")
+    expected = ["enable.partition.eof=false", "fetch.wait.max.ms=100", "queued.max.messages.kbytes=1048576"]
+    if properties != expected:
+        fail(f"numbers in kafkaProperties must render as written: {properties} (expected {expected})")
+    brokers = next(d for _, d in docs if d["kind"] == "ScaledObject")["spec"]["triggers"][0]["metadata"]["bootstrapServers"]
+    if brokers != "b1:9092,b2:9092":
+        fail(f"KEDA must read the lag from config.KAFKA_BROKERS unless autoscaling.keda.bootstrapServers is set: {brokers}")
+    print("kafkaProperties: whole numbers as integers; KEDA on the service's brokers")
     # The chart refuses values that cannot work — each with its own message; any other render
     # error (a template bug) is a failure, not the expected refusal.
     refusals = [
@@ -201,6 +216,9 @@ def main():
         ({"config": {"KAFKA_SASL_PASSWORD": "x"}}, "config.KAFKA_SASL_PASSWORD: a secret goes in secrets."),
         ({"kafkaProperties": {"sasl.password": "x"}}, "kafkaProperties.sasl.password: a secret goes in secrets."),
         ({"kafkaProperties": {"ssl.key.pem": "x"}}, "kafkaProperties.ssl.key.pem: a secret goes in secrets."),
+        ({"secrets": {"kafkaCa": {"existingSecret": "ca"}}}, "secrets.kafkaCa is set but config.KAFKA_SECURITY_PROTOCOL is PLAINTEXT"),
+        ({"secrets": {"kafkaSaslPassword": {"existingSecret": "pw"}}, "config": {"KAFKA_SECURITY_PROTOCOL": "SSL"}},
+         "secrets.kafkaSaslPassword is set but config.KAFKA_SECURITY_PROTOCOL is SSL"),
     ]
     for values, message in refusals:
         try:

@@ -66,10 +66,12 @@ pub struct EventsArgs {
         default_value = "all"
     )]
     pub hydration_error_issues: ProjectFilter,
-    /// Projects remembered as already announced; older ones may be announced again.
+    /// Projects remembered as already announced; older ones may be announced again. At least 1:
+    /// none remembered would announce every replay of every project.
     #[arg(
         long,
         env = "REPLAY_INGEST_FIRST_REPLAY_CACHE_SIZE",
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000_000),
         default_value_t = 100_000
     )]
     pub first_replay_cache_size: usize,

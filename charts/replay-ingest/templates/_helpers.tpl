@@ -34,10 +34,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* librdkafka properties, one per line (values may hold commas). */}}
+{{/* librdkafka properties, one per line (values may hold commas). Helm reads a YAML number
+     as a float, which prints 1000000 as 1e+06 — and librdkafka reads that as 1: whole numbers
+     are written as integers. */}}
 {{- define "replay-ingest.kafkaProperties" -}}
 {{- range $key, $value := .Values.kafkaProperties }}
+{{- if and (kindIs "float64" $value) (eq $value (floor $value)) }}
+{{ $key }}={{ int64 $value }}
+{{- else }}
 {{ $key }}={{ $value }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
