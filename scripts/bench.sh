@@ -18,7 +18,10 @@ results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 
 echo "== criterion: cargo bench --bench process"
-cargo bench --locked --bench process >/dev/null 2>&1
+# Its report is read from target/criterion below; on a failure, its output says why.
+bench_log=$(mktemp)
+cargo bench --locked --bench process >"$bench_log" 2>&1 || { tail -n 30 "$bench_log" >&2; exit 1; }
+rm -f "$bench_log"
 
 echo "== process against libdeflate, interleaved (examples/process_cpu --vs-libdeflate)"
 cargo build --locked --release --quiet --example process_cpu
@@ -132,8 +135,8 @@ out += ["", "## CPU per message (null sinks)", "",
         "(criterion's `process` includes it). The bare consumer runs just before the service; `process` runs",
         "just before it and again just after it, and the column is the mean of the two (the machine's speed",
         "drifts within minutes by more than the differences sought; the two are in brackets).", "",
-        "| mix | threads | service µs/msg | process µs/msg (before, after) | rows + events µs/msg | bare consumer µs/msg | service / (process + bare) | kernel µs/msg | page faults/msg |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        "| mix | threads | buffer | service µs/msg | process µs/msg (before, after) | rows + events µs/msg | bare consumer µs/msg | service / (process + bare) | kernel µs/msg | page faults/msg |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 def work_ratio(r):
     return r["steady_cpu_us_per_msg"] / (r["process_cpu_us_per_msg"] + r["bare_steady_cpu_us_per_msg"])
 for r in runs:
@@ -141,7 +144,7 @@ for r in runs:
         continue
     bare_us, work_us = r["bare_steady_cpu_us_per_msg"], r["process_cpu_us_per_msg"]
     before, after = r["process_cpu_us_before_after"]
-    out.append(f"| {mix_of(r)} | {r['threads'] or 'all'} | {r['steady_cpu_us_per_msg']:.1f} | {work_us:.1f} ({before:.1f}, {after:.1f}) | "
+    out.append(f"| {mix_of(r)} | {r['threads'] or 'all'} | {r['buffer_bytes'] >> 20} MiB | {r['steady_cpu_us_per_msg']:.1f} | {work_us:.1f} ({before:.1f}, {after:.1f}) | "
                f"{r['outputs_cpu_us_per_msg']:.1f} | {bare_us:.1f} | {work_ratio(r):.2f}× | {r['system_us_per_msg']:.1f} | {r['faults_per_msg']:.2f} |")
 medians = []
 for threads in (1, 2):
@@ -153,10 +156,10 @@ out += ["", "Small segments, service / work, median of the runs: " + "; ".join(m
 out += ["", "Where the service's CPU goes (the whole run, µs per message, by thread; `process-N` are the",
         "processing threads, `kafka-poll` the polling thread, `replay-ingest` the pipeline's task, `rdk:*`",
         "librdkafka's, `tokio-rt-worker` the flushes):", "",
-        "| mix | threads | by thread |", "|---|---:|---|"]
+        "| mix | threads | buffer | by thread |", "|---|---:|---:|---|"]
 for r in runs:
     if r["sinks"] == "null":
-        out.append(f"| {mix_of(r)} | {r['threads'] or 'all'} | " + ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_us_by_thread"].items()) + " |")
+        out.append(f"| {mix_of(r)} | {r['threads'] or 'all'} | {r['buffer_bytes'] >> 20} MiB | " + ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_us_by_thread"].items()) + " |")
 out += ["", "## CPU per message (real sinks)", "",
         "The same measure with every real destination: blobs to the GCS emulator (one upload per message),",
         "rows to ClickHouse, events to Kafka. `tokio-rt-worker` threads are the async runtime's and the",

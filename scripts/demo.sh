@@ -13,7 +13,7 @@ work=$(mktemp -d /tmp/replay-ingest-demo-data.XXXXXX)
 pid=""
 cleanup() {
   if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  scripts/stack.sh down >/dev/null
+  isolated_stack_down
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -94,5 +94,12 @@ PY
 echo
 echo "== SIGTERM: draining"
 kill -TERM "$pid"
-wait "$pid" && echo "service exited 0 after a clean drain"
+status=0
+wait "$pid" || status=$?
 pid=""
+if [ "$status" -ne 0 ]; then
+  echo "the service exited $status after SIGTERM: its drain failed; its log ends:" >&2
+  tail -n 50 "$work/service.log" >&2
+  exit 1
+fi
+echo "service exited 0 after a clean drain"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end load run on the local broker: publishes COUNT copies of the recorded fixture mix,
+# End-to-end load run on the local broker: publishes COUNT messages of the recorded fixture mix,
 # then measures (1) a bare rdkafka consumer reading them, (2) the work itself, `process` on one
 # thread over as many messages of the same mix (examples/process_cpu), and (3) the service with the
 # null sink processing them, from a backlog far larger than its buffer. Prints throughput, peak
@@ -33,7 +33,10 @@ BUFFER=${2:-67108864}
 
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh load
-trap 'scripts/stack.sh down >/dev/null' EXIT
+pid=""
+# The service too, when the measurement stops half way (a stall): left running, it and perf
+# would outlive the stack.
+trap '[ -z "$pid" ] || { kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }; isolated_stack_down' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
@@ -207,4 +210,5 @@ if sys.argv[9]:
 PY
 kill -TERM "$pid"
 wait "$pid"
+pid=""
 wait

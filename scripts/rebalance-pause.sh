@@ -3,8 +3,9 @@
 # `cooperative-sticky` assignors and for the consumer group protocol (KIP-848,
 # `group.protocol=consumer`), with two members under a steady load on the local Apache Kafka:
 # member A runs alone, B joins (rebalance 1), then A leaves on SIGTERM (rebalance 2). Each
-# member's `/status` is sampled every 20 ms; a pause is the longest time a member that holds
-# partitions through the rebalance consumed nothing while messages were waiting. An observer in
+# member's `/status` is sampled every 20 ms; a pause is the longest time, in the 12 s after a
+# rebalance began, that the member which stays (A on the join, B on the leave) consumed nothing
+# under the steady load. An observer in
 # a group of its own reads the same topic: its pauses are the broker's and the load's, not the
 # group protocol's.
 # Usage: scripts/rebalance-pause.sh [RATE] [STRATEGY...]
@@ -20,7 +21,7 @@ STRATEGIES=("$@")
 
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh rebalance
-trap 'scripts/stack.sh down >/dev/null' EXIT
+trap 'isolated_stack_down' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
@@ -33,7 +34,7 @@ for strategy in "${STRATEGIES[@]}"; do
   "${CARGO_TARGET_DIR:-target}"/release/examples/topics --brokers "$REPLAY_INGEST_TEST_BROKERS" \
     "$topic:8:ingest-replay-recordings" "$topic-dlq:1"
   python3 - "$strategy" "$topic" "$RATE" <<'PY'
-import json, os, signal, subprocess, sys, threading, time, urllib.request, glob, socket
+import atexit, json, os, signal, subprocess, sys, threading, time, urllib.request, glob, socket
 
 strategy, topic, rate = sys.argv[1], sys.argv[2], int(sys.argv[3])
 brokers = os.environ["REPLAY_INGEST_TEST_BROKERS"]
@@ -47,6 +48,10 @@ def free_port():
 protocol = (["--kafka-property", "group.protocol=consumer"] if strategy == "consumer"
             else ["--kafka-property", f"partition.assignment.strategy={strategy}"])
 
+# Whatever this script started is stopped when it ends, also half way through (an exception).
+children = []
+atexit.register(lambda: [p.kill() for p in children if p.poll() is None])
+
 def member(name, group=topic):
     port = free_port()
     args = [os.environ["REBALANCE_BIN"], "consume", "--brokers", brokers, "--topic", topic,
@@ -55,7 +60,8 @@ def member(name, group=topic):
             "--session-timeout-ms", "6000", "--drain-deadline-ms", "5000", "--buffer-max-age-ms", "500",
             *protocol]
     log = open(f"{os.environ['REPLAY_INGEST_STACK_DIR']}/{name}-{strategy}.log", "w")
-    return subprocess.Popen(args, stderr=log, stdout=subprocess.DEVNULL), port
+    children.append(subprocess.Popen(args, stderr=log, stdout=subprocess.DEVNULL))
+    return children[-1], port
 
 samples = {"A": [], "B": [], "observer": []}
 stop = threading.Event()
@@ -71,8 +77,10 @@ def sample(name, port):
 
 def produce():
     # One producer, `rate` a second in steps of 20 ms: a steady stream for the whole run.
-    return subprocess.Popen([os.environ["REBALANCE_PRODUCE"], "--brokers", brokers, "--topic", topic,
-                             "--count", str(rate * 60), "--rate", str(rate), *small], stdout=subprocess.DEVNULL)
+    children.append(subprocess.Popen([os.environ["REBALANCE_PRODUCE"], "--brokers", brokers, "--topic", topic,
+                                      "--count", str(rate * 60), "--rate", str(rate), *small],
+                                     stdout=subprocess.DEVNULL))
+    return children[-1]
 
 a, a_port = member("A")
 threading.Thread(target=sample, args=("A", a_port), daemon=True).start()
@@ -94,7 +102,7 @@ observer.send_signal(signal.SIGTERM)
 a.wait(); b.wait(); observer.wait(); producer.wait()
 
 def longest_stall(series, start, end):
-    """Longest time without a new consumed message between start and end, while holding partitions."""
+    """Longest time without a new consumed message between start and end."""
     points = [(t, c, p) for t, c, p in series if start <= t <= end]
     longest, since, last = 0.0, None, None
     for t, consumed, partitions in points:

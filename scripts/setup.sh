@@ -15,7 +15,12 @@ case "$what" in stack | test) ;; *) echo "usage: scripts/setup.sh [stack|test]" 
 cache=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
 
 packages=()
-command -v java >/dev/null || packages+=(openjdk-17-jre-headless)
+# Kafka 4 needs Java 17 or later: an older default java gets 17 beside it (it becomes the default).
+java_major=$( (java -version 2>&1 || true) | sed -n 's/.* version "\(1\.\)\{0,1\}\([0-9]*\).*/\2/p' | head -n 1)
+[ "${java_major:-0}" -ge 17 ] || packages+=(openjdk-17-jre-headless)
+# Debian's python3 has no venv module without python3-venv (the chart check, chDB and the bench
+# scripts make venvs; the README asks only for python3 and pip).
+python3 -c 'import ensurepip' 2>/dev/null || packages+=(python3-venv)
 command -v mvn >/dev/null || packages+=(maven)
 command -v clickhouse-server >/dev/null || packages+=(clickhouse-server)
 optional=()

@@ -12,16 +12,28 @@
 #   SOAK_LOAD_S=N    seconds of each load phase (default 120)
 #   SOAK_IDLE_S=N    seconds of each idle phase (default 60)
 #   SOAK_SAMPLE_S=N  seconds between samples (default 5)
+#   SOAK_OUT=DIR     where soak.md, soak.csv and soak.png go: docs/ for the one-hour run the docs
+#                    show (its hand-written sections after the table are kept), a fresh directory
+#                    under /tmp for any other length
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${1:-60}
+if [ -n "${SOAK_OUT:-}" ]; then
+  out=$SOAK_OUT
+elif [ "$MINUTES" = 60 ]; then
+  out=docs
+else
+  out=$(mktemp -d "/tmp/replay-ingest-soak-${MINUTES}min.XXXXXX")
+fi
+mkdir -p "$out"
+echo "soak: results go to $out/"
 CACHE=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
 
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh soak
 export REPLAY_INGEST_GCS_BACKEND=filesystem
 pid=""
-trap '[ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null; scripts/stack.sh down >/dev/null' EXIT
+trap '[ -z "$pid" ] || { kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }; isolated_stack_down' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
@@ -50,13 +62,13 @@ statsd=$(free_port)
   --issues-topic "$topic-issues" 2>"$REPLAY_INGEST_STACK_DIR/service.log" &
 pid=$!
 
-"$venv/bin/python" - "$pid" "$port" "$statsd" "$MINUTES" "$topic" "$release/examples/produce" <<'PY'
+"$venv/bin/python" - "$pid" "$port" "$statsd" "$MINUTES" "$topic" "$release/examples/produce" "$out" <<'PY'
 import json, os, pathlib, re, socket, subprocess, sys, time, urllib.request
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-pid, port, statsd_port, minutes, topic, produce = sys.argv[1:7]
+pid, port, statsd_port, minutes, topic, produce, out = sys.argv[1:8]
 rate = int(os.environ.get("SOAK_RATE", 100))
 load_s, idle_s = int(os.environ.get("SOAK_LOAD_S", 120)), int(os.environ.get("SOAK_IDLE_S", 60))
 sample_s = float(os.environ.get("SOAK_SAMPLE_S", 5))
@@ -131,7 +143,7 @@ while time.monotonic() - start < duration:
 if producer:
     producer.wait()
 
-docs = pathlib.Path("docs")
+docs = pathlib.Path(out)
 with open(docs / "soak.csv", "w") as out:
     out.write(",".join(rows[0]) + "\n")
     for r in rows:
@@ -155,7 +167,7 @@ fig.suptitle(f"soak: {minutes} min, {rate} msg/s for {load_s} s then {idle_s} s 
 fig.tight_layout()
 fig.savefig(docs / "soak.png", dpi=100)
 
-warm = [r for r in rows if r["t"] >= min(600, duration / 6)]
+warm = [r for r in rows if r["t"] >= min(600, duration / 6)] or rows
 def spread(key):
     values = [r[key] for r in warm]
     mid = (max(values) + min(values)) / 2
@@ -172,7 +184,7 @@ lines = ["# Soak", "", "Made by `scripts/soak.sh`: the service with every real s
          f"for {minutes} minutes, {rate} messages/s of {len(fixtures)} recorded segments for {load_s} s then {idle_s} s idle, sampled",
          f"every {sample_s:g} s; the warm-up is the first {min(600, duration / 6) / 60:.0f} minutes. Raw samples: `soak.csv`.", "",
          "| | after warm-up |", "|---|---|",
-         f"| messages consumed | {rows[-1]['consumed']} |",
+         f"| messages consumed (whole run) | {rows[-1]['consumed']} |",
          f"| RSS | {rss[0]:.0f}–{rss[1]:.0f} MiB (±{rss[2]:.1f} %) |",
          f"| file descriptors | {fds[0]:.0f}–{fds[1]:.0f} (±{fds[2]:.1f} %) |",
          f"| threads | {threads[0]:.0f}–{threads[1]:.0f} |",
@@ -180,6 +192,9 @@ lines = ["# Soak", "", "Made by `scripts/soak.sh`: the service with every real s
          f"| consumer lag at the end of each idle phase | {', '.join(f'{v:.0f}' for v in idle_ends) or '—'} |",
          f"| RSS at the end of each idle phase (MiB) | {', '.join(f'{v:.1f}' for v in idle_rss) or '—'} |",
          "", "![soak](soak.png)", ""]
-(docs / "soak.md").write_text("\n".join(lines))
+# What was written by hand after the table (from its first section on) stays.
+previous = (docs / "soak.md").read_text() if (docs / "soak.md").exists() else ""
+kept = previous[previous.index("\n## ") + 1:] if "\n## " in previous else ""
+(docs / "soak.md").write_text("\n".join(lines) + ("\n" + kept if kept else ""))
 print("\n".join(lines))
 PY

@@ -25,6 +25,9 @@ KAFKA_CONTROLLER_PORT=${REPLAY_INGEST_KAFKA_CONTROLLER_PORT:-19093}
 KAFKA_VERSION=4.4.0
 KAFKA_HOME=$CACHE/kafka/$KAFKA_VERSION
 KAFKA_DATA=$STATE/kafka-data
+# The plugin that fetches Kafka's jars, at a fixed version (Debian's Maven resolves `dependency:`
+# to 2.8; unpinned, another Maven could resolve another).
+MAVEN_DEPENDENCY=org.apache.maven.plugins:maven-dependency-plugin:2.8
 CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-18123}
 CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$((CLICKHOUSE_PORT + 1))}
 GCS_PORT=${REPLAY_INGEST_GCS_PORT:-14443}
@@ -46,7 +49,21 @@ wait_port() {
   die "$name did not open 127.0.0.1:$port (log: $log)"
 }
 
-running() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
+# A process's start time (clock ticks after boot; /proc/PID/stat's 22nd field, counted after the
+# command name, which may hold spaces).
+started() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d ' ' -f 20; }
+
+# Records NAME's pid, and its start time, which tells it from a process that reused the pid.
+record() { echo "$2" >"$STATE/$1.pid"; started "$2" >"$STATE/$1.started"; }
+
+# NAME is running: the recorded pid is alive and is still the process started (a state directory
+# under /tmp can outlive a reboot, and its pids go to other processes).
+running() {
+  local pid
+  pid=$(cat "$STATE/$1.pid" 2>/dev/null) || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  [ ! -f "$STATE/$1.started" ] || [ "$(started "$pid")" = "$(cat "$STATE/$1.started")" ]
+}
 
 install_pypi_stack() {
   [ -x "$FAKE_GCS" ] && return 0
@@ -66,7 +83,7 @@ start_gcs() {
   esac
   nohup "$FAKE_GCS" -scheme http -host 127.0.0.1 -port "$GCS_PORT" "$@" -log-level warn \
     >"$STATE/gcs.log" 2>&1 &
-  echo $! >"$STATE/gcs.pid"
+  record gcs $!
   wait_port gcs "$GCS_PORT" "$STATE/gcs.log"
 }
 
@@ -91,14 +108,14 @@ install_kafka() {
   </dependencies>
 </project>
 XML
-  mvn -q -B -f "$KAFKA_HOME/pom.xml" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$libs" \
+  mvn -q -B -f "$KAFKA_HOME/pom.xml" "$MAVEN_DEPENDENCY:copy-dependencies" -DincludeScope=runtime -DoutputDirectory="$libs" \
     >"$KAFKA_HOME/fetch.log" 2>&1 || { tail -20 "$KAFKA_HOME/fetch.log" >&2; die "maven could not fetch kafka_2.13:$KAFKA_VERSION"; }
   # The POMs leave out the SLF4J binding: without it the broker logs nothing, not even why it
   # failed to start. The one for slf4j-api 1.7 (what Kafka uses), at Kafka's own log4j version.
   local log4j
   log4j=$(find "$libs" -name 'log4j-core-*.jar' -printf '%f\n' | sed 's/^log4j-core-\(.*\)\.jar$/\1/')
   [ -n "$log4j" ] || die "kafka_2.13:$KAFKA_VERSION brought no log4j-core"
-  mvn -q -B dependency:copy -Dartifact="org.apache.logging.log4j:log4j-slf4j-impl:$log4j" -DoutputDirectory="$libs" \
+  mvn -q -B "$MAVEN_DEPENDENCY:copy" -Dartifact="org.apache.logging.log4j:log4j-slf4j-impl:$log4j" -DoutputDirectory="$libs" \
     >>"$KAFKA_HOME/fetch.log" 2>&1 || { tail -20 "$KAFKA_HOME/fetch.log" >&2; die "maven could not fetch log4j-slf4j-impl:$log4j"; }
   cat >"$KAFKA_HOME/log4j2.properties" <<'PROPS'
 status = warn
@@ -178,7 +195,7 @@ start_kafka() {
   fi
   : >"$STATE/kafka.log"
   setsid nohup "${KAFKA_JAVA[@]}" kafka.Kafka "$STATE/kafka.properties" >"$STATE/kafka.log" 2>&1 </dev/null &
-  echo $! >"$STATE/kafka.pid"
+  record kafka $!
   for _ in $(seq 1 600); do
     grep -q 'Kafka Server started' "$STATE/kafka.log" && port_open "$KAFKA_PORT" && return 0
     running kafka || { tail -30 "$STATE/kafka.log" >&2; die "kafka exited while starting (log: $STATE/kafka.log)"; }
@@ -227,7 +244,7 @@ XML
 </yandex>
 XML
   nohup clickhouse-server --config-file="$conf/config.xml" >"$STATE/clickhouse.log" 2>&1 &
-  echo $! >"$STATE/clickhouse.pid"
+  record clickhouse $!
   wait_port clickhouse "$CLICKHOUSE_PORT" "$STATE/clickhouse.log"
   for _ in $(seq 1 100); do
     [ "$(python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$CLICKHOUSE_PORT/ping', timeout=1).read().decode().strip())" 2>/dev/null)" = "Ok." ] && return 0
@@ -274,12 +291,12 @@ stop() {
     for _ in $(seq 1 100); do running "$name" || break; sleep 0.1; done
     running "$name" && kill -9 "$(cat "$STATE/$name.pid")" 2>/dev/null || true
   fi
-  rm -f "$STATE/$name.pid"
+  rm -f "$STATE/$name.pid" "$STATE/$name.started"
 }
 
 down() {
   for name in kafka clickhouse gcs; do stop "$name"; done
-  rm -rf /dev/shm/replay-ingest-clickhouse-"$CLICKHOUSE_PORT" "$KAFKA_DATA"
+  rm -rf /dev/shm/replay-ingest-clickhouse-"$CLICKHOUSE_PORT" "$KAFKA_DATA" "$STATE/gcs-data"
   rm -f "$STATE/stack.env"
 }
 

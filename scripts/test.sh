@@ -26,11 +26,22 @@ prepare() {
 source scripts/lib/isolated-stack.sh test
 chaos_log=$(mktemp)
 chaos=""
+# The chaos harness's own stack lives here, so that this script can stop it when the harness is
+# stopped half way (a SIGTERM skips the harness's own clean-up).
+chaos_stack=$(mktemp -d /tmp/replay-ingest-chaos.XXXXXX)
+export REPLAY_INGEST_CHAOS_STACK_DIR=$chaos_stack
 prepared=$(mktemp)
 prepare >"$prepared" 2>&1 &
 preparing=$!
+# On the way out, an early failure (fmt, clippy) waits for the preparation instead of killing
+# it: a kill would stop its shell but not what it runs (apt-get, `stack.sh up`), which would go
+# on starting servers after the stack was brought down.
 # (errexit applies inside the trap too: each command may fail without changing the exit status.)
-trap 'kill "$preparing" $chaos 2>/dev/null || true; wait "$preparing" 2>/dev/null || true; scripts/stack.sh down || true; rm -f "$chaos_log" "$prepared"' EXIT
+trap '[ -z "$chaos" ] || { kill "$chaos" 2>/dev/null; wait "$chaos" 2>/dev/null; }
+  [ -z "$preparing" ] || wait "$preparing" 2>/dev/null || true
+  isolated_stack_down
+  REPLAY_INGEST_STACK_DIR=$chaos_stack scripts/stack.sh down >/dev/null 2>&1 || true
+  rm -rf "$chaos_log" "$prepared" "$chaos_stack"' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -45,6 +56,7 @@ cargo test --locked --all-targets --no-run --quiet
 step "tools and local stack (prepared in the background)"
 prepare_status=0
 wait "$preparing" || prepare_status=$?
+preparing=""
 cat "$prepared"
 [ "$prepare_status" -eq 0 ] || { echo "preparing the tools or the stack failed" >&2; exit 1; }
 # shellcheck disable=SC1091

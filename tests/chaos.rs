@@ -234,17 +234,23 @@ impl Member {
 }
 
 /// A stack of the harness's own (fresh state directory and ports), so that stopping, hanging
-/// and killing things cannot disturb other tests; stopped when dropped. Every helper reads the
-/// stack from the environment, which this test binary (one test) may set for itself.
-struct OwnStack;
+/// and killing things cannot disturb other tests; stopped when dropped, its state directory
+/// removed unless the harness failed (its logs tell why). Every helper reads the stack from the
+/// environment, which this test binary (one test) may set for itself. The state directory is
+/// `REPLAY_INGEST_CHAOS_STACK_DIR` when set (scripts/test.sh sets it, to stop the stack should
+/// the harness itself be stopped), a fresh one otherwise.
+struct OwnStack(std::path::PathBuf);
 
 impl OwnStack {
     fn start() -> OwnStack {
-        let dir = tempfile::Builder::new()
-            .prefix("replay-ingest-chaos.")
-            .tempdir()
-            .unwrap()
-            .keep();
+        let dir = match std::env::var_os("REPLAY_INGEST_CHAOS_STACK_DIR") {
+            Some(dir) => std::path::PathBuf::from(dir),
+            None => tempfile::Builder::new()
+                .prefix("replay-ingest-chaos.")
+                .tempdir()
+                .unwrap()
+                .keep(),
+        };
         let ports = [
             "KAFKA",
             "KAFKA_CONTROLLER",
@@ -271,7 +277,7 @@ impl OwnStack {
                 unsafe { std::env::set_var(key, value) };
             }
         }
-        OwnStack
+        OwnStack(dir)
     }
 }
 
@@ -281,6 +287,9 @@ impl Drop for OwnStack {
         let _ = std::process::Command::new("bash")
             .args([script, "down"])
             .status();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 

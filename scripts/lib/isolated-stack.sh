@@ -1,5 +1,7 @@
 # Sourced by scripts that bring up a local stack of their own (tests, demo, load runs): a fresh
-# state directory and free ports, so a developer's running stack is left alone.
+# state directory and free ports, so a developer's running stack is left alone — also when its
+# stack.env is sourced in the same shell (its settings are not taken over). Stop it, and remove its
+# state directory (logs, GCS's files), with `isolated_stack_down` in the script's exit trap.
 # Usage: source scripts/lib/isolated-stack.sh NAME
 # N distinct ports nothing listens on, below the kernel's ephemeral range: a port in that range
 # can also go to an outgoing connection between the pick and the server's start (it did: a bench
@@ -8,6 +10,8 @@ free_ports() {
   python3 - "$1" <<'PY'
 import random, socket, sys
 low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+if low - 10000 < 1000:
+    sys.exit(f"free_ports: the ephemeral range starts at {low}: no room below it above 10000")
 ports = set()
 while len(ports) < int(sys.argv[1]):
     port = random.randrange(10000, low)
@@ -21,11 +25,21 @@ print(" ".join(map(str, ports)))
 PY
 }
 free_port() { free_ports 1; }
-read -r _kafka _controller _clickhouse _clickhouse_tcp _gcs <<<"$(free_ports 5)"
-export REPLAY_INGEST_STACK_DIR=${REPLAY_INGEST_STACK_DIR:-$(mktemp -d "/tmp/replay-ingest-$1.XXXXXX")}
-export REPLAY_INGEST_KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-$_kafka}
-export REPLAY_INGEST_KAFKA_CONTROLLER_PORT=${REPLAY_INGEST_KAFKA_CONTROLLER_PORT:-$_controller}
-export REPLAY_INGEST_CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-$_clickhouse}
-export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$_clickhouse_tcp}
-export REPLAY_INGEST_GCS_PORT=${REPLAY_INGEST_GCS_PORT:-$_gcs}
-unset _kafka _controller _clickhouse _clickhouse_tcp _gcs
+# (Its own statement: a failure inside `<<<"$(...)"` would go unnoticed, and every port with it.)
+_ports=$(free_ports 5)
+read -r _kafka _controller _clickhouse _clickhouse_tcp _gcs <<<"$_ports"
+[ -n "$_gcs" ] || { echo "isolated-stack: no free ports ($_ports)" >&2; exit 1; }
+REPLAY_INGEST_STACK_DIR=$(mktemp -d "/tmp/replay-ingest-$1.XXXXXX")
+export REPLAY_INGEST_STACK_DIR
+export REPLAY_INGEST_KAFKA_PORT=$_kafka
+export REPLAY_INGEST_KAFKA_CONTROLLER_PORT=$_controller
+export REPLAY_INGEST_CLICKHOUSE_PORT=$_clickhouse
+export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=$_clickhouse_tcp
+export REPLAY_INGEST_GCS_PORT=$_gcs
+unset _ports _kafka _controller _clickhouse _clickhouse_tcp _gcs
+
+# Stops the stack and removes its state directory. For exit traps: never fails.
+isolated_stack_down() {
+  scripts/stack.sh down >/dev/null 2>&1 || true
+  rm -rf "$REPLAY_INGEST_STACK_DIR"
+}
