@@ -198,15 +198,25 @@ def main():
         {"kafkaProperties": {"queued.max.messages.kbytes": 1048576, "fetch.wait.max.ms": 100, "enable.partition.eof": False},
          "config": {"KAFKA_BROKERS": "b1:9092,b2:9092"}, "autoscaling": {"keda": {"enabled": True}}},
         name="x", namespace="y")
-    docs = documents(rendered)
-    properties = next(d for _, d in docs if d["kind"] == "ConfigMap")["data"]["REPLAY_INGEST_KAFKA_PROPERTIES"].split("\n")
+    numbers = list(documents(rendered))
+    properties = next(d for _, d in numbers if d["kind"] == "ConfigMap")["data"]["REPLAY_INGEST_KAFKA_PROPERTIES"].split("\n")
     expected = ["enable.partition.eof=false", "fetch.wait.max.ms=100", "queued.max.messages.kbytes=1048576"]
     if properties != expected:
         fail(f"numbers in kafkaProperties must render as written: {properties} (expected {expected})")
-    brokers = next(d for _, d in docs if d["kind"] == "ScaledObject")["spec"]["triggers"][0]["metadata"]["bootstrapServers"]
+    brokers = next(d for _, d in numbers if d["kind"] == "ScaledObject")["spec"]["triggers"][0]["metadata"]["bootstrapServers"]
     if brokers != "b1:9092,b2:9092":
         fail(f"KEDA must read the lag from config.KAFKA_BROKERS unless autoscaling.keda.bootstrapServers is set: {brokers}")
     print("kafkaProperties: whole numbers as integers; KEDA on the service's brokers")
+    # The service's own version tag is the one the agent takes from the pod's labels (two
+    # different `version` tags on one metric otherwise).
+    deployment = next(d for _, d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in pod["spec"]["containers"][0]["env"]}
+    for tag in ("service", "version"):
+        path = f"metadata.labels['tags.datadoghq.com/{tag}']"
+        if env.get(f"DD_{tag.upper()}") != path or f"tags.datadoghq.com/{tag}" not in pod["metadata"]["labels"]:
+            fail(f"DD_{tag.upper()} must come from the pod label tags.datadoghq.com/{tag}: {env.get(f'DD_{tag.upper()}')}")
+    print("unified service tags: DD_SERVICE and DD_VERSION from the pod's labels")
     # The chart refuses values that cannot work — each with its own message; any other render
     # error (a template bug) is a failure, not the expected refusal.
     refusals = [

@@ -97,9 +97,28 @@ pub enum InstallError {
     Exporter(#[from] metrics_exporter_dogstatsd::BuildError),
 }
 
-/// Installs the DogStatsD exporter as the global recorder. Every metric carries
-/// `service:replay-ingest` and `version:<crate version>` (Datadog's unified service tags; an
-/// explicit tag of either name wins) and the configured tags.
+/// Datadog's unified service tags: `service` and `version` always, `env` when set. Each is taken
+/// from Datadog's own variable (`DD_SERVICE`, `DD_VERSION`, `DD_ENV`: the chart sets them from
+/// the pod's `tags.datadoghq.com/*` labels, which the agent also tags the pod's metrics with, so
+/// the two agree), else `replay-ingest` and the crate's version.
+fn unified_tags(var: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
+    let var = |name| var(name).filter(|value: &String| !value.is_empty());
+    let mut tags = vec![
+        (
+            "service",
+            var("DD_SERVICE").unwrap_or_else(|| "replay-ingest".to_owned()),
+        ),
+        (
+            "version",
+            var("DD_VERSION").unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned()),
+        ),
+    ];
+    tags.extend(var("DD_ENV").map(|env| ("env", env)));
+    tags
+}
+
+/// Installs the DogStatsD exporter as the global recorder. Every metric carries the unified
+/// service tags (an explicit tag of the same name wins) and the configured tags.
 pub fn install(settings: &Settings<'_>) -> Result<Exporter, InstallError> {
     if settings.address.is_empty() {
         return Ok(Exporter {
@@ -114,10 +133,7 @@ pub fn install(settings: &Settings<'_>) -> Result<Exporter, InstallError> {
             None => Err(InstallError::Tag(tag.clone())),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    for (key, value) in [
-        ("service", "replay-ingest"),
-        ("version", env!("CARGO_PKG_VERSION")),
-    ] {
+    for (key, value) in unified_tags(|name| std::env::var(name).ok()) {
         if !labels.iter().any(|l| l.key() == key) {
             labels.insert(0, metrics::Label::new(key, value));
         }
@@ -462,5 +478,34 @@ mod tests {
         assert_eq!((publish("True"), publish("False")), (vec![2.0], vec![1.0]));
         // Registered with the rest, never incremented.
         assert_eq!(recorded[SENTRY_VIDEO_COUNT], [0.0]);
+    }
+
+    #[test]
+    fn unified_tags_follow_datadogs_variables_and_default_to_the_build() {
+        let none = unified_tags(|_| None);
+        assert_eq!(
+            none,
+            [
+                ("service", "replay-ingest".to_owned()),
+                ("version", env!("CARGO_PKG_VERSION").to_owned())
+            ]
+        );
+        // An empty variable (a label the chart left unset) is not a value.
+        assert_eq!(unified_tags(|_| Some(String::new())), none);
+        let set = unified_tags(|name| {
+            Some(match name {
+                "DD_SERVICE" => "replays".to_owned(),
+                "DD_VERSION" => "1.2.3".to_owned(),
+                _ => "prod".to_owned(),
+            })
+        });
+        assert_eq!(
+            set,
+            [
+                ("service", "replays".to_owned()),
+                ("version", "1.2.3".to_owned()),
+                ("env", "prod".to_owned())
+            ]
+        );
     }
 }
