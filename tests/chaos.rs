@@ -13,8 +13,11 @@
 //!
 //! It brings up a stack of its own (`scripts/stack.sh`, fresh ports), so the faults never reach
 //! other tests. `CHAOS_SECONDS` sets how long faults are injected (default 120: the run in the
-//! test command); fault lengths grow with it up to ClickHouse 60 s, GCS 40 s, broker 20 s.
-//! `scripts/chaos.sh [SECONDS]` runs it alone.
+//! test command); fault lengths grow with it up to ClickHouse 60 s, GCS 40 s, broker 20 s. The
+//! faults come in turn, so a short run reaches only the first ones: the 120 s run ends after the
+//! connection flood, before the second broker SIGKILL and the scale-out during an outage (the
+//! integration test `a_member_joining_during_a_long_outage…` covers that one on every run);
+//! `scripts/chaos.sh [SECONDS]` runs it alone, 900 s by default, every fault.
 
 // The helpers the integration tests share (tests/it/ is their main user; the harness uses a few).
 #[allow(dead_code, unused_imports)]
@@ -753,5 +756,15 @@ async fn chaos() {
     assert!(
         counts.get("broker SIGKILLs").copied().unwrap_or(0) >= 1,
         "{counts:?}"
+    );
+    // Every scale-out scheduled (runs long enough to reach one: 900 s by default) was seen to
+    // own partitions, none left unobserved when the run ended.
+    assert_eq!(
+        scale_outs.len() as u32,
+        counts
+            .get("scale-outs during a ClickHouse outage")
+            .copied()
+            .unwrap_or(0),
+        "{counts:?}, scale-outs observed: {scale_outs:?}"
     );
 }

@@ -216,6 +216,14 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
         metrics.text
     );
     assert_eq!(
+        metrics
+            .counters
+            .get("replay_ingest.flush.retries|sink:clickhouse"),
+        None,
+        "no attempt retried:\n{}",
+        metrics.text
+    );
+    assert_eq!(
         committed(&names.group, &names.topic, 2),
         expected_commits(&first),
         "nothing committed past the failed flush"

@@ -38,18 +38,7 @@ fn corrupt(value: &[u8], bytes: usize) -> Vec<u8> {
 
 /// Runs `replay-ingest delete` with `args`; its exit status and output.
 fn delete(args: &[String]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-        .arg("delete")
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    run_tool("delete", args)
 }
 
 fn gcs_flags(names: &Names) -> Vec<String> {

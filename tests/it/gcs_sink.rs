@@ -244,6 +244,13 @@ async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
         proxy.delayed.load(std::sync::atomic::Ordering::SeqCst),
         report.sinks[0].retries + 1
     );
+    // The tail was there (answers held back, an attempt retried), and cost only its share.
+    assert!(
+        uploads >= 600
+            && proxy.delayed.load(std::sync::atomic::Ordering::SeqCst) >= 20
+            && report.sinks[0].retries >= 1,
+        "the proxy held answers back and the sink retried"
+    );
     assert!(amplification <= 1.2, "{uploads} uploads for 600 blobs");
     for processed in batch.valid() {
         assert_eq!(

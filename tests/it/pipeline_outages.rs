@@ -333,6 +333,25 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
         hung.messages.load(Ordering::SeqCst) > 0
     })
     .await;
+    // What the first member committed, as the broker confirmed it: the partition it kept, and
+    // not the one given away (the group's end offsets alone cannot tell: all was produced before).
+    wait_for(
+        "the first member committing the partition it kept",
+        Duration::from_secs(30),
+        || !status.snapshot().committed.is_empty(),
+    )
+    .await;
+    let snapshot = status.snapshot();
+    assert!(
+        !snapshot.partitions.is_empty()
+            && snapshot
+                .committed
+                .keys()
+                .all(|p| snapshot.partitions.contains(p)),
+        "committed {:?}, owns {:?}",
+        snapshot.committed,
+        snapshot.partitions
+    );
     let (blobs, _) = outcomes(&sent);
     for (key, digest) in blobs_under(dir.path()) {
         assert_eq!(

@@ -6,7 +6,6 @@
 //! for its topic goes back byte for byte from the blob store; one whose original was lost is
 //! reported, not sent; a dry run counts and commits nothing; bad arguments are refused.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -18,15 +17,7 @@ use crate::support::*;
 const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 
 fn redrive(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-        .arg("redrive")
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    run_tool("redrive", args)
 }
 
 /// `redrive` of the letters on `dlq` back to `topic` as `group`, with `more` flags.

@@ -24,14 +24,10 @@ fn aged(root: &Path, key: &str, age: Duration) {
 }
 
 fn sweep(root: &Path, extra: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-        .args(["sweep", "--blob-dir", root.to_str().unwrap()])
-        .args(extra)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    run_tool(
+        "sweep",
+        ["--blob-dir", root.to_str().unwrap()].iter().chain(extra),
+    )
 }
 
 #[test]

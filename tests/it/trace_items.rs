@@ -196,12 +196,18 @@ fn a_redelivered_segment_samples_the_same_events_and_builds_the_same_bytes() {
         total += every.len();
         kept += ids(&sampled[name]).len();
     }
-    assert!(kept < total / 4, "about a tenth sampled: {kept} of {total}");
+    // Neither all nor none (the sample is a hash: the same every run).
+    assert!(
+        kept * 20 > total && kept < total / 4,
+        "about a tenth sampled: {kept} of {total}"
+    );
 }
 
 #[test]
 fn with_the_rollout_off_nothing_is_built() {
-    for (name, p) in processed(Rollout::OFF) {
+    let processed = processed(Rollout::OFF);
+    assert!(!processed.is_empty(), "the fixtures are read");
+    for (name, p) in processed {
         assert!(p.trace_items.is_none(), "{name}");
     }
 }

@@ -9,6 +9,7 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::FutureProducer;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::*;
@@ -296,27 +297,41 @@ pub fn read_messages_on(
     while Instant::now() < deadline
         && (out.len() < count || last_seen.elapsed() < Duration::from_secs(1))
     {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            last_seen = Instant::now();
-            let headers = m
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|h| {
-                            (
-                                h.key.to_owned(),
-                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            out.push(Received {
-                key: m.key().map(<[u8]>::to_vec),
-                value: m.payload().unwrap_or_default().to_vec(),
-                headers,
-            });
-        }
+        let m = match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => m,
+            // A topic that does not exist reads as empty otherwise, and "nothing arrived" would
+            // hold for a misspelt name. (Transient errors pass: the broker may be restarting.)
+            Some(Err(error))
+                if matches!(
+                    error.rdkafka_error_code(),
+                    Some(
+                        RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
+                    )
+                ) =>
+            {
+                panic!("reading {topic}: {error}")
+            }
+            _ => continue,
+        };
+        last_seen = Instant::now();
+        let headers = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Received {
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().unwrap_or_default().to_vec(),
+            headers,
+        });
     }
     out
 }

@@ -7,6 +7,23 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
+/// Runs `replay-ingest SUBCOMMAND ARGS` to its end (`RUST_LOG` unset, so the output is the
+/// tool's own): whether it exited 0, and its stdout followed by its stderr.
+pub fn run_tool<S: AsRef<std::ffi::OsStr>>(
+    subcommand: &str,
+    args: impl IntoIterator<Item = S>,
+) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .arg(subcommand)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
 /// Polls `condition` every 100 ms until it holds or `timeout` passes.
 pub async fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
