@@ -367,11 +367,6 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
         let log = dir.path().join(format!("{name}.log"));
         (Service::start_logging_to(&args, &log), log)
     };
-    let owned = |service: &Service| {
-        service
-            .status()
-            .map_or(0, |s| s["partitions"].as_array().map_or(0, Vec::len))
-    };
 
     let (a, a_log) = member("a");
     let fixtures = small_fixtures(true);
@@ -415,7 +410,7 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
     )
     .await;
     assert_eq!(
-        owned(&a),
+        a.owned(),
         4,
         "the first member is still in the group, with every partition"
     );
@@ -425,14 +420,14 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
     wait_for(
         "the joiner owns partitions while ClickHouse is down",
         Duration::from_secs(20),
-        || owned(&b) > 0,
+        || b.owned() > 0,
     )
     .await;
     let took = joined.elapsed();
     wait_for(
         "the first member gave some up",
         Duration::from_secs(10),
-        || owned(&a) < 4,
+        || a.owned() < 4,
     )
     .await;
     assert!(
@@ -453,7 +448,7 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
     wait_for(
         "the first member takes every partition back",
         Duration::from_secs(30),
-        || owned(&a) == 4,
+        || a.owned() == 4,
     )
     .await;
 

@@ -571,12 +571,8 @@ async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_f
     let frozen_log = logs.path().join("frozen.log");
     let frozen = member(dirs[0].path(), &frozen_log);
     let other = member(dirs[1].path(), &logs.path().join("other.log"));
-    let owned = |s: &Service| {
-        s.status()
-            .map_or(0, |s| s["partitions"].as_array().map_or(0, Vec::len))
-    };
     wait_for("both members owning partitions", JOIN_AND_FLUSH, || {
-        owned(&frozen) > 0 && owned(&other) > 0 && owned(&frozen) + owned(&other) == 4
+        frozen.owned() > 0 && other.owned() > 0 && frozen.owned() + other.owned() == 4
     })
     .await;
     let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 24).await;
@@ -600,7 +596,7 @@ async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_f
     wait_for(
         "the other member owning every partition and holding every message",
         JOIN_AND_FLUSH,
-        || owned(&other) == 4 && consumed(&other) == 24,
+        || other.owned() == 4 && consumed(&other) == 24,
     )
     .await;
     frozen.signal("-CONT");
@@ -617,7 +613,7 @@ async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_f
     wait_for(
         "the resumed member owning partitions again",
         JOIN_AND_FLUSH,
-        || owned(&frozen) > 0,
+        || frozen.owned() > 0,
     )
     .await;
     // (Its log is read: it logged its join. The real proof of no drain is its empty blob
@@ -673,9 +669,7 @@ async fn a_shutdown_while_the_broker_is_down_exits_1_on_time_and_the_next_start_
         &log,
     );
     wait_for("the member owning both partitions", JOIN_AND_FLUSH, || {
-        first
-            .status()
-            .is_some_and(|s| s["partitions"].as_array().is_some_and(|p| p.len() == 2))
+        first.owned() == 2
     })
     .await;
     let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 20).await;

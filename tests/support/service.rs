@@ -281,6 +281,12 @@ impl Service {
             .status();
     }
 
+    /// How many partitions it holds (`/status`'s `partitions`): 0 while it is not up.
+    pub fn owned(&self) -> usize {
+        self.status()
+            .map_or(0, |s| s["partitions"].as_array().map_or(0, Vec::len))
+    }
+
     pub fn committed(&self) -> BTreeMap<i32, i64> {
         self.status()
             .and_then(|s| {
