@@ -12,8 +12,9 @@ source scripts/lib/isolated-stack.sh demo
 work=$(mktemp -d /tmp/replay-ingest-demo-data.XXXXXX)
 pid=""
 cleanup() {
+  local status=$?
   if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  isolated_stack_down
+  isolated_stack_down "$status"
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -21,7 +21,7 @@ STRATEGIES=("$@")
 
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh rebalance
-trap 'isolated_stack_down' EXIT
+trap 'isolated_stack_down $?' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"

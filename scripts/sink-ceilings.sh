@@ -20,7 +20,7 @@ done
 # The bare clients, on a stack of their own.
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh ceilings
-trap 'rm -f "$results"; isolated_stack_down' EXIT
+trap 'status=$?; rm -f "$results"; isolated_stack_down "$status"' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"

@@ -218,6 +218,8 @@ start_clickhouse() {
   # Data on tmpfs: fast, and gone with the machine.
   local data=/dev/shm/replay-ingest-clickhouse-$CLICKHOUSE_PORT conf=$STATE/clickhouse
   mkdir -p "$data" "$conf"
+  # Where `down` finds it: it may run with other ports in its environment than this start had.
+  echo "$data" >"$STATE/clickhouse.data"
   cat >"$conf/config.xml" <<XML
 <yandex>
   <logger><level>warning</level><log>$STATE/clickhouse.server.log</log><errorlog>$STATE/clickhouse.err.log</errorlog></logger>
@@ -296,7 +298,11 @@ stop() {
 
 down() {
   for name in kafka clickhouse gcs; do stop "$name"; done
-  rm -rf /dev/shm/replay-ingest-clickhouse-"$CLICKHOUSE_PORT" "$KAFKA_DATA" "$STATE/gcs-data"
+  local data=/dev/shm/replay-ingest-clickhouse-$CLICKHOUSE_PORT
+  [ -f "$STATE/clickhouse.data" ] && data=$(cat "$STATE/clickhouse.data")
+  case "$data" in /dev/shm/replay-ingest-clickhouse-*) rm -rf "$data" ;; esac
+  rm -rf "$KAFKA_DATA" "$STATE/gcs-data"
+  rm -f "$STATE/clickhouse.data"
   rm -f "$STATE/stack.env"
 }
 

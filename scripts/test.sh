@@ -37,11 +37,18 @@ preparing=$!
 # it: a kill would stop its shell but not what it runs (apt-get, `stack.sh up`), which would go
 # on starting servers after the stack was brought down.
 # (errexit applies inside the trap too: each command may fail without changing the exit status.)
-trap '[ -z "$chaos" ] || { kill "$chaos" 2>/dev/null; wait "$chaos" 2>/dev/null; }
+# A failing run keeps both stacks' logs (the chaos harness removes its own when it passes).
+trap 'status=$?
+  [ -z "$chaos" ] || { kill "$chaos" 2>/dev/null || true; wait "$chaos" 2>/dev/null || true; }
   [ -z "$preparing" ] || wait "$preparing" 2>/dev/null || true
-  isolated_stack_down
+  isolated_stack_down "$status"
   REPLAY_INGEST_STACK_DIR=$chaos_stack scripts/stack.sh down >/dev/null 2>&1 || true
-  rm -rf "$chaos_log" "$prepared" "$chaos_stack"' EXIT
+  rm -rf "$chaos_log" "$prepared"
+  if [ "$status" -ne 0 ] && [ -n "$(ls -A "$chaos_stack" 2>/dev/null)" ]; then
+    echo "the chaos harness stack logs are kept in $chaos_stack" >&2
+  else
+    rm -rf "$chaos_stack"
+  fi' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -1,7 +1,7 @@
 # Sourced by scripts that bring up a local stack of their own (tests, demo, load runs): a fresh
 # state directory and free ports, so a developer's running stack is left alone — also when its
 # stack.env is sourced in the same shell (its settings are not taken over). Stop it, and remove its
-# state directory (logs, GCS's files), with `isolated_stack_down` in the script's exit trap.
+# state directory (logs, GCS's files), with `isolated_stack_down $?` in the script's exit trap.
 # Usage: source scripts/lib/isolated-stack.sh NAME
 # N distinct ports nothing listens on, below the kernel's ephemeral range: a port in that range
 # can also go to an outgoing connection between the pick and the server's start (it did: a bench
@@ -38,8 +38,14 @@ export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=$_clickhouse_tcp
 export REPLAY_INGEST_GCS_PORT=$_gcs
 unset _ports _kafka _controller _clickhouse _clickhouse_tcp _gcs
 
-# Stops the stack and removes its state directory. For exit traps: never fails.
+# Stops the stack and removes its state directory, unless the script is failing (the exit status
+# given is not 0): then the logs there tell why, and stay. For exit traps: never fails.
+# Usage: isolated_stack_down STATUS
 isolated_stack_down() {
   scripts/stack.sh down >/dev/null 2>&1 || true
-  rm -rf "$REPLAY_INGEST_STACK_DIR"
+  if [ "${1:-0}" -ne 0 ]; then
+    echo "the local stack's logs are kept in $REPLAY_INGEST_STACK_DIR" >&2
+  else
+    rm -rf "$REPLAY_INGEST_STACK_DIR"
+  fi
 }
