@@ -465,7 +465,12 @@ async fn chaos() {
     let (mut scale_out_at, mut scaled_out): (Option<Instant>, Option<Instant>) = (None, None);
     let mut scale_outs: Vec<Duration> = Vec::new();
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(seconds) || plan.peek().is_some() {
+    // Until the run's time is up, the plan is done and a scale-out under way has been seen through.
+    while start.elapsed() < Duration::from_secs(seconds)
+        || plan.peek().is_some()
+        || scale_out_at.is_some()
+        || scaled_out.is_some()
+    {
         while let Some(&(at, fault)) = plan.peek() {
             if start.elapsed() < at {
                 break;
