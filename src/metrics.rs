@@ -98,9 +98,10 @@ pub enum InstallError {
 }
 
 /// Datadog's unified service tags: `service` and `version` always, `env` when set. Each is taken
-/// from Datadog's own variable (`DD_SERVICE`, `DD_VERSION`, `DD_ENV`: the chart sets them from
-/// the pod's `tags.datadoghq.com/*` labels, which the agent also tags the pod's metrics with, so
-/// the two agree), else `replay-ingest` and the crate's version.
+/// from Datadog's own variable (`DD_SERVICE`, `DD_VERSION`, `DD_ENV`), else `replay-ingest` and
+/// the crate's version. With `dogstatsd.env` set, the chart sets the first two from the pod's
+/// `tags.datadoghq.com/*` labels, which the agent also tags the pod's metrics with, so the two
+/// agree; it tags `env` through `--statsd-tag` instead.
 fn unified_tags(var: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
     let var = |name| var(name).filter(|value: &String| !value.is_empty());
     let mut tags = vec![
