@@ -12,9 +12,7 @@ source scripts/lib/isolated-stack.sh demo
 work=$(mktemp -d /tmp/replay-ingest-demo-data.XXXXXX)
 pid=""
 cleanup() {
-  local status=$?
-  if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  isolated_stack_down "$status"
+  isolated_stack_down $? "$pid"
   rm -rf "$work"
 }
 trap cleanup EXIT

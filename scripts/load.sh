@@ -36,9 +36,7 @@ source scripts/lib/isolated-stack.sh load
 pid=""
 # The service too, when the measurement stops half way (a stall): left running, it and perf
 # would outlive the stack.
-# (errexit applies inside the trap: each step may fail without skipping the ones after it.)
-trap 'status=$?; [ -z "$pid" ] || { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
-  isolated_stack_down "$status"' EXIT
+trap 'isolated_stack_down $? "$pid"' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"

@@ -33,9 +33,7 @@ CACHE=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
 source scripts/lib/isolated-stack.sh soak
 export REPLAY_INGEST_GCS_BACKEND=filesystem
 pid=""
-# (errexit applies inside the trap: each step may fail without skipping the ones after it.)
-trap 'status=$?; [ -z "$pid" ] || { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
-  isolated_stack_down "$status"' EXIT
+trap 'isolated_stack_down $? "$pid"' EXIT
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"

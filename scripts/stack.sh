@@ -302,8 +302,7 @@ down() {
   [ -f "$STATE/clickhouse.data" ] && data=$(cat "$STATE/clickhouse.data")
   case "$data" in /dev/shm/replay-ingest-clickhouse-*) rm -rf "$data" ;; esac
   rm -rf "$KAFKA_DATA" "$STATE/gcs-data"
-  rm -f "$STATE/clickhouse.data"
-  rm -f "$STATE/stack.env"
+  rm -f "$STATE/clickhouse.data" "$STATE/stack.env"
 }
 
 status() {

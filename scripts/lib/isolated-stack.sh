@@ -38,10 +38,16 @@ export REPLAY_INGEST_CLICKHOUSE_TCP_PORT=$_clickhouse_tcp
 export REPLAY_INGEST_GCS_PORT=$_gcs
 unset _ports _kafka _controller _clickhouse _clickhouse_tcp _gcs
 
-# Stops the stack and removes its state directory, unless the script is failing (the exit status
-# given is not 0): then the logs there tell why, and stay. For exit traps: never fails.
-# Usage: isolated_stack_down STATUS
+# Stops the service the script started, if a PID is given (SIGTERM, and its exit awaited: left
+# running, it would outlive the stack), then the stack, and removes the stack's state directory,
+# unless the script is failing (STATUS is not 0): then the logs there tell why, and stay. For exit
+# traps: never fails.
+# Usage: isolated_stack_down STATUS [PID]
 isolated_stack_down() {
+  if [ -n "${2:-}" ]; then
+    kill -TERM "$2" 2>/dev/null || true
+    wait "$2" 2>/dev/null || true
+  fi
   scripts/stack.sh down >/dev/null 2>&1 || true
   if [ "${1:-0}" -ne 0 ]; then
     echo "the local stack's logs are kept in $REPLAY_INGEST_STACK_DIR" >&2

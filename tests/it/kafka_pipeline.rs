@@ -572,7 +572,8 @@ async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_f
     let frozen = member(dirs[0].path(), &frozen_log);
     let other = member(dirs[1].path(), &logs.path().join("other.log"));
     wait_for("both members owning partitions", JOIN_AND_FLUSH, || {
-        frozen.owned() > 0 && other.owned() > 0 && frozen.owned() + other.owned() == 4
+        let (a, b) = (frozen.owned(), other.owned());
+        a > 0 && b > 0 && a + b == 4
     })
     .await;
     let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 24).await;

@@ -58,6 +58,13 @@ fn one_batch_service(
 
 /// Before, two or more messages refused with nothing accepted stopped the service, and its
 /// restart met them again: a quiet topic stopped for good on two hostile messages.
+/// The replays `table` holds rows of.
+async fn replays_with_rows(table: &str) -> BTreeSet<String> {
+    (clickhouse_rows(table).await.iter())
+        .map(|r| r.replay_id.simple().to_string())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_few_refused_messages_alone_in_their_batch_are_dead_lettered_and_the_service_goes_on() {
@@ -104,9 +111,7 @@ async fn a_few_refused_messages_alone_in_their_batch_are_dead_lettered_and_the_s
         "some refused message has rows to leave out"
     );
     // The later message's rows are written, and no row of a refused one.
-    let stored: BTreeSet<String> = (clickhouse_rows(&names.table).await.iter())
-        .map(|r| r.replay_id.simple().to_string())
-        .collect();
+    let stored = replays_with_rows(&names.table).await;
     let later: BTreeSet<String> = more_sent.iter().map(|s| replay_of(&s.value)).collect();
     assert_eq!(stored, later, "rows of the later message only");
 }
@@ -191,9 +196,7 @@ async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_l
         );
     }
     // The accepted messages' rows, and none of a refused one.
-    let stored: BTreeSet<String> = (clickhouse_rows(&names.table).await.iter())
-        .map(|r| r.replay_id.simple().to_string())
-        .collect();
+    let stored = replays_with_rows(&names.table).await;
     let with_rows: BTreeSet<String> = (accepted.iter())
         .filter(|(_, has_rows, _)| *has_rows)
         .map(|(s, ..)| replay_of(&s.value))
