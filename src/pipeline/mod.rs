@@ -20,7 +20,9 @@
 //! the member goes on consuming the others. A revoke whose drain misses the deadline gives up
 //! what is not durable in the revoked partitions (their next owner reads it again) and the
 //! member carries on; per-partition revoke generations keep anything polled or flushed before
-//! the revoke from being committed for those partitions (docs/reliability.md).
+//! the revoke from being committed for those partitions (docs/reliability.md). A revoke that
+//! arrives while the shutdown drains is answered when that drain ends; lost partitions are given
+//! up at once, as they are outside a drain.
 
 pub mod buffer;
 pub mod flush;
@@ -248,6 +250,7 @@ pub async fn consume(
         drain_deadline: settings.drain_deadline,
         status,
         paused: None,
+        revoked_while_draining: Vec::new(),
     };
     // A shutdown is bounded by the drain deadline as a whole (the chart's grace period counts on
     // it): leaving the group gets what the drain left of it.
@@ -307,6 +310,8 @@ struct Pipeline {
     status: Arc<Status>,
     /// While intake is paused behind a full buffer.
     paused: Option<Pause>,
+    /// Revokes that arrived during a drain, answered when it ends.
+    revoked_while_draining: Vec<Revoke>,
 }
 
 /// A pause of intake: since when, and up to when it is counted in `consumer.paused_ms`.
@@ -772,13 +777,44 @@ impl Pipeline {
             ),
             Drained::Failed(error) => return Err(error),
         }
+        self.give_up(partitions, generation);
+        Ok(())
+    }
+
+    /// What is left of `partitions` here is their next owner's: nothing buffered of them is
+    /// flushed, and none of their offsets committed.
+    fn give_up(&mut self, partitions: &[i32], generation: u64) {
         self.revocations.revoked(partitions, generation);
         self.buffer
             .retain(|partition| !partitions.contains(&partition));
         self.publish_buffer();
         self.frontier.forget(partitions);
         self.status.record_rebalance();
-        Ok(())
+    }
+
+    /// A revoke that arrives during a drain: the shutdown's (the polling thread goes on serving
+    /// callbacks until it ends). The drain makes durable and commits what it can of every
+    /// partition, so the revoke is answered when it ends. Lost partitions are given up at once:
+    /// the group gave them to another member, which reads them from their last commit, so what is
+    /// buffered of them is not written a second time (billing outcomes are not idempotent) and
+    /// their offsets, which this member may no longer commit, do not fail the drain's last
+    /// commit.
+    fn revoked_during_drain(&mut self, revoke: Revoke) {
+        if revoke.lost {
+            self.give_up(&revoke.partitions, revoke.generation);
+        }
+        self.revoked_while_draining.push(revoke);
+    }
+
+    /// The drain is over: the revokes that arrived meanwhile are answered, the partitions not lost
+    /// given up now.
+    fn answer_revokes(&mut self) {
+        for revoke in std::mem::take(&mut self.revoked_while_draining) {
+            if !revoke.lost {
+                self.give_up(&revoke.partitions, revoke.generation);
+            }
+            let _ = revoke.done.send(());
+        }
     }
 
     /// Shutdown and revocation: everything taken in for processing so far is processed, flushed
@@ -787,6 +823,7 @@ impl Pipeline {
         self.status.record_draining(true);
         let result = tokio::time::timeout(deadline, self.drain_inner()).await;
         self.status.record_draining(false);
+        self.answer_revokes();
         match result {
             Ok(Ok(true)) => Drained::Durable,
             Ok(Ok(false)) => Drained::Uncommitted,
@@ -825,6 +862,7 @@ impl Pipeline {
                 Some(committed) = self.commits.join_next() => {
                     self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
                 }
+                Some(revoke) = self.revokes.recv() => self.revoked_during_drain(revoke),
                 // A commit that failed is tried again while a flush still runs.
                 () = tokio::time::sleep(DRAIN_COMMIT_RETRY), if self.frontier.has_advanced() => {
                     self.commit();
@@ -835,6 +873,9 @@ impl Pipeline {
         // tried again a few times (within the drain's deadline); if it still fails, the drain
         // says so: the offsets are read again by the next owner or the next start.
         for attempt in 1..=DRAIN_COMMIT_ATTEMPTS {
+            while let Ok(revoke) = self.revokes.try_recv() {
+                self.revoked_during_drain(revoke);
+            }
             self.commit();
             while let Some(committed) = self.commits.join_next().await {
                 self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);

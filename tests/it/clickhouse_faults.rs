@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use crate::support::*;
 
-const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
-
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {

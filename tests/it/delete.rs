@@ -11,8 +11,6 @@ use replay_ingest::recording::{self, Limits};
 
 use crate::support::*;
 
-const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
-
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(fixture_dir().join("segments").join(name)).unwrap()
 }

@@ -8,8 +8,6 @@ use std::time::Duration;
 use crate::support::*;
 use replay_ingest::recording::{self, AnalyticsEvent, IssueGates, Limits};
 
-const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
-
 /// How many events of `kind` the segments produce, issues on for every project.
 fn expected_events_of(segments: &[recording::Processed], kind: &str) -> usize {
     segments

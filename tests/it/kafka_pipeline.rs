@@ -8,8 +8,6 @@ use std::time::Duration;
 use crate::support::*;
 use serde_json::json;
 
-const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
-
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn every_fixture_lands_once_as_a_blob_or_on_the_dlq_and_offsets_commit_to_the_end() {

@@ -10,6 +10,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod broker_partition;
 mod clickhouse_faults;
 mod clickhouse_sink;
 mod dead_letters;

@@ -14,8 +14,6 @@ use replay_ingest::recording::{self, Limits};
 
 use crate::support::*;
 
-const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
-
 fn redrive(args: &[&str]) -> (bool, String) {
     run_tool("redrive", args)
 }

@@ -14,8 +14,6 @@ use std::time::Duration;
 use crate::support::*;
 use replay_ingest::recording::{self, Limits};
 
-const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
-
 /// Hangs a stack service (`gcs`, `kafka`) with SIGSTOP; resumed when dropped, so that a failing
 /// test does not leave it hung for the tests after it.
 struct Hung(&'static str);

@@ -16,8 +16,6 @@ use replay_ingest::recording::{self, Limits};
 use crate::support::load::Produced;
 use crate::support::*;
 
-const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
-
 /// Produces `count` messages on a fresh topic and starts the service with every real sink, GCS
 /// refusing the first `refused` of them; the names, what was sent, the proxy (held for the run)
 /// and the service, its logs in `dir`.

@@ -7,6 +7,7 @@ pub mod hostile;
 pub mod kafka;
 pub mod load;
 pub mod proxy;
+pub mod relay;
 pub mod secure_broker;
 pub mod service;
 pub mod sinks;

@@ -1,39 +1,64 @@
 //! An Apache Kafka broker of a test's own, from the jars the stack fetched
 //! (`REPLAY_INGEST_KAFKA_HOME`), with the security listeners the stack's broker does not have:
 //! SSL and SASL_SSL with a certificate the test's CA signs, SASL_PLAINTEXT, each taking PLAIN
-//! and SCRAM-SHA-512 where SASL applies. One node, KRaft combined mode, on 127.0.0.1; stopped
-//! when dropped.
+//! and SCRAM-SHA-512 where SASL applies; and, when asked, a plaintext listener reached through a
+//! relay the test can cut (`RELAYED`). One node, KRaft combined mode, on 127.0.0.1; stopped when
+//! dropped.
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::free_port;
+use super::relay::Relay;
 use super::tls::TestCa;
 
 pub struct SecureBroker {
     child: Child,
     _dir: tempfile::TempDir,
     pub ca: TestCa,
-    /// Listener name (`SSL`, `SASL_SSL`, `SASL_PLAINTEXT`) → port.
+    /// Listener name (`PLAINTEXT`, `SSL`, `SASL_SSL`, `SASL_PLAINTEXT`, and `RELAYED` when
+    /// started behind a relay: the port it listens on, behind the relay) → port.
     pub ports: BTreeMap<&'static str, u16>,
 }
 
 impl SecureBroker {
     /// Starts the broker with `user` known to PLAIN and SCRAM-SHA-512 with `password`.
     pub fn start(user: &str, password: &str) -> SecureBroker {
+        Self::start_with(user, password, None)
+    }
+
+    /// Starts the broker with a plaintext listener `RELAYED` on `relay`'s upstream port,
+    /// advertised at the relay's: a client that bootstraps from `relay.address()` reaches the
+    /// broker only through it.
+    pub fn start_behind(relay: &Relay) -> SecureBroker {
+        Self::start_with("relayed", "relayed-password", Some(relay))
+    }
+
+    fn start_with(user: &str, password: &str, relay: Option<&Relay>) -> SecureBroker {
         let home = std::env::var("REPLAY_INGEST_KAFKA_HOME")
             .expect("REPLAY_INGEST_KAFKA_HOME (scripts/stack.sh up)");
         let ca = TestCa::new();
         let dir = tempfile::tempdir().unwrap();
-        let (plain, controller) = (free_port(), free_port());
-        let ports: BTreeMap<&'static str, u16> = ["SSL", "SASL_SSL", "SASL_PLAINTEXT"]
-            .into_iter()
-            .map(|name| (name, free_port()))
-            .collect();
+        let controller = free_port();
+        let mut ports: BTreeMap<&'static str, u16> =
+            ["PLAINTEXT", "SSL", "SASL_SSL", "SASL_PLAINTEXT"]
+                .into_iter()
+                .map(|name| (name, free_port()))
+                .collect();
+        if let Some(relay) = relay {
+            ports.insert("RELAYED", relay.upstream_port);
+        }
         let listeners: Vec<String> = ports
             .iter()
             .map(|(name, port)| format!("{name}://127.0.0.1:{port}"))
+            .collect();
+        let advertised: Vec<String> = ports
+            .iter()
+            .map(|(&name, &port)| match (name, relay) {
+                ("RELAYED", Some(relay)) => format!("{name}://{}", relay.address()),
+                _ => format!("{name}://127.0.0.1:{port}"),
+            })
             .collect();
         let keystore = ca.keystore_file();
         let plain_login = format!(
@@ -43,15 +68,16 @@ impl SecureBroker {
         let mut properties = format!(
             "process.roles=broker,controller\nnode.id=1\n\
              controller.quorum.bootstrap.servers=127.0.0.1:{controller}\n\
-             listeners=PLAINTEXT://127.0.0.1:{plain},CONTROLLER://127.0.0.1:{controller},{}\n\
+             listeners=CONTROLLER://127.0.0.1:{controller},{}\nadvertised.listeners={}\n\
              controller.listener.names=CONTROLLER\ninter.broker.listener.name=PLAINTEXT\n\
-             listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,SASL_PLAINTEXT:SASL_PLAINTEXT\n\
+             listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,RELAYED:PLAINTEXT\n\
              log.dirs={}\noffsets.topic.replication.factor=1\noffsets.topic.num.partitions=1\n\
              transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
              share.coordinator.state.topic.replication.factor=1\nshare.coordinator.state.topic.min.isr=1\n\
              group.initial.rebalance.delay.ms=0\ngroup.min.session.timeout.ms=1000\nauto.create.topics.enable=false\n\
              num.network.threads=2\nnum.io.threads=2\n",
             listeners.join(","),
+            advertised.join(","),
             dir.path().join("data").display()
         );
         for listener in ["ssl", "sasl_ssl"] {

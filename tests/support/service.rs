@@ -24,6 +24,10 @@ pub fn run_tool<S: AsRef<std::ffi::OsStr>>(
     (out.status.success(), text)
 }
 
+/// How long a test waits for members to join a group and for what they consume to be flushed:
+/// generous, for a loaded machine; a test that passes does not wait it out.
+pub const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
+
 /// Polls `condition` every 100 ms until it holds or `timeout` passes.
 pub async fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

@@ -19,20 +19,45 @@ pub fn clickhouse_url() -> String {
         .expect("REPLAY_INGEST_TEST_CLICKHOUSE_URL (scripts/stack.sh up)")
 }
 
-pub fn create_bucket(name: &str) {
+/// One request to the emulator's JSON API; its whole answer (HTTP/1.0: not chunked).
+fn emulator_request(method: &str, path: &str, body: &str) -> String {
     use std::io::{Read, Write};
     let host = gcs_endpoint().trim_start_matches("http://").to_owned();
-    let body = format!("{{\"name\":\"{name}\"}}");
     let mut stream = std::net::TcpStream::connect(&host).unwrap();
     write!(
         stream,
-        "POST /storage/v1/b?project=test HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
-    assert!(response.contains(" 200 "), "{response}");
+    assert!(response.contains(" 200 "), "{method} {path}: {response}");
+    response
+}
+
+pub fn create_bucket(name: &str) {
+    emulator_request(
+        "POST",
+        "/storage/v1/b?project=test",
+        &format!("{{\"name\":\"{name}\"}}"),
+    );
+}
+
+/// The names of the objects in `bucket` (at most a page: 1 000).
+pub fn object_names(bucket: &str) -> std::collections::BTreeSet<String> {
+    let response = emulator_request("GET", &format!("/storage/v1/b/{bucket}/o"), "");
+    let (_, body) = response.split_once("\r\n\r\n").unwrap();
+    let listed: serde_json::Value = serde_json::from_str(body).unwrap();
+    listed["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|item| item["name"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 pub async fn read_object(bucket: &str, key: &str) -> Vec<u8> {
