@@ -20,9 +20,10 @@
 //! the member goes on consuming the others. A revoke whose drain misses the deadline gives up
 //! what is not durable in the revoked partitions (their next owner reads it again) and the
 //! member carries on; per-partition revoke generations keep anything polled or flushed before
-//! the revoke from being committed for those partitions (docs/reliability.md). A revoke that
-//! arrives while the shutdown drains is answered when that drain ends; lost partitions are given
-//! up at once, as they are outside a drain.
+//! the revoke from being committed for those partitions (docs/reliability.md). A drain hears the
+//! revokes that arrive meanwhile (the shutdown's: the polling thread polls on) and answers them
+//! when it ends; lost partitions are given up at once, before anything more is flushed, as they
+//! are outside a drain.
 
 pub mod buffer;
 pub mod flush;
@@ -792,9 +793,11 @@ impl Pipeline {
         self.status.record_rebalance();
     }
 
-    /// A revoke that arrives during a drain: the shutdown's (the polling thread goes on serving
-    /// callbacks until it ends). The drain makes durable and commits what it can of every
-    /// partition, so the revoke is answered when it ends. Lost partitions are given up at once:
+    /// A revoke that arrives during a drain: in practice the shutdown's (the polling thread goes
+    /// on polling while it runs; during a revoke's drain it waits in the callback). The drain
+    /// makes durable and commits what it can of every partition, so the revoke is answered when
+    /// it ends (the callback, and so the polling thread, waits until then, bounded by the drain
+    /// deadline). Lost partitions are given up at once:
     /// the group gave them to another member, which reads them from their last commit, so what is
     /// buffered of them is not written a second time (billing outcomes are not idempotent) and
     /// their offsets, which this member may no longer commit, do not fail the drain's last
@@ -848,6 +851,9 @@ impl Pipeline {
         // the next owner only what was not durable (a commit in flight when the drain began
         // would otherwise hold every later one back until the last flush ended).
         loop {
+            // Revokes sent meanwhile are heard before anything more is flushed: nothing buffered
+            // of a lost partition may be.
+            self.take_revokes();
             if !self.buffer.is_empty() && self.flushes.len() < self.max_flushes {
                 self.start_flush(CloseReason::Drain);
             }
@@ -855,6 +861,8 @@ impl Pipeline {
                 break;
             }
             tokio::select! {
+                biased;
+                Some(revoke) = self.revokes.recv() => self.revoked_during_drain(revoke),
                 Some(flushed) = self.flushes.join_next() => {
                     let flushed = flushed.map_err(|e| PipelineError::TaskDied(e.to_string()))?;
                     self.flushed(flushed)?;
@@ -862,7 +870,6 @@ impl Pipeline {
                 Some(committed) = self.commits.join_next() => {
                     self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
                 }
-                Some(revoke) = self.revokes.recv() => self.revoked_during_drain(revoke),
                 // A commit that failed is tried again while a flush still runs.
                 () = tokio::time::sleep(DRAIN_COMMIT_RETRY), if self.frontier.has_advanced() => {
                     self.commit();
@@ -872,23 +879,42 @@ impl Pipeline {
         // Every flush is done: the commit in flight, then what is left. A failed commit is
         // tried again a few times (within the drain's deadline); if it still fails, the drain
         // says so: the offsets are read again by the next owner or the next start.
+        // Revokes are heard meanwhile too: a commit the broker refused because the group had
+        // dropped the member is followed by the loss, whose partitions the next attempt leaves out.
         for attempt in 1..=DRAIN_COMMIT_ATTEMPTS {
-            while let Ok(revoke) = self.revokes.try_recv() {
-                self.revoked_during_drain(revoke);
-            }
+            self.take_revokes();
             self.commit();
-            while let Some(committed) = self.commits.join_next().await {
-                self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
+            loop {
+                tokio::select! {
+                    biased;
+                    Some(revoke) = self.revokes.recv() => self.revoked_during_drain(revoke),
+                    committed = self.commits.join_next() => match committed {
+                        Some(committed) => self.committed(
+                            committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?,
+                        ),
+                        None => break,
+                    },
+                }
             }
             if !self.frontier.has_advanced() {
                 info!(pending = self.frontier.pending(), "drained");
                 return Ok(true);
             }
             if attempt < DRAIN_COMMIT_ATTEMPTS {
-                tokio::time::sleep(DRAIN_COMMIT_RETRY).await;
+                tokio::select! {
+                    Some(revoke) = self.revokes.recv() => self.revoked_during_drain(revoke),
+                    () = tokio::time::sleep(DRAIN_COMMIT_RETRY) => {}
+                }
             }
         }
         Ok(false)
+    }
+
+    /// The revokes already sent, heard now.
+    fn take_revokes(&mut self) {
+        while let Ok(revoke) = self.revokes.try_recv() {
+            self.revoked_during_drain(revoke);
+        }
     }
 
     fn publish_buffer(&self) {
