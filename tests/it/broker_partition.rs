@@ -20,6 +20,101 @@ const SESSION: Duration = Duration::from_secs(30);
 /// 9-13 s after the request and 16 s at least before the drain's deadline.
 const CUT_TO_SHUTDOWN: Duration = Duration::from_secs(18);
 
+/// The broker of the test's own, the relay in front of its `RELAYED` listener, and a fresh topic
+/// of 4 partitions, dead-letter topic and group on it; logs of the members kept while it lives.
+struct Partitioned {
+    relay: Relay,
+    broker: SecureBroker,
+    /// The test's own clients, straight to the broker.
+    direct: ClientConfig,
+    topic: String,
+    dlq: String,
+    group: String,
+    logs: tempfile::TempDir,
+}
+
+impl Partitioned {
+    async fn new() -> Partitioned {
+        let relay = Relay::start(free_port()).await;
+        let broker = SecureBroker::start_behind(&relay);
+        let direct = ClientConfig::new()
+            .set("bootstrap.servers", broker.address("PLAINTEXT"))
+            .clone();
+        let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
+        create_topic_on(&direct, &topic, 4).await;
+        create_topic_on(&direct, &dlq, 1).await;
+        Partitioned {
+            relay,
+            broker,
+            direct,
+            topic,
+            dlq,
+            group,
+            logs: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// A member reaching the broker through the relay, blobs under `dir`, with `session`, its
+    /// drain deadline a second shorter.
+    fn cut_member_args(&self, dir: &std::path::Path, session: Duration) -> Vec<String> {
+        let args = with_flag(
+            service_args(&self.topic, &self.dlq, &self.group, dir, free_port()),
+            "--brokers",
+            &self.relay.address(),
+        );
+        let args = with_flag(
+            args,
+            "--session-timeout-ms",
+            &session.as_millis().to_string(),
+        );
+        with_flag(
+            args,
+            "--drain-deadline-ms",
+            &(session - Duration::from_secs(1)).as_millis().to_string(),
+        )
+    }
+
+    /// The other member: straight to the broker, blobs under `dir`, a session long enough not
+    /// to be missed on a loaded machine (a rejoin could take partitions from the member to cut,
+    /// which would then drain a revoke).
+    fn start_other(&self, dir: &std::path::Path) -> Service {
+        let args = with_flag(
+            service_args(&self.topic, &self.dlq, &self.group, dir, free_port()),
+            "--brokers",
+            &self.broker.address("PLAINTEXT"),
+        );
+        let args = with_flag(args, "--session-timeout-ms", "10000");
+        Service::start_logging_to(
+            &with_flag(args, "--drain-deadline-ms", "4000"),
+            &self.log_of("other"),
+        )
+    }
+
+    fn log_of(&self, member: &str) -> std::path::PathBuf {
+        self.logs.path().join(format!("{member}.log"))
+    }
+
+    /// Produces copies `from..from + count` of the small valid fixtures, straight to the broker.
+    async fn produce(&self, from: u64, count: u64) -> (load::Produced, Vec<Sent>) {
+        let copies = (from..from + count)
+            .map(|i| (load::fixture_copy(&small_fixtures(true), i), test_key(i)))
+            .collect();
+        produce_values_with(&producer_on(&self.direct), &self.topic, copies).await
+    }
+
+    fn committed(&self) -> std::collections::BTreeMap<i32, i64> {
+        committed_on(&self.direct, &self.group, &self.topic, 4)
+    }
+}
+
+async fn both_own_partitions(a: &Service, b: &Service) {
+    wait_for("both members owning partitions", JOIN_AND_FLUSH, || {
+        let (a, b) = (a.owned(), b.owned());
+        a > 0 && b > 0 && a + b == 4
+    })
+    .await;
+}
+
 /// A shutdown drain waiting on a blob store that answers 503, while the member is cut off from
 /// the broker for longer than its session: the group gives its partitions to the other member,
 /// which reads them from the last commit and stores everything. The draining member finds its
@@ -32,19 +127,8 @@ const CUT_TO_SHUTDOWN: Duration = Duration::from_secs(18);
 #[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
 async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
     let _stack = uses_stack().await;
-    let relay = Relay::start(free_port()).await;
-    let broker = SecureBroker::start_behind(&relay);
-    let direct = ClientConfig::new()
-        .set("bootstrap.servers", broker.address("PLAINTEXT"))
-        .clone();
-    let (topic, dlq, group, bucket) = (
-        unique("rec"),
-        unique("dlq"),
-        unique("group"),
-        unique("bucket"),
-    );
-    create_topic_on(&direct, &topic, 4).await;
-    create_topic_on(&direct, &dlq, 1).await;
+    let net = Partitioned::new().await;
+    let bucket = unique("bucket");
     create_bucket(&bucket);
     let held = Arc::new(AtomicBool::new(false));
     let store = {
@@ -61,15 +145,12 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
         })
         .await
     };
-    let (dirs, logs) = (
-        [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()],
-        tempfile::tempdir().unwrap(),
-    );
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
 
-    // The member to cut: through the relay, blobs to its own bucket through the holding proxy,
-    // three messages a flush, one flush at a time, nothing flushed on age.
+    // The member to cut: blobs to its own bucket through the holding proxy, three messages a
+    // flush, one flush at a time, nothing flushed on age.
     let mut args = with_flag(
-        service_args(&topic, &dlq, &group, dirs[0].path(), free_port()),
+        net.cut_member_args(dirs[0].path(), SESSION),
         "--blob-sink",
         "gcs",
     );
@@ -87,45 +168,16 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
         ]
         .map(String::from),
     );
-    let args = with_flag(args, "--brokers", &relay.address());
-    let args = with_flag(
-        args,
-        "--session-timeout-ms",
-        &SESSION.as_millis().to_string(),
-    );
-    let args = with_flag(
-        args,
-        "--drain-deadline-ms",
-        &(SESSION - Duration::from_secs(1)).as_millis().to_string(),
-    );
-    let cut_log = logs.path().join("cut.log");
+    let cut_log = net.log_of("cut");
     let cut =
         Service::start_logging_to(&with_flag(args, "--buffer-max-age-ms", "120000"), &cut_log);
-    // The other member: directly, a session long enough not to be missed on a loaded machine
-    // (a rejoin could take partitions from the member to cut, which would then drain a revoke).
-    let args = with_flag(
-        service_args(&topic, &dlq, &group, dirs[1].path(), free_port()),
-        "--brokers",
-        &broker.address("PLAINTEXT"),
-    );
-    let args = with_flag(args, "--session-timeout-ms", "10000");
-    let other = Service::start_logging_to(
-        &with_flag(args, "--drain-deadline-ms", "4000"),
-        &logs.path().join("other.log"),
-    );
-    wait_for("both members owning partitions", JOIN_AND_FLUSH, || {
-        let (a, b) = (cut.owned(), other.owned());
-        a > 0 && b > 0 && a + b == 4
-    })
-    .await;
+    let other = net.start_other(dirs[1].path());
+    both_own_partitions(&cut, &other).await;
 
     // The store stops answering; the member fills a flush that cannot end (the first three
     // messages it takes in) and a buffer behind it.
     held.store(true, Ordering::SeqCst);
-    let copies = (0..48)
-        .map(|i| (load::fixture_copy(&small_fixtures(true), i), test_key(i)))
-        .collect();
-    let (report, sent) = produce_values_with(&producer_on(&direct), &topic, copies).await;
+    let (report, sent) = net.produce(0, 48).await;
     let status = |s: &Service, field: &str| s.status().map_or(0, |s| s[field].as_u64().unwrap());
     wait_for(
         "a flush waiting on the store and a full buffer behind it",
@@ -135,7 +187,7 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
     .await;
 
     let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
-    relay.cut();
+    net.relay.cut();
     tokio::time::sleep(CUT_TO_SHUTDOWN).await;
     cut.signal_term();
     wait_for("the drain finding its partitions lost", SESSION, || {
@@ -152,7 +204,7 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
         log()
     );
     // The network and the store come back: the flush under way ends, and the drain with it.
-    relay.restore();
+    net.relay.restore();
     held.store(false, Ordering::SeqCst);
     assert_eq!(
         cut.exit_within(SESSION).await,
@@ -163,10 +215,7 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
     wait_for(
         "the other member owning every partition and committing to the end",
         JOIN_AND_FLUSH,
-        || {
-            other.owned() == 4
-                && committed_on(&direct, &group, &topic, 4) == expected_commits(&report)
-        },
+        || other.owned() == 4 && net.committed() == expected_commits(&report),
     )
     .await;
     let (blobs, _) = outcomes(&sent);
@@ -190,9 +239,89 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
     );
     assert!(written.is_subset(&expected), "{written:?}");
     assert_eq!(
-        committed_on(&direct, &group, &topic, 4),
+        net.committed(),
         expected_commits(&report),
         "the cut member committed nothing over the new owner's offsets"
+    );
+    assert_eq!(other.terminate(), Some(0));
+}
+
+/// A member cut off from the broker for longer than its session while it consumes: the process
+/// runs on (what it holds is flushed, its commits fail), finds its partitions lost on its own
+/// (librdkafka's session timeout, the network still down), and the other member takes them and
+/// reads them from the last commit, with what was produced during the cut. Once the network is
+/// back the member rejoins and takes partitions again. Nothing is lost: every segment is stored
+/// by one member or both, the group commits to the end of what was produced before, during and
+/// after the cut, and neither member exits.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
+async fn a_member_cut_off_past_its_session_gives_up_its_partitions_and_rejoins_when_the_network_returns()
+ {
+    let net = Partitioned::new().await;
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let cut_log = net.log_of("cut");
+    let cut = Service::start_logging_to(
+        &net.cut_member_args(dirs[0].path(), Duration::from_secs(6)),
+        &cut_log,
+    );
+    let other = net.start_other(dirs[1].path());
+    both_own_partitions(&cut, &other).await;
+    let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
+
+    let mut reports = vec![];
+    let (report, mut sent) = net.produce(0, 24).await;
+    reports.push(report);
+    wait_for("the first messages committed", JOIN_AND_FLUSH, || {
+        net.committed() == expected_commits(&reports[0])
+    })
+    .await;
+
+    net.relay.cut();
+    let (report, during) = net.produce(24, 24).await;
+    reports.push(report);
+    sent.extend(during);
+    wait_for(
+        "the cut member finding its partitions lost and the other owning every partition",
+        JOIN_AND_FLUSH,
+        || log().contains("partitions lost") && other.owned() == 4,
+    )
+    .await;
+
+    net.relay.restore();
+    wait_for("the cut member rejoining", JOIN_AND_FLUSH, || {
+        cut.owned() > 0
+    })
+    .await;
+    let (report, after) = net.produce(48, 24).await;
+    reports.push(report);
+    sent.extend(after);
+    let mut end = std::collections::BTreeMap::new();
+    for report in &reports {
+        for (partition, next) in expected_commits(report) {
+            let at = end.entry(partition).or_insert(next);
+            *at = (*at).max(next);
+        }
+    }
+    wait_for("the group committing to the end", JOIN_AND_FLUSH, || {
+        net.committed() == end
+    })
+    .await;
+
+    let (blobs, _) = outcomes(&sent);
+    let mut stored = blobs_under(dirs[0].path());
+    for (key, digest) in blobs_under(dirs[1].path()) {
+        let before = stored.insert(key.clone(), digest);
+        assert!(
+            before.is_none_or(|b| b == digest),
+            "{key}: the two members stored the same bytes"
+        );
+    }
+    assert_eq!(stored, blobs, "every segment stored");
+    assert_eq!(
+        cut.terminate(),
+        Some(0),
+        "the cut member carried on:\n{}",
+        log()
     );
     assert_eq!(other.terminate(), Some(0));
 }
