@@ -325,3 +325,82 @@ async fn a_member_cut_off_past_its_session_gives_up_its_partitions_and_rejoins_w
     );
     assert_eq!(other.terminate(), Some(0));
 }
+
+/// A member cut off from the broker for less than its session, with a flush that ends during
+/// the cut: the commit fails while the network is down and goes through once it is back. No
+/// rebalance, no loss, nothing read twice: the members consume exactly what was produced, and
+/// the group commits to the end.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
+async fn a_member_cut_off_for_less_than_its_session_commits_once_the_network_returns() {
+    let net = Partitioned::new().await;
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let cut_log = net.log_of("cut");
+    // What it consumes waits 3 s to be flushed: long enough to cut the network first. The
+    // session counts from the last answer the coordinator gave, which can be the assignment, a
+    // heartbeat interval before the cut, and the client reconnects with a backoff of up to 10 s
+    // after it: 30 s leave room for all of it.
+    let cut = Service::start_logging_to(
+        &with_flag(
+            net.cut_member_args(dirs[0].path(), SESSION),
+            "--buffer-max-age-ms",
+            "3000",
+        ),
+        &cut_log,
+    );
+    let other = net.start_other(dirs[1].path());
+    both_own_partitions(&cut, &other).await;
+    let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
+    let status = |s: &Service, field: &str| s.status().map_or(0, |s| s[field].as_u64().unwrap());
+    let rebalances = (status(&cut, "rebalances"), status(&other, "rebalances"));
+
+    let (report, sent) = net.produce(0, 24).await;
+    wait_for(
+        "every message consumed, the cut member's still buffered",
+        JOIN_AND_FLUSH,
+        || {
+            status(&cut, "consumed") + status(&other, "consumed") == 24
+                && status(&cut, "buffer_messages") > 0
+        },
+    )
+    .await;
+    net.relay.cut();
+    wait_for(
+        "the cut member's flush ending while the network is down",
+        JOIN_AND_FLUSH,
+        || status(&cut, "flushed") > 0,
+    )
+    .await;
+    assert_ne!(
+        net.committed(),
+        expected_commits(&report),
+        "the cut member's offsets wait for the network"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    net.relay.restore();
+    wait_for("the group committing to the end", JOIN_AND_FLUSH, || {
+        net.committed() == expected_commits(&report)
+    })
+    .await;
+
+    assert_eq!(
+        status(&cut, "consumed") + status(&other, "consumed"),
+        24,
+        "nothing read twice:\n{}\n{}",
+        log(),
+        std::fs::read_to_string(net.log_of("other")).unwrap_or_default()
+    );
+    assert_eq!(
+        (status(&cut, "rebalances"), status(&other, "rebalances")),
+        rebalances,
+        "no rebalance:\n{}",
+        log()
+    );
+    assert!(!log().contains("partitions lost"), "{}", log());
+    let (blobs, _) = outcomes(&sent);
+    let mut stored = blobs_under(dirs[0].path());
+    stored.extend(blobs_under(dirs[1].path()));
+    assert_eq!(stored, blobs, "every segment stored");
+    assert_eq!(cut.terminate(), Some(0));
+    assert_eq!(other.terminate(), Some(0));
+}
