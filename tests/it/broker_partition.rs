@@ -16,8 +16,9 @@ use rdkafka::ClientConfig;
 /// The cut member's session; its drain deadline is a second shorter (it must be shorter).
 const SESSION: Duration = Duration::from_secs(30);
 /// From the cut to the shutdown request. The member finds its partitions lost a session after
-/// its last heartbeat answered (one heartbeat, 3 s, at most before the cut): within the drain,
-/// 9-13 s after the request and 16 s at least before the drain's deadline.
+/// the coordinator last answered it: at the cut at the latest, at its assignment (a few seconds
+/// before the cut) at the earliest. So the loss comes during the drain, up to 12 s after the
+/// request (less those few seconds), and 17 s at least before the drain's deadline.
 const CUT_TO_SHUTDOWN: Duration = Duration::from_secs(18);
 
 /// The broker of the test's own, the relay in front of its `RELAYED` listener, and a fresh topic
