@@ -797,11 +797,10 @@ impl Pipeline {
     /// on polling while it runs; during a revoke's drain it waits in the callback). The drain
     /// makes durable and commits what it can of every partition, so the revoke is answered when
     /// it ends (the callback, and so the polling thread, waits until then, bounded by the drain
-    /// deadline). Lost partitions are given up at once:
-    /// the group gave them to another member, which reads them from their last commit, so what is
-    /// buffered of them is not written a second time (billing outcomes are not idempotent) and
-    /// their offsets, which this member may no longer commit, do not fail the drain's last
-    /// commit.
+    /// deadline). Lost partitions are given up at once: the group gave them to another member,
+    /// which reads them from their last commit, so what is buffered of them is not written a
+    /// second time (billing outcomes are not idempotent) and their offsets, which this member may
+    /// no longer commit, do not fail the drain's last commit.
     fn revoked_during_drain(&mut self, revoke: Revoke) {
         if revoke.lost {
             self.give_up(&revoke.partitions, revoke.generation);
