@@ -108,12 +108,17 @@ impl Partitioned {
     }
 }
 
-async fn both_own_partitions(a: &Service, b: &Service) {
-    wait_for("both members owning partitions", JOIN_AND_FLUSH, || {
-        let (a, b) = (a.owned(), b.owned());
-        a > 0 && b > 0 && a + b == 4
-    })
-    .await;
+/// The blobs the two members stored, together; one both stored holds the same bytes in each.
+fn stored_by_either(dirs: &[tempfile::TempDir; 2]) -> Blobs {
+    let mut stored = blobs_under(dirs[0].path());
+    for (key, digest) in blobs_under(dirs[1].path()) {
+        let before = stored.insert(key.clone(), digest);
+        assert!(
+            before.is_none_or(|b| b == digest),
+            "{key}: the two members stored the same bytes"
+        );
+    }
+    stored
 }
 
 /// A shutdown drain waiting on a blob store that answers 503, while the member is cut off from
@@ -179,11 +184,10 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
     // messages it takes in) and a buffer behind it.
     held.store(true, Ordering::SeqCst);
     let (report, sent) = net.produce(0, 48).await;
-    let status = |s: &Service, field: &str| s.status().map_or(0, |s| s[field].as_u64().unwrap());
     wait_for(
         "a flush waiting on the store and a full buffer behind it",
         JOIN_AND_FLUSH,
-        || status(&cut, "flushes_in_flight") == 1 && status(&cut, "buffer_messages") >= 3,
+        || cut.count("flushes_in_flight") == 1 && cut.count("buffer_messages") >= 3,
     )
     .await;
 
@@ -269,17 +273,14 @@ async fn a_member_cut_off_past_its_session_gives_up_its_partitions_and_rejoins_w
     both_own_partitions(&cut, &other).await;
     let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
 
-    let mut reports = vec![];
-    let (report, mut sent) = net.produce(0, 24).await;
-    reports.push(report);
+    let (first, mut sent) = net.produce(0, 24).await;
     wait_for("the first messages committed", JOIN_AND_FLUSH, || {
-        net.committed() == expected_commits(&reports[0])
+        net.committed() == expected_commits(&first)
     })
     .await;
 
     net.relay.cut();
-    let (report, during) = net.produce(24, 24).await;
-    reports.push(report);
+    let (_, during) = net.produce(24, 24).await;
     sent.extend(during);
     wait_for(
         "the cut member finding its partitions lost and the other owning every partition",
@@ -293,31 +294,16 @@ async fn a_member_cut_off_past_its_session_gives_up_its_partitions_and_rejoins_w
         cut.owned() > 0
     })
     .await;
-    let (report, after) = net.produce(48, 24).await;
-    reports.push(report);
+    let (_, after) = net.produce(48, 24).await;
     sent.extend(after);
-    let mut end = std::collections::BTreeMap::new();
-    for report in &reports {
-        for (partition, next) in expected_commits(report) {
-            let at = end.entry(partition).or_insert(next);
-            *at = (*at).max(next);
-        }
-    }
+    let end = high_watermarks_on(&net.direct, &net.topic, 4);
     wait_for("the group committing to the end", JOIN_AND_FLUSH, || {
         net.committed() == end
     })
     .await;
 
     let (blobs, _) = outcomes(&sent);
-    let mut stored = blobs_under(dirs[0].path());
-    for (key, digest) in blobs_under(dirs[1].path()) {
-        let before = stored.insert(key.clone(), digest);
-        assert!(
-            before.is_none_or(|b| b == digest),
-            "{key}: the two members stored the same bytes"
-        );
-    }
-    assert_eq!(stored, blobs, "every segment stored");
+    assert_eq!(stored_by_either(&dirs), blobs, "every segment stored");
     assert_eq!(
         cut.terminate(),
         Some(0),
@@ -352,16 +338,15 @@ async fn a_member_cut_off_for_less_than_its_session_commits_once_the_network_ret
     let other = net.start_other(dirs[1].path());
     both_own_partitions(&cut, &other).await;
     let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
-    let status = |s: &Service, field: &str| s.status().map_or(0, |s| s[field].as_u64().unwrap());
-    let rebalances = (status(&cut, "rebalances"), status(&other, "rebalances"));
+    let rebalances = (cut.count("rebalances"), other.count("rebalances"));
 
     let (report, sent) = net.produce(0, 24).await;
     wait_for(
         "every message consumed, the cut member's still buffered",
         JOIN_AND_FLUSH,
         || {
-            status(&cut, "consumed") + status(&other, "consumed") == 24
-                && status(&cut, "buffer_messages") > 0
+            cut.count("consumed") + other.count("consumed") == 24
+                && cut.count("buffer_messages") > 0
         },
     )
     .await;
@@ -369,7 +354,7 @@ async fn a_member_cut_off_for_less_than_its_session_commits_once_the_network_ret
     wait_for(
         "the cut member's flush ending while the network is down",
         JOIN_AND_FLUSH,
-        || status(&cut, "flushed") > 0,
+        || cut.count("flushed") > 0,
     )
     .await;
     assert_ne!(
@@ -385,23 +370,21 @@ async fn a_member_cut_off_for_less_than_its_session_commits_once_the_network_ret
     .await;
 
     assert_eq!(
-        status(&cut, "consumed") + status(&other, "consumed"),
+        cut.count("consumed") + other.count("consumed"),
         24,
         "nothing read twice:\n{}\n{}",
         log(),
         std::fs::read_to_string(net.log_of("other")).unwrap_or_default()
     );
     assert_eq!(
-        (status(&cut, "rebalances"), status(&other, "rebalances")),
+        (cut.count("rebalances"), other.count("rebalances")),
         rebalances,
         "no rebalance:\n{}",
         log()
     );
     assert!(!log().contains("partitions lost"), "{}", log());
     let (blobs, _) = outcomes(&sent);
-    let mut stored = blobs_under(dirs[0].path());
-    stored.extend(blobs_under(dirs[1].path()));
-    assert_eq!(stored, blobs, "every segment stored");
+    assert_eq!(stored_by_either(&dirs), blobs, "every segment stored");
     assert_eq!(cut.terminate(), Some(0));
     assert_eq!(other.terminate(), Some(0));
 }

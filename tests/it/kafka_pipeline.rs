@@ -569,17 +569,12 @@ async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_f
     let frozen_log = logs.path().join("frozen.log");
     let frozen = member(dirs[0].path(), &frozen_log);
     let other = member(dirs[1].path(), &logs.path().join("other.log"));
-    wait_for("both members owning partitions", JOIN_AND_FLUSH, || {
-        let (a, b) = (frozen.owned(), other.owned());
-        a > 0 && b > 0 && a + b == 4
-    })
-    .await;
+    both_own_partitions(&frozen, &other).await;
     let (report, sent) = produce_fixtures(&topic, &small_fixtures(true), 24).await;
-    let consumed = |s: &Service| s.status().map_or(0, |s| s["consumed"].as_u64().unwrap());
     wait_for(
         "every message consumed and buffered",
         JOIN_AND_FLUSH,
-        || consumed(&frozen) + consumed(&other) == 24,
+        || frozen.count("consumed") + other.count("consumed") == 24,
     )
     .await;
     let held = frozen.status().unwrap()["buffer_messages"]
@@ -595,7 +590,7 @@ async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_f
     wait_for(
         "the other member owning every partition and holding every message",
         JOIN_AND_FLUSH,
-        || other.owned() == 4 && consumed(&other) == 24,
+        || other.owned() == 4 && other.count("consumed") == 24,
     )
     .await;
     frozen.signal("-CONT");

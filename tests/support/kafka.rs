@@ -232,7 +232,12 @@ pub fn committed_on(
 /// Each partition's high watermark (the next offset to be written), for partitions with
 /// anything in them.
 pub fn high_watermarks(topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
-    let consumer: BaseConsumer = kafka().create().expect("consumer");
+    high_watermarks_on(&kafka(), topic, partitions)
+}
+
+/// `high_watermarks` on the cluster `base` points at.
+pub fn high_watermarks_on(base: &ClientConfig, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    let consumer: BaseConsumer = base.create().expect("consumer");
     (0..partitions)
         .filter_map(|p| {
             let (_, high) = consumer

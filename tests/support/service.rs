@@ -28,6 +28,15 @@ pub fn run_tool<S: AsRef<std::ffi::OsStr>>(
 /// generous, for a loaded machine; a test that passes does not wait it out.
 pub const JOIN_AND_FLUSH: Duration = Duration::from_secs(120);
 
+/// Waits until two members of a group share a topic's 4 partitions, each owning some.
+pub async fn both_own_partitions(a: &Service, b: &Service) {
+    wait_for("both members owning partitions", JOIN_AND_FLUSH, || {
+        let (a, b) = (a.owned(), b.owned());
+        a > 0 && b > 0 && a + b == 4
+    })
+    .await;
+}
+
 /// Polls `condition` every 100 ms until it holds or `timeout` passes.
 pub async fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -283,6 +292,12 @@ impl Service {
         let _ = Command::new("kill")
             .args([signal, &self.child.id().to_string()])
             .status();
+    }
+
+    /// A counter of `/status` (`consumed`, `flushed`, `buffer_messages`, …): 0 while it is not
+    /// up.
+    pub fn count(&self, field: &str) -> u64 {
+        self.status().map_or(0, |s| s[field].as_u64().unwrap())
     }
 
     /// How many partitions it holds (`/status`'s `partitions`): 0 while it is not up.
