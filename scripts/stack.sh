@@ -22,6 +22,12 @@ CACHE=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
 STATE=${REPLAY_INGEST_STACK_DIR:-/tmp/replay-ingest-stack}
 KAFKA_PORT=${REPLAY_INGEST_KAFKA_PORT:-19092}
 KAFKA_CONTROLLER_PORT=${REPLAY_INGEST_KAFKA_CONTROLLER_PORT:-19093}
+# Optional second plaintext listener, RELAYED, on this port, advertised at
+# REPLAY_INGEST_KAFKA_RELAYED_ADVERTISED (host:port of a relay in front of it): a client that
+# bootstraps from the relay reaches the broker only through it, so cutting the relay partitions
+# that client alone (the chaos harness does).
+KAFKA_RELAYED_PORT=${REPLAY_INGEST_KAFKA_RELAYED_PORT:-}
+KAFKA_RELAYED_ADVERTISED=${REPLAY_INGEST_KAFKA_RELAYED_ADVERTISED:-}
 KAFKA_VERSION=4.4.0
 KAFKA_HOME=$CACHE/kafka/$KAFKA_VERSION
 KAFKA_DATA=$STATE/kafka-data
@@ -143,10 +149,22 @@ kafka_properties() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
+PROPS
+  if [ -n "$KAFKA_RELAYED_PORT" ]; then
+    cat <<PROPS
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,RELAYED://127.0.0.1:$KAFKA_RELAYED_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,RELAYED://$KAFKA_RELAYED_ADVERTISED
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,RELAYED:PLAINTEXT
+PROPS
+  else
+    cat <<PROPS
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+PROPS
+  fi
+  cat <<PROPS
 log.dirs=$KAFKA_DATA
 num.partitions=1
 default.replication.factor=1
@@ -184,6 +202,10 @@ start_kafka() {
   if running kafka; then return 0; fi
   port_open "$KAFKA_PORT" && die "127.0.0.1:$KAFKA_PORT is taken by something else"
   port_open "$KAFKA_CONTROLLER_PORT" && die "127.0.0.1:$KAFKA_CONTROLLER_PORT is taken by something else"
+  if [ -n "$KAFKA_RELAYED_PORT" ]; then
+    [ -n "$KAFKA_RELAYED_ADVERTISED" ] || die "REPLAY_INGEST_KAFKA_RELAYED_PORT needs REPLAY_INGEST_KAFKA_RELAYED_ADVERTISED"
+    port_open "$KAFKA_RELAYED_PORT" && die "127.0.0.1:$KAFKA_RELAYED_PORT is taken by something else"
+  fi
   kafka_properties >"$STATE/kafka.properties"
   # Formatted once; the controller's address is written into the metadata log then, so a
   # restart must use the same controller port (and never formats again).

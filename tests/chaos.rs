@@ -4,7 +4,9 @@
 //! (SIGSTOP), GCS answers one upload in twenty past the sink deadline (a latency tail, through a
 //! proxy), 5 000 idle connections flood each member's probe port (each member limited to 1 024
 //! descriptors), the broker hangs, the broker is killed (SIGKILL) or stopped and started again
-//! on its log directory, and a member joins half way through a ClickHouse outage longer than
+//! on its log directory, one member's network to the broker is cut (it reaches the broker
+//! through a relay, `support::relay`; the other members and the stores do not) for a blip
+//! within its session or past it, and a member joins half way through a ClickHouse outage longer than
 //! `max.poll.interval.ms` (scale-out during an outage: it must own partitions within 30 s, the
 //! others staying in the group). At the end, with every fault cleared, it checks from the
 //! stores themselves: every valid segment's blob byte for byte and its rows, every invalid
@@ -13,7 +15,8 @@
 //!
 //! It brings up a stack of its own (`scripts/stack.sh`, fresh ports), so the faults never reach
 //! other tests. `CHAOS_SECONDS` sets how long faults are injected (default 120: the run in the
-//! test command); fault lengths grow with it up to ClickHouse 60 s, GCS 40 s, broker 20 s. The
+//! test command); fault lengths grow with it up to ClickHouse 60 s, GCS 40 s, broker and network
+//! cut 20 s. The network cuts run on a track of their own, so the 120 s run has them too. The
 //! faults come in turn, so a short run reaches only the first ones: the 120 s run ends after the
 //! connection flood, before the second broker SIGKILL and the scale-out during an outage (the
 //! integration test `a_member_joining_during_a_long_outage…` covers that one on every run);
@@ -241,8 +244,14 @@ impl Member {
 /// removed unless the harness failed (its logs tell why). Every helper reads the stack from the
 /// environment, which this test binary (one test) may set for itself. The state directory is
 /// `REPLAY_INGEST_CHAOS_STACK_DIR` when set (scripts/test.sh sets it, to stop the stack should
-/// the harness itself be stopped), a fresh one otherwise.
-struct OwnStack(std::path::PathBuf);
+/// the harness itself be stopped), a fresh one otherwise. The broker has a second listener,
+/// advertised at `relay_port`, where the harness's relay (started with the runtime) listens.
+struct OwnStack {
+    dir: std::path::PathBuf,
+    /// Where the relay listens, and the broker's listener it forwards to.
+    relay_port: u16,
+    relayed_port: u16,
+}
 
 impl OwnStack {
     fn start() -> OwnStack {
@@ -257,17 +266,23 @@ impl OwnStack {
         let ports = [
             "KAFKA",
             "KAFKA_CONTROLLER",
+            "KAFKA_RELAYED",
             "CLICKHOUSE",
             "CLICKHOUSE_TCP",
             "GCS",
         ]
         .map(|name| (name, free_port()));
+        let relay_port = free_port();
         // SAFETY: set before this test starts any thread that reads the environment.
         unsafe {
             std::env::set_var("REPLAY_INGEST_STACK_DIR", &dir);
             for (name, port) in ports {
                 std::env::set_var(format!("REPLAY_INGEST_{name}_PORT"), port.to_string());
             }
+            std::env::set_var(
+                "REPLAY_INGEST_KAFKA_RELAYED_ADVERTISED",
+                format!("127.0.0.1:{relay_port}"),
+            );
         }
         stack(&["up"]);
         for line in std::fs::read_to_string(dir.join("stack.env"))
@@ -280,7 +295,11 @@ impl OwnStack {
                 unsafe { std::env::set_var(key, value) };
             }
         }
-        OwnStack(dir)
+        OwnStack {
+            dir,
+            relay_port,
+            relayed_port: ports[2].1,
+        }
     }
 }
 
@@ -291,7 +310,7 @@ impl Drop for OwnStack {
             .args([script, "down"])
             .status();
         if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
+            let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 }
@@ -332,6 +351,10 @@ enum Fault {
     BrokerKill,
     BrokerStop,
     BrokerStart,
+    /// Member a's network to the broker is cut (the relay closes its connections and refuses
+    /// new ones), then restored.
+    Cut,
+    Reconnect,
     /// ClickHouse stops, and the third member joins after this long.
     ScaleOutDuringOutage(Duration),
 }
@@ -340,7 +363,9 @@ enum Fault {
 /// leaves and rejoins, a third member joining and leaving) and, in parallel, in turn with gaps
 /// between: ClickHouse down, the broker killed and started again, GCS hung, the broker stopped
 /// cleanly and started again, the broker hung, a GCS latency tail, a connection flood, the
-/// broker killed again, ClickHouse down with a member joining half way.
+/// broker killed again, ClickHouse down with a member joining half way; and, on a track of its
+/// own, member a cut off from the broker, in turn for a second (a blip within its 2 s session)
+/// and for up to 20 s (past it).
 fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
     let scale = |full: u64| (full * seconds / 900).clamp(full / 4, full);
     let (clickhouse, gcs, broker, gap) = (scale(60), scale(40), scale(20), scale(40));
@@ -389,6 +414,16 @@ fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
         t += length + gap;
         n += 1;
     }
+    let cut_every = (seconds / 5).clamp(20, 180);
+    let mut t = cut_every / 2 + 3;
+    for length in [1, broker].into_iter().cycle() {
+        if t + length > seconds {
+            break;
+        }
+        plan.push((Duration::from_secs(t), Fault::Cut));
+        plan.push((Duration::from_secs(t + length), Fault::Reconnect));
+        t += cut_every;
+    }
     plan.sort_by_key(|(at, _)| *at);
     plan
 }
@@ -397,15 +432,15 @@ fn schedule(seconds: u64) -> Vec<(Duration, Fault)> {
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 fn nothing_is_lost_and_no_member_fails_under_kills_rebalances_and_sink_outages() {
     // The stack first, while this is the only thread; then the runtime.
-    let _stack = OwnStack::start();
+    let own = OwnStack::start();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap()
-        .block_on(chaos());
+        .block_on(chaos(&own));
 }
 
-async fn chaos() {
+async fn chaos(own: &OwnStack) {
     let seconds: u64 = std::env::var("CHAOS_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -425,13 +460,17 @@ async fn chaos() {
         }
     })
     .await;
-    let args = |names: &Names| {
-        let args = with_flag(
+    // Member a (index 0) reaches the broker only through the relay, the others directly.
+    let relay = support::relay::Relay::start_on(own.relay_port, own.relayed_port).await;
+    let args = |member: usize| {
+        let mut args = with_flag(
             names.args(statsd.local_addr().unwrap().port(), dir.path()),
             "--gcs-endpoint",
             &gcs_proxy.endpoint,
         );
-        let mut args = args;
+        if member == 0 {
+            args = with_flag(args, "--brokers", &relay.address());
+        }
         args.extend([
             "--sink-timeout-ms".to_owned(),
             SINK_TIMEOUT.as_millis().to_string(),
@@ -450,8 +489,8 @@ async fn chaos() {
         Member::new("b", dir.path()),
         Member::new("c", dir.path()),
     ];
-    members[0].start(&args(&names));
-    members[1].start(&args(&names));
+    members[0].start(&args(0));
+    members[1].start(&args(1));
 
     let produced = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -487,7 +526,7 @@ async fn chaos() {
                 }
                 Fault::Rejoin(m) => {
                     if members[m].service.is_none() {
-                        members[m].start(&args(&names));
+                        members[m].start(&args(m));
                     }
                     "rejoins"
                 }
@@ -495,7 +534,7 @@ async fn chaos() {
                     if members[2].service.is_some() {
                         continue;
                     }
-                    members[2].start(&args(&names));
+                    members[2].start(&args(2));
                     third_leaves_at = Some(Instant::now() + Duration::from_secs(20));
                     "third member joins"
                 }
@@ -567,6 +606,14 @@ async fn chaos() {
                     stack(&["start", "kafka"]);
                     continue;
                 }
+                Fault::Cut => {
+                    relay.cut();
+                    "network cuts of member a"
+                }
+                Fault::Reconnect => {
+                    relay.restore();
+                    continue;
+                }
                 Fault::ScaleOutDuringOutage(join_after) => {
                     stack(&["stop", "clickhouse"]);
                     scale_out_at = Some(Instant::now() + join_after);
@@ -578,7 +625,7 @@ async fn chaos() {
         if scale_out_at.is_some_and(|t| Instant::now() >= t) {
             scale_out_at = None;
             if members[2].service.is_none() {
-                members[2].start(&args(&names));
+                members[2].start(&args(2));
             }
             scaled_out = Some(Instant::now());
             third_leaves_at = Some(Instant::now() + SCALE_OUT_WITHIN + Duration::from_secs(10));
@@ -614,7 +661,7 @@ async fn chaos() {
             }
             let killed = member.service.is_none() && !member.leaving;
             if i < 2 && killed {
-                member.start(&args(&names));
+                member.start(&args(i));
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -622,13 +669,14 @@ async fn chaos() {
 
     // Faults over: every store up, the pair running, production stopped. Settle.
     drop(_restore);
+    relay.restore();
     tail.store(false, std::sync::atomic::Ordering::Relaxed);
     flood.lock().unwrap().clear();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     producer.await.unwrap();
-    for member in &mut members[..2] {
+    for (i, member) in members[..2].iter_mut().enumerate() {
         if member.service.is_none() {
-            member.start(&args(&names));
+            member.start(&args(i));
         }
     }
     let produced = std::mem::take(&mut *produced.lock().unwrap());
@@ -756,6 +804,10 @@ async fn chaos() {
     assert!(counts.get("kills").copied().unwrap_or(0) >= 3, "{counts:?}");
     assert!(
         counts.get("broker SIGKILLs").copied().unwrap_or(0) >= 1,
+        "{counts:?}"
+    );
+    assert!(
+        counts.get("network cuts of member a").copied().unwrap_or(0) >= 2,
         "{counts:?}"
     );
     // Every scale-out scheduled (runs long enough to reach one: 900 s by default) was seen to

@@ -21,7 +21,13 @@ impl Relay {
     /// Listens on 127.0.0.1; forwards to 127.0.0.1:`upstream_port` (nothing need listen there
     /// yet: a connection made before is closed).
     pub async fn start(upstream_port: u16) -> Relay {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(0, upstream_port).await
+    }
+
+    /// As `start`, listening on `port` (0: any free one), for a broker told the relay's address
+    /// before the relay runs.
+    pub async fn start_on(port: u16, upstream_port: u16) -> Relay {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(watch::Sender::new(false));
         let cuts = cut.clone();
