@@ -7,6 +7,8 @@
 //!   SSL and SASL ones);
 //! - SASL end to end, each way operators set it up: SCRAM-SHA-512 inside TLS, PLAIN inside TLS,
 //!   SCRAM-SHA-512 and PLAIN in the clear — the password from a mounted file, never printed;
+//! - a broker SIGKILLed and started again under a service consuming over SASL_SSL: it connects
+//!   and authenticates again by itself, and nothing is lost;
 //! - a wrong password and an untrusted certificate: one error naming what to fix, exit 1;
 //! - ClickHouse over `https://`: trusted through `SSL_CERT_FILE`, refused without it;
 //! - secrets given in the environment never show in `--help` or in errors.
@@ -144,6 +146,103 @@ async fn over_sasl_every_mechanism_authenticates_with_the_mounted_password_and_n
             "{listener} {mechanism}: the password is never logged:\n{log}"
         );
     }
+}
+
+/// The broker SIGKILLed right after a batch is produced (the service consuming, flushing or
+/// committing it), kept down past the group session, and started again on its log directory,
+/// while the service consumes over SASL_SSL with SCRAM-SHA-512 (the password from a mounted
+/// file): the service connects and authenticates again by itself and never exits; every message
+/// of the three batches (before, at and after the kill) is stored or dead-lettered, the group
+/// commits to the end of both partitions, and no line holds the password.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
+async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothing() {
+    let mut broker = SecureBroker::start(USER, PASSWORD);
+    let base = admin(&broker);
+    let (topic, dlq) = (unique("rec"), unique("dlq"));
+    create_topic_on(&base, &topic, 2).await;
+    create_topic_on(&base, &dlq, 1).await;
+    let files = [small_fixtures(true), small_fixtures(false)].concat();
+    let per_batch = files.len() as u64;
+    // Batch `n`: every fixture once, each under a replay id of its own.
+    let batch = |n: u64| -> Vec<(Vec<u8>, Vec<u8>)> {
+        (n * per_batch..(n + 1) * per_batch)
+            .map(|i| (crate::support::load::fixture_copy(&files, i), test_key(i)))
+            .collect()
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("kafka-password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
+    let ca = broker.ca.ca_file();
+    let blob_dir = dir.path().join("blobs");
+    let args = service_args(
+        &broker,
+        "SASL_SSL",
+        &topic,
+        &dlq,
+        &blob_dir,
+        &[
+            "--kafka-security-protocol",
+            "SASL_SSL",
+            "--kafka-sasl-mechanism",
+            "SCRAM-SHA-512",
+            "--kafka-sasl-username",
+            USER,
+            "--kafka-sasl-password-file",
+            password_file.to_str().unwrap(),
+            "--kafka-ssl-ca-location",
+            ca.to_str().unwrap(),
+        ],
+    );
+    let group = args[args.iter().position(|a| a == "--group-id").unwrap() + 1].clone();
+    let log = dir.path().join("service.log");
+    let mut service = Service::start_logging_to(&args, &log);
+
+    let (_, mut sent) = produce_values_with(&producer_on(&base), &topic, batch(0)).await;
+    let first = outcomes(&sent).0;
+    wait_for("the first batch's blobs", Duration::from_secs(60), || {
+        blobs_under(&blob_dir) == first
+    })
+    .await;
+    let (_, at_kill) = produce_values_with(&producer_on(&base), &topic, batch(1)).await;
+    sent.extend(at_kill);
+    broker.kill();
+    // Past the 2 s session: the group the broker comes back with has to take the member back.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        service.child.try_wait().unwrap().is_none(),
+        "the service rides out the broker's absence"
+    );
+    broker.start_again();
+    let (_, after) = produce_values_with(&producer_on(&base), &topic, batch(2)).await;
+    sent.extend(after);
+
+    let (blobs, dead) = outcomes(&sent);
+    wait_for(
+        "every blob of the three batches",
+        Duration::from_secs(120),
+        || blobs_under(&blob_dir) == blobs,
+    )
+    .await;
+    let end = high_watermarks_on(&base, &topic, 2);
+    assert_eq!(end.values().sum::<i64>(), sent.len() as i64);
+    wait_for(
+        "the group commits to the end",
+        Duration::from_secs(60),
+        || committed_on(&base, &group, &topic, 2) == end,
+    )
+    .await;
+    // Dead letters are at least once: one the kill interrupted may be there twice.
+    let letters = read_messages_on(&base, &dlq, dead.len(), Duration::from_secs(30));
+    let letters = check_dead_letters(letters, &topic, &originals(&sent));
+    assert_eq!(letters.into_iter().collect::<BTreeSet<_>>(), dead);
+    assert_eq!(service.terminate(), Some(0));
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !log.contains(PASSWORD),
+        "the password is never logged:\n{log}"
+    );
 }
 
 /// A wrong password, and a broker certificate another CA signed: the startup check stops the

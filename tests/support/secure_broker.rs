@@ -2,10 +2,12 @@
 //! (`REPLAY_INGEST_KAFKA_HOME`), with the security listeners the stack's broker does not have:
 //! SSL and SASL_SSL with a certificate the test's CA signs, SASL_PLAINTEXT, each taking PLAIN
 //! and SCRAM-SHA-512 where SASL applies; and, when asked, a plaintext listener reached through a
-//! relay the test can cut (`RELAYED`). One node, KRaft combined mode, on 127.0.0.1; stopped when
-//! dropped.
+//! relay the test can cut (`RELAYED`). One node, KRaft combined mode, on 127.0.0.1, its log
+//! directory on disk: `kill` and `start_again` bring the same broker back on the same data, as
+//! the stack's does. Stopped when dropped.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,6 +17,10 @@ use super::tls::TestCa;
 
 pub struct SecureBroker {
     child: Child,
+    /// The Kafka installation, the broker's properties and its log (stdout).
+    home: String,
+    config: PathBuf,
+    log: PathBuf,
     _dir: tempfile::TempDir,
     pub ca: TestCa,
     /// Listener name (`PLAINTEXT`, `SSL`, `SASL_SSL`, `SASL_PLAINTEXT`, and `RELAYED` when
@@ -95,23 +101,8 @@ impl SecureBroker {
         }
         let config = dir.path().join("server.properties");
         std::fs::write(&config, properties).unwrap();
-        let java = |main: &str| {
-            let mut command = Command::new("java");
-            command
-                .args([
-                    "-Xms64m",
-                    "-Xmx384m",
-                    "-XX:+UseSerialGC",
-                    "-XX:TieredStopAtLevel=1",
-                ])
-                .arg(format!(
-                    "-Dlog4j2.configurationFile={home}/log4j2.properties"
-                ))
-                .args(["-cp", &format!("{home}/libs/*"), main]);
-            command
-        };
         let scram = format!("SCRAM-SHA-512=[name={user},password={password}]");
-        let formatted = java("kafka.tools.StorageTool")
+        let formatted = java(&home, "kafka.tools.StorageTool")
             .args([
                 "format",
                 "--standalone",
@@ -129,37 +120,76 @@ impl SecureBroker {
             String::from_utf8_lossy(&formatted.stdout)
         );
         let log = dir.path().join("kafka.log");
-        let child = java("kafka.Kafka")
-            .arg(&config)
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start kafka");
-        let broker = SecureBroker {
-            child,
+        SecureBroker {
+            child: launch(&home, &config, &log),
+            home,
+            config,
+            log,
             _dir: dir,
             ca,
             ports,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("Kafka Server started")
-        {
-            assert!(
-                Instant::now() < deadline,
-                "kafka did not start: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
         }
-        broker
+    }
+
+    /// SIGKILLs the broker: nothing flushed or closed, as a crashed node.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the broker again on the same log directory, listeners, certificate and users
+    /// (after `kill`), and waits until it serves.
+    pub fn start_again(&mut self) {
+        self.child = launch(&self.home, &self.config, &self.log);
     }
 
     /// `127.0.0.1:PORT` of listener `name`.
     pub fn address(&self, name: &str) -> String {
         format!("127.0.0.1:{}", self.ports[name])
     }
+}
+
+/// `java` with the broker's settings (a small heap, the serial collector, the client compiler
+/// only), running `main` from the jars under `home`.
+fn java(home: &str, main: &str) -> Command {
+    let mut command = Command::new("java");
+    command
+        .args([
+            "-Xms64m",
+            "-Xmx384m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+        ])
+        .arg(format!(
+            "-Dlog4j2.configurationFile={home}/log4j2.properties"
+        ))
+        .args(["-cp", &format!("{home}/libs/*"), main]);
+    command
+}
+
+/// Starts the broker on `config`, its output in `log` (truncated), and waits until it serves.
+fn launch(home: &str, config: &Path, log: &Path) -> Child {
+    let mut child = java(home, "kafka.Kafka")
+        .arg(config)
+        .stdout(std::fs::File::create(log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start kafka");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains("Kafka Server started")
+    {
+        if Instant::now() >= deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            panic!(
+                "kafka did not start: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child
 }
 
 impl Drop for SecureBroker {
