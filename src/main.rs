@@ -273,7 +273,10 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
             args.kafka
                 .client_config(&args.shared_consumer_properties())?,
             &args.topic,
-            &format!("{}-refetch", args.group_id),
+            // The member's own group: the principal's READ on it covers the coordinator lookup
+            // librdkafka makes for any consumer with a group (a group of its own would need an
+            // ACL of its own, and logs GroupAuthorizationFailed without one).
+            &args.group_id,
         )
         .context("creating the Kafka consumer that re-reads rejected messages")?,
         source_topic: args.topic.clone(),

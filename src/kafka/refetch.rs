@@ -24,7 +24,8 @@ const READ_AHEAD_KIB: usize = 1 << 10;
 const STALE_EVENTS: usize = 10_000;
 
 /// A consumer that assigns itself the one partition it reads (librdkafka wants a group id for
-/// that, but it never joins the group or commits), used one fetch at a time. Between reads it
+/// that, and looks up its coordinator, but it never joins the group, fetches committed offsets
+/// or commits), used one fetch at a time. Between reads it
 /// holds no partition: it fetches nothing, and keeps nothing fetched.
 pub struct Refetcher {
     consumer: Mutex<BaseConsumer>,

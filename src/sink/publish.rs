@@ -353,16 +353,20 @@ pub fn topics_check(
 }
 
 /// The startup check for topics, with a client of its own made from the producers' `config`:
-/// every one of `topics` exists. Reads the metadata of all topics, because asking for one by
-/// name creates it on brokers that auto-create topics. An unreachable cluster is transient; a
-/// missing topic is configuration, and so are credentials or a certificate the brokers refuse —
-/// named with the flags that set them.
+/// every one of `topics` exists and the principal may see it. Reads the metadata of all topics
+/// first. A topic the principal has no ACL for is left out of that answer, as a missing one is,
+/// so each one left out is asked for by name, with auto-creation off (asked by name, brokers
+/// that auto-create topics would otherwise create it): the brokers then say which it is. An
+/// unreachable cluster is transient; a missing or refused topic is configuration, and so are
+/// credentials or a certificate the brokers refuse — named with the flags that set them.
 pub fn check_topics(
     config: &rdkafka::ClientConfig,
     topics: &[String],
     timeout: Duration,
 ) -> Result<(), SinkError> {
     let client: rdkafka::producer::BaseProducer<Refusals> = config
+        .clone()
+        .set("allow.auto.create.topics", "false")
         .create_with_context(Refusals::default())
         .map_err(|e| {
             SinkError::new(
@@ -416,14 +420,33 @@ pub fn check_topics(
         })
         .collect();
     if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(SinkError::new(
-            "kafka",
-            Retry::Fatal,
-            format_args!("topics missing on the cluster: {}", missing.join(", ")),
-        ))
+        return Ok(());
     }
+    let (refused, missing): (Vec<&str>, Vec<&str>) = missing.into_iter().partition(|name| {
+        client
+            .client()
+            .fetch_metadata(Some(name), timeout)
+            .is_ok_and(|metadata| {
+                metadata.topics().iter().any(|t| {
+                    t.error().map(RDKafkaErrorCode::from)
+                        == Some(RDKafkaErrorCode::TopicAuthorizationFailed)
+                })
+            })
+    });
+    let mut problems = Vec::new();
+    if !refused.is_empty() {
+        problems.push(format!(
+            "the brokers do not let this principal see topics {} (an ACL is missing: READ on the consumed topic, WRITE on the ones published to; a topic that does not exist looks the same to a principal without one)",
+            refused.join(", ")
+        ));
+    }
+    if !missing.is_empty() {
+        problems.push(format!(
+            "topics missing on the cluster: {}",
+            missing.join(", ")
+        ));
+    }
+    Err(SinkError::new("kafka", Retry::Fatal, problems.join("; ")))
 }
 
 #[cfg(test)]

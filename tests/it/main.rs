@@ -19,6 +19,7 @@ mod end_to_end;
 mod fixtures;
 mod gcs_sink;
 mod inspect_cli;
+mod kafka_acls;
 mod kafka_pipeline;
 mod log_format;
 mod memory_bound;

@@ -77,8 +77,13 @@ pub async fn create_topic_on(base: &ClientConfig, name: &str, partitions: i32) {
 /// and waits until the brokers report it. The request replaces the topic's whole configuration,
 /// so it carries the Sentry settings `create_topic` gave it.
 pub async fn set_topic_limit(topic: &str, bytes: usize) {
+    set_topic_limit_on(&kafka(), topic, bytes).await
+}
+
+/// `set_topic_limit` on the cluster `base` points at.
+pub async fn set_topic_limit_on(base: &ClientConfig, topic: &str, bytes: usize) {
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-        kafka().create().unwrap();
+        base.create().unwrap();
     let bytes = bytes.to_string();
     let mut config =
         rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(topic));

@@ -1,6 +1,7 @@
 //! Shared helpers for tests against the real local broker that `scripts/stack.sh up` starts
 //! (`REPLAY_INGEST_TEST_BROKERS`). Every test makes its own topics and consumer group.
 
+pub mod acl;
 pub mod cpu;
 pub mod fixtures;
 pub mod hostile;

@@ -1,10 +1,10 @@
 //! An Apache Kafka broker of a test's own, from the jars the stack fetched
 //! (`REPLAY_INGEST_KAFKA_HOME`), with the security listeners the stack's broker does not have:
 //! SSL and SASL_SSL with a certificate the test's CA signs, SASL_PLAINTEXT, each taking PLAIN
-//! and SCRAM-SHA-512 where SASL applies; and, when asked, a plaintext listener reached through a
-//! relay the test can cut (`RELAYED`). One node, KRaft combined mode, on 127.0.0.1, its log
-//! directory on disk: `kill` and `start_again` bring the same broker back on the same data, as
-//! the stack's does. Stopped when dropped.
+//! and SCRAM-SHA-512 where SASL applies; when asked, a plaintext listener reached through a
+//! relay the test can cut (`RELAYED`), or ACLs enforced (`start_enforcing_acls`). One node,
+//! KRaft combined mode, on 127.0.0.1, its log directory on disk: `kill` and `start_again` bring
+//! the same broker back on the same data, as the stack's does. Stopped when dropped.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,20 +28,50 @@ pub struct SecureBroker {
     pub ports: BTreeMap<&'static str, u16>,
 }
 
+/// What a broker is started with beyond its listeners.
+#[derive(Default)]
+struct Setup<'a> {
+    /// Users known to PLAIN and SCRAM-SHA-512, with their passwords.
+    users: &'a [(&'a str, &'a str)],
+    relay: Option<&'a Relay>,
+    /// ACLs enforced (Kafka's `StandardAuthorizer`), this user a super user.
+    super_user: Option<&'a str>,
+}
+
 impl SecureBroker {
     /// Starts the broker with `user` known to PLAIN and SCRAM-SHA-512 with `password`.
     pub fn start(user: &str, password: &str) -> SecureBroker {
-        Self::start_with(user, password, None)
+        Self::start_with(Setup {
+            users: &[(user, password)],
+            ..Setup::default()
+        })
     }
 
     /// Starts the broker with a plaintext listener `RELAYED` on `relay`'s upstream port,
     /// advertised at the relay's: a client that bootstraps from `relay.address()` reaches the
     /// broker only through it.
     pub fn start_behind(relay: &Relay) -> SecureBroker {
-        Self::start_with("relayed", "relayed-password", Some(relay))
+        Self::start_with(Setup {
+            users: &[("relayed", "relayed-password")],
+            relay: Some(relay),
+            ..Setup::default()
+        })
     }
 
-    fn start_with(user: &str, password: &str, relay: Option<&Relay>) -> SecureBroker {
+    /// Starts the broker enforcing ACLs, as a production cluster with SASL does: `users` (the
+    /// first a super user, for the test's own clients) known to PLAIN and SCRAM-SHA-512; every
+    /// other principal may do only what an ACL allows it (`support::acl`). The PLAINTEXT
+    /// listener, which the broker itself uses, is a super user too.
+    pub fn start_enforcing_acls(users: &[(&str, &str)]) -> SecureBroker {
+        Self::start_with(Setup {
+            users,
+            super_user: Some(users[0].0),
+            ..Setup::default()
+        })
+    }
+
+    fn start_with(setup: Setup<'_>) -> SecureBroker {
+        let relay = setup.relay;
         let home = std::env::var("REPLAY_INGEST_KAFKA_HOME")
             .expect("REPLAY_INGEST_KAFKA_HOME (scripts/stack.sh up)");
         let ca = TestCa::new();
@@ -67,8 +97,13 @@ impl SecureBroker {
             })
             .collect();
         let keystore = ca.keystore_file();
+        let plain_users: String = setup
+            .users
+            .iter()
+            .map(|(user, password)| format!(" user_{user}=\"{password}\""))
+            .collect();
         let plain_login = format!(
-            "org.apache.kafka.common.security.plain.PlainLoginModule required user_{user}=\"{password}\";"
+            "org.apache.kafka.common.security.plain.PlainLoginModule required{plain_users};"
         );
         let scram_login = "org.apache.kafka.common.security.scram.ScramLoginModule required;";
         let mut properties = format!(
@@ -99,9 +134,20 @@ impl SecureBroker {
                  listener.name.{listener}.scram-sha-512.sasl.jaas.config={scram_login}\n"
             );
         }
+        if let Some(user) = setup.super_user {
+            properties += &format!(
+                "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer\n\
+                 super.users=User:ANONYMOUS;User:{user}\n"
+            );
+        }
         let config = dir.path().join("server.properties");
         std::fs::write(&config, properties).unwrap();
-        let scram = format!("SCRAM-SHA-512=[name={user},password={password}]");
+        let scram = setup.users.iter().flat_map(|(user, password)| {
+            [
+                "--add-scram".to_owned(),
+                format!("SCRAM-SHA-512=[name={user},password={password}]"),
+            ]
+        });
         let formatted = java(&home, "kafka.tools.StorageTool")
             .args([
                 "format",
@@ -111,7 +157,7 @@ impl SecureBroker {
                 "-c",
             ])
             .arg(&config)
-            .args(["--add-scram", &scram])
+            .args(scram)
             .output()
             .expect("run the storage tool");
         assert!(
