@@ -205,6 +205,13 @@ impl KafkaArgs {
                         "Kafka property {key:?} holds a secret: use --kafka-sasl-password-file or --kafka-ssl-key-password-file (a mounted Secret) instead"
                     ));
                 }
+                if key == "group.id" {
+                    // Set here, it would move the member to another group than the consumer
+                    // that re-reads rejected messages, whose group the principal's ACLs cover.
+                    return Err(
+                        "Kafka property \"group.id\": use --group-id instead".to_owned(),
+                    );
+                }
                 Ok((key.to_owned(), value.trim().to_owned()))
             })
             .collect()
@@ -1032,6 +1039,11 @@ mod tests {
             assert!(err.contains(key) && err.contains("-file"), "{err}");
             assert!(!err.contains("hunter2"), "{err}");
         }
+        let err = parse(&["--kafka-property", "group.id=other"])
+            .kafka
+            .properties()
+            .unwrap_err();
+        assert!(err.contains("--group-id"), "{err}");
     }
 
     #[test]

@@ -375,6 +375,8 @@ pub fn check_topics(
                 format_args!("creating a Kafka client: {e}"),
             )
         })?;
+    // One deadline for the whole check, however many topics are asked for by name.
+    let deadline = Instant::now() + timeout;
     let metadata = match client.client().fetch_metadata(None, timeout) {
         Ok(metadata) => metadata,
         Err(e) => {
@@ -422,17 +424,26 @@ pub fn check_topics(
     if missing.is_empty() {
         return Ok(());
     }
-    let (refused, missing): (Vec<&str>, Vec<&str>) = missing.into_iter().partition(|name| {
-        client
-            .client()
-            .fetch_metadata(Some(name), timeout)
-            .is_ok_and(|metadata| {
-                metadata.topics().iter().any(|t| {
+    // Asked by name, within what is left of the check's time: the brokers refuse a topic the
+    // principal has no ACL for, and say a missing one is unknown.
+    let (mut refused, mut unknown, mut unanswered) = (Vec::new(), Vec::new(), Vec::new());
+    for name in missing {
+        match client.client().fetch_metadata(
+            Some(name),
+            deadline.saturating_duration_since(Instant::now()),
+        ) {
+            Ok(metadata)
+                if metadata.topics().iter().any(|t| {
                     t.error().map(RDKafkaErrorCode::from)
                         == Some(RDKafkaErrorCode::TopicAuthorizationFailed)
-                })
-            })
-    });
+                }) =>
+            {
+                refused.push(name)
+            }
+            Ok(_) => unknown.push(name),
+            Err(e) => unanswered.push(format!("{name} ({e})")),
+        }
+    }
     let mut problems = Vec::new();
     if !refused.is_empty() {
         problems.push(format!(
@@ -440,10 +451,16 @@ pub fn check_topics(
             refused.join(", ")
         ));
     }
-    if !missing.is_empty() {
+    if !unknown.is_empty() {
         problems.push(format!(
             "topics missing on the cluster: {}",
-            missing.join(", ")
+            unknown.join(", ")
+        ));
+    }
+    if !unanswered.is_empty() {
+        problems.push(format!(
+            "topics missing on the cluster, or not visible to this principal (asked by name, the brokers did not say which): {}",
+            unanswered.join(", ")
         ));
     }
     Err(SinkError::new("kafka", Retry::Fatal, problems.join("; ")))
