@@ -26,6 +26,9 @@ struct Topics {
     outcomes: String,
     analytics: String,
     issues: String,
+    /// `--rows-sink snuba` and the EAP trace items.
+    replay_events: String,
+    items: String,
 }
 
 impl Topics {
@@ -36,6 +39,8 @@ impl Topics {
             outcomes: unique("outcomes"),
             analytics: unique("analytics"),
             issues: unique("issues"),
+            replay_events: unique("replay-events"),
+            items: unique("items"),
         };
         create_topic_on(admin, &topics.records, 2).await;
         for topic in [
@@ -43,6 +48,8 @@ impl Topics {
             &topics.outcomes,
             &topics.analytics,
             &topics.issues,
+            &topics.replay_events,
+            &topics.items,
         ] {
             create_topic_on(admin, topic, 1).await;
         }
@@ -54,14 +61,17 @@ impl Topics {
     }
 }
 
-/// The ACLs `docs/operations.md` lists for the service's principal (events sink on, snuba and
-/// trace-item sinks off): read on the consumed topic and group (READ implies DESCRIBE); write on
-/// the dead-letter and event topics; DescribeConfigs on the event topics.
+/// The ACLs `docs/operations.md` lists for the service's principal, every Kafka destination
+/// on (the event topics, rows through snuba, EAP trace items): read on the consumed topic and
+/// group (READ implies DESCRIBE); write on every topic published to; DescribeConfigs on the
+/// event topics.
 fn documented<'a>(topics: &'a Topics, group: &'a str) -> Vec<(Resource<'a>, Operation)> {
     let mut grants = vec![
         (Resource::Topic(&topics.records), Operation::Read),
         (Resource::Group(group), Operation::Read),
         (Resource::Topic(&topics.dlq), Operation::Write),
+        (Resource::Topic(&topics.replay_events), Operation::Write),
+        (Resource::Topic(&topics.items), Operation::Write),
     ];
     for topic in topics.events() {
         grants.push((Resource::Topic(topic), Operation::Write));
@@ -83,7 +93,7 @@ fn client(broker: &SecureBroker, user: &str, password: &str) -> ClientConfig {
 }
 
 /// The service as `user`: SASL_SSL, SCRAM-SHA-512, the password from a file under `dir`; blobs
-/// under `dir`, events to the Kafka topics.
+/// under `dir`; events, rows (for snuba) and every breadcrumb as an EAP item to the Kafka topics.
 fn args(
     broker: &SecureBroker,
     user: &str,
@@ -101,7 +111,8 @@ fn args(
         free_port(),
     );
     let args = with_flag(args, "--brokers", &broker.address("SASL_SSL"));
-    let mut args = with_flag(args, "--events-sink", "kafka");
+    let args = with_flag(args, "--events-sink", "kafka");
+    let mut args = with_flag(args, "--rows-sink", "snuba");
     let ca = broker.ca.ca_file();
     args.extend(
         [
@@ -121,6 +132,12 @@ fn args(
             &topics.analytics,
             "--issues-topic",
             &topics.issues,
+            "--replay-events-topic",
+            &topics.replay_events,
+            "--trace-items-rollout",
+            "1.0",
+            "--trace-items-topic",
+            &topics.items,
         ]
         .map(str::to_owned),
     );
@@ -171,7 +188,8 @@ async fn consume_everything(
     (service, dir)
 }
 
-/// With exactly the documented ACLs the service consumes, publishes billing outcomes,
+/// With exactly the documented ACLs the service consumes, publishes rows for snuba, EAP items
+/// and billing outcomes,
 /// dead-letters invalid messages and two its events sink refuses (over the issue topic's
 /// limit: read again from the consumed topic), commits to the end, and logs no authorization
 /// error (before, the consumer that reads a message again had a group of its own, and librdkafka
@@ -225,6 +243,10 @@ async fn with_the_documented_acls_the_service_consumes_publishes_dead_letters_an
     assert!(outcomes > 0);
     let billed = read_messages_on(&admin, &topics.outcomes, outcomes, Duration::from_secs(30));
     assert_eq!(billed.len(), outcomes, "billing outcomes published");
+    for topic in [&topics.replay_events, &topics.items] {
+        let published = read_messages_on(&admin, topic, 1, Duration::from_secs(30));
+        assert!(!published.is_empty(), "{topic}: published to");
+    }
     assert_eq!(service.terminate(), Some(0));
     let log = std::fs::read_to_string(dir.path().join("service.log")).unwrap();
     for refused in ["uthoriz", "did not give these topics"] {
