@@ -226,6 +226,7 @@ def main():
         ({"config": {"KAFKA_SASL_PASSWORD": "x"}}, "config.KAFKA_SASL_PASSWORD: a secret goes in secrets."),
         ({"kafkaProperties": {"sasl.password": "x"}}, "kafkaProperties.sasl.password: a secret goes in secrets."),
         ({"kafkaProperties": {"ssl.key.pem": "x"}}, "kafkaProperties.ssl.key.pem: a secret goes in secrets."),
+        ({"kafkaProperties": {"group.id": "x"}}, "kafkaProperties.group.id: set config.GROUP_ID instead"),
         ({"secrets": {"kafkaCa": {"existingSecret": "ca"}}}, "secrets.kafkaCa is set but config.KAFKA_SECURITY_PROTOCOL is PLAINTEXT"),
         ({"secrets": {"kafkaSaslPassword": {"existingSecret": "pw"}}, "config": {"KAFKA_SECURITY_PROTOCOL": "SSL"}},
          "secrets.kafkaSaslPassword is set but config.KAFKA_SECURITY_PROTOCOL is SSL"),
