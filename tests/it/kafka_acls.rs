@@ -80,18 +80,6 @@ fn documented<'a>(topics: &'a Topics, group: &'a str) -> Vec<(Resource<'a>, Oper
     grants
 }
 
-/// SASL_SSL with SCRAM-SHA-512 as `user`, trusting the broker's CA.
-fn client(broker: &SecureBroker, user: &str, password: &str) -> ClientConfig {
-    ClientConfig::new()
-        .set("bootstrap.servers", broker.address("SASL_SSL"))
-        .set("security.protocol", "SASL_SSL")
-        .set("sasl.mechanism", "SCRAM-SHA-512")
-        .set("sasl.username", user)
-        .set("sasl.password", password)
-        .set("ssl.ca.location", broker.ca.ca_file().to_str().unwrap())
-        .clone()
-}
-
 /// The service as `user`: SASL_SSL, SCRAM-SHA-512, the password from a file under `dir`; blobs
 /// under `dir`; events, rows (for snuba) and every breadcrumb as an EAP item to the Kafka topics.
 fn args(
@@ -113,19 +101,9 @@ fn args(
     let args = with_flag(args, "--brokers", &broker.address("SASL_SSL"));
     let args = with_flag(args, "--events-sink", "kafka");
     let mut args = with_flag(args, "--rows-sink", "snuba");
-    let ca = broker.ca.ca_file();
+    args.extend(broker.sasl_ssl_flags(user, &password_file));
     args.extend(
         [
-            "--kafka-security-protocol",
-            "SASL_SSL",
-            "--kafka-sasl-mechanism",
-            "SCRAM-SHA-512",
-            "--kafka-sasl-username",
-            user,
-            "--kafka-sasl-password-file",
-            password_file.to_str().unwrap(),
-            "--kafka-ssl-ca-location",
-            ca.to_str().unwrap(),
             "--outcomes-topic",
             &topics.outcomes,
             "--analytics-topic",
@@ -198,7 +176,7 @@ async fn consume_everything(
 #[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn with_the_documented_acls_the_service_consumes_publishes_dead_letters_and_commits() {
     let broker = SecureBroker::start_enforcing_acls(&[ADMIN, ("replay", PASSWORD)]);
-    let admin = client(&broker, ADMIN.0, ADMIN.1);
+    let admin = broker.sasl_ssl_client(ADMIN.0, ADMIN.1);
     let topics = Topics::create(&admin).await;
     let group = unique("group");
     acl::allow(&admin, "User:replay", &documented(&topics, &group));
@@ -268,7 +246,7 @@ async fn without_one_of_the_documented_acls_the_service_names_it() {
     let mut all = vec![ADMIN];
     all.extend(users.map(|user| (user, PASSWORD)));
     let broker = SecureBroker::start_enforcing_acls(&all);
-    let admin = client(&broker, ADMIN.0, ADMIN.1);
+    let admin = broker.sasl_ssl_client(ADMIN.0, ADMIN.1);
     let topics = Topics::create(&admin).await;
     let messages = copies(&small_fixtures(true));
     let (_, sent) = produce_values_with(&producer_on(&admin), &topics.records, messages).await;

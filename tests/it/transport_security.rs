@@ -29,14 +29,7 @@ const PASSWORD: &str = "s3cr3t-sasl-password";
 
 /// The test's own clients: SASL_SSL with SCRAM-SHA-512, trusting the broker's CA.
 fn admin(broker: &SecureBroker) -> ClientConfig {
-    ClientConfig::new()
-        .set("bootstrap.servers", broker.address("SASL_SSL"))
-        .set("security.protocol", "SASL_SSL")
-        .set("sasl.mechanism", "SCRAM-SHA-512")
-        .set("sasl.username", USER)
-        .set("sasl.password", PASSWORD)
-        .set("ssl.ca.location", broker.ca.ca_file().to_str().unwrap())
-        .clone()
+    broker.sasl_ssl_client(USER, PASSWORD)
 }
 
 /// Service flags for `listener` of `broker`: `security` flags, local sinks.
@@ -174,7 +167,6 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
     let dir = tempfile::tempdir().unwrap();
     let password_file = dir.path().join("kafka-password");
     std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
-    let ca = broker.ca.ca_file();
     let blob_dir = dir.path().join("blobs");
     let args = service_args(
         &broker,
@@ -182,18 +174,11 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
         &topic,
         &dlq,
         &blob_dir,
-        &[
-            "--kafka-security-protocol",
-            "SASL_SSL",
-            "--kafka-sasl-mechanism",
-            "SCRAM-SHA-512",
-            "--kafka-sasl-username",
-            USER,
-            "--kafka-sasl-password-file",
-            password_file.to_str().unwrap(),
-            "--kafka-ssl-ca-location",
-            ca.to_str().unwrap(),
-        ],
+        &broker
+            .sasl_ssl_flags(USER, &password_file)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
     );
     let group = args[args.iter().position(|a| a == "--group-id").unwrap() + 1].clone();
     let log = dir.path().join("service.log");

@@ -193,6 +193,37 @@ impl SecureBroker {
     pub fn address(&self, name: &str) -> String {
         format!("127.0.0.1:{}", self.ports[name])
     }
+
+    /// A client of the test's own: SASL_SSL with SCRAM-SHA-512 as `user`, trusting the CA.
+    pub fn sasl_ssl_client(&self, user: &str, password: &str) -> rdkafka::ClientConfig {
+        rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", self.address("SASL_SSL"))
+            .set("security.protocol", "SASL_SSL")
+            .set("sasl.mechanism", "SCRAM-SHA-512")
+            .set("sasl.username", user)
+            .set("sasl.password", password)
+            .set("ssl.ca.location", self.ca.ca_file().to_str().unwrap())
+            .clone()
+    }
+
+    /// The service's flags for the same: SASL_SSL with SCRAM-SHA-512 as `user`, the password
+    /// read from `password_file`, trusting the CA.
+    pub fn sasl_ssl_flags(&self, user: &str, password_file: &Path) -> Vec<String> {
+        [
+            "--kafka-security-protocol",
+            "SASL_SSL",
+            "--kafka-sasl-mechanism",
+            "SCRAM-SHA-512",
+            "--kafka-sasl-username",
+            user,
+            "--kafka-sasl-password-file",
+            password_file.to_str().unwrap(),
+            "--kafka-ssl-ca-location",
+            self.ca.ca_file().to_str().unwrap(),
+        ]
+        .map(str::to_owned)
+        .into()
+    }
 }
 
 /// `java` with the broker's settings (a small heap, the serial collector, the client compiler
