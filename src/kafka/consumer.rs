@@ -137,8 +137,8 @@ impl IngestContext {
 
     /// Starts the revoke's generation, and zeroes the lag gauge of each partition given away:
     /// the exporter keeps sending a gauge's last value, and the new owner reports the real one.
-    fn lost(&self, partitions: &[i32]) -> u64 {
-        let (generation, owned) = self.ownership.revoke(partitions);
+    fn given_up(&self, partitions: &[i32], lost: bool) -> u64 {
+        let (generation, owned) = self.ownership.revoke(partitions, lost);
         self.status.record_partitions(owned);
         for &partition in partitions {
             crate::metrics::lag(partition, 0);
@@ -185,8 +185,8 @@ impl ConsumerContext for IngestContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
             let ids = ids(partitions);
-            let generation = self.lost(&ids);
             let lost = consumer.assignment_lost();
+            let generation = self.given_up(&ids, lost);
             if lost {
                 warn!(partitions = ?ids, generation, "partitions lost (the session or poll interval expired): their buffered messages are left to the new owner, not flushed");
             } else {
@@ -459,7 +459,7 @@ mod tests {
                 lag_gauges(&snapshotter),
                 [("0".into(), 5.0), ("1".into(), 7.0)].into()
             );
-            context.lost(&[1]);
+            context.given_up(&[1], false);
             // Statistics may still list the partition given away, with its last lag.
             context.report_lag([(0, 4), (1, 7)].into_iter());
             assert_eq!(

@@ -1,21 +1,33 @@
-//! What this member owns, as the rebalance callbacks leave it: its partitions, and the revoke
-//! generation, which every revocation moves on and every polled message is tagged with. The
-//! callbacks are the one place that changes it; the polling thread reads it (to drop what it
-//! holds of a partition given up, and to tag what it polls). `/status` shows a copy, recorded on
-//! each change.
+//! What this member owns, as the rebalance callbacks leave it: its partitions, the revoke
+//! generation, which every revocation moves on and every polled message is tagged with, and the
+//! generation each partition was last lost in. The callbacks are the one place that changes it;
+//! the polling thread reads it (to drop what it holds of a partition given up, and to tag what it
+//! polls), and so do flushes under way (to write nothing more of a partition lost while they
+//! run). `/status` shows a copy, recorded on each change.
 //!
 //! The pipeline keeps its own record of revocations (`pipeline::revocations`): which generation
 //! each partition was last revoked in, updated when the pipeline has handled that revoke, in its
 //! own task and without a lock.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Default)]
 pub struct Ownership {
-    partitions: Mutex<BTreeSet<i32>>,
+    owned: Mutex<Owned>,
     generation: AtomicU64,
+    /// The generation of the last loss (0: none): a flush asks for each message, and before any
+    /// loss the answer needs no lock.
+    last_loss: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Owned {
+    partitions: BTreeSet<i32>,
+    /// Partition → the generation it was last lost in (the group gave it to another member
+    /// before this one gave it up). One entry per partition ever lost: as many as the topic has.
+    lost_in: HashMap<i32, u64>,
 }
 
 impl Ownership {
@@ -23,19 +35,37 @@ impl Ownership {
     /// now.
     pub fn gain(&self, partitions: &[i32]) -> BTreeSet<i32> {
         let mut owned = self.owned_mut();
-        owned.extend(partitions);
-        owned.clone()
+        owned.partitions.extend(partitions);
+        owned.partitions.clone()
     }
 
-    /// `partitions` are being revoked: a new generation starts. Returns it, and what is owned
-    /// now.
-    pub fn revoke(&self, partitions: &[i32]) -> (u64, BTreeSet<i32>) {
-        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+    /// `partitions` are being revoked, or were `lost`: a new generation starts. Returns it, and
+    /// what is owned now.
+    pub fn revoke(&self, partitions: &[i32], lost: bool) -> (u64, BTreeSet<i32>) {
         let mut owned = self.owned_mut();
-        for partition in partitions {
-            owned.remove(partition);
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        for &partition in partitions {
+            owned.partitions.remove(&partition);
+            if lost {
+                owned.lost_in.insert(partition, generation);
+            }
         }
-        (generation, owned.clone())
+        if lost {
+            self.last_loss.store(generation, Ordering::Release);
+        }
+        (generation, owned.partitions.clone())
+    }
+
+    /// Whether `partition` was lost after `generation`: what was polled of it by then is its next
+    /// owner's, who reads it again from the last commit.
+    pub fn lost_since(&self, partition: i32, generation: u64) -> bool {
+        if self.last_loss.load(Ordering::Acquire) <= generation {
+            return false;
+        }
+        self.owned_mut()
+            .lost_in
+            .get(&partition)
+            .is_some_and(|&lost| lost > generation)
     }
 
     /// The generation what is polled now belongs to.
@@ -44,12 +74,12 @@ impl Ownership {
     }
 
     pub fn owns(&self, partition: i32) -> bool {
-        self.owned_mut().contains(&partition)
+        self.owned_mut().partitions.contains(&partition)
     }
 
     /// Each change is one call under the lock: a panic elsewhere cannot leave it half-made.
-    fn owned_mut(&self) -> std::sync::MutexGuard<'_, BTreeSet<i32>> {
-        self.partitions
+    fn owned_mut(&self) -> std::sync::MutexGuard<'_, Owned> {
+        self.owned
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -65,13 +95,31 @@ mod tests {
         assert_eq!(ownership.gain(&[0, 1]), [0, 1].into());
         assert_eq!(ownership.gain(&[3]), [0, 1, 3].into(), "incremental assign");
         assert_eq!(ownership.generation(), 0);
-        assert_eq!(ownership.revoke(&[1]), (1, [0, 3].into()));
+        assert_eq!(ownership.revoke(&[1], false), (1, [0, 3].into()));
         assert!(ownership.owns(0) && !ownership.owns(1));
         assert_eq!(
-            ownership.revoke(&[]),
+            ownership.revoke(&[], false),
             (2, [0, 3].into()),
             "every revoke counts"
         );
         assert_eq!(ownership.generation(), 2);
+    }
+
+    #[test]
+    fn a_partition_lost_is_lost_to_what_was_polled_before_the_loss_only() {
+        let ownership = Ownership::default();
+        ownership.gain(&[0, 1, 2]);
+        ownership.revoke(&[2], false);
+        assert!(!ownership.lost_since(2, 0), "revoked, not lost");
+        assert_eq!(ownership.revoke(&[0, 1], true), (2, BTreeSet::new()));
+        assert!(ownership.lost_since(0, 0) && ownership.lost_since(1, 1));
+        assert!(!ownership.lost_since(2, 1), "never lost");
+        ownership.gain(&[0]);
+        assert!(
+            !ownership.lost_since(0, 2),
+            "polled after it came back: this member's again"
+        );
+        ownership.revoke(&[0], true);
+        assert!(ownership.lost_since(0, 2), "lost again");
     }
 }

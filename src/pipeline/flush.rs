@@ -26,6 +26,13 @@
 //! process, a restart after a stop goes on past the messages of earlier flushes. A sink that
 //! panics (a bug, which some value of a message triggers) is narrowed down the same way, and the
 //! message that makes it panic is dead-lettered as `internal_error`.
+//!
+//! A partition the member loses while the flush runs (the group gave it to another member, which
+//! reads it again from the last commit) is written no further: its messages are left out of the
+//! stages still to run, and a write retried through an outage stops once every message it holds
+//! is of such partitions. The flush reports them as given up, and their offsets are not
+//! committed. What a stage already wrote stays (blobs and rows are idempotent); billing outcomes
+//! and occurrences, in the last stage, are not sent a second time beside the new owner's.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
@@ -152,27 +159,34 @@ pub struct SinkReport {
     pub written: Written,
 }
 
-/// Per-sink reports of a successful flush, in stage order, and the messages dead-lettered
-/// because a sink rejected them.
+/// Per-sink reports of a successful flush, in stage order, the messages dead-lettered because a
+/// sink rejected them, and those left to their next owner.
 #[derive(Debug, Default)]
 pub struct FlushReport {
     pub sinks: Vec<SinkReport>,
     pub rejected: Vec<Rejected>,
+    /// `(partition, offset)` of the messages of partitions lost while the flush ran, which it
+    /// wrote no further: not durable, and no longer this member's to commit.
+    pub given_up: Vec<(i32, i64)>,
 }
+
+/// Whether a partition was lost since the flush began (asked between stages and between retries).
+pub type Lost<'a> = &'a (dyn Fn(i32) -> bool + Sync);
 
 /// Writes `batch` through every stage, from a thread of the blocking pool of `runtime` (never
 /// one of its async workers). `Err` means a sink failed fatally or ran out of attempts: nothing
-/// of this batch may be committed. The messages a stage rejects are taken out of `batch` before
-/// the next stage (and dropped here).
+/// of this batch may be committed. The messages a stage rejects, and those of partitions `lost`
+/// meanwhile, are taken out of `batch` before the next stage (and dropped here).
 pub fn flush(
     runtime: &Handle,
     batch: &mut Batch,
     sinks: &Sinks,
     policy: &RetryPolicy,
     status: &Status,
+    lost: Lost,
 ) -> Result<FlushReport, SinkError> {
     runtime
-        .block_on(flush_stages(batch, sinks, policy, status))
+        .block_on(flush_stages(batch, sinks, policy, status, lost))
         .inspect_err(|error| {
             status.sink_failed(error.sink, &error.message);
             crate::metrics::flush_failed(error.sink);
@@ -184,13 +198,21 @@ async fn flush_stages(
     sinks: &Sinks,
     policy: &RetryPolicy,
     status: &Status,
+    lost: Lost<'_>,
 ) -> Result<FlushReport, SinkError> {
     let mut report = FlushReport::default();
     for stage in &sinks.stages {
+        batch.entries.retain(|e| {
+            let ours = !lost(e.partition);
+            if !ours {
+                report.given_up.push((e.partition, e.offset));
+            }
+            ours
+        });
         let entries: &[Entry] = batch;
         let writes = stage
             .iter()
-            .map(|sink| write_isolating(sink.as_ref(), entries, policy, status));
+            .map(|sink| write_isolating(sink.as_ref(), entries, policy, status, lost));
         let mut refused_here = Vec::new();
         for (sink, result) in stage.iter().zip(join_all(writes).await) {
             let (written, rejected) = result?;
@@ -209,6 +231,17 @@ async fn flush_stages(
             batch
                 .entries
                 .retain(|e| !out.contains(&(e.partition, e.offset)));
+            // A lost partition's refused messages are its next owner's to dead-letter.
+            refused_here.retain(|r| {
+                let ours = !lost(r.partition);
+                if !ours {
+                    report.given_up.push((r.partition, r.offset));
+                }
+                ours
+            });
+            if refused_here.is_empty() {
+                continue;
+            }
             // Dead-lettered before the next stage runs: a dead-letter path that fails stops the
             // flush before later stages wrote the batch's other messages — billing outcomes
             // among them, which the batch's next flush (after the restart) would send again.
@@ -249,6 +282,7 @@ async fn dead_letter(
         &Progress::new(sink.name(), status),
         policy,
         status,
+        &|_| false,
     )
     .await
 }
@@ -275,13 +309,14 @@ async fn write_isolating(
     batch: &[Entry],
     policy: &RetryPolicy,
     status: &Status,
+    lost: Lost<'_>,
 ) -> Result<(SinkReport, Vec<Rejected>), SinkError> {
     let start = Instant::now();
     let (mut retries, mut written, mut rejected) = (0, Written::default(), Vec::new());
     let progress = Progress::new(sink.name(), status);
     let mut parts = vec![batch];
     while let Some(part) = parts.pop() {
-        match write_with_retries(sink, part, &progress, policy, status).await {
+        match write_with_retries(sink, part, &progress, policy, status, lost).await {
             Ok(report) => {
                 retries += report.retries;
                 written.items += report.written.items;
@@ -336,12 +371,16 @@ async fn write_isolating(
     ))
 }
 
+/// `Ok` also when, between two attempts, every message of `batch` turns out to be of partitions
+/// `lost`: nothing of it is this member's to write any more (the report says nothing written, and
+/// the next stage leaves them out).
 async fn write_with_retries(
     sink: &dyn Sink,
     batch: &[Entry],
     progress: &Progress<'_>,
     policy: &RetryPolicy,
     status: &Status,
+    lost: Lost<'_>,
 ) -> Result<SinkReport, SinkError> {
     let start = Instant::now();
     let mut attempt = 1;
@@ -391,6 +430,19 @@ async fn write_with_retries(
                 tokio::time::sleep(pause).await;
                 // The backoff is waiting by design, not a stall.
                 status.flush_progress();
+                if !batch.is_empty() && batch.iter().all(|e| lost(e.partition)) {
+                    warn!(
+                        sink = sink.name(),
+                        messages = batch.len(),
+                        "every message this write retries is of partitions lost meanwhile: left to their next owner, not retried"
+                    );
+                    return Ok(SinkReport {
+                        sink: sink.name(),
+                        took: start.elapsed(),
+                        retries: attempt,
+                        written: Written::default(),
+                    });
+                }
                 attempt = attempt.saturating_add(1);
             }
             // Recorded as the flush's failure where the flush ends.
@@ -413,6 +465,17 @@ mod tests {
         policy: &RetryPolicy,
         status: &Status,
     ) -> Result<FlushReport, SinkError> {
+        run_losing(entries, sinks, policy, status, &|_| false)
+    }
+
+    /// [`run`], with partitions lost as `lost` says.
+    fn run_losing(
+        entries: Vec<Entry>,
+        sinks: &Sinks,
+        policy: &RetryPolicy,
+        status: &Status,
+        lost: Lost,
+    ) -> Result<FlushReport, SinkError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -424,6 +487,7 @@ mod tests {
             sinks,
             policy,
             status,
+            lost,
         )
     }
 
@@ -585,6 +649,112 @@ mod tests {
                 })
             })
         }
+    }
+
+    /// Loses partition 1 (sets `lost`) on its `lose_at`-th write; fails every write retryably
+    /// while `failing` (an outage), or succeeds.
+    struct Losing {
+        lose_at: u32,
+        failing: bool,
+        calls: AtomicU32,
+        lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Sink for Losing {
+        fn name(&self) -> &'static str {
+            "blobs"
+        }
+        fn write<'a>(&'a self, _: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+            Box::pin(async move {
+                if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.lose_at {
+                    self.lost.store(true, Ordering::SeqCst);
+                }
+                match self.failing {
+                    true => Err(SinkError::new("blobs", Retry::Retryable, "503")),
+                    false => Ok(Written { items: 1, bytes: 2 }),
+                }
+            })
+        }
+    }
+
+    /// `entries` through `Losing` and, in a second stage, a sink recording the offsets it is
+    /// given, retries unlimited or up to `max_attempts`; partition 1 lost once `Losing` says so.
+    fn flush_losing_partition_1(
+        lose_at: u32,
+        failing: bool,
+        entries: Vec<Entry>,
+        max_attempts: u32,
+    ) -> (Result<FlushReport, SinkError>, u32, Vec<i64>) {
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let losing = std::sync::Arc::new(Losing {
+            lose_at,
+            failing,
+            calls: AtomicU32::new(0),
+            lost: lost.clone(),
+        });
+        let later = std::sync::Arc::new(Picky {
+            bad: vec![],
+            accepted: Mutex::new(Vec::new()),
+        });
+        struct Shared<T>(std::sync::Arc<T>);
+        impl<T: Sink> Sink for Shared<T> {
+            fn name(&self) -> &'static str {
+                self.0.name()
+            }
+            fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
+                self.0.write(batch, progress)
+            }
+        }
+        let sinks = Sinks::new(vec![
+            vec![Box::new(Shared(losing.clone()))],
+            vec![Box::new(Shared(later.clone()))],
+        ]);
+        let policy = RetryPolicy {
+            max_attempts,
+            ..FAST
+        };
+        let report = run_losing(entries, &sinks, &policy, &Status::default(), &|p| {
+            p == 1 && lost.load(Ordering::SeqCst)
+        });
+        let accepted = later.accepted.lock().unwrap().clone();
+        (report, losing.calls.load(Ordering::SeqCst), accepted)
+    }
+
+    /// Offsets 0..4 of partition 0 and 10..14 of partition 1.
+    fn on_partitions_0_and_1() -> Vec<Entry> {
+        (0..4)
+            .map(|o| Entry::invalid_for_test(0, o))
+            .chain((10..14).map(|o| Entry::invalid_for_test(1, o)))
+            .collect()
+    }
+
+    #[test]
+    fn a_partition_lost_while_a_stage_writes_is_left_out_of_the_stages_after_it() {
+        let (report, calls, later) = flush_losing_partition_1(1, false, on_partitions_0_and_1(), 0);
+        let report = report.unwrap();
+        assert_eq!(calls, 1, "the stage under way wrote everything once");
+        assert_eq!(later, [0, 1, 2, 3], "the next stage: partition 0 only");
+        assert_eq!(report.given_up, [(1, 10), (1, 11), (1, 12), (1, 13)]);
+    }
+
+    #[test]
+    fn a_write_retried_through_an_outage_stops_once_every_message_is_of_a_lost_partition() {
+        let only_1 = on_partitions_0_and_1().split_off(4);
+        // (An attempt limit, so that the test fails rather than hangs when retries go on.)
+        let (report, calls, later) = flush_losing_partition_1(3, true, only_1, 50);
+        let report = report.unwrap();
+        assert_eq!(calls, 3, "no attempt after the loss");
+        assert!(later.is_empty(), "nothing for the next stage: {later:?}");
+        assert_eq!(report.given_up.len(), 4);
+        assert_eq!(report.sinks[0].written, Written::default());
+    }
+
+    #[test]
+    fn a_write_with_messages_still_owned_goes_on_retrying_after_a_loss() {
+        let (report, calls, later) = flush_losing_partition_1(1, true, on_partitions_0_and_1(), 4);
+        assert_eq!(calls, 4, "retried after the loss, up to its attempt limit");
+        assert_eq!(report.unwrap_err().retry, Retry::Retryable);
+        assert!(later.is_empty());
     }
 
     /// Records what it is asked to dead-letter.

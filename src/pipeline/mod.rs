@@ -23,7 +23,7 @@
 //! the revoke from being committed for those partitions (docs/reliability.md). A drain hears the
 //! revokes that arrive meanwhile (the shutdown's: the polling thread polls on) and answers them
 //! when it ends; lost partitions are given up at once, before anything more is flushed, as they
-//! are outside a drain.
+//! are outside a drain, and flushes under way write no more of them.
 
 pub mod buffer;
 pub mod flush;
@@ -600,12 +600,13 @@ impl Pipeline {
             reason = reason.as_str(),
             "flush started"
         );
-        let (sinks, retry, status, generation, pool) = (
+        let (sinks, retry, status, generation, pool, ownership) = (
             self.sinks.clone(),
             self.retry,
             self.status.clone(),
             self.revocations.current(),
             self.pool.clone(),
+            self.consumer.context().ownership(),
         );
         self.status.flush_progress();
         let runtime = tokio::runtime::Handle::current();
@@ -617,7 +618,10 @@ impl Pipeline {
                     .entry(invalid.error.reason.as_str())
                     .or_default() += 1;
             }
-            let result = flush::flush(&runtime, &mut batch, &sinks, &retry, &status);
+            // A partition lost since (the callback records it at once, before this task hears
+            // of it) is written no further.
+            let lost = |partition| ownership.lost_since(partition, generation);
+            let result = flush::flush(&runtime, &mut batch, &sinks, &retry, &status, &lost);
             if let Ok(report) = &result {
                 for rejected in &report.rejected {
                     valid = valid.saturating_sub(1);
@@ -647,10 +651,24 @@ impl Pipeline {
         // someone else's now and are not committed (what the flush wrote is idempotent); those of
         // partitions this member kept are.
         let generation = flushed.generation;
+        // A flush leaves out the messages of partitions lost while it ran, whether or not this
+        // task has heard of the loss yet: none of their offsets is completed.
+        let given_up = flushed.result.as_ref().map_or(&[][..], |r| &r.given_up[..]);
+        if !given_up.is_empty() {
+            info!(
+                messages = given_up.len(),
+                "flush left out the messages of partitions lost while it ran: their next owner writes them"
+            );
+        }
+        let given_up: std::collections::HashSet<&(i32, i64)> = given_up.iter().collect();
         let (offsets, given_away): (Vec<_>, Vec<_>) = flushed
             .offsets
             .iter()
+            .filter(|at| !given_up.contains(at))
             .partition(|(partition, _)| !self.stale(*partition, generation));
+        if offsets.is_empty() && !given_up.is_empty() {
+            return Ok(());
+        }
         if !given_away.is_empty() {
             info!(
                 messages = given_away.len(),
@@ -759,7 +777,8 @@ impl Pipeline {
         // Lost partitions are another member's already, read from their last commit: flushing
         // what is buffered of them would write it twice (billing outcomes and occurrences are
         // not idempotent) and delay the rejoin. They are given up at once; flushes in flight
-        // finish, and commit only what this member still owns.
+        // write no more of them (`flush`: they heard of the loss from the callback already),
+        // and commit only what this member still owns.
         let drained = if lost {
             Drained::Durable
         } else {

@@ -226,7 +226,11 @@ async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
     let (report, batch) = tokio::task::spawn_blocking(move || {
         let status = replay_ingest::health::Status::default();
         let mut batch = batch;
-        (flush(&runtime, &mut batch, &sinks, &policy, &status), batch)
+        let lost = |_| false;
+        (
+            flush(&runtime, &mut batch, &sinks, &policy, &status, &lost),
+            batch,
+        )
     })
     .await
     .unwrap();
