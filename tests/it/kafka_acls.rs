@@ -81,13 +81,15 @@ fn documented<'a>(topics: &'a Topics, group: &'a str) -> Vec<(Resource<'a>, Oper
 }
 
 /// The service as `user`: SASL_SSL, SCRAM-SHA-512, the password from a file under `dir`; blobs
-/// under `dir`; events, rows (for snuba) and every breadcrumb as an EAP item to the Kafka topics.
+/// under `dir`; events, rows (for snuba) and every breadcrumb as an EAP item to the Kafka topics;
+/// the consumer group protocol `protocol`.
 fn args(
     broker: &SecureBroker,
     user: &str,
     topics: &Topics,
     group: &str,
     dir: &Path,
+    protocol: Protocol,
 ) -> Vec<String> {
     let password_file = dir.join("kafka-password");
     std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
@@ -119,7 +121,18 @@ fn args(
         ]
         .map(str::to_owned),
     );
+    if protocol == Protocol::Consumer {
+        args.extend(["--kafka-property", "group.protocol=consumer"].map(str::to_owned));
+    }
     args
+}
+
+/// The consumer group protocol: the classic one (librdkafka's default), or KIP-848's, where the
+/// broker assigns and the member's heartbeat is a ConsumerGroupHeartbeat the ACLs also govern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Classic,
+    Consumer,
 }
 
 /// One copy of each of `files`, each under a replay id of its own (some fixtures share one; on
@@ -135,14 +148,14 @@ fn copies(files: &[Vec<u8>]) -> Vec<(Vec<u8>, Vec<u8>)> {
 async fn consume_everything(
     broker: &SecureBroker,
     admin: &ClientConfig,
-    user: &str,
+    (user, protocol): (&str, Protocol),
     topics: &Topics,
     group: &str,
     blobs: &Blobs,
 ) -> (Service, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let service = Service::start_logging_to(
-        &args(broker, user, topics, group, dir.path()),
+        &args(broker, user, topics, group, dir.path(), protocol),
         &dir.path().join("service.log"),
     );
     let blob_dir = dir.path().join("blobs");
@@ -175,6 +188,18 @@ async fn consume_everything(
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn with_the_documented_acls_the_service_consumes_publishes_dead_letters_and_commits() {
+    consumes_with_the_documented_acls(Protocol::Classic).await;
+}
+
+/// The same with the consumer group protocol of KIP-848: its ConsumerGroupHeartbeat needs no ACL
+/// beyond the documented ones.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
+async fn with_the_documented_acls_the_consumer_group_protocol_consumes_and_commits_too() {
+    consumes_with_the_documented_acls(Protocol::Consumer).await;
+}
+
+async fn consumes_with_the_documented_acls(protocol: Protocol) {
     let broker = SecureBroker::start_enforcing_acls(&[ADMIN, ("replay", PASSWORD)]);
     let admin = broker.sasl_ssl_client(ADMIN.0, ADMIN.1);
     let topics = Topics::create(&admin).await;
@@ -203,8 +228,15 @@ async fn with_the_documented_acls_the_service_consumes_publishes_dead_letters_an
             .map(|s| (s.partition, s.offset, "rejected_by_sink".to_owned())),
     );
 
-    let (service, dir) =
-        consume_everything(&broker, &admin, "replay", &topics, &group, &blobs).await;
+    let (service, dir) = consume_everything(
+        &broker,
+        &admin,
+        ("replay", protocol),
+        &topics,
+        &group,
+        &blobs,
+    )
+    .await;
     let letters = read_messages_on(&admin, &topics.dlq, dead.len(), Duration::from_secs(30));
     let letters = check_dead_letters(letters, &topics.records, &originals(&sent));
     assert_eq!(letters.into_iter().collect::<BTreeSet<_>>(), dead);
@@ -235,14 +267,21 @@ async fn with_the_documented_acls_the_service_consumes_publishes_dead_letters_an
     }
 }
 
-/// Each principal lacks one of the documented ACLs. READ on the group, READ on the consumed
-/// topic or WRITE on the dead-letter topic: the service stops with exit 1 naming it (a topic
-/// it may not see was reported as missing from the cluster before). DescribeConfigs on the
-/// event topics: it warns that it publishes their records unchecked, and consumes on.
+/// Each principal lacks one of the documented ACLs. READ on the group (with either group
+/// protocol), READ on the consumed topic or WRITE on the dead-letter topic: the service stops
+/// with exit 1 naming it (a topic it may not see was reported as missing from the cluster
+/// before). DescribeConfigs on the event topics: it warns that it publishes their records
+/// unchecked, and consumes on.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn without_one_of_the_documented_acls_the_service_names_it() {
-    let users = ["no-group", "no-topic", "no-dlq", "no-describe-configs"];
+    let users = [
+        "no-group",
+        "no-group-kip-848",
+        "no-topic",
+        "no-dlq",
+        "no-describe-configs",
+    ];
     let mut all = vec![ADMIN];
     all.extend(users.map(|user| (user, PASSWORD)));
     let broker = SecureBroker::start_enforcing_acls(&all);
@@ -255,21 +294,24 @@ async fn without_one_of_the_documented_acls_the_service_names_it() {
     let refused_topic = |topic: &str| {
         format!("the brokers do not let this principal see topics {topic} (an ACL is missing")
     };
-    for (user, expected) in [
+    let no_group =
+        "the principal may not join the consumer group `--group-id` (it needs READ on the group)";
+    for (user, protocol, expected) in [
+        ("no-group", Protocol::Classic, no_group.to_owned()),
+        ("no-group-kip-848", Protocol::Consumer, no_group.to_owned()),
         (
-            "no-group",
-            "the principal may not join the consumer group `--group-id` (it needs READ on the group)"
-                .to_owned(),
+            "no-topic",
+            Protocol::Classic,
+            refused_topic(&topics.records),
         ),
-        ("no-topic", refused_topic(&topics.records)),
-        ("no-dlq", refused_topic(&topics.dlq)),
+        ("no-dlq", Protocol::Classic, refused_topic(&topics.dlq)),
     ] {
         let group = unique("group");
         let grants: Vec<_> = documented(&topics, &group)
             .into_iter()
             .filter(|&(resource, operation)| {
                 let withheld = match user {
-                    "no-group" => matches!(resource, Resource::Group(_)),
+                    "no-group" | "no-group-kip-848" => matches!(resource, Resource::Group(_)),
                     "no-topic" => matches!(
                         (resource, operation),
                         (Resource::Topic(t), Operation::Read) if t == topics.records
@@ -283,12 +325,17 @@ async fn without_one_of_the_documented_acls_the_service_names_it() {
         acl::allow(&admin, &format!("User:{user}"), &grants);
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("service.log");
-        let service =
-            Service::start_logging_to(&args(&broker, user, &topics, &group, dir.path()), &log);
+        let service = Service::start_logging_to(
+            &args(&broker, user, &topics, &group, dir.path(), protocol),
+            &log,
+        );
         let code = service.exit_within(Duration::from_secs(60)).await;
         let log = std::fs::read_to_string(&log).unwrap();
         assert_eq!(code, Some(1), "{user}: stops\n{log}");
-        assert!(log.contains(&expected), "{user}: names what is missing\n{log}");
+        assert!(
+            log.contains(&expected),
+            "{user}: names what is missing\n{log}"
+        );
         assert!(!log.contains("missing on the cluster"), "{user}\n{log}");
     }
 
@@ -299,7 +346,15 @@ async fn without_one_of_the_documented_acls_the_service_names_it() {
         .filter(|&(_, operation)| !matches!(operation, Operation::DescribeConfigs))
         .collect();
     acl::allow(&admin, &format!("User:{user}"), &grants);
-    let (service, dir) = consume_everything(&broker, &admin, user, &topics, &group, &blobs).await;
+    let (service, dir) = consume_everything(
+        &broker,
+        &admin,
+        (user, Protocol::Classic),
+        &topics,
+        &group,
+        &blobs,
+    )
+    .await;
     assert_eq!(service.terminate(), Some(0));
     let log = std::fs::read_to_string(dir.path().join("service.log")).unwrap();
     assert!(
