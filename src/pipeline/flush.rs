@@ -29,10 +29,11 @@
 //!
 //! A partition the member loses while the flush runs (the group gave it to another member, which
 //! reads it again from the last commit) is written no further: its messages are left out of the
-//! stages still to run, and a write retried through an outage stops once every message it holds
-//! is of such partitions. The flush reports them as given up, and their offsets are not
-//! committed. What a stage already wrote stays (blobs and rows are idempotent); billing outcomes
-//! and occurrences, in the last stage, are not sent a second time beside the new owner's.
+//! stages still to run, and a write stops before its next attempt (a retry through an outage, a
+//! half of a batch a sink refused) once everything it writes is of such partitions. The flush
+//! reports them as given up, and their offsets are not completed. What an attempt under way
+//! writes stays (blobs and rows are idempotent); billing outcomes and occurrences, in the last
+//! stage, go out beside the new owner's only for a loss during an attempt of their own write.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
@@ -83,19 +84,24 @@ impl Sinks {
 
     /// Counts what `sink` refused of `batch` (`refused` of the messages it writes for, the rest
     /// accepted, or dead-lettered for a panic); fatal once it refused `policy.misconfigured_at`
-    /// in a row.
+    /// in a row. Messages of partitions `lost` meanwhile count as neither: their write may have
+    /// stopped unwritten.
     fn count_refusals(
         &self,
         sink: &dyn Sink,
         batch: &[Entry],
         rejected: &[Rejected],
         policy: &RetryPolicy,
+        lost: Lost,
     ) -> Result<(), SinkError> {
         let refused = rejected
             .iter()
             .filter(|r| r.error.retry == Retry::Rejected)
             .count();
-        let concerned = batch.iter().filter(|e| sink.writes_for(e)).count();
+        let concerned = batch
+            .iter()
+            .filter(|e| sink.writes_for(e) && !lost(e.partition))
+            .count();
         let mut counts = self
             .refused_in_a_row
             .lock()
@@ -202,13 +208,7 @@ async fn flush_stages(
 ) -> Result<FlushReport, SinkError> {
     let mut report = FlushReport::default();
     for stage in &sinks.stages {
-        batch.entries.retain(|e| {
-            let ours = !lost(e.partition);
-            if !ours {
-                report.given_up.push((e.partition, e.offset));
-            }
-            ours
-        });
+        leave_out_lost(batch, lost, &mut report.given_up);
         let entries: &[Entry] = batch;
         let writes = stage
             .iter()
@@ -216,7 +216,7 @@ async fn flush_stages(
         let mut refused_here = Vec::new();
         for (sink, result) in stage.iter().zip(join_all(writes).await) {
             let (written, rejected) = result?;
-            sinks.count_refusals(sink.as_ref(), entries, &rejected, policy)?;
+            sinks.count_refusals(sink.as_ref(), entries, &rejected, policy, lost)?;
             report.sinks.push(written);
             refused_here.extend(rejected);
         }
@@ -231,7 +231,8 @@ async fn flush_stages(
             batch
                 .entries
                 .retain(|e| !out.contains(&(e.partition, e.offset)));
-            // A lost partition's refused messages are its next owner's to dead-letter.
+            // A lost partition's refused messages are its next owner's to dead-letter (two sinks
+            // may refuse the same one: `dead_letter` and the end of the flush keep one of each).
             refused_here.retain(|r| {
                 let ours = !lost(r.partition);
                 if !ours {
@@ -251,7 +252,23 @@ async fn flush_stages(
             report.rejected.extend(refused_here);
         }
     }
+    // A write of the last stage may have stopped because its partitions were lost: what it
+    // left unwritten must not be completed.
+    leave_out_lost(batch, lost, &mut report.given_up);
+    report.given_up.sort_unstable();
+    report.given_up.dedup();
     Ok(report)
+}
+
+/// Takes out of `batch` the messages of partitions `lost` since the flush began, into `given_up`.
+fn leave_out_lost(batch: &mut Batch, lost: Lost, given_up: &mut Vec<(i32, i64)>) {
+    batch.entries.retain(|e| {
+        let ours = !lost(e.partition);
+        if !ours {
+            given_up.push((e.partition, e.offset));
+        }
+        ours
+    });
 }
 
 /// Dead-letters what one stage refused, each message once (two sinks of a stage may refuse the
@@ -371,9 +388,9 @@ async fn write_isolating(
     ))
 }
 
-/// `Ok` also when, between two attempts, every message of `batch` turns out to be of partitions
-/// `lost`: nothing of it is this member's to write any more (the report says nothing written, and
-/// the next stage leaves them out).
+/// `Ok` also when, before an attempt or once attempts run out, everything the sink writes of
+/// `batch` is of partitions `lost`: nothing of it is this member's to write any more (the report
+/// says nothing written, and the flush gives those messages up).
 async fn write_with_retries(
     sink: &dyn Sink,
     batch: &[Entry],
@@ -384,7 +401,27 @@ async fn write_with_retries(
 ) -> Result<SinkReport, SinkError> {
     let start = Instant::now();
     let mut attempt = 1;
+    let all_lost = || {
+        let mut mine = batch.iter().filter(|e| sink.writes_for(e)).peekable();
+        mine.peek().is_some() && mine.all(|e| lost(e.partition))
+    };
+    let abandoned = |attempts: u32| {
+        warn!(
+            sink = sink.name(),
+            messages = batch.len(),
+            "every message this write holds is of partitions lost meanwhile: left to their next owner, not retried"
+        );
+        Ok(SinkReport {
+            sink: sink.name(),
+            took: start.elapsed(),
+            retries: attempts,
+            written: Written::default(),
+        })
+    };
     loop {
+        if all_lost() {
+            return abandoned(attempt - 1);
+        }
         // A panic while the sink builds or writes is caught here, so that it can be pinned on
         // one message like a rejection (the panic hook has logged where). Only this sink's
         // write unwinds: its siblings in the stage are futures of their own.
@@ -430,20 +467,11 @@ async fn write_with_retries(
                 tokio::time::sleep(pause).await;
                 // The backoff is waiting by design, not a stall.
                 status.flush_progress();
-                if !batch.is_empty() && batch.iter().all(|e| lost(e.partition)) {
-                    warn!(
-                        sink = sink.name(),
-                        messages = batch.len(),
-                        "every message this write retries is of partitions lost meanwhile: left to their next owner, not retried"
-                    );
-                    return Ok(SinkReport {
-                        sink: sink.name(),
-                        took: start.elapsed(),
-                        retries: attempt,
-                        written: Written::default(),
-                    });
-                }
                 attempt = attempt.saturating_add(1);
+            }
+            // Out of attempts, but none of it is this member's to write any more.
+            Err(error) if error.retry == Retry::Retryable && all_lost() => {
+                return abandoned(attempt);
             }
             // Recorded as the flush's failure where the flush ends.
             Err(error) => return Err(error),
@@ -664,6 +692,9 @@ mod tests {
         fn name(&self) -> &'static str {
             "blobs"
         }
+        fn writes_for(&self, _: &Entry) -> bool {
+            true
+        }
         fn write<'a>(&'a self, _: &'a [Entry], _: &'a Progress) -> Writing<'a> {
             Box::pin(async move {
                 if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.lose_at {
@@ -703,6 +734,9 @@ mod tests {
             }
             fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
                 self.0.write(batch, progress)
+            }
+            fn writes_for(&self, entry: &Entry) -> bool {
+                self.0.writes_for(entry)
             }
         }
         let sinks = Sinks::new(vec![
@@ -747,6 +781,31 @@ mod tests {
         assert!(later.is_empty(), "nothing for the next stage: {later:?}");
         assert_eq!(report.given_up.len(), 4);
         assert_eq!(report.sinks[0].written, Written::default());
+    }
+
+    #[test]
+    fn a_last_stage_write_whose_partitions_are_lost_on_its_last_attempt_leaves_them_given_up() {
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let losing = Losing {
+            lose_at: FAST.max_attempts,
+            failing: true,
+            calls: AtomicU32::new(0),
+            lost: lost.clone(),
+        };
+        let sinks = Sinks::new(vec![vec![Box::new(losing)]]);
+        let report = run_losing(
+            on_partitions_0_and_1().split_off(4),
+            &sinks,
+            &FAST,
+            &Status::default(),
+            &|p| p == 1 && lost.load(Ordering::SeqCst),
+        )
+        .expect("out of attempts, but nothing of it is this member's any more");
+        assert_eq!(
+            report.given_up,
+            [(1, 10), (1, 11), (1, 12), (1, 13)],
+            "not written, so not to be completed"
+        );
     }
 
     #[test]

@@ -611,24 +611,19 @@ impl Pipeline {
         self.status.flush_progress();
         let runtime = tokio::runtime::Handle::current();
         self.flushes.spawn_blocking(move || {
-            let mut valid = batch.valid().count() as u64;
-            let mut invalid_by_reason = BTreeMap::new();
-            for (_, invalid) in batch.invalid() {
-                *invalid_by_reason
-                    .entry(invalid.error.reason.as_str())
-                    .or_default() += 1;
-            }
             // A partition lost since (the callback records it at once, before this task hears
             // of it) is written no further.
             let lost = |partition| ownership.lost_since(partition, generation);
             let result = flush::flush(&runtime, &mut batch, &sinks, &retry, &status, &lost);
-            if let Ok(report) = &result {
-                for rejected in &report.rejected {
-                    valid = valid.saturating_sub(1);
-                    *invalid_by_reason
-                        .entry(rejected.reason().as_str())
-                        .or_default() += 1;
-                }
+            // Counted from what the flush left in the batch (it takes out what a sink rejected,
+            // and what it gave up of lost partitions), and what it dead-lettered.
+            let valid = batch.valid().count() as u64;
+            let mut invalid_by_reason = BTreeMap::new();
+            let rejected = result.iter().flat_map(|report| &report.rejected);
+            for reason in (batch.invalid().map(|(_, invalid)| invalid.error.reason))
+                .chain(rejected.map(|rejected| rejected.reason()))
+            {
+                *invalid_by_reason.entry(reason.as_str()).or_default() += 1;
             }
             let threads = threads_left(&offsets, threads, &batch.entries);
             free_where_made(&pool, batch.entries, threads);
@@ -666,9 +661,6 @@ impl Pipeline {
             .iter()
             .filter(|at| !given_up.contains(at))
             .partition(|(partition, _)| !self.stale(*partition, generation));
-        if offsets.is_empty() && !given_up.is_empty() {
-            return Ok(());
-        }
         if !given_away.is_empty() {
             info!(
                 messages = given_away.len(),
