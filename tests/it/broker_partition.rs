@@ -134,6 +134,81 @@ impl Partitioned {
     }
 }
 
+/// A bucket of the test's own behind a proxy that answers 503 to everything while `held`.
+struct HeldStore {
+    bucket: String,
+    held: Arc<AtomicBool>,
+    proxy: Proxy,
+}
+
+impl HeldStore {
+    async fn start() -> HeldStore {
+        let bucket = unique("bucket");
+        create_bucket(&bucket);
+        let held = Arc::new(AtomicBool::new(false));
+        let proxy = {
+            let held = held.clone();
+            Proxy::start(&gcs_endpoint(), move |_| {
+                match held.load(Ordering::SeqCst) {
+                    true => Action::Answer {
+                        status: 503,
+                        headers: vec![("content-type", "application/json".into())],
+                        body: r#"{"error":{"code":503,"message":"held by the test"}}"#.into(),
+                    },
+                    false => Action::Forward,
+                }
+            })
+            .await
+        };
+        HeldStore {
+            bucket,
+            held,
+            proxy,
+        }
+    }
+
+    fn hold(&self, held: bool) {
+        self.held.store(held, Ordering::SeqCst);
+    }
+
+    /// `args` for the member to cut, with events on and blobs to this store: three messages a
+    /// flush, one flush at a time, nothing flushed on age, backoff up to 500 ms.
+    fn cut_member_args(&self, net: &Partitioned, args: Vec<String>) -> Vec<String> {
+        let mut args = net.with_events(with_flag(args, "--blob-sink", "gcs"));
+        args.extend(
+            [
+                "--gcs-bucket",
+                &self.bucket,
+                "--gcs-endpoint",
+                &self.proxy.endpoint,
+                "--gcs-anonymous",
+                "--buffer-max-messages",
+                "3",
+                "--flush-max-backoff-ms",
+                "500",
+            ]
+            .map(String::from),
+        );
+        with_flag(args, "--buffer-max-age-ms", "120000")
+    }
+
+    /// The segment blobs written (besides the object the startup check writes under
+    /// `replay-ingest/`).
+    fn written(&self) -> BTreeSet<String> {
+        object_names(&self.bucket)
+            .into_iter()
+            .filter(|name| !name.starts_with("replay-ingest/"))
+            .collect()
+    }
+}
+
+/// What every message of `sent` bills: one outcome per segment 0.
+fn billed(sent: &[Sent]) -> usize {
+    sent.iter()
+        .map(|s| events_of(&s.value, "outcome").len())
+        .sum()
+}
+
 /// The blobs the two members stored, together; one both stored holds the same bytes in each.
 fn stored_by_either(dirs: &[tempfile::TempDir; 2]) -> Blobs {
     let mut stored = blobs_under(dirs[0].path());
@@ -163,55 +238,19 @@ fn stored_by_either(dirs: &[tempfile::TempDir; 2]) -> Blobs {
 async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
     let _stack = uses_stack().await;
     let net = Partitioned::new().await;
-    let bucket = unique("bucket");
-    create_bucket(&bucket);
-    let held = Arc::new(AtomicBool::new(false));
-    let store = {
-        let held = held.clone();
-        Proxy::start(&gcs_endpoint(), move |_| {
-            match held.load(Ordering::SeqCst) {
-                true => Action::Answer {
-                    status: 503,
-                    headers: vec![("content-type", "application/json".into())],
-                    body: r#"{"error":{"code":503,"message":"held by the test"}}"#.into(),
-                },
-                false => Action::Forward,
-            }
-        })
-        .await
-    };
+    let store = HeldStore::start().await;
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-
-    // The member to cut: blobs to its own bucket through the holding proxy, three messages a
-    // flush, one flush at a time, nothing flushed on age.
-    let mut args = net.with_events(with_flag(
-        net.cut_member_args(dirs[0].path(), SESSION),
-        "--blob-sink",
-        "gcs",
-    ));
-    args.extend(
-        [
-            "--gcs-bucket",
-            &bucket,
-            "--gcs-endpoint",
-            &store.endpoint,
-            "--gcs-anonymous",
-            "--buffer-max-messages",
-            "3",
-            "--flush-max-backoff-ms",
-            "500",
-        ]
-        .map(String::from),
-    );
     let cut_log = net.log_of("cut");
-    let cut =
-        Service::start_logging_to(&with_flag(args, "--buffer-max-age-ms", "120000"), &cut_log);
+    let cut = Service::start_logging_to(
+        &store.cut_member_args(&net, net.cut_member_args(dirs[0].path(), SESSION)),
+        &cut_log,
+    );
     let other = net.start_other(dirs[1].path(), true);
     both_own_partitions(&cut, &other).await;
 
     // The store stops answering; the member fills a flush that cannot end (the first three
     // messages it takes in) and a buffer behind it.
-    held.store(true, Ordering::SeqCst);
+    store.hold(true);
     let (report, sent) = net.produce(0, 48).await;
     wait_for(
         "a flush waiting on the store and a full buffer behind it",
@@ -253,7 +292,7 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
         "{}",
         log()
     );
-    held.store(false, Ordering::SeqCst);
+    store.hold(false);
     wait_for(
         "the other member owning every partition and committing to the end",
         JOIN_AND_FLUSH,
@@ -267,20 +306,13 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
         "the other member stored every segment"
     );
 
-    // (Besides the object the startup check writes under `replay-ingest/`.)
-    let written: BTreeSet<String> = object_names(&bucket)
-        .into_iter()
-        .filter(|name| !name.starts_with("replay-ingest/"))
-        .collect();
     assert!(
-        written.is_empty(),
-        "the cut member wrote nothing of the partitions it lost: {written:?}\n{}",
+        store.written().is_empty(),
+        "the cut member wrote nothing of the partitions it lost: {:?}\n{}",
+        store.written(),
         log()
     );
-    let billed: usize = sent
-        .iter()
-        .map(|s| events_of(&s.value, "outcome").len())
-        .sum();
+    let billed = billed(&sent);
     assert!(billed > 0);
     let outcomes = read_messages_on(&net.direct, &net.events[0], billed, Duration::from_secs(30));
     assert_eq!(outcomes.len(), billed, "every message billed exactly once");
@@ -288,6 +320,93 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
         net.committed(),
         expected_commits(&report),
         "the cut member committed nothing over the new owner's offsets"
+    );
+    assert_eq!(other.terminate(), Some(0));
+}
+
+/// A member whose flush waits on a blob store that answers 503 is cut off from the broker past its
+/// session, while it consumes: it finds its partitions lost, and the flush under way stops before
+/// its next attempt although the store still refuses (it used to retry until the store answered,
+/// then write the blobs, rows and billing outcomes of messages the other member had taken over),
+/// freeing its slot. With the network back the member rejoins, and with the store back it
+/// consumes on: every segment is stored once (the cut member's flush under way wrote none of
+/// them), every message is billed exactly once, the group commits to the end, neither exits.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
+async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_member_consumes_on() {
+    let _stack = uses_stack().await;
+    let net = Partitioned::new().await;
+    let store = HeldStore::start().await;
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let cut_log = net.log_of("cut");
+    let cut = Service::start_logging_to(
+        &store.cut_member_args(
+            &net,
+            net.cut_member_args(dirs[0].path(), Duration::from_secs(6)),
+        ),
+        &cut_log,
+    );
+    let other = net.start_other(dirs[1].path(), true);
+    both_own_partitions(&cut, &other).await;
+    let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
+
+    store.hold(true);
+    let (_, mut sent) = net.produce(0, 24).await;
+    wait_for("a flush waiting on the store", JOIN_AND_FLUSH, || {
+        cut.count("flushes_in_flight") == 1
+    })
+    .await;
+    net.relay.cut();
+    wait_for(
+        "the cut member finding its partitions lost and its flush stopping",
+        JOIN_AND_FLUSH,
+        || {
+            log().contains("left to their next owner, not retried")
+                && cut.count("flushes_in_flight") == 0
+        },
+    )
+    .await;
+    assert!(log().contains("partitions lost"), "{}", log());
+    assert!(
+        store.written().is_empty(),
+        "nothing of the lost partitions written"
+    );
+
+    net.relay.restore();
+    wait_for("the cut member rejoining", JOIN_AND_FLUSH, || {
+        cut.owned() > 0
+    })
+    .await;
+    store.hold(false);
+    let (_, after) = net.produce(24, 24).await;
+    sent.extend(after);
+    let end = high_watermarks_on(&net.direct, &net.topic, 4);
+    wait_for("the group committing to the end", JOIN_AND_FLUSH, || {
+        net.committed() == end
+    })
+    .await;
+
+    let (blobs, _) = outcomes(&sent);
+    let by_other: BTreeSet<String> = blobs_under(dirs[1].path()).into_keys().collect();
+    let by_cut = store.written();
+    assert!(
+        by_other.is_disjoint(&by_cut),
+        "each segment stored by one member: {:?}",
+        by_other.intersection(&by_cut).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        by_other.union(&by_cut).cloned().collect::<BTreeSet<_>>(),
+        blobs.into_keys().collect(),
+        "every segment stored"
+    );
+    let billed = billed(&sent);
+    let outcomes = read_messages_on(&net.direct, &net.events[0], billed, Duration::from_secs(30));
+    assert_eq!(outcomes.len(), billed, "every message billed exactly once");
+    assert_eq!(
+        cut.terminate(),
+        Some(0),
+        "the cut member carried on:\n{}",
+        log()
     );
     assert_eq!(other.terminate(), Some(0));
 }
