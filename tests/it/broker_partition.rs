@@ -129,6 +129,23 @@ impl Partitioned {
         produce_values_with(&producer_on(&self.direct), &self.topic, copies).await
     }
 
+    /// Brings the network back, waits for `cut` to rejoin, produces copies `from..from + 24` and
+    /// waits for the group to commit to the end. Returns what it produced.
+    async fn rejoin_and_consume_on(&self, cut: &Service, from: u64) -> Vec<Sent> {
+        self.relay.restore();
+        wait_for("the cut member rejoining", JOIN_AND_FLUSH, || {
+            cut.owned() > 0
+        })
+        .await;
+        let (_, sent) = self.produce(from, 24).await;
+        let end = high_watermarks_on(&self.direct, &self.topic, 4);
+        wait_for("the group committing to the end", JOIN_AND_FLUSH, || {
+            self.committed() == end
+        })
+        .await;
+        sent
+    }
+
     fn committed(&self) -> std::collections::BTreeMap<i32, i64> {
         committed_on(&self.direct, &self.group, &self.topic, 4)
     }
@@ -202,11 +219,60 @@ impl HeldStore {
     }
 }
 
+/// Two members on the local stack and a partitioned broker, both publishing events and owning
+/// partitions: the member to cut (`cut`, its log at `cut_log`), whose blobs go to `store`, and
+/// the other, storing its blobs under `dirs[1]`.
+struct HeldRun {
+    _stack: tokio::sync::RwLockReadGuard<'static, ()>,
+    net: Partitioned,
+    store: HeldStore,
+    dirs: [tempfile::TempDir; 2],
+    cut_log: std::path::PathBuf,
+    cut: Service,
+    other: Service,
+}
+
+impl HeldRun {
+    /// The member to cut has `session`.
+    async fn start(session: Duration) -> HeldRun {
+        let _stack = uses_stack().await;
+        let net = Partitioned::new().await;
+        let store = HeldStore::start().await;
+        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+        let cut_log = net.log_of("cut");
+        let cut = Service::start_logging_to(
+            &store.cut_member_args(&net, net.cut_member_args(dirs[0].path(), session)),
+            &cut_log,
+        );
+        let other = net.start_other(dirs[1].path(), true);
+        both_own_partitions(&cut, &other).await;
+        HeldRun {
+            _stack,
+            net,
+            store,
+            dirs,
+            cut_log,
+            cut,
+            other,
+        }
+    }
+}
+
 /// What every message of `sent` bills: one outcome per segment 0.
 fn billed(sent: &[Sent]) -> usize {
     sent.iter()
         .map(|s| events_of(&s.value, "outcome").len())
         .sum()
+}
+
+/// Neither member stopped on its own: each exits 0 when asked to.
+fn both_carried_on(cut: Service, other: Service, cut_log: &str) {
+    assert_eq!(
+        cut.terminate(),
+        Some(0),
+        "the cut member carried on:\n{cut_log}"
+    );
+    assert_eq!(other.terminate(), Some(0));
 }
 
 /// The blobs the two members stored, together; one both stored holds the same bytes in each.
@@ -236,17 +302,8 @@ fn stored_by_either(dirs: &[tempfile::TempDir; 2]) -> Blobs {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
 async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
-    let _stack = uses_stack().await;
-    let net = Partitioned::new().await;
-    let store = HeldStore::start().await;
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let cut_log = net.log_of("cut");
-    let cut = Service::start_logging_to(
-        &store.cut_member_args(&net, net.cut_member_args(dirs[0].path(), SESSION)),
-        &cut_log,
-    );
-    let other = net.start_other(dirs[1].path(), true);
-    both_own_partitions(&cut, &other).await;
+    let run = HeldRun::start(SESSION).await;
+    let (net, store, dirs, cut, other) = (run.net, run.store, run.dirs, run.cut, run.other);
 
     // The store stops answering; the member fills a flush that cannot end (the first three
     // messages it takes in) and a buffer behind it.
@@ -259,7 +316,7 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
     )
     .await;
 
-    let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
+    let log = || std::fs::read_to_string(&run.cut_log).unwrap_or_default();
     net.relay.cut();
     tokio::time::sleep(CUT_TO_SHUTDOWN).await;
     cut.signal_term();
@@ -334,21 +391,9 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
 async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_member_consumes_on() {
-    let _stack = uses_stack().await;
-    let net = Partitioned::new().await;
-    let store = HeldStore::start().await;
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let cut_log = net.log_of("cut");
-    let cut = Service::start_logging_to(
-        &store.cut_member_args(
-            &net,
-            net.cut_member_args(dirs[0].path(), Duration::from_secs(6)),
-        ),
-        &cut_log,
-    );
-    let other = net.start_other(dirs[1].path(), true);
-    both_own_partitions(&cut, &other).await;
-    let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
+    let run = HeldRun::start(Duration::from_secs(6)).await;
+    let (net, store, dirs, cut, other) = (run.net, run.store, run.dirs, run.cut, run.other);
+    let log = || std::fs::read_to_string(&run.cut_log).unwrap_or_default();
 
     store.hold(true);
     let (_, mut sent) = net.produce(0, 24).await;
@@ -372,19 +417,8 @@ async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_me
         "nothing of the lost partitions written"
     );
 
-    net.relay.restore();
-    wait_for("the cut member rejoining", JOIN_AND_FLUSH, || {
-        cut.owned() > 0
-    })
-    .await;
     store.hold(false);
-    let (_, after) = net.produce(24, 24).await;
-    sent.extend(after);
-    let end = high_watermarks_on(&net.direct, &net.topic, 4);
-    wait_for("the group committing to the end", JOIN_AND_FLUSH, || {
-        net.committed() == end
-    })
-    .await;
+    sent.extend(net.rejoin_and_consume_on(&cut, 24).await);
 
     let (blobs, _) = outcomes(&sent);
     let by_other: BTreeSet<String> = blobs_under(dirs[1].path()).into_keys().collect();
@@ -402,13 +436,7 @@ async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_me
     let billed = billed(&sent);
     let outcomes = read_messages_on(&net.direct, &net.events[0], billed, Duration::from_secs(30));
     assert_eq!(outcomes.len(), billed, "every message billed exactly once");
-    assert_eq!(
-        cut.terminate(),
-        Some(0),
-        "the cut member carried on:\n{}",
-        log()
-    );
-    assert_eq!(other.terminate(), Some(0));
+    both_carried_on(cut, other, &log());
 }
 
 /// A member cut off from the broker for longer than its session while it consumes: the process
@@ -449,28 +477,11 @@ async fn a_member_cut_off_past_its_session_gives_up_its_partitions_and_rejoins_w
     )
     .await;
 
-    net.relay.restore();
-    wait_for("the cut member rejoining", JOIN_AND_FLUSH, || {
-        cut.owned() > 0
-    })
-    .await;
-    let (_, after) = net.produce(48, 24).await;
-    sent.extend(after);
-    let end = high_watermarks_on(&net.direct, &net.topic, 4);
-    wait_for("the group committing to the end", JOIN_AND_FLUSH, || {
-        net.committed() == end
-    })
-    .await;
+    sent.extend(net.rejoin_and_consume_on(&cut, 48).await);
 
     let (blobs, _) = outcomes(&sent);
     assert_eq!(stored_by_either(&dirs), blobs, "every segment stored");
-    assert_eq!(
-        cut.terminate(),
-        Some(0),
-        "the cut member carried on:\n{}",
-        log()
-    );
-    assert_eq!(other.terminate(), Some(0));
+    both_carried_on(cut, other, &log());
 }
 
 /// A member cut off from the broker for less than its session, with a flush that ends during
