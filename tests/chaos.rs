@@ -9,9 +9,11 @@
 //! within its session or past it, and a member joins half way through a ClickHouse outage longer than
 //! `max.poll.interval.ms` (scale-out during an outage: it must own partitions within 30 s, the
 //! others staying in the group). At the end, with every fault cleared, it checks from the
-//! stores themselves: every valid segment's blob byte for byte and its rows, every invalid
-//! message on the dead-letter topic with its reason, the group's commits at the end of every
-//! partition, and no member exiting unless killed or asked to leave. One summary line.
+//! stores themselves: every valid segment's blob byte for byte and its rows, its billing outcome
+//! at least once (a kill between a flush and its commit sends it again; none may be missing),
+//! every invalid message on the dead-letter topic with its reason, the group's commits at the
+//! end of every partition, and no member exiting unless killed or asked to leave. One summary
+//! line.
 //!
 //! It brings up a stack of its own (`scripts/stack.sh`, fresh ports), so the faults never reach
 //! other tests. `CHAOS_SECONDS` sets how long faults are injected (default 120: the run in the
@@ -60,6 +62,8 @@ enum Fate {
         blob_key: String,
         blob_hash: u64,
         rows: Vec<RowKey>,
+        /// Its billing outcomes (segment 0 has one), as published.
+        outcomes: Vec<String>,
     },
     Invalid(&'static str),
 }
@@ -83,6 +87,7 @@ fn fate(value: &[u8]) -> Fate {
             blob_hash: digest(&p.blob.bytes),
             // Where the message lands is not known yet, and the key does not depend on it.
             rows: p.rows(Default::default()).iter().map(row_key).collect(),
+            outcomes: events_of(value, "outcome"),
         },
         Err(e) => Fate::Invalid(e.reason.as_str()),
     }
@@ -706,13 +711,16 @@ async fn chaos(own: &OwnStack) {
     let (mut valid, mut missing_blobs, mut wrong_blobs, mut expected_rows) =
         (0, 0, 0, BTreeSet::new());
     let mut expected_dead = BTreeSet::new();
+    let mut expected_outcomes = BTreeSet::new();
     for p in &produced {
         match &p.fate {
             Fate::Valid {
                 blob_key,
                 blob_hash,
                 rows,
+                outcomes,
             } => {
+                expected_outcomes.extend(outcomes.iter().cloned());
                 valid += 1;
                 match try_read_object(&gcs, &names.bucket, blob_key).await {
                     Ok(bytes) if digest(&bytes) == *blob_hash => {}
@@ -744,6 +752,18 @@ async fn chaos(own: &OwnStack) {
     )
     .into_iter()
     .collect();
+    // At least once: a member killed after a flush and before its commit sends them again.
+    let published = read_messages(
+        &names.outcomes,
+        expected_outcomes.len(),
+        Duration::from_secs(60),
+    );
+    let billed: BTreeSet<String> = published
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.value).into_owned())
+        .collect();
+    let missing_outcomes = expected_outcomes.difference(&billed).count();
+    let extra_outcomes = billed.difference(&expected_outcomes).count();
     let missing_rows = expected_rows.difference(&stored_rows).count();
     let extra_rows = stored_rows.difference(&expected_rows).count();
     let missing_dead = expected_dead.difference(&dead).count();
@@ -758,13 +778,16 @@ async fn chaos(own: &OwnStack) {
         .collect();
     println!(
         "chaos: {seconds} s of faults ({}); {} messages ({valid} valid, {} invalid); blobs missing {missing_blobs}, \
-         differing {wrong_blobs}; rows missing {missing_rows} of {}, unexpected {extra_rows}; dead letters missing \
+         differing {wrong_blobs}; rows missing {missing_rows} of {}, unexpected {extra_rows}; billing outcomes missing \
+         {missing_outcomes} of {}, unexpected {extra_outcomes} ({} published); dead letters missing \
          {missing_dead} of {}, unexpected {extra_dead}; commits at the end: {} (settled in {:.0} s); members exiting \
          on their own: {}; members joining during an outage owned partitions after {:?}",
         faults.join(", "),
         produced.len(),
         produced.len() - valid,
         expected_rows.len(),
+        expected_outcomes.len(),
+        published.len(),
         expected_dead.len(),
         if commits == end { "yes" } else { "NO" },
         settled_in.as_secs_f64(),
@@ -795,6 +818,11 @@ async fn chaos(own: &OwnStack) {
         (missing_rows, extra_rows),
         (0, 0),
         "every valid segment's rows, and no others"
+    );
+    assert_eq!(
+        (missing_outcomes, extra_outcomes),
+        (0, 0),
+        "every valid segment 0 billed at least once, and nothing else"
     );
     assert_eq!(
         (missing_dead, extra_dead),
