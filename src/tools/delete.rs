@@ -14,7 +14,10 @@
 //!    (`recording::archive`) on `--replay-events-topic` and wait for the broker. With
 //!    `--rows-sink clickhouse`: delete the replay's rows (`ALTER TABLE … DELETE`, a mutation every
 //!    ClickHouse since 18.x supports on MergeTree tables, waited for), then insert the archive row.
-//!    The archive carries the replay's own time, read from its earliest segment blob.
+//!    The archive carries the replay's own time (a query over the replay's days would not see an
+//!    archive of another day), read from its earliest segment blob, else from its earliest row
+//!    (ClickHouse), else `--replay-timestamp`. Through snuba with none of these, nothing is
+//!    published: the run says so and exits 1.
 //! 3. **Blobs** last, so that a run stopped half way still finds what is left, and finishes it.
 //!
 //! It prints what it found and what it removed, one line each; it exits non-zero naming what is
@@ -50,6 +53,11 @@ pub struct DeleteArgs {
     /// A file of `PROJECT REPLAY` pairs, one a line (blank lines and `#` comments ignored).
     #[arg(long, conflicts_with_all = ["project", "replays"])]
     pub from_file: Option<PathBuf>,
+    /// The time of the replays named with `--replay` (seconds since the epoch, or RFC 3339 such as
+    /// 2026-11-30T12:00:00Z: the replay's start, from Sentry), for their archive when no segment
+    /// blob or row is left to read it from (through snuba, where rows cannot be read).
+    #[arg(long, requires = "replays", value_parser = seconds_since_epoch)]
+    pub replay_timestamp: Option<f64>,
     /// Say what would be removed, remove nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -62,6 +70,18 @@ pub struct DeleteArgs {
     /// Longest one request (to the store, ClickHouse or the broker) may take, ms.
     #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", default_value_t = 30_000)]
     pub sink_timeout_ms: u64,
+}
+
+/// `value` as seconds since the epoch: a number, or an RFC 3339 time.
+fn seconds_since_epoch(value: &str) -> Result<f64, String> {
+    if let Ok(seconds) = value.parse::<f64>() {
+        return Ok(seconds);
+    }
+    humantime::parse_rfc3339_weak(value)
+        .map_err(|e| format!("not seconds since the epoch nor an RFC 3339 time: {e}"))?
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .map_err(|_| "before 1970".to_owned())
 }
 
 /// One replay to delete.
@@ -222,7 +242,21 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
             }
             continue;
         }
-        let timestamp = replay_time(store.as_deref(), &found).await;
+        let timestamp = match replay_time(store.as_deref(), &rows, &found, target).await {
+            Ok(timestamp) => timestamp.or(args.replay_timestamp),
+            Err(e) => {
+                left.push(format!(
+                    "{name}: reading its time ({e:#}); nothing of it removed"
+                ));
+                continue;
+            }
+        };
+        if timestamp.is_none() && matches!(rows, Rows::Snuba { .. }) {
+            left.push(format!(
+                "{name}: no segment blob left to read its time from, and no --replay-timestamp: its rows were not archived (an archive stamped now would not hide it from a query over its own days); run again with --replay-timestamp, its start from Sentry"
+            ));
+            continue;
+        }
         let archive = Archive {
             project_id: target.project,
             replay_id: &target.replay,
@@ -233,7 +267,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
         if timestamp.is_none() {
             writeln!(
                 out,
-                "{name}: no time could be read from its segment blobs (none, or none readable): archived as of now"
+                "{name}: no time could be read from its segment blobs or rows (none, or none readable): archived as of now"
             )?;
         }
         match archive_rows(&rows, &archive, timeout).await {
@@ -381,8 +415,37 @@ fn owner(value: &[u8]) -> Option<(u64, String)> {
     Some((project, replay.simple().to_string()))
 }
 
-/// The replay's time: the first event of its earliest segment blob, in seconds.
-async fn replay_time(store: Option<&dyn BlobStore>, found: &Found) -> Option<f64> {
+/// The replay's time, in seconds: the first event of its earliest segment blob, else (with
+/// ClickHouse) its earliest live row; `None` when neither is there.
+async fn replay_time(
+    store: Option<&dyn BlobStore>,
+    rows: &Rows,
+    found: &Found,
+    target: &Target,
+) -> anyhow::Result<Option<f64>> {
+    if let Some(time) = blob_time(store, found).await {
+        return Ok(Some(time));
+    }
+    match rows {
+        Rows::ClickHouse(config) if found.rows > 0 => {
+            let first = clickhouse::client(config)
+                .query(&format!(
+                    "SELECT toUInt32(min(timestamp)) FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND {LIVE}",
+                    config.table
+                ))
+                .bind(target.project)
+                .bind(hyphenated(&target.replay))
+                .fetch_one::<u32>()
+                .await
+                .map_err(|e| clickhouse::setup_error(&e, config))?;
+            Ok(Some(f64::from(first)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The time of the replay's first event, from its earliest segment blob.
+async fn blob_time(store: Option<&dyn BlobStore>, found: &Found) -> Option<f64> {
     let (_, key) = found.first_segment.as_ref()?;
     let stored = store?.read(key).await.ok()??;
     let json = blob::rrweb_json(&stored, crate::recording::DEFAULT_MAX_DECOMPRESSED_BYTES).ok()?;
@@ -391,6 +454,10 @@ async fn replay_time(store: Option<&dyn BlobStore>, found: &Found) -> Option<f64
         .first_timestamp_ms?;
     Some(first as f64 / 1000.0)
 }
+
+/// A row not archived: what a delete removes. Snuba's older processor wrote NULL, not 0, for
+/// such rows; `= 0` alone would leave them.
+const LIVE: &str = "ifNull(is_archived, 0) = 0";
 
 /// Removes the replay's rows the way the rows sink implies; what was done, to say.
 async fn archive_rows(
@@ -411,7 +478,7 @@ async fn archive_rows(
         Rows::ClickHouse(config) => {
             let client = clickhouse::client(config);
             let delete = format!(
-                "ALTER TABLE {} DELETE WHERE project_id = {} AND replay_id = toUUID('{}') AND is_archived = 0",
+                "ALTER TABLE {} DELETE WHERE project_id = {} AND replay_id = toUUID('{}') AND {LIVE}",
                 config.table,
                 archive.project_id,
                 hyphenated(archive.replay_id)
@@ -497,7 +564,7 @@ async fn live_rows(
 ) -> anyhow::Result<u64> {
     client
         .query(&format!(
-            "SELECT count() FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND is_archived = 0",
+            "SELECT count() FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND {LIVE}",
             config.table
         ))
         .bind(project)

@@ -306,8 +306,17 @@ async fn redrive_letters(
             writeln!(out, "skipped {at}: a copy of a letter re-driven already")?;
             read.counts.copies += 1;
         } else if args.dry_run {
-            *read.counts.redriven.entry(reason).or_default() += 1;
-            read.sent.extend(origin);
+            // What the letter says of itself; the blob store is not read.
+            match unsendable(&letter) {
+                Some(why) => {
+                    writeln!(out, "cannot re-drive {at}: {why}")?;
+                    read.counts.failed.push(format!("{at}: {why}"));
+                }
+                None => {
+                    *read.counts.redriven.entry(reason).or_default() += 1;
+                    read.sent.extend(origin);
+                }
+            }
         } else {
             // A read of the blob store that fails (an outage, a store not configured as the
             // letter's) stops the run here, before the letter is counted as handled: the next
@@ -477,18 +486,22 @@ fn chosen(args: &RedriveArgs, reason: &str, letter: &BorrowedMessage<'_>) -> boo
 /// re-driven, ever (its stored value is gone, it is not a dead letter, its original was lost);
 /// `Err`: the store could not be read (down, or not the one the letter points to), which a later
 /// run may get past.
+/// Why `letter` cannot be re-driven whatever the store holds, if it cannot.
+fn unsendable(letter: &BorrowedMessage<'_>) -> Option<&'static str> {
+    if header(letter, "reason").is_none() {
+        return Some("not a dead letter (no reason header)");
+    }
+    header(letter, "original_lost").map(|_| {
+        "its original bytes were gone from the topic when it was dead-lettered (see its detail)"
+    })
+}
+
 async fn original(
     store: Option<&dyn BlobStore>,
     letter: &BorrowedMessage<'_>,
 ) -> anyhow::Result<Result<(Vec<u8>, Option<Vec<u8>>), String>> {
-    if header(letter, "reason").is_none() {
-        return Ok(Err("not a dead letter (no reason header)".into()));
-    }
-    if header(letter, "original_lost").is_some() {
-        return Ok(Err(
-            "its original bytes were gone from the topic when it was dead-lettered (see its detail)"
-                .into(),
-        ));
+    if let Some(why) = unsendable(letter) {
+        return Ok(Err(why.into()));
     }
     let stored = |location: String| async move {
         let store = store.context("the value is in the blob store, and --blob-sink is null")?;

@@ -500,10 +500,13 @@ fn a_temporary_file_a_crashed_write_left_goes_with_the_replay() {
 
 /// Through snuba the rows cannot be counted: a replay with no blob left (each of its segments
 /// dead-lettered whole on the topic, or a run stopped after removing them) is still archived,
-/// not taken for "nothing to delete".
+/// not taken for "nothing to delete" — at the time `--replay-timestamp` gives. Without it there
+/// is no time to archive it at (an archive stamped now would not hide it from a query over its
+/// own days): nothing is published, and the run says so and exits 1 (it used to publish an
+/// archive as of now and report the replay deleted).
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
-async fn with_snuba_a_replay_without_blobs_is_still_archived() {
+async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
     let _stack = uses_stack().await;
     let names = Names::create().await;
     let replay_events = unique("replay-events");
@@ -526,6 +529,19 @@ async fn with_snuba_a_replay_without_blobs_is_still_archived() {
         )
         .collect();
     let (ok, said) = delete(&flags);
+    assert!(!ok, "{said}");
+    assert!(said.contains("no --replay-timestamp"), "{said}");
+    assert!(said.contains("0 replay(s) deleted"), "{said}");
+    assert!(
+        read_messages(&replay_events, 0, Duration::from_secs(3)).is_empty(),
+        "nothing published"
+    );
+
+    let at = [
+        "--replay-timestamp".to_owned(),
+        "2023-12-17T21:30:58Z".to_owned(),
+    ];
+    let (ok, said) = delete(&[flags, at.to_vec()].concat());
     assert!(ok, "{said}");
     assert!(said.contains("archive published"), "{said}");
     let archives = read_messages(&replay_events, 1, Duration::from_secs(20));
@@ -535,4 +551,61 @@ async fn with_snuba_a_replay_without_blobs_is_still_archived() {
     assert_eq!(message["replay_id"], replay);
     assert_eq!(message["project_id"], 42);
     assert_eq!(message["payload"]["is_archived"], true);
+    assert_eq!(message["payload"]["timestamp"], 1_702_848_658.0);
+}
+
+/// Rows snuba's older processor wrote have `is_archived` NULL, not 0: they are the replay's live
+/// rows all the same, counted and deleted (a delete used to find "nothing to delete" and leave
+/// them). With no blob left, the archive row takes the time of the earliest of them.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn rows_with_a_null_is_archived_are_deleted_and_the_archive_takes_their_time() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let config = clickhouse_config(&names.table);
+    replay_ingest::sink::clickhouse::migrate(&config)
+        .await
+        .unwrap();
+    let client = replay_ingest::sink::clickhouse::client(&config);
+    let processed = recording::process(&fixture("network-1.msgpack"), &Limits::default()).unwrap();
+    let mut rows = processed.rows(Default::default());
+    for row in &mut rows {
+        row.is_archived = None;
+    }
+    assert!(rows.len() > 1);
+    let mut insert = client
+        .insert::<recording::ReplayRow>(&names.table)
+        .await
+        .unwrap();
+    for row in &rows {
+        insert.write(row).await.unwrap();
+    }
+    insert.end().await.unwrap();
+    let ids = &processed.ids;
+    let flags = [
+        "--blob-sink",
+        "null",
+        "--rows-sink",
+        "clickhouse",
+        "--clickhouse-url",
+        &clickhouse_url(),
+        "--clickhouse-database",
+        &config.database,
+        "--clickhouse-table",
+        &names.table,
+        "--project",
+        &ids.project_id.to_string(),
+        "--replay",
+        &ids.replay_id,
+    ]
+    .map(String::from);
+    let (ok, said) = delete(&flags);
+    assert!(ok, "{said}");
+    assert!(said.contains(&format!("{} row(s)", rows.len())), "{said}");
+    assert!(said.contains("1 replay(s) deleted"), "{said}");
+    let left = clickhouse_rows(&names.table).await;
+    assert_eq!(left.len(), 1, "only the archive row: {left:?}");
+    assert_eq!(left[0].is_archived, Some(1));
+    let first = rows.iter().map(|r| r.timestamp).min().unwrap();
+    assert_eq!(left[0].timestamp, first, "the earliest row's time");
 }

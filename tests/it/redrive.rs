@@ -348,7 +348,8 @@ fn bad_arguments_are_refused_with_a_clear_error() {
 }
 
 /// A letter whose original was gone from the topic when it was dead-lettered (no value, header
-/// `original_lost`) is reported and not sent: re-driven, it would be an empty message.
+/// `original_lost`) is reported and not sent: re-driven, it would be an empty message. A dry run
+/// says the same (it used to count the letter as one it would re-drive).
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_letter_whose_original_was_lost_is_reported_not_sent() {
@@ -383,6 +384,17 @@ async fn a_letter_whose_original_was_lost_is_reported_not_sent() {
         )
         .await
         .unwrap();
+    let (ok, dry) = redrive_in(
+        &dlq,
+        &topic,
+        &unique("redrive"),
+        &["--blob-sink", "null", "--dry-run"],
+    );
+    assert!(!ok, "{dry}");
+    assert!(
+        dry.contains("0 letter(s) would be re-driven, 0 passed over, 1 failed"),
+        "{dry}"
+    );
     let (ok, said) = redrive_in(&dlq, &topic, &unique("redrive"), &["--blob-sink", "null"]);
     assert!(!ok, "{said}");
     assert!(
