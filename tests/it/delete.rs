@@ -113,26 +113,7 @@ async fn a_replay_is_deleted_everywhere_with_clickhouse_and_a_second_run_is_a_no
     };
     assert!(!rows_of(&clickhouse_rows(&names.table).await, ids.replay_uuid).is_empty());
 
-    let flags: Vec<String> = gcs_flags(&names)
-        .into_iter()
-        .chain(
-            [
-                "--rows-sink",
-                "clickhouse",
-                "--clickhouse-url",
-                &clickhouse_url(),
-                "--clickhouse-database",
-                "replay_ingest_e2e",
-                "--clickhouse-table",
-                &names.table,
-                "--project",
-                &ids.project_id.to_string(),
-                "--replay",
-                &ids.replay_id,
-            ]
-            .map(String::from),
-        )
-        .collect();
+    let flags = [gcs_flags(&names), clickhouse_flags(&names, &ids)].concat();
     let (ok, dry) = delete(&[flags.clone(), vec!["--dry-run".into()]].concat());
     assert!(ok, "{dry}");
     assert!(
@@ -388,21 +369,8 @@ async fn every_object_under_the_replays_prefixes_goes() {
 async fn a_delete_held_by_a_failing_mutation_fails_and_a_run_again_queues_no_second_one() {
     let _stack = uses_stack().await;
     let names = Names::create().await;
-    let config = clickhouse_config(&names.table);
-    replay_ingest::sink::clickhouse::migrate(&config)
-        .await
-        .unwrap();
-    let client = replay_ingest::sink::clickhouse::client(&config);
-    let processed = recording::process(&fixture("console-0.msgpack"), &Limits::default()).unwrap();
-    let mut insert = client
-        .insert::<recording::ReplayRow>(&names.table)
-        .await
-        .unwrap();
-    for row in processed.rows(Default::default()) {
-        insert.write(&row).await.unwrap();
-    }
-    insert.end().await.unwrap();
-    let ids = &processed.ids;
+    let (ids, _, flags) = rows_of_one_replay(&names, "console-0.msgpack", |_| {}).await;
+    let client = replay_ingest::sink::clickhouse::client(&clickhouse_config(&names.table));
     let uuid = ids.replay_uuid.hyphenated().to_string();
     client
         .query(&format!(
@@ -423,23 +391,6 @@ async fn a_delete_held_by_a_failing_mutation_fails_and_a_run_again_queues_no_sec
             .await
             .unwrap()
     };
-    let flags = [
-        "--blob-sink",
-        "null",
-        "--rows-sink",
-        "clickhouse",
-        "--clickhouse-url",
-        &clickhouse_url(),
-        "--clickhouse-database",
-        &config.database,
-        "--clickhouse-table",
-        &names.table,
-        "--project",
-        &ids.project_id.to_string(),
-        "--replay",
-        &ids.replay_id,
-    ]
-    .map(String::from);
     for run in 1..=2 {
         let (ok, said) = delete(&flags);
         assert!(!ok, "run {run}: {said}");
@@ -457,6 +408,61 @@ async fn a_delete_held_by_a_failing_mutation_fails_and_a_run_again_queues_no_sec
         .execute()
         .await
         .unwrap();
+}
+
+/// Migrates `names.table` and writes into it the rows of `fixture`, as `edit` leaves them; returns
+/// the replay's ids, the rows, and the flags that delete the replay from ClickHouse alone.
+async fn rows_of_one_replay(
+    names: &Names,
+    fixture_name: &str,
+    edit: impl FnOnce(&mut [recording::ReplayRow]),
+) -> (
+    recording::SegmentIds,
+    Vec<recording::ReplayRow>,
+    Vec<String>,
+) {
+    let config = clickhouse_config(&names.table);
+    replay_ingest::sink::clickhouse::migrate(&config)
+        .await
+        .unwrap();
+    let processed = recording::process(&fixture(fixture_name), &Limits::default()).unwrap();
+    let mut rows = processed.rows(Default::default());
+    edit(&mut rows);
+    let client = replay_ingest::sink::clickhouse::client(&config);
+    let mut insert = client
+        .insert::<recording::ReplayRow>(&names.table)
+        .await
+        .unwrap();
+    for row in &rows {
+        insert.write(row).await.unwrap();
+    }
+    insert.end().await.unwrap();
+    let flags = [
+        vec!["--blob-sink".to_owned(), "null".to_owned()],
+        clickhouse_flags(names, &processed.ids),
+    ]
+    .concat();
+    (processed.ids, rows, flags)
+}
+
+/// The flags that delete the replay of `ids` from `names.table`.
+fn clickhouse_flags(names: &Names, ids: &recording::SegmentIds) -> Vec<String> {
+    [
+        "--rows-sink",
+        "clickhouse",
+        "--clickhouse-url",
+        &clickhouse_url(),
+        "--clickhouse-database",
+        &clickhouse_config(&names.table).database,
+        "--clickhouse-table",
+        &names.table,
+        "--project",
+        &ids.project_id.to_string(),
+        "--replay",
+        &ids.replay_id,
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// In the filesystem store, a writer's temporary file that a failed write or a crash left in the
@@ -562,43 +568,13 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
 async fn rows_with_a_null_is_archived_are_deleted_and_the_archive_takes_their_time() {
     let _stack = uses_stack().await;
     let names = Names::create().await;
-    let config = clickhouse_config(&names.table);
-    replay_ingest::sink::clickhouse::migrate(&config)
-        .await
-        .unwrap();
-    let client = replay_ingest::sink::clickhouse::client(&config);
-    let processed = recording::process(&fixture("network-1.msgpack"), &Limits::default()).unwrap();
-    let mut rows = processed.rows(Default::default());
-    for row in &mut rows {
-        row.is_archived = None;
-    }
+    let (_, rows, flags) = rows_of_one_replay(&names, "network-1.msgpack", |rows| {
+        for row in rows {
+            row.is_archived = None;
+        }
+    })
+    .await;
     assert!(rows.len() > 1);
-    let mut insert = client
-        .insert::<recording::ReplayRow>(&names.table)
-        .await
-        .unwrap();
-    for row in &rows {
-        insert.write(row).await.unwrap();
-    }
-    insert.end().await.unwrap();
-    let ids = &processed.ids;
-    let flags = [
-        "--blob-sink",
-        "null",
-        "--rows-sink",
-        "clickhouse",
-        "--clickhouse-url",
-        &clickhouse_url(),
-        "--clickhouse-database",
-        &config.database,
-        "--clickhouse-table",
-        &names.table,
-        "--project",
-        &ids.project_id.to_string(),
-        "--replay",
-        &ids.replay_id,
-    ]
-    .map(String::from);
     let (ok, said) = delete(&flags);
     assert!(ok, "{said}");
     assert!(said.contains(&format!("{} row(s)", rows.len())), "{said}");
