@@ -214,8 +214,18 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
     let mut left = Vec::new();
     let (mut replays, mut removed) = (0, 0);
     for target in &targets {
-        let found = find(store.as_deref(), &rows, &copies, target).await?;
         let name = format!("replay {} (project {})", target.replay, target.project);
+        // One replay's lookup failing (the store's listing, ClickHouse's count) stops none of the
+        // others: it is named among what is left, and a run again takes it up.
+        let found = match find(store.as_deref(), &rows, &copies, target).await {
+            Ok(found) => found,
+            Err(e) => {
+                left.push(format!(
+                    "{name}: finding what it has ({e:#}); nothing of it removed"
+                ));
+                continue;
+            }
+        };
         writeln!(
             out,
             "{name}: found {} segment blob(s), {} dead-letter copy object(s), {}",

@@ -56,6 +56,10 @@ pub struct RedriveArgs {
     /// Only letters of this reason (e.g. `rejected_by_sink`); repeat for several. Default: all.
     #[arg(long = "reason")]
     pub reasons: Vec<String>,
+    /// Only letters dead-lettered from this topic (their `original_topic`); default: all. Every
+    /// letter chosen goes to `--topic`, whatever topic it came from.
+    #[arg(long)]
+    pub original_topic: Option<String>,
     /// Only letters dead-lettered at or after this instant (RFC 3339, e.g. 2026-12-01T10:00:00Z).
     #[arg(long, value_parser = instant)]
     pub since: Option<SystemTime>,
@@ -470,6 +474,11 @@ fn chosen(args: &RedriveArgs, reason: &str, letter: &BorrowedMessage<'_>) -> boo
     if !args.reasons.is_empty() && !args.reasons.iter().any(|r| r == reason) {
         return false;
     }
+    if let Some(topic) = &args.original_topic
+        && header(letter, "original_topic").as_ref() != Some(topic)
+    {
+        return false;
+    }
     let at = letter
         .timestamp()
         .to_millis()
@@ -481,11 +490,6 @@ fn chosen(args: &RedriveArgs, reason: &str, letter: &BorrowedMessage<'_>) -> boo
     after_since && before_until
 }
 
-/// The letter's original value and key: from the record, or from the blob store where the
-/// record points (`payload_location`, `key_location`). `Ok(Err(why))`: the letter cannot be
-/// re-driven, ever (its stored value is gone, it is not a dead letter, its original was lost);
-/// `Err`: the store could not be read (down, or not the one the letter points to), which a later
-/// run may get past.
 /// Why `letter` cannot be re-driven whatever the store holds, if it cannot.
 fn unsendable(letter: &BorrowedMessage<'_>) -> Option<&'static str> {
     if header(letter, "reason").is_none() {
@@ -496,6 +500,11 @@ fn unsendable(letter: &BorrowedMessage<'_>) -> Option<&'static str> {
     })
 }
 
+/// The letter's original value and key: from the record, or from the blob store where the
+/// record points (`payload_location`, `key_location`). `Ok(Err(why))`: the letter cannot be
+/// re-driven, ever (its stored value is gone, it is not a dead letter, its original was lost);
+/// `Err`: the store could not be read (down, or not the one the letter points to), which a later
+/// run may get past.
 async fn original(
     store: Option<&dyn BlobStore>,
     letter: &BorrowedMessage<'_>,

@@ -408,6 +408,36 @@ async fn a_letter_whose_original_was_lost_is_reported_not_sent() {
     assert!(high_watermarks(&topic, 1).is_empty(), "nothing sent");
 }
 
+/// `--original-topic` chooses the letters dead-lettered from one topic (a dead-letter topic
+/// shared by deployments consuming different topics): only those go to `--topic`; the others
+/// are passed over.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn original_topic_chooses_the_letters_of_one_topic() {
+    let _stack = uses_stack().await;
+    let (topic, other, dlq) = (unique("rec"), unique("other"), unique("dlq"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    letter_with(&dlq, 0, b"ours", &[("original_topic", &topic)]).await;
+    letter_with(&dlq, 0, b"theirs", &[("original_topic", &other)]).await;
+    let (ok, said) = redrive_in(
+        &dlq,
+        &topic,
+        &unique("redrive"),
+        &["--blob-sink", "null", "--original-topic", &topic],
+    );
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("1 letter(s) re-driven, 1 passed over, 0 failed"),
+        "{said}"
+    );
+    let sent = read_messages(&topic, 1, Duration::from_secs(10));
+    assert_eq!(
+        sent.iter().map(|m| m.value.as_slice()).collect::<Vec<_>>(),
+        [b"ours"]
+    );
+}
+
 /// Puts a dead letter of `value` (reason `rejected_by_sink`) on `partition` of `dlq`.
 async fn letter(dlq: &str, partition: i32, value: &[u8]) {
     letter_with(dlq, partition, value, &[]).await;
