@@ -658,6 +658,51 @@ mod tests {
         assert_eq!(found.blobs.len(), 3);
     }
 
+    /// ClickHouse unreachable: each replay's lookup fails, each is named among what is left, and
+    /// the run goes on to the next and prints its summary (the first failure ended the run).
+    #[test]
+    fn a_replay_whose_lookup_fails_is_named_and_the_others_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let args = parse(&[
+            "--blob-sink",
+            "filesystem",
+            "--blob-dir",
+            dir.path().to_str().unwrap(),
+            "--rows-sink",
+            "clickhouse",
+            "--clickhouse-url",
+            &url,
+            "--sink-timeout-ms",
+            "2000",
+            "--project",
+            "42",
+            "--replay",
+            "834f314caae54030a1b0dc52b202f24a",
+            "--replay",
+            "0123456789abcdef0123456789abcdef",
+        ])
+        .unwrap();
+        let mut out = Vec::new();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let error = format!("{:#}", runtime.block_on(run(&args, &mut out)).unwrap_err());
+        for replay in [
+            "834f314caae54030a1b0dc52b202f24a",
+            "0123456789abcdef0123456789abcdef",
+        ] {
+            assert!(
+                error.contains(&format!(
+                    "replay {replay} (project 42): finding what it has"
+                )),
+                "{error}"
+            );
+        }
+        let said = String::from_utf8(out).unwrap();
+        assert!(said.contains("0 replay(s) deleted"), "{said}");
+    }
+
     #[test]
     fn a_missing_blob_dir_is_refused_before_anything_is_deleted() {
         let dir = tempfile::tempdir().unwrap();
