@@ -346,7 +346,7 @@ async fn run_sweep(args: replay_ingest::tools::sweep::SweepArgs) -> anyhow::Resu
     .await?;
     println!("{summary}");
     if !summary.errors.is_empty() {
-        anyhow::bail!("sweep errors:\n  {}", summary.errors.join("\n  "));
+        anyhow::bail!("sweep errors:\n  {}", summary.errors_said().join("\n  "));
     }
     Ok(())
 }
@@ -385,7 +385,7 @@ fn spawn_sweeper(
                 }
                 Ok(summary) => {
                     replay_ingest::metrics::swept(summary.removed, summary.bytes);
-                    warn!(removed = summary.removed, errors = ?summary.errors, "blob store swept, with errors");
+                    warn!(removed = summary.removed, errors = ?summary.errors_said(), "blob store swept, with errors");
                 }
                 Err(e) => warn!(error = %e, "the sweep did not finish"),
             }

@@ -5,7 +5,9 @@
 //! on a filesystem store never do (one instance held 234 GiB, 3.96 million files past 90 days).
 //! On GCS, bucket lifecycle rules do the same (`docs/operations.md`).
 //!
-//! Bounded I/O: one directory is read at a time (nothing lists the whole store), and removals
+//! Bounded I/O: one directory is read at a time, entry by entry (nothing lists the whole store,
+//! or a project's replays, in memory), at most [`ERRORS_KEPT`] errors are kept word for word
+//! (the rest counted: a store the process may not write to yields one per file), and removals
 //! are paced to `--max-deletes-per-second`, so a sweep beside the running service never starves
 //! its writes. Anything not under a numeric retention directory (dead-letter copies under
 //! `dlq/`, the startup probe) is left alone. A writer's temporary file expires like the blobs
@@ -33,6 +35,9 @@ pub struct SweepArgs {
     pub pace: SweepPace,
 }
 
+/// Errors a summary keeps word for word; past them it counts.
+pub const ERRORS_KEPT: usize = 100;
+
 /// What a sweep did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -45,8 +50,34 @@ pub struct Summary {
     pub bytes: u64,
     /// Emptied directories removed.
     pub directories: u64,
-    /// What could not be read or removed.
+    /// What could not be read or removed: the first [`ERRORS_KEPT`]...
     pub errors: Vec<String>,
+    /// ...and how many more.
+    pub more_errors: u64,
+}
+
+impl Summary {
+    fn error(&mut self, error: String) {
+        if self.errors.len() < ERRORS_KEPT {
+            self.errors.push(error);
+        } else {
+            self.more_errors += 1;
+        }
+    }
+
+    /// Keeps the item, or notes its error.
+    fn noted<T>(&mut self, item: Result<T, String>) -> Option<T> {
+        item.map_err(|error| self.error(error)).ok()
+    }
+
+    /// The errors kept, and a line saying how many more there were.
+    pub fn errors_said(&self) -> Vec<String> {
+        let mut said = self.errors.clone();
+        if self.more_errors > 0 {
+            said.push(format!("… and {} more", self.more_errors));
+        }
+        said
+    }
 }
 
 impl std::fmt::Display for Summary {
@@ -59,7 +90,7 @@ impl std::fmt::Display for Summary {
             self.removed,
             self.bytes,
             self.directories,
-            self.errors.len()
+            self.errors.len() as u64 + self.more_errors
         )
     }
 }
@@ -76,9 +107,7 @@ pub fn sweep(
     let mut summary = Summary::default();
     // A mistyped or relative --blob-dir would otherwise sweep nothing and report success.
     if !root.is_dir() {
-        summary
-            .errors
-            .push(format!("{}: not a directory (--blob-dir)", root.display()));
+        summary.error(format!("{}: not a directory (--blob-dir)", root.display()));
         return summary;
     }
     let mut pacer = Pacer::new(pace.sweep_max_deletes_per_second);
@@ -86,9 +115,18 @@ pub fn sweep(
         let cutoff = now
             .checked_sub(Duration::from_secs(u64::from(days) * 86_400))
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        for project in subdirectories(&retention_dir, &mut summary) {
-            for replay in subdirectories(&project, &mut summary) {
-                for (file, meta) in files(&replay, &mut summary) {
+        for project in subdirectories(&retention_dir) {
+            let Some(project) = summary.noted(project) else {
+                continue;
+            };
+            for replay in subdirectories(&project) {
+                let Some(replay) = summary.noted(replay) else {
+                    continue;
+                };
+                for file in files(&replay) {
+                    let Some((file, meta)) = summary.noted(file) else {
+                        continue;
+                    };
                     summary.scanned += 1;
                     if meta.modified().is_ok_and(|m| m >= cutoff) {
                         continue;
@@ -105,7 +143,7 @@ pub fn sweep(
                             summary.bytes += meta.len();
                         }
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                        Err(e) => summary.errors.push(format!("{}: {e}", file.display())),
+                        Err(e) => summary.error(format!("{}: {e}", file.display())),
                     }
                 }
                 if !dry_run {
@@ -121,10 +159,11 @@ pub fn sweep(
 }
 
 /// Top-level directories named by a retention in days.
+/// Few (one per retention in use): listed, in order of the retention.
 fn retention_dirs(root: &Path, summary: &mut Summary) -> Vec<(PathBuf, u16)> {
-    let mut dirs: Vec<(PathBuf, u16)> = subdirectories(root, summary)
-        .into_iter()
+    let mut dirs: Vec<(PathBuf, u16)> = subdirectories(root)
         .filter_map(|dir| {
+            let dir = summary.noted(dir)?;
             let days = dir.file_name()?.to_str()?.parse().ok()?;
             Some((dir, days))
         })
@@ -133,50 +172,37 @@ fn retention_dirs(root: &Path, summary: &mut Summary) -> Vec<(PathBuf, u16)> {
     dirs
 }
 
-fn subdirectories(dir: &Path, summary: &mut Summary) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = entries(dir, summary)
-        .filter(|(_, meta)| meta.is_dir())
-        .map(|(path, _)| path)
-        .collect();
-    found.sort();
-    found
-}
-
-/// The files of `dir`, a writer's temporary ones among them: one being written is as young as
-/// its write, and one a failed write or a crash left expires with the blobs beside it.
-fn files(dir: &Path, summary: &mut Summary) -> Vec<(PathBuf, fs::Metadata)> {
-    entries(dir, summary)
-        .filter(|(_, meta)| meta.is_file())
-        .collect()
-}
-
-/// A directory's entries with their metadata (symbolic links not followed); unreadable ones are
-/// errors, a directory already gone is empty.
-fn entries<'a>(
-    dir: &Path,
-    summary: &'a mut Summary,
-) -> impl Iterator<Item = (PathBuf, fs::Metadata)> + 'a {
-    let read = match fs::read_dir(dir) {
-        Ok(read) => Some(read),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => {
-            summary.errors.push(format!("{}: {e}", dir.display()));
-            None
-        }
-    };
-    read.into_iter().flatten().filter_map(move |entry| {
-        let entry = entry
-            .map_err(|e| summary.errors.push(format!("{e}")))
-            .ok()?;
-        let meta = fs::symlink_metadata(entry.path())
-            .map_err(|e| {
-                summary
-                    .errors
-                    .push(format!("{}: {e}", entry.path().display()))
-            })
-            .ok()?;
-        Some((entry.path(), meta))
+/// The subdirectories of `dir`, one at a time.
+fn subdirectories(dir: &Path) -> impl Iterator<Item = Result<PathBuf, String>> {
+    entries(dir).filter_map(|entry| match entry {
+        Ok((path, meta)) => meta.is_dir().then_some(Ok(path)),
+        Err(e) => Some(Err(e)),
     })
+}
+
+/// The files of `dir`, one at a time, a writer's temporary ones among them: one being written
+/// is as young as its write, and one a failed write or a crash left expires with the blobs
+/// beside it.
+fn files(dir: &Path) -> impl Iterator<Item = Result<(PathBuf, fs::Metadata), String>> {
+    entries(dir).filter(|entry| entry.as_ref().map_or(true, |(_, meta)| meta.is_file()))
+}
+
+/// A directory's entries with their metadata (symbolic links not followed), one at a time;
+/// unreadable ones are errors, a directory already gone is empty.
+fn entries(dir: &Path) -> impl Iterator<Item = Result<(PathBuf, fs::Metadata), String>> {
+    let (read, failed) = match fs::read_dir(dir) {
+        Ok(read) => (Some(read), None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => (None, None),
+        Err(e) => (None, Some(Err(format!("{}: {e}", dir.display())))),
+    };
+    failed
+        .into_iter()
+        .chain(read.into_iter().flatten().map(|entry| {
+            let entry = entry.map_err(|e| e.to_string())?;
+            let meta = fs::symlink_metadata(entry.path())
+                .map_err(|e| format!("{}: {e}", entry.path().display()))?;
+            Ok((entry.path(), meta))
+        }))
 }
 
 fn remove_if_empty(dir: &Path, summary: &mut Summary) {
@@ -276,6 +302,18 @@ mod tests {
             sweep(root, SystemTime::now(), false, PACE, |_| {}).removed,
             0
         );
+    }
+
+    #[test]
+    fn errors_past_the_first_hundred_are_counted_not_kept() {
+        let mut summary = Summary::default();
+        for n in 0..250 {
+            summary.error(format!("blob {n}: Permission denied"));
+        }
+        assert_eq!(summary.errors.len(), ERRORS_KEPT);
+        assert_eq!(summary.more_errors, 150);
+        assert!(summary.to_string().ends_with("250 error(s)"), "{summary}");
+        assert_eq!(summary.errors_said().last().unwrap(), "… and 150 more");
     }
 
     #[test]
