@@ -172,7 +172,7 @@ pub struct FlushReport {
     pub sinks: Vec<SinkReport>,
     pub rejected: Vec<Rejected>,
     /// `(partition, offset)` of the messages of partitions lost while the flush ran, which it
-    /// wrote no further: not durable, and no longer this member's to commit.
+    /// wrote no further: not durable, and no longer this member's to commit. Sorted, once each.
     pub given_up: Vec<(i32, i64)>,
 }
 
@@ -208,7 +208,12 @@ async fn flush_stages(
 ) -> Result<FlushReport, SinkError> {
     let mut report = FlushReport::default();
     for stage in &sinks.stages {
-        leave_out_lost(batch, lost, &mut report.given_up);
+        leave_out_lost(
+            &mut batch.entries,
+            |e| (e.partition, e.offset),
+            lost,
+            &mut report.given_up,
+        );
         let entries: &[Entry] = batch;
         let writes = stage
             .iter()
@@ -233,13 +238,12 @@ async fn flush_stages(
                 .retain(|e| !out.contains(&(e.partition, e.offset)));
             // A lost partition's refused messages are its next owner's to dead-letter (two sinks
             // may refuse the same one: `dead_letter` and the end of the flush keep one of each).
-            refused_here.retain(|r| {
-                let ours = !lost(r.partition);
-                if !ours {
-                    report.given_up.push((r.partition, r.offset));
-                }
-                ours
-            });
+            leave_out_lost(
+                &mut refused_here,
+                |r| (r.partition, r.offset),
+                lost,
+                &mut report.given_up,
+            );
             if refused_here.is_empty() {
                 continue;
             }
@@ -254,18 +258,30 @@ async fn flush_stages(
     }
     // A write of the last stage may have stopped because its partitions were lost: what it
     // left unwritten must not be completed.
-    leave_out_lost(batch, lost, &mut report.given_up);
+    leave_out_lost(
+        &mut batch.entries,
+        |e| (e.partition, e.offset),
+        lost,
+        &mut report.given_up,
+    );
     report.given_up.sort_unstable();
     report.given_up.dedup();
     Ok(report)
 }
 
-/// Takes out of `batch` the messages of partitions `lost` since the flush began, into `given_up`.
-fn leave_out_lost(batch: &mut Batch, lost: Lost, given_up: &mut Vec<(i32, i64)>) {
-    batch.entries.retain(|e| {
-        let ours = !lost(e.partition);
+/// Takes out of `items` those (at `(partition, offset)`) of partitions `lost` since the flush
+/// began, into `given_up`.
+fn leave_out_lost<T>(
+    items: &mut Vec<T>,
+    at: impl Fn(&T) -> (i32, i64),
+    lost: Lost,
+    given_up: &mut Vec<(i32, i64)>,
+) {
+    items.retain(|item| {
+        let (partition, offset) = at(item);
+        let ours = !lost(partition);
         if !ours {
-            given_up.push((e.partition, e.offset));
+            given_up.push((partition, offset));
         }
         ours
     });
@@ -727,21 +743,9 @@ mod tests {
             bad: vec![],
             accepted: Mutex::new(Vec::new()),
         });
-        struct Shared<T>(std::sync::Arc<T>);
-        impl<T: Sink> Sink for Shared<T> {
-            fn name(&self) -> &'static str {
-                self.0.name()
-            }
-            fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
-                self.0.write(batch, progress)
-            }
-            fn writes_for(&self, entry: &Entry) -> bool {
-                self.0.writes_for(entry)
-            }
-        }
         let sinks = Sinks::new(vec![
-            vec![Box::new(Shared(losing.clone()))],
-            vec![Box::new(Shared(later.clone()))],
+            vec![Box::new(losing.clone())],
+            vec![Box::new(later.clone())],
         ]);
         let policy = RetryPolicy {
             max_attempts,

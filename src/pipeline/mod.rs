@@ -655,11 +655,10 @@ impl Pipeline {
                 "flush left out the messages of partitions lost while it ran: their next owner writes them"
             );
         }
-        let given_up: std::collections::HashSet<&(i32, i64)> = given_up.iter().collect();
         let (offsets, given_away): (Vec<_>, Vec<_>) = flushed
             .offsets
             .iter()
-            .filter(|at| !given_up.contains(at))
+            .filter(|at| given_up.binary_search(at).is_err())
             .partition(|(partition, _)| !self.stale(*partition, generation));
         if !given_away.is_empty() {
             info!(

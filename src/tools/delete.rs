@@ -77,8 +77,7 @@ fn seconds_since_epoch(value: &str) -> Result<f64, String> {
     if let Ok(seconds) = value.parse::<f64>() {
         return Ok(seconds);
     }
-    humantime::parse_rfc3339_weak(value)
-        .map_err(|e| format!("not seconds since the epoch nor an RFC 3339 time: {e}"))?
+    super::instant(value)?
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .map_err(|_| "before 1970".to_owned())

@@ -16,6 +16,12 @@ use crate::sink::filesystem::FilesystemBlobSink;
 use crate::sink::gcs_json::GcsStore;
 use crate::sink::store::BlobStore;
 
+/// An instant given on the command line, in RFC 3339.
+fn instant(text: &str) -> Result<std::time::SystemTime, String> {
+    humantime::parse_rfc3339_weak(text)
+        .map_err(|e| format!("{text:?}: {e} (RFC 3339, e.g. 2026-12-01T10:00:00Z)"))
+}
+
 /// The blob store the flags name; `None` with `--blob-sink null`.
 pub async fn blob_store(
     blobs: &BlobArgs,

@@ -27,6 +27,7 @@ use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::instant;
 use crate::config::{BlobArgs, KafkaArgs, producer_properties};
 use crate::kafka::producer::Producer;
 use crate::recording::Reason;
@@ -83,11 +84,6 @@ pub struct RedriveArgs {
     /// Longest one request (the broker, the blob store) may take, ms.
     #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", default_value_t = 30_000)]
     pub sink_timeout_ms: u64,
-}
-
-fn instant(text: &str) -> Result<SystemTime, String> {
-    humantime::parse_rfc3339_weak(text)
-        .map_err(|e| format!("{text:?}: {e} (RFC 3339, e.g. 2026-12-01T10:00:00Z)"))
 }
 
 /// What became of the letters read, by reason.
