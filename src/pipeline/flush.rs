@@ -252,7 +252,14 @@ async fn flush_stages(
             // among them, which the batch's next flush (after the restart) would send again.
             report
                 .sinks
-                .push(dead_letter(&mut refused_here, sinks, policy, status).await?);
+                .push(dead_letter(&mut refused_here, sinks, policy, status, lost).await?);
+            // The dead-letter write may have stopped because their partitions were lost.
+            leave_out_lost(
+                &mut refused_here,
+                |r| (r.partition, r.offset),
+                lost,
+                &mut report.given_up,
+            );
             report.rejected.extend(refused_here);
         }
     }
@@ -288,12 +295,14 @@ fn leave_out_lost<T>(
 }
 
 /// Dead-letters what one stage refused, each message once (two sinks of a stage may refuse the
-/// same one); fails fatally when there is no dead-letter path.
+/// same one); fails fatally when there is no dead-letter path. Stops, as a sink's write does,
+/// once every message it holds is of partitions `lost`.
 async fn dead_letter(
     refused: &mut Vec<Rejected>,
     sinks: &Sinks,
     policy: &RetryPolicy,
     status: &Status,
+    lost: Lost<'_>,
 ) -> Result<SinkReport, SinkError> {
     let Some(dead_letters) = &sinks.rejections else {
         let first = &refused[0].error;
@@ -309,13 +318,14 @@ async fn dead_letter(
         dead_letters: dead_letters.as_ref(),
         rejected: refused,
     };
+    let refused: &[Rejected] = refused;
     write_with_retries(
         &sink,
         &[],
         &Progress::new(sink.name(), status),
         policy,
         status,
-        &|_| false,
+        &|| refused.iter().all(|r| lost(r.partition)),
     )
     .await
 }
@@ -349,7 +359,11 @@ async fn write_isolating(
     let progress = Progress::new(sink.name(), status);
     let mut parts = vec![batch];
     while let Some(part) = parts.pop() {
-        match write_with_retries(sink, part, &progress, policy, status, lost).await {
+        let gone = || {
+            let mut mine = part.iter().filter(|e| sink.writes_for(e)).peekable();
+            mine.peek().is_some() && mine.all(|e| lost(e.partition))
+        };
+        match write_with_retries(sink, part, &progress, policy, status, &gone).await {
             Ok(report) => {
                 retries += report.retries;
                 written.items += report.written.items;
@@ -404,27 +418,23 @@ async fn write_isolating(
     ))
 }
 
-/// `Ok` also when, before an attempt or once attempts run out, everything the sink writes of
-/// `batch` is of partitions `lost`: nothing of it is this member's to write any more (the report
-/// says nothing written, and the flush gives those messages up).
+/// `Ok` also when, before an attempt or once attempts run out, `gone` says every message the
+/// write holds is of partitions lost since the flush began: nothing of it is this member's to
+/// write any more (the report says nothing written, and the flush gives those messages up).
 async fn write_with_retries(
     sink: &dyn Sink,
     batch: &[Entry],
     progress: &Progress<'_>,
     policy: &RetryPolicy,
     status: &Status,
-    lost: Lost<'_>,
+    gone: &dyn Fn() -> bool,
 ) -> Result<SinkReport, SinkError> {
     let start = Instant::now();
     let mut attempt = 1;
-    let all_lost = || {
-        let mut mine = batch.iter().filter(|e| sink.writes_for(e)).peekable();
-        mine.peek().is_some() && mine.all(|e| lost(e.partition))
-    };
     let abandoned = |attempts: u32| {
         warn!(
             sink = sink.name(),
-            messages = batch.len(),
+            attempts,
             "every message this write holds is of partitions lost meanwhile: left to their next owner, not retried"
         );
         Ok(SinkReport {
@@ -435,7 +445,7 @@ async fn write_with_retries(
         })
     };
     loop {
-        if all_lost() {
+        if gone() {
             return abandoned(attempt - 1);
         }
         // A panic while the sink builds or writes is caught here, so that it can be pinned on
@@ -486,7 +496,7 @@ async fn write_with_retries(
                 attempt = attempt.saturating_add(1);
             }
             // Out of attempts, but none of it is this member's to write any more.
-            Err(error) if error.retry == Retry::Retryable && all_lost() => {
+            Err(error) if error.retry == Retry::Retryable && gone() => {
                 return abandoned(attempt);
             }
             // Recorded as the flush's failure where the flush ends.
@@ -972,6 +982,75 @@ mod tests {
         fn dead_letter<'a>(&'a self, _: &'a [Rejected], _: &'a Progress) -> Writing<'a> {
             Box::pin(async { Err(SinkError::new("dlq", Retry::Fatal, "not authorized")) })
         }
+    }
+
+    /// A dead-letter topic in an outage: every dead letter fails retryably, and partition 1 is
+    /// lost (sets `lost`) on the `lose_at`-th attempt.
+    struct DeadLettersDown {
+        lose_at: u32,
+        calls: AtomicU32,
+        lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl DeadLetters for std::sync::Arc<DeadLettersDown> {
+        fn dead_letter<'a>(&'a self, _: &'a [Rejected], _: &'a Progress) -> Writing<'a> {
+            Box::pin(async move {
+                if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.lose_at {
+                    self.lost.store(true, Ordering::SeqCst);
+                }
+                Err(SinkError::new("dlq", Retry::Retryable, "broker down"))
+            })
+        }
+    }
+
+    #[test]
+    fn dead_lettering_through_an_outage_stops_once_every_refused_message_is_of_a_lost_partition() {
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let down = std::sync::Arc::new(DeadLettersDown {
+            lose_at: 3,
+            calls: AtomicU32::new(0),
+            lost: lost.clone(),
+        });
+        let later = std::sync::Arc::new(Picky {
+            bad: vec![],
+            accepted: Mutex::new(Vec::new()),
+        });
+        let blobs = Picky {
+            bad: vec![10, 12],
+            accepted: Mutex::new(Vec::new()),
+        };
+        let sinks = Sinks::dead_lettering(
+            vec![vec![Box::new(blobs)], vec![Box::new(later.clone())]],
+            Box::new(down.clone()),
+        );
+        // (An attempt limit, so that the test fails rather than hangs when retries go on.)
+        let policy = RetryPolicy {
+            max_attempts: 50,
+            ..FAST
+        };
+        let report = run_losing(
+            on_partitions_0_and_1(),
+            &sinks,
+            &policy,
+            &Status::default(),
+            &|p| p == 1 && lost.load(Ordering::SeqCst),
+        )
+        .expect("nothing left to dead-letter is this member's");
+        assert_eq!(
+            down.calls.load(Ordering::SeqCst),
+            3,
+            "no attempt after the loss"
+        );
+        assert!(
+            report.rejected.is_empty(),
+            "none dead-lettered by this member"
+        );
+        assert_eq!(
+            report.given_up,
+            [(1, 10), (1, 11), (1, 12), (1, 13)],
+            "the refused messages too: their next owner dead-letters them"
+        );
+        assert_eq!(*later.accepted.lock().unwrap(), [0, 1, 2, 3]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use crate::support::proxy::{Action, Proxy};
@@ -151,10 +151,11 @@ impl Partitioned {
     }
 }
 
-/// A bucket of the test's own behind a proxy that answers 503 to everything while `held`.
+/// A bucket of the test's own behind a proxy that answers every request with the status the
+/// test sets (503: held, 400: refused), or forwards it (0).
 struct HeldStore {
     bucket: String,
-    held: Arc<AtomicBool>,
+    answer: Arc<AtomicU16>,
     proxy: Proxy,
 }
 
@@ -162,30 +163,39 @@ impl HeldStore {
     async fn start() -> HeldStore {
         let bucket = unique("bucket");
         create_bucket(&bucket);
-        let held = Arc::new(AtomicBool::new(false));
+        let answer = Arc::new(AtomicU16::new(0));
         let proxy = {
-            let held = held.clone();
+            let answer = answer.clone();
             Proxy::start(&gcs_endpoint(), move |_| {
-                match held.load(Ordering::SeqCst) {
-                    true => Action::Answer {
-                        status: 503,
+                match answer.load(Ordering::SeqCst) {
+                    0 => Action::Forward,
+                    status => Action::Answer {
+                        status,
                         headers: vec![("content-type", "application/json".into())],
-                        body: r#"{"error":{"code":503,"message":"held by the test"}}"#.into(),
+                        body: format!(
+                            r#"{{"error":{{"code":{status},"message":"answered by the test"}}}}"#
+                        ),
                     },
-                    false => Action::Forward,
                 }
             })
             .await
         };
         HeldStore {
             bucket,
-            held,
+            answer,
             proxy,
         }
     }
 
+    /// Answers 503 to everything while `held`.
     fn hold(&self, held: bool) {
-        self.held.store(held, Ordering::SeqCst);
+        self.answer
+            .store(if held { 503 } else { 0 }, Ordering::SeqCst);
+    }
+
+    /// Refuses every object (400): each message of a flush is rejected, to be dead-lettered.
+    fn refuse(&self) {
+        self.answer.store(400, Ordering::SeqCst);
     }
 
     /// `args` for the member to cut, with events on and blobs to this store: three messages a
@@ -255,6 +265,19 @@ impl HeldRun {
             cut,
             other,
         }
+    }
+
+    /// Holds the store, produces copies 0..24, and cuts the member off once a flush waits on
+    /// the store. Returns what it produced.
+    async fn cut_off_during_a_held_flush(&self) -> Vec<Sent> {
+        self.store.hold(true);
+        let (_, sent) = self.net.produce(0, 24).await;
+        wait_for("a flush waiting on the store", JOIN_AND_FLUSH, || {
+            self.cut.count("flushes_in_flight") == 1
+        })
+        .await;
+        self.net.relay.cut();
+        sent
     }
 }
 
@@ -392,16 +415,10 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
 #[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
 async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_member_consumes_on() {
     let run = HeldRun::start(Duration::from_secs(6)).await;
+    let mut sent = run.cut_off_during_a_held_flush().await;
     let (net, store, dirs, cut, other) = (run.net, run.store, run.dirs, run.cut, run.other);
     let log = || std::fs::read_to_string(&run.cut_log).unwrap_or_default();
 
-    store.hold(true);
-    let (_, mut sent) = net.produce(0, 24).await;
-    wait_for("a flush waiting on the store", JOIN_AND_FLUSH, || {
-        cut.count("flushes_in_flight") == 1
-    })
-    .await;
-    net.relay.cut();
     wait_for(
         "the cut member finding its partitions lost and its flush stopping",
         JOIN_AND_FLUSH,
@@ -433,6 +450,58 @@ async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_me
         blobs.into_keys().collect(),
         "every segment stored"
     );
+    let billed = billed(&sent);
+    let outcomes = read_messages_on(&net.direct, &net.events[0], billed, Duration::from_secs(30));
+    assert_eq!(outcomes.len(), billed, "every message billed exactly once");
+    both_carried_on(cut, other, &log());
+}
+
+/// A member whose blob store refuses the messages of its flush is cut off from the broker past
+/// its session: the refused messages cannot be read again from the topic to be dead-lettered, so
+/// the dead-letter write is retried — until the member finds its partitions lost, when it stops
+/// (it used to retry until the network came back, holding the flush slot, then dead-letter
+/// messages the other member had taken over and stored). With the network and the store back,
+/// the member rejoins and consumes on: nothing is dead-lettered, every segment is stored, every
+/// message billed exactly once, neither member exits.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
+async fn dead_letters_held_by_a_cut_when_the_partitions_are_lost_are_left_to_the_next_owner() {
+    let run = HeldRun::start(Duration::from_secs(6)).await;
+    let mut sent = run.cut_off_during_a_held_flush().await;
+    let (net, store, dirs, cut, other) = (run.net, run.store, run.dirs, run.cut, run.other);
+    let log = || std::fs::read_to_string(&run.cut_log).unwrap_or_default();
+
+    // Cut off, the member's next attempt finds each message refused; reading them again from
+    // the topic, to dead-letter them, fails until the loss.
+    store.refuse();
+    wait_for(
+        "the cut member finding its partitions lost and its dead letters stopping",
+        JOIN_AND_FLUSH,
+        || {
+            log().lines().any(|line| {
+                line.contains("left to their next owner, not retried") && line.contains("rejected")
+            }) && cut.count("flushes_in_flight") == 0
+        },
+    )
+    .await;
+    assert!(
+        log().contains("message rejected: to the dead-letter topic"),
+        "the store's refusals reached the dead-letter path:\n{}",
+        log()
+    );
+    assert!(log().contains("partitions lost"), "{}", log());
+
+    store.hold(false);
+    sent.extend(net.rejoin_and_consume_on(&cut, 24).await);
+
+    assert!(
+        high_watermarks_on(&net.direct, &net.dlq, 1).is_empty(),
+        "nothing dead-lettered: the new owner stored what the cut member's store refused"
+    );
+    let (blobs, _) = outcomes(&sent);
+    let mut stored: BTreeSet<String> = blobs_under(dirs[1].path()).into_keys().collect();
+    stored.extend(store.written());
+    assert_eq!(stored, blobs.into_keys().collect(), "every segment stored");
     let billed = billed(&sent);
     let outcomes = read_messages_on(&net.direct, &net.events[0], billed, Duration::from_secs(30));
     assert_eq!(outcomes.len(), billed, "every message billed exactly once");
