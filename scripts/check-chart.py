@@ -11,7 +11,8 @@
   TriggerAuthentication reads the same Secret the pods mount; NOTES.txt renders;
 - the Dockerfile agrees with the chart (runtime user, port), copies only what exists, has OCI
   labels;
-- the chart refuses what it must (a grace period below the drain deadline, config.HTTP_LISTEN),
+- the chart refuses what it must (a grace period below the drain deadline, config.HTTP_LISTEN,
+  config.STATSD_ADDRESS and config.STATSD_TAGS),
   each with its own message.
 
 Usage: python3 scripts/check-chart.py BINARY   (run by scripts/test.sh inside its venv)
@@ -217,11 +218,21 @@ def main():
         if env.get(f"DD_{tag.upper()}") != path or f"tags.datadoghq.com/{tag}" not in pod["metadata"]["labels"]:
             fail(f"DD_{tag.upper()} must come from the pod label tags.datadoghq.com/{tag}: {env.get(f'DD_{tag.upper()}')}")
     print("unified service tags: DD_SERVICE and DD_VERSION from the pod's labels")
+    # The DogStatsD address follows dogstatsd.mode; `off` sends no metrics (an empty address).
+    for mode, address in [("hostIP", "$(DD_AGENT_HOST):8125"), ("socket", "unixgram:///var/run/datadog/dsd.socket"), ("off", "")]:
+        rendered = helm.Chart.load(str(CHART)).render({"dogstatsd": {"mode": mode}}, name="x", namespace="y")
+        container = next(d for _, d in documents(rendered) if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        got = [e.get("value") for e in container["env"] if e["name"] == "REPLAY_INGEST_STATSD_ADDRESS"]
+        if got != [address]:
+            fail(f"dogstatsd.mode {mode}: REPLAY_INGEST_STATSD_ADDRESS {got}, expected [{address!r}]")
+    print("DogStatsD address: by host IP, by socket, or off")
     # The chart refuses values that cannot work — each with its own message; any other render
     # error (a template bug) is a failure, not the expected refusal.
     refusals = [
         ({"terminationGracePeriodSeconds": 10}, "must exceed config.DRAIN_DEADLINE_MS"),
         ({"config": {"HTTP_LISTEN": "0.0.0.0:1"}}, "set http.port instead"),
+        ({"config": {"STATSD_ADDRESS": ""}}, "config.STATSD_ADDRESS: set dogstatsd.mode"),
+        ({"config": {"STATSD_TAGS": "region:eu"}, "dogstatsd": {"env": "prod"}}, "config.STATSD_TAGS: set dogstatsd.tags"),
         ({"config": {"CLICKHOUSE_PASSWORD": "x"}}, "config.CLICKHOUSE_PASSWORD: a secret goes in secrets."),
         ({"config": {"KAFKA_SASL_PASSWORD": "x"}}, "config.KAFKA_SASL_PASSWORD: a secret goes in secrets."),
         ({"kafkaProperties": {"sasl.password": "x"}}, "kafkaProperties.sasl.password: a secret goes in secrets."),
