@@ -9,8 +9,8 @@
 //! - [`startup`]: destinations checked before joining the group;
 //! - [`metrics`]: the catalogue and the DogStatsD exporter;
 //! - [`config`]: the flags, which build every other module's settings (nothing imports it back);
-//! - [`secret`], [`health`], [`inspect`]: credentials that never print, probes and status, the
-//!   `inspect` report.
+//! - [`secret`], [`health`], [`inspect`], [`logs`]: credentials that never print, probes and
+//!   status, the `inspect` report, log lines (panics among them).
 //!
 //! Formats and rules the code cites are in `docs/formats.md` (input) and `docs/outputs.md`.
 
@@ -18,6 +18,7 @@ pub mod config;
 pub mod health;
 pub mod inspect;
 pub mod kafka;
+pub mod logs;
 pub mod metrics;
 pub mod pipeline;
 pub mod recording;

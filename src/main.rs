@@ -17,6 +17,7 @@ use replay_ingest::config::{
 use replay_ingest::health::{self, Status};
 use replay_ingest::inspect;
 use replay_ingest::kafka::refetch::Refetcher;
+use replay_ingest::logs::{self, LogFormat};
 use replay_ingest::pipeline::{self, flush::Sinks};
 use replay_ingest::recording::Limits;
 use replay_ingest::sink::dlq::{self, RejectedToDlq};
@@ -69,29 +70,6 @@ struct Cli {
     log_format: LogFormat,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
-fn init_logs(format: LogFormat) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .init(),
-    }
-}
-
 #[derive(Subcommand)]
 enum Command {
     /// Run the service: consume, process, buffer, flush, commit. Exits 0 after a clean drain on
@@ -128,7 +106,7 @@ fn main() -> ExitCode {
     if let Command::Inspect { files, limits } = &cli.command {
         return run_inspect(files, &limits.limits(false));
     }
-    init_logs(cli.log_format);
+    logs::init(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_keep_alive(BLOCKING_THREAD_KEEP_ALIVE)

@@ -341,8 +341,8 @@ fn user_attributes(event: Option<&ReplayEvent>) -> Vec<(&'static str, &str)> {
 }
 
 /// [`process`], with a panic — a bug, never bad input — turned into an `internal_error` rejection
-/// so that one message cannot take the process down. The panic itself is reported by the panic
-/// hook (message and location on stderr).
+/// so that one message cannot take the process down. The panic itself is logged by the panic
+/// hook (`logs`: message and location, one line in the log's format).
 pub fn process_guarded(
     value: &bytes::Bytes,
     limits: &Limits,

@@ -1,0 +1,116 @@
+//! Log lines on stderr, as text or JSON, and panics as log lines: a panic — a bug — that the
+//! service survives (a message processed or written is dead-lettered as `internal_error`) is
+//! one ERROR line in the chosen format, not the standard library's plain-text lines, which a
+//! JSON log pipeline would drop or choke on exactly where a bug shows.
+
+use tracing::error;
+
+/// How log lines are written.
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LogFormat {
+    /// For people.
+    Text,
+    /// One object per line, for log pipelines: `timestamp`, `level`, `target`, `message` and
+    /// the event's fields at the top level.
+    Json,
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`), and panics through the log.
+pub fn init(format: LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+    }
+    std::panic::set_hook(Box::new(log_panic));
+}
+
+/// One ERROR line per panic: its message, where, on which thread, and a backtrace when
+/// `RUST_BACKTRACE` asks for one.
+fn log_panic(info: &std::panic::PanicHookInfo) {
+    let message = crate::recording::panic_message(info.payload());
+    let location = info.location().map_or_else(String::new, |l| {
+        format!("{}:{}:{}", l.file(), l.line(), l.column())
+    });
+    let thread = std::thread::current();
+    let thread = thread.name().unwrap_or("unnamed");
+    let backtrace = std::backtrace::Backtrace::capture();
+    match backtrace.status() {
+        std::backtrace::BacktraceStatus::Captured => {
+            error!(target: "panic", thread, location, %backtrace, "panicked: {message}")
+        }
+        _ => error!(target: "panic", thread, location, "panicked: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_panic_is_one_json_log_line_with_its_message_and_location() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .finish();
+        // The hook runs on the panicking thread, whose own subscriber is the test's.
+        let line = std::thread::Builder::new()
+            .name("processing-7".into())
+            .spawn(move || {
+                tracing::subscriber::with_default(subscriber, || {
+                    let hook = std::panic::take_hook();
+                    std::panic::set_hook(Box::new(log_panic));
+                    let panicked = std::panic::catch_unwind(|| panic!("index {} of {}", 3, 2));
+                    std::panic::set_hook(hook);
+                    assert!(panicked.is_err());
+                });
+                String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let lines: Vec<serde_json::Value> = line
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 1, "{line}");
+        let panic = &lines[0];
+        assert_eq!(panic["level"], "ERROR");
+        assert_eq!(panic["target"], "panic");
+        assert_eq!(panic["message"], "panicked: index 3 of 2");
+        assert_eq!(panic["thread"], "processing-7");
+        assert!(
+            panic["location"]
+                .as_str()
+                .unwrap()
+                .starts_with("src/logs.rs:"),
+            "{panic}"
+        );
+    }
+}
