@@ -50,12 +50,14 @@ pub struct DeleteArgs {
     /// A replay id (32 hex characters or a UUID); repeat for several.
     #[arg(long = "replay", requires = "project")]
     pub replays: Vec<String>,
-    /// A file of `PROJECT REPLAY` pairs, one a line (blank lines and `#` comments ignored).
+    /// A file of `PROJECT REPLAY [TIME]` lines (blank lines and `#` comments ignored); `TIME`
+    /// as for `--replay-timestamp`, for that replay alone.
     #[arg(long, conflicts_with_all = ["project", "replays"])]
     pub from_file: Option<PathBuf>,
     /// The time of the replays named with `--replay` (seconds since the epoch, or RFC 3339 such as
     /// 2026-11-30T12:00:00Z: the replay's start, from Sentry), for their archive when no segment
-    /// blob or row is left to read it from (through snuba, where rows cannot be read).
+    /// blob or row is left to read it from (through snuba, where rows cannot be read). With
+    /// `--from-file`, a third word on a replay's line.
     #[arg(long, requires = "replays", value_parser = seconds_since_epoch)]
     pub replay_timestamp: Option<f64>,
     /// Say what would be removed, remove nothing.
@@ -84,50 +86,55 @@ fn seconds_since_epoch(value: &str) -> Result<f64, String> {
 }
 
 /// One replay to delete.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Target {
     pub project: u64,
     /// 32 lowercase hex characters (the form the blob keys use).
     pub replay: String,
+    /// Its time as given (`--replay-timestamp`, or its line's third word), seconds since the
+    /// epoch: for its archive when none can be read.
+    pub timestamp: Option<f64>,
 }
 
-/// The replays named on the command line or in `--from-file`.
+/// The replays named on the command line or in `--from-file`, each once (with the first time
+/// given for it).
 pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
-    let pairs: Vec<(String, String)> = match (&args.from_file, args.project) {
+    let named: Vec<(String, String, Option<f64>)> = match (&args.from_file, args.project) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading --from-file {}", path.display()))?;
-            let mut pairs = Vec::new();
+            let mut named = Vec::new();
             for (n, line) in text.lines().enumerate() {
                 let line = line.split('#').next().unwrap_or("").trim();
                 if line.is_empty() {
                     continue;
                 }
+                let at = || format!("{}:{}", path.display(), n + 1);
                 let mut words = line.split_whitespace();
-                match (words.next(), words.next(), words.next()) {
-                    (Some(project), Some(replay), None) => {
-                        pairs.push((project.to_owned(), replay.to_owned()))
-                    }
-                    _ => bail!(
-                        "{}:{}: expected `PROJECT REPLAY`, found {line:?}",
-                        path.display(),
-                        n + 1
-                    ),
-                }
+                let (project, replay, time) =
+                    match (words.next(), words.next(), words.next(), words.next()) {
+                        (Some(project), Some(replay), time, None) => (project, replay, time),
+                        _ => bail!("{}: expected `PROJECT REPLAY [TIME]`, found {line:?}", at()),
+                    };
+                let time = time
+                    .map(seconds_since_epoch)
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("{}: the replay's time: {e}", at()))?;
+                named.push((project.to_owned(), replay.to_owned(), time));
             }
-            pairs
+            named
         }
         (None, Some(project)) => args
             .replays
             .iter()
-            .map(|r| (project.to_string(), r.clone()))
+            .map(|r| (project.to_string(), r.clone(), args.replay_timestamp))
             .collect(),
         (None, None) => {
             bail!("name the replays: --project P --replay R [--replay R …], or --from-file")
         }
     };
-    let mut targets = Vec::with_capacity(pairs.len());
-    for (project, replay) in pairs {
+    let mut targets = Vec::with_capacity(named.len());
+    for (project, replay, timestamp) in named {
         let project = project
             .parse()
             .with_context(|| format!("project {project:?} is not a number"))?;
@@ -137,10 +144,15 @@ pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
             })?
             .simple()
             .to_string();
-        targets.push(Target { project, replay });
+        targets.push(Target {
+            project,
+            replay,
+            timestamp,
+        });
     }
-    targets.sort();
-    targets.dedup();
+    // Stable: the first time given for a replay named twice is kept.
+    targets.sort_by(|a, b| (a.project, &a.replay).cmp(&(b.project, &b.replay)));
+    targets.dedup_by(|b, a| (a.project, &a.replay) == (b.project, &b.replay));
     Ok(targets)
 }
 
@@ -252,7 +264,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
             continue;
         }
         let timestamp = match replay_time(store.as_deref(), &rows, &found, target).await {
-            Ok(timestamp) => timestamp.or(args.replay_timestamp),
+            Ok(timestamp) => timestamp.or(target.timestamp),
             Err(e) => {
                 left.push(format!(
                     "{name}: reading its time ({e:#}); nothing of it removed"
@@ -262,7 +274,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
         };
         if timestamp.is_none() && matches!(rows, Rows::Snuba { .. }) {
             left.push(format!(
-                "{name}: no segment blob left to read its time from, and no --replay-timestamp: its rows were not archived (an archive stamped now would not hide it from a query over its own days); run again with --replay-timestamp, its start from Sentry"
+                "{name}: no segment blob left to read its time from, and no time given: its rows were not archived (an archive stamped now would not hide it from a query over its own days); run again with its start, from Sentry: --replay-timestamp, or a third word on its --from-file line"
             ));
             continue;
         }
@@ -649,6 +661,7 @@ mod tests {
         let target = Target {
             project: 42,
             replay: replay.into(),
+            timestamp: None,
         };
         let found = find(Some(&store), &Rows::None, &BTreeMap::new(), &target)
             .await
@@ -743,9 +756,55 @@ mod tests {
             targets(&args).unwrap(),
             [Target {
                 project: 42,
-                replay: "834f314caae54030a1b0dc52b202f24a".into()
+                replay: "834f314caae54030a1b0dc52b202f24a".into(),
+                timestamp: None,
             }],
             "one replay, named twice"
+        );
+    }
+
+    #[test]
+    fn a_replays_time_comes_with_it_on_the_command_line_or_on_its_line() {
+        let args = parse(&[
+            "--project",
+            "42",
+            "--replay",
+            "834f314caae54030a1b0dc52b202f24a",
+            "--replay-timestamp",
+            "2026-11-30T12:00:00Z",
+        ])
+        .unwrap();
+        assert_eq!(targets(&args).unwrap()[0].timestamp, Some(1_796_040_000.0));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("replays.txt");
+        std::fs::write(
+            &file,
+            "42 834f314caae54030a1b0dc52b202f24a 2026-11-30T12:00:00Z\n\
+             7 9b9fa3d5-07ff-4d74-a2b0-a9ba0a7ab1b2 1796040000.5 # a note\n\
+             7 9b9fa3d507ff4d74a2b0a9ba0a7ab1b2 1\n\
+             8 c5d8bb1a6f8e4cd5a6a4f0a55c9e05f3\n",
+        )
+        .unwrap();
+        let from_file = parse(&["--from-file", file.to_str().unwrap()]).unwrap();
+        let times: Vec<(u64, Option<f64>)> = targets(&from_file)
+            .unwrap()
+            .iter()
+            .map(|t| (t.project, t.timestamp))
+            .collect();
+        assert_eq!(
+            times,
+            [
+                (7, Some(1_796_040_000.5)),
+                (8, None),
+                (42, Some(1_796_040_000.0))
+            ],
+            "each line's own time; the first for a replay named twice"
+        );
+        std::fs::write(&file, "42 834f314caae54030a1b0dc52b202f24a yesterday\n").unwrap();
+        let error = targets(&from_file).unwrap_err().to_string();
+        assert!(
+            error.contains(":1: the replay's time: \"yesterday\""),
+            "{error}"
         );
     }
 
@@ -770,13 +829,13 @@ mod tests {
         let file = dir.path().join("replays.txt");
         std::fs::write(
             &file,
-            "# privacy request 17\n42 834f314caae54030a1b0dc52b202f24a\n\n7 x y\n",
+            "# privacy request 17\n42 834f314caae54030a1b0dc52b202f24a\n\n7 x y z\n",
         )
         .unwrap();
         let from_file = parse(&["--from-file", file.to_str().unwrap()]).unwrap();
         let error = targets(&from_file).unwrap_err().to_string();
         assert!(
-            error.ends_with(":4: expected `PROJECT REPLAY`, found \"7 x y\""),
+            error.ends_with(":4: expected `PROJECT REPLAY [TIME]`, found \"7 x y z\""),
             "{error}"
         );
     }

@@ -506,7 +506,8 @@ fn a_temporary_file_a_crashed_write_left_goes_with_the_replay() {
 
 /// Through snuba the rows cannot be counted: a replay with no blob left (each of its segments
 /// dead-lettered whole on the topic, or a run stopped after removing them) is still archived,
-/// not taken for "nothing to delete" — at the time `--replay-timestamp` gives. Without it there
+/// not taken for "nothing to delete" — at the time `--replay-timestamp` or its line in
+/// `--from-file` gives. Without it there
 /// is no time to archive it at (an archive stamped now would not hide it from a query over its
 /// own days): nothing is published, and the run says so and exits 1 (it used to publish an
 /// archive as of now and report the replay deleted).
@@ -536,7 +537,7 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
         .collect();
     let (ok, said) = delete(&flags);
     assert!(!ok, "{said}");
-    assert!(said.contains("no --replay-timestamp"), "{said}");
+    assert!(said.contains("no time given"), "{said}");
     assert!(said.contains("0 replay(s) deleted"), "{said}");
     assert!(
         read_messages(&replay_events, 0, Duration::from_secs(3)).is_empty(),
@@ -547,7 +548,7 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
         "--replay-timestamp".to_owned(),
         "2023-12-17T21:30:58Z".to_owned(),
     ];
-    let (ok, said) = delete(&[flags, at.to_vec()].concat());
+    let (ok, said) = delete(&[flags.clone(), at.to_vec()].concat());
     assert!(ok, "{said}");
     assert!(said.contains("archive published"), "{said}");
     let archives = read_messages(&replay_events, 1, Duration::from_secs(20));
@@ -558,6 +559,23 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
     assert_eq!(message["project_id"], 42);
     assert_eq!(message["payload"]["is_archived"], true);
     assert_eq!(message["payload"]["timestamp"], 1_702_848_658.0);
+
+    // A privacy request's file gives each replay's time on its line.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("replays.txt");
+    std::fs::write(&file, format!("42 {replay} 1702848000\n")).unwrap();
+    let by_file: Vec<String> = flags
+        .iter()
+        .take_while(|flag| *flag != "--project")
+        .cloned()
+        .chain(["--from-file".to_owned(), file.display().to_string()])
+        .collect();
+    let (ok, said) = delete(&by_file);
+    assert!(ok, "{said}");
+    let archives = read_messages(&replay_events, 2, Duration::from_secs(20));
+    assert_eq!(archives.len(), 2, "{said}");
+    let message = schema.validate_json(&archives[1].value).unwrap();
+    assert_eq!(message["payload"]["timestamp"], 1_702_848_000.0);
 }
 
 /// Rows snuba's older processor wrote have `is_archived` NULL, not 0: they are the replay's live
