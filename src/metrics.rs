@@ -27,7 +27,7 @@
 //! | `sink.outage_ms` | gauge | ms | `sink` | how long the sink's current write has been failing (0 once it succeeds) |
 //! | `commits` | counter | commits | | offset commits |
 //! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure, counted every second while it lasts |
-//! | `consumer.rebalances` | counter | rebalances | | partition revocations drained |
+//! | `consumer.rebalances` | counter | rebalances | | partition revocations: drained, or lost (given up at once) |
 //! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics, for owned partitions; 0 once given away |
 //! | `trace_items.built` | counter | items | `category` | EAP trace items built while processing (`--trace-items-rollout`); `flush.items{sink:trace_items}` counts them delivered |
 //! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large` |

@@ -8,7 +8,7 @@
 //! Bounded I/O: one directory is read at a time, entry by entry (nothing lists the whole store,
 //! or a project's replays, in memory), at most [`ERRORS_KEPT`] errors are kept word for word
 //! (the rest counted: a store the process may not write to yields one per file), and removals
-//! are paced to `--max-deletes-per-second`, so a sweep beside the running service never starves
+//! are paced to `--sweep-max-deletes-per-second`, so a sweep beside the running service never starves
 //! its writes. Anything not under a numeric retention directory (dead-letter copies under
 //! `dlq/`, the startup probe) is left alone. A writer's temporary file expires like the blobs
 //! beside it: one being written is as young as its write.
@@ -43,8 +43,9 @@ pub const ERRORS_KEPT: usize = 100;
 pub struct Summary {
     /// Blobs looked at, under retention directories.
     pub scanned: u64,
-    /// Of those, past their retention.
+    /// Of those, past their retention, and their bytes (what a dry run says a sweep frees).
     pub expired: u64,
+    pub expired_bytes: u64,
     /// Removed (0 on a dry run), and their bytes.
     pub removed: u64,
     pub bytes: u64,
@@ -84,9 +85,10 @@ impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} blob(s) scanned, {} past their retention, {} removed ({} bytes), {} empty directories removed, {} error(s)",
+            "{} blob(s) scanned, {} past their retention ({} bytes), {} removed ({} bytes), {} empty directories removed, {} error(s)",
             self.scanned,
             self.expired,
+            self.expired_bytes,
             self.removed,
             self.bytes,
             self.directories,
@@ -132,6 +134,7 @@ pub fn sweep(
                         continue;
                     }
                     summary.expired += 1;
+                    summary.expired_bytes += meta.len();
                     removed(&file);
                     if dry_run {
                         continue;
@@ -274,7 +277,11 @@ mod tests {
         let dry = sweep(root, SystemTime::now(), true, PACE, |p| {
             seen.push(p.to_owned())
         });
-        assert_eq!((dry.scanned, dry.expired, dry.removed), (7, 4, 0));
+        assert_eq!(
+            (dry.scanned, dry.expired, dry.expired_bytes, dry.removed),
+            (7, 4, 16, 0),
+            "a dry run says how much a sweep frees"
+        );
         assert!(
             root.join("30/1/aaaa/0").exists(),
             "a dry run removes nothing"

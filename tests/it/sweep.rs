@@ -43,14 +43,14 @@ fn the_sweep_removes_exactly_the_expired_blobs_and_says_so() {
     assert!(ok, "{dry}");
     assert!(dry.contains("would remove"), "{dry}");
     assert!(
-        dry.contains("4 blob(s) scanned, 2 past their retention, 0 removed"),
+        dry.contains("4 blob(s) scanned, 2 past their retention (14 bytes), 0 removed"),
         "{dry}"
     );
     assert!(root.join("30/42/aaaa/0").exists());
     let (ok, said) = sweep(root, &[]);
     assert!(ok, "{said}");
     assert!(
-        said.contains("2 past their retention, 2 removed (14 bytes)"),
+        said.contains("2 past their retention (14 bytes), 2 removed (14 bytes)"),
         "{said}"
     );
     assert!(!root.join("30/42/aaaa/0").exists() && !root.join("90/42/bbbb").exists());
