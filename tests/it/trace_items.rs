@@ -268,7 +268,13 @@ fn the_trace_id_is_the_one_trace_id_when_there_is_one_and_a_bad_one_drops_the_it
         "two trace ids: the replay id"
     );
     let (ids, _, _) = run(json!([]));
-    assert_eq!(ids, [replay_id], "none: the replay id");
+    assert_eq!(ids, std::slice::from_ref(&replay_id), "none: the replay id");
+    let (ids, _, _) = run(json!([""]));
+    assert_eq!(
+        ids,
+        [replay_id],
+        "an empty one: the replay id (`\"\" or replay_id`)"
+    );
     let (ids, counts, _) = run(json!(["not-a-uuid"]));
     assert!(ids.is_empty(), "Snuba would refuse it");
     assert_eq!(

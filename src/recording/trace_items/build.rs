@@ -169,23 +169,21 @@ fn slow_click(data: &Json) -> Option<Kind> {
         .and_then(|n| n.get("tagName"))
         .and_then(Json::as_str);
     let on_target = matches!(tag, Some("a" | "button" | "input"));
-    let either = |a: &str, b: &str| {
-        let first = data.get(a).filter(|v| truthy(v));
-        first.or_else(|| data.get(b).filter(|v| truthy(v)))
-    };
-    // `x or y or 0`, compared with a number: anything else raises and the event is unknown.
-    let number = |v: Option<&Json>| match v {
+    // `data.get(a, 0) or data.get(b, 0)`, compared with a number: anything else (null, a
+    // string) raises and the event is unknown. Read only where Sentry reads it: the timeout of
+    // a timed-out click on a target, the click count of a dead one.
+    let number = |a: &str, b: &str| match data.get(a).filter(|v| truthy(v)).or(data.get(b)) {
         None => Some(0.0),
         Some(v) => number_of(v),
     };
-    let timeout = number(either("timeAfterClickMs", "timeafterclickms"))?;
-    if !(timed_out && on_target && timeout >= 7000.0) {
+    let dead = timed_out && on_target && number("timeAfterClickMs", "timeafterclickms")? >= 7000.0;
+    if !dead {
         return Some(Kind::Click {
             is_dead: false,
             is_rage: false,
         });
     }
-    let clicks = number(either("clickCount", "clickcount"))?;
+    let clicks = number("clickCount", "clickcount")?;
     Some(Kind::Click {
         is_dead: true,
         is_rage: clicks >= 5.0,
@@ -299,9 +297,8 @@ impl Attributes<'_> {
                 self.category(Category::Mutations);
                 let count = int(field(field(payload, "data")?, "count")?)?;
                 self.put("count", Any::Int(count));
-                // Sentry reads the rrweb event's timestamp as seconds, which the SDK sends in
-                // milliseconds (the conversion then fails); here it is normalised like every
-                // other event timestamp.
+                // The SDK sends this rrweb event's timestamp in seconds (the breadcrumb's), as
+                // Sentry reads it; normalised here like every other event timestamp.
                 built(Category::Mutations, event_ms as i64)
             }
             Kind::Options => {
@@ -623,6 +620,45 @@ mod tests {
                 is_rage: false
             }),
             "Sentry compares the tag name as sent"
+        );
+        let with = |data: serde_json::Value| {
+            let event = json!({"tag": "breadcrumb", "payload": {"category": "ui.slowClickDetected",
+                "data": data}});
+            read(&event, classify)
+        };
+        let slow = Some(Kind::Click {
+            is_dead: false,
+            is_rage: false,
+        });
+        assert_eq!(
+            with(json!({"endReason": "mutation", "timeAfterClickMs": "7000",
+                "node": {"tagName": "a"}})),
+            slow,
+            "the timeout is compared only for a timed-out click on a target"
+        );
+        assert_eq!(
+            with(json!({"endReason": "timeout", "timeAfterClickMs": "7000",
+                "node": {"tagName": "a"}})),
+            None,
+            "a string compared with a number raises"
+        );
+        assert_eq!(
+            with(
+                json!({"endReason": "timeout", "timeAfterClickMs": 0, "timeafterclickms": null,
+                "node": {"tagName": "a"}})
+            ),
+            None,
+            "`0 or None` is None, which raises"
+        );
+        assert_eq!(
+            with(
+                json!({"endReason": "timeout", "timeAfterClickMs": 0, "timeafterclickms": 8000,
+                "node": {"tagName": "a"}})
+            ),
+            Some(Kind::Click {
+                is_dead: true,
+                is_rage: false
+            })
         );
     }
 
