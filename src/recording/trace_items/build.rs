@@ -376,10 +376,12 @@ impl Attributes<'_> {
                 self.put(name, Any::Str(string(value)?));
             }
         }
+        // The first of them that is truthy, if it is a string.
         let testid = ["testId", "data-testid", "data-test-id"]
             .into_iter()
-            .filter_map(|key| attributes.and_then(|a| a.get(key)).and_then(Json::as_str))
-            .find(|id| !id.is_empty());
+            .filter_map(|key| attributes.and_then(|a| a.get(key)))
+            .find(|id| truthy(id))
+            .and_then(Json::as_str);
         if let Some(testid) = testid {
             self.put("testid", Any::Str(testid));
         }
@@ -400,10 +402,13 @@ impl Attributes<'_> {
             self.put("statusCode", Any::Int(int(status)?));
         }
         for direction in ["request", "response"] {
-            let headers = request
-                .get(direction)
-                .and_then(|d| d.get("headers"))
-                .and_then(Json::as_object);
+            // `data.get(direction, {}).get("headers", {}).items()`: either present but not an
+            // object raises.
+            let headers = match request.get(direction) {
+                None => None,
+                Some(d) if d.as_object().is_none() => return Err(InvalidField),
+                Some(d) => optional_object(d, "headers")?,
+            };
             if let Some(headers) = headers {
                 self.headers(direction, headers);
             }
@@ -676,6 +681,47 @@ mod tests {
         assert_eq!(result.unwrap().unwrap().category, Category::ResourceFetch);
         assert_eq!(cut, 6 + 1, "six past the count, one value cut");
         assert!(out.len() < 64 * 1100 + 500);
+    }
+
+    #[test]
+    fn a_request_or_headers_present_but_not_an_object_drops_the_item() {
+        let fetch = |data: Value| {
+            json!({"tag": "performanceSpan", "payload": {"op": "resource.fetch",
+                "description": "https://a/", "startTimestamp": 1.0, "endTimestamp": 2.0,
+                "data": data}})
+        };
+        for data in [
+            json!({"method": "GET", "request": null}),
+            json!({"method": "GET", "response": {"headers": ["a"]}}),
+        ] {
+            assert_eq!(built(fetch(data.clone())).0, Err(InvalidField), "{data}");
+        }
+        let (result, _, _) = built(fetch(json!({"method": "GET", "response": {"size": 3}})));
+        assert_eq!(result.unwrap().unwrap().category, Category::ResourceFetch);
+    }
+
+    #[test]
+    fn the_test_id_is_the_first_truthy_one_and_only_if_it_is_text() {
+        let click = |attributes: Value| {
+            json!({"tag": "breadcrumb", "payload": {"category": "ui.click", "timestamp": 1.5,
+                "message": "div > a", "data": {"node": {"id": 1, "tagName": "a",
+                "textContent": "", "attributes": attributes}}}})
+        };
+        let testid = |attributes: Value| {
+            let (result, out, _) = built(click(attributes));
+            result.unwrap().unwrap();
+            let at = out.windows(6).position(|w| w == b"testid")?;
+            Some(out[at + 6..].contains(&b'x'))
+        };
+        assert_eq!(
+            testid(json!({"testId": "", "data-testid": "x"})),
+            Some(true)
+        );
+        assert_eq!(
+            testid(json!({"testId": 5, "data-testid": "x"})),
+            None,
+            "Sentry's `5 or …` is 5, not text: no test id"
+        );
     }
 
     #[test]
