@@ -2,7 +2,8 @@
 //! one of its messages, and its rows — on demand (a privacy request). Sentry's ingest offers no
 //! such tool; its own delete task does the same steps, and this one follows them.
 //!
-//! Per replay, in an order that is safe to stop anywhere and run again:
+//! Step by step over all the replays named, each in an order that is safe to stop anywhere and
+//! run again:
 //! 1. **Find** every object under its prefix in each retention prefix of the store
 //!    (`{retention}/{project}/{replay}/…`: the segment blobs, and whatever else a writer put there,
 //!    such as Sentry's `{segment}.video`), the dead-letter copies of its messages
@@ -13,7 +14,8 @@
 //! 2. **Rows.** With `--rows-sink snuba`: publish the archive Sentry publishes
 //!    (`recording::archive`) on `--replay-events-topic` and wait for the broker. With
 //!    `--rows-sink clickhouse`: delete the replay's rows (`ALTER TABLE … DELETE`, a mutation every
-//!    ClickHouse since 18.x supports on MergeTree tables, waited for), then insert the archive row.
+//!    ClickHouse since 18.x supports on MergeTree tables, waited for; one for up to
+//!    100 replays: `REPLAYS_PER_MUTATION`), then insert the archive row.
 //!    The archive carries the replay's own time (a query over the replay's days would not see an
 //!    archive of another day), read from its earliest segment blob, else from its earliest row
 //!    (ClickHouse), else `--replay-timestamp`. Through snuba with none of these, nothing is
@@ -185,6 +187,32 @@ impl Found {
     }
 }
 
+/// A replay found, with the time its archive carries: its rows go next, then its blobs.
+struct Ready<'t> {
+    /// How the output names it.
+    name: String,
+    target: &'t Target,
+    found: Found,
+    timestamp: f64,
+}
+
+impl Ready<'_> {
+    fn archive(&self) -> Archive<'_> {
+        Archive {
+            project_id: self.target.project,
+            replay_id: &self.target.replay,
+            retention_days: self.found.retention.unwrap_or(90),
+            timestamp: self.timestamp,
+            now: now_seconds() as u64,
+        }
+    }
+}
+
+/// Replays whose rows one ClickHouse delete mutation removes: each mutation rewrites every part
+/// holding rows it deletes, so one per replay would queue as many rewrites as replays in a
+/// privacy request's file.
+const REPLAYS_PER_MUTATION: usize = 100;
+
 /// Runs the deletes, writing what it does to `out`.
 pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> {
     args.blobs.validate().map_err(anyhow::Error::msg)?;
@@ -223,7 +251,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
     }
     let copies = dead_letter_copies(store.as_deref()).await?;
     let mut left = Vec::new();
-    let (mut replays, mut removed) = (0, 0);
+    let mut ready = Vec::new();
     for target in &targets {
         let name = format!("replay {} (project {})", target.replay, target.project);
         // One replay's lookup failing (the store's listing, ClickHouse's count) stops none of the
@@ -278,20 +306,23 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
             ));
             continue;
         }
-        let archive = Archive {
-            project_id: target.project,
-            replay_id: &target.replay,
-            retention_days: found.retention.unwrap_or(90),
-            timestamp: timestamp.unwrap_or_else(now_seconds),
-            now: now_seconds() as u64,
-        };
         if timestamp.is_none() {
             writeln!(
                 out,
                 "{name}: no time could be read from its segment blobs or rows (none, or none readable): archived as of now"
             )?;
         }
-        match archive_rows(&rows, &archive, timeout).await {
+        ready.push(Ready {
+            name,
+            target,
+            found,
+            timestamp: timestamp.unwrap_or_else(now_seconds),
+        });
+    }
+    let (mut replays, mut removed) = (0, 0);
+    for (replay, rows_done) in ready.iter().zip(archive_rows(&rows, &ready, timeout).await) {
+        let (name, found) = (&replay.name, &replay.found);
+        match rows_done {
             Ok(Some(said)) => writeln!(out, "{name}: {said}")?,
             Ok(None) => {}
             Err(e) => {
@@ -480,67 +511,116 @@ async fn blob_time(store: Option<&dyn BlobStore>, found: &Found) -> Option<f64> 
 /// such rows; `= 0` alone would leave them.
 const LIVE: &str = "ifNull(is_archived, 0) = 0";
 
-/// Removes the replay's rows the way the rows sink implies; what was done, to say.
+/// Removes the rows of the `ready` replays the way the rows sink implies: for each, in order,
+/// what was done (to say), or why its rows are not gone.
 async fn archive_rows(
     rows: &Rows,
-    archive: &Archive<'_>,
+    ready: &[Ready<'_>],
     timeout: Duration,
-) -> anyhow::Result<Option<String>> {
+) -> Vec<anyhow::Result<Option<String>>> {
+    let mut done = Vec::with_capacity(ready.len());
     match rows {
-        Rows::None => Ok(None),
+        Rows::None => done.extend(ready.iter().map(|_| Ok(None))),
         Rows::Snuba { producer, topic } => {
-            let message = archive.message();
-            producer
-                .send(FutureRecord::<(), _>::to(topic).payload(&message), timeout)
-                .await
-                .with_context(|| format!("publishing the archive on {topic}"))?;
-            Ok(Some(format!("archive published on {topic}")))
+            for replay in ready {
+                let message = replay.archive().message();
+                let sent = producer
+                    .send(FutureRecord::<(), _>::to(topic).payload(&message), timeout)
+                    .await
+                    .with_context(|| format!("publishing the archive on {topic}"));
+                done.push(sent.map(|_| Some(format!("archive published on {topic}"))));
+            }
         }
         Rows::ClickHouse(config) => {
-            let client = clickhouse::client(config);
-            let delete = format!(
-                "ALTER TABLE {} DELETE WHERE project_id = {} AND replay_id = toUUID('{}') AND {LIVE}",
-                config.table,
-                archive.project_id,
-                hyphenated(archive.replay_id)
-            );
-            let replay = hyphenated(archive.replay_id);
-            // A run again after one that gave up waiting finds that run's delete still queued:
-            // it waits for it instead of queuing another behind it.
-            if unfinished_mutations(&client, config, &replay).await? == 0 {
-                client
-                    .query(&delete)
-                    .execute()
-                    .await
-                    .map_err(|e| clickhouse::setup_error(&e, config))
-                    .context("deleting the rows")?;
+            for batch in ready.chunks(REPLAYS_PER_MUTATION) {
+                match delete_rows(config, batch, timeout).await {
+                    Ok(each) => done.extend(each),
+                    Err(e) => {
+                        let e = format!("{e:#}");
+                        done.extend(batch.iter().map(|_| Err(anyhow::anyhow!("{e}"))));
+                    }
+                }
             }
-            wait_for_mutation(&client, config, &replay, timeout).await?;
-            // A mutation killed by an operator ends without deleting; rows the running service
-            // wrote since the delete began are not in it either.
-            let left = live_rows(&client, config, archive.project_id, &replay).await?;
-            if left > 0 {
-                bail!(
-                    "{left} row(s) of the replay remain after its delete mutation ended (killed, or written since the delete began): run the delete again"
-                );
-            }
-            let row = archive.row().map_err(|e| anyhow::anyhow!("{e}"))?;
-            let mut insert = client
-                .insert::<crate::recording::ReplayRow>(&config.table)
-                .await
-                .map_err(|e| clickhouse::setup_error(&e, config))?;
-            insert.write(&row).await?;
-            insert
-                .end()
-                .await
-                .map_err(|e| clickhouse::setup_error(&e, config))
-                .context("inserting the archive row")?;
-            Ok(Some(format!(
-                "rows deleted and the archive row written in {}",
-                config.table
-            )))
         }
     }
+    done
+}
+
+/// Deletes the rows of `batch` in one mutation and inserts their archive rows; `Err` when
+/// nothing of it could be done, else what became of each replay.
+async fn delete_rows(
+    config: &ClickHouseConfig,
+    batch: &[Ready<'_>],
+    timeout: Duration,
+) -> anyhow::Result<Vec<anyhow::Result<Option<String>>>> {
+    let client = clickhouse::client(config);
+    let replays: Vec<String> = batch.iter().map(|r| hyphenated(&r.target.replay)).collect();
+    // A run again after one that gave up waiting finds that run's delete still queued: it
+    // waits for it instead of queuing another behind it. A replay found without rows needs
+    // none (rows written since are found after).
+    let mut which = Vec::new();
+    for (ready, replay) in batch.iter().zip(&replays) {
+        if ready.found.rows > 0 && unfinished_mutations(&client, config, replay).await? == 0 {
+            which.push(format!(
+                "(project_id = {} AND replay_id = toUUID('{replay}'))",
+                ready.target.project
+            ));
+        }
+    }
+    if !which.is_empty() {
+        let delete = format!(
+            "ALTER TABLE {} DELETE WHERE ({}) AND {LIVE}",
+            config.table,
+            which.join(" OR ")
+        );
+        client
+            .query(&delete)
+            .execute()
+            .await
+            .map_err(|e| clickhouse::setup_error(&e, config))
+            .context("deleting the rows")?;
+    }
+    for replay in &replays {
+        wait_for_mutation(&client, config, replay, timeout).await?;
+    }
+    // A mutation killed by an operator ends without deleting; rows the running service wrote
+    // since the delete began are not in it either.
+    let mut each = Vec::with_capacity(batch.len());
+    let mut archives = Vec::new();
+    for (ready, replay) in batch.iter().zip(&replays) {
+        let left = live_rows(&client, config, ready.target.project, replay).await?;
+        if left > 0 {
+            each.push(Err(anyhow::anyhow!(
+                "{left} row(s) of the replay remain after its delete mutation ended (killed, or written since the delete began): run the delete again"
+            )));
+            continue;
+        }
+        each.push(match ready.archive().row() {
+            Ok(row) => {
+                archives.push(row);
+                Ok(Some(format!(
+                    "rows deleted and the archive row written in {}",
+                    config.table
+                )))
+            }
+            Err(e) => Err(anyhow::anyhow!("the archive row: {e}")),
+        });
+    }
+    if !archives.is_empty() {
+        let mut insert = client
+            .insert::<crate::recording::ReplayRow>(&config.table)
+            .await
+            .map_err(|e| clickhouse::setup_error(&e, config))?;
+        for row in &archives {
+            insert.write(row).await?;
+        }
+        insert
+            .end()
+            .await
+            .map_err(|e| clickhouse::setup_error(&e, config))
+            .context("inserting the archive rows")?;
+    }
+    Ok(each)
 }
 
 /// Waits until the delete submitted for `replay` (see [`unfinished_mutations`]) is done; the

@@ -410,6 +410,47 @@ async fn a_delete_held_by_a_failing_mutation_fails_and_a_run_again_queues_no_sec
         .unwrap();
 }
 
+/// A privacy request's file of several replays: their rows go in one delete mutation (one per
+/// replay queued as many rewrites of the table's parts, each waited for in turn), and each gets
+/// its archive row.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn the_rows_of_the_replays_of_a_file_go_in_one_mutation() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let (mut lines, mut flags) = (String::new(), Vec::new());
+    for fixture_name in [
+        "console-0.msgpack",
+        "dead-click-0.msgpack",
+        "network-1.msgpack",
+    ] {
+        let (ids, _, one) = rows_of_one_replay(&names, fixture_name, |_| {}).await;
+        lines += &format!("{} {}\n", ids.project_id, ids.replay_id);
+        flags = one;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("replays.txt");
+    std::fs::write(&file, lines).unwrap();
+    let by_file: Vec<String> = flags
+        .into_iter()
+        .take_while(|flag| flag != "--project")
+        .chain(["--from-file".to_owned(), file.display().to_string()])
+        .collect();
+    let (ok, said) = delete(&by_file);
+    assert!(ok, "{said}");
+    assert!(said.contains("3 replay(s) deleted"), "{said}");
+    let mutations = replay_ingest::sink::clickhouse::client(&clickhouse_config(&names.table))
+        .query("SELECT count() FROM system.mutations WHERE table = ?")
+        .bind(&names.table)
+        .fetch_one::<u64>()
+        .await
+        .unwrap();
+    assert_eq!(mutations, 1, "{said}");
+    let left = clickhouse_rows(&names.table).await;
+    assert_eq!(left.len(), 3, "an archive row each: {left:?}");
+    assert!(left.iter().all(|row| row.is_archived == Some(1)));
+}
+
 /// Migrates `names.table` and writes into it the rows of `fixture`, as `edit` leaves them; returns
 /// the replay's ids, the rows, and the flags that delete the replay from ClickHouse alone.
 async fn rows_of_one_replay(
