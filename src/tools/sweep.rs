@@ -177,35 +177,48 @@ fn retention_dirs(root: &Path, summary: &mut Summary) -> Vec<(PathBuf, u16)> {
 
 /// The subdirectories of `dir`, one at a time.
 fn subdirectories(dir: &Path) -> impl Iterator<Item = Result<PathBuf, String>> {
-    entries(dir).filter_map(|entry| match entry {
-        Ok((path, meta)) => meta.is_dir().then_some(Ok(path)),
-        Err(e) => Some(Err(e)),
+    entries(dir, fs::FileType::is_dir).map(|entry| entry.map(|entry| entry.path()))
+}
+
+/// The files of `dir` with their metadata, one at a time, a writer's temporary ones among them:
+/// one being written is as young as its write, and one a failed write or a crash left expires
+/// with the blobs beside it.
+fn files(dir: &Path) -> impl Iterator<Item = Result<(PathBuf, fs::Metadata), String>> {
+    entries(dir, fs::FileType::is_file).map(|entry| {
+        let entry = entry?;
+        // Read through the directory's handle: no path built, nothing followed.
+        let meta = entry
+            .metadata()
+            .map_err(|e| format!("{}: {e}", entry.path().display()))?;
+        Ok((entry.path(), meta))
     })
 }
 
-/// The files of `dir`, one at a time, a writer's temporary ones among them: one being written
-/// is as young as its write, and one a failed write or a crash left expires with the blobs
-/// beside it.
-fn files(dir: &Path) -> impl Iterator<Item = Result<(PathBuf, fs::Metadata), String>> {
-    entries(dir).filter(|entry| entry.as_ref().map_or(true, |(_, meta)| meta.is_file()))
-}
-
-/// A directory's entries with their metadata (symbolic links not followed), one at a time;
-/// unreadable ones are errors, a directory already gone is empty.
-fn entries(dir: &Path) -> impl Iterator<Item = Result<(PathBuf, fs::Metadata), String>> {
+/// A directory's entries of the type `kind` picks (symbolic links not followed), one at a time;
+/// unreadable ones are errors, a directory already gone is empty. The type comes with the
+/// entry: no call per entry of another type.
+fn entries(
+    dir: &Path,
+    kind: fn(&fs::FileType) -> bool,
+) -> impl Iterator<Item = Result<fs::DirEntry, String>> {
     let (read, failed) = match fs::read_dir(dir) {
         Ok(read) => (Some(read), None),
         Err(e) if e.kind() == io::ErrorKind::NotFound => (None, None),
         Err(e) => (None, Some(Err(format!("{}: {e}", dir.display())))),
     };
+    let picked = move |entry: io::Result<fs::DirEntry>| {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => return Some(Err(format!("{}: {e}", dir.display()))),
+        };
+        match entry.file_type() {
+            Ok(found) => kind(&found).then_some(Ok(entry)),
+            Err(e) => Some(Err(format!("{}: {e}", entry.path().display()))),
+        }
+    };
     failed
         .into_iter()
-        .chain(read.into_iter().flatten().map(|entry| {
-            let entry = entry.map_err(|e| e.to_string())?;
-            let meta = fs::symlink_metadata(entry.path())
-                .map_err(|e| format!("{}: {e}", entry.path().display()))?;
-            Ok((entry.path(), meta))
-        }))
+        .chain(read.into_iter().flatten().filter_map(picked))
 }
 
 fn remove_if_empty(dir: &Path, summary: &mut Summary) {
