@@ -73,6 +73,8 @@ pub fn free_port() -> u16 {
 pub struct Service {
     pub child: Child,
     pub port: u16,
+    /// Where its logs go when the test names no place: the tail is shown if the test fails.
+    logs: Option<tempfile::NamedTempFile>,
 }
 
 /// Parsed `consume` flags for running the pipeline in-process (local sinks, fast joins), plus
@@ -175,13 +177,7 @@ pub fn base_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: u16
 
 impl Service {
     pub fn start(args: &[String]) -> Service {
-        // REPLAY_INGEST_TEST_LOGS=1 shows the service's logs.
-        let logs = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        };
-        Self::start_with_logs(args, logs)
+        Self::spawn_logging(args, None)
     }
 
     /// Starts the service with its logs written to `log`.
@@ -197,12 +193,19 @@ impl Service {
     /// Starts the service with soft and hard limits of `limit` open file descriptors (as a
     /// container whose hard limit is low), so that it cannot raise its own.
     pub fn start_with_fd_limit(args: &[String], limit: u64) -> Service {
-        let logs = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        };
-        Self::spawn(args, logs, Some(limit))
+        Self::spawn_logging(args, Some(limit))
+    }
+
+    /// Starts the service with its logs shown (REPLAY_INGEST_TEST_LOGS=1), or kept in a file
+    /// whose last lines are shown if the test fails.
+    fn spawn_logging(args: &[String], fd_limit: Option<u64>) -> Service {
+        if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
+            return Self::spawn(args, Stdio::inherit(), fd_limit);
+        }
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let mut service = Self::spawn(args, file.reopen().unwrap().into(), fd_limit);
+        service.logs = Some(file);
+        service
     }
 
     /// Starts the service with its logs going to `logs` and, if given, a file descriptor limit.
@@ -239,6 +242,7 @@ impl Service {
         Service {
             child: command.spawn().expect("start the service"),
             port,
+            logs: None,
         }
     }
 
@@ -348,9 +352,25 @@ impl Service {
     }
 }
 
+/// Lines of a failed test's service logs shown.
+const LOG_TAIL_LINES: usize = 80;
+
 impl Drop for Service {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(logs) = &self.logs
+            && std::thread::panicking()
+        {
+            let text = std::fs::read_to_string(logs.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+            eprintln!(
+                "--- the last {} lines of the service's logs (port {}) ---\n{}",
+                tail.len(),
+                self.port,
+                tail.join("\n")
+            );
+        }
     }
 }
