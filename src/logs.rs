@@ -5,6 +5,9 @@
 
 use tracing::error;
 
+/// Panics (target `panic`, [`log_panic`]) are logged whatever `RUST_LOG` says.
+const PANIC_DIRECTIVE: &str = "panic=error";
+
 /// How log lines are written.
 #[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
 pub enum LogFormat {
@@ -15,10 +18,12 @@ pub enum LogFormat {
     Json,
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`), and panics through the log.
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`), and panics through the log, whatever
+/// `RUST_LOG` says (a panic must never go unseen).
 pub fn init(format: LogFormat) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info".into())
+        .add_directive(PANIC_DIRECTIVE.parse().expect("a valid directive"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

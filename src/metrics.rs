@@ -371,10 +371,11 @@ pub fn retrying(sink: &'static str, failing_for: Duration) {
     gauge!(SINK_OUTAGE_MS, "sink" => sink).set(failing_for.as_millis() as f64);
 }
 
-/// A sink's write succeeded: no outage. Set on every success, not only on the one that ends an
-/// outage `/status` shows: a startup check that passed clears that first, and the gauge, which
-/// the exporter keeps sending, would hold the outage's last length for good.
-pub fn sink_wrote(sink: &'static str) {
+/// A sink's write succeeded, or the one that failed was left (its messages' partitions lost): no
+/// outage measured. Set on every success, not only on the one that ends an outage `/status`
+/// shows: a startup check that passed clears that first, and the gauge, which the exporter keeps
+/// sending, would hold the outage's last length for good.
+pub fn sink_outage_over(sink: &'static str) {
     gauge!(SINK_OUTAGE_MS, "sink" => sink).set(0.0);
 }
 

@@ -437,6 +437,14 @@ async fn write_with_retries(
             attempts,
             "every message this write holds is of partitions lost meanwhile: left to their next owner, not retried"
         );
+        // The outage its failed attempts showed is no longer measured: left standing, it would
+        // read as one (`/status`, `sink.outage_ms`) until the sink next writes — for the
+        // dead-letter path of refused messages, perhaps days. A write still failing elsewhere
+        // shows it again at its next attempt.
+        if attempts > 0 {
+            status.sink_recovered(sink.name());
+            crate::metrics::sink_outage_over(sink.name());
+        }
         Ok(SinkReport {
             sink: sink.name(),
             took: start.elapsed(),
@@ -467,7 +475,7 @@ async fn write_with_retries(
         status.flush_progress();
         match result {
             Ok(written) => {
-                crate::metrics::sink_wrote(sink.name());
+                crate::metrics::sink_outage_over(sink.name());
                 if let Some(lasted) = status.sink_recovered(sink.name()) {
                     warn!(
                         sink = sink.name(),
@@ -1028,14 +1036,15 @@ mod tests {
             max_attempts: 50,
             ..FAST
         };
-        let report = run_losing(
-            on_partitions_0_and_1(),
-            &sinks,
-            &policy,
-            &Status::default(),
-            &|p| p == 1 && lost.load(Ordering::SeqCst),
-        )
+        let status = Status::default();
+        let report = run_losing(on_partitions_0_and_1(), &sinks, &policy, &status, &|p| {
+            p == 1 && lost.load(Ordering::SeqCst)
+        })
         .expect("nothing left to dead-letter is this member's");
+        assert!(
+            status.sink_recovered("rejected").is_none(),
+            "no outage left standing: the path may not write again for days"
+        );
         assert_eq!(
             down.calls.load(Ordering::SeqCst),
             3,
