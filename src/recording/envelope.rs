@@ -75,7 +75,7 @@ struct Wire<'a> {
 pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
     // rmp-serde would also accept an array (positional struct); the contract is a map.
     match value.first() {
-        Some(0x80..=0x8f | 0xde | 0xdf) => {}
+        Some(&marker) if is_map_marker(marker) => {}
         Some(marker) => {
             return Err(InvalidRecording::new(
                 Reason::InvalidMsgpack,
@@ -144,6 +144,29 @@ pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
     })
 }
 
+/// Whose message `value` is — its project and replay — read leniently: those two fields alone,
+/// whatever the others hold (a dead letter is a message that did not process). `None` when
+/// either is missing or malformed, or `value` is not a msgpack map. Copies nothing large.
+pub fn owner(value: &[u8]) -> Option<(u64, uuid::Uuid)> {
+    #[derive(Deserialize)]
+    struct Owner<'a> {
+        project_id: Option<u64>,
+        #[serde(borrow)]
+        replay_id: Option<&'a str>,
+    }
+    if !value.first().is_some_and(|&marker| is_map_marker(marker)) {
+        return None;
+    }
+    let owner: Owner<'_> = rmp_serde::from_slice(value).ok()?;
+    let replay = uuid::Uuid::try_parse(owner.replay_id?).ok()?;
+    Some((owner.project_id?, replay))
+}
+
+/// A msgpack map's first byte (fixmap, map 16, map 32).
+fn is_map_marker(marker: u8) -> bool {
+    matches!(marker, 0x80..=0x8f | 0xde | 0xdf)
+}
+
 fn required<T>(field: Option<T>, name: &str) -> Result<T, InvalidRecording> {
     field.ok_or_else(|| {
         InvalidRecording::new(Reason::MissingField, format_args!("{name} is missing"))
@@ -158,6 +181,26 @@ pub fn is_replay_id(id: &str) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn whose_message_it_is_is_read_leniently_from_its_msgpack() {
+        let value = rmp_serde::to_vec_named(&serde_json::json!({
+            "type": 7, "org_id": "not a number", "project_id": 42,
+            "replay_id": "834F314C-AAE5-4030-A1B0-DC52B202F24A", "payload": "garbage"
+        }))
+        .unwrap();
+        assert_eq!(
+            owner(&value).map(|(project, replay)| (project, replay.simple().to_string())),
+            Some((42, "834f314caae54030a1b0dc52b202f24a".into())),
+            "whatever the other fields hold"
+        );
+        assert_eq!(owner(b"\xc1 not msgpack"), None);
+        let no_project = rmp_serde::to_vec_named(
+            &serde_json::json!({"replay_id": "834f314caae54030a1b0dc52b202f24a"}),
+        )
+        .unwrap();
+        assert_eq!(owner(&no_project), None);
+    }
     use serde::Serialize;
 
     /// A well-formed message value, for tests across the crate.

@@ -6,7 +6,8 @@
 //! so it is durable before the offset commits.
 //!
 //! A dead letter larger than the topic accepts is not dropped and does not stop the flush: its
-//! value is written whole to the blob store under `dlq/{topic}/{partition}/{offset}` and the
+//! value is written whole to the blob store under `dlq/{project}/{replay}/{topic}/{partition}/
+//! {offset}` ([`copy_key`]; `dlq/unknown/…` when the value does not say whose it is) and the
 //! record on the topic carries no value, only the headers plus `payload_location` (where the
 //! value is, e.g. `gs://bucket/dlq/…`) and `payload_bytes`; a key over 1 KiB goes alongside the
 //! value (`….key`, header `key_location`).
@@ -127,7 +128,12 @@ impl DlqSink {
                 ),
             ));
         };
-        let object = format!("dlq/{}/{}/{}", message.topic, entry.partition, entry.offset);
+        let object = copy_key(
+            &message.value,
+            &message.topic,
+            entry.partition,
+            entry.offset,
+        );
         progress
             .put_once(
                 store.as_ref(),
@@ -171,6 +177,51 @@ impl DlqSink {
         self.producer
             .enqueue(record)
             .map_err(|e| SinkError::from_error(self.name(), pointer_retry(&e), e))
+    }
+}
+
+/// Where the value of the dead letter of `value`, consumed at `partition`/`offset` of `topic`, is
+/// kept: under its replay, `dlq/{project}/{replay}/` (so that `delete` finds a replay's copies by
+/// their names, reading none), or `dlq/unknown/` when the value does not say whose it is; then
+/// where it was consumed, so that a retry writes the same object.
+pub fn copy_key(value: &[u8], topic: &str, partition: i32, offset: i64) -> String {
+    match crate::recording::envelope::owner(value) {
+        Some((project, replay)) => {
+            format!(
+                "dlq/{project}/{}/{topic}/{partition}/{offset}",
+                replay.simple()
+            )
+        }
+        None => format!("dlq/{UNKNOWN_OWNER}/{topic}/{partition}/{offset}"),
+    }
+}
+
+const UNKNOWN_OWNER: &str = "unknown";
+
+/// Whose message a dead-letter copy (or an object beside it) holds, as its key says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyOwner {
+    /// `(project, replay)`, the replay as 32 hex characters.
+    Named(u64, String),
+    /// Its value said no one's.
+    Unknown,
+    /// Written before keys named their owner (`dlq/{topic}/{partition}/{offset}`): its value
+    /// says.
+    Unnamed,
+}
+
+/// The owner [`copy_key`] put in `key` (under `dlq/`).
+pub fn copy_owner(key: &str) -> CopyOwner {
+    let mut parts = key.strip_prefix("dlq/").unwrap_or(key).split('/');
+    match (parts.next(), parts.next(), parts.count()) {
+        (Some(UNKNOWN_OWNER), _, 2) => CopyOwner::Unknown,
+        (Some(project), Some(replay), 3) if crate::recording::envelope::is_replay_id(replay) => {
+            match project.parse() {
+                Ok(project) => CopyOwner::Named(project, replay.to_owned()),
+                Err(_) => CopyOwner::Unnamed,
+            }
+        }
+        _ => CopyOwner::Unnamed,
     }
 }
 
@@ -441,4 +492,30 @@ pub fn build(
         Built::checked(dlq.clone(), dlq.name(), "the Kafka topics", check),
         dlq,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_is_kept_under_its_replay_and_its_key_says_whose_it_is() {
+        let value = rmp_serde::to_vec_named(&serde_json::json!({"project_id": 42,
+            "replay_id": "834f314caae54030a1b0dc52b202f24a", "payload": "corrupt"}))
+        .unwrap();
+        let key = copy_key(&value, "ingest-replay-recordings", 3, 1234);
+        assert_eq!(
+            key,
+            "dlq/42/834f314caae54030a1b0dc52b202f24a/ingest-replay-recordings/3/1234"
+        );
+        let ours = CopyOwner::Named(42, "834f314caae54030a1b0dc52b202f24a".into());
+        assert_eq!(copy_owner(&key), ours);
+        assert_eq!(copy_owner(&format!("{key}.key")), ours);
+        let unknown = copy_key(b"not msgpack", "rec", 0, 7);
+        assert_eq!(unknown, "dlq/unknown/rec/0/7");
+        assert_eq!(copy_owner(&unknown), CopyOwner::Unknown);
+        for older in ["dlq/rec/0/7", "dlq/unknown/0/7", "dlq/42/0/7.tmp-9"] {
+            assert_eq!(copy_owner(older), CopyOwner::Unnamed, "{older}");
+        }
+    }
 }

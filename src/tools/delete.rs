@@ -7,7 +7,8 @@
 //! 1. **Find** every object under its prefix in each retention prefix of the store
 //!    (`{retention}/{project}/{replay}/…`: the segment blobs, and whatever else a writer put there,
 //!    such as Sentry's `{segment}.video`), the dead-letter copies of its messages
-//!    (`dlq/{topic}/{partition}/{offset}`, read to see whose they are) and, with ClickHouse, its
+//!    (`dlq/{project}/{replay}/…`, by name; older ones, `dlq/{topic}/…`, read to see whose they
+//!    are) and, with ClickHouse, its
 //!    rows. Nothing found: nothing to do, and nothing is written (a second run is a no-op) — but
 //!    through snuba the rows cannot be seen, so the archive is published whatever was found (a
 //!    second archive changes nothing: an archived replay stays archived).
@@ -39,8 +40,9 @@ use crate::config::{
 };
 use crate::kafka::producer::Producer;
 use crate::recording::archive::Archive;
-use crate::recording::{blob, rrweb};
+use crate::recording::{blob, envelope, rrweb};
 use crate::sink::clickhouse::{self, ClickHouseConfig};
+use crate::sink::dlq::{self, CopyOwner};
 use crate::sink::store::{self, BlobStore};
 
 /// Delete replays: their blobs, dead-letter copies and rows.
@@ -76,10 +78,20 @@ pub struct DeleteArgs {
     pub sink_timeout_ms: u64,
 }
 
+/// The latest time taken as seconds: 10^11 s is the year 5138, and a time in milliseconds (the
+/// replay's start as some tools print it) is above it.
+const MAX_SECONDS: f64 = 1e11;
+
 /// `value` as seconds since the epoch: a number, or an RFC 3339 time.
 fn seconds_since_epoch(value: &str) -> Result<f64, String> {
     if let Ok(seconds) = value.parse::<f64>() {
-        return Ok(seconds);
+        return match seconds {
+            s if !s.is_finite() || s < 0.0 => Err(format!("{value:?} is not a time")),
+            s if s >= MAX_SECONDS => Err(format!(
+                "{value:?} is past the year 5000 in seconds: milliseconds? (give seconds)"
+            )),
+            s => Ok(s),
+        };
     }
     super::instant(value)?
         .duration_since(UNIX_EPOCH)
@@ -410,8 +422,9 @@ async fn find(
     Ok(found)
 }
 
-/// The dead-letter copies in the store, by the (project, replay) of the message each holds. A
-/// copy whose value is not a recording message (or is unreadable) belongs to no replay.
+/// The dead-letter copies in the store, by the (project, replay) of the message each holds: as
+/// its key names it, else (a copy written before keys named their owner) as its value says. A
+/// copy of a value that is not a recording message (or is unreadable) belongs to no replay.
 async fn dead_letter_copies(
     store: Option<&dyn BlobStore>,
 ) -> anyhow::Result<BTreeMap<(u64, String), Vec<String>>> {
@@ -428,10 +441,18 @@ async fn dead_letter_copies(
         .iter()
         .filter(|o| !o.key.ends_with(".key") && !o.key.contains(".key.tmp-"));
     for object in values {
-        let Some(value) = store.read(&object.key).await? else {
-            continue;
+        let owner = match dlq::copy_owner(&object.key) {
+            CopyOwner::Named(project, replay) => Some((project, replay)),
+            CopyOwner::Unknown => None,
+            CopyOwner::Unnamed => {
+                let Some(value) = store.read(&object.key).await? else {
+                    continue;
+                };
+                envelope::owner(&value)
+                    .map(|(project, replay)| (project, replay.simple().to_string()))
+            }
         };
-        if let Some(owner) = owner(&value) {
+        if let Some(owner) = owner {
             let keys = copies.entry(owner).or_default();
             keys.push(object.key.clone());
             let siblings = format!("{}.", object.key);
@@ -448,23 +469,6 @@ async fn dead_letter_copies(
         keys.dedup();
     }
     Ok(copies)
-}
-
-/// The project and replay of a recording message value (msgpack), read leniently: a dead letter
-/// is, by definition, a message that did not process.
-fn owner(value: &[u8]) -> Option<(u64, String)> {
-    let rmpv::Value::Map(fields) = rmpv::decode::read_value(&mut &value[..]).ok()? else {
-        return None;
-    };
-    let field = |name: &str| {
-        fields
-            .iter()
-            .find(|(k, _)| k.as_str() == Some(name))
-            .map(|(_, v)| v)
-    };
-    let project = field("project_id")?.as_u64()?;
-    let replay = uuid::Uuid::try_parse(field("replay_id")?.as_str()?).ok()?;
-    Some((project, replay.simple().to_string()))
 }
 
 /// The replay's time, in seconds: the first event of its earliest segment blob, else (with
@@ -880,12 +884,26 @@ mod tests {
             ],
             "each line's own time; the first for a replay named twice"
         );
-        std::fs::write(&file, "42 834f314caae54030a1b0dc52b202f24a yesterday\n").unwrap();
-        let error = targets(&from_file).unwrap_err().to_string();
-        assert!(
-            error.contains(":1: the replay's time: \"yesterday\""),
-            "{error}"
-        );
+        for (time, said) in [
+            ("yesterday", "\"yesterday\": timestamp format is invalid"),
+            ("NaN", "\"NaN\" is not a time"),
+            ("-5", "\"-5\" is not a time"),
+            (
+                "1796040000000",
+                "\"1796040000000\" is past the year 5000 in seconds: milliseconds?",
+            ),
+        ] {
+            std::fs::write(
+                &file,
+                format!("42 834f314caae54030a1b0dc52b202f24a {time}\n"),
+            )
+            .unwrap();
+            let error = targets(&from_file).unwrap_err().to_string();
+            assert!(
+                error.contains(&format!(":1: the replay's time: {said}")),
+                "{error}"
+            );
+        }
     }
 
     #[test]
@@ -920,20 +938,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_dead_letters_owner_is_read_leniently_from_its_msgpack() {
-        let value = rmp_serde::to_vec_named(&serde_json::json!({
-            "type": "replay_recording_not_chunked", "project_id": 42,
-            "replay_id": "834f314caae54030a1b0dc52b202f24a", "payload": "garbage"
-        }))
-        .unwrap();
-        assert_eq!(
-            owner(&value),
-            Some((42, "834f314caae54030a1b0dc52b202f24a".into()))
-        );
-        assert_eq!(owner(b"\xc1 not msgpack"), None);
-    }
-
     #[tokio::test]
     async fn a_copys_long_key_and_the_temporary_files_a_crash_left_go_with_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -949,6 +953,13 @@ mod tests {
             ("dlq/t/0/17.tmp-2", b"cut sh".to_vec()),
             ("dlq/t/0/18.tmp-3", value(&ours)),
             ("dlq/t/0/170", value(&theirs)),
+            // Keys that name their owner: the value is not read (it need not even be one).
+            (
+                &format!("dlq/42/{ours}/t/0/20"),
+                b"\xc1 never read".to_vec(),
+            ),
+            (&format!("dlq/42/{ours}/t/0/20.key"), b"k".to_vec()),
+            ("dlq/unknown/t/0/21", value(&ours)),
         ];
         for (key, bytes) in &files {
             let path = dir.path().join(key);
@@ -958,14 +969,17 @@ mod tests {
         let store = crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap();
         let copies = dead_letter_copies(Some(&store)).await.unwrap();
         assert_eq!(
-            copies[&(42, ours)],
+            copies[&(42, ours.clone())],
             [
+                &format!("dlq/42/{ours}/t/0/20"),
+                &format!("dlq/42/{ours}/t/0/20.key"),
                 "dlq/t/0/17",
                 "dlq/t/0/17.key",
                 "dlq/t/0/17.key.tmp-1",
                 "dlq/t/0/17.tmp-2",
-                "dlq/t/0/18.tmp-3"
-            ]
+                "dlq/t/0/18.tmp-3",
+            ],
+            "not dlq/unknown/…, whatever its value says"
         );
         assert_eq!(copies[&(42, theirs)], ["dlq/t/0/170"]);
     }

@@ -100,7 +100,8 @@ async fn dead_letters_too_large_for_their_topic_keep_their_value_in_the_blob_sto
             assert!(!letter.headers.contains_key("payload_location"));
             continue;
         }
-        let object = format!("dlq/{topic}/0/{offset}");
+        // Not a message of any replay's: kept under `unknown`.
+        let object = format!("dlq/unknown/{topic}/0/{offset}");
         assert!(
             letter.value.is_empty(),
             "the record does not carry the value"
@@ -188,6 +189,6 @@ async fn a_letter_that_cannot_be_sent_does_not_make_the_retry_send_the_others_ag
         .unwrap();
     assert_eq!(
         pointer.headers["payload_location"],
-        format!("gs://{bucket}/dlq/rec/0/1")
+        format!("gs://{bucket}/dlq/unknown/rec/0/1")
     );
 }

@@ -94,9 +94,13 @@ async fn a_replay_is_deleted_everywhere_with_clickhouse_and_a_second_run_is_a_no
     let kept = recording::process(&other, &Limits::default()).unwrap().ids;
     let key =
         |segment| recording::blob::key(ids.retention_days, ids.project_id, &ids.replay_id, segment);
+    // Kept under its replay: the delete finds it by name.
     let copy = {
         let dead = &sent[3];
-        format!("dlq/{}/{}/{}", names.topic, dead.partition, dead.offset)
+        format!(
+            "dlq/{}/{}/{}/{}/{}",
+            ids.project_id, ids.replay_id, names.topic, dead.partition, dead.offset
+        )
     };
     let gcs = gcs_client().await;
     for object in [key(0), key(1), copy.clone()] {

@@ -128,7 +128,12 @@ async fn crafted_messages_cost_a_bounded_amount_and_the_next_message_follows() {
                 // Over the dead-letter topic's default limit (1 MiB): the value is kept in
                 // the bucket and the record points at it.
                 if h.value.len() > 1 << 20 {
-                    expected_blobs.insert(format!("dlq/{topic}/0/{offset}"));
+                    expected_blobs.insert(replay_ingest::sink::dlq::copy_key(
+                        &h.value,
+                        &topic,
+                        0,
+                        offset as i64,
+                    ));
                 }
                 values.push(h.value);
             }
