@@ -157,10 +157,17 @@ pub fn owner(value: &[u8]) -> Option<(u64, uuid::Uuid)> {
     if !value.first().is_some_and(|&marker| is_map_marker(marker)) {
         return None;
     }
-    let owner: Owner<'_> = rmp_serde::from_slice(value).ok()?;
+    // Read on a flush's thread, whose stack is the runtime's default: a value nested deeper
+    // than any message is (hostile) names no owner instead of recursing 1 024 levels.
+    let mut decoder = rmp_serde::Deserializer::from_read_ref(value);
+    decoder.set_max_depth(OWNER_MAX_DEPTH);
+    let owner = Owner::deserialize(&mut decoder).ok()?;
     let replay = uuid::Uuid::try_parse(owner.replay_id?).ok()?;
     Some((owner.project_id?, replay))
 }
+
+/// Nesting `owner` reads through: a message's map holds scalars and byte strings.
+const OWNER_MAX_DEPTH: usize = 16;
 
 /// A msgpack map's first byte (fixmap, map 16, map 32).
 fn is_map_marker(marker: u8) -> bool {
@@ -200,6 +207,13 @@ pub(crate) mod tests {
         )
         .unwrap();
         assert_eq!(owner(&no_project), None);
+        // A field nested deeper than any message is: no owner, and no deep recursion.
+        let mut deep =
+            b"\x83\xaaproject_id\x2a\xa9replay_id\xd9\x20834f314caae54030a1b0dc52b202f24a\xa1x"
+                .to_vec();
+        deep.extend(std::iter::repeat_n(0x91, 100_000));
+        deep.push(0xc0);
+        assert_eq!(owner(&deep), None);
     }
     use serde::Serialize;
 
