@@ -105,9 +105,25 @@ impl BlobStore for FilesystemBlobSink {
         Box::pin(std::future::ready(result))
     }
 
+    /// Removes the file, and the directories that leaves empty, as an object store's prefixes
+    /// go with their last object: a deleted replay leaves no directory named after it. (A
+    /// writer that loses a directory this way between making it and writing into it fails that
+    /// attempt, and its retry makes it again.)
     fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, SinkError>> {
-        let result = match fs::remove_file(self.root.join(key)) {
-            Ok(()) => Ok(true),
+        let path = self.root.join(key);
+        let result = match fs::remove_file(&path) {
+            Ok(()) => {
+                let mut dir = path.parent();
+                while let Some(emptied) =
+                    dir.filter(|d| *d != self.root && d.starts_with(&self.root))
+                {
+                    if fs::remove_dir(emptied).is_err() {
+                        break;
+                    }
+                    dir = emptied.parent();
+                }
+                Ok(true)
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(self.error(key, &e)),
         };
@@ -175,4 +191,25 @@ pub fn build(dir: &Path) -> Result<(Built, Arc<dyn ObjectStore>), SinkError> {
     })?;
     let files = Arc::new(files);
     Ok((Built::unchecked(files.clone()), files))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_delete_takes_the_directories_it_empties_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FilesystemBlobSink::new(dir.path()).unwrap();
+        for key in ["30/42/aaaa/0", "30/42/bbbb/0", "dlq/42/aaaa/t/0/5"] {
+            store.put(key, b"x").await.unwrap();
+        }
+        assert!(store.delete("30/42/aaaa/0").await.unwrap());
+        assert!(store.delete("dlq/42/aaaa/t/0/5").await.unwrap());
+        assert!(!dir.path().join("30/42/aaaa").exists(), "emptied");
+        assert!(dir.path().join("30/42/bbbb/0").exists());
+        assert!(!dir.path().join("dlq").exists(), "emptied to the root");
+        assert!(dir.path().exists(), "the root stays");
+        assert!(!store.delete("30/42/aaaa/0").await.unwrap(), "already gone");
+    }
 }

@@ -326,7 +326,35 @@ impl Service {
     /// SIGTERM, then the exit code.
     pub fn terminate(mut self) -> Option<i32> {
         self.signal_term();
-        self.child.wait().ok()?.code()
+        let code = self.child.wait().ok()?.code();
+        self.tell_if_not_clean(code);
+        code
+    }
+
+    /// The tail of its logs, on the test's output (shown if the test fails), when it did not
+    /// exit 0: the test may be about to fail on it, and the logs go with `self`.
+    fn tell_if_not_clean(&self, code: Option<i32>) {
+        if code != Some(0) {
+            eprintln!("the service exited {code:?}");
+            self.tell_logs();
+        }
+    }
+
+    /// The last [`LOG_TAIL_LINES`] lines of its logs kept in a file of its own, on stderr.
+    fn tell_logs(&self) {
+        let Some(logs) = &self.logs else {
+            return;
+        };
+        let bytes = std::fs::read(logs.path()).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+        eprintln!(
+            "--- the last {} lines of the service's logs (port {}) ---\n{}",
+            tail.len(),
+            self.port,
+            tail.join("\n")
+        );
     }
 
     /// Waits up to `timeout` for the service to exit on its own; its exit code, or `None` while
@@ -336,10 +364,12 @@ impl Service {
             let deadline = Instant::now() + timeout;
             while Instant::now() < deadline {
                 if let Some(status) = self.child.try_wait().unwrap() {
+                    self.tell_if_not_clean(status.code());
                     return status.code();
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
+            self.tell_if_not_clean(None);
             None
         })
         .await
@@ -359,18 +389,8 @@ impl Drop for Service {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if let Some(logs) = &self.logs
-            && std::thread::panicking()
-        {
-            let text = std::fs::read_to_string(logs.path()).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
-            eprintln!(
-                "--- the last {} lines of the service's logs (port {}) ---\n{}",
-                tail.len(),
-                self.port,
-                tail.join("\n")
-            );
+        if std::thread::panicking() {
+            self.tell_logs();
         }
     }
 }
