@@ -146,6 +146,23 @@ impl Partitioned {
         sent
     }
 
+    /// Asserts that the outcomes topic holds exactly what the messages of `sent` bill (one
+    /// outcome per segment 0); returns how many.
+    fn assert_billed_once(&self, sent: &[Sent]) -> usize {
+        let billed = sent
+            .iter()
+            .map(|s| events_of(&s.value, "outcome").len())
+            .sum();
+        let outcomes = read_messages_on(
+            &self.direct,
+            &self.events[0],
+            billed,
+            Duration::from_secs(30),
+        );
+        assert_eq!(outcomes.len(), billed, "every message billed exactly once");
+        billed
+    }
+
     fn committed(&self) -> std::collections::BTreeMap<i32, i64> {
         committed_on(&self.direct, &self.group, &self.topic, 4)
     }
@@ -281,13 +298,6 @@ impl HeldRun {
     }
 }
 
-/// What every message of `sent` bills: one outcome per segment 0.
-fn billed(sent: &[Sent]) -> usize {
-    sent.iter()
-        .map(|s| events_of(&s.value, "outcome").len())
-        .sum()
-}
-
 /// Neither member stopped on its own: each exits 0 when asked to.
 fn both_carried_on(cut: Service, other: Service, cut_log: &str) {
     assert_eq!(
@@ -392,10 +402,7 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
         store.written(),
         log()
     );
-    let billed = billed(&sent);
-    assert!(billed > 0);
-    let outcomes = read_messages_on(&net.direct, &net.events[0], billed, Duration::from_secs(30));
-    assert_eq!(outcomes.len(), billed, "every message billed exactly once");
+    assert!(net.assert_billed_once(&sent) > 0);
     assert_eq!(
         net.committed(),
         expected_commits(&report),
@@ -450,9 +457,7 @@ async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_me
         blobs.into_keys().collect(),
         "every segment stored"
     );
-    let billed = billed(&sent);
-    let outcomes = read_messages_on(&net.direct, &net.events[0], billed, Duration::from_secs(30));
-    assert_eq!(outcomes.len(), billed, "every message billed exactly once");
+    net.assert_billed_once(&sent);
     both_carried_on(cut, other, &log());
 }
 
@@ -502,9 +507,7 @@ async fn dead_letters_held_by_a_cut_when_the_partitions_are_lost_are_left_to_the
     let mut stored: BTreeSet<String> = blobs_under(dirs[1].path()).into_keys().collect();
     stored.extend(store.written());
     assert_eq!(stored, blobs.into_keys().collect(), "every segment stored");
-    let billed = billed(&sent);
-    let outcomes = read_messages_on(&net.direct, &net.events[0], billed, Duration::from_secs(30));
-    assert_eq!(outcomes.len(), billed, "every message billed exactly once");
+    net.assert_billed_once(&sent);
     both_carried_on(cut, other, &log());
 }
 
