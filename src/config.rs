@@ -533,6 +533,13 @@ pub struct ConsumeArgs {
     /// timeout.
     #[arg(long, env = "REPLAY_INGEST_FLUSH_STALL_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000), default_value_t = 300_000)]
     pub flush_stall_timeout_ms: u64,
+    /// Liveness fails when the member has been out of its consumer group this long, ms, while it
+    /// is connected to a broker (librdkafka's statistics; a member that stopped joining is
+    /// restarted). A Kafka outage or a network cut never fails it. 0: never. Above
+    /// `max.poll.interval.ms` (300 000 unless set), the longest a rebalance may hold a member
+    /// out, plus `--drain-deadline-ms`.
+    #[arg(long, env = "REPLAY_INGEST_GROUP_STALL_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(0..=86_400_000), default_value_t = 600_000)]
+    pub group_stall_timeout_ms: u64,
     /// First retry backoff, ms; doubles per attempt, full jitter. At least 1: a backoff that
     /// starts at 0 stays 0 (retries in a hot loop against a sink that is down).
     #[arg(long, env = "REPLAY_INGEST_FLUSH_INITIAL_BACKOFF_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 200)]
@@ -603,12 +610,21 @@ impl ConsumeArgs {
                         .to_owned()
                 })
             });
-        if let Some(max_poll_interval) = max_poll_interval.transpose()?
+        let max_poll_interval = max_poll_interval.transpose()?;
+        if let Some(max_poll_interval) = max_poll_interval
             && self.drain_deadline_ms + margin >= max_poll_interval
         {
             return Err(format!(
                 "--drain-deadline-ms ({}) plus {margin} ms must be below max.poll.interval.ms ({max_poll_interval}): the polling thread waits that long for a revoke's drain",
                 self.drain_deadline_ms
+            ));
+        }
+        // librdkafka's default; a classic rebalance waits up to this for the members to rejoin.
+        let rebalance_bound = max_poll_interval.unwrap_or(300_000) + self.drain_deadline_ms;
+        if self.group_stall_timeout_ms != 0 && self.group_stall_timeout_ms <= rebalance_bound {
+            return Err(format!(
+                "--group-stall-timeout-ms ({}) must exceed max.poll.interval.ms plus --drain-deadline-ms ({rebalance_bound}): a rebalance may hold a member out of its group that long (0 turns the check off)",
+                self.group_stall_timeout_ms
             ));
         }
         if self.misconfigured_at_refusals == 1 {
@@ -708,6 +724,9 @@ impl ConsumeArgs {
             retry: self.retry_policy(),
             drain_deadline: self.drain_deadline(),
             flush_stall: self.flush_stall(),
+            group_stall: (self.group_stall_timeout_ms != 0)
+                .then(|| Duration::from_millis(self.group_stall_timeout_ms)),
+            consumer_protocol: self.kafka.consumer_group_protocol(),
         })
     }
 
@@ -873,6 +892,25 @@ mod tests {
                 .contains("not a number")
         );
         assert!(with("21001").is_ok());
+    }
+
+    #[test]
+    fn a_group_stall_a_rebalance_can_outlast_is_rejected_and_0_turns_it_off() {
+        let with = |stall: &str, extra: &[&str]| {
+            let mut args = vec!["--blob-sink", "null", "--group-stall-timeout-ms", stall];
+            args.extend(extra);
+            parse(&args).validate()
+        };
+        // librdkafka's poll interval (300 s) plus the drain deadline (20 s).
+        let err = with("320000", &[]).unwrap_err().to_string();
+        assert!(err.contains("(320000)"), "{err}");
+        assert!(with("320001", &[]).is_ok());
+        assert!(with("0", &[]).is_ok());
+        let short_poll = ["--kafka-property", "max.poll.interval.ms=60000"];
+        assert!(with("80000", &short_poll).is_err());
+        assert!(with("80001", &short_poll).is_ok());
+        let parsed = parse(&["--blob-sink", "null", "--group-stall-timeout-ms", "0"]);
+        assert_eq!(parsed.pipeline_settings().unwrap().group_stall, None);
     }
 
     #[test]

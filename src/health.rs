@@ -1,16 +1,19 @@
 //! Health and status over HTTP, for Kubernetes probes and for people.
 //!
 //! - `GET /health/live`: 200 while the pipeline loop's heartbeat is fresh (it beats at least once
-//!   a second, even when idle) and, while a flush is outstanding, some sink attempt has ended
-//!   within the stall timeout; else 503 — a wedged loop or a hung flush gets the pod restarted, a
-//!   flush that keeps retrying through an outage does not.
+//!   a second, even when idle), while a flush is outstanding some sink attempt has ended within
+//!   the stall timeout, and the member has not been out of its consumer group for the group stall
+//!   timeout while it reaches a broker; else 503 — a wedged loop, a hung flush or a member that
+//!   stopped joining its group gets the pod restarted; a flush that keeps retrying through an
+//!   outage, and a member cut off from every broker, do not.
 //! - `GET /health/ready`: 200 once the service is initialised (every sink checked, the consumer
 //!   subscribed) and until it starts shutting down. Holding no partition is not unready: members
 //!   beyond the partition count, and every member during a rebalance, are healthy, and a readiness
 //!   that dropped with them would stall rollouts behind the PodDisruptionBudget.
 //! - `GET /status`: JSON snapshot — partitions owned, buffer fill, flushes in flight, paused, counters, sinks in an
-//!   outage (since when, attempts, last error), committed offsets per partition (as confirmed by
-//!   the broker).
+//!   outage (since when, attempts, last error), the member's place in its group (librdkafka's
+//!   group and join states, since when it has been out of it), committed offsets per partition (as
+//!   confirmed by the broker).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -29,6 +32,9 @@ pub const LIVENESS_STALE_AFTER: Duration = Duration::from_secs(30);
 
 /// Default for how long a flush may go without any sink attempt ending before liveness fails.
 pub const DEFAULT_FLUSH_STALL: Duration = Duration::from_secs(300);
+
+/// A member out of its group this long is logged (once per time out of it).
+pub const OUT_OF_GROUP_WARNING: Duration = Duration::from_secs(60);
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -70,6 +76,37 @@ pub struct Status {
     committed: Mutex<BTreeMap<i32, i64>>,
     /// Sinks whose last attempt failed, by name.
     outages: Mutex<BTreeMap<&'static str, Outage>>,
+    group: Mutex<Membership>,
+    /// 0: the member's time out of its group does not fail liveness.
+    group_stall_ms: AtomicU64,
+}
+
+/// The member's place in its consumer group, as librdkafka's statistics last told it (every
+/// `statistics.interval.ms`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Membership {
+    /// librdkafka's group handler state: `up` once the group coordinator is known and
+    /// connected (else `query-coord`, `wait-coord`, `wait-broker`, …); empty before the first
+    /// statistics.
+    pub state: String,
+    /// Where the member is in joining: `steady` once it joined and took its assignment (an empty
+    /// one too; with the consumer protocol an idle member stays `init`); `wait-join`,
+    /// `wait-sync`, `wait-unassign-call`, … during a rebalance.
+    pub join_state: String,
+    /// Unix ms since when the member has been out of its group (`kafka::consumer::in_group`),
+    /// from its subscription or from the statistics that first saw it out; absent while it is in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_since_ms: Option<u64>,
+    /// Brokers librdkafka is connected to (state `UP`): none during a Kafka outage or a network
+    /// cut, when being out of the group is no fault of the member.
+    pub brokers_up: usize,
+    /// Since when the member has been out of its group with a broker connected at every
+    /// statistics: what liveness measures. A Kafka outage starts it again, so that the rejoin
+    /// after a long one is not taken for a member that stopped joining.
+    #[serde(skip)]
+    connected_out_since_ms: Option<u64>,
+    #[serde(skip)]
+    warned: bool,
 }
 
 /// A sink that is failing: since when, how often, and why.
@@ -114,6 +151,7 @@ pub struct Snapshot {
     pub sinks: BTreeMap<&'static str, SinkTotals>,
     /// Sinks whose last attempt failed.
     pub outages: BTreeMap<&'static str, Outage>,
+    pub group: Membership,
     /// Partition → next offset to read, as last committed by this process and confirmed by the
     /// broker.
     pub committed: BTreeMap<i32, i64>,
@@ -135,7 +173,28 @@ impl Status {
         let flushing = self.flushes_in_flight.load(Ordering::Relaxed) > 0;
         let stalled =
             flushing && now.saturating_sub(self.flush_progress_ms.load(Ordering::Relaxed)) >= stall;
-        beating && !stalled
+        beating && !stalled && !self.out_of_group_too_long(now)
+    }
+
+    /// The member has been out of its group for the group stall timeout while it reaches a
+    /// broker: librdkafka stopped joining (a rejoin that never came, a group whose other members
+    /// use another assignor) and a restart starts it again. Not while shutting down (the member
+    /// leaves), nor while no broker answers (a restart would not reach one either).
+    fn out_of_group_too_long(&self, now: u64) -> bool {
+        let stall = self.group_stall_ms.load(Ordering::Relaxed);
+        let group = lock(&self.group);
+        stall > 0
+            && !self.stopping.load(Ordering::Relaxed)
+            && group
+                .connected_out_since_ms
+                .is_some_and(|since| now.saturating_sub(since) >= stall)
+    }
+
+    /// How long the member may be out of its group, reaching a broker, before liveness fails;
+    /// `None`: never.
+    pub fn set_group_stall(&self, stall: Option<Duration>) {
+        let ms = stall.map_or(0, |s| s.as_millis().max(1) as u64);
+        self.group_stall_ms.store(ms, Ordering::Relaxed);
     }
 
     /// How long a flush may go without a sink attempt ending before liveness fails.
@@ -185,9 +244,53 @@ impl Status {
     // What the pipeline and the consumer record: one call each, which updates what `/status`
     // shows and sends the event's metric.
 
-    /// Every sink checked and the consumer subscribed: ready.
+    /// Every sink checked and the consumer subscribed: ready, and out of the group until
+    /// librdkafka's statistics say it joined.
     pub fn record_initialised(&self) {
         self.initialised.store(true, Ordering::Relaxed);
+        lock(&self.group).out_since_ms.get_or_insert(now_ms());
+    }
+
+    /// librdkafka's statistics of the member's group: its `state` and `join_state`, whether they
+    /// say it is `joined`, and how many brokers it is connected to. Logs a member out of its
+    /// group for [`OUT_OF_GROUP_WARNING`] (once) and its return, and sends
+    /// `consumer.out_of_group_ms`.
+    pub fn record_group(&self, state: &str, join_state: &str, joined: bool, brokers_up: usize) {
+        let now = now_ms();
+        let mut group = lock(&self.group);
+        group.state.clear();
+        group.state.push_str(state);
+        group.join_state.clear();
+        group.join_state.push_str(join_state);
+        group.brokers_up = brokers_up;
+        let out_ms = if joined {
+            group.connected_out_since_ms = None;
+            if let Some(since) = group.out_since_ms.take()
+                && std::mem::take(&mut group.warned)
+            {
+                tracing::warn!(
+                    out_ms = now.saturating_sub(since),
+                    "the member is back in its consumer group"
+                );
+            }
+            0
+        } else {
+            group.connected_out_since_ms =
+                (brokers_up > 0).then(|| group.connected_out_since_ms.unwrap_or(now));
+            let out_ms = now.saturating_sub(*group.out_since_ms.get_or_insert(now));
+            if out_ms >= OUT_OF_GROUP_WARNING.as_millis() as u64 && !group.warned {
+                group.warned = true;
+                tracing::warn!(
+                    out_ms,
+                    state,
+                    join_state,
+                    brokers_up,
+                    "the member has been out of its consumer group for a minute: it consumes nothing meanwhile (/status `group`)"
+                );
+            }
+            out_ms
+        };
+        crate::metrics::out_of_group(out_ms);
     }
 
     /// Shutdown requested: not ready from now on.
@@ -309,6 +412,7 @@ impl Status {
             invalid_by_reason: lock(&self.invalid_by_reason).clone(),
             sinks: lock(&self.sinks).clone(),
             outages: lock(&self.outages).clone(),
+            group: lock(&self.group).clone(),
             committed: lock(&self.committed).clone(),
         }
     }
@@ -506,6 +610,67 @@ mod tests {
         );
         s.record_stopping();
         assert!(!s.ready());
+    }
+
+    /// A live status whose member is out of its group past a 50 ms group stall: `record`
+    /// receives it to record statistics before and after the stall.
+    fn out_of_group(record: impl Fn(&Status, bool)) -> Status {
+        let s = Status::default();
+        s.beat();
+        s.set_group_stall(Some(Duration::from_millis(50)));
+        s.record_initialised();
+        record(&s, false);
+        std::thread::sleep(Duration::from_millis(60));
+        record(&s, true);
+        s
+    }
+
+    #[test]
+    fn out_of_the_group_past_the_group_stall_with_a_broker_connected_is_not_live() {
+        let s = out_of_group(|s, _| s.record_group("up", "wait-join", false, 1));
+        assert!(!s.live(), "joining for longer than the group stall");
+        let group = s.snapshot().group;
+        assert_eq!(
+            (group.state.as_str(), group.join_state.as_str()),
+            ("up", "wait-join")
+        );
+        assert!(group.out_since_ms.is_some());
+        s.record_group("up", "steady", true, 1);
+        assert!(s.live(), "back in the group");
+        assert_eq!(s.snapshot().group.out_since_ms, None);
+    }
+
+    #[test]
+    fn a_member_in_its_group_or_without_a_group_stall_is_live() {
+        let s = out_of_group(|s, _| s.record_group("up", "steady", true, 1));
+        assert!(s.live(), "in the group (an empty assignment too)");
+        let s = out_of_group(|s, _| s.record_group("up", "wait-join", false, 1));
+        s.set_group_stall(None);
+        assert!(s.live(), "the check turned off");
+        let s = out_of_group(|s, _| s.record_group("up", "wait-join", false, 1));
+        s.record_stopping();
+        assert!(s.live(), "a member shutting down leaves its group");
+    }
+
+    #[test]
+    fn time_out_of_the_group_without_a_broker_does_not_count_toward_the_stall() {
+        // Out of the group throughout, no broker connected until the stall has passed.
+        let s = out_of_group(|s, after| {
+            s.record_group("query-coord", "init", false, usize::from(after))
+        });
+        assert!(
+            s.live(),
+            "a Kafka outage ended a moment ago: its length is not the member's fault"
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        s.record_group("up", "wait-join", false, 1);
+        assert!(!s.live(), "connected and still out past the stall");
+        s.record_group("wait-coord", "init", false, 0);
+        assert!(s.live(), "the brokers gone again");
+        assert!(
+            s.snapshot().group.out_since_ms.is_some(),
+            "/status shows the whole time out"
+        );
     }
 
     #[test]

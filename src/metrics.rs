@@ -28,6 +28,7 @@
 //! | `commits` | counter | commits | | offset commits |
 //! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure, counted every second while it lasts |
 //! | `consumer.rebalances` | counter | rebalances | | partition revocations: drained, or lost (given up at once) |
+//! | `consumer.out_of_group_ms` | gauge | ms | | how long the member has been out of its consumer group (not joined with its assignment taken: a rebalance, a lost coordinator), from librdkafka's statistics; 0 while in it |
 //! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics, for owned partitions; 0 once given away |
 //! | `trace_items.built` | counter | items | `category` | EAP trace items built while processing (`--trace-items-rollout`); `flush.items{sink:trace_items}` counts them delivered |
 //! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large` |
@@ -180,6 +181,7 @@ pub const SINK_OUTAGE_MS: &str = "sink.outage_ms";
 pub const COMMITS: &str = "commits";
 pub const CONSUMER_PAUSED_MS: &str = "consumer.paused_ms";
 pub const CONSUMER_REBALANCES: &str = "consumer.rebalances";
+pub const CONSUMER_OUT_OF_GROUP_MS: &str = "consumer.out_of_group_ms";
 pub const CONSUMER_LAG: &str = "consumer.lag";
 pub const SWEEP_REMOVED: &str = "sweep.removed";
 pub const SWEEP_BYTES: &str = "sweep.bytes";
@@ -399,6 +401,10 @@ pub fn rebalanced() {
 pub fn swept(blobs: u64, bytes: u64) {
     counter!(SWEEP_REMOVED).increment(blobs);
     counter!(SWEEP_BYTES).increment(bytes);
+}
+
+pub fn out_of_group(ms: u64) {
+    gauge!(CONSUMER_OUT_OF_GROUP_MS).set(ms as f64);
 }
 
 pub fn lag(partition: i32, lag: i64) {

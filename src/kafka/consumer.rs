@@ -103,13 +103,18 @@ pub struct IngestContext {
     /// Whether the polling thread has paused intake; the callbacks keep partitions that arrive
     /// or leave meanwhile in step.
     paused: AtomicBool,
+    /// The consumer group protocol of KIP-848, where a member in its group may show the join
+    /// state `init` (see [`in_group`]).
+    consumer_protocol: bool,
 }
 
 impl IngestContext {
+    /// `consumer_protocol`: the member uses the consumer group protocol of KIP-848.
     pub fn new(
         revokes: mpsc::UnboundedSender<Revoke>,
         drain_deadline: Duration,
         status: Arc<Status>,
+        consumer_protocol: bool,
     ) -> Self {
         IngestContext {
             revokes,
@@ -117,6 +122,7 @@ impl IngestContext {
             drain_deadline,
             status,
             paused: AtomicBool::new(false),
+            consumer_protocol,
         }
     }
 
@@ -154,15 +160,35 @@ impl IngestContext {
 
 impl ClientContext for IngestContext {
     /// librdkafka statistics (every `statistics.interval.ms`): consumer lag of each partition
-    /// this member owns. (A revoked partition's gauge was zeroed on revoke; statistics can still
-    /// list it, and must not bring back a value its new owner now reports.)
+    /// this member owns (a revoked partition's gauge was zeroed on revoke; statistics can still
+    /// list it, and must not bring back a value its new owner now reports), and the member's
+    /// place in its group.
     fn stats(&self, statistics: rdkafka::Statistics) {
         let lags = statistics
             .topics
             .values()
             .flat_map(|t| t.partitions.iter().map(|(&p, s)| (p, lag(s))));
         self.report_lag(lags);
+        if let Some(group) = &statistics.cgrp {
+            let brokers_up = statistics
+                .brokers
+                .values()
+                .filter(|b| b.state == "UP")
+                .count();
+            let joined = in_group(&group.state, &group.join_state, self.consumer_protocol);
+            self.status
+                .record_group(&group.state, &group.join_state, joined, brokers_up);
+        }
     }
+}
+
+/// Whether librdkafka's group `state` and `join_state` say the member is in its group: its
+/// coordinator connected (`up`) and the member joined, its assignment taken (`steady`, an empty
+/// one too). With the consumer protocol of KIP-848 a member the broker gave no partition stays in
+/// `init`, heartbeating as a member (measured on Apache Kafka 4: an idle member showed `init` for
+/// as long as it ran), so `init` counts as in the group there; its other join states do not.
+fn in_group(state: &str, join_state: &str, consumer_protocol: bool) -> bool {
+    state == "up" && (join_state == "steady" || (consumer_protocol && join_state == "init"))
 }
 
 /// What the group still has to read of a partition: the high watermark minus the committed
@@ -443,6 +469,22 @@ mod tests {
     }
 
     #[test]
+    fn in_the_group_once_joined_with_the_coordinator_connected() {
+        for consumer_protocol in [false, true] {
+            assert!(in_group("up", "steady", consumer_protocol));
+            for join_state in ["wait-join", "wait-sync", "wait-unassign-to-complete"] {
+                assert!(!in_group("up", join_state, consumer_protocol));
+            }
+            assert!(!in_group("wait-coord", "steady", consumer_protocol));
+            assert!(!in_group("query-coord", "init", consumer_protocol));
+        }
+        // A classic member is in `init` before its first join; with the consumer protocol an
+        // idle member stays there.
+        assert!(!in_group("up", "init", false));
+        assert!(in_group("up", "init", true));
+    }
+
+    #[test]
     fn lag_is_reported_for_owned_partitions_only_and_zeroed_when_one_is_given_away() {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
@@ -452,6 +494,7 @@ mod tests {
                 mpsc::unbounded_channel().0,
                 Duration::from_secs(1),
                 status.clone(),
+                false,
             );
             context.gained(&[0, 1]);
             context.report_lag([(0, 5), (1, 7), (2, 9), (1, -1)].into_iter());

@@ -195,6 +195,11 @@ pub struct Settings {
     pub retry: RetryPolicy,
     pub drain_deadline: Duration,
     pub flush_stall: Duration,
+    /// How long the member may be out of its group, reaching a broker, before liveness fails;
+    /// `None`: never.
+    pub group_stall: Option<Duration>,
+    /// The member uses the consumer group protocol of KIP-848.
+    pub consumer_protocol: bool,
 }
 
 /// Consumes `settings.topic` until `shutdown` resolves, then drains and returns. Needs a
@@ -209,7 +214,13 @@ pub async fn consume(
     let handoff = Handoff::new(POLLED_IN_TRANSIT, POLLED_IN_TRANSIT_BYTES);
     let (revokes_tx, revokes_rx) = mpsc::unbounded_channel();
     status.set_flush_stall(settings.flush_stall);
-    let context = IngestContext::new(revokes_tx, settings.drain_deadline, status.clone());
+    status.set_group_stall(settings.group_stall);
+    let context = IngestContext::new(
+        revokes_tx,
+        settings.drain_deadline,
+        status.clone(),
+        settings.consumer_protocol,
+    );
     let consumer: Arc<IngestConsumer> = Arc::new(settings.consumer.create_with_context(context)?);
     consumer.subscribe(&[&settings.topic])?;
     status.record_initialised();

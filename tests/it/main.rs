@@ -18,6 +18,7 @@ mod delete;
 mod end_to_end;
 mod fixtures;
 mod gcs_sink;
+mod group_membership;
 mod inspect_cli;
 mod kafka_acls;
 mod kafka_pipeline;

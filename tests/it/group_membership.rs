@@ -1,0 +1,278 @@
+//! The member's place in its consumer group, from librdkafka's statistics: `/status` `group`, the
+//! `consumer.out_of_group_ms` gauge, and liveness once the member has been out of its group past
+//! `--group-stall-timeout-ms` while it reaches a broker. On the real broker: idle members (more
+//! members than partitions) are in their group under both group protocols and stay live; a
+//! member its group keeps out (another member of the group uses an assignor it does not share)
+//! fails liveness and is live again once it joins; a member cut off from every broker by an
+//! outage longer than the stall stays live, and so does its rejoin afterwards.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::*;
+
+/// The group stall of these tests; the members' `max.poll.interval.ms` is 4 s and their drain
+/// deadline 1.5 s, which it must exceed.
+const GROUP_STALL: Duration = Duration::from_secs(8);
+
+/// Service flags: local sinks, statistics every 500 ms, the group stall above, metrics to
+/// `statsd`, and `extra`.
+fn args(
+    topic: &str,
+    dlq: &str,
+    group: &str,
+    dir: &std::path::Path,
+    statsd: &Statsd,
+    extra: &[&str],
+) -> Vec<String> {
+    let mut args = with_flag(
+        service_args(topic, dlq, group, dir, free_port()),
+        "--statsd-address",
+        &format!("127.0.0.1:{}", statsd.port()),
+    );
+    args.extend(
+        [
+            "--statsd-flush-interval-ms",
+            "100",
+            "--group-stall-timeout-ms",
+            &GROUP_STALL.as_millis().to_string(),
+            "--kafka-property",
+            "statistics.interval.ms=500",
+            "--kafka-property",
+            "max.poll.interval.ms=4000",
+        ]
+        .map(String::from),
+    );
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// `/status` `group` of `service`, or `null` while the endpoint is not up.
+fn group(service: &Service) -> serde_json::Value {
+    service
+        .status()
+        .map_or(serde_json::Value::Null, |s| s["group"].clone())
+}
+
+/// What `/status` says of a member in its group: coordinator connected, not out since anything
+/// (its join state is `steady`, or `init` for an idle member of the consumer protocol).
+fn in_group(group: &serde_json::Value) -> bool {
+    group["state"] == "up" && group.get("out_since_ms").is_none()
+}
+
+/// The values `consumer.out_of_group_ms` had in what `statsd` received.
+fn out_of_group_ms(statsd: &Statsd) -> Vec<f64> {
+    statsd
+        .read_now()
+        .values
+        .remove("replay_ingest.consumer.out_of_group_ms")
+        .unwrap_or_default()
+}
+
+/// Two members on a one-partition topic: once the group settled, both are in it — the one
+/// without a partition too — and both stay live for longer than the group stall.
+async fn idle_member_stays_in_its_group(protocol: &[&str]) {
+    let (topic, dlq, group_id) = (unique("idle"), unique("dlq"), unique("group"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (first_statsd, second_statsd) = (Statsd::bind(), Statsd::bind());
+    let first = Service::start(&args(
+        &topic,
+        &dlq,
+        &group_id,
+        dir.path(),
+        &first_statsd,
+        protocol,
+    ));
+    let second = Service::start(&args(
+        &topic,
+        &dlq,
+        &group_id,
+        dir.path(),
+        &second_statsd,
+        protocol,
+    ));
+    wait_for(
+        "one member owning the partition, both in the group",
+        JOIN_AND_FLUSH,
+        || {
+            first.owned() + second.owned() == 1
+                && in_group(&group(&first))
+                && in_group(&group(&second))
+        },
+    )
+    .await;
+
+    let until = Instant::now() + GROUP_STALL + Duration::from_secs(4);
+    let mut seen = Vec::new();
+    while Instant::now() < until {
+        for (name, member) in [("first", &first), ("second", &second)] {
+            let (live, group) = (member.probe("/health/live"), group(member));
+            if live != Some(200) || !in_group(&group) {
+                seen.push(format!("{name}: live {live:?}, group {group}"));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        seen.is_empty(),
+        "a member left its group or liveness: {seen:?}"
+    );
+    for statsd in [&first_statsd, &second_statsd] {
+        let values = out_of_group_ms(statsd);
+        assert_eq!(values.last(), Some(&0.0), "in the group: {values:?}");
+    }
+    assert_eq!(first.terminate(), Some(0));
+    assert_eq!(second.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn members_with_and_without_a_partition_are_in_their_group_and_stay_live() {
+    let _stack = uses_stack().await;
+    idle_member_stays_in_its_group(&[]).await;
+}
+
+/// The same with the consumer group protocol of KIP-848, whose member without an assignment
+/// goes through other join states.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn with_the_consumer_group_protocol_an_idle_member_is_in_its_group_and_stays_live() {
+    let _stack = uses_stack().await;
+    idle_member_stays_in_its_group(&["--kafka-property", "group.protocol=consumer"]).await;
+}
+
+/// The group is held by a member with another assignor (`range`; the service uses
+/// cooperative-sticky only), so the coordinator refuses the service's JoinGroup for as long as
+/// that member is there (what another application, or an older deployment, on the same group id
+/// does): the service never joins, `/status` and the gauge say so, and liveness fails past the
+/// group stall while the service keeps running (a restart is the kubelet's to make). Once the
+/// other member leaves, the service joins, owns the partition and is live again.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_joins() {
+    let _stack = uses_stack().await;
+    let (topic, dlq, group_id) = (unique("kept-out"), unique("dlq"), unique("group"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    // The group's first member: the service itself, told to use the `range` assignor only (as an
+    // older deployment, or another application on the same group id, would).
+    let dir = tempfile::tempdir().unwrap();
+    let other_statsd = Statsd::bind();
+    let other = Service::start(&args(
+        &topic,
+        &dlq,
+        &group_id,
+        dir.path(),
+        &other_statsd,
+        &["--kafka-property", "partition.assignment.strategy=range"],
+    ));
+    wait_for(
+        "the range member owning the partition",
+        JOIN_AND_FLUSH,
+        || other.owned() == 1,
+    )
+    .await;
+
+    let statsd = Statsd::bind();
+    let service = Service::start(&args(&topic, &dlq, &group_id, dir.path(), &statsd, &[]));
+    wait_for(
+        "the service out of its group, a broker connected",
+        JOIN_AND_FLUSH,
+        || {
+            let group = group(&service);
+            group["brokers_up"].as_u64() > Some(0)
+                && group["out_since_ms"].is_u64()
+                && group["join_state"] != "steady"
+        },
+    )
+    .await;
+    let kept_out = Instant::now();
+    wait_for(
+        "liveness failing",
+        GROUP_STALL + Duration::from_secs(20),
+        || service.probe("/health/live") == Some(503),
+    )
+    .await;
+    assert!(
+        kept_out.elapsed() + Duration::from_secs(1) >= GROUP_STALL,
+        "liveness failed {:?} after the service was seen out of its group, before the stall",
+        kept_out.elapsed()
+    );
+    let status = service.status().unwrap();
+    assert_eq!(
+        (status["ready"].clone(), status["live"].clone()),
+        (json!(true), json!(false))
+    );
+    assert!(
+        out_of_group_ms(&statsd)
+            .iter()
+            .any(|&ms| ms >= GROUP_STALL.as_millis() as f64),
+        "consumer.out_of_group_ms shows the time out"
+    );
+
+    assert_eq!(other.terminate(), Some(0), "the range member leaves");
+    wait_for(
+        "the service in its group, owning the partition, live",
+        JOIN_AND_FLUSH,
+        || {
+            service.owned() == 1
+                && in_group(&group(&service))
+                && service.probe("/health/live") == Some(200)
+        },
+    )
+    .await;
+    // What was sent while the service was out.
+    statsd.read_now();
+    wait_for(
+        "consumer.out_of_group_ms back to 0",
+        Duration::from_secs(10),
+        || out_of_group_ms(&statsd).last() == Some(&0.0),
+    )
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+}
+
+/// The broker stopped for longer than the group stall: the member is out of its group and
+/// reaches no broker, which is no reason to restart it — it stays live throughout, through its
+/// rejoin once the broker is back too, and owns its partition again.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_member_cut_off_from_every_broker_past_the_group_stall_stays_live() {
+    let _stack = stops_stack().await;
+    let (topic, dlq, group_id) = (unique("outage"), unique("dlq"), unique("group"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let statsd = Statsd::bind();
+    let service = Service::start(&args(&topic, &dlq, &group_id, dir.path(), &statsd, &[]));
+    wait_for("the service in its group", JOIN_AND_FLUSH, || {
+        service.owned() == 1 && in_group(&group(&service))
+    })
+    .await;
+
+    let mut not_live = 0;
+    let mut unreachable = false;
+    {
+        let _down = Down::begin("kafka");
+        let until = Instant::now() + GROUP_STALL + Duration::from_secs(4);
+        while Instant::now() < until {
+            not_live += usize::from(service.probe("/health/live") != Some(200));
+            unreachable |= group(&service)["brokers_up"] == 0;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    assert!(
+        unreachable,
+        "/status never showed the member without a broker"
+    );
+    wait_for("the service back in its group", JOIN_AND_FLUSH, || {
+        not_live += usize::from(service.probe("/health/live") != Some(200));
+        service.owned() == 1 && in_group(&group(&service))
+    })
+    .await;
+    assert_eq!(not_live, 0, "liveness failed during or after the outage");
+    assert_eq!(service.terminate(), Some(0));
+}
