@@ -298,6 +298,14 @@ impl KafkaArgs {
         {
             config.set("ssl.key.password", passphrase.expose());
         }
+        // A client that once found no broker up starts again from `bootstrap.servers` at most
+        // this long after it last got metadata (librdkafka's default: 5 min). Seen once in 41
+        // runs of a broker hung past its fencing on a loaded machine: the dead-letter producer
+        // dropped the fenced broker, logged every broker down and sent nothing for the 2 min the
+        // test waited, while the consumer beside it re-bootstrapped at once (librdkafka 2.12:
+        // metadata answers already queued cancel the re-bootstrap it had scheduled, and further
+        // requests wait for this timer).
+        config.set("metadata.recovery.rebootstrap.trigger.ms", "30000");
         for (key, value) in defaults {
             config.set(*key, value);
         }
@@ -933,6 +941,10 @@ mod tests {
             args.shared_consumer_properties(),
         ] {
             let mut config = args.kafka.client_config(&properties).unwrap();
+            assert_eq!(
+                config.get("metadata.recovery.rebootstrap.trigger.ms"),
+                Some("30000")
+            );
             config.set("group.id", "g");
             config
                 .create::<rdkafka::consumer::BaseConsumer>()
