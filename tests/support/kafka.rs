@@ -210,13 +210,14 @@ pub fn committed_on(
     for p in 0..partitions {
         list.add_partition(topic, p);
     }
-    // Right after a broker restart or hang the group's coordinator can be briefly unknown
-    // (`NotCoordinator`, `CoordinatorLoadInProgress`): asked again, not taken for an answer.
+    // Right after a broker restart or hang the group's coordinator can be unknown for a while
+    // (`NotCoordinator`, `CoordinatorLoadInProgress`; 6.3 s seen once, after a hang past the
+    // broker's fencing on a loaded machine): asked again for up to 15 s, not taken for an answer.
     let mut attempts = 0;
     let committed = loop {
         match consumer.committed_offsets(list.clone(), Duration::from_secs(10)) {
             Ok(committed) => break committed,
-            Err(e) if attempts < 20 => {
+            Err(e) if attempts < 60 => {
                 attempts += 1;
                 eprintln!("committed offsets of {group}: {e}; asking again");
                 std::thread::sleep(Duration::from_millis(250));
