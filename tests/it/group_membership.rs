@@ -16,36 +16,59 @@ use crate::support::*;
 /// deadline 1.5 s, which it must exceed.
 const GROUP_STALL: Duration = Duration::from_secs(8);
 
-/// Service flags: local sinks, statistics every 500 ms, the group stall above, metrics to
-/// `statsd`, and `extra`.
-fn args(
-    topic: &str,
-    dlq: &str,
-    group: &str,
-    dir: &std::path::Path,
-    statsd: &Statsd,
-    extra: &[&str],
-) -> Vec<String> {
-    let mut args = with_flag(
-        service_args(topic, dlq, group, dir, free_port()),
-        "--statsd-address",
-        &format!("127.0.0.1:{}", statsd.port()),
-    );
-    args.extend(
-        [
-            "--statsd-flush-interval-ms",
-            "100",
-            "--group-stall-timeout-ms",
-            &GROUP_STALL.as_millis().to_string(),
-            "--kafka-property",
-            "statistics.interval.ms=500",
-            "--kafka-property",
-            "max.poll.interval.ms=4000",
-        ]
-        .map(String::from),
-    );
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
+/// A one-partition topic, its dead-letter topic, a group id and a blob directory: one test's.
+struct OnePartition {
+    topic: String,
+    dlq: String,
+    group: String,
+    dir: tempfile::TempDir,
+}
+
+impl OnePartition {
+    async fn create(prefix: &str) -> OnePartition {
+        let (topic, dlq, group) = (unique(prefix), unique("dlq"), unique("group"));
+        create_topic(&topic, 1).await;
+        create_topic(&dlq, 1).await;
+        let dir = tempfile::tempdir().unwrap();
+        OnePartition {
+            topic,
+            dlq,
+            group,
+            dir,
+        }
+    }
+
+    /// A member of the group: the service with local sinks, statistics every 500 ms, the group
+    /// stall above, `extra` flags, and metrics to a port of its own (returned beside it).
+    fn member(&self, extra: &[&str]) -> (Service, Statsd) {
+        let statsd = Statsd::bind();
+        let mut args = with_flag(
+            service_args(
+                &self.topic,
+                &self.dlq,
+                &self.group,
+                self.dir.path(),
+                free_port(),
+            ),
+            "--statsd-address",
+            &format!("127.0.0.1:{}", statsd.port()),
+        );
+        args.extend(
+            [
+                "--statsd-flush-interval-ms",
+                "100",
+                "--group-stall-timeout-ms",
+                &GROUP_STALL.as_millis().to_string(),
+                "--kafka-property",
+                "statistics.interval.ms=500",
+                "--kafka-property",
+                "max.poll.interval.ms=4000",
+            ]
+            .map(String::from),
+        );
+        args.extend(extra.iter().map(|s| s.to_string()));
+        (Service::start(&args), statsd)
+    }
 }
 
 /// `/status` `group` of `service`, or `null` while the endpoint is not up.
@@ -73,27 +96,9 @@ fn out_of_group_ms(statsd: &Statsd) -> Vec<f64> {
 /// Two members on a one-partition topic: once the group settled, both are in it — the one
 /// without a partition too — and both stay live for longer than the group stall.
 async fn idle_member_stays_in_its_group(protocol: &[&str]) {
-    let (topic, dlq, group_id) = (unique("idle"), unique("dlq"), unique("group"));
-    create_topic(&topic, 1).await;
-    create_topic(&dlq, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (first_statsd, second_statsd) = (Statsd::bind(), Statsd::bind());
-    let first = Service::start(&args(
-        &topic,
-        &dlq,
-        &group_id,
-        dir.path(),
-        &first_statsd,
-        protocol,
-    ));
-    let second = Service::start(&args(
-        &topic,
-        &dlq,
-        &group_id,
-        dir.path(),
-        &second_statsd,
-        protocol,
-    ));
+    let setup = OnePartition::create("idle").await;
+    let (first, first_statsd) = setup.member(protocol);
+    let (second, second_statsd) = setup.member(protocol);
     wait_for(
         "one member owning the partition, both in the group",
         JOIN_AND_FLUSH,
@@ -154,21 +159,11 @@ async fn with_the_consumer_group_protocol_an_idle_member_is_in_its_group_and_sta
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_joins() {
     let _stack = uses_stack().await;
-    let (topic, dlq, group_id) = (unique("kept-out"), unique("dlq"), unique("group"));
-    create_topic(&topic, 1).await;
-    create_topic(&dlq, 1).await;
+    let setup = OnePartition::create("kept-out").await;
     // The group's first member: the service itself, told to use the `range` assignor only (as an
     // older deployment, or another application on the same group id, would).
-    let dir = tempfile::tempdir().unwrap();
-    let other_statsd = Statsd::bind();
-    let other = Service::start(&args(
-        &topic,
-        &dlq,
-        &group_id,
-        dir.path(),
-        &other_statsd,
-        &["--kafka-property", "partition.assignment.strategy=range"],
-    ));
+    let (other, _other_statsd) =
+        setup.member(&["--kafka-property", "partition.assignment.strategy=range"]);
     wait_for(
         "the range member owning the partition",
         JOIN_AND_FLUSH,
@@ -176,8 +171,7 @@ async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_j
     )
     .await;
 
-    let statsd = Statsd::bind();
-    let service = Service::start(&args(&topic, &dlq, &group_id, dir.path(), &statsd, &[]));
+    let (service, statsd) = setup.member(&[]);
     wait_for(
         "the service out of its group, a broker connected",
         JOIN_AND_FLUSH,
@@ -242,12 +236,8 @@ async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_j
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_member_cut_off_from_every_broker_past_the_group_stall_stays_live() {
     let _stack = stops_stack().await;
-    let (topic, dlq, group_id) = (unique("outage"), unique("dlq"), unique("group"));
-    create_topic(&topic, 1).await;
-    create_topic(&dlq, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let statsd = Statsd::bind();
-    let service = Service::start(&args(&topic, &dlq, &group_id, dir.path(), &statsd, &[]));
+    let setup = OnePartition::create("outage").await;
+    let (service, _statsd) = setup.member(&[]);
     wait_for("the service in its group", JOIN_AND_FLUSH, || {
         service.owned() == 1 && in_group(&group(&service))
     })
