@@ -312,9 +312,20 @@ impl KafkaArgs {
         for (key, value) in self.properties().map_err(ConfigError::Invalid)? {
             config.set(key, value);
         }
+        // Statistics are read by the group member only (`consumer.lag`, `/status` `group`), the
+        // one client whose defaults ask for them. Any other client given a
+        // `--kafka-property statistics.interval.ms` would hand each to rust-rdkafka's default
+        // context, which logs the whole object at INFO: kilobytes per client at every interval.
+        if !defaults.iter().any(|(key, _)| *key == STATISTICS_INTERVAL) {
+            config.set(STATISTICS_INTERVAL, "0");
+        }
         Ok(config)
     }
 }
+
+/// librdkafka's statistics interval: set by the group member's defaults, off for every other
+/// client ([`KafkaArgs::client_config`]).
+const STATISTICS_INTERVAL: &str = "statistics.interval.ms";
 
 /// Where the blobs are: the service writes them there, the operator tools delete and sweep them.
 #[derive(Args, Debug, Clone)]
@@ -790,7 +801,7 @@ impl ConsumeArgs {
                 self.fetch_max_bytes.min(1024 * 1024).to_string(),
             ),
             // Consumer lag per partition for the `consumer.lag` gauge.
-            ("statistics.interval.ms", "10000".into()),
+            (STATISTICS_INTERVAL, "10000".into()),
         ]);
         // With the consumer protocol the broker assigns (librdkafka refuses an assignor); its
         // rebalances are incremental, as cooperative-sticky's are, through the same callbacks.
@@ -950,6 +961,34 @@ mod tests {
                 .create::<rdkafka::consumer::BaseConsumer>()
                 .unwrap_or_else(|e| panic!("{properties:?}: {e}"));
         }
+    }
+
+    #[test]
+    fn statistics_go_to_the_group_member_only() {
+        let args = parse(&[
+            "--blob-sink",
+            "null",
+            "--kafka-property",
+            "statistics.interval.ms=500",
+        ]);
+        let statistics = |properties: &[(&str, String)]| {
+            let config = args.kafka.client_config(properties).unwrap();
+            config.get(STATISTICS_INTERVAL).map(str::to_owned)
+        };
+        assert_eq!(
+            statistics(&args.consumer_properties()).as_deref(),
+            Some("500")
+        );
+        for other in [
+            args.shared_consumer_properties(),
+            producer_properties(1 << 20, Duration::from_secs(1)),
+            Vec::new(),
+        ] {
+            assert_eq!(statistics(&other).as_deref(), Some("0"), "{other:?}");
+        }
+        let default = parse(&["--blob-sink", "null"]);
+        let config = default.kafka.client_config(&default.consumer_properties());
+        assert_eq!(config.unwrap().get(STATISTICS_INTERVAL), Some("10000"));
     }
 
     #[test]

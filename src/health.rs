@@ -244,11 +244,14 @@ impl Status {
     // What the pipeline and the consumer record: one call each, which updates what `/status`
     // shows and sends the event's metric.
 
-    /// Every sink checked and the consumer subscribed: ready, and out of the group until
-    /// librdkafka's statistics say it joined.
-    pub fn record_initialised(&self) {
+    /// Every sink checked and the consumer subscribed: ready, and, if the member has
+    /// `statistics`, out of the group until they say it joined (without them `/status` says
+    /// nothing of the group rather than out of it since the start).
+    pub fn record_initialised(&self, statistics: bool) {
         self.initialised.store(true, Ordering::Relaxed);
-        lock(&self.group).out_since_ms.get_or_insert(now_ms());
+        if statistics {
+            lock(&self.group).out_since_ms.get_or_insert(now_ms());
+        }
     }
 
     /// librdkafka's statistics of the member's group: its `state` and `join_state`, whether they
@@ -601,7 +604,7 @@ mod tests {
     fn ready_from_initialisation_until_shutdown_whatever_the_assignment() {
         let s = Status::default();
         assert!(!s.ready(), "sinks not checked yet");
-        s.record_initialised();
+        s.record_initialised(true);
         assert!(s.ready(), "an idle member (no partitions) is ready");
         s.record_draining(true);
         assert!(
@@ -612,13 +615,30 @@ mod tests {
         assert!(!s.ready());
     }
 
+    #[test]
+    fn a_member_without_statistics_is_not_said_out_of_its_group_nor_restarted() {
+        let s = Status::default();
+        s.beat();
+        s.set_group_stall(Some(Duration::from_millis(1)));
+        s.record_initialised(false);
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(s.live());
+        assert_eq!(s.snapshot().group.out_since_ms, None);
+        let with = Status::default();
+        with.record_initialised(true);
+        assert!(
+            with.snapshot().group.out_since_ms.is_some(),
+            "until they say"
+        );
+    }
+
     /// A live status whose member is out of its group past a 50 ms group stall: `record`
     /// receives it to record statistics before and after the stall.
     fn out_of_group(record: impl Fn(&Status, bool)) -> Status {
         let s = Status::default();
         s.beat();
         s.set_group_stall(Some(Duration::from_millis(50)));
-        s.record_initialised();
+        s.record_initialised(true);
         record(&s, false);
         std::thread::sleep(Duration::from_millis(60));
         record(&s, true);

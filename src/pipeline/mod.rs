@@ -223,7 +223,17 @@ pub async fn consume(
     );
     let consumer: Arc<IngestConsumer> = Arc::new(settings.consumer.create_with_context(context)?);
     consumer.subscribe(&[&settings.topic])?;
-    status.record_initialised();
+    let statistics = settings
+        .consumer
+        .get("statistics.interval.ms")
+        .and_then(|ms| ms.trim().parse::<u64>().ok())
+        != Some(0);
+    if !statistics {
+        warn!(
+            "statistics.interval.ms=0: consumer.lag, consumer.out_of_group_ms and /status `group` are not reported, and the group stall does not fail liveness"
+        );
+    }
+    status.record_initialised(statistics);
     let stop = Arc::new(AtomicBool::new(false));
     let poller = spawn_poller(consumer.clone(), polled_tx, handoff.clone(), stop.clone());
 

@@ -129,6 +129,13 @@ async fn idle_member_stays_in_its_group(protocol: &[&str]) {
         let values = out_of_group_ms(statsd);
         assert_eq!(values.last(), Some(&0.0), "in the group: {values:?}");
     }
+    // The statistics every 500 ms are the member's only: its producer and its re-fetch consumer
+    // logged theirs at INFO, whole (rust-rdkafka's default context).
+    for member in [&first, &second] {
+        if let Some(logs) = member.log_text() {
+            assert!(!logs.contains("Client stats"), "statistics logged");
+        }
+    }
     assert_eq!(first.terminate(), Some(0));
     assert_eq!(second.terminate(), Some(0));
 }

@@ -340,13 +340,17 @@ impl Service {
         }
     }
 
+    /// Its logs so far, when they go to a file of its own (not with REPLAY_INGEST_TEST_LOGS).
+    pub fn log_text(&self) -> Option<String> {
+        let bytes = std::fs::read(self.logs.as_ref()?.path()).unwrap_or_default();
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     /// The last [`LOG_TAIL_LINES`] lines of its logs kept in a file of its own, on stderr.
     fn tell_logs(&self) {
-        let Some(logs) = &self.logs else {
+        let Some(text) = self.log_text() else {
             return;
         };
-        let bytes = std::fs::read(logs.path()).unwrap_or_default();
-        let text = String::from_utf8_lossy(&bytes);
         let lines: Vec<&str> = text.lines().collect();
         let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
         eprintln!(
