@@ -65,15 +65,27 @@ impl GcsArgs {
 }
 
 /// Retry classification: 408, 429 and 5xx, timeouts and transport trouble are retried; 400 and
-/// 413 (this object refused) are rejections; other 4xx (permissions, missing bucket) are fatal.
+/// 413 (this object refused) are rejections; other 4xx (permissions, missing bucket) are fatal,
+/// and so are credentials that give no access token for good (`credentials_refused`).
 pub fn classify(error: &google_cloud_storage::Error) -> Retry {
     match error.http_status_code() {
         Some(408 | 429) | Some(500..=599) => Retry::Retryable,
         Some(400 | 413) => Retry::Rejected,
         Some(400..=499) => Retry::Fatal,
-        _ if error.is_serialization() => Retry::Fatal,
+        _ if error.is_serialization() || credentials_refused(error) => Retry::Fatal,
         _ => Retry::Retryable,
     }
+}
+
+/// No request was sent: the credentials could not give an access token, and google-cloud-auth
+/// says trying again will not help (the token endpoint refused them: a revoked key, a removed
+/// Workload Identity binding). Such an error has no HTTP status, and retrying it retried for
+/// ever while the backlog grew; the service stops instead, as on a 401 or 403. A token endpoint
+/// or metadata server that does not answer is transient, and retried.
+fn credentials_refused(error: &google_cloud_storage::Error) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<google_cloud_gax::error::CredentialsError>())
+        .is_some_and(|credentials| !credentials.is_transient())
 }
 
 #[derive(Debug, Clone)]
@@ -318,4 +330,28 @@ pub async fn build(config: &GcsConfig) -> Result<(Built, Arc<dyn ObjectStore>), 
         Built::checked(gcs.clone(), "gcs", "the GCS bucket", check),
         gcs,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use google_cloud_gax::error::CredentialsError;
+
+    #[test]
+    fn credentials_refused_for_good_are_fatal_and_a_token_endpoint_down_is_retried() {
+        let refused = CredentialsError::from_msg(false, "invalid_grant: the key was revoked");
+        let down = CredentialsError::from_msg(true, "metadata server: connection refused");
+        assert_eq!(
+            classify(&google_cloud_storage::Error::authentication(refused)),
+            Retry::Fatal
+        );
+        assert_eq!(
+            classify(&google_cloud_storage::Error::authentication(down)),
+            Retry::Retryable
+        );
+        assert_eq!(
+            classify(&google_cloud_storage::Error::io("connection reset")),
+            Retry::Retryable
+        );
+    }
 }

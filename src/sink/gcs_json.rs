@@ -142,11 +142,12 @@ impl GcsStore {
                 .headers(hyper::http::Extensions::new())
                 .await
                 .map_err(|e| {
-                    SinkError::new(
-                        "gcs",
-                        Retry::Retryable,
-                        format_args!("GCS credentials: {e}"),
-                    )
+                    // As the sink's `gcs::classify`: credentials refused for good are fatal.
+                    let retry = match e.is_transient() {
+                        true => Retry::Retryable,
+                        false => Retry::Fatal,
+                    };
+                    SinkError::new("gcs", retry, format_args!("GCS credentials: {e}"))
                 })?;
             if let google_cloud_auth::credentials::CacheableResource::New { data, .. } = headers {
                 for (name, value) in &data {
