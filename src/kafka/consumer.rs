@@ -229,7 +229,7 @@ impl ConsumerContext for IngestContext {
             // The pipeline bounds its own drain by the deadline; the margin covers the hand-over.
             let wait = self.drain_deadline + DRAIN_MARGIN;
             let revoke = Revoke {
-                partitions: ids,
+                partitions: ids.clone(),
                 generation,
                 lost,
                 done,
@@ -239,6 +239,7 @@ impl ConsumerContext for IngestContext {
                     deadline_ms = self.drain_deadline.as_millis() as u64,
                     "drain did not answer before the deadline"
                 );
+                self.ownership.abandon(&ids, generation);
             }
         }
     }

@@ -46,14 +46,28 @@ impl Ownership {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         for &partition in partitions {
             owned.partitions.remove(&partition);
-            if lost {
-                owned.lost_in.insert(partition, generation);
-            }
         }
         if lost {
-            self.last_loss.store(generation, Ordering::Release);
+            self.lose(&mut owned, partitions, generation);
         }
         (generation, owned.partitions.clone())
+    }
+
+    /// The revoke of `partitions` in `generation` was answered with some of what was polled of
+    /// them not durable (its drain missed the deadline): their next owner reads that again from
+    /// the last commit, so flushes still under way leave it out, as for a loss. Else a flush
+    /// held up past the deadline (a sink outage across a scale-out) went on to write it —
+    /// billing outcomes and occurrences beside the new owner's.
+    pub fn abandon(&self, partitions: &[i32], generation: u64) {
+        self.lose(&mut self.owned_mut(), partitions, generation);
+    }
+
+    fn lose(&self, owned: &mut Owned, partitions: &[i32], generation: u64) {
+        for &partition in partitions {
+            let lost = owned.lost_in.entry(partition).or_default();
+            *lost = (*lost).max(generation);
+        }
+        self.last_loss.fetch_max(generation, Ordering::AcqRel);
     }
 
     /// Whether `partition` was lost after `generation`: what was polled of it by then is its next
@@ -121,5 +135,25 @@ mod tests {
         );
         ownership.revoke(&[0], true);
         assert!(ownership.lost_since(0, 2), "lost again");
+    }
+
+    #[test]
+    fn a_revoke_answered_before_its_drain_ended_is_a_loss_to_what_was_polled_before_it() {
+        let ownership = Ownership::default();
+        ownership.gain(&[0, 1]);
+        let (generation, _) = ownership.revoke(&[0], false);
+        assert!(!ownership.lost_since(0, generation - 1), "drained in time");
+        ownership.abandon(&[0], generation);
+        assert!(ownership.lost_since(0, generation - 1));
+        assert!(!ownership.lost_since(1, generation - 1), "kept");
+        ownership.gain(&[0]);
+        assert!(
+            !ownership.lost_since(0, generation),
+            "polled after the revoke"
+        );
+        // A later loss of another partition does not move this one's back.
+        ownership.revoke(&[1], true);
+        ownership.abandon(&[0], generation);
+        assert!(!ownership.lost_since(0, generation));
     }
 }

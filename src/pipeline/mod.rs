@@ -664,11 +664,13 @@ impl Pipeline {
     fn flushed(&mut self, flushed: Flushed) -> Result<(), PipelineError> {
         self.status.record_flushes_in_flight(self.flushes.len());
         // Started before a revoke whose drain gave up on it: the revoked partitions' offsets are
-        // someone else's now and are not committed (what the flush wrote is idempotent); those of
-        // partitions this member kept are.
+        // someone else's now and are not committed (the flush wrote no more of them once the
+        // drain gave up, `Ownership::abandon`; what it wrote before is written again by their
+        // next owner); those of partitions this member kept are.
         let generation = flushed.generation;
-        // A flush leaves out the messages of partitions lost while it ran, whether or not this
-        // task has heard of the loss yet: none of their offsets is completed.
+        // A flush leaves out the messages of partitions lost while it ran (or whose revoke was
+        // answered before its drain ended), whether or not this task has heard of it yet: none
+        // of their offsets is completed.
         let given_up = flushed.result.as_ref().map_or(&[][..], |r| &r.given_up[..]);
         if !given_up.is_empty() {
             info!(
@@ -798,12 +800,20 @@ impl Pipeline {
         };
         match drained {
             Drained::Durable => {}
-            Drained::MissedDeadline => warn!(
-                deadline_ms = self.drain_deadline.as_millis() as u64,
-                flushes_in_flight = self.flushes.len(),
-                buffered = self.buffer.len(),
-                "revoke: drain missed its deadline; what is not durable is left to the next owner"
-            ),
+            Drained::MissedDeadline => {
+                warn!(
+                    deadline_ms = self.drain_deadline.as_millis() as u64,
+                    flushes_in_flight = self.flushes.len(),
+                    buffered = self.buffer.len(),
+                    "revoke: drain missed its deadline; what is not durable is left to the next owner"
+                );
+                // Before the callback is answered, so before the next owner starts: flushes
+                // under way write no more of these partitions.
+                self.consumer
+                    .context()
+                    .ownership()
+                    .abandon(partitions, generation);
+            }
             Drained::Uncommitted => warn!(
                 "revoke: everything is durable but the offset commit failed; the next owner reads again what was flushed since the last commit"
             ),

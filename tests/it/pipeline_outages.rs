@@ -18,7 +18,8 @@ use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
 use replay_ingest::sink::{Entry, Outcome, Progress, Retry, Sink, SinkError, Writing, Written};
 
 /// Fails (retryably) while `down` is set, hangs while `hung` is set (only the writes holding
-/// `hangs_on`, a partition and offset, when it is given); counts what it wrote.
+/// `hangs_on`, a partition and offset, when it is given); counts what it wrote, and keeps the
+/// partition and offset of each message written.
 #[derive(Clone, Default)]
 struct Switchable {
     down: Arc<AtomicBool>,
@@ -26,6 +27,7 @@ struct Switchable {
     hangs_on: Option<(i32, i64)>,
     attempts: Arc<AtomicUsize>,
     messages: Arc<AtomicUsize>,
+    written: Arc<std::sync::Mutex<Vec<(i32, i64)>>>,
 }
 
 impl Sink for Switchable {
@@ -51,6 +53,8 @@ impl Sink for Switchable {
                 ));
             }
             self.messages.fetch_add(batch.len(), Ordering::SeqCst);
+            let mut written = self.written.lock().unwrap();
+            written.extend(batch.iter().map(|e| (e.partition, e.offset)));
             Ok(Written::default())
         })
     }
@@ -282,9 +286,16 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
         report,
         sent,
     } = Backlog::behind_a_hung_sink().await;
-    let (stop, task) = spawn(
-        consume_args(&topic, &group, &[]),
-        hung.clone(),
+    // A second stage after the hung one, as events come after blobs and rows.
+    let after = Switchable::default();
+    let (stop, task) = spawn_sinks(
+        consume_args(&topic, &group, &[])
+            .pipeline_settings()
+            .unwrap(),
+        Sinks::new(vec![
+            vec![Box::new(hung.clone())],
+            vec![Box::new(after.clone())],
+        ]),
         status.clone(),
     );
     wait_for(
@@ -365,6 +376,18 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
         counted < hung.messages.load(Ordering::SeqCst),
         "the revoked partition's messages in that flush ({} written) are not counted as flushed ({counted})",
         hung.messages.load(Ordering::SeqCst)
+    );
+    // The stage under way when the drain gave up wrote the revoked partition's messages (blobs
+    // and rows are idempotent); the stage after it, as the events with their billing outcomes,
+    // wrote none of them: their new owner does (it used to write them too).
+    let given_away: Vec<i32> = (0..2)
+        .filter(|p| !snapshot.partitions.contains(p))
+        .collect();
+    let written = after.written.lock().unwrap().clone();
+    assert!(!written.is_empty(), "the partition kept went on");
+    assert!(
+        written.iter().all(|(p, _)| !given_away.contains(p)),
+        "written after the drain gave up on {given_away:?}: {written:?}"
     );
     assert!(!task.is_finished(), "the first member carried on");
     assert_eq!(other.terminate(), Some(0));
