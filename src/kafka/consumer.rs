@@ -51,10 +51,6 @@ pub struct Polled {
     pub room: super::handoff::Ticket,
 }
 
-/// What the polling thread hands over: messages, or why the brokers will never let this member
-/// consume as configured (the pipeline stops with it).
-pub type FromPoller = Result<Polled, String>;
-
 /// A consumer error no retry gets past — the group coordinator refuses the member's settings or
 /// the principal's rights — with what to fix. librdkafka keeps retrying these, every few
 /// seconds, for ever: a member ready and consuming nothing, seen only as lag from outside.
@@ -73,6 +69,25 @@ fn refusal(error: &KafkaError) -> Option<String> {
         _ => return None,
     };
     Some(format!("the brokers refuse this member: {error}: {fix}"))
+}
+
+/// librdkafka's fatal error, once it raised one: its consumer never consumes, heartbeats or
+/// commits again, while the member looks ready and live (with the consumer group protocol its
+/// join state even reads as in the group). Raised for a fenced static member — another one
+/// joined with the same `group.instance.id` — and, with the consumer group protocol, for
+/// heartbeats refused for good (group authorization, the group's size limit, an unknown
+/// assignor).
+fn fatal(consumer: &IngestConsumer) -> Option<String> {
+    let (code, reason) = consumer.client().fatal_error()?;
+    let fix = match code {
+        RDKafkaErrorCode::FencedInstanceId => {
+            ": another member joined the group with the same `group.instance.id` (static membership): give each member its own"
+        }
+        _ => "",
+    };
+    Some(format!(
+        "librdkafka stopped consuming for good ({code:?}): {reason}{fix}"
+    ))
 }
 
 /// Most messages in one [`Polled`] batch.
@@ -274,7 +289,8 @@ pub type IngestConsumer = BaseConsumer<IngestContext>;
 /// generation they were polled in. Returns the thread handle.
 pub fn spawn_poller(
     consumer: Arc<IngestConsumer>,
-    events: mpsc::UnboundedSender<FromPoller>,
+    events: mpsc::UnboundedSender<Polled>,
+    refusals: mpsc::UnboundedSender<String>,
     handoff: Arc<Handoff>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
@@ -282,6 +298,7 @@ pub fn spawn_poller(
     let poller = Poller {
         consumer,
         events,
+        refusals,
         handoff,
         ownership,
         held: VecDeque::new(),
@@ -295,7 +312,11 @@ pub fn spawn_poller(
 
 struct Poller {
     consumer: Arc<IngestConsumer>,
-    events: mpsc::UnboundedSender<FromPoller>,
+    events: mpsc::UnboundedSender<Polled>,
+    /// Why the brokers or librdkafka will never let this member consume: a channel of its own,
+    /// which the pipeline reads whether or not it takes messages (intake paused behind a sink
+    /// outage leaves messages waiting, not this).
+    refusals: mpsc::UnboundedSender<String>,
     handoff: Arc<Handoff>,
     ownership: Arc<Ownership>,
     /// Polled, not yet handed over (in order), with their generations. While anything is held
@@ -342,10 +363,10 @@ impl Poller {
             }
             Some(Err(KafkaError::PartitionEOF(_))) | None => false,
             Some(Err(error)) => {
-                match refusal(&error) {
+                match refusal(&error).or_else(|| fatal(&self.consumer)) {
                     // The pipeline stops on it; this thread is stopped with it.
                     Some(refused) => {
-                        let _ = self.events.send(Err(refused));
+                        let _ = self.refusals.send(refused);
                     }
                     None => warn!(%error, "consumer error"),
                 }
@@ -385,7 +406,7 @@ impl Poller {
             ) {
                 Reserved::Room(room) => {
                     let messages = self.held.drain(..count).collect();
-                    if self.events.send(Ok(Polled { messages, room })).is_err() {
+                    if self.events.send(Polled { messages, room }).is_err() {
                         return false;
                     }
                 }

@@ -47,7 +47,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::health::Status;
 use crate::kafka::consumer::{
-    FromPoller, IngestConsumer, IngestContext, Polled, Revoke, commit_list, spawn_poller,
+    IngestConsumer, IngestContext, Polled, Revoke, commit_list, spawn_poller,
 };
 use crate::kafka::handoff::{Handoff, Ticket};
 use crate::kafka::record::Record;
@@ -99,8 +99,8 @@ pub enum PipelineError {
     TaskDied(String),
     #[error("the Kafka polling thread stopped")]
     PollerGone,
-    /// The group coordinator refuses the member's settings or the principal's rights: no retry
-    /// would ever consume.
+    /// The group coordinator refuses the member's settings or the principal's rights, or
+    /// librdkafka raised a fatal error (a fenced static member): no retry would ever consume.
     #[error("{0}")]
     Refused(String),
     /// Stopping is the way back to increasing offsets: the next start reads from the committed
@@ -235,7 +235,14 @@ pub async fn consume(
     }
     status.record_initialised(statistics);
     let stop = Arc::new(AtomicBool::new(false));
-    let poller = spawn_poller(consumer.clone(), polled_tx, handoff.clone(), stop.clone());
+    let (refusals_tx, refusals_rx) = mpsc::unbounded_channel();
+    let poller = spawn_poller(
+        consumer.clone(),
+        polled_tx,
+        refusals_tx,
+        handoff.clone(),
+        stop.clone(),
+    );
 
     let threads = match settings.processing_threads {
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -255,6 +262,7 @@ pub async fn consume(
         topic: settings.topic,
         consumer: consumer.clone(),
         polled: polled_rx,
+        refusals: refusals_rx,
         revokes: revokes_rx,
         revocations: Revocations::default(),
         pool: Arc::new(pool),
@@ -308,7 +316,10 @@ pub async fn consume(
 struct Pipeline {
     topic: String,
     consumer: Arc<IngestConsumer>,
-    polled: mpsc::UnboundedReceiver<FromPoller>,
+    polled: mpsc::UnboundedReceiver<Polled>,
+    /// Why the member will never consume (`kafka::consumer`): read whether or not intake takes
+    /// messages, so never behind data.
+    refusals: mpsc::UnboundedReceiver<String>,
     revokes: mpsc::UnboundedReceiver<Revoke>,
     /// What this member may still commit, per partition.
     revocations: Revocations,
@@ -409,11 +420,11 @@ impl Pipeline {
                         }
                     }
                 }
+                Some(refused) = self.refusals.recv() => return Err(PipelineError::Refused(refused)),
                 polled = self.polled.recv(), if self.takes_messages() => match polled {
-                    Some(Ok(Polled { messages, room })) => {
+                    Some(Polled { messages, room }) => {
                         self.intake = Some(Intake { messages: messages.into(), _room: room });
                     }
-                    Some(Err(refused)) => return Err(PipelineError::Refused(refused)),
                     None => return Err(PipelineError::PollerGone),
                 },
                 () = tokio::time::sleep_until(age_deadline.unwrap_or_else(tokio::time::Instant::now)), if age_deadline.is_some() => {}

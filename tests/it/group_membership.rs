@@ -273,3 +273,50 @@ async fn a_member_cut_off_from_every_broker_past_the_group_stall_stays_live() {
     assert_eq!(not_live, 0, "liveness failed during or after the outage");
     assert_eq!(service.terminate(), Some(0));
 }
+
+/// Static membership with one `group.instance.id` for two members (a values file giving every
+/// pod the same one): the second to join fences the first, and librdkafka raises a fatal error
+/// in the first, after which it never consumes, heartbeats or commits again. The fenced member
+/// exits 1 naming the instance id, at once; it used to log a warning and stay ready and live,
+/// owning nothing, until the group stall restarted it.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_static_member_fenced_by_another_with_its_instance_id_exits_saying_so() {
+    let _stack = uses_stack().await;
+    let setup = OnePartition::create("fenced").await;
+    let instance = format!("group.instance.id={}", unique("instance"));
+    let static_member = ["--kafka-property", instance.as_str()];
+    let (first, _first_statsd) = setup.member(&static_member);
+    wait_for(
+        "the first member owning the partition",
+        JOIN_AND_FLUSH,
+        || first.owned() == 1,
+    )
+    .await;
+    let (second, _second_statsd) = setup.member(&static_member);
+    wait_for(
+        "the second member owning the partition",
+        JOIN_AND_FLUSH,
+        || second.owned() == 1,
+    )
+    .await;
+    if first.log_text().is_some() {
+        wait_for(
+            "the fenced member saying why it stops",
+            Duration::from_secs(30),
+            || {
+                first.log_text().is_some_and(|logs| {
+                    logs.contains("FencedInstanceId") && logs.contains("`group.instance.id`")
+                })
+            },
+        )
+        .await;
+    }
+    assert_eq!(
+        first.exit_within(Duration::from_secs(30)).await,
+        Some(1),
+        "the fenced member stops"
+    );
+    assert_eq!(second.probe("/health/live"), Some(200));
+    assert_eq!(second.terminate(), Some(0));
+}
