@@ -491,9 +491,8 @@ async fn replay_time(
                 ))
                 .bind(target.project)
                 .bind(hyphenated(&target.replay))
-                .fetch_one::<u32>()
-                .await
-                .map_err(|e| clickhouse::setup_error(&e, config))?;
+                .fetch_one::<u32>();
+            let first = answered(config, "the replay's earliest row", first).await?;
             Ok(Some(f64::from(first)))
         }
         _ => Ok(None),
@@ -577,12 +576,7 @@ async fn delete_rows(
             config.table,
             which.join(" OR ")
         );
-        client
-            .query(&delete)
-            .execute()
-            .await
-            .map_err(|e| clickhouse::setup_error(&e, config))
-            .context("deleting the rows")?;
+        answered(config, "deleting the rows", client.query(&delete).execute()).await?;
     }
     for replay in &replays {
         wait_for_mutation(&client, config, replay, timeout).await?;
@@ -611,18 +605,16 @@ async fn delete_rows(
         });
     }
     if !archives.is_empty() {
-        let mut insert = client
-            .insert::<crate::recording::ReplayRow>(&config.table)
-            .await
-            .map_err(|e| clickhouse::setup_error(&e, config))?;
-        for row in &archives {
-            insert.write(row).await?;
-        }
-        insert
-            .end()
-            .await
-            .map_err(|e| clickhouse::setup_error(&e, config))
-            .context("inserting the archive rows")?;
+        let insert = async {
+            let mut insert = client
+                .insert::<crate::recording::ReplayRow>(&config.table)
+                .await?;
+            for row in &archives {
+                insert.write(row).await?;
+            }
+            insert.end().await
+        };
+        answered(config, "inserting the archive rows", insert).await?;
     }
     Ok(each)
 }
@@ -645,11 +637,14 @@ async fn wait_for_mutation(
                 .query("SELECT any(latest_fail_reason) FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0 AND latest_fail_reason != ''")
                 .bind(&config.database)
                 .bind(&config.table)
-                .fetch_one::<String>()
+                .fetch_one::<String>();
+            let reason = answered(config, "why the mutation fails", reason)
                 .await
                 .ok()
                 .filter(|r| !r.is_empty())
-                .map_or_else(String::new, |r| format!("; a mutation of the table fails: {r}"));
+                .map_or_else(String::new, |r| {
+                    format!("; a mutation of the table fails: {r}")
+                });
             bail!(
                 "the delete mutation of {} is still running{reason} (see system.mutations; a run again waits for it, and queues no other)",
                 config.table
@@ -667,16 +662,15 @@ async fn live_rows(
     project: u64,
     replay: &str,
 ) -> anyhow::Result<u64> {
-    client
+    let count = client
         .query(&format!(
             "SELECT count() FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND {LIVE}",
             config.table
         ))
         .bind(project)
         .bind(replay)
-        .fetch_one::<u64>()
-        .await
-        .map_err(|e| clickhouse::setup_error(&e, config).into())
+        .fetch_one::<u64>();
+    answered(config, "counting the replay's rows", count).await
 }
 
 /// The table's unfinished deletes of `replay` (hyphenated) this tool submitted: their command
@@ -686,14 +680,33 @@ async fn unfinished_mutations(
     config: &ClickHouseConfig,
     replay: &str,
 ) -> anyhow::Result<u64> {
-    client
+    let count = client
         .query("SELECT count() FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0 AND position(command, ?) > 0 AND position(command, 'is_archived') > 0")
         .bind(&config.database)
         .bind(&config.table)
         .bind(replay)
-        .fetch_one::<u64>()
-        .await
-        .map_err(|e| clickhouse::setup_error(&e, config).into())
+        .fetch_one::<u64>();
+    answered(config, "reading the table's mutations", count).await
+}
+
+/// What ClickHouse answers to `request` (saying `what` it was when it fails), within the
+/// request timeout (`--sink-timeout-ms`): a server that accepts connections and never answers
+/// (hung, or a proxy holding the connection) would hold the run for ever. A delete given up
+/// here may still be queued on the server: a run again waits for it and queues no other.
+async fn answered<T>(
+    config: &ClickHouseConfig,
+    what: &str,
+    request: impl std::future::Future<Output = Result<T, ::clickhouse::error::Error>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(config.timeout, request).await {
+        Ok(answer) => answer
+            .map_err(|e| clickhouse::setup_error(&e, config))
+            .with_context(|| what.to_owned()),
+        Err(_) => bail!(
+            "{what}: ClickHouse did not answer within {:?} (--sink-timeout-ms)",
+            config.timeout
+        ),
+    }
 }
 
 /// The replay id as ClickHouse parses a UUID (every version takes the hyphenated form).

@@ -648,3 +648,50 @@ async fn rows_with_a_null_is_archived_are_deleted_and_the_archive_takes_their_ti
     let first = rows.iter().map(|r| r.timestamp).min().unwrap();
     assert_eq!(left[0].timestamp, first, "the earliest row's time");
 }
+
+/// A ClickHouse that accepts connections and never answers (hung, or a proxy holding them): the
+/// run gives up within the request timeout, saying so, instead of waiting for ever (it did: no
+/// ClickHouse request of the tool had a deadline).
+#[test]
+fn a_clickhouse_that_never_answers_fails_the_run_within_the_timeout() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    // Accepts, reads nothing, answers nothing; the connections are held until the test ends.
+    std::thread::spawn(move || {
+        let held: Vec<_> = listener.incoming().map_while(Result::ok).collect();
+        drop(held);
+    });
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .arg("delete")
+        .args([
+            "--blob-sink",
+            "null",
+            "--rows-sink",
+            "clickhouse",
+            "--clickhouse-url",
+            &url,
+            "--sink-timeout-ms",
+            "1000",
+            "--project",
+            "1",
+            "--replay",
+            "0123456789abcdef0123456789abcdef",
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Generous for a loaded machine: the run needs about one timeout per request it makes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while run.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let waiting = run.try_wait().unwrap().is_none();
+    let _ = run.kill();
+    let out = run.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!waiting, "still waiting for ClickHouse after 60 s: {said}");
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("did not answer within 1s"), "{said}");
+}
