@@ -114,15 +114,16 @@ impl InvalidRecording {
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ");
-        if detail.len() > MAX_DETAIL_BYTES {
-            let mut end = MAX_DETAIL_BYTES;
-            while !detail.is_char_boundary(end) {
-                end -= 1;
-            }
-            detail.truncate(end);
-            detail.push('…');
-        }
+        shorten(&mut detail, MAX_DETAIL_BYTES);
         InvalidRecording { reason, detail }
+    }
+}
+
+/// Cuts `text` to at most `max` bytes (at a character boundary) and marks the cut with `…`.
+pub fn shorten(text: &mut String, max: usize) {
+    if text.len() > max {
+        text.truncate(text.floor_char_boundary(max));
+        text.push('…');
     }
 }
 

@@ -41,7 +41,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 pub use blob::Blob;
 pub use envelope::Envelope;
-pub use error::{InvalidRecording, Reason};
+pub use error::{InvalidRecording, Reason, shorten};
 pub use events::{AnalyticsEvent, EventTopic};
 pub use heap::HeapSize;
 pub use ids::SegmentIds;

@@ -346,6 +346,7 @@ impl RejectedToDlq {
                 }
                 Err(e) => return Err(SinkError::from_error("rejected", Retry::Retryable, e)),
             };
+            progress.stepped();
             let message = InvalidMessage {
                 error: InvalidRecording::new(r.reason(), detail),
                 value: Vec::from(original.value),

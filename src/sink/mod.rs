@@ -234,13 +234,23 @@ pub struct SinkError {
     source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
+/// Longest message a sink error keeps (in bytes, before the sink's own prefix): a server's
+/// answer quoted whole (a proxy's HTML error page, an exception quoting the data) would go into
+/// every attempt's log line and `/status`.
+const MAX_MESSAGE_BYTES: usize = 2048;
+
+fn capped(mut message: String) -> String {
+    crate::recording::shorten(&mut message, MAX_MESSAGE_BYTES);
+    message
+}
+
 impl SinkError {
     /// A failure described by `message` alone.
     pub fn new(sink: &'static str, retry: Retry, message: impl fmt::Display) -> Self {
         SinkError {
             sink,
             retry,
-            message: message.to_string(),
+            message: capped(message.to_string()),
             source: None,
         }
     }
@@ -254,7 +264,7 @@ impl SinkError {
         SinkError {
             sink,
             retry,
-            message: error.to_string(),
+            message: capped(error.to_string()),
             source: Some(Arc::new(error)),
         }
     }
@@ -273,7 +283,7 @@ pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
         }
         cause = next.source();
     }
-    text
+    capped(text)
 }
 
 /// Two errors are the same failure when sink, class and message are (the source is detail).
@@ -356,4 +366,25 @@ pub trait ObjectStore: Send + Sync {
 
     /// Where `key` can be fetched from, as an operator would write it (`gs://bucket/key`).
     fn location(&self, key: &str) -> String;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_servers_answer_quoted_whole_is_cut_in_the_message_whatever_its_characters() {
+        let page = format!("<html>{}</html>", "é".repeat(100_000));
+        for error in [
+            SinkError::new("gcs", Retry::Retryable, &page),
+            SinkError::from_error("gcs", Retry::Retryable, std::io::Error::other(page.clone())),
+        ] {
+            assert!(error.message.len() <= MAX_MESSAGE_BYTES + '…'.len_utf8());
+            assert!(error.message.starts_with("<html>é") && error.message.ends_with('…'));
+        }
+        let chained = std::io::Error::other(std::io::Error::other(page));
+        assert!(describe(&chained).len() <= MAX_MESSAGE_BYTES + '…'.len_utf8());
+        let short = SinkError::new("gcs", Retry::Retryable, "503 Service Unavailable");
+        assert_eq!(short.message, "503 Service Unavailable");
+    }
 }

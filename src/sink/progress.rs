@@ -71,6 +71,14 @@ impl<'a> Progress<'a> {
         self.status.flush_progress();
     }
 
+    /// A step of the write that stores nothing yet ended (a refused message read again from
+    /// the topic, to be dead-lettered): the flush is making requests, as liveness counts them.
+    /// Thousands read again one by one outlasted the flush stall, and the pod was restarted into
+    /// the same batch.
+    pub fn stepped(&self) {
+        self.status.flush_progress();
+    }
+
     /// A request ended without storing its piece. A retryable failure puts the sink in an outage
     /// from now on (a success of the whole write ends it).
     pub fn failed(&self, error: &SinkError) {
@@ -150,5 +158,19 @@ mod tests {
             !progress.looks_down(1),
             "a success ends the run of failures"
         );
+    }
+
+    #[test]
+    fn a_step_that_stores_nothing_yet_keeps_a_flush_from_looking_stalled() {
+        let status = Status::default();
+        status.beat();
+        status.set_flush_stall(std::time::Duration::from_millis(50));
+        status.record_flushes_in_flight(1);
+        let progress = Progress::new("rejected", &status);
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        status.beat();
+        assert!(!status.live(), "no step past the stall");
+        progress.stepped();
+        assert!(status.live());
     }
 }
