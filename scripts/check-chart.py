@@ -11,7 +11,7 @@
   TriggerAuthentication reads the same Secret the pods mount; NOTES.txt renders;
 - the Dockerfile agrees with the chart (runtime user, port), copies only what exists, has OCI
   labels;
-- the chart refuses what it must (a grace period below the drain deadline, config.HTTP_LISTEN,
+- the chart refuses what it must (a grace period below the drain deadline and the exit after it, config.HTTP_LISTEN,
   config.STATSD_ADDRESS and config.STATSD_TAGS),
   each with its own message.
 
@@ -207,6 +207,9 @@ def main():
     brokers = next(d for _, d in numbers if d["kind"] == "ScaledObject")["spec"]["triggers"][0]["metadata"]["bootstrapServers"]
     if brokers != "b1:9092,b2:9092":
         fail(f"KEDA must read the lag from config.KAFKA_BROKERS unless autoscaling.keda.bootstrapServers is set: {brokers}")
+    reset = next(d for _, d in numbers if d["kind"] == "ScaledObject")["spec"]["triggers"][0]["metadata"].get("offsetResetPolicy")
+    if reset != "earliest":
+        fail(f"KEDA must count lag from where the service starts a partition without commits (earliest): {reset!r}")
     print("kafkaProperties: whole numbers as integers; KEDA on the service's brokers")
     # The service's own version tag is the one the agent takes from the pod's labels (two
     # different `version` tags on one metric otherwise).
@@ -226,10 +229,23 @@ def main():
         if got != [address]:
             fail(f"dogstatsd.mode {mode}: REPLAY_INGEST_STATSD_ADDRESS {got}, expected [{address!r}]")
     print("DogStatsD address: by host IP, by socket, or off")
+    # Every metric names its pod (two pods on a node would overwrite each other's gauges at the
+    # agent): POD_NAME from the pod's name, defined before the tags that use it.
+    for mode, tags in [("hostIP", "region:eu,env:ci,pod_name:$(POD_NAME)"), ("socket", "region:eu,env:ci,pod_name:$(POD_NAME)"), ("off", None)]:
+        rendered = helm.Chart.load(str(CHART)).render(
+            {"dogstatsd": {"mode": mode, "env": "ci", "tags": ["region:eu"]}}, name="x", namespace="y")
+        container = next(d for _, d in documents(rendered) if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        names = [e["name"] for e in container["env"]]
+        got = next((e.get("value") for e in container["env"] if e["name"] == "REPLAY_INGEST_STATSD_TAGS"), None)
+        pod = next((e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"] if e["name"] == "POD_NAME"), None)
+        if got != tags or (tags and (pod != "metadata.name" or names.index("POD_NAME") > names.index("REPLAY_INGEST_STATSD_TAGS"))):
+            fail(f"dogstatsd.mode {mode}: REPLAY_INGEST_STATSD_TAGS {got!r} (expected {tags!r}), POD_NAME from {pod!r}")
+    print("DogStatsD tags: the pod's name on every metric, beside dogstatsd.tags and env")
     # The chart refuses values that cannot work — each with its own message; any other render
     # error (a template bug) is a failure, not the expected refusal.
     refusals = [
         ({"terminationGracePeriodSeconds": 10}, "must exceed config.DRAIN_DEADLINE_MS"),
+        ({"terminationGracePeriodSeconds": 30, "config": {"DRAIN_DEADLINE_MS": "28900"}}, "plus 2 s to close the clients"),
         ({"config": {"HTTP_LISTEN": "0.0.0.0:1"}}, "set http.port instead"),
         ({"config": {"STATSD_ADDRESS": ""}}, "config.STATSD_ADDRESS: set dogstatsd.mode"),
         ({"config": {"STATSD_TAGS": "region:eu"}, "dogstatsd": {"env": "prod"}}, "config.STATSD_TAGS: set dogstatsd.tags"),

@@ -55,3 +55,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- else if eq $mechanism "SCRAM-SHA-512" -}}scram_sha512
 {{- end -}}
 {{- end -}}
+
+{{/*
+The service's DogStatsD tags: dogstatsd.tags, env:<dogstatsd.env>, and the pod's name (from
+POD_NAME, set beside it).
+*/}}
+{{- define "replay-ingest.statsdTags" -}}
+{{- $tags := .Values.dogstatsd.tags }}
+{{- with .Values.dogstatsd.env }}
+{{- $tags = append $tags (printf "env:%s" .) }}
+{{- end }}
+{{- $tags = append $tags "pod_name:$(POD_NAME)" }}
+{{- join "," $tags }}
+{{- end }}
