@@ -50,11 +50,19 @@ pub struct Written {
 }
 
 /// `url` starts with `http://` or `https://` and names a host: anything else (`ftp://`, a bare
-/// host, a typo) would otherwise be waited on for ever as "not reachable yet".
+/// host, a typo) would otherwise be waited on for ever as "not reachable yet". Credentials in it
+/// (`user:password@`) are refused without being repeated: the URL goes into errors, logs,
+/// `/status` and the chart's ConfigMap, and each destination has flags for its credentials.
 pub fn http_url(flag: &str, url: &str) -> Result<(), String> {
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"));
+    let authority = rest.map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
+    if authority.unwrap_or(url).contains('@') {
+        return Err(format!(
+            "{flag} holds credentials (user:password@): give them with the flags for them, and only the server's address here"
+        ));
+    }
     match rest {
         Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(()),
         _ => Err(format!(
@@ -371,6 +379,24 @@ pub trait ObjectStore: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_with_credentials_is_refused_without_repeating_them() {
+        for url in [
+            "http://default:s3cret@clickhouse:8123",
+            "https://user@ch.example:8443/",
+            "default:s3cret@clickhouse:8123",
+        ] {
+            let refused = http_url("--clickhouse-url", url).unwrap_err();
+            assert!(
+                refused.contains("credentials") && !refused.contains("s3cret"),
+                "{refused}"
+            );
+        }
+        http_url("--clickhouse-url", "http://clickhouse:8123/?user=x@y").unwrap();
+        http_url("--gcs-endpoint", "https://storage.googleapis.com").unwrap();
+        assert!(http_url("--gcs-endpoint", "ftp://x").is_err());
+    }
 
     #[test]
     fn a_servers_answer_quoted_whole_is_cut_in_the_message_whatever_its_characters() {
