@@ -181,14 +181,19 @@ fn said_once(error: &anyhow::Error) -> String {
 /// what it leaves to the broker). In turn, rows
 /// and events add their times to a flush's instead of overlapping; both are small beside the
 /// blobs' (`architecture.md`). Metrics follow the flush. Each sink module builds its sink with its
-/// destination's health check (`sink::Built`); `startup` runs the checks.
-async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks> {
+/// destination's health check (`sink::Built`); `startup` runs the checks. Beside the sinks: the
+/// consumed topic's check, which no sink waits on.
+async fn sinks(
+    args: &ConsumeArgs,
+    status: &Arc<Status>,
+) -> anyhow::Result<(Sinks, Arc<startup::Gate>)> {
     let timeout = args.sink_timeout();
     let kafka = args
         .kafka
         .client_config(&producer_properties(args.max_message_bytes, timeout))?;
     // The consumed topic must exist too (the dead-letter sink reads rejected messages again).
-    startup::check(
+    // No sink writes there, so a later check's configuration error stops the pipeline itself.
+    let consumed_topic = startup::check(
         "kafka",
         status,
         publish::topics_check(&kafka, vec![args.topic.clone()], timeout),
@@ -273,7 +278,10 @@ async fn sinks(args: &ConsumeArgs, status: &Arc<Status>) -> anyhow::Result<Sinks
         }
         stages.push(gated);
     }
-    Ok(Sinks::dead_lettering(stages, Box::new(rejections)))
+    Ok((
+        Sinks::dead_lettering(stages, Box::new(rejections)),
+        consumed_topic,
+    ))
 }
 
 /// Warns, once at startup, of each retention prefix in the bucket whose blobs its lifecycle rules
@@ -402,14 +410,27 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
         let interval = std::time::Duration::from_secs(args.sweep_interval_s);
         spawn_sweeper(args.blobs.blob_dir.clone(), interval, args.sweep_pace);
     }
-    let sinks = tokio::select! {
+    let (sinks, consumed_topic) = tokio::select! {
         sinks = sinks(args, &status) => sinks?,
         () = &mut shutdown => {
             info!("stopped before the sinks were built");
             return Ok(());
         }
     };
-    pipeline::consume(args.pipeline_settings()?, sinks, status.clone(), shutdown).await?;
+    // A consumed topic found missing once the brokers answer: nothing of it was consumed, so the
+    // pipeline drains nothing and the service stops with the error (it stayed ready, in its
+    // group, consuming nothing).
+    let mut missing = None;
+    let stop = async {
+        tokio::select! {
+            () = &mut shutdown => {}
+            error = consumed_topic.failure() => missing = Some(error),
+        }
+    };
+    pipeline::consume(args.pipeline_settings()?, sinks, status.clone(), stop).await?;
+    if let Some(error) = missing {
+        return Err(error).context("checking the consumed topic");
+    }
     let done = status.snapshot();
     info!(
         consumed = done.consumed,

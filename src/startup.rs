@@ -55,6 +55,8 @@ async fn try_check(
 /// Whether a destination's startup check has passed.
 pub struct Gate {
     state: Mutex<State>,
+    /// Told of every change of `state`.
+    changed: tokio::sync::Notify,
 }
 
 enum State {
@@ -68,23 +70,43 @@ impl Gate {
     fn new(state: State) -> Arc<Gate> {
         Arc::new(Gate {
             state: Mutex::new(state),
+            changed: tokio::sync::Notify::new(),
         })
     }
 
     fn set(&self, state: State) {
-        *self
-            .state
+        *self.state() = state;
+        self.changed.notify_waiters();
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = state;
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The configuration error a check in the background found, when it finds one; never if the
+    /// check passes. For a destination no sink writes to (the consumed topic), whose error would
+    /// otherwise stop nothing.
+    pub async fn failure(&self) -> SinkError {
+        loop {
+            // Registered before the state is read: a change in between still wakes it.
+            let changed = self.changed.notified();
+            let passed = match &*self.state() {
+                State::Failed(error) => return error.clone(),
+                State::Passed => true,
+                State::Waiting(_) => false,
+            };
+            if passed {
+                std::future::pending::<()>().await;
+            }
+            changed.await;
+        }
     }
 
     /// `Ok` once the check passed; an error for `sink` to fail its write with otherwise.
     fn open(&self, sink: &'static str) -> Result<(), SinkError> {
-        match &*self
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-        {
+        match &*self.state() {
             State::Passed => Ok(()),
             State::Waiting(error) => Err(SinkError::new(
                 sink,
@@ -262,6 +284,32 @@ mod tests {
             serde_json::json!({}),
             "the outage cleared when the check passed"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_configuration_error_found_in_the_background_is_told_to_whoever_waits_for_it() {
+        let status = Arc::new(Status::default());
+        let tries = Arc::new(AtomicU32::new(0));
+        let counted = tries.clone();
+        let check: Check = Box::new(move || {
+            let retry = match counted.fetch_add(1, Ordering::SeqCst) {
+                0..3 => Retry::Retryable,
+                _ => Retry::Fatal,
+            };
+            Box::pin(std::future::ready(Err(SinkError::new(
+                "kafka",
+                retry,
+                "topic missing",
+            ))))
+        });
+        let gate = super::check("kafka", &status, check).await.unwrap();
+        let failed = tokio::time::timeout(Duration::from_secs(60), gate.failure()).await;
+        assert_eq!(failed.map(|e| e.retry), Ok(Retry::Fatal));
+        assert_eq!(tries.load(Ordering::SeqCst), 4);
+        let (_, passing) = flaky(1, Retry::Retryable);
+        let passed = super::check("kafka", &status, passing).await.unwrap();
+        let waited = tokio::time::timeout(Duration::from_secs(600), passed.failure()).await;
+        assert!(waited.is_err(), "a check that passes never fails");
     }
 
     #[tokio::test(start_paused = true)]
