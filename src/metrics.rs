@@ -31,7 +31,7 @@
 //! | `consumer.out_of_group_ms` | gauge | ms | | how long the member has been out of its consumer group (not joined with its assignment taken: a rebalance, a lost coordinator), from librdkafka's statistics; 0 while in it |
 //! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics, for owned partitions; 0 once given away |
 //! | `trace_items.built` | counter | items | `category` | EAP trace items built while processing (`--trace-items-rollout`); `flush.items{sink:trace_items}` counts them delivered |
-//! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large` |
+//! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large`, `too_many_values` (data with more values than are read, item or not) |
 //! | `sweep.removed` | counter | blobs | | blobs past their retention removed by the periodic sweep (`--sweep-interval-s`) |
 //! | `sweep.bytes` | counter | bytes | | their bytes |
 //! | `trace_items.headers_cut` | counter | headers | | request/response headers left out of an item or cut, past `MAX_HEADERS` / `MAX_HEADER_BYTES` |

@@ -217,6 +217,15 @@ fn check_hostile_outcome(name: &str, p: &Processed) {
             assert!(x.truncated_values >= 20 * 13);
         }
         "deep-nesting-events" => assert_eq!((x.events, x.invalid_events), (2, 4)),
+        "custom-events-of-tiny-values" => {
+            let items = p.trace_items.as_ref().expect("items on");
+            let unread = items.counts.dropped().collect::<Vec<_>>();
+            assert_eq!(
+                unread,
+                [(recording::trace_items::Dropped::TooManyValues, 2)],
+                "both events left unread, counted"
+            );
+        }
         "tiny-events" => assert_eq!(x.events, 1_500_000),
         "many-distinct-urls" => {
             let listed = x.urls.len() as u64;

@@ -296,6 +296,24 @@ pub fn all() -> Vec<Hostile> {
         None,
     );
 
+    // Custom events whose data hold millions of tiny values: a console breadcrumb (no item) and
+    // a request span (an item, its body never in it). Read whole as a tree to build items, each
+    // 2-byte value took 32 bytes or more: 16–30 times the event.
+    let zeros = vec!["0"; 2 * MIB].join(",");
+    let body = events([
+        breadcrumb("console", &format!(r#","data":{{"arguments":[{zeros}]}}"#)),
+        span(
+            "resource.fetch",
+            "https://example.com/api",
+            &format!(r#"{{"method":"POST","statusCode":200,"response":{{"body":[{zeros}]}}}}"#),
+        ),
+    ]);
+    write(
+        "custom-events-of-tiny-values",
+        message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
+
     // A zlib stream padded with 2 million empty stored blocks around a 2-byte JSON body: 10 MB
     // on the wire for nothing; the blob must not keep the padding.
     let mut padded = vec![0x78, 0x01];

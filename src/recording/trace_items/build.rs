@@ -562,7 +562,7 @@ mod tests {
     /// `f` of the value as the builder reads it: parsed from the value's text.
     fn read<R>(value: &Value, f: impl FnOnce(&Json<'_>) -> R) -> R {
         let text = value.to_string();
-        f(&serde_json::from_str(&text).unwrap())
+        f(&super::super::dom::parse(&text, usize::MAX - 1).unwrap())
     }
 
     fn built(data: Value) -> (Result<Option<Built>, InvalidField>, Vec<u8>, u64) {

@@ -12,7 +12,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::cell::Cell;
+
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::Number;
 
@@ -79,73 +81,139 @@ impl<'a> Object<'a> {
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Json<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(JsonVisitor(std::marker::PhantomData))
+/// Why [`parse`] read no value.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unread {
+    /// Not JSON as `serde_json::Value` reads it.
+    Invalid,
+    /// More values than the cap.
+    TooMany,
+}
+
+/// The most heap one value read takes: an object's entry, its key beside it (an array's element,
+/// the value alone, takes less).
+pub const BYTES_PER_VALUE: usize = std::mem::size_of::<(Cow<'static, str>, Json<'static>)>();
+
+/// `text` as a value of at most `max_values` values (containers and what they hold alike). Each
+/// takes up to [`BYTES_PER_VALUE`] bytes — 28 times the two bytes of a `0,` in the text — so the
+/// cap, not the text's length, bounds the tree (a million zeros in a console breadcrumb took
+/// more than 60 MB).
+pub fn parse(text: &str, max_values: usize) -> Result<Json<'_>, Unread> {
+    let left = Cell::new(max_values);
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let value = Counted(&left, std::marker::PhantomData)
+        .deserialize(&mut deserializer)
+        .and_then(|value| deserializer.end().map(|()| value));
+    match value {
+        Ok(value) => Ok(value),
+        Err(_) if left.get() == EXHAUSTED => Err(Unread::TooMany),
+        Err(_) => Err(Unread::Invalid),
     }
 }
 
-struct JsonVisitor<'a>(std::marker::PhantomData<&'a ()>);
+/// What the count reads once the cap was passed.
+const EXHAUSTED: usize = usize::MAX;
 
-impl<'de: 'a, 'a> Visitor<'de> for JsonVisitor<'a> {
+/// Reads one value, counting it and all it holds against what is left.
+struct Counted<'c, 'a>(&'c Cell<usize>, std::marker::PhantomData<&'a ()>);
+
+impl<'c, 'a> Counted<'c, 'a> {
+    fn count<E: de::Error>(&self) -> Result<(), E> {
+        match self.0.get() {
+            0 | EXHAUSTED => {
+                self.0.set(EXHAUSTED);
+                Err(E::custom("too many values"))
+            }
+            left => {
+                self.0.set(left - 1);
+                Ok(())
+            }
+        }
+    }
+
+    fn next(&self) -> Counted<'c, 'a> {
+        Counted(self.0, std::marker::PhantomData)
+    }
+}
+
+impl<'de: 'a, 'a> DeserializeSeed<'de> for Counted<'_, 'a> {
+    type Value = Json<'a>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Json<'a>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de: 'a, 'a> Visitor<'de> for Counted<'_, 'a> {
     type Value = Json<'a>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_bool<E>(self, b: bool) -> Result<Json<'a>, E> {
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Json<'a>, E> {
+        self.count()?;
         Ok(Json::Bool(b))
     }
 
-    fn visit_i64<E>(self, n: i64) -> Result<Json<'a>, E> {
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Json<'a>, E> {
+        self.count()?;
         Ok(Json::Number(n.into()))
     }
 
-    fn visit_u64<E>(self, n: u64) -> Result<Json<'a>, E> {
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Json<'a>, E> {
+        self.count()?;
         Ok(Json::Number(n.into()))
     }
 
-    fn visit_f64<E>(self, n: f64) -> Result<Json<'a>, E> {
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<Json<'a>, E> {
+        self.count()?;
         Ok(Number::from_f64(n).map_or(Json::Null, Json::Number))
     }
 
-    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Json<'a>, E> {
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Json<'a>, E> {
+        self.count()?;
         Ok(Json::Str(Cow::Borrowed(s)))
     }
 
-    fn visit_str<E>(self, s: &str) -> Result<Json<'a>, E> {
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Json<'a>, E> {
+        self.count()?;
         Ok(Json::Str(Cow::Owned(s.to_owned())))
     }
 
-    fn visit_string<E>(self, s: String) -> Result<Json<'a>, E> {
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Json<'a>, E> {
+        self.count()?;
         Ok(Json::Str(Cow::Owned(s)))
     }
 
-    fn visit_unit<E>(self) -> Result<Json<'a>, E> {
+    fn visit_unit<E: de::Error>(self) -> Result<Json<'a>, E> {
+        self.count()?;
         Ok(Json::Null)
     }
 
-    fn visit_none<E>(self) -> Result<Json<'a>, E> {
+    fn visit_none<E: de::Error>(self) -> Result<Json<'a>, E> {
+        self.count()?;
         Ok(Json::Null)
     }
 
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Json<'a>, D::Error> {
-        Json::deserialize(d)
+        d.deserialize_any(self)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json<'a>, A::Error> {
+        self.count()?;
         let mut items = Vec::new();
-        while let Some(item) = seq.next_element()? {
+        while let Some(item) = seq.next_element_seed(self.next())? {
             items.push(item);
         }
         Ok(Json::Array(items))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json<'a>, A::Error> {
+        self.count()?;
         let mut entries = Vec::new();
         while let Some(Key(key)) = map.next_key()? {
-            entries.push((key, map.next_value()?));
+            entries.push((key, map.next_value_seed(self.next())?));
         }
         Ok(Json::Object(Object(entries)))
     }
@@ -244,7 +312,7 @@ mod tests {
         fn it_reads_and_writes_as_serde_json_value_does(text in json_text()) {
             let (value, json) = match (
                 serde_json::from_str::<serde_json::Value>(&text),
-                serde_json::from_str::<Json>(&text),
+                read(&text),
             ) {
                 (Ok(value), Ok(json)) => (value, json),
                 (value, json) => {
@@ -269,7 +337,7 @@ mod tests {
 
     #[test]
     fn texts_without_escapes_borrow_from_the_input() {
-        let json: Json = serde_json::from_str(r#"{"plain":"text","esc\u0061ped":"a\nb"}"#).unwrap();
+        let json = read(r#"{"plain":"text","esc\u0061ped":"a\nb"}"#).unwrap();
         let Json::Object(Object(entries)) = &json else {
             panic!("{json:?}")
         };
@@ -293,7 +361,27 @@ mod tests {
             "[1]]",
             "1e400",
         ] {
-            assert!(serde_json::from_str::<Json>(text).is_err(), "{text}");
+            assert_eq!(read(text).err(), Some(Unread::Invalid), "{text}");
         }
+    }
+
+    /// Without a cap to speak of.
+    fn read(text: &str) -> Result<Json<'_>, Unread> {
+        parse(text, 1 << 40)
+    }
+
+    #[test]
+    fn past_the_cap_nothing_is_read_and_it_says_so() {
+        let text = r#"{"a":[1,2,{"b":null}],"c":"d"}"#;
+        // The object, the array, 1, 2, the inner object, null, "d".
+        assert_eq!(parse(text, 7), read(text));
+        assert_eq!(parse(text, 6).err(), Some(Unread::TooMany));
+        assert_eq!(
+            parse("[1,", 1).err(),
+            Some(Unread::TooMany),
+            "the cap first"
+        );
+        assert_eq!(parse("[1,", 5).err(), Some(Unread::Invalid));
+        assert_eq!(parse("", 5).err(), Some(Unread::Invalid));
     }
 }

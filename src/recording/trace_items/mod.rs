@@ -34,6 +34,11 @@ pub const MAX_ITEM_BYTES: usize = 1024 * 1024;
 /// bound (3 × the input + …), whatever the input.
 pub const BUDGET_SLACK_BYTES: usize = 256 * 1024;
 
+/// Bytes one event's data may take read as a tree beyond half the segment's decoded input: with
+/// the vectors' growth, the tree stays within the input and 2 MiB, inside the peak bound. A real
+/// request span with a 150 KB JSON body (the SDK's largest) reads in well under it.
+const TREE_SLACK_BYTES: usize = 1024 * 1024;
+
 /// The most an item's fields other than its attributes and trace id take (`proto::item`): two
 /// ids of up to 10 varint bytes, the item id, the type, two timestamps, two sample rates, the
 /// retention, the tags and lengths.
@@ -82,14 +87,18 @@ pub enum Dropped {
     OverBudget,
     /// The item alone is larger than [`MAX_ITEM_BYTES`].
     TooLarge,
+    /// The event's data hold more values than [`Collector`] reads (whether or not it would have
+    /// made an item): reading them all would outgrow the peak bound.
+    TooManyValues,
 }
 
 impl Dropped {
-    pub const ALL: [Dropped; 4] = [
+    pub const ALL: [Dropped; 5] = [
         Dropped::InvalidField,
         Dropped::InvalidTraceId,
         Dropped::OverBudget,
         Dropped::TooLarge,
+        Dropped::TooManyValues,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -98,6 +107,7 @@ impl Dropped {
             Dropped::InvalidTraceId => "invalid_trace_id",
             Dropped::OverBudget => "over_budget",
             Dropped::TooLarge => "too_large",
+            Dropped::TooManyValues => "too_many_values",
         }
     }
 }
@@ -105,7 +115,7 @@ impl Dropped {
 /// Items left out, by reason (in [`Dropped::ALL`]'s order), and headers left out or cut.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counts {
-    pub dropped: [u64; 4],
+    pub dropped: [u64; Dropped::ALL.len()],
     pub headers_cut: u64,
 }
 
@@ -145,6 +155,8 @@ pub struct Collector {
     attributes: Vec<u8>,
     drafts: Vec<Draft>,
     budget: usize,
+    /// The most values of one event's data read to build its item ([`dom::parse`]).
+    max_values: usize,
     counts: Counts,
 }
 
@@ -164,6 +176,7 @@ impl Collector {
             attributes: Vec::new(),
             drafts: Vec::new(),
             budget: input_bytes / 4 + BUDGET_SLACK_BYTES,
+            max_values: (input_bytes / 2 + TREE_SLACK_BYTES) / dom::BYTES_PER_VALUE,
             counts: Counts::default(),
         })
     }
@@ -180,9 +193,16 @@ impl Collector {
         {
             return;
         }
-        let Ok(data) = serde_json::from_str::<dom::Json>(data) else {
-            self.counts.drop(Dropped::InvalidField, 1);
-            return;
+        let data = match dom::parse(data, self.max_values) {
+            Ok(data) => data,
+            Err(dom::Unread::Invalid) => {
+                self.counts.drop(Dropped::InvalidField, 1);
+                return;
+            }
+            Err(dom::Unread::TooMany) => {
+                self.counts.drop(Dropped::TooManyValues, 1);
+                return;
+            }
         };
         let start = self.attributes.len();
         let built = build::build(
