@@ -299,7 +299,7 @@ impl Attributes<'_> {
                 self.put("count", Any::Int(count));
                 // The SDK sends this rrweb event's timestamp in seconds (the breadcrumb's), as
                 // Sentry reads it; normalised here like every other event timestamp.
-                built(Category::Mutations, event_ms as i64)
+                built(Category::Mutations, event_millis(event_ms)?)
             }
             Kind::Options => {
                 self.category(Category::SdkOptions);
@@ -326,7 +326,7 @@ impl Attributes<'_> {
                         self.put(key, Any::Double(float(value)?));
                     }
                 }
-                built(Category::SdkOptions, event_ms as i64)
+                built(Category::SdkOptions, event_millis(event_ms)?)
             }
             Kind::Memory => {
                 let payload = payload()?;
@@ -549,6 +549,16 @@ fn seconds(value: &Json<'_>) -> Result<i64, InvalidField> {
     Ok(ms as i64)
 }
 
+/// The rrweb event's own timestamp (milliseconds), within what a `datetime` holds as
+/// [`seconds`] checks: Sentry raises past year 9999 and drops the item (one in year 33658, or
+/// wrapped negative past `i64::MAX`, went out).
+fn event_millis(event_ms: u64) -> Result<i64, InvalidField> {
+    i64::try_from(event_ms)
+        .ok()
+        .filter(|ms| (*ms as f64) <= MAX_MILLIS)
+        .ok_or(InvalidField)
+}
+
 /// Python's `s[:n]`.
 fn first_chars(s: &str, n: usize) -> &str {
     s.char_indices().nth(n).map_or(s, |(end, _)| &s[..end])
@@ -571,6 +581,25 @@ mod tests {
             build(data, 1_700_000_000_000, &mut out, &mut cut)
         });
         (result, out, cut)
+    }
+
+    #[test]
+    fn an_event_timestamp_no_datetime_holds_gives_no_item() {
+        let options = json!({"tag": "options", "payload": {}});
+        let mutations = json!({"tag": "breadcrumb", "payload": {"category": "replay.mutations",
+            "data": {"count": 3}}});
+        for data in [options, mutations] {
+            for (event_ms, ok) in [
+                (253_402_300_799_999, true),
+                (1_000_000_000_000_000, false),
+                (u64::MAX, false),
+            ] {
+                let (mut out, mut cut) = (Vec::new(), 0);
+                let result = read(&data, |data| build(data, event_ms, &mut out, &mut cut));
+                assert_eq!(result.is_ok(), ok, "{data} at {event_ms}: {result:?}");
+                assert_eq!(out.is_empty(), !ok, "nothing left behind");
+            }
+        }
     }
 
     #[test]
