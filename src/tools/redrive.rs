@@ -33,6 +33,9 @@ use crate::kafka::producer::Producer;
 use crate::recording::Reason;
 use crate::sink::store::BlobStore;
 
+/// The group of runs that choose every letter.
+const DEFAULT_GROUP: &str = "replay-ingest-redrive";
+
 /// Re-drive dead letters to the input topic.
 #[derive(Args, Debug, Clone)]
 pub struct RedriveArgs {
@@ -51,9 +54,11 @@ pub struct RedriveArgs {
     )]
     pub topic: String,
     /// The consumer group this run reads as: a second run of the same group goes on where the
-    /// first stopped.
-    #[arg(long, default_value = "replay-ingest-redrive")]
-    pub group_id: String,
+    /// first stopped. Default: `replay-ingest-redrive`, for runs that choose every letter; a run
+    /// that chooses (`--reason`, `--original-topic`, `--since`, `--until`) needs one named, as
+    /// it commits the letters it passes over too.
+    #[arg(long)]
+    pub group_id: Option<String>,
     /// Only letters of this reason (e.g. `rejected_by_sink`); repeat for several. Default: all.
     #[arg(long = "reason")]
     pub reasons: Vec<String>,
@@ -112,6 +117,19 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
         && since >= until
     {
         bail!("--since must be before --until");
+    }
+    let chooses = !args.reasons.is_empty()
+        || args.original_topic.is_some()
+        || args.since.is_some()
+        || args.until.is_some();
+    if chooses && args.group_id.is_none() && !args.dry_run {
+        // A run commits the letters it passes over: one choosing `internal_error` on the default
+        // group, then one choosing `rejected_by_sink`, found none of the latter's older letters
+        // (committed by the first run), said "0 re-driven" and exited 0, while they waited on the
+        // topic for its retention.
+        bail!(
+            "a run that chooses letters (--reason, --original-topic, --since, --until) commits those it passes over for its group: name a --group-id of its own for this choice (e.g. redrive-internal-error-2026-12-05), so that runs choosing other letters still find theirs"
+        );
     }
     let timeout = Duration::from_millis(args.sink_timeout_ms);
     let store = super::blob_store(&args.blobs, timeout).await?;
@@ -380,7 +398,10 @@ fn reader(args: &RedriveArgs, timeout: Duration) -> anyhow::Result<BaseConsumer>
         .kafka
         .client_config(&session_within_poll_interval(&args.kafka))?;
     config
-        .set("group.id", &args.group_id)
+        .set(
+            "group.id",
+            args.group_id.as_deref().unwrap_or(DEFAULT_GROUP),
+        )
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
         .set("auto.offset.reset", "earliest")

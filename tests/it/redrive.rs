@@ -345,6 +345,18 @@ fn bad_arguments_are_refused_with_a_clear_error() {
     let (ok, said) = redrive(&["--since", "yesterday"]);
     assert!(!ok);
     assert!(said.contains("RFC 3339"), "{said}");
+    // A run that chooses commits what it passes over: on the default group, a later run choosing
+    // other letters would find none of them.
+    for choice in [
+        &["--reason", "internal_error"][..],
+        &["--original-topic", "t"],
+        &["--since", "2026-12-01T00:00:00Z"],
+        &["--until", "2026-12-01T00:00:00Z"],
+    ] {
+        let (ok, said) = redrive(&[choice, &["--blob-sink", "null"]].concat());
+        assert!(!ok, "{choice:?}");
+        assert!(said.contains("name a --group-id of its own"), "{said}");
+    }
 }
 
 /// A letter whose original was gone from the topic when it was dead-lettered (no value, header
