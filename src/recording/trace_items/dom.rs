@@ -111,6 +111,53 @@ pub fn parse(text: &str, max_values: usize) -> Result<Json<'_>, Unread> {
     }
 }
 
+/// What a lone surrogate escape is read as by [`without_lone_surrogates`]: a noncharacter no
+/// SDK sends, so that an attribute holding one can be told.
+pub const LONE_SURROGATE: char = '\u{ffff}';
+
+/// `text` with each lone surrogate escape — `\ud83d` without its low half after it, or a low
+/// half alone — written `\uffff` ([`LONE_SURROGATE`]), or `None` when it holds none. Python's
+/// `json.loads` reads them (an SDK cutting a captured body can split an emoji, which
+/// `JSON.stringify` writes so); serde_json refuses them, and the whole event with them.
+pub fn without_lone_surrogates(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let unit = |at: usize| {
+        let hex = bytes.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+    };
+    let low_after = |at: usize| {
+        bytes.get(at..at + 2) == Some(b"\\u")
+            && unit(at + 2).is_some_and(|u| (0xDC00..0xE000).contains(&u))
+    };
+    let (mut out, mut copied, mut at) = (None::<String>, 0, 0);
+    while let Some(found) = bytes.get(at..).and_then(|rest| memchr::memchr(b'\\', rest)) {
+        at += found;
+        let lone = match (bytes.get(at + 1), unit(at + 2)) {
+            (Some(b'u'), Some(0xD800..0xDC00)) if low_after(at + 6) => {
+                at += 12;
+                continue;
+            }
+            (Some(b'u'), Some(0xD800..0xE000)) => true,
+            (Some(b'u'), Some(_)) => false,
+            // Any other escape: the backslash and the character it escapes.
+            _ => {
+                at += 2;
+                continue;
+            }
+        };
+        if lone {
+            let out = out.get_or_insert_with(|| String::with_capacity(text.len()));
+            out.push_str(text.get(copied..at)?);
+            out.push_str("\\uffff");
+            copied = at + 6;
+        }
+        at += 6;
+    }
+    let mut out = out?;
+    out.push_str(text.get(copied..)?);
+    Some(out)
+}
+
 /// What the count reads once the cap was passed.
 const EXHAUSTED: usize = usize::MAX;
 
@@ -368,6 +415,31 @@ mod tests {
     /// Without a cap to speak of.
     fn read(text: &str) -> Result<Json<'_>, Unread> {
         parse(text, 1 << 40)
+    }
+
+    #[test]
+    fn lone_surrogates_are_marked_and_pairs_and_other_escapes_kept() {
+        let cases = [
+            (r#"{"a":"x\ud83d"}"#, Some(r#"{"a":"x\uffff"}"#)),
+            (
+                r#"["\ude00\ud83d\ude00\ud83d"]"#,
+                Some(r#"["\uffff\ud83d\ude00\uffff"]"#),
+            ),
+            (r#"["\ud83d\u0041"]"#, Some(r#"["\uffff\u0041"]"#)),
+            (r#"["\\ud83d", "\ud83d\ude00", "\n\u00e9"]"#, None),
+            (r#""\ud83""#, None),
+        ];
+        for (text, marked) in cases {
+            let got = without_lone_surrogates(text);
+            assert_eq!(got.as_deref(), marked, "{text}");
+            if let Some(marked) = marked {
+                assert!(read(text).is_err() && read(marked).is_ok(), "{text}");
+            }
+        }
+        let Ok(Json::Object(object)) = read(r#"{"a":"x\uffff"}"#) else {
+            panic!()
+        };
+        assert_eq!(object.get("a").and_then(Json::as_str), Some("x\u{ffff}"));
     }
 
     #[test]

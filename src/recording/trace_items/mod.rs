@@ -193,7 +193,19 @@ impl Collector {
         {
             return;
         }
-        let data = match dom::parse(data, self.max_values) {
+        // An event serde_json refuses for lone surrogates only is read with them marked (Python
+        // reads them); its item is left out only if an attribute holds one, where Sentry's
+        // protobuf encoding fails.
+        let parsed = dom::parse(data, self.max_values);
+        let marked = match parsed {
+            Err(dom::Unread::Invalid) => dom::without_lone_surrogates(data),
+            _ => None,
+        };
+        let parsed = match &marked {
+            Some(marked) => dom::parse(marked, self.max_values),
+            None => parsed,
+        };
+        let data = match parsed {
             Ok(data) => data,
             Err(dom::Unread::Invalid) => {
                 self.counts.drop(Dropped::InvalidField, 1);
@@ -220,7 +232,12 @@ impl Collector {
             }
         };
         let own = self.attributes.len() - start;
-        let reason = if own + ITEM_OVERHEAD_BYTES > MAX_ITEM_BYTES {
+        let mut lone = [0; 3];
+        let lone: &[u8] = dom::LONE_SURROGATE.encode_utf8(&mut lone).as_bytes();
+        let own_attributes = self.attributes.get(start..).unwrap_or_default();
+        let reason = if marked.is_some() && own_attributes.windows(lone.len()).any(|w| w == lone) {
+            Some(Dropped::InvalidField)
+        } else if own + ITEM_OVERHEAD_BYTES > MAX_ITEM_BYTES {
             Some(Dropped::TooLarge)
         } else if self.attributes.len() + (self.drafts.len() + 1) * ITEM_OVERHEAD_BYTES
             > self.budget
@@ -381,6 +398,32 @@ mod tests {
         assert!(Rollout::new(1.01).is_none() && Rollout::new(-0.1).is_none());
         assert!(Rollout::new(f64::NAN).is_none());
         assert!(Collector::new(Rollout::OFF, "r", 0, 0).is_none());
+    }
+
+    #[test]
+    fn a_lone_surrogate_drops_an_item_only_when_an_attribute_holds_it() {
+        let mut collector = Collector::new(Rollout::ALL, &"a".repeat(32), 0, 1 << 20).unwrap();
+        // A request whose captured body was cut through an emoji: the body is no attribute.
+        let request = r#"{"tag":"performanceSpan","payload":{"op":"resource.fetch","description":"https://example.com/api","startTimestamp":1700000000.5,"endTimestamp":1700000001.0,"data":{"method":"GET","statusCode":200,"response":{"body":"cut \ud83d"}}}}"#;
+        // A tap whose message, an attribute, holds one.
+        let tap = r#"{"tag":"breadcrumb","payload":{"category":"ui.tap","timestamp":1700000000.5,"message":"cut \ud83d","data":{"view.id":"a","view.class":"b"}}}"#;
+        collector.offer(0, 1_700_000_000_000, request);
+        assert_eq!(
+            (collector.drafts.len(), collector.counts.dropped),
+            (1, [0; 5])
+        );
+        collector.offer(1, 1_700_000_000_000, tap);
+        assert_eq!(collector.drafts.len(), 1);
+        assert_eq!(
+            collector.counts.dropped().collect::<Vec<_>>(),
+            [(Dropped::InvalidField, 1)]
+        );
+        let end = collector.drafts[0].end;
+        assert_eq!(
+            collector.attributes.len(),
+            end,
+            "the tap left nothing behind"
+        );
     }
 
     #[test]
