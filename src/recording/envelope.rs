@@ -135,13 +135,29 @@ pub fn decode(value: &[u8]) -> Result<Envelope<'_>, InvalidRecording> {
             Some(days) => days,
         },
         payload: required(wire.payload, "payload")?,
-        // Sentry treats an empty replay event, and JSON `null`, as none.
-        replay_event: wire
-            .replay_event
-            .filter(|json| !matches!(json.trim_ascii(), b"" | b"null")),
+        // Sentry treats an empty replay event, JSON `null` and an empty object as none (`if
+        // recording.replay_event:` — an empty dict is false): no segment row, nothing of it.
+        replay_event: wire.replay_event.filter(|json| !is_none(json)),
         replay_video: wire.replay_video,
         relay_snuba_publish_disabled: wire.relay_snuba_publish_disabled.unwrap_or(false),
     })
+}
+
+/// Whether a replay event's JSON is what Python reads as false: nothing, `null`, `false`, a
+/// zero, `""`, `[]` or `{}`.
+fn is_none(json: &[u8]) -> bool {
+    match json.trim_ascii() {
+        b"" | br#""""# => true,
+        [b'{', inner @ .., b'}'] | [b'[', inner @ .., b']'] => inner.trim_ascii().is_empty(),
+        // A scalar that is false is short; anything longer is not one.
+        scalar if scalar.len() <= 32 => {
+            matches!(
+                serde_json::from_slice(scalar),
+                Ok(serde_json::Value::Null | serde_json::Value::Bool(false))
+            ) || matches!(serde_json::from_slice::<f64>(scalar), Ok(n) if n == 0.0)
+        }
+        _ => false,
+    }
 }
 
 /// Whose message `value` is — its project and replay — read leniently: those two fields alone,
@@ -283,7 +299,16 @@ pub(crate) mod tests {
             (&b""[..], None),
             (b"null", None),
             (b" null\n", None),
-            (b"{}", Some(&b"{}"[..])),
+            (b"{}", None),
+            (b" { \n} ", None),
+            (b"[ ]", None),
+            (b"false", None),
+            (b"0", None),
+            (b"-0.0", None),
+            (br#""""#, None),
+            (br#"{"a":1}"#, Some(&br#"{"a":1}"#[..])),
+            (b"[0]", Some(&b"[0]"[..])),
+            (b"1", Some(&b"1"[..])),
             (b"nul", Some(&b"nul"[..])),
         ] {
             let msg = TestMessage {

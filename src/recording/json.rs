@@ -232,9 +232,10 @@ impl<'de> Visitor<'de> for Lenient<Flag> {
 /// Most strings a [`TextList`] keeps; the rest of the array is consumed and counted, not kept.
 pub const MAX_TEXT_LIST: usize = 1000;
 
-/// Any JSON value: the strings of an array (the first `MAX_TEXT_LIST`), or nothing.
+/// Any JSON value: the strings of an array (the first `MAX_TEXT_LIST`), or nothing; and how many
+/// of its elements were not strings (each is one of its length, as Python counts it).
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct TextList<'a>(pub Vec<Cow<'a, str>>, pub Skipped);
+pub struct TextList<'a>(pub Vec<Cow<'a, str>>, pub Skipped, pub u64);
 
 /// Array elements consumed but not kept.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
@@ -254,15 +255,15 @@ impl<'de> Visitor<'de> for Lenient<TextList<'de>> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let (mut items, mut skipped) = (Vec::new(), 0);
+        let (mut items, mut skipped, mut others) = (Vec::new(), 0, 0);
         while let Some(Text(item)) = seq.next_element::<Text<'de>>()? {
             match item {
                 Some(item) if items.len() < MAX_TEXT_LIST => items.push(item),
                 Some(_) => skipped += 1,
-                None => {}
+                None => others += 1,
             }
         }
-        Ok(TextList(items, Skipped(skipped)))
+        Ok(TextList(items, Skipped(skipped), others))
     }
     default_for!(str, numbers, bool, null, map);
 }

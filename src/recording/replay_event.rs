@@ -55,8 +55,9 @@ pub struct ReplayEvent {
     /// Ids that are not UUIDs are dropped.
     pub error_ids: Vec<Uuid>,
     pub trace_ids: Vec<Uuid>,
-    /// How many strings `trace_ids` held as sent, UUIDs or not (which trace id the replay's EAP
-    /// items get depends on it); a lone empty one counts none (Sentry's `"" or replay_id`).
+    /// How many entries `trace_ids` held as sent, UUIDs, other strings or not strings at all
+    /// (which trace id the replay's EAP items get depends on it); a lone empty string counts
+    /// none (Sentry's `"" or replay_id`).
     pub trace_ids_sent: usize,
     pub is_archived: bool,
     pub error_sample_rate: Option<f64>,
@@ -443,9 +444,11 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     dropped_items += left_out;
     let segment_names = segment_names.map(CompactString::from).collect();
     let error_ids = uuids(wire.error_ids, &mut dropped_items);
-    let trace_ids_sent = match (&wire.trace_ids.0[..], wire.trace_ids.1.0) {
-        ([lone], 0) if lone.is_empty() => 0,
-        (sent, skipped) => sent.len() + skipped as usize,
+    let trace_ids_sent = match (&wire.trace_ids.0[..], wire.trace_ids.1.0, wire.trace_ids.2) {
+        ([lone], 0, 0) if lone.is_empty() => 0,
+        // Entries that are not strings count too, as `len(trace_ids)` counts them: one beside a
+        // trace id makes two, and the items get the replay id.
+        (sent, skipped, others) => sent.len() + (skipped + others) as usize,
     };
     let trace_ids = uuids(wire.trace_ids, &mut dropped_items);
     dropped_items += wire.tags.1;

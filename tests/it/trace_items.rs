@@ -281,6 +281,15 @@ fn the_trace_id_is_the_one_trace_id_when_there_is_one_and_a_bad_one_drops_the_it
         counts.dropped().collect::<Vec<_>>(),
         [(Dropped::InvalidTraceId, 1)]
     );
+    // `len(trace_ids)` counts what is not a string (Relay leaves a null where it blanked one).
+    let (ids, _, replay_id) = run(json!([null, one]));
+    assert_eq!(ids, [replay_id], "two entries: the replay id");
+    let (ids, counts, _) = run(json!([null]));
+    assert!(ids.is_empty(), "one entry, `str(None)`: no UUID");
+    assert_eq!(
+        counts.dropped().collect::<Vec<_>>(),
+        [(Dropped::InvalidTraceId, 1)]
+    );
 }
 
 #[test]
