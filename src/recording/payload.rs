@@ -232,17 +232,14 @@ impl Inflater {
                     size = size.saturating_mul(2).min(cap)
                 }
                 // Over the cap, or bad: the streaming decoder decides (a corrupt stream can
-                // overflow a buffer before libdeflate reaches the damage it would report). Over
-                // the cap, its output is not needed: it goes through a small chunk, so that a
-                // bomb never holds a second buffer of the cap's size.
-                Err(libdeflate::Error::InsufficientSpace) => {
+                // overflow a buffer before libdeflate reaches the damage it would report). Its
+                // output is needed only if it accepts the stream: the verdict goes through a
+                // small chunk, libdeflate's buffer freed first, so that a bomb, or a body whose
+                // checksum fails after 100 MiB, never holds a second buffer of the cap's size.
+                Err(libdeflate::Error::InsufficientSpace | libdeflate::Error::BadData) => {
                     self.out = Vec::new();
                     return streaming(payload, cap, Output::Discard)
                         .and_then(|_| streaming(payload, cap, Output::Keep))
-                        .map(|out| (Cow::Owned(out), None));
-                }
-                Err(libdeflate::Error::BadData) => {
-                    return streaming(payload, cap, Output::Keep)
                         .map(|out| (Cow::Owned(out), None));
                 }
             }

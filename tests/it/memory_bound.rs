@@ -355,3 +355,39 @@ fn a_decompression_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
         m.peak
     );
 }
+
+/// A body that decodes to 90 MiB and then fails its check — a zlib stream whose Adler-32 is off
+/// by one bit, a gzip stream whose CRC is — is refused holding at most one buffer of its output:
+/// libdeflate's is freed before the streaming decoder gives its verdict (it held both, about
+/// twice the cap per processing thread, for a message refused anyway).
+#[test]
+fn a_body_whose_check_fails_after_decoding_holds_one_output_buffer() {
+    use std::io::Write;
+    let spaces = vec![b' '; 1 << 20];
+    let zlib = {
+        let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        (0..90).for_each(|_| encoder.write_all(&spaces).unwrap());
+        encoder.finish().unwrap()
+    };
+    let gzip = {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        (0..90).for_each(|_| encoder.write_all(&spaces).unwrap());
+        encoder.finish().unwrap()
+    };
+    drop(spaces);
+    // The zlib trailer's last byte; the gzip trailer's CRC-32 comes before its 4-byte length.
+    for (name, mut body, check) in [("zlib", zlib, 1), ("gzip", gzip, 5)] {
+        let at = body.len() - check;
+        body[at] ^= 1;
+        let value = crate::support::hostile::message(r#"{"segment_id":0}"#, &body, None);
+        let m = measure(&value);
+        let reason = m.result.err().map(|e| e.reason);
+        assert_eq!(reason, Some(recording::Reason::InvalidBody), "{name}");
+        let output = 90 << 20;
+        assert!(
+            m.peak <= output + output / 2,
+            "{name}: peak {} for an output of {output}",
+            m.peak
+        );
+    }
+}
