@@ -153,13 +153,18 @@ impl Extractor {
         kept
     }
 
-    /// A URL cut to `MAX_URL_BYTES`: the page's own allocation when it is the current page.
+    /// A URL cut to `MAX_URL_BYTES`: the page's own allocation when it is the current page, or
+    /// the visited list's when it is listed (a page visited again, back and forth, allocated
+    /// anew at every visit).
     fn url(&mut self, text: &str) -> Url {
         let (kept, cut) = cut_bytes(text, MAX_URL_BYTES);
         self.out.truncated_values += u64::from(cut);
         match &self.current_url {
             Some(current) if **current == *kept => current.clone(),
-            _ => Arc::from(kept.as_ref()),
+            _ => match self.seen_urls.get(kept.as_ref()) {
+                Some(seen) => seen.clone(),
+                None => Arc::from(kept.as_ref()),
+            },
         }
     }
 
@@ -480,7 +485,13 @@ impl Extractor {
         let description = span.description.as_str().unwrap_or_default();
         if op.starts_with("navigation.") {
             let to = self.visit(description);
-            if self.admit::<Navigation>(op.len().min(MAX_TEXT_BYTES)) {
+            // The URL's bytes count too unless the visited list holds it (its list was full).
+            let own_url = if self.seen_urls.contains(&to) {
+                0
+            } else {
+                to.len()
+            };
+            if self.admit::<Navigation>(op.len().min(MAX_TEXT_BYTES) + own_url) {
                 let item = Navigation {
                     timestamp_ms: ts_ms,
                     op: self.capped(op, MAX_TEXT_BYTES),
@@ -1124,6 +1135,30 @@ mod tests {
             11,
             "one allocation, eleven holders"
         );
+    }
+
+    #[test]
+    fn pages_visited_again_share_one_allocation_and_the_budget_holds() {
+        let (a, b) = ("a".repeat(8000), "b".repeat(8000));
+        let events: Vec<String> = (0..1000)
+            .map(|i| span("navigation.push", if i % 2 == 0 { &a } else { &b }, "{}"))
+            .collect();
+        let x = extract_events(&events);
+        assert_eq!(x.urls.len(), 2);
+        assert!(
+            x.navigations
+                .iter()
+                .all(|n| x.urls.iter().any(|u| Arc::ptr_eq(u, &n.to))),
+            "every navigation holds a listed URL's allocation"
+        );
+        // Past the visited list: distinct long URLs are counted where they are held.
+        let events: Vec<String> = (0..2000)
+            .map(|i| span("navigation.push", &format!("{i}{a}"), "{}"))
+            .collect();
+        let x = extract_events(&events);
+        let held: usize = x.navigations.iter().map(|n| n.to.len()).sum::<usize>()
+            + x.urls.iter().map(|u| u.len()).sum::<usize>();
+        assert!(held <= 2 * MAX_LIST_BYTES, "{held} bytes of URLs held");
     }
 
     #[test]
