@@ -1026,6 +1026,29 @@ mod tests {
     }
 
     #[test]
+    fn a_breadcrumb_whose_data_is_null_is_dropped_as_sentry_drops_it() {
+        let tap = r#","message":"Buy","data":{"view.id":"buy","view.class":"Button"}"#;
+        for (category, kept) in [
+            ("ui.tap", tap),
+            ("replay.hydrate-error", r#","data":{"url":"https://shop/"}"#),
+        ] {
+            let null = r#","message":"Buy","data":null"#;
+            let absent = r#","message":"Buy""#;
+            let x = extract_events(&[
+                breadcrumb(category, kept),
+                breadcrumb(category, null),
+                breadcrumb(category, absent),
+            ]);
+            // `payload.get("data", {})`: absent is empty, `null` raises.
+            let found = x.taps.len() + x.hydration_errors.len();
+            assert_eq!(
+                found, 2,
+                "{category}: the one with data and the one without"
+            );
+        }
+    }
+
+    #[test]
     fn hydration_errors_are_collected_with_their_url() {
         let x = extract_events(&[breadcrumb(
             "replay.hydrate-error",

@@ -74,8 +74,18 @@ pub(super) struct Breadcrumb<'a> {
     pub(super) timestamp: Num,
     #[serde(borrow, default)]
     pub(super) level: Text<'a>,
-    #[serde(borrow)]
+    /// `None` only when absent: a `null` is kept, for [`parse_data`] to refuse as Sentry does
+    /// (`payload.get("data", {})` is `None`, whose `.get` raises: the breadcrumb is dropped).
+    #[serde(borrow, default, deserialize_with = "present")]
     pub(super) data: Option<&'a RawValue>,
+}
+
+/// A field's raw value whenever it is there, `null` included (an `Option` reads a `null` as
+/// absent).
+fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<&'a RawValue>, D::Error> {
+    <&RawValue>::deserialize(deserializer).map(Some)
 }
 
 #[derive(Deserialize)]
