@@ -9,6 +9,7 @@ use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
 use rdkafka::ClientConfig;
 
+use crate::kafka::consumer::STATISTICS_INTERVAL;
 use crate::pipeline::buffer::BufferLimits;
 use crate::pipeline::flush::RetryPolicy;
 use crate::recording::{DEFAULT_MAX_DECOMPRESSED_BYTES, Limits, RowLimits};
@@ -322,10 +323,6 @@ impl KafkaArgs {
         Ok(config)
     }
 }
-
-/// librdkafka's statistics interval: set by the group member's defaults, off for every other
-/// client ([`KafkaArgs::client_config`]).
-const STATISTICS_INTERVAL: &str = "statistics.interval.ms";
 
 /// Where the blobs are: the service writes them there, the operator tools delete and sweep them.
 #[derive(Args, Debug, Clone)]

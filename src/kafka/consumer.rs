@@ -23,6 +23,7 @@ use std::sync::mpsc as std_mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rdkafka::ClientConfig;
 use rdkafka::Offset;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
@@ -39,6 +40,18 @@ use crate::health::Status;
 /// How long `poll` waits for a message, and how long a message waits for room in the hand-over
 /// before the partitions are paused: rebalance callbacks run at least this often.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// librdkafka's statistics interval: set by the group member's defaults (its statistics feed
+/// `consumer.lag` and `/status` `group`), off for every other client.
+pub const STATISTICS_INTERVAL: &str = "statistics.interval.ms";
+
+/// Whether librdkafka sends a consumer made from `config` statistics (an interval other than 0).
+pub fn sends_statistics(config: &ClientConfig) -> bool {
+    config
+        .get(STATISTICS_INTERVAL)
+        .and_then(|ms| ms.trim().parse::<u64>().ok())
+        != Some(0)
+}
 
 /// What the rebalance callback waits beyond the drain deadline for the pipeline to answer.
 pub const DRAIN_MARGIN: Duration = Duration::from_secs(1);

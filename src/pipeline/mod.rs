@@ -47,7 +47,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::health::Status;
 use crate::kafka::consumer::{
-    IngestConsumer, IngestContext, Polled, Revoke, commit_list, spawn_poller,
+    IngestConsumer, IngestContext, Polled, Revoke, commit_list, sends_statistics, spawn_poller,
 };
 use crate::kafka::handoff::{Handoff, Ticket};
 use crate::kafka::record::Record;
@@ -223,11 +223,7 @@ pub async fn consume(
     );
     let consumer: Arc<IngestConsumer> = Arc::new(settings.consumer.create_with_context(context)?);
     consumer.subscribe(&[&settings.topic])?;
-    let statistics = settings
-        .consumer
-        .get("statistics.interval.ms")
-        .and_then(|ms| ms.trim().parse::<u64>().ok())
-        != Some(0);
+    let statistics = sends_statistics(&settings.consumer);
     if !statistics {
         warn!(
             "statistics.interval.ms=0: consumer.lag, consumer.out_of_group_ms and /status `group` are not reported, and the group stall does not fail liveness"

@@ -232,8 +232,7 @@ impl Collector {
             }
         };
         let own = self.attributes.len() - start;
-        let mut lone = [0; 3];
-        let lone: &[u8] = dom::LONE_SURROGATE.encode_utf8(&mut lone).as_bytes();
+        let lone = dom::LONE_SURROGATE.as_bytes();
         let own_attributes = self.attributes.get(start..).unwrap_or_default();
         let reason = if marked.is_some() && own_attributes.windows(lone.len()).any(|w| w == lone) {
             Some(Dropped::InvalidField)
