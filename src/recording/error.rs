@@ -108,14 +108,49 @@ const MAX_DETAIL_BYTES: usize = 512;
 
 impl InvalidRecording {
     pub fn new(reason: Reason, detail: impl fmt::Display) -> Self {
-        // One line: parser errors quote the input over several lines.
-        let mut detail = detail
-            .to_string()
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
-        shorten(&mut detail, MAX_DETAIL_BYTES);
-        InvalidRecording { reason, detail }
+        let mut line = Line::default();
+        // Formatting stops where the line is full (the writer's error ends it): a detail quoting
+        // megabytes of input costs what it keeps, not what it quotes.
+        let _ = fmt::write(&mut line, format_args!("{detail}"));
+        if line.full {
+            line.text.push('…');
+        }
+        InvalidRecording {
+            reason,
+            detail: line.text,
+        }
+    }
+}
+
+/// A detail as written: one line (parser errors quote the input over several), each run of
+/// whitespace one space, at most [`MAX_DETAIL_BYTES`] bytes.
+#[derive(Default)]
+struct Line {
+    text: String,
+    /// Whitespace was written since the last character kept.
+    space: bool,
+    /// Something was left out.
+    full: bool,
+}
+
+impl fmt::Write for Line {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for c in s.chars() {
+            if c.is_whitespace() {
+                self.space = !self.text.is_empty();
+                continue;
+            }
+            let space = usize::from(std::mem::take(&mut self.space));
+            if self.text.len() + space + c.len_utf8() > MAX_DETAIL_BYTES {
+                self.full = true;
+                return Err(fmt::Error);
+            }
+            if space == 1 {
+                self.text.push(' ');
+            }
+            self.text.push(c);
+        }
+        Ok(())
     }
 }
 
@@ -156,5 +191,39 @@ mod tests {
         let err =
             InvalidRecording::new(Reason::InvalidBody, "EOF at line 1\n\n\t\"urls\": [\n\t..^");
         assert_eq!(err.detail, "EOF at line 1 \"urls\": [ ..^");
+    }
+
+    #[test]
+    fn a_detail_quoting_megabytes_is_formatted_only_as_far_as_it_is_kept() {
+        /// Writes `n` bytes of whitespace-separated text, counting what it was let write.
+        struct Huge(usize, std::cell::Cell<usize>);
+        impl fmt::Display for Huge {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                for _ in 0..self.0 / 2 {
+                    f.write_str("a ")?;
+                    self.1.set(self.1.get() + 2);
+                }
+                Ok(())
+            }
+        }
+        let huge = Huge(10 << 20, Default::default());
+        let err = InvalidRecording::new(Reason::InvalidMsgpack, &huge);
+        assert!(err.detail.len() <= MAX_DETAIL_BYTES + '…'.len_utf8());
+        assert!(err.detail.starts_with("a a a") && err.detail.ends_with("a…"));
+        assert!(
+            huge.1.get() <= MAX_DETAIL_BYTES + 2,
+            "wrote {}",
+            huge.1.get()
+        );
+        // Exactly full is not cut; leading and trailing whitespace is dropped.
+        let exact = "x".repeat(MAX_DETAIL_BYTES);
+        assert_eq!(
+            InvalidRecording::new(Reason::InvalidBody, &exact).detail,
+            exact
+        );
+        assert_eq!(
+            InvalidRecording::new(Reason::InvalidBody, " \n a  b \t").detail,
+            "a b"
+        );
     }
 }

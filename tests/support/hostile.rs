@@ -1,8 +1,8 @@
 //! Crafted messages, each at most 15 MB on the wire, built to
 //! amplify memory or time — one value referenced many times, deep nesting, huge arrays of tiny
 //! events, many distinct URLs, many clicks/taps/navigations/requests, huge replay-event lists,
-//! long count keys, a padded zlib stream, an out-of-range segment id. Generated, not committed
-//! (30 MB): `tests/it/memory_bound.rs` asserts the cost bound and the outcome of each;
+//! long count keys, a padded zlib stream, an out-of-range segment id, 10 MiB header fields.
+//! Generated, not committed (80 MB): `tests/it/memory_bound.rs` asserts the cost bound and the outcome of each;
 //! `cargo run --release --example make_hostile_fixtures -- DIR` writes them as files, which
 //! `scripts/hostile-rss.sh` feeds to `replay-ingest inspect` for peak RSS and time.
 
@@ -337,20 +337,63 @@ pub fn all() -> Vec<Hostile> {
         ("received-year-10000", 253_402_300_800),
         ("received-u64-max", u64::MAX),
     ] {
-        let value = with_received(&message(header, &zlib(b"[]"), Some(replay_event)), received);
+        let value = message(header, &zlib(b"[]"), Some(replay_event));
+        let value = with_field(&value, "received", received.into());
         write(name, value, Some("invalid_received"));
+    }
+
+    // Header fields of 10 MiB: control characters where a number or the type goes, a byte
+    // string where the replay id goes, a space between every character of the type. A wrong
+    // type or replay id was quoted whole in its error, escaped (5 bytes a character) or split
+    // at every space: 132 MB for a 10 MB message.
+    let control = "\u{1}".repeat(10 * MIB);
+    let spaced = "a ".repeat(5 * MIB);
+    let valid = message(header, &zlib(b"[]"), None);
+    for (name, field, sent, reason) in [
+        (
+            "org-id-of-control-characters",
+            "org_id",
+            control.as_str().into(),
+            "invalid_msgpack",
+        ),
+        (
+            "type-of-control-characters",
+            "type",
+            control.as_str().into(),
+            "wrong_type",
+        ),
+        (
+            "type-spaced-out",
+            "type",
+            spaced.as_str().into(),
+            "wrong_type",
+        ),
+        (
+            "replay-id-of-control-characters",
+            "replay_id",
+            control.as_str().into(),
+            "invalid_replay_id",
+        ),
+        (
+            "replay-id-as-bytes",
+            "replay_id",
+            rmpv::Value::Binary(vec![0xff; 10 * MIB]),
+            "invalid_msgpack",
+        ),
+    ] {
+        write(name, with_field(&valid, field, sent), Some(reason));
     }
     all
 }
 
-/// `value` (a message map) with `received` replaced.
-pub fn with_received(value: &[u8], received: u64) -> Vec<u8> {
+/// `value` (a message map) with field `name` replaced by `sent`.
+pub fn with_field(value: &[u8], name: &str, sent: rmpv::Value) -> Vec<u8> {
     let rmpv::Value::Map(mut map) = rmpv::decode::read_value(&mut &value[..]).unwrap() else {
         unreachable!("a message is a map")
     };
     for (key, field) in map.iter_mut() {
-        if key.as_str() == Some("received") {
-            *field = received.into();
+        if key.as_str() == Some(name) {
+            *field = sent.clone();
         }
     }
     let mut out = Vec::new();
