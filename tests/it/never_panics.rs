@@ -1,13 +1,19 @@
 //! Property tests over the decode entry point: whatever the bytes, `process` returns — it never
 //! panics, and rejects with a classified reason — and whatever it accepts, every sink's builder
-//! (rows, snuba messages, events and occurrences, blob keys) turns into output without panicking.
+//! (rows, snuba messages, events and occurrences, EAP trace items, blob keys) turns into output
+//! without panicking.
 
 use proptest::prelude::*;
+use prost::Message;
+use replay_ingest::recording::trace_items::Rollout;
 use replay_ingest::recording::{self, IssueGates, KafkaPosition, Limits, Processed};
+use sentry_protos::snuba::v1::TraceItem;
 
+/// Every breadcrumb an EAP item, so that its builder meets every value too.
 fn limits() -> Limits {
     Limits {
         max_decompressed_bytes: 1 << 20,
+        trace_items: Rollout::ALL,
         ..Limits::default()
     }
 }
@@ -39,6 +45,15 @@ fn build_every_output(processed: &Processed) {
     for event in processed.events(&IssueGates::default()) {
         let _ = (event.kind(), event.topic(), event.key());
         event.into_json().unwrap();
+    }
+    // The rollout is at one: every read body has its items.
+    match &processed.trace_items {
+        Some(items) => {
+            for (_, item) in items.iter() {
+                TraceItem::decode(item).unwrap();
+            }
+        }
+        None => assert!(processed.unread_body.is_some(), "items of a read body"),
     }
     assert!(!processed.blob.key.is_empty());
 }

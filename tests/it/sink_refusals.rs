@@ -17,13 +17,13 @@ use crate::support::load::Produced;
 use crate::support::*;
 
 /// Produces `count` messages on a fresh topic and starts the service with every real sink, GCS
-/// refusing the first `refused` of them; the names, what was sent, the proxy (held for the run)
-/// and the service, its logs in `dir`.
+/// refusing the first `refused` of them; the names, what was sent, the proxy and the metrics
+/// listener (held for the run) and the service, its logs in `dir`.
 async fn refusing_run(
     count: u64,
     refused: usize,
     dir: &std::path::Path,
-) -> (Names, Produced, Vec<Sent>, proxy::Proxy, Service) {
+) -> (Names, Produced, Vec<Sent>, (proxy::Proxy, Statsd), Service) {
     let names = Names::create().await;
     let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), count).await;
     let replays = sent[..refused]
@@ -31,24 +31,23 @@ async fn refusing_run(
         .map(|s| replay_of(&s.value))
         .collect();
     let proxy = gcs_refusing(replays, Arc::new(AtomicBool::new(true))).await;
-    let service = one_batch_service(&names, count, dir, ("--gcs-endpoint", &proxy.endpoint));
-    (names, report, sent, proxy, service)
+    let statsd = Statsd::bind();
+    let destination = ("--gcs-endpoint", proxy.endpoint.as_str());
+    let service = one_batch_service(&names, &statsd, count, dir, destination);
+    (names, report, sent, (proxy, statsd), service)
 }
 
 /// The service with every real sink, `destination` (a flag and its value) pointing one of them
 /// elsewhere, flushing the first `count` messages as one batch however slowly they arrive; its
-/// logs in `dir`.
+/// logs in `dir`, its metrics to `statsd` (kept for the run, so no other test is given its port).
 fn one_batch_service(
     names: &Names,
+    statsd: &Statsd,
     count: u64,
     dir: &std::path::Path,
     destination: (&str, &str),
 ) -> Service {
-    let mut args = with_flag(
-        names.args(Statsd::bind().port(), dir),
-        destination.0,
-        destination.1,
-    );
+    let mut args = with_flag(names.args(statsd.port(), dir), destination.0, destination.1);
     args = with_flag(args, "--buffer-max-age-ms", "30000");
     args.extend(["--buffer-max-messages".to_owned(), count.to_string()]);
     Service::start_logging_to(&args, &dir.join("service.log"))
@@ -68,7 +67,7 @@ async fn replays_with_rows(table: &str) -> BTreeSet<String> {
 async fn a_few_refused_messages_alone_in_their_batch_are_dead_lettered_and_the_service_goes_on() {
     let _stack = uses_stack().await;
     let dir = tempfile::tempdir().unwrap();
-    let (names, report, sent, _proxy, service) = refusing_run(3, 3, dir.path()).await;
+    let (names, report, sent, _held, service) = refusing_run(3, 3, dir.path()).await;
     wait_for("the refused messages committed", JOIN_AND_FLUSH, || {
         service.committed() == expected_commits(&report)
     })
@@ -119,7 +118,7 @@ async fn a_few_refused_messages_alone_in_their_batch_are_dead_lettered_and_the_s
 async fn a_sink_refusing_a_whole_batch_of_many_stops_the_service_with_nothing_committed() {
     let _stack = uses_stack().await;
     let dir = tempfile::tempdir().unwrap();
-    let (names, _, _, _proxy, service) = refusing_run(30, 30, dir.path()).await;
+    let (names, _, _, _held, service) = refusing_run(30, 30, dir.path()).await;
     let code = service.exit_within(JOIN_AND_FLUSH).await;
     assert!(
         code.is_some_and(|c| c != 0),
@@ -177,7 +176,8 @@ async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_l
     let ids: Vec<String> = refused.iter().map(|(s, ..)| replay_of(&s.value)).collect();
     let proxy = clickhouse_refusing(ids.clone(), Arc::new(AtomicBool::new(true))).await;
     let destination = ("--clickhouse-url", proxy.endpoint.as_str());
-    let service = one_batch_service(&names, count, dir.path(), destination);
+    let statsd = Statsd::bind();
+    let service = one_batch_service(&names, &statsd, count, dir.path(), destination);
     wait_for("the batch committed", JOIN_AND_FLUSH, || {
         service.committed() == expected_commits(&report)
     })

@@ -196,14 +196,26 @@ impl Service {
         Self::spawn_logging(args, Some(limit))
     }
 
-    /// Starts the service with its logs shown (REPLAY_INGEST_TEST_LOGS=1), or kept in a file
-    /// whose last lines are shown if the test fails.
+    /// Starts the service with its logs kept in a file, whose last lines are shown if the test
+    /// fails, and which tests read; with REPLAY_INGEST_TEST_LOGS=1 also shown as they come.
     fn spawn_logging(args: &[String], fd_limit: Option<u64>) -> Service {
-        if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
-            return Self::spawn(args, Stdio::inherit(), fd_limit);
-        }
         let file = tempfile::NamedTempFile::new().unwrap();
-        let mut service = Self::spawn(args, file.reopen().unwrap().into(), fd_limit);
+        let mut service = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
+            use std::io::{Read, Write};
+            let mut service = Self::spawn(args, Stdio::piped(), fd_limit);
+            let mut logs = service.child.stderr.take().unwrap();
+            let mut kept = file.reopen().unwrap();
+            std::thread::spawn(move || {
+                let mut chunk = [0; 8192];
+                while let Ok(n @ 1..) = logs.read(&mut chunk) {
+                    let _ = kept.write_all(&chunk[..n]);
+                    let _ = std::io::stderr().write_all(&chunk[..n]);
+                }
+            });
+            service
+        } else {
+            Self::spawn(args, file.reopen().unwrap().into(), fd_limit)
+        };
         service.logs = Some(file);
         service
     }
@@ -340,7 +352,7 @@ impl Service {
         }
     }
 
-    /// Its logs so far, when they go to a file of its own (not with REPLAY_INGEST_TEST_LOGS).
+    /// Its logs so far, when they go to a file of its own (it was not given a place for them).
     pub fn log_text(&self) -> Option<String> {
         let bytes = std::fs::read(self.logs.as_ref()?.path()).unwrap_or_default();
         Some(String::from_utf8_lossy(&bytes).into_owned())
