@@ -32,10 +32,12 @@ pub struct Frontier {
 
 impl Frontier {
     /// A message entered the buffer. An offset that does not increase starts the partition
-    /// over when nothing of it is pending (what moved and is not committed yet is dropped: the
-    /// messages are being read again), and is refused, untracked, when something is: a flush in
-    /// flight would complete offsets that now mean other messages. `Ok(Some(last))` says it
-    /// started over after `last`.
+    /// over when nothing of it is pending, and is refused, untracked, when something is: a flush
+    /// in flight would complete offsets that now mean other messages. Starting over, the
+    /// partition's next commit is the offset itself: what moved and is not committed yet is
+    /// dropped, and a commit past it already under way (or failed, and reported again) is
+    /// overtaken — the log may hold other messages there now, read again and not durable.
+    /// `Ok(Some(last))` says it started over after `last`.
     pub fn track(&mut self, partition: i32, offset: i64) -> Result<Option<i64>, WentBack> {
         let p = self.partitions.entry(partition).or_default();
         let mut restarted = None;
@@ -47,7 +49,7 @@ impl Frontier {
                     offset,
                 });
             }
-            p.advanced = None;
+            p.advanced = Some(offset);
             restarted = Some(last);
         }
         p.last = Some(offset);
@@ -81,10 +83,17 @@ impl Frontier {
 
     /// A commit of `positions` failed (a rebalance moved the group's generation on, the
     /// coordinator was away): they are reported again by the next `take_advanced`, unless the
-    /// partition moved further since or was forgotten (revoked).
+    /// partition moved further since, was forgotten (revoked), or started over below the
+    /// position (it may hold messages read again and not durable).
     pub fn uncommitted(&mut self, positions: &[(i32, i64)]) {
         for &(partition, offset) in positions {
-            if let Some(p) = self.partitions.get_mut(&partition) {
+            let Some(p) = self.partitions.get_mut(&partition) else {
+                continue;
+            };
+            // Everything below `offset` is durable, as tracked now.
+            let durable_below = p.pending.front().map(|&(first, _)| first);
+            let durable_below = durable_below.or(p.last.map(|last| last + 1));
+            if durable_below.is_some_and(|below| offset <= below) {
                 p.advanced = Some(p.advanced.map_or(offset, |later| later.max(offset)));
             }
         }
@@ -159,12 +168,43 @@ mod tests {
         assert_eq!(f.track(0, 11), Ok(Some(12)));
         assert_eq!(
             f.take_advanced(),
-            [],
-            "13 is not committed over the messages read again"
+            [(0, 11)],
+            "13 is not committed over the messages read again; 11 is, over a commit of 13 \
+             already under way"
         );
         f.complete(0, 11);
         assert_eq!(f.take_advanced(), [(0, 12)]);
         assert_eq!(f.track(0, 12), Ok(None));
+    }
+
+    #[test]
+    fn a_failed_commit_from_before_a_start_over_is_not_reported_again() {
+        let mut f = Frontier::default();
+        for offset in [10, 11, 12] {
+            f.track(0, offset).unwrap();
+            f.complete(0, offset);
+        }
+        let in_flight = f.take_advanced();
+        assert_eq!(in_flight, [(0, 13)]);
+        // The log was cut back: 11 and 12 are other messages now, read again.
+        assert_eq!(f.track(0, 11), Ok(Some(12)));
+        f.track(0, 12).unwrap();
+        f.track(0, 13).unwrap();
+        f.complete(0, 11);
+        f.uncommitted(&in_flight);
+        assert_eq!(
+            f.take_advanced(),
+            [(0, 12)],
+            "the new 12 is not durable: 13 would skip it"
+        );
+        f.complete(0, 12);
+        assert_eq!(f.take_advanced(), [(0, 13)]);
+        f.uncommitted(&in_flight);
+        assert_eq!(
+            f.take_advanced(),
+            [(0, 13)],
+            "reported again once everything below it is durable"
+        );
     }
 
     #[test]

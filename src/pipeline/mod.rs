@@ -814,12 +814,7 @@ impl Pipeline {
                     buffered = self.buffer.len(),
                     "revoke: drain missed its deadline; what is not durable is left to the next owner"
                 );
-                // Before the callback is answered, so before the next owner starts: flushes
-                // under way write no more of these partitions.
-                self.consumer
-                    .context()
-                    .ownership()
-                    .abandon(partitions, generation);
+                self.abandon(partitions, generation);
             }
             Drained::Uncommitted => warn!(
                 "revoke: everything is durable but the offset commit failed; the next owner reads again what was flushed since the last commit"
@@ -828,6 +823,16 @@ impl Pipeline {
         }
         self.give_up(partitions, generation);
         Ok(())
+    }
+
+    /// `partitions`, revoked in `generation`, are answered with some of what was polled of them
+    /// not durable. Called before the callback is answered, so before the next owner starts:
+    /// flushes under way write no more of them.
+    fn abandon(&self, partitions: &[i32], generation: u64) {
+        self.consumer
+            .context()
+            .ownership()
+            .abandon(partitions, generation);
     }
 
     /// What is left of `partitions` here is their next owner's: nothing buffered of them is
@@ -857,10 +862,14 @@ impl Pipeline {
     }
 
     /// The drain is over: the revokes that arrived meanwhile are answered, the partitions not lost
-    /// given up now.
-    fn answer_revokes(&mut self) {
+    /// given up now — and, when the drain missed its deadline, abandoned as the drain's own
+    /// revoke's are: flushes still under way write no more of them.
+    fn answer_revokes(&mut self, missed_deadline: bool) {
         for revoke in std::mem::take(&mut self.revoked_while_draining) {
             if !revoke.lost {
+                if missed_deadline {
+                    self.abandon(&revoke.partitions, revoke.generation);
+                }
                 self.give_up(&revoke.partitions, revoke.generation);
             }
             let _ = revoke.done.send(());
@@ -873,7 +882,7 @@ impl Pipeline {
         self.status.record_draining(true);
         let result = tokio::time::timeout(deadline, self.drain_inner()).await;
         self.status.record_draining(false);
-        self.answer_revokes();
+        self.answer_revokes(result.is_err());
         match result {
             Ok(Ok(true)) => Drained::Durable,
             Ok(Ok(false)) => Drained::Uncommitted,

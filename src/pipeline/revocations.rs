@@ -23,7 +23,10 @@ impl Revocations {
     pub fn revoked(&mut self, partitions: &[i32], generation: u64) {
         self.current = self.current.max(generation);
         for &partition in partitions {
-            self.revoked.insert(partition, generation);
+            // A give-up answered late (after a later loss of the same partition) does not
+            // make what was polled between the two current again.
+            let revoked = self.revoked.entry(partition).or_default();
+            *revoked = (*revoked).max(generation);
         }
     }
 
@@ -53,10 +56,15 @@ mod tests {
             r.is_stale(1, 1) && !r.is_stale(0, 1),
             "each partition has its own revoke"
         );
+        r.revoked(&[0], 3);
         r.revoked(&[0], 1);
+        assert!(
+            r.is_stale(0, 2),
+            "a late, older revoke does not make partition 0's messages current again"
+        );
         assert_eq!(
             r.current(),
-            2,
+            3,
             "a late, older revoke does not move the generation back"
         );
     }
