@@ -244,7 +244,7 @@ def main():
     # The chart refuses values that cannot work — each with its own message; any other render
     # error (a template bug) is a failure, not the expected refusal.
     refusals = [
-        ({"terminationGracePeriodSeconds": 10}, "must exceed config.DRAIN_DEADLINE_MS"),
+        ({"terminationGracePeriodSeconds": 10}, "must be at least config.DRAIN_DEADLINE_MS"),
         ({"terminationGracePeriodSeconds": 30, "config": {"DRAIN_DEADLINE_MS": "28900"}}, "plus 2 s to close the clients"),
         ({"config": {"HTTP_LISTEN": "0.0.0.0:1"}}, "set http.port instead"),
         ({"config": {"STATSD_ADDRESS": ""}}, "config.STATSD_ADDRESS: set dogstatsd.mode"),
