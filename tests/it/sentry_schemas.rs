@@ -1,6 +1,6 @@
 //! What the service publishes, validated against Sentry's own message schemas (the
 //! `sentry-kafka-schemas` crate, the schemas Sentry's and snuba's consumers are built against),
-//! on every fixture; and the inner payloads those schemas leave open, checked against what their
+//! on every fixture, and what it reads, against the schema Relay produces to; and the inner payloads those schemas leave open, checked against what their
 //! readers require: snuba's replays processor (`crate::support::snuba`) and Sentry's occurrence consumer.
 
 use replay_ingest::recording::{
@@ -148,4 +148,93 @@ fn every_occurrence_validates_and_carries_what_sentrys_occurrence_consumer_requi
         [5002, 5003],
         "the fixtures hold a rage click and a hydration error"
     );
+}
+
+/// A message value (msgpack) as JSON, for the topic's schema: byte strings as text, lossily (the
+/// schema gives them no type).
+fn msgpack_as_json(value: &[u8]) -> Vec<u8> {
+    fn convert(value: rmpv::Value) -> Value {
+        match value {
+            rmpv::Value::Binary(bytes) => Value::String(String::from_utf8_lossy(&bytes).into()),
+            rmpv::Value::Map(map) => Value::Object(
+                map.into_iter()
+                    .map(|(k, v)| (k.as_str().unwrap().to_owned(), convert(v)))
+                    .collect(),
+            ),
+            rmpv::Value::Array(items) => Value::Array(items.into_iter().map(convert).collect()),
+            rmpv::Value::Nil => Value::Null,
+            rmpv::Value::Boolean(b) => Value::Bool(b),
+            rmpv::Value::Integer(n) => n
+                .as_u64()
+                .map(Value::from)
+                .or(n.as_i64().map(Value::from))
+                .unwrap(),
+            rmpv::Value::F32(n) => Value::from(n),
+            rmpv::Value::F64(n) => Value::from(n),
+            rmpv::Value::String(text) => Value::String(text.into_str().unwrap()),
+            rmpv::Value::Ext(..) => unreachable!("no message holds an extension value"),
+        }
+    }
+    let decoded = rmpv::decode::read_value(&mut &value[..]).unwrap();
+    serde_json::to_vec(&convert(decoded)).unwrap()
+}
+
+/// What the service reads, against Sentry's schema of the topic (what Relay produces and Sentry's
+/// consumer is built for): every recorded message is shaped as the schema says, and the schema's
+/// own example is read field by field.
+#[test]
+fn the_recorded_messages_and_sentrys_own_example_are_what_the_topic_schema_says() {
+    let topic = sentry_kafka_schemas::get_schema("ingest-replay-recordings", None).unwrap();
+    let raw: Value = serde_json::from_str(topic.raw_schema()).unwrap();
+    let schema = jsonschema::JSONSchema::compile(&raw).unwrap();
+    let validate = |value: &[u8]| -> Result<(), String> {
+        let json: Value = serde_json::from_slice(&msgpack_as_json(value)).unwrap();
+        schema
+            .validate(&json)
+            .map_err(|errors| errors.map(|e| e.to_string()).collect::<Vec<_>>().join(". "))
+    };
+    let dir = crate::support::fixture_dir().join("segments");
+    let mut recorded = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let value = std::fs::read(&path).unwrap();
+        validate(&value).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        recorded += 1;
+    }
+    assert!(recorded >= 15, "{recorded} recorded messages");
+    // A value against the schema as it should not be, so that the check is seen to refuse.
+    let no_org = crate::support::hostile::with_field(
+        &std::fs::read(crate::support::fixture_dir().join("segments/console-0.msgpack")).unwrap(),
+        "org_id",
+        rmpv::Value::from(-1),
+    );
+    assert!(validate(&no_org).is_err());
+    // The topic's example shows the shape only: received in year 5871 and a payload of
+    // `hello`. Each field is read as it holds; the value is dead-lettered, as Sentry's consumer
+    // fails on it too (its `split(b"\n", 1)` finds no header).
+    let examples = topic.examples();
+    assert!(!examples.is_empty());
+    for example in examples {
+        let name = example.name();
+        let value = example.payload();
+        validate(value).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let error = recording::process(value, &Limits::default()).unwrap_err();
+        assert_eq!(error.reason.as_str(), "invalid_received", "{name}");
+        let value = crate::support::hostile::with_field(value, "received", 1_796_012_448.into());
+        let e = recording::envelope::decode(&value).unwrap();
+        assert_eq!(
+            (
+                e.replay_id,
+                e.org_id,
+                e.project_id,
+                e.key_id,
+                e.retention_days
+            ),
+            ("9a3a4e2d78e54d328e7e40709ede27ef", 123, 123, Some(123), 30),
+            "{name}"
+        );
+        assert_eq!(e.payload, b"hello");
+        let error = recording::process(&value, &Limits::default()).unwrap_err();
+        assert_eq!(error.reason.as_str(), "missing_header", "{name}");
+    }
 }
