@@ -1,6 +1,8 @@
 //! Dead letters too large for the dead-letter topic, with the real broker and fake-gcs-server
 //! (`scripts/stack.sh up`): nothing is dropped and the flush does not stop. The value goes whole
-//! to the blob store under `dlq/`, the topic gets a record pointing at it.
+//! to the blob store under `dlq/`, the topic gets a record pointing at it. Where that cannot be
+//! done — no blob store, or a topic that refuses even the pointer — the service stops with nothing
+//! committed, saying why.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -191,4 +193,81 @@ async fn a_letter_that_cannot_be_sent_does_not_make_the_retry_send_the_others_ag
         pointer.headers["payload_location"],
         format!("gs://{bucket}/dlq/unknown/rec/0/1")
     );
+}
+
+/// Produces one invalid message of `bytes` bytes on a fresh topic, starts the service on it with
+/// `flags` and the dead-letter topic's limit at `dlq_limit` (when given), and waits for it to
+/// stop; what it said, and the names.
+async fn stops_on_a_dead_letter(
+    bytes: usize,
+    flags: &[&str],
+    dlq_limit: Option<usize>,
+) -> (Names, String) {
+    let names = Names::create().await;
+    if let Some(limit) = dlq_limit {
+        set_topic_limit(&names.dlq, limit).await;
+    }
+    let producer = producer();
+    let value = vec![b'x'; bytes];
+    producer
+        .send(
+            FutureRecord::<[u8], [u8]>::to(&names.topic).payload(&value),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let mut args = names.args(statsd.port(), dir.path());
+    for pair in flags.chunks(2) {
+        if args.iter().any(|a| a == pair[0]) {
+            args = with_flag(args, pair[0], pair[1]);
+        } else {
+            args.extend([pair[0].to_owned(), pair[1].to_owned()]);
+        }
+    }
+    let log = dir.path().join("service.log");
+    let service = Service::start_logging_to(&args, &log);
+    let code = service.exit_within(JOIN_AND_FLUSH).await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(1), "stopped: {said}");
+    assert!(
+        committed(&names.group, &names.topic, 2).is_empty(),
+        "nothing committed past a dead letter not sent"
+    );
+    (names, said)
+}
+
+/// A dead letter over the topic's limit with no blob store to keep its value (`--blob-sink
+/// null`) has nowhere to go: the flush fails for good, the service stops naming why, and the
+/// message is read again after the fix. It is not sent cut, or dropped.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_dead_letter_too_large_with_no_blob_store_stops_the_service_with_nothing_committed() {
+    let _stack = uses_stack().await;
+    let flags = ["--blob-sink", "null", "--dlq-max-message-bytes", "2000"];
+    let (names, said) = stops_on_a_dead_letter(10_000, &flags, None).await;
+    assert!(
+        said.contains("a dead letter of 10000 bytes does not fit the dead-letter topic and no blob store is configured to keep it"),
+        "{said}"
+    );
+    assert!(high_watermarks(&names.dlq, 1).is_empty(), "nothing sent");
+}
+
+/// The record pointing at a value kept in the blob store is small: a dead-letter topic that
+/// refuses even that is misconfigured, and the service stops saying so rather than retrying for
+/// ever. The value's copy is in the bucket, rewritten under the same key after the fix.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_dead_letter_topic_refusing_the_pointer_record_stops_the_service() {
+    let _stack = uses_stack().await;
+    let (names, said) = stops_on_a_dead_letter(10_000, &[], Some(200)).await;
+    assert!(
+        said.contains("flush failed, nothing of it committed: dlq"),
+        "{said}"
+    );
+    assert!(said.contains("MessageSizeTooLarge"), "{said}");
+    assert!(high_watermarks(&names.dlq, 1).is_empty(), "nothing sent");
+    let copy = format!("dlq/unknown/{}/0/0", names.topic);
+    assert_eq!(read_object(&names.bucket, &copy).await.len(), 10_000);
 }
