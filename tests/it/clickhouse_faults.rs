@@ -5,9 +5,12 @@
 //! the server, the table's migration first); and a column altered to another type
 //! while the service runs (a configuration error: the service stops, non-zero, naming the
 //! column, nothing committed past it); and a member joining during a long outage (it gets
-//! partitions at once, the first member stays in the group, nothing is lost). The tests that stop
+//! partitions at once, the first member stays in the group, nothing is lost); and a server that
+//! takes the INSERT and does not answer (timed out, retried, nothing committed meanwhile). The tests that stop
 //! the shared server hold `stops_stack()`: no other stack test runs meanwhile.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::support::*;
@@ -148,6 +151,81 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
             .contains_key("replay_ingest.flush.errors|sink:clickhouse"),
         "no flush gave up"
     );
+}
+
+/// A ClickHouse that takes the INSERT and does not answer (a proxy holds every answer 30 s while
+/// the hang lasts; the server itself runs on): each request ends at `--sink-timeout-ms` and is
+/// retried, every timeout is progress (live past the 4 s flush stall), nothing is committed, and
+/// once it answers again everything commits, each segment's row stored once (a retried INSERT
+/// replaces what the timed-out one wrote).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_clickhouse_that_stops_answering_mid_flush_is_timed_out_and_retried_without_committing() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let hung = Arc::new(AtomicBool::new(true));
+    let holding = hung.clone();
+    let proxy = proxy::Proxy::start(&clickhouse_url(), move |seen| {
+        if holding.load(Ordering::SeqCst) && seen.path.contains("INSERT") {
+            proxy::Action::Delay(Duration::from_secs(30))
+        } else {
+            proxy::Action::Forward
+        }
+    })
+    .await;
+    let mut args = with_flag(
+        names.args(statsd.port(), dir.path()),
+        "--clickhouse-url",
+        &proxy.endpoint,
+    );
+    args.extend(
+        [
+            "--sink-timeout-ms",
+            "1000",
+            "--flush-stall-timeout-ms",
+            "4000",
+        ]
+        .map(String::from),
+    );
+    let service = Service::start(&args);
+    let (report, _) = produce_fixtures(&names.topic, &small_fixtures(true), 10).await;
+    wait_for(
+        "the INSERT timed out three times with everything consumed",
+        JOIN_AND_FLUSH,
+        || {
+            service.status().is_some_and(|s| {
+                s["consumed"].as_u64() >= Some(10)
+                    && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(3)
+            })
+        },
+    )
+    .await;
+    let status = service.status().unwrap();
+    let error = status["outages"]["clickhouse"]["last_error"]
+        .as_str()
+        .unwrap();
+    assert!(
+        error.contains("timed out") || error.contains("timeout"),
+        "{error}"
+    );
+    assert_eq!(
+        service.probe("/health/live"),
+        Some(200),
+        "timeouts are progress"
+    );
+    assert!(
+        committed(&names.group, &names.topic, 2).is_empty(),
+        "nothing committed during the hang"
+    );
+    hung.store(false, Ordering::SeqCst);
+    wait_for("everything committed", JOIN_AND_FLUSH, || {
+        committed(&names.group, &names.topic, 2) == expected_commits(&report)
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+    let rows = clickhouse_rows(&names.table).await;
+    assert_eq!(rows.iter().filter(|r| r.is_segment()).count(), 10);
 }
 
 #[tokio::test(flavor = "multi_thread")]
