@@ -205,7 +205,11 @@ impl Member {
             .open(&self.log)
             .unwrap();
         // As a container whose hard limit is 1 024: the member cannot raise it.
-        self.service = Some(Service::spawn(args, log.into(), Some(MEMBER_FD_LIMIT)));
+        self.service = Some(Service::spawn(
+            args,
+            log.into(),
+            Some((MEMBER_FD_LIMIT, MEMBER_FD_LIMIT)),
+        ));
         self.leaving = false;
     }
 

@@ -297,6 +297,24 @@ async fn a_dead_letter_outage_is_ridden_out_and_every_dead_letter_lands() {
     );
 }
 
+/// A container's soft limit of open file descriptors is often far below its hard one: the service
+/// raises it to the hard one at start, so that the sinks' pools, the Kafka clients and the probe
+/// server do not run out early.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn the_soft_limit_of_open_files_is_raised_to_the_hard_one() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let service = Service::start_with_fd_limits(&args(&names, &statsd, dir.path()), 256, 4096);
+    wait_for("ready", JOIN_AND_FLUSH, || {
+        service.probe("/health/ready") == Some(200)
+    })
+    .await;
+    assert_eq!(service.fd_limits(), (4096, 4096));
+    assert_eq!(service.terminate(), Some(0));
+}
+
 /// A flood of idle and half-sent connections against the probe port of a service whose file
 /// descriptors are limited to 1 024, soft and hard (it cannot raise them): 10 000 connections
 /// opened as fast as loopback allows and held open, half of them idle, half stopping mid-header.
@@ -311,7 +329,7 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
     let _stack = uses_stack().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let service = Service::start_with_fd_limit(&args(&names, &statsd, dir.path()), 1024);
+    let service = Service::start_with_fd_limits(&args(&names, &statsd, dir.path()), 1024, 1024);
     wait_for("partitions assigned", JOIN_AND_FLUSH, || {
         service.status().is_some_and(|s| s["assigned"] == true)
     })

@@ -190,19 +190,33 @@ impl Service {
         Self::spawn(args, logs, None)
     }
 
-    /// Starts the service with soft and hard limits of `limit` open file descriptors (as a
-    /// container whose hard limit is low), so that it cannot raise its own.
-    pub fn start_with_fd_limit(args: &[String], limit: u64) -> Service {
-        Self::spawn_logging(args, Some(limit))
+    /// Starts the service with a `soft` and a `hard` limit of open file descriptors (a
+    /// container's).
+    pub fn start_with_fd_limits(args: &[String], soft: u64, hard: u64) -> Service {
+        Self::spawn_logging(args, Some((soft, hard)))
+    }
+
+    /// Its limits of open file descriptors, soft and hard, as the kernel has them.
+    pub fn fd_limits(&self) -> (u64, u64) {
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", self.child.id())).unwrap();
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap();
+        let numbers: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        (numbers[0], numbers[1])
     }
 
     /// Starts the service with its logs kept in a file, whose last lines are shown if the test
     /// fails, and which tests read; with REPLAY_INGEST_TEST_LOGS=1 also shown as they come.
-    fn spawn_logging(args: &[String], fd_limit: Option<u64>) -> Service {
+    fn spawn_logging(args: &[String], fd_limits: Option<(u64, u64)>) -> Service {
         let file = tempfile::NamedTempFile::new().unwrap();
         let mut service = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
             use std::io::{Read, Write};
-            let mut service = Self::spawn(args, Stdio::piped(), fd_limit);
+            let mut service = Self::spawn(args, Stdio::piped(), fd_limits);
             let mut logs = service.child.stderr.take().unwrap();
             let mut kept = file.reopen().unwrap();
             std::thread::spawn(move || {
@@ -214,14 +228,15 @@ impl Service {
             });
             service
         } else {
-            Self::spawn(args, file.reopen().unwrap().into(), fd_limit)
+            Self::spawn(args, file.reopen().unwrap().into(), fd_limits)
         };
         service.logs = Some(file);
         service
     }
 
-    /// Starts the service with its logs going to `logs` and, if given, a file descriptor limit.
-    pub fn spawn(args: &[String], logs: Stdio, fd_limit: Option<u64>) -> Service {
+    /// Starts the service with its logs going to `logs` and, if given, soft and hard limits of
+    /// open file descriptors.
+    pub fn spawn(args: &[String], logs: Stdio, fd_limits: Option<(u64, u64)>) -> Service {
         use std::os::unix::process::CommandExt;
         let port = args
             .iter()
@@ -236,13 +251,13 @@ impl Service {
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(logs);
-        if let Some(limit) = fd_limit {
+        if let Some((soft, hard)) = fd_limits {
             // SAFETY: only setrlimit, async-signal-safe, runs between fork and exec.
             unsafe {
                 command.pre_exec(move || {
                     let rlimit = libc::rlimit {
-                        rlim_cur: limit,
-                        rlim_max: limit,
+                        rlim_cur: soft,
+                        rlim_max: hard,
                     };
                     match libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) {
                         0 => Ok(()),
