@@ -304,17 +304,60 @@ pub fn classify_producer_error(error: &KafkaError) -> Retry {
 /// What librdkafka reports beside a request that a login or a certificate was refused (it
 /// retries such connections, so the request itself only times out).
 #[derive(Default)]
-struct Refusals(std::sync::Mutex<Option<(RDKafkaErrorCode, String)>>);
+struct Refusals(std::sync::Mutex<Option<(Refusal, String)>>);
+
+/// Why the brokers will not talk to this client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The TLS handshake failed on this side: the brokers' certificate is not trusted.
+    Tls,
+    /// The brokers ended the handshake with an alert about this client's certificate: none was
+    /// given where they require one, or they do not trust it.
+    Certificate,
+    /// The SASL login was refused.
+    Login,
+}
+
+impl Refusal {
+    fn of(code: RDKafkaErrorCode, reason: &str) -> Option<Refusal> {
+        match code {
+            RDKafkaErrorCode::SSL => Some(Refusal::Tls),
+            RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed => {
+                Some(Refusal::Login)
+            }
+            // The broker's alert arrives as a failed receive on a connection librdkafka retries.
+            RDKafkaErrorCode::BrokerTransportFailure
+                if CERTIFICATE_ALERTS
+                    .iter()
+                    .any(|alert| reason.contains(alert)) =>
+            {
+                Some(Refusal::Certificate)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The TLS alerts a server sends about its client's certificate, as OpenSSL names them in the
+/// error librdkafka reports: bad, unsupported, revoked, expired or unknown certificate, unknown
+/// CA, certificate required (TLS 1.3).
+const CERTIFICATE_ALERTS: [&str; 7] = [
+    "SSL alert number 42",
+    "SSL alert number 43",
+    "SSL alert number 44",
+    "SSL alert number 45",
+    "SSL alert number 46",
+    "SSL alert number 48",
+    "SSL alert number 116",
+];
 
 impl rdkafka::ClientContext for Refusals {
     fn error(&self, error: KafkaError, reason: &str) {
-        if let Some(
-            code @ (RDKafkaErrorCode::Authentication
-            | RDKafkaErrorCode::SaslAuthenticationFailed
-            | RDKafkaErrorCode::SSL),
-        ) = error.rdkafka_error_code()
+        if let Some(refusal) = error
+            .rdkafka_error_code()
+            .and_then(|code| Refusal::of(code, reason))
         {
-            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((code, reason.to_owned()));
+            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((refusal, reason.to_owned()));
         }
     }
 }
@@ -389,14 +432,21 @@ pub fn check_topics(
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
             return Err(match refused {
-                Some((RDKafkaErrorCode::SSL, reason)) => SinkError::new(
+                Some((Refusal::Tls, reason)) => SinkError::new(
                     "kafka",
                     Retry::Fatal,
                     format_args!(
                         "TLS with the brokers failed (is their CA --kafka-ssl-ca-location?): {reason}"
                     ),
                 ),
-                Some((_, reason)) => SinkError::new(
+                Some((Refusal::Certificate, reason)) => SinkError::new(
+                    "kafka",
+                    Retry::Fatal,
+                    format_args!(
+                        "the brokers refused this client's certificate (they require one their CA signed: --kafka-ssl-certificate-location and --kafka-ssl-key-location): {reason}"
+                    ),
+                ),
+                Some((Refusal::Login, reason)) => SinkError::new(
                     "kafka",
                     Retry::Fatal,
                     format_args!(
@@ -469,6 +519,35 @@ pub fn check_topics(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_alert_about_this_clients_certificate_is_a_refusal_and_a_dropped_connection_is_not() {
+        let alert = "ssl://127.0.0.1:25329/bootstrap: Receive failed: error:0A000412:SSL routines::sslv3 alert bad certificate: SSL alert number 42 (after 11ms in state APIVERSION_QUERY)";
+        assert_eq!(
+            Refusal::of(RDKafkaErrorCode::BrokerTransportFailure, alert),
+            Some(Refusal::Certificate)
+        );
+        let required = "Receive failed: error:0A00045C:SSL routines::tlsv13 alert certificate required: SSL alert number 116";
+        assert_eq!(
+            Refusal::of(RDKafkaErrorCode::BrokerTransportFailure, required),
+            Some(Refusal::Certificate)
+        );
+        for transient in [
+            "ssl://127.0.0.1:9093/bootstrap: Connect to ipv4#127.0.0.1:9093 failed: Connection refused (after 0ms in state CONNECT)",
+            "Disconnected while requesting ApiVersion: might be caused by incorrect security.protocol configuration",
+            // A handshake failure alert names no certificate (protocol versions, ciphers).
+            "Receive failed: error:0A000410:SSL routines::sslv3 alert handshake failure: SSL alert number 40",
+        ] {
+            assert_eq!(
+                Refusal::of(RDKafkaErrorCode::BrokerTransportFailure, transient),
+                None
+            );
+        }
+        assert_eq!(
+            Refusal::of(RDKafkaErrorCode::SSL, "certificate verify failed"),
+            Some(Refusal::Tls)
+        );
+    }
 
     #[test]
     fn a_record_is_over_its_topics_limit_with_the_brokers_framing_and_unchecked_without_a_limit() {

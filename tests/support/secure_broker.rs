@@ -1,6 +1,7 @@
 //! An Apache Kafka broker of a test's own, from the jars the stack fetched
 //! (`REPLAY_INGEST_KAFKA_HOME`), with the security listeners the stack's broker does not have:
-//! SSL and SASL_SSL with a certificate the test's CA signs, SASL_PLAINTEXT, each taking PLAIN
+//! SSL and SASL_SSL with a certificate the test's CA signs, MTLS (SSL whose clients must present
+//! a certificate that CA signed), SASL_PLAINTEXT, each taking PLAIN
 //! and SCRAM-SHA-512 where SASL applies; when asked, a plaintext listener reached through a
 //! relay the test can cut (`RELAYED`), or ACLs enforced (`start_enforcing_acls`). One node,
 //! KRaft combined mode, on 127.0.0.1, its log directory on disk: `kill` and `start_again` bring
@@ -78,7 +79,7 @@ impl SecureBroker {
         let dir = tempfile::tempdir().unwrap();
         let controller = free_port();
         let mut ports: BTreeMap<&'static str, u16> =
-            ["PLAINTEXT", "SSL", "SASL_SSL", "SASL_PLAINTEXT"]
+            ["PLAINTEXT", "SSL", "MTLS", "SASL_SSL", "SASL_PLAINTEXT"]
                 .into_iter()
                 .map(|name| (name, free_port()))
                 .collect();
@@ -111,7 +112,7 @@ impl SecureBroker {
              controller.quorum.bootstrap.servers=127.0.0.1:{controller}\n\
              listeners=CONTROLLER://127.0.0.1:{controller},{}\nadvertised.listeners={}\n\
              controller.listener.names=CONTROLLER\ninter.broker.listener.name=PLAINTEXT\n\
-             listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,RELAYED:PLAINTEXT\n\
+             listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,MTLS:SSL,SASL_SSL:SASL_SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,RELAYED:PLAINTEXT\n\
              log.dirs={}\noffsets.topic.replication.factor=1\noffsets.topic.num.partitions=1\n\
              transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
              share.coordinator.state.topic.replication.factor=1\nshare.coordinator.state.topic.min.isr=1\n\
@@ -121,12 +122,18 @@ impl SecureBroker {
             advertised.join(","),
             dir.path().join("data").display()
         );
-        for listener in ["ssl", "sasl_ssl"] {
+        for listener in ["ssl", "mtls", "sasl_ssl"] {
             properties += &format!(
                 "listener.name.{listener}.ssl.keystore.type=PEM\nlistener.name.{listener}.ssl.keystore.location={}\n",
                 keystore.display()
             );
         }
+        // MTLS: TLS whose clients must present a certificate the test's CA signed.
+        properties += &format!(
+            "listener.name.mtls.ssl.client.auth=required\nlistener.name.mtls.ssl.truststore.type=PEM\n\
+             listener.name.mtls.ssl.truststore.location={}\n",
+            ca.ca_file().display()
+        );
         for listener in ["sasl_ssl", "sasl_plaintext"] {
             properties += &format!(
                 "listener.name.{listener}.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512\n\

@@ -14,6 +14,7 @@ use tokio_rustls::TlsAcceptor;
 pub struct TestCa {
     dir: tempfile::TempDir,
     acceptor: TlsAcceptor,
+    issuer: Issuer<'static, KeyPair>,
 }
 
 impl TestCa {
@@ -54,7 +55,40 @@ impl TestCa {
         TestCa {
             dir,
             acceptor: TlsAcceptor::from(Arc::new(config)),
+            issuer,
         }
+    }
+
+    /// A client certificate the CA signs for `name`, and its key encrypted with `passphrase`
+    /// (PKCS#8 with AES-256, as `openssl pkcs8 -topk8` writes it): the two PEM files.
+    pub fn client_certificate(&self, name: &str, passphrase: &str) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let cert_file = self.dir.path().join(format!("{name}.pem"));
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        let plain = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(plain.path(), key.serialize_pem()).unwrap();
+        let key_file = self.dir.path().join(format!("{name}.key"));
+        let encrypted = std::process::Command::new("openssl")
+            .args([
+                "pkcs8",
+                "-topk8",
+                "-v2",
+                "aes-256-cbc",
+                "-passout",
+                "env:PASSPHRASE",
+            ])
+            .arg("-in")
+            .arg(plain.path())
+            .arg("-out")
+            .arg(&key_file)
+            .env("PASSPHRASE", passphrase)
+            .status()
+            .expect("openssl");
+        assert!(encrypted.success(), "openssl pkcs8");
+        (cert_file, key_file)
     }
 
     /// The CA certificate (PEM), for the client to trust.
