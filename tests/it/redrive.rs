@@ -4,7 +4,8 @@
 //! message one of whose events is over its topic's `max.message.bytes` has none of its events
 //! published, and each once after the limit is raised and it is re-driven; a dead letter too large
 //! for its topic goes back byte for byte from the blob store; one whose original was lost is
-//! reported, not sent; a dry run counts and commits nothing; bad arguments are refused.
+//! reported, not sent; a dry run counts and commits nothing; bad arguments are refused; a run cut
+//! off from the broker stops, and the next goes on from its last commit.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -627,4 +628,119 @@ async fn letters_that_arrive_during_a_run_are_left_for_the_next() {
         said.contains(&format!("re-driven {dlq}/0/1")) && said.contains("1 letter(s) re-driven"),
         "the next run takes it: {said}"
     );
+}
+
+/// A broker that stops answering mid-run (the network to it cut): the run stops, exits 1 naming
+/// what failed, and has committed what it re-drove up to its last commit; the next run, once the
+/// broker answers again, goes on from there. Every letter reaches the topic, and those before the
+/// committed position once — a letter sent after the last commit may go out again, as documented.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
+async fn a_run_cut_off_from_the_broker_stops_and_the_next_goes_on_from_its_last_commit() {
+    use crate::support::relay::Relay;
+    use crate::support::secure_broker::SecureBroker;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let relay = Relay::start(free_port()).await;
+    let broker = SecureBroker::start_behind(&relay);
+    let direct = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.address("PLAINTEXT"))
+        .clone();
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("redrive"));
+    create_topic_on(&direct, &topic, 1).await;
+    create_topic_on(&direct, &dlq, 1).await;
+    let producer: FutureProducer = producer_on(&direct);
+    let letters = 20;
+    for i in 0..letters {
+        let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+            key: "reason",
+            value: Some("rejected_by_sink"),
+        });
+        let value = format!("letter-{i:02}");
+        let record = FutureRecord::<(), str>::to(&dlq)
+            .payload(&value)
+            .headers(headers);
+        producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .unwrap();
+    }
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+            .args([
+                "redrive",
+                "--brokers",
+                &relay.address(),
+                "--dlq-topic",
+                &dlq,
+            ])
+            .args([
+                "--topic",
+                &topic,
+                "--group-id",
+                &group,
+                "--blob-sink",
+                "null",
+            ])
+            .args(["--rate", "4", "--sink-timeout-ms", "3000"])
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = run();
+    let sent = || {
+        high_watermarks_on(&direct, &topic, 1)
+            .get(&0)
+            .copied()
+            .unwrap_or(0)
+    };
+    wait_for("some letters re-driven", Duration::from_secs(60), || {
+        sent() >= 6
+    })
+    .await;
+    relay.cut();
+    let out = tokio::task::spawn_blocking(move || first.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    let committed = committed_on(&direct, &group, &dlq, 1)
+        .get(&0)
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        committed > 0,
+        "what it re-drove before the cut is committed: {said}"
+    );
+    assert!(committed < letters, "the cut came before the end: {said}");
+
+    relay.restore();
+    let second = run();
+    let out = tokio::task::spawn_blocking(move || second.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(
+        committed_on(&direct, &group, &dlq, 1),
+        [(0, letters)].into_iter().collect(),
+        "{said}"
+    );
+    let on_topic = sent() as usize;
+    let mut counts = std::collections::BTreeMap::new();
+    for message in read_messages_on(&direct, &topic, on_topic, Duration::from_secs(20)) {
+        *counts
+            .entry(String::from_utf8(message.value).unwrap())
+            .or_insert(0) += 1;
+    }
+    for i in 0..letters {
+        let count = counts.get(&format!("letter-{i:02}")).copied().unwrap_or(0);
+        assert!(count >= 1, "letter {i} re-driven: {counts:?}");
+        if i < committed {
+            assert_eq!(count, 1, "letter {i}, before the commit, once: {counts:?}");
+        }
+    }
 }
