@@ -376,6 +376,7 @@ async fn a_delete_held_by_a_failing_mutation_fails_and_a_run_again_queues_no_sec
     let (ids, _, flags) = rows_of_one_replay(&names, "console-0.msgpack", |_| {}).await;
     let client = replay_ingest::sink::clickhouse::client(&clickhouse_config(&names.table));
     let uuid = ids.replay_uuid.hyphenated().to_string();
+    let _dropped = DroppedAtEnd(names.table.clone());
     client
         .query(&format!(
             "ALTER TABLE {} DELETE WHERE replay_id = toUUID('{uuid}') AND throwIf(project_id > 0)",
@@ -405,13 +406,30 @@ async fn a_delete_held_by_a_failing_mutation_fails_and_a_run_again_queues_no_sec
             "run {run}: the failing one and one delete"
         );
     }
-    // The failing mutation is retried for as long as its table exists (18.16 has no KILL
-    // MUTATION).
-    client
-        .query(&format!("DROP TABLE {}", names.table))
-        .execute()
-        .await
-        .unwrap();
+}
+
+/// Drops a table when the test ends, passed or failed: a failing mutation on it is retried for as
+/// long as it exists (18.16 has no KILL MUTATION).
+struct DroppedAtEnd(String);
+
+impl Drop for DroppedAtEnd {
+    fn drop(&mut self) {
+        let table = self.0.clone();
+        // A runtime of its own: the test's may be unwinding.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            runtime.block_on(async {
+                replay_ingest::sink::clickhouse::client(&clickhouse_config(&table))
+                    .query(&format!("DROP TABLE {table}"))
+                    .execute()
+                    .await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop {}: {dropped:?}", self.0);
+        }
+    }
 }
 
 /// A privacy request's file of several replays: their rows go in one delete mutation (one per
@@ -652,15 +670,16 @@ async fn rows_with_a_null_is_archived_are_deleted_and_the_archive_takes_their_ti
 /// A ClickHouse that accepts connections and never answers (hung, or a proxy holding them): the
 /// run gives up within the request timeout, saying so, instead of waiting for ever (it did: no
 /// ClickHouse request of the tool had a deadline).
-#[test]
-fn a_clickhouse_that_never_answers_fails_the_run_within_the_timeout() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    // Accepts, reads nothing, answers nothing; the connections are held until the test ends.
-    std::thread::spawn(move || {
-        let held: Vec<_> = listener.incoming().map_while(Result::ok).collect();
-        drop(held);
-    });
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_clickhouse_that_never_answers_fails_the_run_within_the_timeout() {
+    let _stack = uses_stack().await;
+    // The server behind a proxy that holds every answer for an hour.
+    let proxy = proxy::Proxy::start(&clickhouse_url(), |_| {
+        proxy::Action::Delay(Duration::from_secs(3600))
+    })
+    .await;
+    let url = proxy.endpoint.clone();
     let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
         .arg("delete")
         .args([
@@ -683,13 +702,18 @@ fn a_clickhouse_that_never_answers_fails_the_run_within_the_timeout() {
         .spawn()
         .unwrap();
     // Generous for a loaded machine: the run needs about one timeout per request it makes.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while run.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let waiting = run.try_wait().unwrap().is_none();
-    let _ = run.kill();
-    let out = run.wait_with_output().unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while run.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let waiting = run.try_wait().unwrap().is_none();
+        let _ = run.kill();
+        (waiting, run.wait_with_output().unwrap())
+    })
+    .await
+    .unwrap();
+    let (waiting, out) = out;
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!waiting, "still waiting for ClickHouse after 60 s: {said}");
     assert!(!out.status.success(), "{said}");

@@ -1,9 +1,9 @@
 //! The GCS sink against fake-gcs-server (`scripts/stack.sh up`): upload every fixture's blob,
-//! read each object back byte for byte, rewrite idempotently, and classify a missing bucket. And
-//! the upload request itself, as the official client sends it, against an HTTP endpoint that
-//! answers with a chosen status: its content type (which the emulator does not keep, see
-//! docs/local-stack.md) and the retry class of each status GCS answers with. And a latency tail
-//! through a proxy in front of the emulator: a flush's retries upload only what is not stored.
+//! read each object back byte for byte, rewrite idempotently, and classify a missing bucket. And,
+//! through a proxy in front of the emulator: the upload request itself, as the official client
+//! sends it (its content type, which the emulator does not keep, see docs/local-stack.md); the
+//! retry class of each status GCS answers with, answered in the emulator's place; and a latency
+//! tail, a flush's retries uploading only what is not stored.
 
 use replay_ingest::recording::{self, Limits};
 use replay_ingest::sink::gcs::{GcsConfig, GcsSink};
@@ -34,13 +34,9 @@ fn batch_of(fixtures: &[Vec<u8>], count: u64) -> Batch {
 }
 
 fn config(bucket: &str) -> GcsConfig {
-    scripted_config(bucket, gcs_endpoint())
-}
-
-fn scripted_config(bucket: &str, endpoint: String) -> GcsConfig {
     GcsConfig {
         bucket: bucket.into(),
-        endpoint: Some(endpoint),
+        endpoint: Some(gcs_endpoint()),
         anonymous: true,
         concurrency: 4,
         timeout: std::time::Duration::from_secs(30),
@@ -87,68 +83,47 @@ async fn a_missing_bucket_is_a_fatal_error() {
     assert_eq!(error.retry, Retry::Fatal, "{error}");
 }
 
-/// An HTTP endpoint on 127.0.0.1 that reads each request whole and answers it with `status`;
-/// the requests it read are kept.
-struct Scripted {
-    endpoint: String,
-    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+/// A sink on a new bucket of the emulator, reached through a proxy that answers uploads as
+/// `upload` decides (their bodies are kept) and forwards the rest; the bucket and the bodies.
+async fn behind_a_proxy(
+    upload: impl Fn() -> crate::support::proxy::Action + Send + Sync + 'static,
+) -> (
+    GcsSink,
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    crate::support::proxy::Proxy,
+) {
+    let bucket = crate::support::unique("blobs");
+    create_bucket(&bucket);
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = bodies.clone();
+    let proxy = crate::support::proxy::Proxy::start(&gcs_endpoint(), move |seen| {
+        if seen.path.contains("uploadType=multipart") {
+            kept.lock().unwrap().push(seen.body.to_vec());
+            upload()
+        } else {
+            crate::support::proxy::Action::Forward
+        }
+    })
+    .await;
+    let config = GcsConfig {
+        endpoint: Some(proxy.endpoint.clone()),
+        ..config(&bucket)
+    };
+    (GcsSink::new(&config).await.unwrap(), bucket, bodies, proxy)
 }
 
-impl Scripted {
-    fn answering(status: u16) -> Scripted {
-        use std::io::{Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
-        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let kept = requests.clone();
-        std::thread::spawn(move || {
-            for mut stream in listener.incoming().flatten() {
-                // The request ends with the multipart closing boundary (or, for anything else,
-                // a pause in the stream).
-                stream
-                    .set_read_timeout(Some(std::time::Duration::from_millis(500)))
-                    .unwrap();
-                let mut request = Vec::new();
-                let mut chunk = [0u8; 65536];
-                while let Ok(n @ 1..) = stream.read(&mut chunk) {
-                    request.extend_from_slice(&chunk[..n]);
-                    if String::from_utf8_lossy(&request)
-                        .trim_end()
-                        .ends_with("--\r\n0")
-                    {
-                        break;
-                    }
-                }
-                kept.lock()
-                    .unwrap()
-                    .push(String::from_utf8_lossy(&request).into_owned());
-                let body = format!(r#"{{"error":{{"code":{status},"message":"scripted"}}}}"#);
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 {status} Scripted\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            }
-        });
-        Scripted { endpoint, requests }
-    }
-
-    async fn sink(&self) -> GcsSink {
-        GcsSink::new(&scripted_config("scripted", self.endpoint.clone()))
-            .await
-            .unwrap()
-    }
-}
-
+/// The upload request as the official client sends it: an octet stream (the emulator does not
+/// keep the content type, docs/local-stack.md, so it is read on the way).
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn blobs_are_uploaded_as_octet_streams() {
-    let scripted = Scripted::answering(200);
-    let _ = scripted.sink().await.check().await;
-    let requests = scripted.requests.lock().unwrap();
-    let upload = requests
-        .iter()
-        .find(|r| r.contains("uploadType=multipart"))
-        .expect("an upload request");
+    let _stack = uses_stack().await;
+    let (sink, _bucket, bodies, _proxy) =
+        behind_a_proxy(|| crate::support::proxy::Action::Forward).await;
+    sink.check().await.unwrap();
+    let bodies = bodies.lock().unwrap();
+    let upload = String::from_utf8_lossy(bodies.first().expect("an upload request"));
     let metadata = upload
         .split("name=\"metadata\"")
         .nth(1)
@@ -159,8 +134,12 @@ async fn blobs_are_uploaded_as_octet_streams() {
     );
 }
 
+/// Each status GCS answers an upload with, in the emulator's place, and the retry class the sink
+/// gives it.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn each_status_gcs_answers_with_is_retried_rejected_or_fatal() {
+    let _stack = uses_stack().await;
     for (status, class) in [
         (408, Retry::Retryable),
         (429, Retry::Retryable),
@@ -173,16 +152,22 @@ async fn each_status_gcs_answers_with_is_retried_rejected_or_fatal() {
         (403, Retry::Fatal),
         (404, Retry::Fatal),
     ] {
-        let scripted = Scripted::answering(status);
-        let error = scripted
-            .sink()
-            .await
+        let (sink, bucket, _, _proxy) =
+            behind_a_proxy(move || crate::support::proxy::Action::Answer {
+                status,
+                headers: vec![("content-type", "application/json".into())],
+                body: format!(
+                    r#"{{"error":{{"code":{status},"message":"answered by the test"}}}}"#
+                ),
+            })
+            .await;
+        let error = sink
             .check()
             .await
             .expect_err("an error status fails the upload");
         assert_eq!(error.retry, class, "HTTP {status}: {error}");
         assert!(
-            error.message.contains("gs://scripted/"),
+            error.message.contains(&format!("gs://{bucket}/")),
             "the error names the object: {error}"
         );
     }
