@@ -181,6 +181,13 @@ mod tests {
         room(handoff.reserve(1, 1, NO_WAIT));
     }
 
+    /// Returns once a thread waits in `reserve`, so that what follows is what wakes it.
+    fn waiting_in_reserve(handoff: &Handoff) {
+        while handoff.lock().waiting == 0 {
+            std::thread::yield_now();
+        }
+    }
+
     #[test]
     fn a_wait_ends_with_room_freed_or_when_closed() {
         let handoff = Handoff::new(1, 100);
@@ -194,7 +201,7 @@ mod tests {
                 )
             })
         };
-        std::thread::sleep(Duration::from_millis(20));
+        waiting_in_reserve(&handoff);
         drop(held);
         assert!(waiter.join().unwrap(), "room freed wakes the waiter");
 
@@ -208,7 +215,7 @@ mod tests {
                 )
             })
         };
-        std::thread::sleep(Duration::from_millis(20));
+        waiting_in_reserve(&handoff);
         handoff.close();
         assert!(waiter.join().unwrap(), "closing wakes the waiter");
         assert!(

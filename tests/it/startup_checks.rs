@@ -215,6 +215,11 @@ async fn a_stop_during_startup_is_a_clean_exit() {
         service.status().is_some()
     })
     .await;
+    assert_eq!(
+        service.status().unwrap()["initialised"],
+        false,
+        "still starting when the stop comes"
+    );
     assert_eq!(service.terminate(), Some(0));
 }
 
