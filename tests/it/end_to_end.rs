@@ -378,3 +378,47 @@ async fn rows_published_for_snuba_are_the_rows_written_directly() {
         "snuba's rows from the topic are the direct rows"
     );
 }
+
+/// A distribution recorded more often in one interval than the exporter keeps of it
+/// (`HISTOGRAM_RESERVOIR`) is sent as a uniform sample with its rate (`|@rate`): scaled back by
+/// that rate, as the agent does, its count is what was recorded — one value per segment.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_distribution_past_its_reservoir_is_sampled_with_a_rate_that_keeps_its_count() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let count = 3 * replay_ingest::metrics::HISTOGRAM_RESERVOIR as u64;
+    let (report, _) = produce_fixtures(&names.topic, &small_fixtures(true), count).await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    // Every segment within one or two intervals.
+    let args = with_flag(
+        names.args(statsd.port(), dir.path()),
+        "--statsd-flush-interval-ms",
+        "5000",
+    );
+    let service = Service::start(&args);
+    wait_for("everything committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&report)
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+    let metrics = statsd.read();
+    let (mut scaled, mut sent, mut sampled) = (0.0, 0, false);
+    let name = "replay_ingest.segment.compressed_bytes:";
+    for line in metrics.text.lines().filter(|l| l.starts_with(name)) {
+        let mut parts = line[name.len()..].split('|');
+        let values = parts.next().unwrap().split(':').count();
+        let rate = parts
+            .find_map(|p| p.strip_prefix('@'))
+            .map_or(1.0, |r| r.parse::<f64>().unwrap());
+        sampled |= rate < 1.0;
+        sent += values;
+        scaled += values as f64 / rate;
+    }
+    assert!(sampled, "sent with a rate:\n{}", metrics.text);
+    assert!(sent < count as usize, "a sample: {sent} values");
+    assert!(
+        (scaled - count as f64).abs() < 1.0,
+        "{scaled} scaled back, {count} recorded"
+    );
+}
