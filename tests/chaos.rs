@@ -46,6 +46,22 @@ const HOSTILE_EVERY: u64 = 40;
 const SETTLE: Duration = Duration::from_secs(300);
 /// Open file descriptors each member may have, soft and hard.
 const MEMBER_FD_LIMIT: u64 = 1024;
+/// The flood's opening thread and what stops it, while a flood lasts.
+type Flooding = Option<(
+    Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<()>,
+)>;
+
+/// Ends a flood: its opening thread stopped and joined first (still opening, it would flood on
+/// after the end), then the connections closed.
+async fn end_flood(flooding: &mut Flooding, flood: &Mutex<Vec<std::net::TcpStream>>) {
+    if let Some((on, opener)) = flooding.take() {
+        on.store(false, std::sync::atomic::Ordering::Relaxed);
+        opener.await.unwrap();
+    }
+    flood.lock().unwrap().clear();
+}
+
 /// Connections a flood opens against each member's probe port.
 const FLOOD_CONNECTIONS: usize = 5_000;
 /// Each sink request's deadline; the latency tail holds answers back past it.
@@ -492,6 +508,7 @@ async fn chaos(own: &OwnStack) {
     };
     let _restore = Restore;
     let flood: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+    let mut flooding: Flooding = None;
 
     let mut members = [
         Member::new("a", dir.path()),
@@ -576,10 +593,17 @@ async fn chaos(own: &OwnStack) {
                         .iter()
                         .filter_map(|m| m.service.as_ref().map(|s| s.port))
                         .collect();
-                    let flood = flood.clone();
-                    tokio::task::spawn_blocking(move || {
+                    let (flood, on) = (
+                        flood.clone(),
+                        Arc::new(std::sync::atomic::AtomicBool::new(true)),
+                    );
+                    let opening = on.clone();
+                    let opener = tokio::task::spawn_blocking(move || {
                         for port in ports {
                             for _ in 0..FLOOD_CONNECTIONS {
+                                if !opening.load(std::sync::atomic::Ordering::Relaxed) {
+                                    return;
+                                }
                                 if let Ok(stream) =
                                     std::net::TcpStream::connect(("127.0.0.1", port))
                                 {
@@ -588,10 +612,11 @@ async fn chaos(own: &OwnStack) {
                             }
                         }
                     });
+                    flooding = Some((on, opener));
                     "connection floods"
                 }
                 Fault::FloodEnd => {
-                    flood.lock().unwrap().clear();
+                    end_flood(&mut flooding, &flood).await;
                     continue;
                 }
                 Fault::BrokerHang => {
@@ -680,7 +705,7 @@ async fn chaos(own: &OwnStack) {
     drop(_restore);
     relay.restore();
     tail.store(false, std::sync::atomic::Ordering::Relaxed);
-    flood.lock().unwrap().clear();
+    end_flood(&mut flooding, &flood).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     producer.await.unwrap();
     for (i, member) in members[..2].iter_mut().enumerate() {
