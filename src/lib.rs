@@ -7,8 +7,10 @@
 //! - [`pipeline`]: consume → process → buffer → flush → commit;
 //! - [`sink`]: where a flushed batch goes (and what Kafka destinations share);
 //! - [`startup`]: destinations checked before joining the group;
+//! - [`service`]: the sinks and their checks assembled from the flags (what the binary runs);
 //! - [`metrics`]: the catalogue and the DogStatsD exporter;
-//! - [`config`]: the flags, which build every other module's settings (nothing imports it back);
+//! - [`config`]: the flags, which build every other module's settings (only [`service`] and
+//!   [`tools`], which start from flags, import it);
 //! - [`secret`], [`health`], [`inspect`], [`logs`]: credentials that never print, probes and
 //!   status, the `inspect` report, log lines (panics among them).
 //!
@@ -23,6 +25,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod recording;
 pub mod secret;
+pub mod service;
 pub mod sink;
 pub mod startup;
 pub mod tools;

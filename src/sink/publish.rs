@@ -182,7 +182,7 @@ impl TopicLimits {
     }
 
     /// Reads the limits again unless a read was tried less than `age` ago (a failed one: less
-    /// than [`FAILED_READ_RETRY`] or `age`, whichever is shorter). A topic the brokers do not
+    /// than `FAILED_READ_RETRY` (15 s) or `age`, whichever is shorter). A topic the brokers do not
     /// describe keeps the limit last read for it.
     pub async fn refresh(&self, age: Duration) {
         let _reading = self.reading.lock().await;

@@ -211,7 +211,9 @@ async fn stops_on_a_dead_letter(
     let value = vec![b'x'; bytes];
     producer
         .send(
-            FutureRecord::<[u8], [u8]>::to(&names.topic).payload(&value),
+            FutureRecord::<[u8], [u8]>::to(&names.topic)
+                .partition(0)
+                .payload(&value),
             Duration::from_secs(10),
         )
         .await

@@ -1,7 +1,7 @@
 //! The library's top-level modules depend on each other without cycles (`crate::x` paths), so
 //! each can be read, and changed, with only what it depends on in mind.
-//! Today: config → pipeline → sink → kafka → metrics → recording, with health, startup, secret
-//! and inspect beside them.
+//! Today: service and tools → config → pipeline → sink → kafka → metrics → recording, with
+//! health, startup, secret and inspect beside them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -2,7 +2,6 @@
 //! (`REPLAY_INGEST_TEST_BROKERS`). Every test makes its own topics and consumer group.
 
 pub mod acl;
-pub mod cpu;
 pub mod fixtures;
 pub mod hostile;
 pub mod kafka;
@@ -18,7 +17,6 @@ pub mod statsd;
 pub mod tls;
 pub mod topics;
 
-pub use cpu::*;
 pub use fixtures::*;
 pub use kafka::*;
 pub use service::*;

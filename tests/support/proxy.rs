@@ -1,10 +1,14 @@
 //! An HTTP/1.1 proxy in front of a stack service (the GCS emulator, ClickHouse) that forwards
 //! each request whole and lets the test decide, per request, to pass the answer on, to hold it
-//! back (a latency tail), or to answer in the upstream's place (a load balancer that turns an
-//! error into a `200`). The requests it saw are counted per decision.
+//! back (a latency tail), to answer in the upstream's place (a load balancer that turns an
+//! error into a `200`, a server that is down or refuses the data), or to hold the request itself
+//! behind a [`Gate`] (a server that hangs: it takes the request and does not answer, so the
+//! client meets its own deadline and gives up or tries again, as against the real server; once
+//! the gate opens, what it still holds is decided again and, most often, forwarded, as a hung
+//! server that resumes serves what it took). The requests it saw are counted per decision.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +31,65 @@ pub enum Action {
         headers: Vec<(&'static str, String)>,
         body: String,
     },
+    /// Nothing, while the gate is closed (the request is neither forwarded nor answered, the
+    /// connection left open: a hung server); once it opens, the request is decided again, as if
+    /// it came then (a decision to hold it behind an open gate forwards it). A client that gives
+    /// up meanwhile (its own deadline) closes its connection, and the held request goes with it.
+    /// A gate open when the request comes: `Forward`.
+    Hold(Gate),
+}
+
+/// Where [`Action::Hold`] keeps requests: they wait while it is closed. Clones are the same gate;
+/// a new one is open.
+#[derive(Clone, Default)]
+pub struct Gate(Arc<GateState>);
+
+#[derive(Default)]
+struct GateState {
+    closed: AtomicBool,
+    opened: tokio::sync::Notify,
+}
+
+impl Gate {
+    pub fn is_open(&self) -> bool {
+        !self.0.closed.load(Ordering::SeqCst)
+    }
+
+    /// Lets every held request through, and holds none from now on.
+    pub fn open(&self) {
+        self.0.closed.store(false, Ordering::SeqCst);
+        self.0.opened.notify_waiters();
+    }
+
+    /// Holds the requests sent to it until [`open`](Self::open) or the guard is dropped —
+    /// also when the test fails half way, so that a flush retrying behind it can end and the
+    /// runtime, which waits for its blocking threads when it shuts down, with it.
+    pub fn close(&self) -> Opens {
+        self.0.closed.store(true, Ordering::SeqCst);
+        Opens(self.clone())
+    }
+
+    /// Returns once the gate is open.
+    async fn opened(&self) {
+        loop {
+            // Registered before the state is read: an `open` in between still wakes it.
+            let opened = self.0.opened.notified();
+            if self.is_open() {
+                return;
+            }
+            opened.await;
+        }
+    }
+}
+
+/// Opens its gate when dropped ([`Gate::close`]).
+#[must_use = "the gate opens again when this is dropped"]
+pub struct Opens(Gate);
+
+impl Drop for Opens {
+    fn drop(&mut self) {
+        self.0.open();
+    }
 }
 
 /// The path-and-query and body of a request, and how many requests came before it.
@@ -43,6 +106,8 @@ pub struct Proxy {
     pub requests: Arc<AtomicUsize>,
     pub delayed: Arc<AtomicUsize>,
     pub answered: Arc<AtomicUsize>,
+    /// Requests held behind a closed gate (each counted once, however often it was held).
+    pub held: Arc<AtomicUsize>,
     /// Paths of the requests, in order.
     pub paths: Arc<Mutex<Vec<String>>>,
 }
@@ -59,6 +124,7 @@ impl Proxy {
             requests: Arc::default(),
             delayed: Arc::default(),
             answered: Arc::default(),
+            held: Arc::default(),
             paths: Arc::default(),
         };
         let shared = Shared {
@@ -68,6 +134,7 @@ impl Proxy {
             requests: proxy.requests.clone(),
             delayed: proxy.delayed.clone(),
             answered: proxy.answered.clone(),
+            held: proxy.held.clone(),
             paths: proxy.paths.clone(),
         };
         tokio::spawn(async move {
@@ -94,6 +161,7 @@ struct Shared {
     requests: Arc<AtomicUsize>,
     delayed: Arc<AtomicUsize>,
     answered: Arc<AtomicUsize>,
+    held: Arc<AtomicUsize>,
     paths: Arc<Mutex<Vec<String>>>,
 }
 
@@ -112,11 +180,25 @@ impl Shared {
             .unwrap_or_default();
         let nth = self.requests.fetch_add(1, Ordering::SeqCst);
         self.paths.lock().unwrap().push(path.clone());
-        let action = (self.decide)(&Seen {
+        let seen = Seen {
             path: &path,
             body: &body,
             nth,
-        });
+        };
+        let mut action = (self.decide)(&seen);
+        let mut counted = false;
+        while let Action::Hold(gate) = action {
+            if gate.is_open() {
+                action = Action::Forward;
+                break;
+            }
+            if !counted {
+                self.held.fetch_add(1, Ordering::SeqCst);
+                counted = true;
+            }
+            gate.opened().await;
+            action = (self.decide)(&seen);
+        }
         if let Action::Answer {
             status,
             headers,

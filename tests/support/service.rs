@@ -84,11 +84,6 @@ pub fn consume_args(
     group: &str,
     extra: &[&str],
 ) -> replay_ingest::config::ConsumeArgs {
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: replay_ingest::config::ConsumeArgs,
-    }
     let mut argv = service_args(
         topic,
         &unique("dlq"),
@@ -96,12 +91,20 @@ pub fn consume_args(
         &std::env::temp_dir(),
         free_port(),
     );
-    argv.remove(0); // "consume"
     argv.extend(extra.iter().map(|s| s.to_string()));
-    let args =
-        <Cli as clap::Parser>::try_parse_from(std::iter::once("test".to_string()).chain(argv))
-            .unwrap()
-            .args;
+    parse_consume(argv)
+}
+
+/// `argv` (`consume` and its flags) parsed and validated as the binary does.
+pub fn parse_consume(mut argv: Vec<String>) -> replay_ingest::config::ConsumeArgs {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: replay_ingest::config::ConsumeArgs,
+    }
+    assert_eq!(argv[0], "consume");
+    argv[0] = "test".into(); // in the program name's place
+    let args = <Cli as clap::Parser>::try_parse_from(argv).unwrap().args;
     args.validate().unwrap();
     args
 }

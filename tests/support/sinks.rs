@@ -306,3 +306,87 @@ pub fn replay_of(value: &[u8]) -> String {
         .ids
         .replay_id
 }
+
+impl Names {
+    /// `consume` flags for running the pipeline in this process (`pipeline::consume`, with
+    /// [`service_sinks`]) on these names (fast joins, short buffers: `base_args`) with the real
+    /// sinks: blobs in the bucket through `gcs` (the emulator's endpoint, or a proxy's in front
+    /// of it), rows in the table through `clickhouse` (ClickHouse's URL or a proxy's; `None`: no
+    /// rows), no events; then `extra` flags. Parsed and validated as the binary does.
+    pub fn pipeline_args(
+        &self,
+        gcs: &str,
+        clickhouse: Option<&str>,
+        extra: &[&str],
+    ) -> replay_ingest::config::ConsumeArgs {
+        let dir = std::env::temp_dir();
+        let mut argv = base_args(&self.topic, &self.dlq, &self.group, &dir, free_port());
+        let blobs = [
+            "--blob-sink",
+            "gcs",
+            "--gcs-bucket",
+            &self.bucket,
+            "--gcs-endpoint",
+            gcs,
+            "--gcs-anonymous",
+        ];
+        let rows = match clickhouse {
+            Some(url) => vec![
+                "--rows-sink",
+                "clickhouse",
+                "--clickhouse-url",
+                url,
+                "--clickhouse-database",
+                "replay_ingest_e2e",
+                "--clickhouse-table",
+                &self.table,
+                "--migrate-on-start",
+            ],
+            None => vec!["--rows-sink", "null"],
+        };
+        let rest = ["--events-sink", "null", "--statsd-address", ""];
+        let flags = blobs.iter().chain(&rows).chain(&rest).chain(extra);
+        argv.extend(flags.map(|s| s.to_string()));
+        parse_consume(argv)
+    }
+
+    /// Waits until the group has committed, on the topic's `partitions` partitions, every message
+    /// `report` says was produced (`what` names the wait).
+    pub async fn all_committed(&self, partitions: i32, report: &load::Produced, what: &str) {
+        wait_for(what, JOIN_AND_FLUSH, || {
+            committed(&self.group, &self.topic, partitions) == expected_commits(report)
+        })
+        .await;
+    }
+
+    /// The blobs in the bucket: its objects but the startup check's probe.
+    pub fn blobs(&self) -> std::collections::BTreeSet<String> {
+        let mut names = object_names(&self.bucket);
+        names.remove(replay_ingest::sink::gcs::PROBE_KEY);
+        names
+    }
+
+    /// `(partition, offset)` of the messages with rows in the table.
+    pub async fn rows_at(&self) -> std::collections::BTreeSet<(i32, i64)> {
+        clickhouse_rows(&self.table)
+            .await
+            .iter()
+            .map(|row| (i32::from(row.partition), row.offset as i64))
+            .collect()
+    }
+}
+
+/// The sinks the service builds from `args` (`replay_ingest::service::sinks`, what the binary
+/// runs), each behind its destination's startup check, tried with `status`.
+pub async fn service_sinks(
+    args: &replay_ingest::config::ConsumeArgs,
+    status: &Arc<replay_ingest::health::Status>,
+) -> replay_ingest::pipeline::flush::Sinks {
+    replay_ingest::service::sinks(args, status).await.unwrap().0
+}
+
+/// Whether a request the GCS client sends (its path and query, as a proxy sees it) uploads a
+/// blob: an upload (`uploadType=`), other than the startup check's probe.
+pub fn blob_upload(path: &str) -> bool {
+    path.contains("uploadType=") && !path.contains("startup-check")
+}
