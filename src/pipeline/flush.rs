@@ -18,7 +18,7 @@
 //! message stands alone; those are dead-lettered with reason `rejected_by_sink`, the rest is
 //! written, and the batch commits. A message a stage refuses is left out of the later stages
 //! (no row or event for a blob that was not stored; a re-drive writes them once). Which stages
-//! there are, and why in that order, is `main.rs::sinks`'s. A sink that
+//! there are, and why in that order, is `service::sinks`'s. A sink that
 //! refuses many messages in a row (`--misconfigured-at-refusals`, 10 by default), accepting none
 //! in between, over one flush or several, is not refusing data but misconfigured: that stops the
 //! flush like any fatal error. A few refused prove nothing (on a quiet topic a batch may hold only
@@ -227,7 +227,7 @@ async fn flush_stages(
         }
         if !refused_here.is_empty() {
             // Later stages point at what earlier ones wrote (rows and events at blobs), and a
-            // re-drive writes it all again (`main.rs::sinks` orders the stages for that): a
+            // re-drive writes it all again (`service::sinks` orders the stages for that): a
             // message refused here is dead-lettered whole and written by none of them.
             let out: HashSet<(i32, i64)> = refused_here
                 .iter()
