@@ -583,6 +583,69 @@ pub fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
 mod tests {
     use super::*;
 
+    /// The probe server on a port of its own, with a default status.
+    async fn probe_server() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, Arc::new(Status::default())));
+        address
+    }
+
+    /// Everything the server sends on `stream` until it closes the connection.
+    async fn until_closed(stream: &mut tokio::net::TcpStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    /// A client that sends part of its headers and stops (one of a flood) is closed once
+    /// `HEADER_READ_TIMEOUT` has passed, not held for ever. (Time is the runtime's, paused.)
+    #[tokio::test(start_paused = true)]
+    async fn headers_that_do_not_arrive_in_time_end_the_connection() {
+        use tokio::io::AsyncWriteExt;
+        let address = probe_server().await;
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        stream
+            .write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let answer = until_closed(&mut stream).await;
+        assert!(
+            started.elapsed() >= HEADER_READ_TIMEOUT,
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            started.elapsed() < MAX_CONNECTION_LIFETIME,
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+            "{answer}"
+        );
+    }
+
+    /// One request per connection: the answer says so and the connection closes, though the
+    /// client asked to keep it (a prober that kept connections would hold the server's few).
+    #[tokio::test]
+    async fn a_connection_serves_one_request_and_closes() {
+        use tokio::io::AsyncWriteExt;
+        let address = probe_server().await;
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request = b"GET /health/live HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n";
+        stream.write_all(request).await.unwrap();
+        let answer = until_closed(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 "), "{answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+        assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{answer}");
+    }
+
     #[test]
     fn past_the_cap_the_oldest_connection_is_closed() {
         let mut connections = Connections::default();
