@@ -226,26 +226,28 @@ async fn with_snuba_a_run_killed_half_way_is_finished_by_the_next_and_the_archiv
             .map(String::from),
         )
         .collect();
-    // Killed once it has removed 50 objects.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-        .arg("delete")
-        .args(&flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Killed once it has removed 50 objects (or when the test fails before: it is not left
+    // running).
+    let mut run = KilledWhenDropped(
+        Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+            .arg("delete")
+            .args(&flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = BufReader::new(run.0.stdout.take().unwrap()).lines();
     let mut removed = 0;
     for line in lines {
         if line.unwrap().starts_with("removed ") {
             removed += 1;
             if removed == 50 {
-                child.kill().unwrap();
                 break;
             }
         }
     }
-    child.wait().unwrap();
+    drop(run);
     let gcs = gcs_client().await;
     let mut remaining = 0;
     for key in &keys {
@@ -405,6 +407,16 @@ async fn a_delete_held_by_a_failing_mutation_fails_and_a_run_again_queues_no_sec
             2,
             "run {run}: the failing one and one delete"
         );
+    }
+}
+
+/// A tool run, killed (and waited for) when dropped.
+struct KilledWhenDropped(std::process::Child);
+
+impl Drop for KilledWhenDropped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
