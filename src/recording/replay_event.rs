@@ -402,9 +402,6 @@ fn uuids(list: TextList<'_>, dropped: &mut u64) -> Vec<Uuid> {
     ids.filter_map(|id| Uuid::try_parse(&id).ok()).collect()
 }
 
-/// Largest replay event read again when it gives a key twice (a real one is a few KiB).
-const MAX_REREAD_BYTES: usize = 256 * 1024;
-
 /// Parses the replay event document.
 pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
     // A derived struct would also accept a positional array.
@@ -431,30 +428,12 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
             ),
         ));
     }
-    let last_of_each_key: String;
-    let wire: Wire<'_> = match serde_json::from_str(json) {
-        Ok(wire) => wire,
-        // Every field is read leniently, so valid JSON fails only on a key given twice, which
-        // Sentry reads as Python does (`json.loads`: the last one wins). Read so, through a
-        // tree that keeps the last of each key: rare (Relay writes each key once), and bounded
-        // — a tree takes up to 16 times the text of tiny values, so only a replay event of at
-        // most `MAX_REREAD_BYTES` is read again; the tree is dropped once read.
-        Err(e) => {
-            let invalid = |e: serde_json::Error| {
-                InvalidRecording::new(
-                    Reason::InvalidReplayEvent,
-                    format_args!("replay_event is not a JSON object: {e}"),
-                )
-            };
-            if json.len() > MAX_REREAD_BYTES {
-                return Err(invalid(e));
-            }
-            let tree: serde_json::Value = serde_json::from_str(json).map_err(|_| invalid(e))?;
-            last_of_each_key = tree.to_string();
-            drop(tree);
-            serde_json::from_str(&last_of_each_key).map_err(invalid)?
-        }
-    };
+    let wire: Wire<'_> = serde_json::from_str(json).map_err(|e| {
+        InvalidRecording::new(
+            Reason::InvalidReplayEvent,
+            format_args!("replay_event is not a JSON object: {e}"),
+        )
+    })?;
     let contexts = wire.contexts.0;
     let user = wire.user.0;
     let geo = user.geo.0;
@@ -570,28 +549,6 @@ pub fn parse(json: &[u8]) -> Result<ReplayEvent, InvalidRecording> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_key_given_twice_is_read_as_sentry_reads_it_the_last_one_wins() {
-        let event = parse(
-            br#"{"replay_type":"buffer","urls":["https://a/"],"replay_type":"session",
-            "user":{"id":"1","id":"2"},"urls":["https://b/"],"timestamp":1796012453.5}"#,
-        )
-        .unwrap();
-        assert_eq!(event.urls, [Url::from("https://b/")]);
-        assert_eq!(event.user_id(), Some("2"));
-        assert_eq!(event.timestamp, Some(1_796_012_453.5));
-        assert_eq!(event.replay_type(), "session");
-        // Still refused: what is not JSON, given twice or not, and a key given twice in a
-        // replay event past what is read again (a tree of its values).
-        let error = parse(br#"{"urls":[],"urls":[}"#).unwrap_err();
-        assert_eq!(error.reason, Reason::InvalidReplayEvent);
-        assert!(error.detail.contains("duplicate field"), "{}", error.detail);
-        let zeros = vec!["0"; MAX_REREAD_BYTES / 2].join(",");
-        let huge = format!(r#"{{"urls":[],"segment_names":[{zeros}],"urls":[]}}"#);
-        let error = parse(huge.as_bytes()).unwrap_err();
-        assert!(error.detail.contains("duplicate field"), "{}", error.detail);
-    }
 
     #[test]
     fn reads_the_fields_the_segment_row_needs() {
