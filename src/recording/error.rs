@@ -135,6 +135,10 @@ struct Line {
 
 impl fmt::Write for Line {
     fn write_str(&mut self, s: &str) -> fmt::Result {
+        // Full for good: a `Display` that writes on after a refused piece adds nothing more.
+        if self.full {
+            return Err(fmt::Error);
+        }
         for c in s.chars() {
             if c.is_whitespace() {
                 self.space = !self.text.is_empty();
@@ -207,6 +211,7 @@ mod tests {
             }
         }
         let huge = Huge(10 << 20, Default::default());
+
         let err = InvalidRecording::new(Reason::InvalidMsgpack, &huge);
         assert!(err.detail.len() <= MAX_DETAIL_BYTES + '…'.len_utf8());
         assert!(err.detail.starts_with("a a a") && err.detail.ends_with("a…"));
@@ -225,5 +230,22 @@ mod tests {
             InvalidRecording::new(Reason::InvalidBody, " \n a  b \t").detail,
             "a b"
         );
+    }
+
+    #[test]
+    fn nothing_is_kept_after_the_cut_from_a_display_that_writes_on() {
+        /// Ignores its writer's errors, and writes a short piece after long ones: the cut comes
+        /// at 510 bytes (a 3-byte character does not fit), where one more byte would.
+        struct WritesOn;
+        impl fmt::Display for WritesOn {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                for _ in 0..300 {
+                    let _ = f.write_str("€");
+                }
+                f.write_str("x")
+            }
+        }
+        let err = InvalidRecording::new(Reason::InvalidBody, WritesOn);
+        assert_eq!(err.detail, format!("{}…", "€".repeat(170)));
     }
 }

@@ -320,18 +320,18 @@ enum Refusal {
 
 impl Refusal {
     fn of(code: RDKafkaErrorCode, reason: &str) -> Option<Refusal> {
+        let certificate = CERTIFICATE_ALERTS
+            .iter()
+            .any(|alert| reason.contains(alert));
         match code {
+            // The broker's alert arrives during the handshake (TLS 1.2: an SSL error), or as a
+            // failed receive on a connection librdkafka retries (TLS 1.3).
+            RDKafkaErrorCode::SSL | RDKafkaErrorCode::BrokerTransportFailure if certificate => {
+                Some(Refusal::Certificate)
+            }
             RDKafkaErrorCode::SSL => Some(Refusal::Tls),
             RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed => {
                 Some(Refusal::Login)
-            }
-            // The broker's alert arrives as a failed receive on a connection librdkafka retries.
-            RDKafkaErrorCode::BrokerTransportFailure
-                if CERTIFICATE_ALERTS
-                    .iter()
-                    .any(|alert| reason.contains(alert)) =>
-            {
-                Some(Refusal::Certificate)
             }
             _ => None,
         }
@@ -546,6 +546,11 @@ mod tests {
         assert_eq!(
             Refusal::of(RDKafkaErrorCode::SSL, "certificate verify failed"),
             Some(Refusal::Tls)
+        );
+        // TLS 1.2: the same alert during the handshake is an SSL error, still the certificate's.
+        assert_eq!(
+            Refusal::of(RDKafkaErrorCode::SSL, alert),
+            Some(Refusal::Certificate)
         );
     }
 
