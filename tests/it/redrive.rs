@@ -649,7 +649,7 @@ async fn a_run_cut_off_from_the_broker_stops_and_the_next_goes_on_from_its_last_
     create_topic_on(&direct, &topic, 1).await;
     create_topic_on(&direct, &dlq, 1).await;
     let producer: FutureProducer = producer_on(&direct);
-    let letters = 20;
+    let letters = 30;
     for i in 0..letters {
         let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
             key: "reason",
@@ -681,22 +681,28 @@ async fn a_run_cut_off_from_the_broker_stops_and_the_next_goes_on_from_its_last_
                 "--blob-sink",
                 "null",
             ])
-            .args(["--rate", "4", "--sink-timeout-ms", "3000"])
+            .args(["--rate", "2", "--sink-timeout-ms", "3000"])
             .env_remove("RUST_LOG")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap()
     };
-    let first = run();
+    let mut first = run();
     let sent = || {
         high_watermarks_on(&direct, &topic, 1)
             .get(&0)
             .copied()
             .unwrap_or(0)
     };
-    wait_for("some letters re-driven", Duration::from_secs(60), || {
-        sent() >= 6
+    // Cut five letters in (past two commits, a second apart), some 12 s from the end at 2 a
+    // second (a fresh broker may take a while to give the idempotent producer its id).
+    wait_for("some letters re-driven", JOIN_AND_FLUSH, || {
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "the run ended before the cut"
+        );
+        sent() >= 5
     })
     .await;
     relay.cut();
