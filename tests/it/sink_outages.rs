@@ -44,6 +44,26 @@ fn args(names: &Names, statsd: &Statsd, dir: &std::path::Path) -> Vec<String> {
     .collect()
 }
 
+/// The service started with `args`, one blob upload at a time and a flush stall of `stall_ms`,
+/// once its partitions are assigned.
+async fn uploading_one_at_a_time(mut args: Vec<String>, stall_ms: &str) -> Service {
+    args.extend(
+        [
+            "--flush-stall-timeout-ms",
+            stall_ms,
+            "--gcs-upload-concurrency",
+            "1",
+        ]
+        .map(String::from),
+    );
+    let service = Service::start(&args);
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["assigned"] == true)
+    })
+    .await;
+    service
+}
+
 /// Waits until the service has consumed `consumed` messages and failed `sink`'s writes at least
 /// `attempts` times, then checks that the broker's commits have not moved from `commits`.
 async fn riding_out(
@@ -399,25 +419,12 @@ async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
     let _stack = stops_stack().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let mut args = with_flag(
+    let args = with_flag(
         args(&names, &statsd, dir.path()),
         "--buffer-max-age-ms",
         "3000",
     );
-    args.extend(
-        [
-            "--flush-stall-timeout-ms",
-            "4000",
-            "--gcs-upload-concurrency",
-            "1",
-        ]
-        .map(String::from),
-    );
-    let service = Service::start(&args);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["assigned"] == true)
-    })
-    .await;
+    let service = uploading_one_at_a_time(args, "4000").await;
     let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 40).await;
     wait_for("the messages consumed", JOIN_AND_FLUSH, || {
         service
@@ -486,20 +493,7 @@ async fn a_slow_blob_store_outlasting_the_stall_timeout_in_one_attempt_leaves_th
         &proxy.endpoint,
     );
     args = with_flag(args, "--buffer-max-age-ms", "3000");
-    args.extend(
-        [
-            "--flush-stall-timeout-ms",
-            "3000",
-            "--gcs-upload-concurrency",
-            "1",
-        ]
-        .map(String::from),
-    );
-    let service = Service::start(&args);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["assigned"] == true)
-    })
-    .await;
+    let service = uploading_one_at_a_time(args, "3000").await;
     let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 16).await;
     let target = expected_commits(&report);
     let started = std::time::Instant::now();
