@@ -181,48 +181,43 @@ impl DlqSink {
 }
 
 /// Where the value of the dead letter of `value`, consumed at `partition`/`offset` of `topic`, is
-/// kept: under its replay, `dlq/{project}/{replay}/` (so that `delete` finds a replay's copies by
-/// their names, reading none), or `dlq/unknown/` when the value does not say whose it is; then
-/// where it was consumed, so that a retry writes the same object.
+/// kept: under its replay, [`copies_prefix`] (so that `delete` finds a replay's copies by their
+/// names, reading none), or `dlq/unknown/` when the value does not say whose it is; then where it
+/// was consumed, so that a retry writes the same object.
 pub fn copy_key(value: &[u8], topic: &str, partition: i32, offset: i64) -> String {
     match crate::recording::envelope::owner(value) {
-        Some((project, replay)) => {
-            format!(
-                "dlq/{project}/{}/{topic}/{partition}/{offset}",
-                replay.simple()
-            )
-        }
+        Some((project, replay)) => format!(
+            "{}{topic}/{partition}/{offset}",
+            copies_prefix(project, &replay.simple().to_string())
+        ),
         None => format!("dlq/{UNKNOWN_OWNER}/{topic}/{partition}/{offset}"),
     }
 }
 
-const UNKNOWN_OWNER: &str = "unknown";
-
-/// Whose message a dead-letter copy (or an object beside it) holds, as its key says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CopyOwner {
-    /// `(project, replay)`, the replay as 32 hex characters.
-    Named(u64, String),
-    /// Its value said no one's.
-    Unknown,
-    /// Written before keys named their owner (`dlq/{topic}/{partition}/{offset}`): its value
-    /// says.
-    Unnamed,
+/// The prefix of every dead-letter copy of a message of `replay` (32 hex characters) of
+/// `project`, and of the objects beside each (its long key, a crashed write's temporary file).
+pub fn copies_prefix(project: u64, replay: &str) -> String {
+    format!("dlq/{project}/{replay}/")
 }
 
-/// The owner [`copy_key`] put in `key` (under `dlq/`).
-pub fn copy_owner(key: &str) -> CopyOwner {
-    let mut parts = key.strip_prefix("dlq/").unwrap_or(key).split('/');
-    match (parts.next(), parts.next(), parts.count()) {
-        (Some(UNKNOWN_OWNER), _, 2) => CopyOwner::Unknown,
-        (Some(project), Some(replay), 3) if crate::recording::envelope::is_replay_id(replay) => {
-            match project.parse() {
-                Ok(project) => CopyOwner::Named(project, replay.to_owned()),
-                Err(_) => CopyOwner::Unnamed,
-            }
-        }
-        _ => CopyOwner::Unnamed,
-    }
+const UNKNOWN_OWNER: &str = "unknown";
+
+/// Whether `key` is where [`copy_key`] puts copies (and their long keys): under `dlq/`, with no
+/// `..` that would lead out of it.
+pub fn is_copy_key(key: &str) -> bool {
+    key.starts_with("dlq/") && !key.split('/').any(|part| part == "..")
+}
+
+/// Whether `directory`, right under `dlq/` (`dlq/{name}/`), holds copies written before keys
+/// named their owner (by versions before 2026-12-04: `dlq/{topic}/{partition}/{offset}`), whose
+/// values say whose they are: a topic's directory, not a project's ([`copies_prefix`]) nor
+/// `dlq/unknown/`. (A topic named by digits alone, or `unknown`, is taken for the newer layout.)
+pub fn holds_unnamed_copies(directory: &str) -> bool {
+    let name = directory
+        .strip_prefix("dlq/")
+        .unwrap_or(directory)
+        .trim_end_matches('/');
+    !name.is_empty() && name != UNKNOWN_OWNER && name.parse::<u64>().is_err()
 }
 
 /// A pointer record is small: the topic refusing it is configuration, not data.
@@ -509,14 +504,24 @@ mod tests {
             key,
             "dlq/42/834f314caae54030a1b0dc52b202f24a/ingest-replay-recordings/3/1234"
         );
-        let ours = CopyOwner::Named(42, "834f314caae54030a1b0dc52b202f24a".into());
-        assert_eq!(copy_owner(&key), ours);
-        assert_eq!(copy_owner(&format!("{key}.key")), ours);
+        assert!(key.starts_with(&copies_prefix(42, "834f314caae54030a1b0dc52b202f24a")));
         let unknown = copy_key(b"not msgpack", "rec", 0, 7);
         assert_eq!(unknown, "dlq/unknown/rec/0/7");
-        assert_eq!(copy_owner(&unknown), CopyOwner::Unknown);
-        for older in ["dlq/rec/0/7", "dlq/unknown/0/7", "dlq/42/0/7.tmp-9"] {
-            assert_eq!(copy_owner(older), CopyOwner::Unnamed, "{older}");
+        assert!(is_copy_key(&key) && is_copy_key(&format!("{key}.key")));
+        for outside in [
+            "90/42/834f314caae54030a1b0dc52b202f24a/0",
+            "dlq/../etc/passwd",
+            "dlq/a/../../x",
+        ] {
+            assert!(!is_copy_key(outside), "{outside}");
+        }
+        for (directory, unnamed) in [
+            ("dlq/ingest-replay-recordings/", true),
+            ("dlq/rec/", true),
+            ("dlq/42/", false),
+            ("dlq/unknown/", false),
+        ] {
+            assert_eq!(holds_unnamed_copies(directory), unnamed, "{directory}");
         }
     }
 }

@@ -7,8 +7,9 @@
 //! 1. **Find** every object under its prefix in each retention prefix of the store
 //!    (`{retention}/{project}/{replay}/…`: the segment blobs, and whatever else a writer put there,
 //!    such as Sentry's `{segment}.video`), the dead-letter copies of its messages
-//!    (`dlq/{project}/{replay}/…`, by name; older ones, `dlq/{topic}/…`, read to see whose they
-//!    are) and, with ClickHouse, its
+//!    (`dlq/{project}/{replay}/…`, by listing that prefix; older ones, `dlq/{topic}/…`, read
+//!    once for all the replays to see whose they are — one that cannot be read is left, named)
+//!    and, with ClickHouse, its
 //!    rows. Nothing found: nothing to do, and nothing is written (a second run is a no-op) — but
 //!    through snuba the rows cannot be seen, so the archive is published whatever was found (a
 //!    second archive changes nothing: an archived replay stays archived).
@@ -41,8 +42,9 @@ use crate::config::{
 use crate::kafka::producer::Producer;
 use crate::recording::archive::Archive;
 use crate::recording::{blob, envelope, rrweb};
+use crate::sink::SinkError;
 use crate::sink::clickhouse::{self, ClickHouseConfig};
-use crate::sink::dlq::{self, CopyOwner};
+use crate::sink::dlq;
 use crate::sink::store::{self, BlobStore};
 
 /// Delete replays: their blobs, dead-letter copies and rows.
@@ -261,14 +263,51 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
     if args.blobs.blob_sink == BlobSinkKind::Null && matches!(rows, Rows::None) {
         bail!("nothing to delete from: --blob-sink null and --rows-sink null");
     }
-    let copies = dead_letter_copies(store.as_deref()).await?;
+    delete(
+        &targets,
+        store.as_deref(),
+        &rows,
+        args.dry_run,
+        timeout,
+        out,
+    )
+    .await
+}
+
+/// Deletes `targets` from `store` and `rows`, writing what it does to `out`.
+async fn delete(
+    targets: &[Target],
+    store: Option<&dyn BlobStore>,
+    rows: &Rows,
+    dry_run: bool,
+    timeout: Duration,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
     let mut left = Vec::new();
+    // Copies from before keys named their owner, read once for all the replays. One that cannot
+    // be read may be any replay's: named among what is left (the run exits 1), the rest go on.
+    let unnamed = match store {
+        Some(store) => unnamed_copies(store).await.unwrap_or_else(|e| {
+            left.push(format!(
+                "dead-letter copies of the older layout (dlq/{{topic}}/…): listing them failed ({}); not searched",
+                e.message
+            ));
+            Unnamed::default()
+        }),
+        None => Unnamed::default(),
+    };
+    for (key, e) in &unnamed.unreadable {
+        let location = store.map_or_else(|| key.clone(), |s| s.location(key));
+        left.push(format!(
+            "{location}: a dead-letter copy of the older layout could not be read ({e}): whose it is is unknown"
+        ));
+    }
     let mut ready = Vec::new();
-    for target in &targets {
+    for target in targets {
         let name = format!("replay {} (project {})", target.replay, target.project);
         // One replay's lookup failing (the store's listing, ClickHouse's count) stops none of the
         // others: it is named among what is left, and a run again takes it up.
-        let found = match find(store.as_deref(), &rows, &copies, target).await {
+        let found = match find(store, rows, &unnamed.owners, target).await {
             Ok(found) => found,
             Err(e) => {
                 left.push(format!(
@@ -294,16 +333,14 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
             writeln!(out, "{name}: nothing to delete")?;
             continue;
         }
-        if args.dry_run {
+        if dry_run {
             for key in found.blobs.iter().chain(&found.dead_letters) {
-                let location = store
-                    .as_deref()
-                    .map_or_else(|| key.clone(), |s| s.location(key));
+                let location = store.map_or_else(|| key.clone(), |s| s.location(key));
                 writeln!(out, "would remove {location}")?;
             }
             continue;
         }
-        let timestamp = match replay_time(store.as_deref(), &rows, &found, target).await {
+        let timestamp = match replay_time(store, rows, &found, target).await {
             Ok(timestamp) => timestamp.or(target.timestamp),
             Err(e) => {
                 left.push(format!(
@@ -332,7 +369,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
         });
     }
     let (mut replays, mut removed) = (0, 0);
-    for (replay, rows_done) in ready.iter().zip(archive_rows(&rows, &ready, timeout).await) {
+    for (replay, rows_done) in ready.iter().zip(archive_rows(rows, &ready, timeout).await) {
         let (name, found) = (&replay.name, &replay.found);
         match rows_done {
             Ok(Some(said)) => writeln!(out, "{name}: {said}")?,
@@ -345,7 +382,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
                 continue;
             }
         }
-        if let Some(store) = store.as_deref() {
+        if let Some(store) = store {
             for key in found.blobs.iter().chain(&found.dead_letters) {
                 match store.delete(key).await {
                     Ok(true) => {
@@ -363,7 +400,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
         out,
         "{} replay(s) deleted, {removed} object(s) removed{}",
         replays,
-        if args.dry_run {
+        if dry_run {
             " (dry run: nothing removed)"
         } else {
             ""
@@ -378,11 +415,12 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// The replay's segment blobs and rows, and its dead-letter copies among `copies`.
+/// The replay's segment blobs, its dead-letter copies (under its own prefix, and among the
+/// `unnamed` ones of the older layout) and its rows.
 async fn find(
     store: Option<&dyn BlobStore>,
     rows: &Rows,
-    copies: &BTreeMap<(u64, String), Vec<String>>,
+    unnamed: &BTreeMap<(u64, String), Vec<String>>,
     target: &Target,
 ) -> anyhow::Result<Found> {
     let mut found = Found::default();
@@ -406,9 +444,21 @@ async fn find(
                 found.blobs.push(object.key);
             }
         }
-        if let Some(keys) = copies.get(&(target.project, target.replay.clone())) {
-            found.dead_letters = keys.clone();
-        }
+        let named = dlq::copies_prefix(target.project, &target.replay);
+        found.dead_letters = store::walk(store, &named)
+            .await?
+            .into_iter()
+            .map(|object| object.key)
+            .chain(
+                unnamed
+                    .get(&(target.project, target.replay.clone()))
+                    .into_iter()
+                    .flatten()
+                    .cloned(),
+            )
+            .collect();
+        found.dead_letters.sort();
+        found.dead_letters.dedup();
     }
     if let Rows::ClickHouse(config) = rows {
         found.rows = live_rows(
@@ -422,38 +472,51 @@ async fn find(
     Ok(found)
 }
 
-/// The dead-letter copies in the store, by the (project, replay) of the message each holds: as
-/// its key names it, else (a copy written before keys named their owner) as its value says. A
-/// copy of a value that is not a recording message (or is unreadable) belongs to no replay.
-async fn dead_letter_copies(
-    store: Option<&dyn BlobStore>,
-) -> anyhow::Result<BTreeMap<(u64, String), Vec<String>>> {
-    let mut copies: BTreeMap<(u64, String), Vec<String>> = BTreeMap::new();
-    let Some(store) = store else {
-        return Ok(copies);
-    };
-    let objects = store::walk(store, "dlq/").await?;
-    let stored: std::collections::BTreeSet<&str> = objects.iter().map(|o| o.key.as_str()).collect();
-    // A copy's long key is `{copy}.key`; a write a crash cut short left `{copy}.tmp-PID` or
-    // `{copy}.key.tmp-PID` (filesystem store). Values are read, the copy's own temporary one
-    // too (it may be whole); keys go with their value.
-    let values = objects
-        .iter()
-        .filter(|o| !o.key.ends_with(".key") && !o.key.contains(".key.tmp-"));
-    for object in values {
-        let owner = match dlq::copy_owner(&object.key) {
-            CopyOwner::Named(project, replay) => Some((project, replay)),
-            CopyOwner::Unknown => None,
-            CopyOwner::Unnamed => {
-                let Some(value) = store.read(&object.key).await? else {
+/// Dead-letter copies written before keys named their owner, by the (project, replay) of the
+/// message each holds, as its value says; and those whose value could not be read.
+#[derive(Default)]
+struct Unnamed {
+    owners: BTreeMap<(u64, String), Vec<String>>,
+    /// Key and error of each copy that could not be read.
+    unreadable: Vec<(String, String)>,
+}
+
+/// The copies of the older layout ([`dlq::holds_unnamed_copies`]), each read to see whose message
+/// it holds: a copy of a value that is not a recording message belongs to no replay. The newer
+/// copies, under their replay's own prefix, are neither listed nor read here: a run lists
+/// `dlq/` one level deep, then only the older layout's directories, which no version writes to
+/// any more.
+async fn unnamed_copies(store: &dyn BlobStore) -> Result<Unnamed, SinkError> {
+    let mut unnamed = Unnamed::default();
+    for directory in store.list("dlq/").await?.prefixes {
+        if !dlq::holds_unnamed_copies(&directory) {
+            continue;
+        }
+        let objects = store::walk(store, &directory).await?;
+        let stored: std::collections::BTreeSet<&str> =
+            objects.iter().map(|o| o.key.as_str()).collect();
+        // A copy's long key is `{copy}.key`; a write a crash cut short left `{copy}.tmp-PID` or
+        // `{copy}.key.tmp-PID` (filesystem store). Values are read, the copy's own temporary one
+        // too (it may be whole); keys go with their value.
+        let values = objects
+            .iter()
+            .filter(|o| !o.key.ends_with(".key") && !o.key.contains(".key.tmp-"));
+        for object in values {
+            let value = match store.read(&object.key).await {
+                Ok(Some(value)) => value,
+                Ok(None) => continue,
+                Err(e) => {
+                    unnamed.unreadable.push((object.key.clone(), e.message));
                     continue;
-                };
-                envelope::owner(&value)
-                    .map(|(project, replay)| (project, replay.simple().to_string()))
-            }
-        };
-        if let Some(owner) = owner {
-            let keys = copies.entry(owner).or_default();
+                }
+            };
+            let Some((project, replay)) = envelope::owner(&value) else {
+                continue;
+            };
+            let keys = unnamed
+                .owners
+                .entry((project, replay.simple().to_string()))
+                .or_default();
             keys.push(object.key.clone());
             let siblings = format!("{}.", object.key);
             keys.extend(
@@ -464,11 +527,7 @@ async fn dead_letter_copies(
             );
         }
     }
-    for keys in copies.values_mut() {
-        keys.sort();
-        keys.dedup();
-    }
-    Ok(copies)
+    Ok(unnamed)
 }
 
 /// The replay's time, in seconds: the first event of its earliest segment blob, else (with
@@ -951,41 +1010,70 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_copys_long_key_and_the_temporary_files_a_crash_left_go_with_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let value = |replay: &str| {
-            rmp_serde::to_vec_named(&serde_json::json!({"project_id": 42, "replay_id": replay}))
-                .unwrap()
-        };
-        let (ours, theirs) = ("a".repeat(32), "b".repeat(32));
-        let files = [
-            ("dlq/t/0/17", value(&ours)),
-            ("dlq/t/0/17.key", b"k".to_vec()),
-            ("dlq/t/0/17.key.tmp-1", b"k".to_vec()),
-            ("dlq/t/0/17.tmp-2", b"cut sh".to_vec()),
-            ("dlq/t/0/18.tmp-3", value(&ours)),
-            ("dlq/t/0/170", value(&theirs)),
-            // Keys that name their owner: the value is not read (it need not even be one).
-            (
-                &format!("dlq/42/{ours}/t/0/20"),
-                b"\xc1 never read".to_vec(),
-            ),
-            (&format!("dlq/42/{ours}/t/0/20.key"), b"k".to_vec()),
-            ("dlq/unknown/t/0/21", value(&ours)),
-        ];
-        for (key, bytes) in &files {
-            let path = dir.path().join(key);
+    /// A recording message's msgpack header, naming its owner.
+    fn owned_by(replay: &str) -> Vec<u8> {
+        rmp_serde::to_vec_named(&serde_json::json!({"project_id": 42, "replay_id": replay}))
+            .unwrap()
+    }
+
+    fn write_files(dir: &std::path::Path, files: &[(&str, Vec<u8>)]) {
+        for (key, bytes) in files {
+            let path = dir.join(key);
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, bytes).unwrap();
         }
+    }
+
+    fn target(replay: &str) -> Target {
+        Target {
+            project: 42,
+            replay: replay.into(),
+            timestamp: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_copys_long_key_and_the_temporary_files_a_crash_left_go_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = ("a".repeat(32), "b".repeat(32));
+        write_files(
+            dir.path(),
+            &[
+                ("dlq/t/0/17", owned_by(&ours)),
+                ("dlq/t/0/17.key", b"k".to_vec()),
+                ("dlq/t/0/17.key.tmp-1", b"k".to_vec()),
+                ("dlq/t/0/17.tmp-2", b"cut sh".to_vec()),
+                ("dlq/t/0/18.tmp-3", owned_by(&ours)),
+                ("dlq/t/0/170", owned_by(&theirs)),
+                // Keys that name their owner: the value is not read (it need not even be one).
+                (
+                    &format!("dlq/42/{ours}/t/0/20"),
+                    b"\xc1 never read".to_vec(),
+                ),
+                (&format!("dlq/42/{ours}/t/0/20.key"), b"k".to_vec()),
+                (&format!("dlq/42/{ours}/t/0/22.tmp-4"), b"cut".to_vec()),
+                ("dlq/unknown/t/0/21", owned_by(&ours)),
+            ],
+        );
         let store = crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap();
-        let copies = dead_letter_copies(Some(&store)).await.unwrap();
+        let unnamed = unnamed_copies(&store).await.unwrap();
+        assert!(unnamed.unreadable.is_empty());
+        let copies = |replay: &str| {
+            let (store, owners) = (&store, &unnamed.owners);
+            let target = target(replay);
+            async move {
+                find(Some(store), &Rows::None, owners, &target)
+                    .await
+                    .unwrap()
+                    .dead_letters
+            }
+        };
         assert_eq!(
-            copies[&(42, ours.clone())],
+            copies(&ours).await,
             [
                 &format!("dlq/42/{ours}/t/0/20"),
                 &format!("dlq/42/{ours}/t/0/20.key"),
+                &format!("dlq/42/{ours}/t/0/22.tmp-4"),
                 "dlq/t/0/17",
                 "dlq/t/0/17.key",
                 "dlq/t/0/17.key.tmp-1",
@@ -994,6 +1082,122 @@ mod tests {
             ],
             "not dlq/unknown/…, whatever its value says"
         );
-        assert_eq!(copies[&(42, theirs)], ["dlq/t/0/170"]);
+        assert_eq!(copies(&theirs).await, ["dlq/t/0/170"]);
+    }
+
+    /// A store that counts what it is asked, and fails reads of the keys in `broken`.
+    struct Counting {
+        store: crate::sink::filesystem::FilesystemBlobSink,
+        lists: std::sync::atomic::AtomicUsize,
+        reads: std::sync::Mutex<Vec<String>>,
+        broken: Vec<String>,
+    }
+
+    impl BlobStore for Counting {
+        fn list<'a>(
+            &'a self,
+            prefix: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<store::Listing, SinkError>> {
+            self.lists
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.store.list(prefix)
+        }
+
+        fn read<'a>(
+            &'a self,
+            key: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<Option<Vec<u8>>, SinkError>> {
+            self.reads.lock().unwrap().push(key.to_owned());
+            if self.broken.iter().any(|k| k == key) {
+                return Box::pin(async move {
+                    Err(SinkError::new(
+                        "gcs",
+                        crate::sink::Retry::Retryable,
+                        "503 backend error",
+                    ))
+                });
+            }
+            self.store.read(key)
+        }
+
+        fn delete<'a>(
+            &'a self,
+            key: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<bool, SinkError>> {
+            self.store.delete(key)
+        }
+
+        fn location(&self, key: &str) -> String {
+            self.store.location(key)
+        }
+    }
+
+    /// A store holding the copies of many other replays: one replay's delete lists its own
+    /// prefixes and the older layout's directory, reads only the older layout's copies, and
+    /// one of those it cannot read is named among what is left while the replay's own copies
+    /// still go (it listed and read every copy of every replay, and one failed read ended the
+    /// run before anything was deleted).
+    #[tokio::test]
+    async fn a_replays_copies_are_found_by_its_prefix_without_reading_anyone_elses() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = "a".repeat(32);
+        let mut files: Vec<(String, Vec<u8>)> = (0..300)
+            .map(|n| (format!("dlq/42/{n:032x}/t/0/{n}"), b"theirs".to_vec()))
+            .collect();
+        files.extend([
+            (format!("dlq/42/{ours}/t/0/500"), b"ours".to_vec()),
+            ("dlq/t/0/17".to_owned(), owned_by(&ours)),
+            ("dlq/t/0/18".to_owned(), owned_by(&"b".repeat(32))),
+            ("dlq/unknown/t/0/21".to_owned(), b"no one's".to_vec()),
+            (format!("90/42/{ours}/0"), b"segment".to_vec()),
+        ]);
+        let refs: Vec<(&str, Vec<u8>)> =
+            files.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        write_files(dir.path(), &refs);
+        let store = Counting {
+            store: crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap(),
+            lists: Default::default(),
+            reads: Default::default(),
+            broken: vec!["dlq/t/0/18".to_owned()],
+        };
+        let mut out = Vec::new();
+        let error = delete(
+            &[target(&ours)],
+            Some(&store),
+            &Rows::None,
+            false,
+            Duration::from_secs(5),
+            &mut out,
+        )
+        .await
+        .unwrap_err();
+        let said = String::from_utf8(out).unwrap();
+        assert!(
+            said.contains("found 1 segment blob(s), 2 dead-letter copy object(s)"),
+            "{said}"
+        );
+        assert!(
+            said.contains("1 replay(s) deleted, 3 object(s) removed"),
+            "{said}"
+        );
+        assert!(
+            format!("{error:#}").contains("dlq/t/0/18: a dead-letter copy of the older layout could not be read (503 backend error): whose it is is unknown"),
+            "{error:#}"
+        );
+        let reads = store.reads.lock().unwrap().clone();
+        assert_eq!(
+            reads,
+            ["dlq/t/0/17", "dlq/t/0/18", &format!("90/42/{ours}/0")],
+            "of the copies, only the older layout's are read (and the segment, for the time)"
+        );
+        let lists = store.lists.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(lists < 20, "{lists} listings for one replay among 300");
+        assert!(
+            dir.path()
+                .join("dlq/42/000000000000000000000000000000ff/t/0/255")
+                .exists()
+        );
+        assert!(!dir.path().join(format!("dlq/42/{ours}/t/0/500")).exists());
+        assert!(!dir.path().join("dlq/t/0/17").exists());
     }
 }

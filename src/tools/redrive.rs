@@ -96,7 +96,7 @@ pub struct RedriveArgs {
 pub struct Counts {
     pub redriven: BTreeMap<String, u64>,
     pub passed_over: u64,
-    pub failed: Vec<String>,
+    pub failed: Failed,
     /// Letters of a message another letter of this run re-drove already.
     pub copies: u64,
 }
@@ -118,6 +118,12 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     {
         bail!("--since must be before --until");
     }
+    if args.topic == args.dlq_topic {
+        bail!(
+            "--topic and --dlq-topic are both {}: --topic is where the letters go back to, the service's input topic",
+            args.topic
+        );
+    }
     let chooses = !args.reasons.is_empty()
         || args.original_topic.is_some()
         || args.since.is_some()
@@ -134,11 +140,14 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     let timeout = Duration::from_millis(args.sink_timeout_ms);
     let store = super::blob_store(&args.blobs, timeout).await?;
     let consumer = reader(args, timeout)?;
-    let producer: Producer = args
+    let producing = args
         .kafka
-        .client_config(&producer_properties(64 << 20, timeout))?
-        .create()
-        .context("creating the Kafka producer")?;
+        .client_config(&producer_properties(64 << 20, timeout))?;
+    // A mistyped --topic would be created by brokers that create topics on first use, and take
+    // every letter, committed as re-driven.
+    crate::sink::publish::check_topics(&producing, std::slice::from_ref(&args.topic), timeout)
+        .map_err(|e| anyhow::anyhow!("--topic {}: {}; nothing re-driven", args.topic, e.message))?;
+    let producer: Producer = producing.create().context("creating the Kafka producer")?;
     let ends = start(&consumer, &args.dlq_topic, timeout)?;
     let mut read = Read::default();
     let result = redrive_letters(
@@ -174,7 +183,7 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
         out,
         "{total} letter(s) {verb}, {} passed over, {} failed{}",
         counts.passed_over,
-        counts.failed.len(),
+        counts.failed.count,
         match counts.copies {
             0 => String::new(),
             n => format!(", {n} copies of letters re-driven skipped"),
@@ -183,14 +192,42 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     for (reason, n) in &counts.redriven {
         writeln!(out, "  {reason:<22} {n}")?;
     }
-    if !counts.failed.is_empty() {
-        bail!(
-            "{} letter(s) could not be re-driven:\n  {}",
-            counts.failed.len(),
-            counts.failed.join("\n  ")
-        );
+    counts.failed.error().map_or(Ok(()), Err)
+}
+
+/// The letters that could not be re-driven: how many, and the first [`FAILED_KEPT`] of them,
+/// each with where it is and why (a run pointed at a topic of something else finds a million).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Failed {
+    pub count: u64,
+    pub kept: Vec<String>,
+}
+
+/// How many letters that could not be re-driven a run names.
+const FAILED_KEPT: usize = 100;
+
+impl Failed {
+    fn push(&mut self, letter: String) {
+        self.count += 1;
+        if self.kept.len() < FAILED_KEPT {
+            self.kept.push(letter);
+        }
     }
-    Ok(())
+
+    /// What the run ends with when any failed.
+    fn error(&self) -> Option<anyhow::Error> {
+        let more = match self.count - self.kept.len() as u64 {
+            0 => String::new(),
+            n => format!("\n  … and {n} more"),
+        };
+        (self.count > 0).then(|| {
+            anyhow::anyhow!(
+                "{} letter(s) could not be re-driven:\n  {}{more}",
+                self.count,
+                self.kept.join("\n  ")
+            )
+        })
+    }
 }
 
 /// How often a run commits what it has handled (and once more when it ends, however it ends):
@@ -519,7 +556,8 @@ fn unsendable(letter: &BorrowedMessage<'_>) -> Option<&'static str> {
 
 /// The letter's original value and key: from the record, or from the blob store where the
 /// record points (`payload_location`, `key_location`). `Ok(Err(why))`: the letter cannot be
-/// re-driven, ever (its stored value is gone, it is not a dead letter, its original was lost);
+/// re-driven, ever (its stored value is gone or was never where copies are kept, it is not a
+/// dead letter, its original was lost);
 /// `Err`: the store could not be read (down, or not the one the letter points to), which a later
 /// run may get past.
 async fn original(
@@ -533,8 +571,15 @@ async fn original(
         let store = store.context("the value is in the blob store, and --blob-sink is null")?;
         let key = stored_key(store, &location)
             .with_context(|| format!("{location} is not in the configured blob store"))?;
+        // A header naming `file:///root/../etc/…` would have the tool read a file outside the
+        // store and produce it onto the input topic.
+        if !crate::sink::dlq::is_copy_key(key) {
+            return Ok(Err(format!(
+                "{location} is not where dead-letter copies are kept (dlq/)"
+            )));
+        }
         let found = store
-            .read(&key)
+            .read(key)
             .await
             .with_context(|| format!("reading {location}"))?;
         anyhow::Ok(found.ok_or_else(|| format!("{location} is gone from the blob store")))
@@ -557,9 +602,8 @@ async fn original(
 }
 
 /// The store's key for a location it gave (`gs://bucket/key`, `file:///root/key`).
-fn stored_key(store: &dyn BlobStore, location: &str) -> Option<String> {
-    let root = store.location("");
-    location.strip_prefix(&root).map(str::to_owned)
+fn stored_key<'l>(store: &dyn BlobStore, location: &'l str) -> Option<&'l str> {
+    location.strip_prefix(&store.location(""))
 }
 
 /// At most `rate` sends per second.
@@ -599,6 +643,32 @@ mod tests {
         }
         let cli = Cli::try_parse_from(["x"]).unwrap();
         assert!(session_within_poll_interval(&cli.args.kafka).is_empty());
+    }
+
+    /// A run pointed at a topic of something else finds a letter it cannot re-drive in every
+    /// record: it names the first hundred and counts the rest (it kept and printed them all, in
+    /// one line).
+    #[test]
+    fn a_run_names_a_hundred_letters_it_cannot_re_drive_and_counts_the_rest() {
+        let mut failed = Failed::default();
+        assert!(failed.error().is_none());
+        for offset in 0..10_000 {
+            failed.push(format!(
+                "dlq/0/{offset}: not a dead letter (no reason header)"
+            ));
+        }
+        let error = failed.error().unwrap().to_string();
+        assert!(
+            error.starts_with(
+                "10000 letter(s) could not be re-driven:\n  dlq/0/0: not a dead letter"
+            ),
+            "{error}"
+        );
+        assert!(
+            error.ends_with("dlq/0/99: not a dead letter (no reason header)\n  … and 9900 more"),
+            "{error}"
+        );
+        assert!(error.len() < 8 << 10, "{} bytes", error.len());
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! message one of whose events is over its topic's `max.message.bytes` has none of its events
 //! published, and each once after the limit is raised and it is re-driven; a dead letter too large
 //! for its topic goes back byte for byte from the blob store; one whose original was lost is
-//! reported, not sent; a dry run counts and commits nothing; bad arguments are refused; a run cut
+//! reported, not sent; a dry run counts and commits nothing; bad arguments and a `--topic` that
+//! does not exist are refused; a run cut
 //! off from the broker stops, and the next goes on from its last commit.
 
 use std::sync::Arc;
@@ -343,6 +344,12 @@ fn bad_arguments_are_refused_with_a_clear_error() {
     ]);
     assert!(!ok);
     assert!(said.contains("--since must be before --until"), "{said}");
+    let (ok, said) = redrive(&["--topic", "t", "--dlq-topic", "t", "--blob-sink", "null"]);
+    assert!(!ok);
+    assert!(
+        said.contains("--topic and --dlq-topic are both t"),
+        "{said}"
+    );
     let (ok, said) = redrive(&["--since", "yesterday"]);
     assert!(!ok);
     assert!(said.contains("RFC 3339"), "{said}");
@@ -560,6 +567,27 @@ async fn a_run_that_stops_on_an_error_keeps_its_progress() {
         .collect();
     lengths.sort();
     assert_eq!(lengths, [5, 6, 6, 50_000], "each letter once");
+}
+
+/// A `--topic` that does not exist (a typo) is refused before anything is read: on brokers that
+/// create topics on first use, the letters would go to a new topic, committed as re-driven.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_topic_that_does_not_exist_is_refused_before_anything_is_re_driven() {
+    let _stack = uses_stack().await;
+    let (typo, dlq, group) = (unique("recc"), unique("dlq"), unique("redrive"));
+    create_topic(&dlq, 1).await;
+    letter(&dlq, 0, b"first").await;
+    let flags = ["--blob-sink", "null", "--sink-timeout-ms", "5000"];
+    let (ok, said) = redrive_in(&dlq, &typo, &group, &flags);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains(&format!(
+            "--topic {typo}: topics missing on the cluster: {typo}; nothing re-driven"
+        )),
+        "{said}"
+    );
+    assert!(committed(&group, &dlq, 1).is_empty(), "nothing committed");
 }
 
 /// A run reads up to the end each partition had when it started: a letter that arrives on a
