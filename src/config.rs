@@ -604,6 +604,9 @@ pub struct ConsumeArgs {
     pub limits: LimitArgs,
 }
 
+/// librdkafka's `max.poll.interval.ms` when none is given.
+const LIBRDKAFKA_MAX_POLL_INTERVAL_MS: u64 = 300_000;
+
 impl ConsumeArgs {
     /// Rejects settings that cannot work together.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -626,17 +629,19 @@ impl ConsumeArgs {
                         .to_owned()
                 })
             });
-        let max_poll_interval = max_poll_interval.transpose()?;
-        if let Some(max_poll_interval) = max_poll_interval
-            && self.drain_deadline_ms + margin >= max_poll_interval
-        {
+        // Unset, librdkafka's default applies (with the consumer protocol too, where nothing
+        // else bounds the drain deadline: the session timeout is the broker's).
+        let max_poll_interval = max_poll_interval
+            .transpose()?
+            .unwrap_or(LIBRDKAFKA_MAX_POLL_INTERVAL_MS);
+        if self.drain_deadline_ms + margin >= max_poll_interval {
             return Err(format!(
                 "--drain-deadline-ms ({}) plus {margin} ms must be below max.poll.interval.ms ({max_poll_interval}): the polling thread waits that long for a revoke's drain",
                 self.drain_deadline_ms
             ));
         }
-        // librdkafka's default; a classic rebalance waits up to this for the members to rejoin.
-        let rebalance_bound = max_poll_interval.unwrap_or(300_000) + self.drain_deadline_ms;
+        // A classic rebalance waits up to this for the members to rejoin.
+        let rebalance_bound = max_poll_interval + self.drain_deadline_ms;
         if self.group_stall_timeout_ms != 0 && self.group_stall_timeout_ms <= rebalance_bound {
             return Err(format!(
                 "--group-stall-timeout-ms ({}) must exceed max.poll.interval.ms plus --drain-deadline-ms ({rebalance_bound}): a rebalance may hold a member out of its group that long (0 turns the check off)",
@@ -908,6 +913,24 @@ mod tests {
                 .contains("not a number")
         );
         assert!(with("21001").is_ok());
+        // Unset, librdkafka's default bounds the drain: with the consumer protocol nothing else
+        // does (the session timeout is the broker's), and it used to pass.
+        let err = parse(&[
+            "--blob-sink",
+            "null",
+            "--kafka-property",
+            "group.protocol=consumer",
+            "--session-timeout-ms",
+            "600000",
+            "--drain-deadline-ms",
+            "400000",
+            "--group-stall-timeout-ms",
+            "0",
+        ])
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("max.poll.interval.ms (300000)"), "{err}");
     }
 
     #[test]
