@@ -7,8 +7,8 @@
 //!   (only a crafted stream is: padding, empty blocks), which is stored as zlib of the JSON
 //!   instead, so a blob never outweighs its content;
 //! - no video, raw/gzip/zstd body: zlib of the rrweb JSON;
-//! - video present: zlib of `0x01 | u32 BE video length | video | rrweb JSON`;
-//! - video field present but empty: zlib of `0x00 | rrweb JSON`.
+//! - video present: zlib of `0x01 | u32 BE video length | video | rrweb JSON`; a video field
+//!   present but empty is no video, as in Sentry (`if message["replay_video"]:`).
 
 use std::io::{self, Write};
 
@@ -63,7 +63,7 @@ pub fn build(
     video: Option<&[u8]>,
     message: &bytes::Bytes,
 ) -> io::Result<Blob> {
-    let stored = match video {
+    let stored = match video.filter(|video| !video.is_empty()) {
         None if payload.encoding == BodyEncoding::Zlib && payload.body.len() <= json.len() => {
             let within = message.as_ptr_range().start <= payload.body.as_ptr_range().start
                 && payload.body.as_ptr_range().end <= message.as_ptr_range().end;
@@ -78,7 +78,6 @@ pub fn build(
             payload.body.to_vec()
         }
         None => zlib(&[json])?,
-        Some([]) => zlib(&[&[PACK_RRWEB], json])?,
         Some(video) => {
             let len = u32::try_from(video.len()).map_err(|_| {
                 io::Error::new(io::ErrorKind::InvalidInput, "video longer than 4 GiB")
@@ -186,11 +185,14 @@ mod tests {
         for (video, body) in [
             (None, &zlib_body[..]),
             (Some(&b"VIDEO"[..]), b"x"),
-            (Some(&b""[..]), b"x"),
+            (Some(&b""[..]), &zlib_body[..]),
         ] {
             let stored = bytes(&payload(BodyEncoding::Zlib, body), JSON, video).unwrap();
             assert_eq!(rrweb_json(&stored, 1 << 20).unwrap(), JSON, "{video:?}");
         }
+        // Sentry's pack without a video (and this service's blobs of an empty video before).
+        let packed = zlib(&[&[PACK_RRWEB], JSON]).unwrap();
+        assert_eq!(rrweb_json(&packed, 1 << 20).unwrap(), JSON);
         let stored = bytes(&payload(BodyEncoding::Raw, b"ignored"), JSON, None).unwrap();
         assert!(rrweb_json(&stored, 4).is_err(), "over the cap");
     }
@@ -260,7 +262,18 @@ mod tests {
         };
         let packed = inflate(&bytes(&payload, JSON, Some(b"VIDEO")).unwrap());
         assert_eq!(packed, [&[0x01, 0, 0, 0, 5][..], b"VIDEO", JSON].concat());
-        let packed = inflate(&bytes(&payload, JSON, Some(b"")).unwrap());
-        assert_eq!(packed, [&[0x00][..], JSON].concat());
+    }
+
+    /// An empty video field is no video, as in Sentry: the zlib body is stored as received (it
+    /// was packed as `0x00 | JSON` and recompressed, which Sentry's ingest never writes).
+    #[test]
+    fn an_empty_video_is_none_and_the_body_is_stored_as_received() {
+        let body = zlib(&[JSON]).unwrap();
+        let payload = Payload {
+            segment_id: 0,
+            encoding: BodyEncoding::Zlib,
+            body: &body,
+        };
+        assert_eq!(bytes(&payload, JSON, Some(b"")).unwrap(), body);
     }
 }

@@ -229,6 +229,129 @@ impl<'de> Visitor<'de> for Lenient<Flag> {
     default_for!(str, numbers, null, seq, map);
 }
 
+/// Any JSON value as Python code that reads it with `.get(key, default)` sees it: whether it is
+/// truthy, and the value when it is a string, a number or a boolean. `Absent` when the key is not
+/// there.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub enum Py<'a> {
+    #[default]
+    Absent,
+    Str(Cow<'a, str>),
+    Number(f64),
+    Bool(bool),
+    /// `null`, an array or an object.
+    Other {
+        truthy: bool,
+    },
+}
+
+impl<'a> Py<'a> {
+    /// Python's truthiness.
+    pub fn truthy(&self) -> bool {
+        match self {
+            Py::Absent => false,
+            Py::Str(s) => !s.is_empty(),
+            Py::Number(n) => *n != 0.0,
+            Py::Bool(b) => *b,
+            Py::Other { truthy } => *truthy,
+        }
+    }
+
+    /// Python's `self or other`.
+    pub fn or<'s>(&'s self, other: &'s Py<'a>) -> &'s Py<'a> {
+        if self.truthy() { self } else { other }
+    }
+
+    /// As Python compares `.get(key, 0)` with a number: absent is 0, a number is itself, a
+    /// boolean 0 or 1; `None` where the comparison raises (a string, `null`, an array, an
+    /// object).
+    pub fn number_or_zero(&self) -> Option<f64> {
+        match self {
+            Py::Absent => Some(0.0),
+            Py::Number(n) => Some(*n),
+            Py::Bool(b) => Some(f64::from(u8::from(*b))),
+            Py::Str(_) | Py::Other { .. } => None,
+        }
+    }
+
+    /// The value as a non-negative integer, when it is a number that is one exactly.
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Py::Number(n) => Num(Some(*n)).as_u64(),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Py::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Py<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Lenient::<Py<'de>>(std::marker::PhantomData))
+    }
+}
+
+impl<'de> Visitor<'de> for Lenient<Py<'de>> {
+    type Value = Py<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Py::Str(Cow::Borrowed(v)))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Py::Str(Cow::Owned(v.to_owned())))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Py::Str(Cow::Owned(v)))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Py::Number(v as f64))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Py::Number(v as f64))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(Py::Number(v))
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(Py::Bool(v))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Py::Other { truthy: false })
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Py::Other { truthy: false })
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut truthy = false;
+        while seq.next_element::<de::IgnoredAny>()?.is_some() {
+            truthy = true;
+        }
+        Ok(Py::Other { truthy })
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut truthy = false;
+        while map
+            .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+            .is_some()
+        {
+            truthy = true;
+        }
+        Ok(Py::Other { truthy })
+    }
+}
+
 /// Most strings a [`TextList`] keeps; the rest of the array is consumed and counted, not kept.
 pub const MAX_TEXT_LIST: usize = 1000;
 

@@ -460,6 +460,61 @@ mod tests {
         );
     }
 
+    /// A slow click's kind as Sentry reads it (`which()`), the same in the rows, the
+    /// occurrences and the trace items: the camel-case field falls through to the lower-case one
+    /// when it is not truthy (0), and a value Python cannot compare with a number makes no click
+    /// at all. The rows took the camel-case value whenever it was there (a 0/0 row and no
+    /// rage-click issue for the first click below) and a string as absent (a 0/0 row for the
+    /// second and third), while the trace items read them as Sentry does.
+    #[test]
+    fn a_slow_clicks_kind_is_sentrys_in_rows_occurrences_and_trace_items_alike() {
+        let slow = |data: &str| {
+            format!(
+                r#"{{"type":5,"timestamp":1796012448000,"data":{{"tag":"breadcrumb","payload":{{"timestamp":1796012448.5,"type":"default","category":"ui.slowClickDetected","message":"body > button","data":{{"node":{{"id":7,"tagName":"button","textContent":"Pay","attributes":{{}}}},"url":"https://shop/","endReason":"timeout",{data}}}}}}}}}"#
+            )
+        };
+        let events = [
+            slow(r#""timeAfterClickMs":0,"timeafterclickms":8000,"clickCount":6"#),
+            slow(r#""timeAfterClickMs":"9000","clickCount":6"#),
+            slow(r#""timeAfterClickMs":9000,"clickCount":"6""#),
+            slow(r#""timeAfterClickMs":9000,"clickCount":false,"clickcount":2"#),
+        ];
+        let body = format!("[{}]", events.join(","));
+        let message = TestMessage {
+            replay_event: Some(br#"{"type":"replay_event","replay_id":"6aa0d45db9b94b989501ce3be4daf802","segment_id":0,"timestamp":1796012448.5,"platform":"javascript"}"#.to_vec()),
+            ..TestMessage::new(
+                [b"{\"segment_id\":0}\n".as_slice(), &zlib(body.as_bytes())].concat(),
+            )
+        };
+        let limits = Limits {
+            trace_items: Rollout::ALL,
+            ..Limits::default()
+        };
+        let p = process(&message.encode(), &limits).unwrap();
+        let kinds: Vec<(bool, bool)> = p
+            .extracted
+            .clicks
+            .iter()
+            .map(|c| (c.is_dead, c.is_rage))
+            .collect();
+        assert_eq!(kinds, [(true, true), (true, false)], "rows");
+        let gates = IssueGates {
+            rage_clicks: occurrence::ProjectFilter::All,
+            hydration_errors: occurrence::ProjectFilter::All,
+        };
+        let issues = p
+            .events(&gates)
+            .iter()
+            .filter(|e| e.kind() == "rage_click")
+            .count();
+        assert_eq!(issues, 1, "one rage-click occurrence");
+        assert_eq!(
+            p.trace_items.map(|items| items.len()),
+            Some(2),
+            "an item for each click there is"
+        );
+    }
+
     #[test]
     fn a_panic_while_processing_becomes_an_internal_error_rejection() {
         let result: Result<(), _> = guarded(|| panic!("index out of bounds"));

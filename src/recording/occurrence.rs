@@ -169,13 +169,15 @@ pub fn build(
         .iter()
         .filter(|_| hydration)
         .take(MAX_HYDRATION_ISSUES);
-    let candidates = rage_clicks
+    // In Sentry's order (`emit_replay_events`): hydration errors first, so that the byte cap
+    // leaves out rage clicks before them.
+    let candidates = hydration_errors
         .enumerate()
-        .map(|(i, click)| context.rage_click(i, click))
+        .map(|(i, error)| context.hydration_error(i, error))
         .chain(
-            hydration_errors
+            rage_clicks
                 .enumerate()
-                .map(|(i, error)| context.hydration_error(i, error)),
+                .map(|(i, click)| context.rage_click(i, click)),
         );
     let mut occurrences = Vec::new();
     let mut bytes = 0;
@@ -771,7 +773,8 @@ mod tests {
         let only = |ids: &str| ids.parse::<ProjectFilter>().unwrap();
         assert_eq!(
             kinds(IssueGates::default()),
-            [IssueKind::RageClick, IssueKind::HydrationError]
+            [IssueKind::HydrationError, IssueKind::RageClick],
+            "in Sentry's order"
         );
         assert_eq!(
             kinds(IssueGates {

@@ -9,7 +9,7 @@ use compact_str::CompactString;
 use super::model::*;
 use super::wire::*;
 use super::{MAX_LIST_BYTES, MAX_LIST_ITEMS, MAX_TEXT_BYTES, MAX_URL_BYTES, RowLimits};
-use crate::recording::json::{Num, Text, parse};
+use crate::recording::json::{Num, parse};
 use crate::recording::scan::{self, Scanner, SyntaxError};
 use crate::recording::trace_items::Collector;
 
@@ -133,10 +133,25 @@ struct Extractor {
     list_bytes: usize,
 }
 
-/// Breadcrumb categories classified as clicks (docs/formats.md, "Custom events").
-const DEAD_CLICK_TAGS: [&str; 3] = ["a", "button", "input"];
-const DEAD_CLICK_MIN_MS: f64 = 7000.0;
-const RAGE_CLICK_MIN_COUNT: f64 = 5.0;
+/// What Sentry makes of a slow click (`which()` in its event parser; docs/formats.md, "Custom
+/// events"): `(is_dead, is_rage)`. Dead when it ended in a timeout on a link, button or input
+/// (`tag_name`, as sent) after 7 s or more; rage when dead with five clicks or more; else an
+/// ordinary click. `after_ms` and `clicks` are read only where Sentry reads them, each the
+/// camel-case spelling or, when that is not truthy, the lower-case one; `None` from either is a
+/// value Python cannot compare with a number (a string, `null`): the event is of no kind, and
+/// makes no click.
+pub fn slow_click(
+    end_reason: Option<&str>,
+    tag_name: Option<&str>,
+    after_ms: impl FnOnce() -> Option<f64>,
+    clicks: impl FnOnce() -> Option<f64>,
+) -> Option<(bool, bool)> {
+    let on_target = matches!(tag_name, Some("a" | "button" | "input"));
+    if !(end_reason == Some("timeout") && on_target && after_ms()? >= 7000.0) {
+        return Some((false, false));
+    }
+    Some((true, clicks()? >= 5.0))
+}
 
 impl Extractor {
     /// `text` cut to `max` bytes with the marker; cuts are counted.
@@ -147,8 +162,8 @@ impl Extractor {
     }
 
     /// Sentry's `s[:max_chars]` for a click column; cuts are counted.
-    fn column(&mut self, text: &Text<'_>, max_chars: usize) -> CompactString {
-        let (kept, cut) = truncate(text.as_str().unwrap_or_default(), max_chars);
+    fn column(&mut self, text: Option<&str>, max_chars: usize) -> CompactString {
+        let (kept, cut) = truncate(text.unwrap_or_default(), max_chars);
         self.out.truncated_values += u64::from(cut);
         kept
     }
@@ -410,18 +425,29 @@ impl Extractor {
         let (Some(tag_name), Some(_)) = (node.tag_name.as_str(), node.text_content.as_str()) else {
             return;
         };
+        let kind = if slow {
+            slow_click(
+                data.end_reason.as_str(),
+                Some(tag_name),
+                || {
+                    (data.time_after_click_ms)
+                        .or(&data.time_after_click_ms_lower)
+                        .number_or_zero()
+                },
+                || {
+                    (data.click_count)
+                        .or(&data.click_count_lower)
+                        .number_or_zero()
+                },
+            )
+        } else {
+            Some((false, false))
+        };
+        let Some((is_dead, is_rage)) = kind else {
+            return;
+        };
         // As sent, as Sentry stores and tests it (rrweb sends it lower-case already).
         let (tag, cut) = truncate(tag_name, 32);
-        let time_after_click_ms = data
-            .time_after_click_ms
-            .0
-            .or(data.time_after_click_ms_lower.0);
-        let click_count = data.click_count.0.or(data.click_count_lower.0);
-        let is_dead = slow
-            && data.end_reason.as_str() == Some("timeout")
-            && DEAD_CLICK_TAGS.contains(&tag.as_str())
-            && time_after_click_ms.is_some_and(|ms| ms >= DEAD_CLICK_MIN_MS);
-        let is_rage = is_dead && click_count.is_some_and(|n| n >= RAGE_CLICK_MIN_COUNT);
         let row = self.out.clicks.len() < self.limits.max_clicks;
         let late_rage = is_rage && self.out.late_rage_clicks.len() < self.limits.max_clicks;
         if !(row || late_rage) {
@@ -429,10 +455,11 @@ impl Extractor {
         }
         self.out.truncated_values += u64::from(cut);
         let attrs = &node.attributes;
+        // The first truthy of the three, if it is a string.
         let testid = [&attrs.test_id, &attrs.data_testid, &attrs.data_test_id]
             .into_iter()
-            .find(|t| t.as_str().is_some_and(|t| !t.is_empty()))
-            .unwrap_or(&attrs.test_id);
+            .find(|t| t.truthy())
+            .and_then(|t| t.as_str());
         let classes: Vec<CompactString> = attrs
             .class
             .as_str()
@@ -451,15 +478,15 @@ impl Extractor {
             timestamp,
             node_id,
             tag,
-            id: self.column(&attrs.id, 64),
+            id: self.column(attrs.id.as_str(), 64),
             classes,
-            text: self.column(&node.text_content, 1024),
-            role: self.column(&attrs.role, 32),
-            alt: self.column(&attrs.alt, 64),
-            aria_label: self.column(&attrs.aria_label, 64),
-            title: self.column(&attrs.title, 64),
+            text: self.column(node.text_content.as_str(), 1024),
+            role: self.column(attrs.role.as_str(), 32),
+            alt: self.column(attrs.alt.as_str(), 64),
+            aria_label: self.column(attrs.aria_label.as_str(), 64),
+            title: self.column(attrs.title.as_str(), 64),
             testid: self.column(testid, 64),
-            component_name: self.column(&attrs.component_name, 64),
+            component_name: self.column(attrs.component_name.as_str(), 64),
             selector: self.capped(selector, MAX_TEXT_BYTES),
             url,
             is_dead,
@@ -695,6 +722,9 @@ mod tests {
         assert_eq!(testid(r#"{"testId":"","data-testid":"b"}"#), "b");
         assert_eq!(testid(r#"{"data-test-id":"c"}"#), "c");
         assert_eq!(testid(r#"{"testId":7}"#), "");
+        // The first truthy one is taken, and it is not a string: none (Sentry's `_get_testid`).
+        assert_eq!(testid(r#"{"testId":5,"data-testid":"x"}"#), "");
+        assert_eq!(testid(r#"{"testId":0,"data-testid":"x"}"#), "x");
     }
 
     #[test]

@@ -26,7 +26,7 @@ mod extract;
 mod model;
 mod wire;
 
-pub use extract::{extract, extract_with};
+pub use extract::{extract, extract_with, slow_click};
 pub use model::*;
 
 /// Longest list kept per segment for navigations, requests, multi-clicks, hydration errors,

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::recording::json::{Num, Text, parse};
+use crate::recording::json::{Num, Py, Text, parse};
 use crate::recording::scan::Scanner;
 
 #[derive(Deserialize)]
@@ -108,17 +108,18 @@ pub(super) struct ClickData<'a> {
     pub(super) node: Option<Node<'a>>,
     #[serde(borrow, default)]
     pub(super) url: Text<'a>,
-    #[serde(default)]
-    pub(super) time_after_click_ms: Num,
-    /// Older SDKs send the lower-case spelling; the camel-case one wins when both are there.
-    #[serde(default, rename = "timeafterclickms")]
-    pub(super) time_after_click_ms_lower: Num,
+    #[serde(borrow, default)]
+    pub(super) time_after_click_ms: Py<'a>,
+    /// Older SDKs send the lower-case spelling, read when the camel-case one is not truthy (as
+    /// Sentry reads them: `a or b`).
+    #[serde(borrow, default, rename = "timeafterclickms")]
+    pub(super) time_after_click_ms_lower: Py<'a>,
     #[serde(borrow, default)]
     pub(super) end_reason: Text<'a>,
-    #[serde(default)]
-    pub(super) click_count: Num,
-    #[serde(default, rename = "clickcount")]
-    pub(super) click_count_lower: Num,
+    #[serde(borrow, default)]
+    pub(super) click_count: Py<'a>,
+    #[serde(borrow, default, rename = "clickcount")]
+    pub(super) click_count_lower: Py<'a>,
     #[serde(default)]
     pub(super) node_id: Num,
 }
@@ -153,11 +154,11 @@ pub(super) struct Attributes<'a> {
     #[serde(borrow, default)]
     pub(super) title: Text<'a>,
     #[serde(borrow, default, rename = "testId")]
-    pub(super) test_id: Text<'a>,
+    pub(super) test_id: Py<'a>,
     #[serde(borrow, default, rename = "data-testid")]
-    pub(super) data_testid: Text<'a>,
+    pub(super) data_testid: Py<'a>,
     #[serde(borrow, default, rename = "data-test-id")]
-    pub(super) data_test_id: Text<'a>,
+    pub(super) data_test_id: Py<'a>,
     #[serde(borrow, default, rename = "data-sentry-component")]
     pub(super) component_name: Text<'a>,
 }

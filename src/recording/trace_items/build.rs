@@ -6,7 +6,7 @@
 
 use super::dom::{Json, Object};
 use super::proto::{self, Value as Any};
-use crate::recording::rrweb::cut_bytes;
+use crate::recording::rrweb::{self, cut_bytes};
 
 /// Request and response headers kept per direction; the rest are left out and counted.
 pub const MAX_HEADERS: usize = 64;
@@ -159,35 +159,24 @@ fn classify(data: &Json) -> Option<Kind> {
     }
 }
 
-/// A slow click is dead after 7 s without a reaction on a link, button or input (the tag name as
-/// sent), and rage with five clicks or more.
+/// A slow click's kind, as rows and occurrences take it too ([`rrweb::slow_click`]).
 fn slow_click(data: &Json) -> Option<Kind> {
     let data = data.as_object()?;
-    let timed_out = data.get("endReason").and_then(Json::as_str) == Some("timeout");
-    let tag = data
-        .get("node")
-        .and_then(|n| n.get("tagName"))
-        .and_then(Json::as_str);
-    let on_target = matches!(tag, Some("a" | "button" | "input"));
     // `data.get(a, 0) or data.get(b, 0)`, compared with a number: anything else (null, a
-    // string) raises and the event is unknown. Read only where Sentry reads it: the timeout of
-    // a timed-out click on a target, the click count of a dead one.
+    // string) raises and the event is unknown.
     let number = |a: &str, b: &str| match data.get(a).filter(|v| truthy(v)).or(data.get(b)) {
         None => Some(0.0),
         Some(v) => number_of(v),
     };
-    let dead = timed_out && on_target && number("timeAfterClickMs", "timeafterclickms")? >= 7000.0;
-    if !dead {
-        return Some(Kind::Click {
-            is_dead: false,
-            is_rage: false,
-        });
-    }
-    let clicks = number("clickCount", "clickcount")?;
-    Some(Kind::Click {
-        is_dead: true,
-        is_rage: clicks >= 5.0,
-    })
+    let (is_dead, is_rage) = rrweb::slow_click(
+        data.get("endReason").and_then(Json::as_str),
+        data.get("node")
+            .and_then(|n| n.get("tagName"))
+            .and_then(Json::as_str),
+        || number("timeAfterClickMs", "timeafterclickms"),
+        || number("clickCount", "clickcount"),
+    )?;
+    Some(Kind::Click { is_dead, is_rage })
 }
 
 struct Attributes<'a> {
