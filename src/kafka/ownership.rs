@@ -62,6 +62,17 @@ impl Ownership {
         self.lose(&mut self.owned_mut(), partitions, generation);
     }
 
+    /// The member stops on an error, its partitions not drained: a generation starts in which
+    /// every partition it owns is abandoned, so flushes still under way (blocking tasks, which
+    /// outlive the pipeline until the process exits) write nothing more of what was polled
+    /// before. It is read again from the last commit, by this member's restart or another.
+    pub fn abandon_all(&self) {
+        let mut owned = self.owned_mut();
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let partitions: Vec<i32> = owned.partitions.iter().copied().collect();
+        self.lose(&mut owned, &partitions, generation);
+    }
+
     fn lose(&self, owned: &mut Owned, partitions: &[i32], generation: u64) {
         for &partition in partitions {
             let lost = owned.lost_in.entry(partition).or_default();
@@ -155,5 +166,20 @@ mod tests {
         ownership.revoke(&[1], true);
         ownership.abandon(&[0], generation);
         assert!(!ownership.lost_since(0, generation));
+    }
+
+    #[test]
+    fn stopping_on_an_error_abandons_everything_owned_to_what_was_polled_before() {
+        let ownership = Ownership::default();
+        ownership.gain(&[0, 1]);
+        ownership.revoke(&[1], false);
+        let polled = ownership.generation();
+        ownership.abandon_all();
+        assert!(ownership.lost_since(0, polled), "owned: abandoned");
+        assert!(
+            !ownership.lost_since(1, polled),
+            "revoked and drained before"
+        );
+        assert!(!ownership.lost_since(0, ownership.generation()));
     }
 }

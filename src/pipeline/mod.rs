@@ -287,6 +287,14 @@ pub async fn consume(
             let _ = shutdown_at.set(Instant::now());
         })
         .await;
+    if result.is_err() {
+        // Stopping without a drain that ended: flushes still under way write nothing more (a
+        // sink's next attempt, a later stage), as for a revoke answered before its drain ended.
+        // Else one retrying through an outage would go on writing blobs, rows and billing
+        // outcomes while the consumer closes, none of them committed, all written again after
+        // the restart.
+        consumer.context().ownership().abandon_all();
+    }
     let close_budget = shutdown_at.get().map_or(settings.drain_deadline, |at| {
         settings.drain_deadline.saturating_sub(at.elapsed())
     });

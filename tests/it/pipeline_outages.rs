@@ -8,7 +8,8 @@
 //! flush is not flushed beside it, and the hung flush retries at its timeout's pace; a rebalance
 //! while a flush hangs completes within the drain deadline, the member carries on, the other
 //! member gets every message, and the hung flush never commits; messages a sink rejects go to the
-//! real dead-letter topic with their original bytes, and the rest of the batch commits.
+//! real dead-letter topic with their original bytes, and the rest of the batch commits; a flush
+//! failing for good stops the pipeline and the flushes still under way.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -648,6 +649,65 @@ async fn one_stuck_flush_bounds_what_waits_behind_it_to_be_committed() {
     every_blob_in_gcs(&names.bucket, [stuck]).await;
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
+}
+
+/// A flush that fails for good (GCS refusing the service's rights: 403) stops the pipeline, and a
+/// flush still under way — one whose upload hangs — writes nothing more once the store answers:
+/// its messages are read again after the restart. It went on retrying, a blocking task that
+/// outlives the pipeline, and stored its blob once the store answered (and would have written
+/// its rows and billing outcomes), none of it committed, while the consumer closed.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_flush_failing_for_good_stops_the_flushes_still_under_way() {
+    let _stack = uses_stack().await;
+    let names = Names::with_partitions(1).await;
+    let (_, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 8).await;
+    let at = |offset| sent.iter().find(|s| s.offset == offset).unwrap();
+    let (hanging, refused) = (at(0), at(4));
+    let gate = Gate::default();
+    let release = gate.close();
+    let proxy = {
+        let (hanging, refused) = (replay_of(&hanging.value), replay_of(&refused.value));
+        Proxy::start(&gcs_endpoint(), move |seen| match seen.path {
+            path if blob_upload(path) && path.contains(&hanging) => Action::Hold(gate.clone()),
+            path if blob_upload(path) && path.contains(&refused) => gcs_error(
+                403,
+                "the caller does not have storage.objects.create access",
+            ),
+            _ => Action::Forward,
+        })
+        .await
+    };
+    // Two flushes of four: offsets 0–3 (0 hangs), then 4–7 (4 refused for good).
+    let mut flags = HANGING.to_vec();
+    flags.extend(["--buffer-max-messages", "4", "--max-flushes-in-flight", "2"]);
+    let args = names.pipeline_args(&proxy.endpoint, None, &flags);
+    let status = Arc::new(Status::default());
+    let (_stop, task) = spawn(&args, &status).await;
+    let stopped = tokio::time::timeout(JOIN_AND_FLUSH, task)
+        .await
+        .expect("the pipeline stops")
+        .unwrap();
+    let error = stopped.expect_err("a flush failed for good").to_string();
+    assert!(
+        error.contains("flush failed") && error.contains("403"),
+        "{error}"
+    );
+    assert!(hung(&proxy), "the first flush's upload was held");
+    // The request in flight when the pipeline stopped meets its timeout; a next attempt would
+    // be held again by now. Then the store answers.
+    tokio::time::sleep(SINK_TIMEOUT * 3).await;
+    drop(release);
+    tokio::time::sleep(SINK_TIMEOUT * 2).await;
+    let stored = names.blobs();
+    assert!(
+        !stored.contains(blob_key(hanging)),
+        "the flush under way stored nothing more: {stored:?}"
+    );
+    assert!(
+        committed(&names.group, &names.topic, 1).is_empty(),
+        "nothing committed"
+    );
 }
 
 /// ClickHouse refuses the rows of two messages (a proxy answers their INSERTs as ClickHouse
