@@ -333,13 +333,8 @@ async fn delete(
             writeln!(out, "{name}: nothing to delete")?;
             continue;
         }
-        if dry_run {
-            for key in found.blobs.iter().chain(&found.dead_letters) {
-                let location = store.map_or_else(|| key.clone(), |s| s.location(key));
-                writeln!(out, "would remove {location}")?;
-            }
-            continue;
-        }
+        // A dry run goes as far as a run would before removing anything: it reads the time, and
+        // fails where a run would.
         let timestamp = match replay_time(store, rows, &found, target).await {
             Ok(timestamp) => timestamp.or(target.timestamp),
             Err(e) => {
@@ -355,11 +350,30 @@ async fn delete(
             ));
             continue;
         }
+        let would = if dry_run { "would be " } else { "" };
         if timestamp.is_none() {
             writeln!(
                 out,
-                "{name}: no time could be read from its segment blobs or rows (none, or none readable): archived as of now"
+                "{name}: no time could be read from its segment blobs or rows (none, or none readable): {would}archived as of now"
             )?;
+        }
+        if dry_run {
+            match rows {
+                Rows::Snuba { topic, .. } => {
+                    writeln!(out, "{name}: would publish the archive on {topic}")?
+                }
+                Rows::ClickHouse(_) => writeln!(
+                    out,
+                    "{name}: would delete {} row(s) and write the archive row",
+                    found.rows
+                )?,
+                Rows::None => {}
+            }
+            for key in found.blobs.iter().chain(&found.dead_letters) {
+                let location = store.map_or_else(|| key.clone(), |s| s.location(key));
+                writeln!(out, "would remove {location}")?;
+            }
+            continue;
         }
         ready.push(Ready {
             name,
@@ -382,6 +396,7 @@ async fn delete(
                 continue;
             }
         }
+        let mut whole = true;
         if let Some(store) = store {
             for key in found.blobs.iter().chain(&found.dead_letters) {
                 match store.delete(key).await {
@@ -390,11 +405,14 @@ async fn delete(
                         writeln!(out, "removed {}", store.location(key))?;
                     }
                     Ok(false) => writeln!(out, "already gone {}", store.location(key))?,
-                    Err(e) => left.push(format!("{}: {}", store.location(key), e.message)),
+                    Err(e) => {
+                        whole = false;
+                        left.push(format!("{}: {}", store.location(key), e.message));
+                    }
                 }
             }
         }
-        replays += 1;
+        replays += u64::from(whole);
     }
     writeln!(
         out,
@@ -895,6 +913,59 @@ mod tests {
             .to_string();
         assert!(error.contains("is not a directory"), "{error}");
         assert!(!missing.exists(), "not created");
+    }
+
+    /// Through snuba, a dry run of a replay with no blob to read its time from and none given
+    /// fails as the run would (it printed what it would remove and exited 0, while the run exits
+    /// 1 asking for the time); given a time, it says what it would publish.
+    #[test]
+    fn a_dry_run_fails_where_the_run_would_and_says_what_it_would_publish() {
+        let dir = tempfile::tempdir().unwrap();
+        let replay = "834f314caae54030a1b0dc52b202f24a";
+        let blob = dir.path().join(format!("dlq/42/{replay}/t/0/3"));
+        std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
+        std::fs::write(&blob, b"a dead letter's copy").unwrap();
+        let run_with = |more: &[&str]| {
+            let mut argv = vec![
+                "--blob-sink",
+                "filesystem",
+                "--blob-dir",
+                dir.path().to_str().unwrap(),
+                "--rows-sink",
+                "snuba",
+                "--brokers",
+                "127.0.0.1:1",
+                "--project",
+                "42",
+                "--replay",
+                replay,
+                "--dry-run",
+            ];
+            argv.extend(more);
+            let mut out = Vec::new();
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            let result = runtime.block_on(run(&parse(&argv).unwrap(), &mut out));
+            (result, String::from_utf8(out).unwrap())
+        };
+        let (result, said) = run_with(&[]);
+        let error = format!("{:#}", result.unwrap_err());
+        assert!(
+            error.contains(&format!(
+                "replay {replay} (project 42): no segment blob left to read its time from"
+            )),
+            "{error}"
+        );
+        assert!(!said.contains("would remove"), "{said}");
+        let (result, said) = run_with(&["--replay-timestamp", "2026-11-30T12:00:00Z"]);
+        result.unwrap();
+        assert!(
+            said.contains(&format!(
+                "replay {replay} (project 42): would publish the archive on ingest-replay-events"
+            )),
+            "{said}"
+        );
+        assert!(said.contains("would remove file://"), "{said}");
+        assert!(blob.exists(), "a dry run removes nothing");
     }
 
     #[test]
