@@ -342,10 +342,25 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
         dir.path(),
         free_port(),
     ));
+    wait_for(
+        "the first member draining for the revoke",
+        Duration::from_secs(60),
+        || status.snapshot().draining,
+    )
+    .await;
+    let draining = Instant::now();
     wait_for("the first member revoked", Duration::from_secs(60), || {
         status.snapshot().rebalances >= 1
     })
     .await;
+    // The drain deadline, then the partition given up at once (two seconds of slack for the
+    // polls and a machine loaded by the chaos run beside); waiting on the hung flush, it would
+    // last until the store answers.
+    assert!(
+        draining.elapsed() < Duration::from_millis(1500 + 2000),
+        "the revoke took {:?}",
+        draining.elapsed()
+    );
     assert!(
         !task.is_finished(),
         "a revoke that misses its drain deadline does not stop the member"
