@@ -136,6 +136,34 @@ def check_wiring(values_name, docs):
             fail(f"({values_name}) KEDA's sasl mode: {trigger['metadata']}")
 
 
+def check_pod_policy(defaults, default_docs, all_on_docs, hpa_docs):
+    """What keeps a healthy pod running, a failed one explained and the group steady, as rendered."""
+    first = lambda docs, kind: next(d for _, d in docs if d["kind"] == kind)
+    template = first(default_docs, "Deployment")["spec"]["template"]
+    pod, container = template["spec"], template["spec"]["containers"][0]
+    if pod.get("automountServiceAccountToken") is not False:
+        fail("the pod mounts a Kubernetes API token it never uses")
+    if container.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        fail("the container's last ERROR line must stay in its status (terminationMessagePolicy)")
+    slow = {p: container[p].get("timeoutSeconds", 1) for p in ("startupProbe", "livenessProbe", "readinessProbe")}
+    if min(slow.values()) < 2:
+        fail(f"a probe timing out after Kubernetes' default second restarts a busy healthy pod: {slow}")
+    spread = pod.get("topologySpreadConstraints", [])
+    selector = template["metadata"]["labels"]
+    if not spread or any(
+        any(selector.get(k) != v for k, v in c["labelSelector"]["matchLabels"].items()) for c in spread
+    ):
+        fail(f"the spread constraints must select the chart's own pods: {spread}")
+    if first(default_docs, "PodDisruptionBudget")["spec"].get("unhealthyPodEvictionPolicy") != "AlwaysAllow":
+        fail("a budget that keeps crash-looping pods from eviction blocks node drains")
+    behavior = defaults["autoscaling"]["behavior"]
+    hpa = first(hpa_docs, "HorizontalPodAutoscaler")["spec"].get("behavior")
+    keda = first(all_on_docs, "ScaledObject")["spec"].get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior")
+    if hpa != behavior or keda != behavior:
+        fail(f"both autoscalers step as autoscaling.behavior says: HPA {hpa}, KEDA {keda}")
+    print(f"pods: probe timeouts {slow}, spread over nodes and zones, no API token, exit reason kept; autoscalers step one pod at a time")
+
+
 def check_image(defaults, docs):
     """The Dockerfile and the chart agree: the runtime user, the port; what it copies exists."""
     dockerfile = (ROOT / "Dockerfile").read_text()
@@ -171,8 +199,10 @@ def main():
     if not queried or queried - catalogue:
         fail(f"dashboard queries metrics missing from src/metrics.rs: {sorted(queried - catalogue)}")
     print(f"dashboard: {len(dashboard['widgets'])} widgets over {len(queried)} catalogued metrics")
-    check_image(defaults, check("default values", None))
+    default_docs = check("default values", None)
+    check_image(defaults, default_docs)
     docs = check("every option on", all_on)
+    check_pod_policy(defaults, default_docs, docs, check("the HPA on", {"autoscaling": {"hpa": {"enabled": True}}}))
     kinds = {d["kind"] for _, d in docs}
     if not {"ScaledObject", "TriggerAuthentication"} <= kinds:
         fail(f"the all-on values should render KEDA's ScaledObject and TriggerAuthentication: {sorted(kinds)}")
