@@ -3,6 +3,9 @@
 //! one ERROR line in the chosen format, not the standard library's plain-text lines, which a
 //! JSON log pipeline would drop or choke on exactly where a bug shows.
 
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use tracing::error;
 
 /// Panics (target `panic`, [`log_panic`]) are logged whatever `RUST_LOG` says.
@@ -38,9 +41,68 @@ pub fn init(format: LogFormat) {
     std::panic::set_hook(Box::new(log_panic));
 }
 
+/// A log line that can come once per message — a bug that panics on every one, a sink refusing
+/// one message in a hundred — written for the first [`Throttle::BURST`] of each minute, then held
+/// back: at ten thousand messages a second the log stays readable, and the next line written says
+/// how many like it were held back (`held_back`). The count of each is in a metric.
+pub struct Throttle(Mutex<Window>);
+
+struct Window {
+    started: Option<Instant>,
+    written: u32,
+    held_back: u64,
+}
+
+impl Default for Throttle {
+    fn default() -> Self {
+        Throttle::new()
+    }
+}
+
+impl Throttle {
+    pub const BURST: u32 = 10;
+    const WINDOW: Duration = Duration::from_secs(60);
+
+    pub const fn new() -> Throttle {
+        Throttle(Mutex::new(Window {
+            started: None,
+            written: 0,
+            held_back: 0,
+        }))
+    }
+
+    /// `Some(held back since the last line written)` to write this one, `None` to hold it back.
+    pub fn admit(&self) -> Option<u64> {
+        self.admit_at(Instant::now())
+    }
+
+    fn admit_at(&self, now: Instant) -> Option<u64> {
+        let mut window = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if window
+            .started
+            .is_none_or(|started| now.duration_since(started) >= Self::WINDOW)
+        {
+            window.started = Some(now);
+            window.written = 0;
+        }
+        if window.written >= Self::BURST {
+            window.held_back += 1;
+            return None;
+        }
+        window.written += 1;
+        Some(std::mem::take(&mut window.held_back))
+    }
+}
+
+/// Panics, [`Throttle`]d: a bug that panics on every message would write a line for each.
+static PANICS: Throttle = Throttle::new();
+
 /// One ERROR line per panic: its message, where, on which thread, and a backtrace when
 /// `RUST_BACKTRACE` asks for one.
 fn log_panic(info: &std::panic::PanicHookInfo) {
+    let Some(held_back) = PANICS.admit() else {
+        return;
+    };
     let message = crate::recording::panic_message(info.payload());
     let location = info.location().map_or_else(String::new, |l| {
         format!("{}:{}:{}", l.file(), l.line(), l.column())
@@ -50,9 +112,9 @@ fn log_panic(info: &std::panic::PanicHookInfo) {
     let backtrace = std::backtrace::Backtrace::capture();
     match backtrace.status() {
         std::backtrace::BacktraceStatus::Captured => {
-            error!(target: "panic", thread, location, %backtrace, "panicked: {message}")
+            error!(target: "panic", thread, location, held_back, %backtrace, "panicked: {message}")
         }
-        _ => error!(target: "panic", thread, location, "panicked: {message}"),
+        _ => error!(target: "panic", thread, location, held_back, "panicked: {message}"),
     }
 }
 
@@ -72,6 +134,21 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn a_throttle_writes_a_burst_a_minute_and_then_says_how_many_it_held_back() {
+        let throttle = Throttle::new();
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        for _ in 0..Throttle::BURST {
+            assert_eq!(throttle.admit_at(at(0)), Some(0));
+        }
+        for _ in 0..5_000 {
+            assert_eq!(throttle.admit_at(at(30)), None);
+        }
+        assert_eq!(throttle.admit_at(at(60)), Some(5_000), "a new minute");
+        assert_eq!(throttle.admit_at(at(61)), Some(0));
     }
 
     #[test]

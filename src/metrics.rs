@@ -26,6 +26,7 @@
 //! | `flush.errors` | counter | batches | `sink` | flushes that failed for good (the service stops) |
 //! | `sink.outage_ms` | gauge | ms | `sink` | how long the sink's current write has been failing (0 once it succeeds) |
 //! | `commits` | counter | commits | | offset commits |
+//! | `commits.failed` | counter | commits | | offset commits the broker refused or did not answer (each is tried again a second later); while they fail, `consumer.lag` grows though the sinks keep up |
 //! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure, counted every second while it lasts |
 //! | `consumer.rebalances` | counter | rebalances | | partition revocations: drained, or lost (given up at once) |
 //! | `consumer.out_of_group_ms` | gauge | ms | | how long the member has been out of its consumer group (not joined with its assignment taken: a rebalance, a lost coordinator), from librdkafka's statistics; 0 while in it |
@@ -179,6 +180,7 @@ pub const FLUSH_RETRIES: &str = "flush.retries";
 pub const FLUSH_ERRORS: &str = "flush.errors";
 pub const SINK_OUTAGE_MS: &str = "sink.outage_ms";
 pub const COMMITS: &str = "commits";
+pub const COMMITS_FAILED: &str = "commits.failed";
 pub const CONSUMER_PAUSED_MS: &str = "consumer.paused_ms";
 pub const CONSUMER_REBALANCES: &str = "consumer.rebalances";
 pub const CONSUMER_OUT_OF_GROUP_MS: &str = "consumer.out_of_group_ms";
@@ -387,6 +389,10 @@ pub fn flush_failed(sink: &'static str) {
 
 pub fn committed() {
     counter!(COMMITS).increment(1);
+}
+
+pub fn commit_failed() {
+    counter!(COMMITS_FAILED).increment(1);
 }
 
 pub fn paused_for(duration: Duration) {

@@ -446,7 +446,11 @@ impl Poller {
             }
         });
         if let Err(error) = result {
-            error!(%error, pause, "cannot pause or resume the assigned partitions");
+            // Tried again at every poll (ten a second) while it fails: throttled.
+            static FAILED: crate::logs::Throttle = crate::logs::Throttle::new();
+            if let Some(held_back) = FAILED.admit() {
+                error!(%error, pause, held_back, "cannot pause or resume the assigned partitions");
+            }
             return;
         }
         context.paused.store(pause, Ordering::Release);

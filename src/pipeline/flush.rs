@@ -374,10 +374,15 @@ async fn write_isolating(
                 match (concerned.next(), concerned.next()) {
                     (Some(entry), None) => {
                         let (partition, offset) = (entry.partition, entry.offset);
-                        if error.retry == Retry::Panicked {
-                            error!(sink = sink.name(), partition, offset, %error, "a sink panicked on this message (a bug): to the dead-letter topic as internal_error");
-                        } else {
-                            warn!(sink = sink.name(), partition, offset, %error, "message rejected: to the dead-letter topic");
+                        // One per message refused: a sink refusing one in a hundred would
+                        // write a line for each (`messages.invalid` counts them all).
+                        static REFUSED: crate::logs::Throttle = crate::logs::Throttle::new();
+                        if let Some(held_back) = REFUSED.admit() {
+                            if error.retry == Retry::Panicked {
+                                error!(sink = sink.name(), partition, offset, %error, held_back, "a sink panicked on this message (a bug): to the dead-letter topic as internal_error");
+                            } else {
+                                warn!(sink = sink.name(), partition, offset, %error, held_back, "message rejected: to the dead-letter topic");
+                            }
                         }
                         rejected.push(Rejected {
                             partition,

@@ -783,7 +783,12 @@ impl Pipeline {
             // so an idle member does not leave its last offsets uncommitted; at worst they are
             // redelivered.
             Err(error) => {
-                warn!(%error, ?positions, "offset commit failed: retried");
+                metrics::commit_failed();
+                // Tried again every second while it fails: throttled.
+                static FAILED: crate::logs::Throttle = crate::logs::Throttle::new();
+                if let Some(held_back) = FAILED.admit() {
+                    warn!(%error, ?positions, held_back, "offset commit failed: retried");
+                }
                 self.frontier.uncommitted(&positions);
             }
         }
@@ -1072,10 +1077,14 @@ fn to_entry(record: Record, limits: &Limits, topic: &str) -> (Entry, usize) {
         Err(error) => {
             if error.reason == Reason::InternalError {
                 // A bug, not bad input: someone must look. The message is kept on the DLQ.
-                let replay_id = recording::envelope::decode(&record.value)
-                    .map(|e| e.replay_id)
-                    .unwrap_or("unknown");
-                error!(partition, offset, replay_id, detail = %error.detail, "processing failed: message dead-lettered as internal_error");
+                // Throttled: a bug that fails every message would write a line for each.
+                static INTERNAL_ERRORS: crate::logs::Throttle = crate::logs::Throttle::new();
+                if let Some(held_back) = INTERNAL_ERRORS.admit() {
+                    let replay_id = recording::envelope::decode(&record.value)
+                        .map(|e| e.replay_id)
+                        .unwrap_or("unknown");
+                    error!(partition, offset, replay_id, detail = %error.detail, held_back, "processing failed: message dead-lettered as internal_error");
+                }
             } else {
                 // Expected bad input: counted and dead-lettered; DEBUG so a burst cannot flood the logs.
                 debug!(partition, offset, reason = error.reason.as_str(), detail = %error.detail, "invalid message: to the dead-letter topic");

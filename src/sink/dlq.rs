@@ -173,7 +173,11 @@ impl DlqSink {
         if let Some(key) = key {
             record = record.key(key);
         }
-        warn!(partition = entry.partition, offset = entry.offset, bytes = message.value.len(), %location, "dead letter too large for its topic: value kept in the blob store");
+        // One per letter: throttled, as a burst of large hostile bodies would flood the log.
+        static KEPT: crate::logs::Throttle = crate::logs::Throttle::new();
+        if let Some(held_back) = KEPT.admit() {
+            warn!(partition = entry.partition, offset = entry.offset, bytes = message.value.len(), %location, held_back, "dead letter too large for its topic: value kept in the blob store");
+        }
         self.producer
             .enqueue(record)
             .map_err(|e| SinkError::from_error(self.name(), pointer_retry(&e), e))
