@@ -271,7 +271,7 @@ impl Status {
             if let Some(since) = group.out_since_ms.take()
                 && std::mem::take(&mut group.warned)
             {
-                tracing::warn!(
+                tracing::info!(
                     out_ms = now.saturating_sub(since),
                     "the member is back in its consumer group"
                 );

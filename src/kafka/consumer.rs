@@ -265,6 +265,8 @@ impl ConsumerContext for IngestContext {
             if self.revokes.send(revoke).is_ok() && drained.recv_timeout(wait).is_err() {
                 warn!(
                     deadline_ms = self.drain_deadline.as_millis() as u64,
+                    partitions = ?ids,
+                    generation,
                     "drain did not answer before the deadline"
                 );
                 self.ownership.abandon(&ids, generation);

@@ -57,7 +57,14 @@ unsafe impl Sync for Served {}
 /// Completes each record's [`DeliveryFuture`].
 struct Deliveries;
 
-impl ClientContext for Deliveries {}
+impl ClientContext for Deliveries {
+    /// librdkafka's own errors (a broker restarting, moving or unreachable): it retries by itself,
+    /// and a delivery that fails for good fails its send, which the sink reports. WARN, not the
+    /// default ERROR: a broker restart wrote a burst of ERROR lines no one had to act on.
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(%error, reason, "librdkafka (a producer): retried by the client");
+    }
+}
 
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = Box<oneshot::Sender<OwnedDeliveryResult>>;

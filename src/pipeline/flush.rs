@@ -44,7 +44,7 @@ use futures::FutureExt;
 use futures::future::join_all;
 use rand::RngExt;
 use tokio::runtime::Handle;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use crate::health::Status;
 use crate::recording::panic_message;
@@ -482,7 +482,8 @@ async fn write_with_retries(
             Ok(written) => {
                 crate::metrics::sink_outage_over(sink.name());
                 if let Some(lasted) = status.sink_recovered(sink.name()) {
-                    warn!(
+                    // Good news: INFO, closing the WARNs of the attempts that failed.
+                    info!(
                         sink = sink.name(),
                         outage_ms = lasted.as_millis() as u64,
                         "sink recovered"

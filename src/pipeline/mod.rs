@@ -116,6 +116,10 @@ pub enum PipelineError {
     DrainUncommitted,
 }
 
+/// A pause of intake at least this long is logged when it ends (shorter ones, the rhythm of
+/// steady backpressure, at DEBUG).
+const LONG_PAUSE: Duration = Duration::from_secs(10);
+
 /// A drain's attempts at its last commit, and the wait between two when one failed (a
 /// coordinator moving, a commit held through a rebalance's other round).
 const DRAIN_COMMIT_ATTEMPTS: u32 = 4;
@@ -517,7 +521,9 @@ impl Pipeline {
             });
             self.status.record_paused();
             if full {
-                info!(
+                // Under steady backpressure this comes with every flush: DEBUG (the pause is in
+                // `consumer.paused_ms` and `/status`; a long one is logged when it ends).
+                debug!(
                     buffer_messages = self.buffer.len(),
                     buffer_bytes = self.buffer.bytes(),
                     "buffer full: intake paused"
@@ -534,10 +540,12 @@ impl Pipeline {
             self.count_pause();
             self.paused = None;
             self.status.record_resumed();
-            info!(
-                paused_ms = since.elapsed().as_millis() as u64,
-                "flush done: intake resumed"
-            );
+            let paused_ms = since.elapsed().as_millis() as u64;
+            if since.elapsed() >= LONG_PAUSE {
+                info!(paused_ms, "flush done: intake resumed");
+            } else {
+                debug!(paused_ms, "flush done: intake resumed");
+            }
         }
     }
 
@@ -823,6 +831,7 @@ impl Pipeline {
             Drained::MissedDeadline => {
                 warn!(
                     deadline_ms = self.drain_deadline.as_millis() as u64,
+                    ?partitions,
                     flushes_in_flight = self.flushes.len(),
                     buffered = self.buffer.len(),
                     "revoke: drain missed its deadline; what is not durable is left to the next owner"
