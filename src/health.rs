@@ -79,6 +79,8 @@ pub struct Status {
     group: Mutex<Membership>,
     /// 0: the member's time out of its group does not fail liveness.
     group_stall_ms: AtomicU64,
+    /// Why liveness failed when last asked (`None`: it passed), so that a change is logged once.
+    liveness_failing: Mutex<Option<&'static str>>,
 }
 
 /// The member's place in its consumer group, as librdkafka's statistics last told it (every
@@ -162,32 +164,69 @@ impl Status {
         self.heartbeat_ms.store(now_ms(), Ordering::Relaxed);
     }
 
+    /// Whether the liveness probe passes. A change of verdict is logged once: WARN naming the
+    /// condition that fails (the kubelet restarts the pod after the probe's failure threshold,
+    /// and its event says only "503"), INFO when it passes again.
     pub fn live(&self) -> bool {
-        let now = now_ms();
-        let beating = now.saturating_sub(self.heartbeat_ms.load(Ordering::Relaxed))
-            < LIVENESS_STALE_AFTER.as_millis() as u64;
+        let heartbeat = self.heartbeat_ms.load(Ordering::Relaxed);
+        if heartbeat == 0 {
+            // Not started yet (the first startup check beats): nothing to tell.
+            return false;
+        }
+        let failing = self.failing_liveness(now_ms(), heartbeat);
+        let condition = failing.map(|(what, _)| what);
+        let mut told = lock(&self.liveness_failing);
+        if *told != condition {
+            match failing {
+                Some((what, for_ms)) => tracing::warn!(for_ms, "liveness fails: {what}"),
+                None => tracing::info!("liveness passes again"),
+            }
+            *told = condition;
+        }
+        failing.is_none()
+    }
+
+    /// The condition liveness fails on, and for how long it has held (ms).
+    fn failing_liveness(&self, now: u64, heartbeat: u64) -> Option<(&'static str, u64)> {
+        let silent = now.saturating_sub(heartbeat);
+        if silent >= LIVENESS_STALE_AFTER.as_millis() as u64 {
+            return Some(("the pipeline loop stopped beating (wedged)", silent));
+        }
         let stall = match self.flush_stall_ms.load(Ordering::Relaxed) {
             0 => DEFAULT_FLUSH_STALL.as_millis() as u64,
             ms => ms,
         };
         let flushing = self.flushes_in_flight.load(Ordering::Relaxed) > 0;
-        let stalled =
-            flushing && now.saturating_sub(self.flush_progress_ms.load(Ordering::Relaxed)) >= stall;
-        beating && !stalled && !self.out_of_group_too_long(now)
+        let still = now.saturating_sub(self.flush_progress_ms.load(Ordering::Relaxed));
+        if flushing && still >= stall {
+            return Some((
+                "a flush has had no sink request end within the flush stall timeout",
+                still,
+            ));
+        }
+        self.out_of_group_too_long(now).map(|out| {
+            (
+                "out of the consumer group past the group stall timeout, a broker connected",
+                out,
+            )
+        })
     }
 
-    /// The member has been out of its group for the group stall timeout while it reaches a
-    /// broker: librdkafka stopped joining (a rejoin that never came, a group whose other members
-    /// use another assignor) and a restart starts it again. Not while shutting down (the member
-    /// leaves), nor while no broker answers (a restart would not reach one either).
-    fn out_of_group_too_long(&self, now: u64) -> bool {
+    /// How long the member has been out of its group while it reaches a broker, once that is
+    /// the group stall timeout or more: librdkafka stopped joining (a rejoin that never came, a
+    /// group whose other members use another assignor) and a restart starts it again. Not while
+    /// shutting down (the member leaves), nor while no broker answers (a restart would not reach
+    /// one either).
+    fn out_of_group_too_long(&self, now: u64) -> Option<u64> {
         let stall = self.group_stall_ms.load(Ordering::Relaxed);
         let group = lock(&self.group);
-        stall > 0
-            && !self.stopping.load(Ordering::Relaxed)
-            && group
-                .connected_out_since_ms
-                .is_some_and(|since| now.saturating_sub(since) >= stall)
+        if stall == 0 || self.stopping.load(Ordering::Relaxed) {
+            return None;
+        }
+        group
+            .connected_out_since_ms
+            .map(|since| now.saturating_sub(since))
+            .filter(|&out| out >= stall)
     }
 
     /// How long the member may be out of its group, reaching a broker, before liveness fails;
@@ -762,6 +801,43 @@ mod tests {
         assert!(!s.live());
         s.beat();
         assert!(s.live());
+    }
+
+    /// A liveness probe that fails says why, once: the kubelet's event says only "503", and the
+    /// restart it leads to left no trace of the cause.
+    #[test]
+    fn liveness_failing_is_logged_once_naming_the_condition_and_its_end_once() {
+        let s = Status::default();
+        s.beat();
+        s.set_flush_stall(Duration::from_millis(50));
+        s.record_flushes_in_flight(1);
+        s.flush_progress();
+        let (_, lines) = crate::logs::captured(|| {
+            assert!(s.live());
+            std::thread::sleep(Duration::from_millis(60));
+            s.beat();
+            for _ in 0..5 {
+                assert!(!s.live(), "a flush without progress");
+            }
+            s.flush_progress();
+            assert!(s.live());
+            assert!(s.live());
+        });
+        let said: Vec<(&str, &str)> = lines
+            .iter()
+            .map(|l| (l["level"].as_str().unwrap(), l["message"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            said,
+            [
+                (
+                    "WARN",
+                    "liveness fails: a flush has had no sink request end within the flush stall timeout"
+                ),
+                ("INFO", "liveness passes again"),
+            ]
+        );
+        assert!(lines[0]["for_ms"].as_u64().unwrap() >= 50, "{}", lines[0]);
     }
 
     #[test]

@@ -118,10 +118,11 @@ fn log_panic(info: &std::panic::PanicHookInfo) {
     }
 }
 
+/// The JSON log lines written on this thread while `f` runs, with what it returned: for tests
+/// of what the service logs.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::{Arc, Mutex};
+pub(crate) fn captured<R>(f: impl FnOnce() -> R) -> (R, Vec<serde_json::Value>) {
+    use std::sync::Arc;
 
     #[derive(Clone, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -135,6 +136,27 @@ mod tests {
             Ok(())
         }
     }
+
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .finish();
+    let result = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (result, lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn a_throttle_writes_a_burst_a_minute_and_then_says_how_many_it_held_back() {
@@ -153,35 +175,23 @@ mod tests {
 
     #[test]
     fn a_panic_is_one_json_log_line_with_its_message_and_location() {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .finish();
         // The hook runs on the panicking thread, whose own subscriber is the test's.
-        let line = std::thread::Builder::new()
+        let lines = std::thread::Builder::new()
             .name("processing-7".into())
-            .spawn(move || {
-                tracing::subscriber::with_default(subscriber, || {
+            .spawn(|| {
+                captured(|| {
                     let hook = std::panic::take_hook();
                     std::panic::set_hook(Box::new(log_panic));
                     let panicked = std::panic::catch_unwind(|| panic!("index {} of {}", 3, 2));
                     std::panic::set_hook(hook);
                     assert!(panicked.is_err());
-                });
-                String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+                })
+                .1
             })
             .unwrap()
             .join()
             .unwrap();
-        let lines: Vec<serde_json::Value> = line
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(lines.len(), 1, "{line}");
+        assert_eq!(lines.len(), 1, "{lines:?}");
         let panic = &lines[0];
         assert_eq!(panic["level"], "ERROR");
         assert_eq!(panic["target"], "panic");
