@@ -43,9 +43,14 @@ pub fn init(format: LogFormat) {
 
 /// A log line that can come once per message — a bug that panics on every one, a sink refusing
 /// one message in a hundred — written for the first [`Throttle::BURST`] of each minute, then held
-/// back: at ten thousand messages a second the log stays readable, and the next line written says
-/// how many like it were held back (`held_back`). The count of each is in a metric.
-pub struct Throttle(Mutex<Window>);
+/// back: at ten thousand messages a second the log stays readable. The next line written says how
+/// many like it were held back (`held_back`); when none comes, [`tell_held_back`] says so once
+/// the minute has passed.
+pub struct Throttle {
+    /// The line's message, to say what was held back.
+    what: &'static str,
+    window: Mutex<Window>,
+}
 
 struct Window {
     started: Option<Instant>,
@@ -53,31 +58,29 @@ struct Window {
     held_back: u64,
 }
 
-impl Default for Throttle {
-    fn default() -> Self {
-        Throttle::new()
-    }
-}
-
 impl Throttle {
     pub const BURST: u32 = 10;
     const WINDOW: Duration = Duration::from_secs(60);
 
-    pub const fn new() -> Throttle {
-        Throttle(Mutex::new(Window {
-            started: None,
-            written: 0,
-            held_back: 0,
-        }))
+    pub const fn new(what: &'static str) -> Throttle {
+        Throttle {
+            what,
+            window: Mutex::new(Window {
+                started: None,
+                written: 0,
+                held_back: 0,
+            }),
+        }
     }
 
-    /// `Some(held back since the last line written)` to write this one, `None` to hold it back.
+    /// `Some(held back since the last line written or told)` to write this one, `None` to hold
+    /// it back.
     pub fn admit(&self) -> Option<u64> {
         self.admit_at(Instant::now())
     }
 
     fn admit_at(&self, now: Instant) -> Option<u64> {
-        let mut window = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut window = self.window();
         if window
             .started
             .is_none_or(|started| now.duration_since(started) >= Self::WINDOW)
@@ -92,21 +95,97 @@ impl Throttle {
         window.written += 1;
         Some(std::mem::take(&mut window.held_back))
     }
+
+    /// How many lines were held back, when there are any and their minute has passed (or
+    /// `now` is `None`: the process is ending); they count as told.
+    fn untold(&self, now: Option<Instant>) -> Option<u64> {
+        let mut window = self.window();
+        let over = match (now, window.started) {
+            (Some(now), Some(started)) => now.duration_since(started) >= Self::WINDOW,
+            _ => true,
+        };
+        (over && window.held_back > 0).then(|| std::mem::take(&mut window.held_back))
+    }
+
+    fn window(&self) -> std::sync::MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
-/// Panics, [`Throttle`]d: a bug that panics on every message would write a line for each.
-static PANICS: Throttle = Throttle::new();
+/// The throttled lines of the service, each with its own budget (one line's flood must not hold
+/// back another's first lines).
+pub static INTERNAL_ERRORS: Throttle =
+    Throttle::new("processing failed: message dead-lettered as internal_error");
+pub static SINK_PANICS: Throttle = Throttle::new(
+    "a sink panicked on this message (a bug): to the dead-letter topic as internal_error",
+);
+pub static REJECTED: Throttle = Throttle::new("message rejected: to the dead-letter topic");
+pub static KEPT_IN_STORE: Throttle =
+    Throttle::new("dead letter too large for its topic: value kept in the blob store");
+pub static PAUSE_FAILED: Throttle = Throttle::new("cannot pause or resume the assigned partitions");
+pub static COMMIT_FAILED: Throttle = Throttle::new("offset commit failed: retried");
+
+const THROTTLED: [&Throttle; 6] = [
+    &INTERNAL_ERRORS,
+    &SINK_PANICS,
+    &REJECTED,
+    &KEPT_IN_STORE,
+    &PAUSE_FAILED,
+    &COMMIT_FAILED,
+];
+
+/// Panics, throttled per place in the code: a bug that panics on every message is held back
+/// after its first lines, while a panic elsewhere — the one that stops the service — is still
+/// written. Past [`MAX_PANIC_PLACES`] places, panics are not throttled.
+static PANIC_PLACES: Mutex<Vec<(String, &'static Throttle)>> = Mutex::new(Vec::new());
+const MAX_PANIC_PLACES: usize = 32;
+
+fn admit_panic(location: &str) -> Option<u64> {
+    let mut places = PANIC_PLACES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, throttle)) = places.iter().find(|(place, _)| place == location) {
+        return throttle.admit();
+    }
+    if places.len() >= MAX_PANIC_PLACES {
+        return Some(0);
+    }
+    // Leaked: at most `MAX_PANIC_PLACES`, each a few words, for the life of the process.
+    let throttle: &'static Throttle = Box::leak(Box::new(Throttle::new("panicked")));
+    places.push((location.to_owned(), throttle));
+    throttle.admit()
+}
+
+/// Says, one line each, how many lines of each throttled kind were held back in a minute that
+/// has passed without another like them; with `ending`, all held back so far (the process is
+/// about to exit, and they would never be told). The pipeline calls it every second.
+pub fn tell_held_back(ending: bool) {
+    let now = (!ending).then(Instant::now);
+    for throttle in THROTTLED {
+        if let Some(held_back) = throttle.untold(now) {
+            tracing::warn!(
+                held_back,
+                "{held_back} more lines like \"{}\" were held back",
+                throttle.what
+            );
+        }
+    }
+    let places = PANIC_PLACES.lock().unwrap_or_else(|p| p.into_inner());
+    for (location, throttle) in places.iter() {
+        if let Some(held_back) = throttle.untold(now) {
+            error!(target: "panic", location, held_back, "{held_back} more panics here were held back");
+        }
+    }
+}
 
 /// One ERROR line per panic: its message, where, on which thread, and a backtrace when
 /// `RUST_BACKTRACE` asks for one.
 fn log_panic(info: &std::panic::PanicHookInfo) {
-    let Some(held_back) = PANICS.admit() else {
-        return;
-    };
-    let message = crate::recording::panic_message(info.payload());
     let location = info.location().map_or_else(String::new, |l| {
         format!("{}:{}:{}", l.file(), l.line(), l.column())
     });
+    let Some(held_back) = admit_panic(&location) else {
+        return;
+    };
+    let message = crate::recording::panic_message(info.payload());
     let thread = std::thread::current();
     let thread = thread.name().unwrap_or("unnamed");
     let backtrace = std::backtrace::Backtrace::capture();
@@ -160,7 +239,7 @@ mod tests {
 
     #[test]
     fn a_throttle_writes_a_burst_a_minute_and_then_says_how_many_it_held_back() {
-        let throttle = Throttle::new();
+        let throttle = Throttle::new("x");
         let start = Instant::now();
         let at = |s: u64| start + Duration::from_secs(s);
         for _ in 0..Throttle::BURST {
@@ -169,8 +248,32 @@ mod tests {
         for _ in 0..5_000 {
             assert_eq!(throttle.admit_at(at(30)), None);
         }
+        assert_eq!(throttle.untold(Some(at(59))), None, "within the minute");
         assert_eq!(throttle.admit_at(at(60)), Some(5_000), "a new minute");
         assert_eq!(throttle.admit_at(at(61)), Some(0));
+        // Held back, and no line like it comes again: told once the minute is over, or at exit.
+        for _ in 0..Throttle::BURST + 3 {
+            throttle.admit_at(at(130));
+        }
+        assert_eq!(throttle.untold(Some(at(189))), None, "within its minute");
+        assert_eq!(throttle.untold(Some(at(190))), Some(3));
+        assert_eq!(throttle.untold(Some(at(191))), None, "told once");
+        for _ in 0..Throttle::BURST + 2 {
+            throttle.admit_at(at(200));
+        }
+        assert_eq!(throttle.untold(None), Some(2), "at exit, whenever");
+    }
+
+    /// A bug panicking on every message is held back after its first lines; a panic elsewhere
+    /// (the one that stops the service) is still written.
+    #[test]
+    fn panics_are_throttled_per_place() {
+        let (flood, other) = ("src/a.rs:1:1", "src/b.rs:2:2");
+        for _ in 0..Throttle::BURST {
+            assert_eq!(admit_panic(flood), Some(0));
+        }
+        assert_eq!(admit_panic(flood), None);
+        assert_eq!(admit_panic(other), Some(0));
     }
 
     #[test]

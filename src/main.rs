@@ -137,6 +137,7 @@ fn main() -> ExitCode {
     // committed already, and the drain deadline, which the chart's grace period counts on, is
     // spent.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    replay_ingest::logs::tell_held_back(true);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

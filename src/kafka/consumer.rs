@@ -449,8 +449,7 @@ impl Poller {
         });
         if let Err(error) = result {
             // Tried again at every poll (ten a second) while it fails: throttled.
-            static FAILED: crate::logs::Throttle = crate::logs::Throttle::new();
-            if let Some(held_back) = FAILED.admit() {
+            if let Some(held_back) = crate::logs::PAUSE_FAILED.admit() {
                 error!(%error, pause, held_back, "cannot pause or resume the assigned partitions");
             }
             return;

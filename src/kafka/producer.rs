@@ -58,11 +58,21 @@ unsafe impl Sync for Served {}
 struct Deliveries;
 
 impl ClientContext for Deliveries {
-    /// librdkafka's own errors (a broker restarting, moving or unreachable): it retries by itself,
-    /// and a delivery that fails for good fails its send, which the sink reports. WARN, not the
-    /// default ERROR: a broker restart wrote a burst of ERROR lines no one had to act on.
+    /// librdkafka's own errors. A broker restarting, moving or unreachable: it retries by
+    /// itself, and a delivery that fails for good fails its send, which the sink reports — WARN,
+    /// not rdkafka's default ERROR (a broker restart wrote a burst of ERROR lines no one had to
+    /// act on). The producer's fatal error (it sends nothing more), and credentials or a
+    /// certificate the brokers refuse, which no retry gets past: ERROR.
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(%error, reason, "librdkafka (a producer): retried by the client");
+        match error.rdkafka_error_code() {
+            Some(
+                RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::SSL,
+            ) => tracing::error!(%error, reason, "librdkafka (a producer): not retried"),
+            _ => tracing::warn!(%error, reason, "librdkafka (a producer): retried by the client"),
+        }
     }
 }
 

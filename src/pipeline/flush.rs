@@ -376,13 +376,12 @@ async fn write_isolating(
                         let (partition, offset) = (entry.partition, entry.offset);
                         // One per message refused: a sink refusing one in a hundred would
                         // write a line for each (`messages.invalid` counts them all).
-                        static REFUSED: crate::logs::Throttle = crate::logs::Throttle::new();
-                        if let Some(held_back) = REFUSED.admit() {
-                            if error.retry == Retry::Panicked {
+                        if error.retry == Retry::Panicked {
+                            if let Some(held_back) = crate::logs::SINK_PANICS.admit() {
                                 error!(sink = sink.name(), partition, offset, %error, held_back, "a sink panicked on this message (a bug): to the dead-letter topic as internal_error");
-                            } else {
-                                warn!(sink = sink.name(), partition, offset, %error, held_back, "message rejected: to the dead-letter topic");
                             }
+                        } else if let Some(held_back) = crate::logs::REJECTED.admit() {
+                            warn!(sink = sink.name(), partition, offset, %error, held_back, "message rejected: to the dead-letter topic");
                         }
                         rejected.push(Rejected {
                             partition,

@@ -439,6 +439,7 @@ impl Pipeline {
                 _ = heartbeat.tick() => {
                     self.commit();
                     self.count_pause();
+                    crate::logs::tell_held_back(false);
                 }
             }
             self.start_flushes(Instant::now());
@@ -793,8 +794,7 @@ impl Pipeline {
             Err(error) => {
                 metrics::commit_failed();
                 // Tried again every second while it fails: throttled.
-                static FAILED: crate::logs::Throttle = crate::logs::Throttle::new();
-                if let Some(held_back) = FAILED.admit() {
+                if let Some(held_back) = crate::logs::COMMIT_FAILED.admit() {
                     warn!(%error, ?positions, held_back, "offset commit failed: retried");
                 }
                 self.frontier.uncommitted(&positions);
@@ -1087,8 +1087,7 @@ fn to_entry(record: Record, limits: &Limits, topic: &str) -> (Entry, usize) {
             if error.reason == Reason::InternalError {
                 // A bug, not bad input: someone must look. The message is kept on the DLQ.
                 // Throttled: a bug that fails every message would write a line for each.
-                static INTERNAL_ERRORS: crate::logs::Throttle = crate::logs::Throttle::new();
-                if let Some(held_back) = INTERNAL_ERRORS.admit() {
+                if let Some(held_back) = crate::logs::INTERNAL_ERRORS.admit() {
                     let replay_id = recording::envelope::decode(&record.value)
                         .map(|e| e.replay_id)
                         .unwrap_or("unknown");

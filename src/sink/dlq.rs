@@ -174,8 +174,7 @@ impl DlqSink {
             record = record.key(key);
         }
         // One per letter: throttled, as a burst of large hostile bodies would flood the log.
-        static KEPT: crate::logs::Throttle = crate::logs::Throttle::new();
-        if let Some(held_back) = KEPT.admit() {
+        if let Some(held_back) = crate::logs::KEPT_IN_STORE.admit() {
             warn!(partition = entry.partition, offset = entry.offset, bytes = message.value.len(), %location, held_back, "dead letter too large for its topic: value kept in the blob store");
         }
         self.producer
