@@ -136,6 +136,11 @@ def check_wiring(values_name, docs):
             fail(f"({values_name}) KEDA's sasl mode: {trigger['metadata']}")
 
 
+def first_container(docs):
+    deployment = next(d for _, d in docs if d["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
 def check_pod_policy(defaults, default_docs, all_on_docs, hpa_docs):
     """What keeps a healthy pod running, a failed one explained and the group steady, as rendered."""
     first = lambda docs, kind: next(d for _, d in docs if d["kind"] == kind)
@@ -287,6 +292,10 @@ def main():
         ({"secrets": {"kafkaCa": {"existingSecret": "ca"}}}, "secrets.kafkaCa is set but config.KAFKA_SECURITY_PROTOCOL is PLAINTEXT"),
         ({"secrets": {"kafkaSaslPassword": {"existingSecret": "pw"}}, "config": {"KAFKA_SECURITY_PROTOCOL": "SSL"}},
          "secrets.kafkaSaslPassword is set but config.KAFKA_SECURITY_PROTOCOL is SSL"),
+        ({"secrets": {"gcsCredentials": {"existingSecret": "key"}}, "serviceAccount": {"gcpServiceAccount": "a@b.iam.gserviceaccount.com"}},
+         "secrets.gcsCredentials and serviceAccount.gcpServiceAccount are both set"),
+        ({"serviceAccount": {"create": False, "name": "mine", "gcpServiceAccount": "a@b.iam.gserviceaccount.com"}},
+         "serviceAccount.gcpServiceAccount needs serviceAccount.create"),
     ]
     for values, message in refusals:
         try:
@@ -297,6 +306,11 @@ def main():
         else:
             fail(f"{values} must not render")
         print(f"refused as it must be: {values} ({message})")
+    # A key file alone is GCS's credentials (the all-on values use Workload Identity).
+    key_file = check("a GCS key file", {"secrets": {"gcsCredentials": {"existingSecret": "key"}}})
+    env = {e["name"]: e.get("value") for e in first_container(key_file).get("env", [])}
+    if env.get("GOOGLE_APPLICATION_CREDENTIALS") != "/var/run/secrets/replay-ingest/gcs/key.json":
+        fail(f"a GCS key file must be where GOOGLE_APPLICATION_CREDENTIALS says: {env}")
     # Paths to secrets are not secrets.
     for values in [{"config": {"CLICKHOUSE_PASSWORD_FILE": "/x"}}, {"config": {"KAFKA_SSL_KEY_LOCATION": "/x"}}]:
         helm.Chart.load(str(CHART)).render(values, name="x", namespace="y")
