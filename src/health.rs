@@ -251,9 +251,10 @@ impl Status {
         self.flush_progress_ms.store(now_ms(), Ordering::Relaxed);
     }
 
-    /// A sink attempt failed: the sink is in an outage (since its first failure).
-    pub fn sink_failed(&self, sink: &'static str, error: &str) {
-        self.in_outage(sink, error, 1);
+    /// A sink attempt failed: the sink is in an outage (since its first failure). Returns how
+    /// long the outage has lasted, whichever flush it began in (`sink.outage_ms`).
+    pub fn sink_failed(&self, sink: &'static str, error: &str) -> Duration {
+        self.in_outage(sink, error, 1)
     }
 
     /// One request of a sink attempt failed while the attempt goes on: the outage starts now,
@@ -262,15 +263,17 @@ impl Status {
         self.in_outage(sink, error, 0);
     }
 
-    fn in_outage(&self, sink: &'static str, error: &str, failed_attempts: u64) {
+    fn in_outage(&self, sink: &'static str, error: &str, failed_attempts: u64) -> Duration {
+        let now = now_ms();
         let mut outages = lock(&self.outages);
         let outage = outages.entry(sink).or_insert_with(|| Outage {
-            since_ms: now_ms(),
+            since_ms: now,
             failed_attempts: 0,
             last_error: String::new(),
         });
         outage.failed_attempts += failed_attempts;
         outage.last_error = error.chars().take(512).collect();
+        Duration::from_millis(now.saturating_sub(outage.since_ms))
     }
 
     /// A sink attempt succeeded: its outage, if any, is over. Returns how long it lasted.
@@ -870,6 +873,22 @@ mod tests {
         std::thread::sleep(Duration::from_millis(60));
         s.beat();
         assert!(s.live(), "no flush outstanding, nothing to stall");
+    }
+
+    /// `sink.outage_ms` is the outage's length, from its first failure, whichever flush it
+    /// began in: each flush set it to its own write's length, so with two flushes in flight the
+    /// gauge went back and forth.
+    #[test]
+    fn an_outage_lasts_from_its_first_failure_whichever_write_reports_it() {
+        let s = Status::default();
+        s.sink_request_failed("gcs", "503");
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(s.sink_failed("gcs", "503") >= Duration::from_millis(30));
+        s.sink_recovered("gcs");
+        assert!(
+            s.sink_failed("gcs", "503") < Duration::from_millis(30),
+            "a new outage"
+        );
     }
 
     #[test]

@@ -499,8 +499,8 @@ async fn write_with_retries(
                 if error.retry == Retry::Retryable
                     && (policy.max_attempts == 0 || attempt < policy.max_attempts) =>
             {
-                status.sink_failed(sink.name(), &error.message);
-                crate::metrics::retrying(sink.name(), start.elapsed());
+                let failing_for = status.sink_failed(sink.name(), &error.message);
+                crate::metrics::retrying(sink.name(), failing_for);
                 let pause = policy.backoff(attempt, rand::rng().random::<f64>());
                 warn!(sink = sink.name(), attempt, backoff_ms = pause.as_millis() as u64, %error, "sink write failed; retrying");
                 tokio::time::sleep(pause).await;
