@@ -136,9 +136,41 @@ def check_wiring(values_name, docs):
             fail(f"({values_name}) KEDA's sasl mode: {trigger['metadata']}")
 
 
+def pod_env(docs):
+    """The environment the container starts with, as Kubernetes builds it from the rendered
+    manifests: the ConfigMap's keys, then the container's own variables, `$(VAR)` expanded; the
+    values Kubernetes fills in at run time (the pod's name, the node's IP, its labels) stand in."""
+    data = next(d for _, d in docs if d["kind"] == "ConfigMap")["data"]
+    env = dict(data)
+    fields = {"metadata.name": "replay-ingest-7d9f-abcde", "status.hostIP": "10.0.0.1"}
+    for variable in first_container(docs).get("env", []):
+        if "value" in variable:
+            value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), variable["value"])
+        else:
+            path = variable["valueFrom"]["fieldRef"]["fieldPath"]
+            value = fields.get(path, "label-value")
+        env[variable["name"]] = value
+    return env
+
+
+def check_config(binary, docs, values_name, refused=None):
+    """`replay-ingest check-config` with the pod's environment: the service would start with what
+    the chart renders (or, with `refused`, refuses it saying so) — values that render but that the
+    binary refuses are a crash loop after the rollout."""
+    result = subprocess.run([binary, "check-config"], env=pod_env(docs), capture_output=True, text=True)
+    if refused is None and result.returncode != 0:
+        fail(f"({values_name}) the service refuses the rendered configuration: {result.stderr.strip()}")
+    if refused is not None and (result.returncode == 0 or refused not in result.stderr):
+        fail(f"({values_name}) the service must refuse it ({refused}): {result.returncode} {result.stderr.strip()}")
+
+
 def first_container(docs):
     deployment = next(d for _, d in docs if d["kind"] == "Deployment")
     return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def render_docs(values):
+    return list(documents(helm.Chart.load(str(CHART)).render(values, name="replay-ingest", namespace="replays")))
 
 
 def check_pod_policy(defaults, default_docs, all_on_docs, hpa_docs):
@@ -207,7 +239,15 @@ def main():
     default_docs = check("default values", None)
     check_image(defaults, default_docs)
     docs = check("every option on", all_on)
-    check_pod_policy(defaults, default_docs, docs, check("the HPA on", {"autoscaling": {"hpa": {"enabled": True}}}))
+    hpa_docs = check("the HPA on", {"autoscaling": {"hpa": {"enabled": True}}})
+    check_pod_policy(defaults, default_docs, docs, hpa_docs)
+    for values_name, rendered_docs in [("default values", default_docs), ("every option on", docs), ("the HPA on", hpa_docs)]:
+        check_config(binary, rendered_docs, values_name)
+    # Rendered, but refused by the service: the check would catch such values before a rollout.
+    session = {"config": {"SESSION_TIMEOUT_MS": "20000"}}
+    check_config(binary, render_docs(session), "a drain deadline as long as the session",
+                 refused="--drain-deadline-ms (20000) must be below --session-timeout-ms (20000)")
+    print("the service accepts what the chart renders (replay-ingest check-config, the pod's environment), and refuses what it must")
     kinds = {d["kind"] for _, d in docs}
     if not {"ScaledObject", "TriggerAuthentication"} <= kinds:
         fail(f"the all-on values should render KEDA's ScaledObject and TriggerAuthentication: {sorted(kinds)}")

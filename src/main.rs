@@ -66,6 +66,10 @@ enum Command {
     /// Run the service: consume, process, buffer, flush, commit. Exits 0 after a clean drain on
     /// SIGTERM/SIGINT, non-zero when a flush cannot complete (nothing past it is committed).
     Consume(Box<ConsumeArgs>),
+    /// Check `consume`'s configuration (its flags and `REPLAY_INGEST_*` variables) as `consume`
+    /// does before it connects to anything, then exit: 0 when it would start, 1 naming what it
+    /// refuses. For deployments (the chart's values, rendered) before a rollout.
+    CheckConfig(Box<ConsumeArgs>),
     /// Create or migrate the ClickHouse table for the server's version, then exit.
     Migrate(ClickHouseArgs),
     /// Print, one JSON line per file, what the service extracts from raw Kafka message values
@@ -96,6 +100,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Inspect { files, limits } = &cli.command {
         return run_inspect(files, &limits.limits(false));
+    }
+    if let Command::CheckConfig(args) = &cli.command {
+        return match args.validate() {
+            Ok(()) => {
+                println!("the configuration is valid: consume would start with it");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("the configuration is refused: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     logs::init(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -129,7 +145,7 @@ fn main() -> ExitCode {
             Command::Redrive(args) => {
                 replay_ingest::tools::redrive::run(&args, &mut std::io::stdout()).await
             }
-            Command::Inspect { .. } => Ok(()),
+            Command::Inspect { .. } | Command::CheckConfig(_) => Ok(()),
         }
     });
     // Work still running now (a flush retrying against a sink that is down, a consumer close
