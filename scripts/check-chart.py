@@ -160,8 +160,21 @@ def check_config(binary, docs, values_name, refused=None):
     result = subprocess.run([binary, "check-config"], env=pod_env(docs), capture_output=True, text=True)
     if refused is None and result.returncode != 0:
         fail(f"({values_name}) the service refuses the rendered configuration: {result.stderr.strip()}")
+    if refused is None:
+        # What the configuration may hold fits the container's limit, with room for the baseline.
+        bound = int(re.search(r"memory_bound_bytes=(\d+)", result.stdout)[1])
+        limit = quantity(first_container(docs)["resources"]["limits"]["memory"])
+        if bound > limit * 0.85:
+            fail(f"({values_name}) the configuration may hold {bound >> 20} MiB, against a limit of {limit >> 20} MiB")
     if refused is not None and (result.returncode == 0 or refused not in result.stderr):
         fail(f"({values_name}) the service must refuse it ({refused}): {result.returncode} {result.stderr.strip()}")
+
+
+def quantity(text):
+    """A Kubernetes memory quantity in bytes (\"1Gi\", \"768Mi\", \"1G\", \"512000\")."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text)).groups()
+    return int(float(number) * units.get(unit, 1))
 
 
 def first_container(docs):

@@ -614,6 +614,21 @@ impl ConsumeArgs {
         self.problems().map_err(ConfigError::Invalid)
     }
 
+    /// The most memory this configuration lets the service hold (docs/operations.md, "Memory"):
+    /// the buffer's budget, librdkafka's prefetch, the processing window, the polled hand-over,
+    /// a decompression buffer per processing thread, and a rejected message's read-ahead; the
+    /// process's own baseline (code, clients) comes on top.
+    pub fn memory_bound(&self) -> u64 {
+        const READ_AHEAD: usize = 1 << 20;
+        let threads = crate::pipeline::processing_threads(self.processing_threads);
+        let held = self.buffer_max_bytes
+            + crate::pipeline::window::PROCESSING_WINDOW_BYTES
+            + crate::pipeline::POLLED_IN_TRANSIT_BYTES
+            + threads * self.limits.max_decompressed_bytes
+            + READ_AHEAD;
+        held as u64 + self.prefetch_kbytes * 1024
+    }
+
     fn problems(&self) -> Result<(), String> {
         // A revoke's drain runs inside the rebalance callback, so the polling thread does not
         // poll meanwhile (plus the hand-over's margin).
@@ -871,6 +886,18 @@ mod tests {
         assert!(with("0").is_ok() && with("2").is_ok());
         let err = with("1").unwrap_err().to_string();
         assert!(err.contains("--misconfigured-at-refusals"), "{err}");
+    }
+
+    /// docs/operations.md's "Memory", from the flags: at the defaults with two processing
+    /// threads, 256 MiB of buffer + 64 MiB of prefetch + 128 MiB window + 32 MiB hand-over + two
+    /// 100 MiB decompression buffers + 1 MiB read-ahead.
+    #[test]
+    fn the_memory_bound_counts_every_budget_and_a_buffer_per_thread() {
+        let bound = |threads: &str| {
+            parse(&["--blob-sink", "null", "--processing-threads", threads]).memory_bound() >> 20
+        };
+        assert_eq!(bound("2"), 681);
+        assert_eq!(bound("6"), 681 + 400);
     }
 
     #[test]

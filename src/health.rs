@@ -601,6 +601,28 @@ pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpL
 /// container's soft limit is often 1 024 while its hard limit is far higher; the sinks' connection
 /// pools, the Kafka clients and the probe server all draw on it, and nothing is gained by running
 /// out early.
+/// The container's memory limit (cgroup v2 `memory.max`, else v1 `memory.limit_in_bytes`), when
+/// there is one.
+pub fn container_memory_limit() -> Option<u64> {
+    [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|path| std::fs::read_to_string(path).ok())
+    .and_then(|text| memory_limit(&text))
+}
+
+/// A cgroup's memory limit as its file says it: `max` (v2) or a number near `i64::MAX`, rounded
+/// to the page (v1), is none.
+fn memory_limit(text: &str) -> Option<u64> {
+    const UNLIMITED_FROM: u64 = 1 << 62;
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&bytes| bytes < UNLIMITED_FROM)
+}
+
 pub fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -800,6 +822,14 @@ mod tests {
             s.snapshot().group.out_since_ms.is_some(),
             "/status shows the whole time out"
         );
+    }
+
+    #[test]
+    fn a_cgroups_memory_limit_is_read_as_it_writes_it() {
+        assert_eq!(memory_limit("1073741824\n"), Some(1 << 30));
+        assert_eq!(memory_limit("max\n"), None, "v2: none");
+        assert_eq!(memory_limit("9223372036854771712\n"), None, "v1: none");
+        assert_eq!(memory_limit(""), None);
     }
 
     #[test]

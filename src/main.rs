@@ -104,7 +104,11 @@ fn main() -> ExitCode {
     if let Command::CheckConfig(args) = &cli.command {
         return match args.validate() {
             Ok(()) => {
-                println!("the configuration is valid: consume would start with it");
+                let bound = args.memory_bound();
+                println!(
+                    "the configuration is valid: consume would start with it, and hold up to {} MiB besides its baseline (memory_bound_bytes={bound})",
+                    bound >> 20
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -271,6 +275,22 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
         Err(error) => warn!(%error, "could not raise the file descriptor limit"),
     }
     info!(listen = %args.http_listen, topic = %args.topic, group = %args.group_id, "starting");
+    let (bound_mib, limit_mib) = (
+        args.memory_bound() >> 20,
+        health::container_memory_limit().map(|limit| limit >> 20),
+    );
+    if limit_mib.is_some_and(|limit| bound_mib >= limit) {
+        warn!(
+            bound_mib,
+            limit_mib,
+            "the configuration may hold more memory than the container's limit: large segments can get the process OOM-killed; lower --buffer-max-bytes, --prefetch-kbytes or --processing-threads (each thread holds up to --max-decompressed-bytes), or raise the limit"
+        );
+    } else {
+        info!(
+            bound_mib,
+            limit_mib, "memory the configuration may hold, besides the baseline"
+        );
+    }
     tokio::spawn(health::serve(listener, status.clone()));
     if args.sweep_interval_s > 0 {
         let interval = std::time::Duration::from_secs(args.sweep_interval_s);

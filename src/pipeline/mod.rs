@@ -244,10 +244,7 @@ pub async fn consume(
         stop.clone(),
     );
 
-    let threads = match settings.processing_threads {
-        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
-        n => n,
-    };
+    let threads = processing_threads(settings.processing_threads);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("process-{i}"))
@@ -998,6 +995,14 @@ impl Pipeline {
     fn publish_buffer(&self) {
         self.status
             .record_buffer(self.buffer.len(), self.buffer.bytes());
+    }
+}
+
+/// The processing threads `configured` (`--processing-threads`) makes: 0 is one per CPU.
+pub fn processing_threads(configured: usize) -> usize {
+    match configured {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        n => n,
     }
 }
 
