@@ -446,7 +446,8 @@ impl Context<'_> {
             fingerprint: "1",
             title: "Hydration Error",
             subtitle: HYDRATION_SUBTITLE,
-            detection_time: error.timestamp,
+            // Sentry's round trip through a datetime: to the microsecond.
+            detection_time: python_datetime_timestamp(error.timestamp),
             url: error.url.as_deref(),
         };
         self.occurrence(seen, Evidence::default(), Vec::new())
@@ -585,16 +586,30 @@ fn clicked_element(node: &Node<'_>) -> String {
 
 /// `datetime.fromtimestamp(t, UTC).isoformat()`: `2023-12-17T21:30:58+00:00`, with `.ffffff`
 /// when there are microseconds. `None` outside what a Python datetime can hold.
+/// `timestamp` as Python's `datetime.fromtimestamp` keeps it: whole seconds, and microseconds
+/// rounded half to even.
+fn python_datetime(timestamp: f64) -> (f64, f64) {
+    let seconds = timestamp.floor();
+    let micros = ((timestamp - seconds) * 1e6).round_ties_even();
+    if micros >= 1e6 {
+        (seconds + 1.0, 0.0)
+    } else {
+        (seconds, micros)
+    }
+}
+
+/// `datetime.fromtimestamp(timestamp, UTC).timestamp()`: the time to the microsecond, as a float
+/// (whole microseconds below 2^53 divide exactly as Python divides them).
+fn python_datetime_timestamp(timestamp: f64) -> f64 {
+    let (seconds, micros) = python_datetime(timestamp);
+    (seconds * 1e6 + micros) / 1e6
+}
+
 fn python_isoformat(timestamp: f64) -> Option<String> {
     if !(0.0..=MAX_DATETIME_SECONDS).contains(&timestamp) {
         return None;
     }
-    let mut seconds = timestamp.floor();
-    let mut micros = ((timestamp - seconds) * 1e6).round_ties_even();
-    if micros >= 1e6 {
-        seconds += 1.0;
-        micros = 0.0;
-    }
+    let (seconds, micros) = python_datetime(timestamp);
     let at = UNIX_EPOCH + Duration::from_secs(seconds as u64);
     let mut text = humantime::format_rfc3339_seconds(at).to_string();
     text.pop(); // the `Z`
@@ -611,6 +626,21 @@ mod tests {
     use super::*;
 
     const REPLAY: &str = "834f314caae54030a1b0dc52b202f24a";
+
+    /// A hydration error's `detection_time` is its time as Sentry's datetime keeps it (the
+    /// values Python prints for `datetime.fromtimestamp(t, UTC).timestamp()`); it was the raw
+    /// float, different from the seventh decimal on.
+    #[test]
+    fn detection_time_is_rounded_to_the_microsecond_as_python_does() {
+        for (sent, python) in [
+            (1_702_848_661.251_234_5, 1_702_848_661.251_235),
+            (1_702_848_661.25, 1_702_848_661.25),
+            (1_702_848_661.999_999_5, 1_702_848_662.0),
+            (1_702_848_661.000_000_5, 1_702_848_661.0),
+        ] {
+            assert_eq!(python_datetime_timestamp(sent), python, "{sent}");
+        }
+    }
 
     fn ids() -> SegmentIds {
         SegmentIds {
