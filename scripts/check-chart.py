@@ -112,7 +112,7 @@ def check_wiring(values_name, docs):
     data = by_kind["ConfigMap"][0]["data"]
     container = template["spec"]["containers"][0]
     port = container["ports"][0]["containerPort"]
-    if data["REPLAY_INGEST_HTTP_LISTEN"] != f"0.0.0.0:{port}":
+    if data["REPLAY_INGEST_HTTP_LISTEN"] not in (f"0.0.0.0:{port}", f"[::]:{port}"):
         fail(f"({values_name}) the container port {port} and REPLAY_INGEST_HTTP_LISTEN={data['REPLAY_INGEST_HTTP_LISTEN']} differ")
     probes = [container[p]["httpGet"]["port"] for p in ("startupProbe", "livenessProbe", "readinessProbe")]
     if probes != ["http"] * 3:
@@ -252,7 +252,7 @@ def main():
     default_docs = check("default values", None)
     check_image(defaults, default_docs)
     docs = check("every option on", all_on)
-    hpa_docs = check("the HPA on", {"autoscaling": {"hpa": {"enabled": True}}})
+    hpa_docs = check("the HPA on", {"autoscaling": {"hpa": {"enabled": True}}, "http": {"port": 8080, "bindAddress": "[::]"}})
     check_pod_policy(defaults, default_docs, docs, hpa_docs)
     for values_name, rendered_docs in [("default values", default_docs), ("every option on", docs), ("the HPA on", hpa_docs)]:
         check_config(binary, rendered_docs, values_name)
