@@ -145,10 +145,16 @@ def pod_env(docs):
     fields = {"metadata.name": "replay-ingest-7d9f-abcde", "status.hostIP": "10.0.0.1"}
     for variable in first_container(docs).get("env", []):
         if "value" in variable:
-            value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), variable["value"])
+            # `$(NAME)` of a variable defined before it; `$$` is a literal `$`.
+            value = re.sub(
+                r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)",
+                lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]),
+                variable["value"],
+            )
         else:
-            path = variable["valueFrom"]["fieldRef"]["fieldPath"]
-            value = fields.get(path, "label-value")
+            # The pod's own fields; a Secret's or ConfigMap's key stands in as a placeholder.
+            path = variable["valueFrom"].get("fieldRef", {}).get("fieldPath")
+            value = fields.get(path, "label-value" if path else "from-a-reference")
         env[variable["name"]] = value
     return env
 
@@ -157,7 +163,12 @@ def check_config(binary, docs, values_name, refused=None):
     """`replay-ingest check-config` with the pod's environment: the service would start with what
     the chart renders (or, with `refused`, refuses it saying so) — values that render but that the
     binary refuses are a crash loop after the rollout."""
-    result = subprocess.run([binary, "check-config"], env=pod_env(docs), capture_output=True, text=True)
+    env = pod_env(docs)
+    # One thread per core of whatever node runs it: neither the memory bound below nor the pod's
+    # limit would hold (the chart sets one per requested core).
+    if env.get("REPLAY_INGEST_PROCESSING_THREADS") in (None, "0"):
+        fail(f"({values_name}) the processing threads must be set: {env.get('REPLAY_INGEST_PROCESSING_THREADS')!r}")
+    result = subprocess.run([binary, "check-config"], env=env, capture_output=True, text=True)
     if refused is None and result.returncode != 0:
         fail(f"({values_name}) the service refuses the rendered configuration: {result.stderr.strip()}")
     if refused is None:
@@ -256,6 +267,9 @@ def main():
     check_pod_policy(defaults, default_docs, docs, hpa_docs)
     for values_name, rendered_docs in [("default values", default_docs), ("every option on", docs), ("the HPA on", hpa_docs)]:
         check_config(binary, rendered_docs, values_name)
+    listen = [pod_env(d)["REPLAY_INGEST_HTTP_LISTEN"] for d in (default_docs, hpa_docs)]
+    if listen != ["0.0.0.0:8080", "[::]:8080"]:
+        fail(f"the probe listener follows http.bindAddress: {listen}")
     # Rendered, but refused by the service: the check would catch such values before a rollout.
     session = {"config": {"SESSION_TIMEOUT_MS": "20000"}}
     check_config(binary, render_docs(session), "a drain deadline as long as the session",

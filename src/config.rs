@@ -619,14 +619,18 @@ impl ConsumeArgs {
     /// a decompression buffer per processing thread, and a rejected message's read-ahead; the
     /// process's own baseline (code, clients) comes on top.
     pub fn memory_bound(&self) -> u64 {
-        const READ_AHEAD: usize = 1 << 20;
-        let threads = crate::pipeline::processing_threads(self.processing_threads);
-        let held = self.buffer_max_bytes
-            + crate::pipeline::window::PROCESSING_WINDOW_BYTES
-            + crate::pipeline::POLLED_IN_TRANSIT_BYTES
-            + threads * self.limits.max_decompressed_bytes
-            + READ_AHEAD;
-        held as u64 + self.prefetch_kbytes * 1024
+        const READ_AHEAD: u64 = 1 << 20;
+        let threads = crate::pipeline::processing_threads(self.processing_threads) as u64;
+        [
+            self.buffer_max_bytes as u64,
+            crate::pipeline::window::PROCESSING_WINDOW_BYTES as u64,
+            crate::pipeline::POLLED_IN_TRANSIT_BYTES as u64,
+            threads.saturating_mul(self.limits.max_decompressed_bytes as u64),
+            READ_AHEAD,
+            self.prefetch_kbytes.saturating_mul(1024),
+        ]
+        .into_iter()
+        .fold(0, u64::saturating_add)
     }
 
     fn problems(&self) -> Result<(), String> {

@@ -597,10 +597,6 @@ pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpL
     socket.listen(65_535)
 }
 
-/// Raises the soft limit on open file descriptors to the hard limit, and returns both. A
-/// container's soft limit is often 1 024 while its hard limit is far higher; the sinks' connection
-/// pools, the Kafka clients and the probe server all draw on it, and nothing is gained by running
-/// out early.
 /// The container's memory limit (cgroup v2 `memory.max`, else v1 `memory.limit_in_bytes`), when
 /// there is one.
 pub fn container_memory_limit() -> Option<u64> {
@@ -623,6 +619,10 @@ fn memory_limit(text: &str) -> Option<u64> {
         .filter(|&bytes| bytes < UNLIMITED_FROM)
 }
 
+/// Raises the soft limit on open file descriptors to the hard limit, and returns both. A
+/// container's soft limit is often 1 024 while its hard limit is far higher; the sinks' connection
+/// pools, the Kafka clients and the probe server all draw on it, and nothing is gained by running
+/// out early.
 pub fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,

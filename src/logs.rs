@@ -168,11 +168,16 @@ pub fn tell_held_back(ending: bool) {
             );
         }
     }
-    let places = PANIC_PLACES.lock().unwrap_or_else(|p| p.into_inner());
-    for (location, throttle) in places.iter() {
-        if let Some(held_back) = throttle.untold(now) {
-            error!(target: "panic", location, held_back, "{held_back} more panics here were held back");
-        }
+    // Counted under the lock, logged after it: a write that fails and panics would come back
+    // to `admit_panic` on this thread.
+    let untold: Vec<(String, u64)> = PANIC_PLACES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(|(location, throttle)| Some((location.clone(), throttle.untold(now)?)))
+        .collect();
+    for (location, held_back) in untold {
+        error!(target: "panic", location, held_back, "{held_back} more panics here were held back");
     }
 }
 

@@ -120,6 +120,25 @@ fn unified_tags(var: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, Stri
     tags
 }
 
+/// The configured tags as labels; `Err` names one that is not `key:value`.
+fn labels(tags: &[String]) -> Result<Vec<metrics::Label>, InstallError> {
+    tags.iter()
+        .map(|tag| match tag.split_once(':') {
+            Some((key, value)) => Ok(metrics::Label::new(key.to_owned(), value.to_owned())),
+            None => Err(InstallError::Tag(tag.clone())),
+        })
+        .collect()
+}
+
+/// What [`install`] would refuse in `settings` (a tag, the address), without installing.
+pub fn check(settings: &Settings<'_>) -> Result<(), InstallError> {
+    labels(settings.tags)?;
+    if !settings.address.is_empty() {
+        DogStatsDBuilder::default().with_remote_address(settings.address)?;
+    }
+    Ok(())
+}
+
 /// Installs the DogStatsD exporter as the global recorder. Every metric carries the unified
 /// service tags (an explicit tag of the same name wins) and the configured tags.
 pub fn install(settings: &Settings<'_>) -> Result<Exporter, InstallError> {
@@ -128,14 +147,7 @@ pub fn install(settings: &Settings<'_>) -> Result<Exporter, InstallError> {
             flush_interval: None,
         });
     }
-    let mut labels = settings
-        .tags
-        .iter()
-        .map(|tag| match tag.split_once(':') {
-            Some((key, value)) => Ok(metrics::Label::new(key.to_owned(), value.to_owned())),
-            None => Err(InstallError::Tag(tag.clone())),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut labels = labels(settings.tags)?;
     for (key, value) in unified_tags(|name| std::env::var(name).ok()) {
         if !labels.iter().any(|l| l.key() == key) {
             labels.insert(0, metrics::Label::new(key, value));

@@ -61,17 +61,23 @@ impl ClientContext for Deliveries {
     /// librdkafka's own errors. A broker restarting, moving or unreachable: it retries by
     /// itself, and a delivery that fails for good fails its send, which the sink reports — WARN,
     /// not rdkafka's default ERROR (a broker restart wrote a burst of ERROR lines no one had to
-    /// act on). The producer's fatal error (it sends nothing more), and credentials or a
-    /// certificate the brokers refuse, which no retry gets past: ERROR.
+    /// act on; a handshake cut by the restart is an SSL error too). The producer's fatal error
+    /// (it sends nothing more), and credentials or a certificate the brokers refuse, which
+    /// retrying does not get past: ERROR.
     fn error(&self, error: KafkaError, reason: &str) {
-        match error.rdkafka_error_code() {
+        let refused = match error.rdkafka_error_code() {
             Some(
                 RDKafkaErrorCode::Fatal
                 | RDKafkaErrorCode::Authentication
-                | RDKafkaErrorCode::SaslAuthenticationFailed
-                | RDKafkaErrorCode::SSL,
-            ) => tracing::error!(%error, reason, "librdkafka (a producer): not retried"),
-            _ => tracing::warn!(%error, reason, "librdkafka (a producer): retried by the client"),
+                | RDKafkaErrorCode::SaslAuthenticationFailed,
+            ) => true,
+            Some(RDKafkaErrorCode::SSL) => reason.contains("certificate"),
+            _ => false,
+        };
+        if refused {
+            tracing::error!(%error, reason, "librdkafka (a producer): retrying does not get past this");
+        } else {
+            tracing::warn!(%error, reason, "librdkafka (a producer): retried by the client");
         }
     }
 }

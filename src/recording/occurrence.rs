@@ -584,8 +584,6 @@ fn clicked_element(node: &Node<'_>) -> String {
     out
 }
 
-/// `datetime.fromtimestamp(t, UTC).isoformat()`: `2023-12-17T21:30:58+00:00`, with `.ffffff`
-/// when there are microseconds. `None` outside what a Python datetime can hold.
 /// `timestamp` as Python's `datetime.fromtimestamp` keeps it: whole seconds, and microseconds
 /// rounded half to even.
 fn python_datetime(timestamp: f64) -> (f64, f64) {
@@ -605,6 +603,8 @@ fn python_datetime_timestamp(timestamp: f64) -> f64 {
     (seconds * 1e6 + micros) / 1e6
 }
 
+/// `datetime.fromtimestamp(t, UTC).isoformat()`: `2023-12-17T21:30:58+00:00`, with `.ffffff`
+/// when there are microseconds. `None` outside what a Python datetime can hold.
 fn python_isoformat(timestamp: f64) -> Option<String> {
     if !(0.0..=MAX_DATETIME_SECONDS).contains(&timestamp) {
         return None;
@@ -637,6 +637,8 @@ mod tests {
             (1_702_848_661.25, 1_702_848_661.25),
             (1_702_848_661.999_999_5, 1_702_848_662.0),
             (1_702_848_661.000_000_5, 1_702_848_661.0),
+            // Exactly 7812.5 µs (a binary fraction): half to even, not half up.
+            (1_702_848_661.007_812_5, 1_702_848_661.007_812),
         ] {
             assert_eq!(python_datetime_timestamp(sent), python, "{sent}");
         }
