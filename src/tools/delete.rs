@@ -302,12 +302,22 @@ async fn delete(
             "{location}: a dead-letter copy of the older layout could not be read ({e}): whose it is is unknown"
         ));
     }
+    // Listed once for all the replays (a file of a thousand listed the store's top a thousand
+    // times); failing, it fails each replay's lookup.
+    let retentions = match store {
+        Some(store) => retention_prefixes(store).await.map_err(|e| e.message),
+        None => Ok(Vec::new()),
+    };
     let mut ready = Vec::new();
     for target in targets {
         let name = format!("replay {} (project {})", target.replay, target.project);
         // One replay's lookup failing (the store's listing, ClickHouse's count) stops none of the
         // others: it is named among what is left, and a run again takes it up.
-        let found = match find(store, rows, &unnamed.owners, target).await {
+        let found = match &retentions {
+            Ok(retentions) => find(store, retentions, rows, &unnamed.owners, target).await,
+            Err(e) => Err(anyhow::anyhow!("listing the store: {e}")),
+        };
+        let found = match found {
             Ok(found) => found,
             Err(e) => {
                 left.push(format!(
@@ -433,23 +443,35 @@ async fn delete(
     Ok(())
 }
 
-/// The replay's segment blobs, its dead-letter copies (under its own prefix, and among the
-/// `unnamed` ones of the older layout) and its rows.
+/// The store's retention prefixes (`{retention}/`), each with its retention.
+async fn retention_prefixes(store: &dyn BlobStore) -> Result<Vec<(String, u16)>, SinkError> {
+    Ok(store
+        .list("")
+        .await?
+        .prefixes
+        .into_iter()
+        .filter_map(|prefix| {
+            let retention = prefix.trim_end_matches('/').parse::<u16>().ok()?;
+            Some((prefix, retention))
+        })
+        .collect())
+}
+
+/// The replay's segment blobs (under each of the store's `retentions`), its dead-letter copies
+/// (under its own prefix, and among the `unnamed` ones of the older layout) and its rows.
 async fn find(
     store: Option<&dyn BlobStore>,
+    retentions: &[(String, u16)],
     rows: &Rows,
     unnamed: &BTreeMap<(u64, String), Vec<String>>,
     target: &Target,
 ) -> anyhow::Result<Found> {
     let mut found = Found::default();
     if let Some(store) = store {
-        for prefix in store.list("").await?.prefixes {
-            let Ok(retention) = prefix.trim_end_matches('/').parse::<u16>() else {
-                continue;
-            };
+        for (prefix, retention) in retentions {
             let replay = format!("{prefix}{}/{}/", target.project, target.replay);
             for object in store::walk(store, &replay).await? {
-                found.retention = found.retention.max(Some(retention));
+                found.retention = found.retention.max(Some(*retention));
                 let segment = object.key.rsplit('/').next().and_then(|s| s.parse().ok());
                 if let Some(segment) = segment
                     && found
@@ -837,9 +859,16 @@ mod tests {
             replay: replay.into(),
             timestamp: None,
         };
-        let found = find(Some(&store), &Rows::None, &BTreeMap::new(), &target)
-            .await
-            .unwrap();
+        let retentions = retention_prefixes(&store).await.unwrap();
+        let found = find(
+            Some(&store),
+            &retentions,
+            &Rows::None,
+            &BTreeMap::new(),
+            &target,
+        )
+        .await
+        .unwrap();
         assert_eq!(found.retention, Some(90));
         assert_eq!(found.blobs.len(), 3);
     }
@@ -1129,11 +1158,12 @@ mod tests {
         let store = crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap();
         let unnamed = unnamed_copies(&store).await.unwrap();
         assert!(unnamed.unreadable.is_empty());
+        let retentions = retention_prefixes(&store).await.unwrap();
         let copies = |replay: &str| {
-            let (store, owners) = (&store, &unnamed.owners);
+            let (store, retentions, owners) = (&store, &retentions, &unnamed.owners);
             let target = target(replay);
             async move {
-                find(Some(store), &Rows::None, owners, &target)
+                find(Some(store), retentions, &Rows::None, owners, &target)
                     .await
                     .unwrap()
                     .dead_letters

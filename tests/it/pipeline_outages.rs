@@ -159,6 +159,17 @@ impl Backlog {
     }
 }
 
+/// A second member of `names`' group, a service of its own whose blob store is `dir`.
+fn second_member(names: &Names, dir: &std::path::Path) -> Service {
+    Service::start(&service_args(
+        &names.topic,
+        &names.dlq,
+        &names.group,
+        dir,
+        free_port(),
+    ))
+}
+
 /// Whether `proxy` holds a blob upload: a flush hangs.
 fn hung(proxy: &Proxy) -> bool {
     proxy.held.load(Ordering::SeqCst) >= 1
@@ -335,13 +346,7 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     // A second member joins: the first must give up a partition within the drain deadline
     // (1.5 s), without exiting, though its flush never returns; it keeps the other partition.
     let dir = tempfile::tempdir().unwrap();
-    let other = Service::start(&service_args(
-        &names.topic,
-        &names.dlq,
-        &names.group,
-        dir.path(),
-        free_port(),
-    ));
+    let other = second_member(&names, dir.path());
     wait_for(
         "the first member draining for the revoke",
         Duration::from_secs(60),
@@ -483,13 +488,7 @@ async fn a_revoke_that_drains_past_the_liveness_window_stays_live() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let joined = Instant::now();
-    let other = Service::start(&service_args(
-        &names.topic,
-        &names.dlq,
-        &names.group,
-        dir.path(),
-        free_port(),
-    ));
+    let other = second_member(&names, dir.path());
     while status.snapshot().rebalances == 0 {
         assert!(
             status.live(),
@@ -547,13 +546,7 @@ async fn a_shutdown_during_a_revoke_is_heard_at_once_and_bounded_by_one_drain_de
     // A second member joins: the first revokes a partition, and its drain waits on the hung
     // flush until the deadline.
     let dir = tempfile::tempdir().unwrap();
-    let other = Service::start(&service_args(
-        &names.topic,
-        &names.dlq,
-        &names.group,
-        dir.path(),
-        free_port(),
-    ));
+    let other = second_member(&names, dir.path());
     wait_for(
         "the revoke draining behind the hung flush",
         Duration::from_secs(60),
