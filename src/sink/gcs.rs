@@ -112,8 +112,11 @@ pub struct GcsSink {
 }
 
 impl GcsSink {
-    /// Builds the client: credentials from the environment, or anonymous for emulators.
-    pub async fn new(config: &GcsConfig) -> Result<Self, google_cloud_gax::client_builder::Error> {
+    /// Builds the client: credentials from the environment, or anonymous for emulators. With
+    /// credentials from the metadata server (GKE Workload Identity), building asks it for the
+    /// universe domain, over a connection without a deadline: a metadata server that accepts and
+    /// never answers would hang the start (or a tool) for good, so it gets `config.timeout`.
+    pub async fn new(config: &GcsConfig) -> Result<Self, SinkError> {
         let mut builder = Storage::builder().with_retry_policy(NeverRetry);
         if let Some(endpoint) = &config.endpoint {
             builder = builder.with_endpoint(endpoint);
@@ -123,8 +126,28 @@ impl GcsSink {
                 google_cloud_auth::credentials::anonymous::Builder::new().build(),
             );
         }
+        let client = match tokio::time::timeout(config.timeout, builder.build()).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                return Err(SinkError::new(
+                    "gcs",
+                    Retry::Fatal,
+                    format_args!("creating the GCS client: {e}"),
+                ));
+            }
+            Err(_) => {
+                return Err(SinkError::new(
+                    "gcs",
+                    Retry::Fatal,
+                    format_args!(
+                        "creating the GCS client: no answer within {:?}; with credentials from the metadata server (GKE Workload Identity) it asks the metadata server for the universe domain: is the metadata server answering?",
+                        config.timeout
+                    ),
+                ));
+            }
+        };
         Ok(GcsSink {
-            client: builder.build().await?,
+            client,
             bucket: format!("projects/_/buckets/{}", config.bucket),
             name: config.bucket.clone(),
             concurrency: config.concurrency.max(1),
@@ -313,14 +336,7 @@ impl ObjectStore for GcsSink {
 /// The blob sink on GCS, and the same bucket as the store for dead letters too large for their
 /// topic. Its health check writes a probe object ([`GcsSink::check`]).
 pub async fn build(config: &GcsConfig) -> Result<(Built, Arc<dyn ObjectStore>), SinkError> {
-    let gcs = GcsSink::new(config).await.map_err(|e| {
-        SinkError::new(
-            "gcs",
-            Retry::Fatal,
-            format_args!("creating the GCS client: {e}"),
-        )
-    })?;
-    let gcs = Arc::new(gcs);
+    let gcs = Arc::new(GcsSink::new(config).await?);
     let checked = gcs.clone();
     let check: Check = Box::new(move || {
         let gcs = checked.clone();

@@ -92,13 +92,7 @@ struct Lifecycle {
 
 impl GcsStore {
     pub async fn new(config: &GcsConfig) -> Result<GcsStore, SinkError> {
-        let objects = GcsSink::new(config).await.map_err(|e| {
-            SinkError::new(
-                "gcs",
-                Retry::Fatal,
-                format_args!("creating the GCS client: {e}"),
-            )
-        })?;
+        let objects = GcsSink::new(config).await?;
         let credentials = if config.anonymous {
             None
         } else {
@@ -134,35 +128,42 @@ impl GcsStore {
     /// One JSON API call; the status and the body. 408, 429 and 5xx are retryable, other 4xx
     /// fatal (the caller treats the 404 it expects).
     async fn call(&self, method: Method, path: &str) -> Result<(StatusCode, Bytes), SinkError> {
-        let mut request = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.endpoint));
-        if let Some(credentials) = &self.credentials {
-            let headers = credentials
-                .headers(hyper::http::Extensions::new())
-                .await
-                .map_err(|e| {
-                    // As the sink's `gcs::classify`: credentials refused for good are fatal.
-                    let retry = match e.is_transient() {
-                        true => Retry::Retryable,
-                        false => Retry::Fatal,
-                    };
-                    SinkError::new("gcs", retry, format_args!("GCS credentials: {e}"))
-                })?;
-            if let google_cloud_auth::credentials::CacheableResource::New { data, .. } = headers {
-                for (name, value) in &data {
-                    request = request.header(name, value);
+        // The token too is fetched under the deadline: from the metadata server, its connection
+        // has none of its own.
+        let exchange = async {
+            let mut request = Request::builder()
+                .method(method)
+                .uri(format!("{}{path}", self.endpoint));
+            if let Some(credentials) = &self.credentials {
+                let headers = credentials
+                    .headers(hyper::http::Extensions::new())
+                    .await
+                    .map_err(|e| {
+                        // As the sink's `gcs::classify`: credentials refused for good are fatal.
+                        let retry = match e.is_transient() {
+                            true => Retry::Retryable,
+                            false => Retry::Fatal,
+                        };
+                        SinkError::new("gcs", retry, format_args!("GCS credentials: {e}"))
+                    })?;
+                if let google_cloud_auth::credentials::CacheableResource::New { data, .. } = headers
+                {
+                    for (name, value) in &data {
+                        request = request.header(name, value);
+                    }
                 }
             }
-        }
-        let request = request
-            .body(Empty::new())
-            .map_err(|e| SinkError::new("gcs", Retry::Fatal, e))?;
-        let exchange = async {
-            let response = self.http.request(request).await?;
-            let status = response.status();
-            let body = response.into_body().collect().await?.to_bytes();
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((status, body))
+            let request = request
+                .body(Empty::new())
+                .map_err(|e| SinkError::new("gcs", Retry::Fatal, e))?;
+            let sent = async {
+                let response = self.http.request(request).await?;
+                let status = response.status();
+                let body = response.into_body().collect().await?.to_bytes();
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>((status, body))
+            };
+            sent.await
+                .map_err(|e| SinkError::new("gcs", Retry::Retryable, format_args!("{path}: {e}")))
         };
         let (status, body) = tokio::time::timeout(self.timeout, exchange)
             .await
@@ -172,8 +173,7 @@ impl GcsStore {
                     Retry::Retryable,
                     format_args!("{path}: timed out after {:?}", self.timeout),
                 )
-            })?
-            .map_err(|e| SinkError::new("gcs", Retry::Retryable, format_args!("{path}: {e}")))?;
+            })??;
         match status.as_u16() {
             200..=299 | 404 => Ok((status, body)),
             code => {

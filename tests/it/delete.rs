@@ -411,15 +411,6 @@ async fn a_delete_held_by_a_failing_mutation_fails_and_a_run_again_queues_no_sec
 }
 
 /// A tool run, killed (and waited for) when dropped.
-struct KilledWhenDropped(std::process::Child);
-
-impl Drop for KilledWhenDropped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Drops a table when the test ends, passed or failed: a failing mutation on it is retried for as
 /// long as it exists (18.16 has no KILL MUTATION).
 struct DroppedAtEnd(String);

@@ -260,3 +260,63 @@ async fn a_consumed_topic_found_missing_once_the_brokers_answer_stops_the_servic
         "{said}"
     );
 }
+
+/// With credentials from the metadata server (GKE Workload Identity), building the GCS client
+/// asks it for the universe domain over a connection without a deadline. A metadata server that
+/// accepts and never answers hung the start for good, after the last check that beat: the
+/// liveness probe then restarted the pod into the same hang, no line naming GCS. Now the service
+/// stops within the sink timeout, naming the metadata server.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_metadata_server_that_never_answers_stops_the_service_naming_it() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    // Accepts every connection and holds it, answering nothing.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metadata = silent.local_addr().unwrap().to_string();
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            held.push(connection);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("service.log");
+    let args: Vec<String> = names
+        .args(free_port(), dir.path())
+        .into_iter()
+        .filter(|a| a != "--gcs-anonymous")
+        .chain(["--sink-timeout-ms".into(), "2000".into()])
+        .collect();
+    // Application-default credentials with no key file anywhere: the metadata server's.
+    let home = tempfile::tempdir().unwrap();
+    let mut service = KilledWhenDropped(
+        std::process::Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+            .args(&args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .env("GCE_METADATA_HOST", &metadata)
+            .env("HOME", home.path())
+            .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
+            .env_remove("CLOUDSDK_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("the service to stop", Duration::from_secs(60), || {
+        service.0.try_wait().unwrap().is_some()
+    })
+    .await;
+    let exit = service.0.wait().unwrap().code();
+    held.abort();
+    let said = said();
+    assert_eq!(exit, Some(1), "{said}");
+    assert!(
+        said.contains("creating the GCS client: no answer within 2s")
+            && said.contains("metadata server"),
+        "{said}"
+    );
+    assert!(!said.contains("partitions assigned"), "{said}");
+}

@@ -119,6 +119,16 @@ pub fn with_flag(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> 
     args
 }
 
+/// A process the test started, killed when the test ends, passed or failed.
+pub struct KilledWhenDropped(pub std::process::Child);
+
+impl Drop for KilledWhenDropped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Flags for a test run with local sinks (filesystem blobs, no rows, events or metrics).
 pub fn service_args(
     topic: &str,
