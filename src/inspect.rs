@@ -107,13 +107,9 @@ pub fn report_line(file: &str, result: &Result<Processed, InvalidRecording>) -> 
 }
 
 /// Processes one message value and renders its report line.
-pub fn inspect(file: &str, value: &[u8], limits: &Limits) -> String {
+pub fn inspect(file: &str, value: bytes::Bytes, limits: &Limits) -> String {
     report_line(
         file,
-        &recording::process_guarded(
-            &bytes::Bytes::copy_from_slice(value),
-            limits,
-            &mut recording::Inflater::default(),
-        ),
+        &recording::process_guarded(&value, limits, &mut recording::Inflater::default()),
     )
 }

@@ -73,21 +73,30 @@ enum Command {
     /// Create or migrate the ClickHouse table for the server's version, then exit.
     Migrate(ClickHouseArgs),
     /// Print, one JSON line per file, what the service extracts from raw Kafka message values
-    /// (msgpack). Invalid messages are reported with their reason; the exit code is non-zero only
-    /// when a file cannot be read.
+    /// (msgpack), with the default event settings. Invalid messages are reported with their
+    /// reason; the exit code is non-zero when a file cannot be read (or is larger than
+    /// `--max-message-bytes`: no such message reaches the service) or stdout is closed.
     Inspect {
         /// Files holding one raw message value each.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         #[command(flatten)]
         limits: LimitArgs,
+        /// Largest message accepted upstream, bytes (as `consume`'s): a larger file is not read.
+        #[arg(
+            long,
+            env = "REPLAY_INGEST_MAX_MESSAGE_BYTES",
+            default_value_t = 15_000_000
+        )]
+        max_message_bytes: u64,
     },
     /// Delete replays — every blob of them, any oversized dead-letter copy of their messages, and
     /// their rows (an archive as Sentry writes one; with ClickHouse, the rows deleted too). Safe to
     /// run again after a crash; a second run is a no-op. Exits non-zero naming what is left.
     Delete(Box<replay_ingest::tools::delete::DeleteArgs>),
     /// Remove the filesystem blob store's blobs older than the retention their key carries
-    /// (`{retention_days}/…`), and the directories that leaves empty; prints a summary.
+    /// (`{retention_days}/…`), and the directories that leaves empty; prints a summary. Exits
+    /// non-zero, after it, when anything could not be read or removed.
     Sweep(replay_ingest::tools::sweep::SweepArgs),
     /// Put dead letters back on the input topic (their original value and key), filtered by
     /// reason and time, at a bounded rate; as a consumer group of its own, so a second run goes on
@@ -98,8 +107,13 @@ enum Command {
 fn main() -> ExitCode {
     cap_malloc_arenas();
     let cli = Cli::parse();
-    if let Command::Inspect { files, limits } = &cli.command {
-        return run_inspect(files, &limits.limits(false));
+    if let Command::Inspect {
+        files,
+        limits,
+        max_message_bytes,
+    } = &cli.command
+    {
+        return run_inspect(files, &limits.limits(false), *max_message_bytes);
     }
     if let Command::CheckConfig(args) = &cli.command {
         let checked = args.validate().map_err(anyhow::Error::from).and_then(|()| {
@@ -188,6 +202,13 @@ fn said_once(error: &anyhow::Error) -> String {
 
 async fn run_sweep(args: replay_ingest::tools::sweep::SweepArgs) -> anyhow::Result<()> {
     use replay_ingest::tools::sweep;
+    // `sweep --dry-run | head` ends as any Unix tool's listing does, by SIGPIPE, not with a
+    // panic on the closed pipe (Rust ignores the signal). The sweep writes to no socket.
+    // SAFETY: resetting a signal's disposition to its default, before any thread writes.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let list = args.dry_run && !args.summary_only;
     let summary = tokio::task::spawn_blocking(move || {
         // A dry run lists what it would remove; a real one (millions of files) only sums up.
         sweep::sweep(
@@ -196,7 +217,7 @@ async fn run_sweep(args: replay_ingest::tools::sweep::SweepArgs) -> anyhow::Resu
             args.dry_run,
             args.pace,
             |path| {
-                if args.dry_run {
+                if list {
                     println!("would remove {}", path.display());
                 }
             },
@@ -218,10 +239,14 @@ fn spawn_sweeper(
 ) {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(interval);
+        // A sweep longer than the interval is followed by the next one an interval later, not at
+        // once.
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await;
         loop {
             ticks.tick().await;
             let dir = dir.clone();
+            let started = std::time::Instant::now();
             let swept = tokio::task::spawn_blocking(move || {
                 replay_ingest::tools::sweep::sweep(
                     &dir,
@@ -232,21 +257,32 @@ fn spawn_sweeper(
                 )
             })
             .await;
+            let took = started.elapsed();
             match swept {
-                Ok(summary) if summary.errors.is_empty() => {
-                    replay_ingest::metrics::swept(summary.removed, summary.bytes);
-                    info!(
-                        removed = summary.removed,
-                        bytes = summary.bytes,
-                        scanned = summary.scanned,
-                        "blob store swept"
-                    );
-                }
                 Ok(summary) => {
-                    replay_ingest::metrics::swept(summary.removed, summary.bytes);
-                    warn!(removed = summary.removed, errors = ?summary.errors_said(), "blob store swept, with errors");
+                    replay_ingest::metrics::swept(
+                        summary.removed,
+                        summary.bytes,
+                        summary.error_count(),
+                        took,
+                    );
+                    if summary.errors.is_empty() {
+                        info!(
+                            removed = summary.removed,
+                            bytes = summary.bytes,
+                            scanned = summary.scanned,
+                            left_alone = summary.left_alone,
+                            took_ms = took.as_millis() as u64,
+                            "blob store swept"
+                        );
+                    } else {
+                        warn!(removed = summary.removed, expired = summary.expired, errors = ?summary.errors_said(), "blob store swept, with errors");
+                    }
                 }
-                Err(e) => warn!(error = %e, "the sweep did not finish"),
+                Err(e) => {
+                    replay_ingest::metrics::sweep_failed();
+                    warn!(error = %e, "the sweep did not finish");
+                }
             }
         }
     });
@@ -300,26 +336,28 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
         let interval = std::time::Duration::from_secs(args.sweep_interval_s);
         spawn_sweeper(args.blobs.blob_dir.clone(), interval, args.sweep_pace);
     }
-    let (sinks, consumed_topic) = tokio::select! {
+    let (sinks, gates) = tokio::select! {
         sinks = replay_ingest::service::sinks(args, &status) => sinks?,
         () = &mut shutdown => {
             info!("stopped before the sinks were built");
             return Ok(());
         }
     };
-    // A consumed topic found missing once the brokers answer: nothing of it was consumed, so the
-    // pipeline drains nothing and the service stops with the error (it stayed ready, in its
-    // group, consuming nothing).
-    let mut missing = None;
+    // A configuration error a check in the background finds once its destination answers (a
+    // consumed topic or a dead-letter topic missing, a bucket refused): the service drains and
+    // stops with it. Nothing of the consumed topic was consumed then (it stayed ready, in its
+    // group, consuming nothing); a flush that writes to a sink whose check failed fails with
+    // the error, nothing of it committed.
+    let mut failed = None;
     let stop = async {
         tokio::select! {
             () = &mut shutdown => {}
-            error = consumed_topic.failure() => missing = Some(error),
+            error = gates.failure() => failed = Some(error),
         }
     };
     pipeline::consume(args.pipeline_settings()?, sinks, status.clone(), stop).await?;
-    if let Some(error) = missing {
-        return Err(error).context("checking the consumed topic");
+    if let Some(error) = failed {
+        return Err(error.into());
     }
     let done = status.snapshot();
     info!(
@@ -353,33 +391,42 @@ async fn received(signal: Option<tokio::signal::unix::Signal>) {
     }
 }
 
-fn run_inspect(files: &[PathBuf], limits: &Limits) -> ExitCode {
-    // Files are processed in parallel; lines are printed in argument order. Processing threads
-    // get the stack processing needs (the global pool is configured once, here).
+fn run_inspect(files: &[PathBuf], limits: &Limits, max_message_bytes: u64) -> ExitCode {
+    // Files are processed in parallel, a few per thread at a time (memory: a window of messages,
+    // however many files); lines are printed in argument order. Processing threads get the stack
+    // processing needs (the global pool is configured once, here).
     let _ = rayon::ThreadPoolBuilder::new()
         .stack_size(replay_ingest::recording::PROCESSING_STACK_BYTES)
         .build_global();
-    let lines: Vec<Result<String, String>> = files
-        .par_iter()
-        .map(|path| {
-            let name = path.display().to_string();
-            std::fs::read(path)
-                .map(|value| inspect::inspect(&name, &value, limits))
-                .map_err(|e| format!("{name}: {e}"))
-        })
-        .collect();
+    let read = |path: &PathBuf| {
+        let name = path.display().to_string();
+        let size = std::fs::metadata(path)
+            .map_err(|e| format!("{name}: {e}"))?
+            .len();
+        if size > max_message_bytes {
+            return Err(format!(
+                "{name}: {size} bytes, larger than --max-message-bytes ({max_message_bytes}): no such message reaches the service"
+            ));
+        }
+        std::fs::read(path)
+            .map(|value| inspect::inspect(&name, value.into(), limits))
+            .map_err(|e| format!("{name}: {e}"))
+    };
     let mut stdout = std::io::stdout().lock();
     let mut unreadable = false;
-    for line in lines {
-        match line {
-            Ok(line) => {
-                if writeln!(stdout, "{line}").is_err() {
-                    return ExitCode::FAILURE;
+    for window in files.chunks(4 * rayon::current_num_threads()) {
+        let lines: Vec<Result<String, String>> = window.par_iter().map(read).collect();
+        for line in lines {
+            match line {
+                Ok(line) => {
+                    if writeln!(stdout, "{line}").is_err() {
+                        return ExitCode::FAILURE;
+                    }
                 }
-            }
-            Err(error) => {
-                eprintln!("replay-ingest inspect: cannot read {error}");
-                unreadable = true;
+                Err(error) => {
+                    eprintln!("replay-ingest inspect: cannot read {error}");
+                    unreadable = true;
+                }
             }
         }
     }

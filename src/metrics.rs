@@ -35,6 +35,8 @@
 //! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large`, `too_many_values` (data with more values than are read, item or not) |
 //! | `sweep.removed` | counter | blobs | | blobs past their retention removed by the periodic sweep (`--sweep-interval-s`) |
 //! | `sweep.bytes` | counter | bytes | | their bytes |
+//! | `sweep.errors` | counter | errors | | what a periodic sweep could not read or remove (a blob kept past its retention, a retention directory that is a link, a `--blob-dir` above the store), or a sweep that did not finish; the WARN line names them |
+//! | `sweep.duration_ms` | distribution | ms | | how long each periodic sweep took (removals paced to `--sweep-max-deletes-per-second`) |
 //! | `trace_items.headers_cut` | counter | headers | | request/response headers left out of an item or cut, past `MAX_HEADERS` / `MAX_HEADER_BYTES` |
 //!
 //! Sentry's own ingest metrics, under the same names (and the same prefix), so dashboards built
@@ -199,6 +201,8 @@ pub const CONSUMER_OUT_OF_GROUP_MS: &str = "consumer.out_of_group_ms";
 pub const CONSUMER_LAG: &str = "consumer.lag";
 pub const SWEEP_REMOVED: &str = "sweep.removed";
 pub const SWEEP_BYTES: &str = "sweep.bytes";
+pub const SWEEP_ERRORS: &str = "sweep.errors";
+pub const SWEEP_DURATION_MS: &str = "sweep.duration_ms";
 pub const TRACE_ITEMS_BUILT: &str = "trace_items.built";
 pub const TRACE_ITEMS_DROPPED: &str = "trace_items.dropped";
 pub const TRACE_ITEMS_HEADERS_CUT: &str = "trace_items.headers_cut";
@@ -415,10 +419,18 @@ pub fn rebalanced() {
     counter!(CONSUMER_REBALANCES).increment(1);
 }
 
-/// The periodic sweep removed `blobs` blobs of `bytes` bytes.
-pub fn swept(blobs: u64, bytes: u64) {
+/// The periodic sweep removed `blobs` blobs of `bytes` bytes, met `errors` errors and took
+/// `took`.
+pub fn swept(blobs: u64, bytes: u64, errors: u64, took: Duration) {
     counter!(SWEEP_REMOVED).increment(blobs);
     counter!(SWEEP_BYTES).increment(bytes);
+    counter!(SWEEP_ERRORS).increment(errors);
+    histogram!(SWEEP_DURATION_MS).record(took.as_millis() as f64);
+}
+
+/// A periodic sweep that did not finish (its task panicked): one error.
+pub fn sweep_failed() {
+    counter!(SWEEP_ERRORS).increment(1);
 }
 
 pub fn out_of_group(ms: u64) {

@@ -31,7 +31,7 @@ use crate::startup;
 pub async fn sinks(
     args: &ConsumeArgs,
     status: &Arc<Status>,
-) -> anyhow::Result<(Sinks, Arc<startup::Gate>)> {
+) -> anyhow::Result<(Sinks, startup::Gates)> {
     let timeout = args.sink_timeout();
     let kafka = args
         .kafka
@@ -116,17 +116,16 @@ pub async fn sinks(
         warn_of_unexpired_blobs(args.blobs.gcs_config(timeout)?);
     }
     let idempotent = std::iter::once(rows).chain(trace_items).collect();
+    let mut gates = startup::Gates::default();
+    gates.push("the consumed topic", consumed_topic);
     for stage in [vec![blobs, dlq], idempotent, vec![events]] {
         let mut gated = Vec::new();
         for built in stage {
-            gated.push(startup::gated(built, status).await?);
+            gated.push(startup::gated(built, status, &mut gates).await?);
         }
         stages.push(gated);
     }
-    Ok((
-        Sinks::dead_lettering(stages, Box::new(rejections)),
-        consumed_topic,
-    ))
+    Ok((Sinks::dead_lettering(stages, Box::new(rejections)), gates))
 }
 
 /// Warns, once at startup, of each retention prefix in the bucket whose blobs its lifecycle rules

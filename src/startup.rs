@@ -9,8 +9,10 @@
 //! shown in `/status` as an outage) while the service joins and consumes, and the sinks that
 //! write there wait behind a [`Gate`]: their writes fail as retryable (the flush retries, as in
 //! any outage; nothing is committed) until the check passes — after the table's migration, for
-//! ClickHouse. A configuration error found by a later check fails the next write there with it,
-//! which stops the service, nothing of that flush committed.
+//! ClickHouse. A configuration error found by a later check stops the service ([`Gates`]): it
+//! drains, and a flush that writes there fails with the error, nothing of it committed. (Waiting
+//! for the next write there instead kept a service whose dead-letter topic was missing running
+//! until the next rejected message, hours later perhaps.)
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -161,7 +163,8 @@ async fn keep_checking(what: &'static str, status: Arc<Status>, mut check: Check
                 gate.set(State::Waiting(error.message));
             }
             Err(error) => {
-                error!(check = what, %error, "startup check failed: the next write there stops the service");
+                status.sink_failed(what, &error.message);
+                error!(check = what, %error, "startup check failed: the service stops");
                 gate.set(State::Failed(error));
                 return;
             }
@@ -178,8 +181,41 @@ pub struct CheckFailed {
     pub error: SinkError,
 }
 
-/// `built`'s sink, its writes waiting for its destination's check (tried once here).
-pub async fn gated(built: Built, status: &Arc<Status>) -> Result<Box<dyn Sink>, CheckFailed> {
+/// The gates of every destination checked at start, each with what it checks.
+#[derive(Default)]
+pub struct Gates(Vec<(&'static str, Arc<Gate>)>);
+
+impl Gates {
+    pub fn push(&mut self, describes: &'static str, gate: Arc<Gate>) {
+        self.0.push((describes, gate));
+    }
+
+    /// The first configuration error a check in the background finds; never, if none does.
+    pub async fn failure(&self) -> CheckFailed {
+        if self.0.is_empty() {
+            // `select_all` of nothing panics.
+            return std::future::pending().await;
+        }
+        let waits = self.0.iter().map(|(describes, gate)| {
+            Box::pin(async move {
+                CheckFailed {
+                    describes,
+                    error: gate.failure().await,
+                }
+            })
+        });
+        let (failed, ..) = futures::future::select_all(waits).await;
+        failed
+    }
+}
+
+/// `built`'s sink, its writes waiting for its destination's check (tried once here), whose gate
+/// joins `gates`.
+pub async fn gated(
+    built: Built,
+    status: &Arc<Status>,
+    gates: &mut Gates,
+) -> Result<Box<dyn Sink>, CheckFailed> {
     let Some(Checked {
         what,
         describes,
@@ -191,6 +227,7 @@ pub async fn gated(built: Built, status: &Arc<Status>) -> Result<Box<dyn Sink>, 
     let gate = check(what, status, run)
         .await
         .map_err(|error| CheckFailed { describes, error })?;
+    gates.push(describes, gate.clone());
     Ok(Box::new(Gated {
         gate,
         sink: built.sink,
@@ -353,7 +390,8 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_configuration_error_found_later_fails_the_next_write_with_it() {
+    async fn a_configuration_error_found_later_stops_the_service_and_fails_the_next_write_with_it()
+    {
         let status = Arc::new(Status::default());
         let tries = Arc::new(AtomicU32::new(0));
         let counted = tries.clone();
@@ -369,9 +407,33 @@ mod tests {
             ))))
         });
         let built = Built::checked(crate::sink::null::NullSink, "gcs", "the GCS bucket", check);
-        let gated = gated(built, &status).await.unwrap();
+        // Beside it, a destination that answers at once, and one that is found later to answer.
+        let mut gates = Gates::default();
+        let answering = Built::checked(
+            crate::sink::null::NullSink,
+            "clickhouse",
+            "the ClickHouse table",
+            flaky(0, Retry::Retryable).1,
+        );
+        gated(answering, &status, &mut gates).await.unwrap();
+        let gated = gated(built, &status, &mut gates).await.unwrap();
+        gates.push(
+            "the consumed topic",
+            super::check("kafka", &status, flaky(3, Retry::Retryable).1)
+                .await
+                .unwrap(),
+        );
+        let failed = tokio::time::timeout(Duration::from_secs(60), gates.failure())
+            .await
+            .expect("the service is told to stop");
+        assert_eq!(failed.describes, "the GCS bucket");
+        assert_eq!(failed.error.message, "bucket not found");
+        assert_eq!(
+            status.report()["outages"]["gcs"]["last_error"],
+            "bucket not found",
+            "/status says why"
+        );
         let progress = Progress::new("gcs", &status);
-        tokio::time::sleep(Duration::from_secs(1)).await;
         let error = gated.write(&[], &progress).await.unwrap_err();
         assert_eq!(
             (error.retry, error.message.as_str()),

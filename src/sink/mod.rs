@@ -52,7 +52,9 @@ pub struct Written {
 /// `url` starts with `http://` or `https://` and names a host: anything else (`ftp://`, a bare
 /// host, a typo) would otherwise be waited on for ever as "not reachable yet". Credentials in it
 /// (`user:password@`) are refused without being repeated: the URL goes into errors, logs,
-/// `/status` and the chart's ConfigMap, and each destination has flags for its credentials.
+/// `/status` and the chart's ConfigMap, and each destination has flags for its credentials. So
+/// is a query or a fragment: the clients drop them (`?password=…` would fail to authenticate,
+/// and then be logged in the error that names the URL).
 pub fn http_url(flag: &str, url: &str) -> Result<(), String> {
     let rest = url
         .strip_prefix("http://")
@@ -61,6 +63,11 @@ pub fn http_url(flag: &str, url: &str) -> Result<(), String> {
     if authority.unwrap_or(url).contains('@') {
         return Err(format!(
             "{flag} holds credentials (user:password@): give them with the flags for them, and only the server's address here"
+        ));
+    }
+    if url.contains(['?', '#']) {
+        return Err(format!(
+            "{flag} holds a query or a fragment, which the client drops: give settings and credentials with the flags for them, and only the server's address here"
         ));
     }
     match rest {
@@ -381,11 +388,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_url_with_credentials_is_refused_without_repeating_them() {
+    fn a_url_with_credentials_or_a_query_is_refused_without_repeating_them() {
         for url in [
             "http://default:s3cret@clickhouse:8123",
             "https://user@ch.example:8443/",
             "default:s3cret@clickhouse:8123",
+            "http://clickhouse:8123/?user=x@y&password=s3cret",
         ] {
             let refused = http_url("--clickhouse-url", url).unwrap_err();
             assert!(
@@ -393,7 +401,17 @@ mod tests {
                 "{refused}"
             );
         }
-        http_url("--clickhouse-url", "http://clickhouse:8123/?user=x@y").unwrap();
+        for url in [
+            "http://clickhouse:8123/?password=s3cret",
+            "http://clickhouse:8123#s3cret",
+        ] {
+            let refused = http_url("--clickhouse-url", url).unwrap_err();
+            assert!(
+                refused.contains("query or a fragment") && !refused.contains("s3cret"),
+                "{refused}"
+            );
+        }
+        http_url("--clickhouse-url", "http://clickhouse:8123/").unwrap();
         http_url("--gcs-endpoint", "https://storage.googleapis.com").unwrap();
         assert!(http_url("--gcs-endpoint", "ftp://x").is_err());
     }

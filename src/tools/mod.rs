@@ -1,7 +1,8 @@
 //! Operator tools beside the service, for what Sentry's ingest leaves to hand work: removing one
 //! replay everywhere (`delete`), expiring the filesystem store's blobs (`sweep`), putting dead
-//! letters back on the input topic once their cause is fixed (`redrive`). Each is a subcommand of `replay-ingest` that takes the same
-//! store and sink flags as `consume`, so it reaches what the service wrote
+//! letters back on the input topic once their cause is fixed (`redrive`). Each is a subcommand
+//! of `replay-ingest`; `delete` and `redrive` take the same store and sink flags as `consume`, and
+//! `sweep` the filesystem store's directory, so each reaches what the service wrote
 //! (`docs/operations.md`, "Operator tools").
 
 pub mod delete;

@@ -8,15 +8,24 @@
 //! Bounded I/O: one directory is read at a time, entry by entry (nothing lists the whole store,
 //! or a project's replays, in memory), at most [`ERRORS_KEPT`] errors are kept word for word
 //! (the rest counted: a store the process may not write to yields one per file), and removals
-//! are paced to `--sweep-max-deletes-per-second`, so a sweep beside the running service never starves
-//! its writes. Anything not under a numeric retention directory (dead-letter copies under
-//! `dlq/`, the startup probe) is left alone. A writer's temporary file expires like the blobs
-//! beside it: one being written is as young as its write.
+//! are paced to `--sweep-max-deletes-per-second`, so that a sweep beside the running service does
+//! not flood the disk with deletes (reading directories and files' metadata is not paced).
+//!
+//! Only what is named as the store names it is touched: a numeric retention directory, a numeric
+//! project, a replay id (32 lowercase hex characters), a numeric segment or a writer's temporary
+//! file of one (`{segment}.tmp-{pid}`). Anything else — dead-letter copies under `dlq/`, a file
+//! an operator left, a symbolic link — is counted as left alone, not followed. A symbolic link
+//! in place of a retention directory is an error (its blobs would never expire), and so is a
+//! `--blob-dir` holding directories but no retention directory (the store's parent, say). A
+//! writer's temporary file expires like the blobs beside it: one being written is as young as
+//! its write. A file whose modification time cannot be read is kept, with an error.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
+
+use crate::recording::envelope::is_replay_id;
 
 use clap::Args;
 
@@ -31,6 +40,9 @@ pub struct SweepArgs {
     /// Say what would be removed, remove nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// With `--dry-run`, print only the summary, not every path (millions, on a large store).
+    #[arg(long, requires = "dry_run")]
+    pub summary_only: bool,
     #[command(flatten)]
     pub pace: SweepPace,
 }
@@ -51,6 +63,8 @@ pub struct Summary {
     pub bytes: u64,
     /// Emptied directories removed.
     pub directories: u64,
+    /// Entries not named as the store names them, or symbolic links: left alone.
+    pub left_alone: u64,
     /// What could not be read or removed: the first [`ERRORS_KEPT`]...
     pub errors: Vec<String>,
     /// ...and how many more.
@@ -71,6 +85,27 @@ impl Summary {
         item.map_err(|error| self.error(error)).ok()
     }
 
+    /// Errors, kept or counted.
+    pub fn error_count(&self) -> u64 {
+        self.errors.len() as u64 + self.more_errors
+    }
+
+    /// Whether `entry` is a directory (`dir`) or a regular file (not) named as `named` says:
+    /// otherwise it is counted as left alone.
+    fn picked(&mut self, entry: Entry, dir: bool, named: fn(&str) -> bool) -> Option<fs::DirEntry> {
+        let wanted = if dir {
+            entry.1.is_dir()
+        } else {
+            entry.1.is_file()
+        };
+        if wanted && entry.0.file_name().to_str().is_some_and(named) {
+            Some(entry.0)
+        } else {
+            self.left_alone += 1;
+            None
+        }
+    }
+
     /// The errors kept, and a line saying how many more there were.
     pub fn errors_said(&self) -> Vec<String> {
         let mut said = self.errors.clone();
@@ -85,14 +120,15 @@ impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} blob(s) scanned, {} past their retention ({} bytes), {} removed ({} bytes), {} empty directories removed, {} error(s)",
+            "{} blob(s) scanned, {} past their retention ({} bytes), {} removed ({} bytes), {} empty directories removed, {} other entries left alone, {} error(s)",
             self.scanned,
             self.expired,
             self.expired_bytes,
             self.removed,
             self.bytes,
             self.directories,
-            self.errors.len() as u64 + self.more_errors
+            self.left_alone,
+            self.error_count()
         )
     }
 }
@@ -117,21 +153,49 @@ pub fn sweep(
         let cutoff = now
             .checked_sub(Duration::from_secs(u64::from(days) * 86_400))
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        for project in subdirectories(&retention_dir) {
+        for project in entries(&retention_dir) {
             let Some(project) = summary.noted(project) else {
                 continue;
             };
-            for replay in subdirectories(&project) {
+            let Some(project) = summary.picked(project, true, is_number::<u64>) else {
+                continue;
+            };
+            let project = project.path();
+            for replay in entries(&project) {
                 let Some(replay) = summary.noted(replay) else {
                     continue;
                 };
-                for file in files(&replay) {
-                    let Some((file, meta)) = summary.noted(file) else {
+                let Some(replay) = summary.picked(replay, true, is_replay_id) else {
+                    continue;
+                };
+                let replay = replay.path();
+                for file in entries(&replay) {
+                    let Some(file) = summary.noted(file) else {
                         continue;
                     };
-                    summary.scanned += 1;
-                    if meta.modified().is_ok_and(|m| m >= cutoff) {
+                    let Some(file) = summary.picked(file, false, is_segment_file) else {
                         continue;
+                    };
+                    // Read through the directory's handle: no path built, nothing followed.
+                    let meta = match file.metadata() {
+                        Ok(meta) => meta,
+                        // Gone since the listing: a `delete`, or another sweep.
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                        Err(e) => {
+                            summary.error(format!("{}: {e}", file.path().display()));
+                            continue;
+                        }
+                    };
+                    let file = file.path();
+                    summary.scanned += 1;
+                    match meta.modified() {
+                        Ok(modified) if modified >= cutoff => continue,
+                        Ok(_) => {}
+                        Err(e) => {
+                            summary
+                                .error(format!("{}: modification time: {e}; kept", file.display()));
+                            continue;
+                        }
                     }
                     summary.expired += 1;
                     summary.expired_bytes += meta.len();
@@ -161,64 +225,86 @@ pub fn sweep(
     summary
 }
 
-/// Top-level directories named by a retention in days.
-/// Few (one per retention in use): listed, in order of the retention.
+/// Top-level directories named by a retention in days. Few (one per retention in use): listed,
+/// in order of the retention. A symbolic link named as one is an error: the writer follows it, the
+/// sweep does not, so its blobs would never expire. Directories but no retention directory is an
+/// error too: a `--blob-dir` one level too high would otherwise sweep nothing and succeed.
 fn retention_dirs(root: &Path, summary: &mut Summary) -> Vec<(PathBuf, u16)> {
-    let mut dirs: Vec<(PathBuf, u16)> = subdirectories(root)
-        .filter_map(|dir| {
-            let dir = summary.noted(dir)?;
-            let days = dir.file_name()?.to_str()?.parse().ok()?;
-            Some((dir, days))
-        })
-        .collect();
+    let (mut dirs, mut others) = (Vec::new(), Vec::new());
+    for entry in entries(root) {
+        let Some((entry, kind)) = summary.noted(entry) else {
+            continue;
+        };
+        let name = entry.file_name();
+        let days = name.to_str().and_then(|n| n.parse::<u16>().ok());
+        match days {
+            Some(days) if kind.is_dir() => dirs.push((entry.path(), days)),
+            Some(_) if kind.is_symlink() => summary.error(format!(
+                "{}: a symbolic link; the sweep does not follow links, so its blobs never expire: point --blob-dir at a store holding the directory itself",
+                entry.path().display()
+            )),
+            _ => {
+                summary.left_alone += 1;
+                if kind.is_dir() && name != DEAD_LETTERS {
+                    others.push(name);
+                }
+            }
+        }
+    }
+    if dirs.is_empty() && !others.is_empty() {
+        summary.error(format!(
+            "{}: no retention directory (named by days, e.g. 90/), but {} other director{} ({}): is --blob-dir the store's own directory?",
+            root.display(),
+            others.len(),
+            if others.len() == 1 { "y" } else { "ies" },
+            others
+                .iter()
+                .take(3)
+                .map(|n| n.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     dirs.sort_by_key(|(_, days)| *days);
     dirs
 }
 
-/// The subdirectories of `dir`, one at a time.
-fn subdirectories(dir: &Path) -> impl Iterator<Item = Result<PathBuf, String>> {
-    entries(dir, fs::FileType::is_dir).map(|entry| entry.map(|entry| entry.path()))
+/// The store's directory of dead-letter copies, beside the retention directories.
+const DEAD_LETTERS: &str = "dlq";
+
+fn is_number<T: std::str::FromStr>(name: &str) -> bool {
+    name.bytes().all(|b| b.is_ascii_digit()) && name.parse::<T>().is_ok()
 }
 
-/// The files of `dir` with their metadata, one at a time, a writer's temporary ones among them:
-/// one being written is as young as its write, and one a failed write or a crash left expires
-/// with the blobs beside it.
-fn files(dir: &Path) -> impl Iterator<Item = Result<(PathBuf, fs::Metadata), String>> {
-    entries(dir, fs::FileType::is_file).map(|entry| {
-        let entry = entry?;
-        // Read through the directory's handle: no path built, nothing followed.
-        let meta = entry
-            .metadata()
-            .map_err(|e| format!("{}: {e}", entry.path().display()))?;
-        Ok((entry.path(), meta))
-    })
+/// A segment's blob, or a writer's temporary file of one (`{segment}.tmp-{pid}`).
+fn is_segment_file(name: &str) -> bool {
+    match name.split_once(".tmp-") {
+        Some((segment, pid)) => is_number::<u32>(segment) && is_number::<u32>(pid),
+        None => is_number::<u32>(name),
+    }
 }
 
-/// A directory's entries of the type `kind` picks (symbolic links not followed), one at a time;
-/// unreadable ones are errors, a directory already gone is empty. The type comes with the
-/// entry: no call per entry of another type.
-fn entries(
-    dir: &Path,
-    kind: fn(&fs::FileType) -> bool,
-) -> impl Iterator<Item = Result<fs::DirEntry, String>> {
+/// A directory entry and its type (symbolic links not followed).
+type Entry = (fs::DirEntry, fs::FileType);
+
+/// A directory's entries, one at a time; unreadable ones are errors, a directory already gone
+/// is empty. The type comes with the entry: no call per entry.
+fn entries(dir: &Path) -> impl Iterator<Item = Result<Entry, String>> {
     let (read, failed) = match fs::read_dir(dir) {
         Ok(read) => (Some(read), None),
         Err(e) if e.kind() == io::ErrorKind::NotFound => (None, None),
         Err(e) => (None, Some(Err(format!("{}: {e}", dir.display())))),
     };
-    let picked = move |entry: io::Result<fs::DirEntry>| {
-        let entry = match entry {
-            Ok(entry) => entry,
-            Err(e) => return Some(Err(format!("{}: {e}", dir.display()))),
-        };
+    let typed = move |entry: io::Result<fs::DirEntry>| {
+        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
         match entry.file_type() {
-            Ok(found) => kind(&found).then_some(Ok(entry)),
-            Err(e) => Some(Err(format!("{}: {e}", entry.path().display()))),
+            Ok(kind) => Ok((entry, kind)),
+            Err(e) => Err(format!("{}: {e}", entry.path().display())),
         }
     };
     failed
         .into_iter()
-        .chain(read.into_iter().flatten().filter_map(picked))
+        .chain(read.into_iter().flatten().map(typed))
 }
 
 fn remove_if_empty(dir: &Path, summary: &mut Summary) {
@@ -278,14 +364,22 @@ mod tests {
     fn exactly_the_blobs_past_their_keys_retention_are_removed() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        blob(root, "30/1/aaaa/0", 31 * DAY);
-        blob(root, "30/1/aaaa/1", 29 * DAY);
-        blob(root, "30/1/bbbb/0", 45 * DAY);
-        blob(root, "90/1/cccc/0", 45 * DAY);
-        blob(root, "90/2/dddd/0", 91 * DAY);
+        blob(root, "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/0", 31 * DAY);
+        blob(root, "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/1", 29 * DAY);
+        blob(root, "30/1/bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb/0", 45 * DAY);
+        blob(root, "90/1/cccccccccccccccccccccccccccccccc/0", 45 * DAY);
+        blob(root, "90/2/dddddddddddddddddddddddddddddddd/0", 91 * DAY);
         blob(root, "dlq/t/0/17", 400 * DAY);
-        blob(root, "30/1/aaaa/2.tmp-1", 400 * DAY);
-        blob(root, "30/1/aaaa/3.tmp-1", Duration::ZERO);
+        blob(
+            root,
+            "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/2.tmp-1",
+            400 * DAY,
+        );
+        blob(
+            root,
+            "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/3.tmp-1",
+            Duration::ZERO,
+        );
         let mut seen = Vec::new();
         let dry = sweep(root, SystemTime::now(), true, PACE, |p| {
             seen.push(p.to_owned())
@@ -296,7 +390,8 @@ mod tests {
             "a dry run says how much a sweep frees"
         );
         assert!(
-            root.join("30/1/aaaa/0").exists(),
+            root.join("30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/0")
+                .exists(),
             "a dry run removes nothing"
         );
         let summary = sweep(root, SystemTime::now(), false, PACE, |_| {});
@@ -305,23 +400,100 @@ mod tests {
             (4, 4, 16)
         );
         // A writer's temporary file a crash left expires with the blobs beside it.
-        for gone in ["30/1/aaaa/0", "30/1/aaaa/2.tmp-1", "30/1/bbbb", "90/2"] {
+        for gone in [
+            "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/0",
+            "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/2.tmp-1",
+            "30/1/bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+            "90/2",
+        ] {
             assert!(!root.join(gone).exists(), "{gone}");
         }
         for kept in [
-            "30/1/aaaa/1",
-            "90/1/cccc/0",
+            "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/1",
+            "90/1/cccccccccccccccccccccccccccccccc/0",
             "dlq/t/0/17",
-            "30/1/aaaa/3.tmp-1",
+            "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/3.tmp-1",
         ] {
             assert!(root.join(kept).exists(), "{kept}");
         }
-        assert_eq!(summary.directories, 3, "bbbb, 90/2/dddd and 90/2");
+        assert_eq!(summary.directories, 3, "bbbb…, 90/2/dddd… and 90/2");
+        assert_eq!(summary.left_alone, 1, "dlq/");
         assert!(summary.errors.is_empty(), "{:?}", summary.errors);
         assert_eq!(
             sweep(root, SystemTime::now(), false, PACE, |_| {}).removed,
             0
         );
+    }
+
+    const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+    #[test]
+    fn only_what_is_named_as_the_store_names_it_is_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, elsewhere) = (dir.path().join("store"), dir.path().join("elsewhere"));
+        blob(&root, &format!("30/1/{A}/0"), 40 * DAY);
+        let left = [
+            format!("30/1/{A}/notes.txt"),
+            format!("30/1/{A}/0.bak"),
+            format!("30/x/{A}/0"),
+            "30/1/not-a-replay/0".to_owned(),
+            format!("30/1/{}/0", A.to_uppercase()),
+        ];
+        for key in &left {
+            blob(&root, key, 400 * DAY);
+        }
+        // A link where a replay's directory would be is not followed.
+        blob(&elsewhere, "0", 400 * DAY);
+        std::os::unix::fs::symlink(&elsewhere, root.join(format!("30/1/{B}"))).unwrap();
+        let summary = sweep(&root, SystemTime::now(), false, PACE, |_| {});
+        assert!(summary.errors.is_empty(), "{:?}", summary.errors);
+        assert_eq!((summary.scanned, summary.removed), (1, 1));
+        // notes.txt, 0.bak, x, not-a-replay, the upper-case id and the link.
+        assert_eq!(summary.left_alone, 6, "{summary}");
+        for key in &left {
+            assert!(root.join(key).exists(), "{key}");
+        }
+        assert!(elsewhere.join("0").exists());
+    }
+
+    #[test]
+    fn a_retention_directory_that_is_a_link_is_an_error_and_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, volume) = (dir.path().join("store"), dir.path().join("volume"));
+        blob(&root, &format!("30/1/{A}/0"), 40 * DAY);
+        blob(&volume, &format!("1/{A}/0"), 400 * DAY);
+        std::os::unix::fs::symlink(&volume, root.join("90")).unwrap();
+        let summary = sweep(&root, SystemTime::now(), false, PACE, |_| {});
+        assert_eq!(summary.removed, 1, "the rest of the store is swept");
+        assert_eq!(summary.errors.len(), 1, "{:?}", summary.errors);
+        assert!(
+            summary.errors[0].contains("90: a symbolic link"),
+            "{:?}",
+            summary.errors
+        );
+        assert!(volume.join(format!("1/{A}/0")).exists());
+    }
+
+    #[test]
+    fn a_blob_dir_above_the_store_is_an_error_not_an_empty_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        blob(dir.path(), &format!("blobs/30/1/{A}/0"), 40 * DAY);
+        let summary = sweep(dir.path(), SystemTime::now(), false, PACE, |_| {});
+        assert_eq!(summary.errors.len(), 1, "{:?}", summary.errors);
+        assert!(
+            summary.errors[0].contains("no retention directory")
+                && summary.errors[0].contains("blobs"),
+            "{:?}",
+            summary.errors
+        );
+        assert!(dir.path().join(format!("blobs/30/1/{A}/0")).exists());
+        // A store that has only dead letters so far is a store, not a mistake.
+        let store = tempfile::tempdir().unwrap();
+        blob(store.path(), "dlq/rec/0/12", 400 * DAY);
+        let summary = sweep(store.path(), SystemTime::now(), false, PACE, |_| {});
+        assert!(summary.errors.is_empty(), "{:?}", summary.errors);
+        assert_eq!(summary.left_alone, 1, "dlq/");
     }
 
     #[test]
@@ -350,7 +522,11 @@ mod tests {
     fn removals_are_paced() {
         let dir = tempfile::tempdir().unwrap();
         for n in 0..25 {
-            blob(dir.path(), &format!("30/1/aaaa/{n}"), 40 * DAY);
+            blob(
+                dir.path(),
+                &format!("30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/{n}"),
+                40 * DAY,
+            );
         }
         let started = Instant::now();
         let pace = SweepPace {

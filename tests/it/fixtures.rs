@@ -52,7 +52,11 @@ fn inspect_output_of_every_fixture_matches_its_snapshot() {
     for kind in ["segments", "synthetic"] {
         for path in fixtures(kind) {
             let name = format!("{kind}/{}", path.file_name().unwrap().to_string_lossy());
-            let line = inspect::inspect(&name, &std::fs::read(&path).unwrap(), &Limits::default());
+            let line = inspect::inspect(
+                &name,
+                std::fs::read(&path).unwrap().into(),
+                &Limits::default(),
+            );
             let value: Value = serde_json::from_str(&line).unwrap();
             insta::assert_json_snapshot!(name.replace(['/', '.'], "__"), value);
         }

@@ -52,6 +52,55 @@ fn an_unreadable_file_is_reported_and_fails_the_command_after_the_others_print()
 }
 
 #[test]
+fn a_file_larger_than_any_message_is_not_read_and_fails_the_command() {
+    let out = inspect(&[
+        "--max-message-bytes",
+        "2000",
+        "fixtures/segments/media-0.msgpack",
+        "fixtures/segments/console-1.msgpack",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.contains("console-1.msgpack"), "{stdout}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("media-0.msgpack: 20007 bytes, larger than --max-message-bytes (2000)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn many_files_print_in_argument_order_across_windows() {
+    let files: Vec<String> =
+        std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/segments"))
+            .unwrap()
+            .map(|e| e.unwrap().path().display().to_string())
+            .collect();
+    // Several windows' worth, each file a few times, in an order no window keeps by chance.
+    let args: Vec<String> = (0..5)
+        .flat_map(|round| {
+            let mut round_files = files.clone();
+            round_files.rotate_left(round * 3 % files.len());
+            round_files
+        })
+        .collect();
+    let out = inspect(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success());
+    let printed: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["file"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(printed, args);
+}
+
+#[test]
 fn no_files_is_a_usage_error() {
     let out = inspect(&[]);
     assert_eq!(out.status.code(), Some(2));

@@ -223,42 +223,58 @@ async fn a_stop_during_startup_is_a_clean_exit() {
     assert_eq!(service.terminate(), Some(0));
 }
 
-/// The brokers unreachable at start, so the consumed topic's check goes on in the background,
-/// and the topic missing once they answer: the service stops, naming it. No sink writes to the
-/// consumed topic, so nothing waited on that check: the service stayed ready, in its group,
-/// consuming nothing, for ever.
+/// The brokers unreachable at start, so the topics' checks go on in the background, and a topic
+/// missing once they answer: the service stops, naming it. No sink writes to the consumed topic,
+/// so nothing waited on that check: the service stayed ready, in its group, consuming nothing,
+/// for ever. The dead-letter topic is written only when a message is rejected: the service ran
+/// on without it until then, hours later perhaps.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
-async fn a_consumed_topic_found_missing_once_the_brokers_answer_stops_the_service() {
+async fn a_topic_found_missing_once_the_brokers_answer_stops_the_service() {
     let _stack = uses_stack().await;
-    let (missing, dlq, group) = (unique("no-such-topic"), unique("dlq"), unique("group"));
-    create_topic(&dlq, 1).await;
-    let broker_port = brokers().rsplit(':').next().unwrap().parse().unwrap();
-    let relay = relay::Relay::start(broker_port).await;
-    relay.cut();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("service.log");
-    let args = with_flag(
-        service_args(&missing, &dlq, &group, dir.path(), free_port()),
-        "--brokers",
-        &relay.address(),
-    );
-    let service = Service::start_logging_to(&args, &log);
-    let said = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_for(
-        "the consumed topic's check waiting for the brokers",
-        Duration::from_secs(60),
-        || said().contains("not reachable yet; joining the group anyway"),
-    )
-    .await;
-    relay.restore();
-    let exit = service.exit_within(Duration::from_secs(90)).await;
-    let said = said();
-    assert_eq!(exit, Some(1), "{said}");
-    assert!(
-        said.contains("checking the consumed topic") && said.contains(&missing),
-        "{said}"
-    );
+    for missing_one in ["--topic", "--dlq-topic"] {
+        let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
+        let (missing, describes) = match missing_one {
+            "--topic" => (&topic, "checking the consumed topic"),
+            _ => (&dlq, "checking the Kafka topics"),
+        };
+        for made in [&topic, &dlq].into_iter().filter(|t| *t != missing) {
+            create_topic(made, 1).await;
+        }
+        let broker_port = brokers().rsplit(':').next().unwrap().parse().unwrap();
+        let relay = relay::Relay::start(broker_port).await;
+        relay.cut();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("service.log");
+        let args = with_flag(
+            service_args(&topic, &dlq, &group, dir.path(), free_port()),
+            "--brokers",
+            &relay.address(),
+        );
+        let service = Service::start_logging_to(&args, &log);
+        let said = || std::fs::read_to_string(&log).unwrap_or_default();
+        // Both topics' first tries (the consumed topic's, then the dead-letter sink's) given up:
+        // each is checked again in the background.
+        wait_for(
+            "the topics' checks waiting for the brokers",
+            Duration::from_secs(60),
+            || {
+                said()
+                    .matches("not reachable yet; joining the group anyway")
+                    .count()
+                    >= 2
+            },
+        )
+        .await;
+        relay.restore();
+        let exit = service.exit_within(Duration::from_secs(90)).await;
+        let said = said();
+        assert_eq!(exit, Some(1), "{missing_one}: {said}");
+        assert!(
+            said.contains(describes) && said.contains(missing.as_str()),
+            "{missing_one}: {said}"
+        );
+    }
 }
 
 /// With credentials from the metadata server (GKE Workload Identity), building the GCS client
