@@ -36,7 +36,8 @@ pub const DEFAULT_FLUSH_STALL: Duration = Duration::from_secs(300);
 /// A member out of its group this long is logged (once per time out of it).
 pub const OUT_OF_GROUP_WARNING: Duration = Duration::from_secs(60);
 
-fn now_ms() -> u64 {
+/// Now, in ms since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -171,7 +172,8 @@ impl Status {
         self.live_at(now_ms())
     }
 
-    fn live_at(&self, now: u64) -> bool {
+    /// [`Status::live`] at `now` (ms since the Unix epoch).
+    pub(crate) fn live_at(&self, now: u64) -> bool {
         let heartbeat = self.heartbeat_ms.load(Ordering::Relaxed);
         if heartbeat == 0 {
             // Not started yet (the first startup check beats): nothing to tell.
@@ -766,14 +768,21 @@ mod tests {
     /// A live status whose member is out of its group past a 50 ms group stall: `record`
     /// receives it to record statistics before and after the stall.
     fn out_of_group(record: impl Fn(&Status, bool)) -> Status {
+        out_of_group_at(record).0
+    }
+
+    /// [`out_of_group`], and the instant (ms) just before the second record: whatever that
+    /// record starts counting has not lasted at all then, however loaded the machine.
+    fn out_of_group_at(record: impl Fn(&Status, bool)) -> (Status, u64) {
         let s = Status::default();
         s.beat();
         s.set_group_stall(Some(Duration::from_millis(50)));
         s.record_initialised(true);
         record(&s, false);
         std::thread::sleep(Duration::from_millis(60));
+        let at = now_ms();
         record(&s, true);
-        s
+        (s, at)
     }
 
     #[test]
@@ -806,11 +815,11 @@ mod tests {
     #[test]
     fn time_out_of_the_group_without_a_broker_does_not_count_toward_the_stall() {
         // Out of the group throughout, no broker connected until the stall has passed.
-        let s = out_of_group(|s, after| {
+        let (s, at) = out_of_group_at(|s, after| {
             s.record_group("query-coord", "init", false, usize::from(after))
         });
         assert!(
-            s.live(),
+            s.live_at(at),
             "a Kafka outage ended a moment ago: its length is not the member's fault"
         );
         std::thread::sleep(Duration::from_millis(60));
@@ -884,25 +893,32 @@ mod tests {
 
     #[test]
     fn a_flush_without_progress_past_the_stall_timeout_is_not_live_and_a_retrying_one_is() {
+        // At times of the test's choosing, each just after the event it follows: a loaded
+        // machine does not move them.
+        const STALL: u64 = 10_000;
         let s = Status::default();
         s.beat();
-        s.set_flush_stall(Duration::from_millis(50));
+        s.set_flush_stall(Duration::from_millis(STALL));
         s.record_flushes_in_flight(1);
+        let progressed = now_ms();
         s.flush_progress();
-        assert!(s.live(), "a flush that just made progress");
-        std::thread::sleep(Duration::from_millis(60));
-        s.beat();
-        assert!(!s.live(), "no sink attempt ended within the stall timeout");
+        assert!(s.live_at(progressed), "a flush that just made progress");
+        assert!(
+            !s.live_at(progressed + STALL + 1_000),
+            "no sink attempt ended within the stall timeout"
+        );
         s.sink_failed("gcs", "503");
+        let progressed = now_ms();
         s.flush_progress();
         assert!(
-            s.live(),
+            s.live_at(progressed),
             "a failed attempt is progress: retrying is not wedged"
         );
         s.record_flushes_in_flight(0);
-        std::thread::sleep(Duration::from_millis(60));
-        s.beat();
-        assert!(s.live(), "no flush outstanding, nothing to stall");
+        assert!(
+            s.live_at(progressed + STALL + 1_000),
+            "no flush outstanding, nothing to stall"
+        );
     }
 
     /// `sink.outage_ms` is the outage's length, from its first failure, whichever flush it
@@ -912,12 +928,15 @@ mod tests {
     fn an_outage_lasts_from_its_first_failure_whichever_write_reports_it() {
         let s = Status::default();
         s.sink_request_failed("gcs", "503");
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(s.sink_failed("gcs", "503") >= Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(300));
+        let first = s.sink_failed("gcs", "503");
+        assert!(first >= Duration::from_millis(300), "{first:?}");
         s.sink_recovered("gcs");
+        // Shorter than the first by a margin a loaded machine does not spend between two lines.
+        let second = s.sink_failed("gcs", "503");
         assert!(
-            s.sink_failed("gcs", "503") < Duration::from_millis(30),
-            "a new outage"
+            second < Duration::from_millis(250),
+            "a new outage: {second:?}"
         );
     }
 

@@ -190,34 +190,37 @@ mod tests {
 
     #[test]
     fn a_wait_ends_with_room_freed_or_when_closed() {
+        // Woken, not timed out: a waiter nothing wakes gets its answer only at its deadline (the
+        // loop checks room and closing once more then), so each is asked how long it waited.
+        const DEADLINE: Duration = Duration::from_secs(60);
+        let waiter = |handoff: &Arc<Handoff>, wanted: fn(&Reserved) -> bool| {
+            let handoff = handoff.clone();
+            std::thread::spawn(move || {
+                let started = std::time::Instant::now();
+                let reserved = handoff.reserve(1, 1, DEADLINE);
+                (wanted(&reserved), started.elapsed())
+            })
+        };
         let handoff = Handoff::new(1, 100);
         let held = room(handoff.reserve(1, 1, NO_WAIT));
-        let waiter = {
-            let handoff = handoff.clone();
-            std::thread::spawn(move || {
-                matches!(
-                    handoff.reserve(1, 1, Duration::from_secs(60)),
-                    Reserved::Room(_)
-                )
-            })
-        };
+        let waiting = waiter(&handoff, |r| matches!(r, Reserved::Room(_)));
         waiting_in_reserve(&handoff);
         drop(held);
-        assert!(waiter.join().unwrap(), "room freed wakes the waiter");
+        let (room_freed, waited) = waiting.join().unwrap();
+        assert!(
+            room_freed && waited < DEADLINE / 2,
+            "room freed wakes the waiter: {waited:?}"
+        );
 
         let _held = room(handoff.reserve(1, 1, NO_WAIT));
-        let waiter = {
-            let handoff = handoff.clone();
-            std::thread::spawn(move || {
-                matches!(
-                    handoff.reserve(1, 1, Duration::from_secs(60)),
-                    Reserved::Closed
-                )
-            })
-        };
+        let waiting = waiter(&handoff, |r| matches!(r, Reserved::Closed));
         waiting_in_reserve(&handoff);
         handoff.close();
-        assert!(waiter.join().unwrap(), "closing wakes the waiter");
+        let (closed, waited) = waiting.join().unwrap();
+        assert!(
+            closed && waited < DEADLINE / 2,
+            "closing wakes the waiter: {waited:?}"
+        );
         assert!(
             matches!(handoff.reserve(1, 1, NO_WAIT), Reserved::Closed),
             "closed for good"

@@ -398,7 +398,7 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
 
     assert!(
         store.written().is_empty(),
-        "the cut member wrote nothing of the partitions it lost: {:?}\n{}",
+        "precondition: the store answered the cut member nothing before it exited (what shows it gave the partitions up is the billing above and its log): {:?}\n{}",
         store.written(),
         log()
     );
@@ -438,7 +438,7 @@ async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_me
     assert!(log().contains("partitions lost"), "{}", log());
     assert!(
         store.written().is_empty(),
-        "nothing of the lost partitions written"
+        "precondition: the store still answers 503 (what shows the flush gave up is the log line above)"
     );
 
     store.hold(false);

@@ -297,6 +297,6 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
     }
     assert!(
         read_back(&config).await.is_empty(),
-        "no INSERT reached the server"
+        "precondition: the proxy answered every INSERT itself"
     );
 }

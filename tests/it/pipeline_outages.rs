@@ -21,6 +21,7 @@ use replay_ingest::config::ConsumeArgs;
 use replay_ingest::health::Status;
 use replay_ingest::kafka::refetch::Refetcher;
 use replay_ingest::pipeline;
+use replay_ingest::pipeline::window::PROCESSING_WINDOW_MESSAGES;
 
 /// Flags for a hung blob store: a request is given up after [`SINK_TIMEOUT`], and the write
 /// tried again after at most 200 ms (with the defaults, 30 s and 10 s, a test would wait them out
@@ -378,7 +379,7 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     .await;
     assert!(
         names.blobs().is_empty(),
-        "the first member's flush is still hung: none of its blobs stored"
+        "precondition: the store still holds every upload"
     );
 
     // The store comes back: the stale flush finishes; the offsets of the partition given away
@@ -508,7 +509,7 @@ async fn a_revoke_that_drains_past_the_liveness_window_stays_live() {
     );
     assert!(
         names.blobs().is_empty(),
-        "the flush hung throughout: none of its blobs stored"
+        "precondition: the store held every upload throughout"
     );
     assert!(!task.is_finished(), "the member carries on");
     drop(release);
@@ -575,7 +576,7 @@ async fn a_shutdown_during_a_revoke_is_heard_at_once_and_bounded_by_one_drain_de
     assert!(requested.elapsed() < DRAIN + Duration::from_secs(2));
     assert!(
         names.blobs().is_empty(),
-        "the flush left undone stored none of its blobs"
+        "precondition: the store still holds every upload"
     );
     // The flush left undone goes on trying on the blocking pool; once the store answers, it
     // succeeds (its outage ends with it) and ends, before this test's runtime does.
@@ -625,18 +626,21 @@ async fn one_stuck_flush_bounds_what_waits_behind_it_to_be_committed() {
         || status.snapshot().paused && names.blobs().len() >= BOUND - 12,
     )
     .await;
-    // Paused, it stays so: what is written stays near the bound (plus what the processing
-    // window held when intake paused, 64 small segments at most), far short of the 1000
-    // produced.
+    // Paused, it stays so: nothing more is taken in, and what was is the bound plus what the
+    // processing window held when intake paused (64 small segments at most), far short of the
+    // 1000 produced. (Ignoring the bound, the free flush slot would go on taking in four at a
+    // time: a pause seen at one moment alone could be a full buffer's.)
+    let taken_in = status.snapshot().consumed;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let snapshot = status.snapshot();
     assert!(snapshot.paused, "still paused");
-    let stored = names.blobs();
+    assert_eq!(snapshot.consumed, taken_in, "nothing taken in while paused");
     assert!(
-        stored.len() < 200,
-        "intake stopped near the bound: {} written",
-        stored.len()
+        snapshot.consumed <= (BOUND + PROCESSING_WINDOW_MESSAGES + 4) as u64,
+        "intake stopped at the bound: {} taken in",
+        snapshot.consumed
     );
+    let stored = names.blobs();
     assert!(
         !stored.contains(blob_key(stuck)) && hung(&proxy),
         "the stuck flush's blob is held, not stored"
@@ -702,9 +706,18 @@ async fn a_flush_failing_for_good_stops_the_flushes_still_under_way() {
         "{error}"
     );
     assert!(hung(&proxy), "the first flush's upload was held");
-    // The request in flight when the pipeline stopped meets its timeout; a next attempt would
-    // be held again by now. Then the store answers.
+    // The request in flight when the pipeline stopped (or one begun as it stopped) meets its
+    // timeout. A flush still retrying would then try again every timeout plus backoff (1.2 s at
+    // most): three timeouts later, the proxy would have seen more uploads of its blob.
+    tokio::time::sleep(SINK_TIMEOUT * 2).await;
+    let tried = uploads_of(&proxy, hanging);
     tokio::time::sleep(SINK_TIMEOUT * 3).await;
+    assert_eq!(
+        uploads_of(&proxy, hanging),
+        tried,
+        "no attempt after the pipeline stopped"
+    );
+    // Then the store answers: nothing held is written either.
     drop(release);
     tokio::time::sleep(SINK_TIMEOUT * 2).await;
     let stored = names.blobs();
@@ -712,6 +725,7 @@ async fn a_flush_failing_for_good_stops_the_flushes_still_under_way() {
         !stored.contains(blob_key(hanging)),
         "the flush under way stored nothing more: {stored:?}"
     );
+    assert_eq!(uploads_of(&proxy, hanging), tried);
     assert!(
         committed(&names.group, &names.topic, 1).is_empty(),
         "nothing committed"

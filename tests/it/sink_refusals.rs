@@ -193,7 +193,8 @@ async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_l
             "the original"
         );
     }
-    // The accepted messages' rows, and none of a refused one.
+    // The accepted messages' rows, all of them (a refused one's never reach the server: the
+    // proxy answers them itself).
     let stored = replays_with_rows(&names.table).await;
     let with_rows: BTreeSet<String> = (accepted.iter())
         .filter(|(_, has_rows, _)| *has_rows)

@@ -37,12 +37,15 @@ pub fn signal_stack(service: &str, signal: &str) -> bool {
 
 /// Runs `scripts/stack.sh` against the stack the test script started.
 pub fn stack(args: &[&str]) {
-    let status = std::process::Command::new("bash")
+    let status = run_stack(args).unwrap();
+    assert!(status.success(), "scripts/stack.sh {args:?}");
+}
+
+fn run_stack(args: &[&str]) -> std::io::Result<std::process::ExitStatus> {
+    std::process::Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/stack.sh"))
         .args(args)
         .status()
-        .unwrap();
-    assert!(status.success(), "scripts/stack.sh {args:?}");
 }
 
 /// Stops a stack service (`kafka`, `clickhouse`, `gcs`); it is started again when the guard is
@@ -58,6 +61,14 @@ impl Down {
 
 impl Drop for Down {
     fn drop(&mut self) {
-        stack(&["start", self.0]);
+        // Not `stack`, which asserts: a panic while the test already panics aborts the binary,
+        // and every other test's guards (services, brokers, proxies) would skip their drops.
+        match run_stack(&["start", self.0]) {
+            Ok(status) if status.success() => {}
+            failed if std::thread::panicking() => {
+                eprintln!("scripts/stack.sh start {}: {failed:?}", self.0)
+            }
+            failed => panic!("scripts/stack.sh start {}: {failed:?}", self.0),
+        }
     }
 }

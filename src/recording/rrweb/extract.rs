@@ -1198,6 +1198,11 @@ mod tests {
             .collect();
         let x = extract_events(&events);
         assert_eq!(x.urls.len(), 2);
+        assert_eq!(
+            (x.navigations.len(), x.dropped_items),
+            (1000, 0),
+            "shared, every visit fits the budget"
+        );
         assert!(
             x.navigations
                 .iter()
@@ -1209,6 +1214,12 @@ mod tests {
             .map(|i| span("navigation.push", &format!("{i}{a}"), "{}"))
             .collect();
         let x = extract_events(&events);
+        assert!(!x.navigations.is_empty());
+        assert_eq!(
+            (x.navigations.len() + x.urls.len()) as u64 + x.dropped_items,
+            2 * 2000,
+            "each visit and each URL kept or counted"
+        );
         let held: usize = x.navigations.iter().map(|n| n.to.len()).sum::<usize>()
             + x.urls.iter().map(|u| u.len()).sum::<usize>();
         assert!(held <= 2 * MAX_LIST_BYTES, "{held} bytes of URLs held");
