@@ -10,7 +10,18 @@ cd "$(dirname "$0")/.."
 
 seconds=${1:-900}
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# The harness's own stack lives here, so that it is stopped when the harness is stopped half way
+# (Ctrl-C or a SIGTERM skips the harness's own clean-up, and the servers would run on).
+stack=$(mktemp -d /tmp/replay-ingest-chaos.XXXXXX)
+export REPLAY_INGEST_CHAOS_STACK_DIR=$stack
+trap 'status=$?
+  REPLAY_INGEST_STACK_DIR=$stack scripts/stack.sh down >/dev/null 2>&1 || true
+  if [ "$status" -ne 0 ] && [ -n "$(ls -A "$stack" 2>/dev/null)" ]; then
+    echo "the chaos stack logs are kept in $stack" >&2
+  else
+    rm -rf "$stack"
+  fi
+  rm -f "$log"' EXIT
 # The harness brings up (and stops) a stack of its own; a bare `cargo test` leaves it out (it is
 # marked ignored), this script runs it.
 if CHAOS_SECONDS=$seconds cargo test --locked --quiet --test chaos -- --include-ignored --nocapture >"$log" 2>&1; then

@@ -30,7 +30,7 @@ produce=${CARGO_TARGET_DIR:-target}/release/examples/produce
 "${CARGO_TARGET_DIR:-target}"/release/examples/topics --brokers "$REPLAY_INGEST_TEST_BROKERS" \
   ingest-replay-recordings:4 ingest-replay-recordings-dlq:1 outcomes-billing:1 replay-analytics:1 ingest-occurrences:1 \
   snuba-items:1
-python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=demo', data=b'{\"name\":\"replays\"}', headers={'content-type': 'application/json'}))"
+python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=demo', data=b'{\"name\":\"replays\"}', headers={'content-type': 'application/json'}), timeout=10)"
 
 port=$(free_port)
 echo "== starting the service (status on http://127.0.0.1:$port/status)"
@@ -45,9 +45,21 @@ files=(fixtures/segments/*.msgpack fixtures/synthetic/*.msgpack)
 echo "== publishing ${#files[@]} messages (every fixture once, each with a fresh replay id)"
 produced=$("$produce" --brokers "$REPLAY_INGEST_TEST_BROKERS" --count "${#files[@]}" "${files[@]}")
 
-python3 - "$port" "$produced" "$REPLAY_INGEST_TEST_GCS_ENDPOINT" "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" <<'PY'
-import json, sys, time, urllib.parse, urllib.request
+python3 - "$port" "$produced" "$REPLAY_INGEST_TEST_GCS_ENDPOINT" "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" "$pid" "$work/service.log" <<'PY'
+import json, os, sys, time, urllib.parse, urllib.request
 port, produced, gcs, clickhouse = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+service, log = sys.argv[5], sys.argv[6]
+def fail(why):
+    # The service's log goes with the demo's temporary directory: its end is shown here.
+    with open(log, errors="replace") as f:
+        tail = f.readlines()[-50:]
+    sys.exit(f"{why}\nthe service's log ends:\n" + "".join(tail))
+def alive():
+    try:
+        with open(f"/proc/{service}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 target = {str(p): o + 1 for p, o in produced["last_offsets"].items()}
 def get(url):
     return urllib.request.urlopen(url, timeout=5).read()
@@ -58,6 +70,8 @@ def status():
         return None
 deadline, start, s = time.monotonic() + 180, None, None
 while time.monotonic() < deadline:
+    if not alive():
+        fail("the service exited before committing everything")
     s = status()
     if s and s["consumed"] and start is None:
         start = time.monotonic()
@@ -65,7 +79,7 @@ while time.monotonic() < deadline:
         break
     time.sleep(0.1)
 else:
-    sys.exit(f"timed out waiting for commits; last status: {s}")
+    fail(f"timed out waiting for commits; last status: {s}")
 elapsed = time.monotonic() - start
 print(f"== committed {produced['messages']} messages on {len(target)} partitions in {elapsed:.2f} s: {s['committed']}")
 

@@ -5,10 +5,11 @@
 #        SCENARIOS=media scripts/record-fixtures.sh   (only those, the other fixtures kept)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/debian.sh
 
 if ! command -v chromium >/dev/null; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  apt_get update -qq
+  apt_get install -y -qq chromium >/dev/null
 fi
 (cd fixtures/record && npm ci --no-audit --no-fund && { [ -n "${SCENARIOS:-}" ] || rm -f ../segments/*.msgpack; } && node record.mjs)
 cargo run --locked --quiet --example make_synthetic_fixtures

@@ -9,6 +9,7 @@
 #                                          load scripts; test, the default: that and the test tools)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/debian.sh
 
 what=${1:-test}
 case "$what" in stack | test) ;; *) echo "usage: scripts/setup.sh [stack|test]" >&2; exit 2 ;; esac
@@ -16,21 +17,20 @@ cache=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
 
 packages=()
 # Kafka 4 needs Java 17 or later: an older default java gets 17 beside it (it becomes the default).
-java_major=$( (java -version 2>&1 || true) | sed -n 's/.* version "\(1\.\)\{0,1\}\([0-9]*\).*/\2/p' | head -n 1)
-[ "${java_major:-0}" -ge 17 ] || packages+=(openjdk-17-jre-headless)
+[ "$(java_major)" -ge 17 ] || packages+=(openjdk-17-jre-headless)
 # Debian's python3 has no venv module without python3-venv (the chart check, chDB and the bench
 # scripts make venvs; the README asks only for python3 and pip).
 python3 -c 'import ensurepip' 2>/dev/null || packages+=(python3-venv)
 command -v mvn >/dev/null || packages+=(maven)
-command -v clickhouse-server >/dev/null || packages+=(clickhouse-server)
+clickhouse_server >/dev/null || packages+=(clickhouse-server)
 optional=()
 if [ "$what" = test ] && ! command -v qemu-aarch64 >/dev/null; then optional+=(qemu-user); fi
 apt_install() {
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  apt_get install -y -qq "$@" >/dev/null
 }
 if [ $((${#packages[@]} + ${#optional[@]})) -gt 0 ]; then
   echo "setup: installing ${packages[*]} ${optional[*]} (Debian)"
-  apt-get update -qq >/dev/null || { echo "setup: apt-get update failed" >&2; exit 1; }
+  apt_get update -qq >/dev/null || { echo "setup: apt-get update failed" >&2; exit 1; }
   # qemu-user is optional (the aarch64 tests say they were skipped without it).
   if ! apt_install "${packages[@]}" "${optional[@]}"; then
     [ ${#packages[@]} -gt 0 ] && { apt_install "${packages[@]}" || { echo "setup: apt-get could not install ${packages[*]}" >&2; exit 1; }; }

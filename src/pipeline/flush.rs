@@ -366,8 +366,7 @@ async fn write_isolating(
         match write_with_retries(sink, part, &progress, policy, status, &gone).await {
             Ok(report) => {
                 retries += report.retries;
-                written.items += report.written.items;
-                written.bytes += report.written.bytes;
+                written += report.written;
             }
             Err(error) if error.retry.pins_messages() => {
                 let mut concerned = part.iter().filter(|e| sink.writes_for(e));

@@ -24,7 +24,7 @@ use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use tracing::{error, warn};
 
 use super::progress::keep_telling;
-use super::publish::classify_producer_error;
+use super::publish::{DELIVERY_WINDOW_BYTES, classify_producer_error};
 use super::{
     Built, DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Piece, Progress,
     Rejected, Retry, Sink, SinkError, Writing, Written,
@@ -309,7 +309,10 @@ impl RejectedToDlq {
         rejected: &[Rejected],
         progress: &Progress<'_>,
     ) -> Result<Written, SinkError> {
-        let mut entries = Vec::with_capacity(rejected.len());
+        // Sent a window at a time: the originals read again are held only until their window
+        // is sent (a flush whose every message a sink refused held them all, up to the whole
+        // batch's bytes a second time).
+        let (mut entries, mut held, mut written) = (Vec::new(), 0, Written::default());
         for r in rejected {
             if progress.is_stored(Piece {
                 partition: r.partition,
@@ -354,13 +357,19 @@ impl RejectedToDlq {
                 rejected_by: Some(r.error.sink),
                 original_lost: lost,
             };
+            held += message.value.len();
             entries.push(Entry {
                 partition: r.partition,
                 offset: r.offset,
                 outcome: Outcome::Invalid(Box::new(message)),
             });
+            if held >= DELIVERY_WINDOW_BYTES {
+                written += self.dlq.write(&entries, progress).await?;
+                (entries, held) = (Vec::new(), 0);
+            }
         }
-        self.dlq.write(&entries, progress).await
+        written += self.dlq.write(&entries, progress).await?;
+        Ok(written)
     }
 }
 

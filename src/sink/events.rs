@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crate::kafka::producer::Producer;
 
-use super::publish::{Publisher, Record, TopicLimits, over_limit};
+use super::publish::{LIMITS_MAX_AGE, Publisher, Record, TopicLimits, over_limit};
 use super::{Built, Entry, Outcome, Piece, Progress, Retry, Sink, SinkError, Writing, Written};
 use crate::metrics;
 use crate::recording::occurrence::IssueKind;
@@ -135,10 +135,6 @@ impl SeenProjects {
         }
     }
 }
-
-/// How old the topics' limits may be when a write starts: a limit changed at run time is taken up
-/// within this.
-const LIMITS_MAX_AGE: Duration = Duration::from_secs(300);
 
 /// How old the limits may be when they have refused a message: older ones are read again, and
 /// the batch passed over again if they changed.

@@ -37,9 +37,15 @@ impl FilesystemBlobSink {
     }
 }
 
+/// `{name}.tmp-{pid}-{n}`: a name of this write's own. Two flushes in flight may write the same
+/// key at once (a segment delivered twice); with one temporary name per process, the second's
+/// create truncated the file the first was renaming, and a crash then left a partial blob under
+/// its final name.
 fn temp_name(path: &Path) -> PathBuf {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".tmp-{}", std::process::id()));
+    name.push(format!(".tmp-{}-{n}", std::process::id()));
     path.with_file_name(name)
 }
 
@@ -196,6 +202,29 @@ pub fn build(dir: &Path) -> Result<(Built, Arc<dyn ObjectStore>), SinkError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two writes of one key at once (a segment delivered twice, in two flushes) each have a
+    /// temporary file of their own, and both end with the whole blob in place.
+    #[test]
+    fn writes_of_one_key_at_once_do_not_share_a_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("30/1/a/0");
+        assert_ne!(temp_name(&path), temp_name(&path));
+        let sink = FilesystemBlobSink::new(dir.path()).unwrap();
+        let blob = vec![7u8; 1 << 20];
+        std::thread::scope(|threads| {
+            for _ in 0..4 {
+                threads.spawn(|| {
+                    for _ in 0..20 {
+                        sink.write_one("30/1/a/0", &blob).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(std::fs::read(&path).unwrap(), blob);
+        let left: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file left: {left:?}");
+    }
 
     #[tokio::test]
     async fn a_delete_takes_the_directories_it_empties_and_no_other() {

@@ -121,11 +121,11 @@ impl GcsSink {
         if let Some(endpoint) = &config.endpoint {
             builder = builder.with_endpoint(endpoint);
         }
-        if config.anonymous {
-            builder = builder.with_credentials(
-                google_cloud_auth::credentials::anonymous::Builder::new().build(),
-            );
-        }
+        builder = builder.with_credentials(if config.anonymous {
+            google_cloud_auth::credentials::anonymous::Builder::new().build()
+        } else {
+            super::gcs_credentials::application_default(config.timeout / 2)?
+        });
         let client = match tokio::time::timeout(config.timeout, builder.build()).await {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {

@@ -96,13 +96,9 @@ impl GcsStore {
         let credentials = if config.anonymous {
             None
         } else {
-            Some(
-                google_cloud_auth::credentials::Builder::default()
-                    .build()
-                    .map_err(|e| {
-                        SinkError::new("gcs", Retry::Fatal, format_args!("GCS credentials: {e}"))
-                    })?,
-            )
+            Some(super::gcs_credentials::application_default(
+                config.timeout / 2,
+            )?)
         };
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())

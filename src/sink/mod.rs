@@ -27,6 +27,7 @@ pub mod dlq;
 pub mod events;
 pub mod filesystem;
 pub mod gcs;
+pub mod gcs_credentials;
 pub mod gcs_json;
 pub mod null;
 pub mod progress;
@@ -47,6 +48,13 @@ pub use self::progress::{Piece, Progress};
 pub struct Written {
     pub items: u64,
     pub bytes: u64,
+}
+
+impl std::ops::AddAssign for Written {
+    fn add_assign(&mut self, more: Written) {
+        self.items += more.items;
+        self.bytes += more.bytes;
+    }
 }
 
 /// `url` starts with `http://` or `https://` and names a host: anything else (`ftp://`, a bare

@@ -137,6 +137,10 @@ pub const RECORD_OVERHEAD_BYTES: usize = 61 + 3 * 5 + 4;
 /// batches up to this, and the broker refuses a batch over the topic's limit whole.
 const PRODUCER_BATCH_BYTES: usize = 1_000_000;
 
+/// How old the topics' limits may be when a write starts: a limit changed at run time is taken up
+/// within this.
+pub const LIMITS_MAX_AGE: Duration = Duration::from_secs(300);
+
 /// How soon a read of the limits that failed is tried again.
 const FAILED_READ_RETRY: Duration = Duration::from_secs(15);
 

@@ -2,11 +2,14 @@
 //! `TraceItem` protobuf as the value (built while processing, `recording::trace_items`). Off
 //! unless `--trace-items-rollout` is above 0, as in Sentry. Written beside the rows, after the
 //! blobs and before the events, and acknowledged before the batch commits; a redelivered segment
-//! rewrites the same items (same `item_id`), which Snuba's table collapses.
+//! rewrites the same items (same `item_id`), which Snuba's table collapses. An item over the
+//! topic's `max.message.bytes` (read from the brokers) is left out, counted
+//! (`trace_items.dropped{reason:over_topic_limit}`): the broker would refuse it, and the segment —
+//! its blob, rows and billing outcome — would be dead-lettered for an optional, sampled output.
 
 use clap::Args;
 
-use super::publish::{Publisher, Record};
+use super::publish::{LIMITS_MAX_AGE, Publisher, Record, TopicLimits, over_limit};
 use super::{Built, Entry, Outcome, Piece, Progress, Sink, SinkError, Writing};
 use crate::recording::Rollout;
 
@@ -38,6 +41,7 @@ fn rollout(text: &str) -> Result<Rollout, String> {
 pub struct TraceItemsSink {
     publisher: Publisher,
     topic: String,
+    limits: TopicLimits,
 }
 
 impl Sink for TraceItemsSink {
@@ -50,23 +54,33 @@ impl Sink for TraceItemsSink {
     }
 
     fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
-        let records = batch.iter().flat_map(move |entry| {
-            let items = match &entry.outcome {
-                Outcome::Valid(processed) => processed.trace_items.as_ref(),
-                Outcome::Invalid(_) => None,
-            };
-            (0..)
-                .zip(items.into_iter().flat_map(|items| items.iter()))
-                .map(move |(n, (_, bytes))| {
-                    Ok(Record {
+        Box::pin(async move {
+            self.limits.refresh(LIMITS_MAX_AGE).await;
+            let limits = self.limits.current();
+            let records = batch.iter().flat_map(move |entry| {
+                let items = match &entry.outcome {
+                    Outcome::Valid(processed) => processed.trace_items.as_ref(),
+                    Outcome::Invalid(_) => None,
+                };
+                // Numbered before any is left out, so that a retry names each item the same.
+                (0..)
+                    .zip(items.into_iter().flat_map(|items| items.iter()))
+                    .map(move |(n, (_, bytes))| Record {
                         piece: Piece::of(entry, n),
                         topic: &self.topic,
                         key: None,
                         value: bytes.to_vec(),
                     })
-                })
-        });
-        Box::pin(self.publisher.publish(records, progress))
+            });
+            let fitting = records.filter(|record| match over_limit(&limits, record) {
+                Some(_) => {
+                    crate::metrics::trace_item_over_topic_limit();
+                    false
+                }
+                None => true,
+            });
+            self.publisher.publish(fitting.map(Ok), progress).await
+        })
     }
 }
 
@@ -85,6 +99,7 @@ pub fn build(
             "trace_items",
         ),
         topic: args.trace_items_topic.clone(),
+        limits: TopicLimits::new(producer, vec![args.trace_items_topic.clone()], timeout),
     };
     let topics = vec![args.trace_items_topic.clone()];
     let check = super::publish::topics_check(producer, topics, timeout);

@@ -13,8 +13,8 @@
 //!
 //! Only what is named as the store names it is touched: a numeric retention directory, a numeric
 //! project, a replay id (32 lowercase hex characters), a numeric segment or a writer's temporary
-//! file of one (`{segment}.tmp-{pid}`). Anything else — dead-letter copies under `dlq/`, a file
-//! an operator left, a symbolic link — is counted as left alone, not followed. A symbolic link
+//! file of one (`{segment}.tmp-{pid}-{n}`). Anything else — dead-letter copies under `dlq/`, a
+//! file an operator left, a symbolic link — is counted as left alone, not followed. A symbolic link
 //! in place of a retention directory is an error (its blobs would never expire), and so is a
 //! `--blob-dir` holding directories but no retention directory (the store's parent, say). A
 //! writer's temporary file expires like the blobs beside it: one being written is as young as
@@ -276,10 +276,13 @@ fn is_number<T: std::str::FromStr>(name: &str) -> bool {
     name.bytes().all(|b| b.is_ascii_digit()) && name.parse::<T>().is_ok()
 }
 
-/// A segment's blob, or a writer's temporary file of one (`{segment}.tmp-{pid}`).
+/// A segment's blob, or a writer's temporary file of one (`{segment}.tmp-{pid}-{n}`, or
+/// `{segment}.tmp-{pid}` as writers named them before).
 fn is_segment_file(name: &str) -> bool {
     match name.split_once(".tmp-") {
-        Some((segment, pid)) => is_number::<u32>(segment) && is_number::<u32>(pid),
+        Some((segment, write)) => {
+            is_number::<u32>(segment) && write.splitn(2, '-').all(is_number::<u64>)
+        }
         None => is_number::<u32>(name),
     }
 }
@@ -377,7 +380,7 @@ mod tests {
         );
         blob(
             root,
-            "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/3.tmp-1",
+            "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/3.tmp-1-7",
             Duration::ZERO,
         );
         let mut seen = Vec::new();
@@ -412,7 +415,7 @@ mod tests {
             "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/1",
             "90/1/cccccccccccccccccccccccccccccccc/0",
             "dlq/t/0/17",
-            "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/3.tmp-1",
+            "30/1/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/3.tmp-1-7",
         ] {
             assert!(root.join(kept).exists(), "{kept}");
         }

@@ -300,3 +300,62 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
         "precondition: the proxy answered every INSERT itself"
     );
 }
+
+/// A write cut into many INSERTs (one per message here: `chunk_rows` 1) whose fifth INSERT fails:
+/// the retry sends the INSERTs the server did not take — the fifth and those after it — not the
+/// whole batch again. With one deadline for all of a write's INSERTs and nothing kept between
+/// attempts, a batch cut into many (segments with clicks over many weeks touch many partitions)
+/// failed every attempt at the same place, and its partition never committed again.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_retry_sends_only_the_inserts_the_server_did_not_take() {
+    let _stack = uses_stack().await;
+    use crate::support::proxy::{Action, Proxy};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let config = ClickHouseConfig {
+        chunk_rows: 1,
+        ..config(&crate::support::unique("replays").replace('-', "_"))
+    };
+    migrate(&config).await.unwrap();
+    let inserts = Arc::new(AtomicUsize::new(0));
+    let counted = inserts.clone();
+    let proxy = Proxy::start(&crate::support::clickhouse_url(), move |seen| {
+        if !seen.path.contains("INSERT") {
+            return Action::Forward;
+        }
+        match counted.fetch_add(1, Ordering::SeqCst) + 1 {
+            5 => Action::Answer {
+                status: 500,
+                headers: vec![("X-ClickHouse-Exception-Code", "241".to_owned())],
+                body: "Code: 241. DB::Exception: Memory limit (total) exceeded. (MEMORY_LIMIT_EXCEEDED)"
+                    .to_owned(),
+            },
+            _ => Action::Forward,
+        }
+    })
+    .await;
+    let sink = ClickHouseSink::new(&ClickHouseConfig {
+        url: proxy.endpoint.clone(),
+        ..config.clone()
+    });
+    let batch = crate::support::fixture_batch();
+    let messages = batch
+        .iter()
+        .filter(|e| replay_ingest::sink::Sink::writes_for(&sink, e))
+        .count();
+    assert!(messages > 5, "{messages} messages with rows");
+    let status = replay_ingest::health::Status::default();
+    let progress = replay_ingest::sink::Progress::new("clickhouse", &status);
+    let sink: &dyn replay_ingest::sink::Sink = &sink;
+    let failed = sink.write(&batch, &progress).await.unwrap_err();
+    assert_eq!(failed.retry, Retry::Retryable, "{failed}");
+    assert_eq!(inserts.load(Ordering::SeqCst), 5);
+    sink.write(&batch, &progress).await.unwrap();
+    assert_eq!(
+        inserts.load(Ordering::SeqCst),
+        5 + (messages - 4),
+        "the retry sent the fifth INSERT and those after it"
+    );
+    assert_same_rows(&read_back(&config).await, &expected_rows(&batch));
+}

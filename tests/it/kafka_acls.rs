@@ -64,7 +64,7 @@ impl Topics {
 /// The ACLs `docs/operations.md` lists for the service's principal, every Kafka destination
 /// on (the event topics, rows through snuba, EAP trace items): read on the consumed topic and
 /// group (READ implies DESCRIBE); write on every topic published to; DescribeConfigs on the
-/// event topics.
+/// event topics and the trace items' topic.
 fn documented<'a>(topics: &'a Topics, group: &'a str) -> Vec<(Resource<'a>, Operation)> {
     let mut grants = vec![
         (Resource::Topic(&topics.records), Operation::Read),
@@ -72,6 +72,7 @@ fn documented<'a>(topics: &'a Topics, group: &'a str) -> Vec<(Resource<'a>, Oper
         (Resource::Topic(&topics.dlq), Operation::Write),
         (Resource::Topic(&topics.replay_events), Operation::Write),
         (Resource::Topic(&topics.items), Operation::Write),
+        (Resource::Topic(&topics.items), Operation::DescribeConfigs),
     ];
     for topic in topics.events() {
         grants.push((Resource::Topic(topic), Operation::Write));

@@ -581,3 +581,66 @@ async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
     assert_eq!(service.terminate(), Some(0));
     println!("lag during the backlog (reported, broker): {backlog:?}");
 }
+
+/// With credentials from the metadata server (GKE Workload Identity), a token refresh the
+/// metadata server holds without an answer is given up and the credentials built again: once it
+/// answers, uploads go on. google-cloud-auth's refresh has no deadline of its own, so a hung one
+/// kept every later upload waiting for good — each timing out, counted as progress, so liveness
+/// never restarted the pod — and nothing was committed again.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_token_refresh_the_metadata_server_never_answers_is_given_up_and_uploads_go_on() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let metadata = metadata::MetadataServer::start(false).await;
+    let (dir, home, statsd) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        Statsd::bind(),
+    );
+    let args: Vec<String> = with_flag(
+        args(&names, &statsd, dir.path()),
+        "--sink-timeout-ms",
+        "2000",
+    )
+    .into_iter()
+    .filter(|a| a != "--gcs-anonymous")
+    .collect();
+    let service = Service::start_configured(&args, |command| {
+        metadata::with_metadata_credentials(command, &metadata.address, home.path())
+    });
+    let fixtures = small_fixtures(true);
+    let (first, first_sent) = produce_fixtures(&names.topic, &fixtures, 4).await;
+    wait_for("the first batch committed", JOIN_AND_FLUSH, || {
+        service.committed() == expected_commits(&first)
+    })
+    .await;
+
+    // Its token expires, and the metadata server holds every request from now on.
+    metadata.hang(true);
+    tokio::time::sleep(Duration::from_secs(metadata::TOKEN_SECONDS + 1)).await;
+    let (second, second_sent) = produce_fixtures(&names.topic, &fixtures, 4).await;
+    wait_for(
+        "uploads failing for want of a token",
+        JOIN_AND_FLUSH,
+        || {
+            service
+                .status()
+                .is_some_and(|s| s["outages"]["gcs"]["failed_attempts"].as_u64() >= Some(2))
+        },
+    )
+    .await;
+    assert_eq!(service.committed(), expected_commits(&first));
+
+    metadata.hang(false);
+    let mut target = expected_commits(&first);
+    target.extend(expected_commits(&second));
+    wait_for(
+        "everything committed once the metadata server answers",
+        JOIN_AND_FLUSH,
+        || service.committed() == target,
+    )
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+    every_blob_in_gcs(&names.bucket, first_sent.iter().chain(&second_sent)).await;
+}

@@ -287,15 +287,7 @@ async fn a_topic_found_missing_once_the_brokers_answer_stops_the_service() {
 async fn a_metadata_server_that_never_answers_stops_the_service_naming_it() {
     let _stack = uses_stack().await;
     let names = Names::create().await;
-    // Accepts every connection and holds it, answering nothing.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metadata = silent.local_addr().unwrap().to_string();
-    let held = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((connection, _)) = silent.accept().await {
-            held.push(connection);
-        }
-    });
+    let metadata = metadata::MetadataServer::start(true).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("service.log");
     let args: Vec<String> = names
@@ -304,30 +296,13 @@ async fn a_metadata_server_that_never_answers_stops_the_service_naming_it() {
         .filter(|a| a != "--gcs-anonymous")
         .chain(["--sink-timeout-ms".into(), "2000".into()])
         .collect();
-    // Application-default credentials with no key file anywhere: the metadata server's.
     let home = tempfile::tempdir().unwrap();
-    let mut service = KilledWhenDropped(
-        std::process::Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-            .args(&args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .env("GCE_METADATA_HOST", &metadata)
-            .env("HOME", home.path())
-            .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
-            .env_remove("CLOUDSDK_CONFIG")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let said = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_for("the service to stop", Duration::from_secs(60), || {
-        service.0.try_wait().unwrap().is_some()
-    })
-    .await;
-    let exit = service.0.wait().unwrap().code();
-    held.abort();
-    let said = said();
+    let service = Service::start_configured(&args, |command| {
+        metadata::with_metadata_credentials(command, &metadata.address, home.path());
+        command.stderr(std::fs::File::create(&log).unwrap());
+    });
+    let exit = service.exit_within(Duration::from_secs(60)).await;
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(exit, Some(1), "{said}");
     assert!(
         said.contains("creating the GCS client: no answer within 2s")

@@ -380,14 +380,28 @@ fn the_users_attributes_present_in_the_replay_event_are_on_every_item() {
     assert_eq!(attribute("user_geo_subdivision"), None, "absent: left out");
 }
 
-/// Runs the service over every fixture with `rollout`, items to a topic of their own; returns the
-/// items expected from the produced messages, the messages on that topic, and the counters sent.
-async fn through_the_service(rollout: &str) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, BTreeMap<String, f64>) {
+/// What [`through_the_service`] returns: the items expected from the produced messages, the
+/// messages on the items' topic and on the dead-letter topic, and the counters sent.
+struct Run {
+    expected: Vec<Vec<u8>>,
+    landed: Vec<Vec<u8>>,
+    dead_letters: usize,
+    /// Of the produced messages, those the core rejects.
+    invalid: usize,
+    counters: BTreeMap<String, f64>,
+}
+
+/// Runs the service over every fixture and `extra` with `rollout`, items to a topic of their own
+/// (taking records up to `limit` bytes, if given).
+async fn through_the_service(rollout: &str, limit: Option<usize>, extra: &[Vec<u8>]) -> Run {
     let names = Names::create().await;
     let items_topic = unique("items");
     create_topic(&items_topic, 1).await;
+    if let Some(limit) = limit {
+        set_topic_limit(&items_topic, limit).await;
+    }
     let statsd = Statsd::bind();
-    let fixtures = all_fixtures();
+    let fixtures: Vec<Vec<u8>> = all_fixtures().into_iter().chain(extra.to_vec()).collect();
     let (report, sent) = produce_fixtures(&names.topic, &fixtures, fixtures.len() as u64).await;
     let dir = tempfile::tempdir().unwrap();
     let args: Vec<String> = names
@@ -431,19 +445,28 @@ async fn through_the_service(rollout: &str) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, BTre
     };
     assert_eq!(read.len(), on_topic, "every message on the topic read");
     assert!(read.iter().all(|m| m.key.is_none() && m.headers.is_empty()));
-    let counters = statsd.read().counters;
-    (
+    Run {
         expected,
-        read.into_iter().map(|m| m.value).collect(),
-        counters,
-    )
+        landed: read.into_iter().map(|m| m.value).collect(),
+        dead_letters: high_watermarks(&names.dlq, 1).values().sum::<i64>() as usize,
+        invalid: sent
+            .iter()
+            .filter(|s| recording::process(&s.value, &Limits::default()).is_err())
+            .count(),
+        counters: statsd.read().counters,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn with_the_rollout_at_one_every_item_lands_on_its_topic_byte_for_byte() {
     let _stack = uses_stack().await;
-    let (mut expected, mut landed, counters) = through_the_service("1.0").await;
+    let Run {
+        mut expected,
+        mut landed,
+        counters,
+        ..
+    } = through_the_service("1.0", None, &[]).await;
     assert!(expected.len() > 50, "{} items", expected.len());
     for value in &landed {
         decode(value);
@@ -481,8 +504,62 @@ async fn with_the_rollout_at_one_every_item_lands_on_its_topic_byte_for_byte() {
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn with_the_rollout_at_zero_no_item_is_written() {
     let _stack = uses_stack().await;
-    let (expected, landed, counters) = through_the_service("0").await;
+    let Run {
+        expected,
+        landed,
+        counters,
+        ..
+    } = through_the_service("0", None, &[]).await;
     assert!(!counters.keys().any(|k| k.contains("trace_items")));
     assert!(expected.is_empty());
     assert!(landed.is_empty(), "{} items on the topic", landed.len());
+}
+
+/// Items over the topic's `max.message.bytes` are left out, counted, and the rest written: the
+/// broker refused them, and the whole segment — blob, rows, billing outcome — was dead-lettered
+/// for an optional, sampled output. The topic takes 1 000 000 bytes (librdkafka's batches are as
+/// large: a smaller limit refuses batches of items that each fit), and one breadcrumb's item is
+/// larger, under the 1 MiB an item may have.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn items_over_the_topics_limit_are_left_out_and_their_segments_written() {
+    let _stack = uses_stack().await;
+    use replay_ingest::sink::publish::RECORD_OVERHEAD_BYTES;
+    const LIMIT: usize = 1_000_000;
+    let long = TAP.replace(
+        r#""message":"Buy""#,
+        &format!(r#""message":"{}""#, "m".repeat(LIMIT)),
+    );
+    // A segment large enough for the item's budget (a quarter of the segment, and some): a
+    // snapshot of 3 MB beside it.
+    let snapshot = format!(
+        r#"{{"type":2,"timestamp":1796012448000,"data":{{"text":"{}"}}}}"#,
+        "s".repeat(3 * LIMIT)
+    );
+    let segment = segment_with(&format!("[{snapshot},{long},{TAP}]"), json!([]));
+    let Run {
+        expected,
+        mut landed,
+        dead_letters,
+        invalid,
+        counters,
+    } = through_the_service("1.0", Some(LIMIT), &[segment]).await;
+    let (mut fitting, over): (Vec<Vec<u8>>, Vec<Vec<u8>>) = expected
+        .into_iter()
+        .partition(|item| item.len() + RECORD_OVERHEAD_BYTES <= LIMIT);
+    assert_eq!(over.len(), 1, "the long breadcrumb's item");
+    assert!(fitting.len() > 50, "{} items fit", fitting.len());
+    fitting.sort();
+    landed.sort();
+    landed.dedup();
+    assert_eq!(landed, fitting, "the items that fit, byte for byte");
+    assert_eq!(
+        counters.get("replay_ingest.trace_items.dropped|reason:over_topic_limit"),
+        Some(&1.0)
+    );
+    assert!(invalid > 0);
+    assert_eq!(
+        dead_letters, invalid,
+        "only the invalid messages dead-lettered"
+    );
 }

@@ -6,6 +6,7 @@ pub mod fixtures;
 pub mod hostile;
 pub mod kafka;
 pub mod load;
+pub mod metadata;
 pub mod proxy;
 pub mod relay;
 pub mod secure_broker;

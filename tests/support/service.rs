@@ -190,7 +190,12 @@ pub fn base_args(topic: &str, dlq: &str, group: &str, blob_dir: &Path, port: u16
 
 impl Service {
     pub fn start(args: &[String]) -> Service {
-        Self::spawn_logging(args, None)
+        Self::spawn_logging(args, None, |_| {})
+    }
+
+    /// Starts the service with its command adjusted first by `configure` (its environment).
+    pub fn start_configured(args: &[String], configure: impl FnOnce(&mut Command)) -> Service {
+        Self::spawn_logging(args, None, configure)
     }
 
     /// Starts the service with its logs written to `log`.
@@ -206,7 +211,7 @@ impl Service {
     /// Starts the service with a `soft` and a `hard` limit of open file descriptors (a
     /// container's).
     pub fn start_with_fd_limits(args: &[String], soft: u64, hard: u64) -> Service {
-        Self::spawn_logging(args, Some((soft, hard)))
+        Self::spawn_logging(args, Some((soft, hard)), |_| {})
     }
 
     /// Its limits of open file descriptors, soft and hard, as the kernel has them.
@@ -225,11 +230,15 @@ impl Service {
 
     /// Starts the service with its logs kept in a file, whose last lines are shown if the test
     /// fails, and which tests read; with REPLAY_INGEST_TEST_LOGS=1 also shown as they come.
-    fn spawn_logging(args: &[String], fd_limits: Option<(u64, u64)>) -> Service {
+    fn spawn_logging(
+        args: &[String],
+        fd_limits: Option<(u64, u64)>,
+        configure: impl FnOnce(&mut Command),
+    ) -> Service {
         let file = tempfile::NamedTempFile::new().unwrap();
         let mut service = if std::env::var_os("REPLAY_INGEST_TEST_LOGS").is_some() {
             use std::io::{Read, Write};
-            let mut service = Self::spawn(args, Stdio::piped(), fd_limits);
+            let mut service = Self::spawn_with(args, Stdio::piped(), fd_limits, configure);
             let mut logs = service.child.stderr.take().unwrap();
             let mut kept = file.reopen().unwrap();
             std::thread::spawn(move || {
@@ -241,7 +250,7 @@ impl Service {
             });
             service
         } else {
-            Self::spawn(args, file.reopen().unwrap().into(), fd_limits)
+            Self::spawn_with(args, file.reopen().unwrap().into(), fd_limits, configure)
         };
         service.logs = Some(file);
         service
@@ -250,6 +259,15 @@ impl Service {
     /// Starts the service with its logs going to `logs` and, if given, soft and hard limits of
     /// open file descriptors.
     pub fn spawn(args: &[String], logs: Stdio, fd_limits: Option<(u64, u64)>) -> Service {
+        Self::spawn_with(args, logs, fd_limits, |_| {})
+    }
+
+    fn spawn_with(
+        args: &[String],
+        logs: Stdio,
+        fd_limits: Option<(u64, u64)>,
+        configure: impl FnOnce(&mut Command),
+    ) -> Service {
         use std::os::unix::process::CommandExt;
         let port = args
             .iter()
@@ -264,6 +282,7 @@ impl Service {
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(logs);
+        configure(&mut command);
         if let Some((soft, hard)) = fd_limits {
             // SAFETY: only setrlimit, async-signal-safe, runs between fork and exec.
             unsafe {

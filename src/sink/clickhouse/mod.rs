@@ -4,9 +4,14 @@
 //! partitions (the server refuses a block spread over more than `max_partitions_per_insert_block`,
 //! 100 by default; one segment with clicks over many weeks would otherwise be rejected forever).
 //! A message's rows are never split between two inserts, so one the server refuses leaves none
-//! of its rows behind.
-//! Rows with the same key collapse; `segment_id` is the version, so a slow/dead/rage click
-//! reported in a later segment replaces the plain click of the same node and second.
+//! of its rows behind. Each insert has its own deadline (`--sink-timeout-ms` to send its rows,
+//! as long for the server's answer), and the messages of an insert the server took are not
+//! inserted again by a retry: a batch cut into many inserts (segments with clicks over many weeks
+//! touch many partitions) moves forward attempt by attempt, where one deadline for them all
+//! failed every attempt at the same place.
+//! Rows with the same key collapse, the last inserted kept (the engine has no version column, as
+//! snuba's table): a redelivered older segment can replace a later one's slow/dead/rage click of
+//! the same node and second with its own, as in Sentry.
 //!
 //! Settings make errors visible: `wait_end_of_query=1` (an error after the first bytes of a 200
 //! response would otherwise go unnoticed). The table is created by `migrate` for the server it
@@ -22,7 +27,9 @@ use std::path::PathBuf;
 use clap::Args;
 use clap::builder::RangedU64ValueParser;
 use std::collections::HashSet;
+use std::time::Instant;
 
+use super::progress::Piece;
 use super::{Built, Check, Entry, Outcome, Progress, Retry, Sink, SinkError, Writing, Written};
 use crate::recording::{KafkaPosition, ReplayRow};
 use crate::secret::Secret;
@@ -121,13 +128,14 @@ fn partition_of(row: &ReplayRow) -> (u16, u32) {
     (row.retention_days, days.saturating_sub((days + 3) % 7))
 }
 
-/// The rows of the INSERT being written: how many, and which partitions they touch. An INSERT
-/// holds whole messages: a message whose rows the server refuses is dead-lettered with none of
-/// its rows left in the table by an earlier INSERT of the same write.
+/// The rows of the INSERT being written: how many, which partitions they touch, and whose they
+/// are. An INSERT holds whole messages: a message whose rows the server refuses is dead-lettered
+/// with none of its rows left in the table by an earlier INSERT of the same write.
 #[derive(Default)]
 struct Chunk {
     rows: usize,
     partitions: HashSet<(u16, u32)>,
+    messages: Vec<Piece>,
 }
 
 impl Chunk {
@@ -141,9 +149,10 @@ impl Chunk {
                 || self.partitions.union(partitions).count() > MAX_PARTITIONS_PER_INSERT)
     }
 
-    fn add(&mut self, rows: usize, partitions: HashSet<(u16, u32)>) {
+    fn add(&mut self, rows: usize, partitions: HashSet<(u16, u32)>, message: Piece) {
         self.rows += rows;
         self.partitions.extend(partitions);
+        self.messages.push(message);
     }
 }
 
@@ -282,50 +291,90 @@ impl ClickHouseSink {
         }
     }
 
-    /// Inserts the batch's rows, `chunk_rows` per INSERT. Rows are built one segment at a time
-    /// as they are written, so the batch never holds them all. Returns the number of rows.
-    async fn insert(&self, batch: &[Entry]) -> Result<u64, clickhouse::error::Error> {
+    /// Inserts the batch's rows, `chunk_rows` per INSERT, each sent within the sink's timeout
+    /// and answered within another (see [`Self::end`]), the
+    /// messages of each INSERT the server took marked in `progress` (and skipped: a retry goes on
+    /// from the first INSERT not taken). Rows are built one segment at a time as they are
+    /// written, so the batch never holds them all. Returns the number of rows.
+    async fn insert(
+        &self,
+        batch: &[Entry],
+        progress: &Progress<'_>,
+    ) -> Result<u64, clickhouse::error::Error> {
         let mut written = 0u64;
-        let mut insert: Option<clickhouse::insert::Insert<ReplayRow>> = None;
+        let mut open: Option<(clickhouse::insert::Insert<ReplayRow>, Instant)> = None;
         let mut chunk = Chunk::default();
-        let valid = batch.iter().filter_map(|entry| match &entry.outcome {
-            Outcome::Valid(p) => Some((
-                p,
-                KafkaPosition {
-                    partition: entry.partition,
-                    offset: entry.offset,
-                },
-            )),
-            Outcome::Invalid(_) => None,
-        });
-        for (processed, at) in valid {
-            let rows = processed.rows(at);
+        for entry in batch {
+            let Outcome::Valid(processed) = &entry.outcome else {
+                continue;
+            };
+            let message = Piece::of(entry, 0);
+            if progress.is_stored(message) {
+                continue;
+            }
+            let rows = processed.rows(KafkaPosition {
+                partition: entry.partition,
+                offset: entry.offset,
+            });
             if rows.is_empty() {
                 continue;
             }
             let partitions: HashSet<(u16, u32)> = rows.iter().map(partition_of).collect();
             if chunk.is_full_for(rows.len(), &partitions, self.chunk_rows) {
-                if let Some(full) = insert.take() {
-                    full.end().await?;
+                if let Some((full, _)) = open.take() {
+                    self.end(full, &chunk, progress).await?;
                 }
                 chunk = Chunk::default();
             }
-            if insert.is_none() {
-                insert = Some(self.client.insert::<ReplayRow>(&self.config.table).await?);
-            }
-            if let Some(open) = insert.as_mut() {
-                for row in &rows {
-                    open.write(row).await?;
+            let (insert, deadline) = match &mut open {
+                Some(open) => open,
+                None => {
+                    let deadline = Instant::now() + self.timeout;
+                    let insert = within(
+                        deadline,
+                        self.client.insert::<ReplayRow>(&self.config.table),
+                    )
+                    .await?
+                    .with_timeouts(None, Some(self.timeout));
+                    open.insert((insert, deadline))
                 }
+            };
+            for row in &rows {
+                within(*deadline, insert.write(row)).await?;
             }
-            chunk.add(rows.len(), partitions);
+            chunk.add(rows.len(), partitions, message);
             written += rows.len() as u64;
         }
-        if let Some(last) = insert {
-            last.end().await?;
+        if let Some((last, _)) = open {
+            self.end(last, &chunk, progress).await?;
         }
         Ok(written)
     }
+
+    /// Ends `insert` and marks `chunk`'s messages stored. The server's answer gets the sink's
+    /// timeout from here (the client's own: past it the request is aborted, not left running
+    /// in the background), its rows having been sent within theirs.
+    async fn end(
+        &self,
+        insert: clickhouse::insert::Insert<ReplayRow>,
+        chunk: &Chunk,
+        progress: &Progress<'_>,
+    ) -> Result<(), clickhouse::error::Error> {
+        progress.stepped();
+        insert.end().await?;
+        chunk.messages.iter().for_each(|&m| progress.stored(m));
+        Ok(())
+    }
+}
+
+/// `request` unless `deadline` passes first.
+async fn within<T>(
+    deadline: Instant,
+    request: impl std::future::Future<Output = Result<T, clickhouse::error::Error>>,
+) -> Result<T, clickhouse::error::Error> {
+    tokio::time::timeout_at(deadline.into(), request)
+        .await
+        .unwrap_or(Err(clickhouse::error::Error::TimedOut))
 }
 
 impl Sink for ClickHouseSink {
@@ -338,11 +387,15 @@ impl Sink for ClickHouseSink {
         matches!(&entry.outcome, Outcome::Valid(p) if p.has_rows())
     }
 
-    /// One INSERT per chunk, all or nothing: a retry inserts the whole batch again, and the
-    /// table's `ReplacingMergeTree` collapses what an earlier attempt wrote.
-    fn write<'a>(&'a self, batch: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+    /// One INSERT per chunk, each all or nothing: a retry inserts again what the server did not
+    /// take (an INSERT that timed out may have been taken after all: the table's
+    /// `ReplacingMergeTree` collapses rows written twice).
+    fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
         Box::pin(async move {
-            let rows = self.insert_within_timeout(batch).await?;
+            let rows = self
+                .insert_classified(batch, progress)
+                .await
+                .inspect_err(|e| progress.failed(e))?;
             Ok(Written {
                 items: rows,
                 bytes: 0,
@@ -352,14 +405,18 @@ impl Sink for ClickHouseSink {
 }
 
 impl ClickHouseSink {
-    async fn insert_within_timeout(&self, batch: &[Entry]) -> Result<u64, SinkError> {
-        let error = match tokio::time::timeout(self.timeout, self.insert(batch)).await {
-            Err(_) => {
-                let message = format!("timed out after {:?}", self.timeout);
+    async fn insert_classified(
+        &self,
+        batch: &[Entry],
+        progress: &Progress<'_>,
+    ) -> Result<u64, SinkError> {
+        let error = match self.insert(batch, progress).await {
+            Ok(rows) => return Ok(rows),
+            Err(clickhouse::error::Error::TimedOut) => {
+                let message = format!("an INSERT timed out after {:?}", self.timeout);
                 return Err(SinkError::new(self.name(), Retry::Retryable, message));
             }
-            Ok(Ok(rows)) => return Ok(rows),
-            Ok(Err(error)) => error,
+            Err(error) => error,
         };
         // The server refused the data: a table altered since startup explains it for
         // every batch, and no retry or dead letter would help.
@@ -509,7 +566,12 @@ mod tests {
         for message in 0..limit / 2 {
             let touched = weeks(message * 2..message * 2 + 2);
             assert!(!chunk.is_full_for(2, &touched, 1000));
-            chunk.add(2, touched);
+            let piece = Piece {
+                partition: 0,
+                offset: i64::from(message),
+                index: 0,
+            };
+            chunk.add(2, touched, piece);
         }
         assert!(
             !chunk.is_full_for(3, &weeks(0..3), 1000),

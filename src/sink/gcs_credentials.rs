@@ -1,0 +1,152 @@
+//! Application-default credentials for GCS whose every fetch of a token has a deadline.
+//!
+//! google-cloud-auth keeps the token in a cache that a task of its own refreshes. With credentials
+//! from the metadata server (GKE Workload Identity), that refresh is an HTTP request without a
+//! deadline: a metadata server that accepts and never answers hangs it for good, and once the
+//! token expires every request waits on it. Each upload then timed out, for ever (each timeout
+//! counting as progress, so liveness never restarted the pod, which is what would have fixed it).
+//! Here a fetch past its deadline fails as retryable and the credentials are built again: a new
+//! cache, whose refresh is a new request (the old one's task is stopped with it).
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use google_cloud_auth::credentials::{
+    Builder, CacheableResource, Credentials, CredentialsProvider,
+};
+use google_cloud_auth::errors::CredentialsError;
+use hyper::http::{Extensions, HeaderMap};
+use tracing::warn;
+
+use super::{Retry, SinkError};
+
+/// Application-default credentials, each token fetch within `deadline` (shorter than the
+/// request that waits for it, so that the credentials are built again before that request
+/// gives up).
+pub fn application_default(deadline: Duration) -> Result<Credentials, SinkError> {
+    let first = Builder::default()
+        .build()
+        .map_err(|e| SinkError::new("gcs", Retry::Fatal, format_args!("GCS credentials: {e}")))?;
+    Ok(Credentials::from(WithDeadline {
+        current: RwLock::new(first),
+        build: Arc::new(move || Builder::default().build().map_err(|e| e.to_string())),
+        deadline,
+    }))
+}
+
+type Build = Arc<dyn Fn() -> Result<Credentials, String> + Send + Sync>;
+
+struct WithDeadline {
+    current: RwLock<Credentials>,
+    build: Build,
+    deadline: Duration,
+}
+
+impl std::fmt::Debug for WithDeadline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WithDeadline")
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WithDeadline {
+    fn current(&self) -> Credentials {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
+impl CredentialsProvider for WithDeadline {
+    async fn headers(
+        &self,
+        extensions: Extensions,
+    ) -> Result<CacheableResource<HeaderMap>, CredentialsError> {
+        let current = self.current();
+        match tokio::time::timeout(self.deadline, current.headers(extensions)).await {
+            Ok(headers) => headers,
+            Err(_) => {
+                let rebuilt = (self.build)();
+                warn!(
+                    deadline_ms = self.deadline.as_millis() as u64,
+                    rebuilt = rebuilt.is_ok(),
+                    "no GCS access token within the deadline (is the metadata server answering?): the credentials are built again"
+                );
+                if let Ok(fresh) = rebuilt {
+                    *self
+                        .current
+                        .write()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner()) = fresh;
+                }
+                Err(CredentialsError::from_msg(
+                    true,
+                    format!(
+                        "no access token within {:?} (the metadata server does not answer?)",
+                        self.deadline
+                    ),
+                ))
+            }
+        }
+    }
+
+    async fn universe_domain(&self) -> Option<String> {
+        self.current().universe_domain().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Credentials whose token never comes, or comes at once.
+    #[derive(Debug)]
+    struct Fake {
+        hangs: bool,
+    }
+
+    impl CredentialsProvider for Fake {
+        async fn headers(
+            &self,
+            _: Extensions,
+        ) -> Result<CacheableResource<HeaderMap>, CredentialsError> {
+            if self.hangs {
+                std::future::pending::<()>().await;
+            }
+            Ok(CacheableResource::NotModified)
+        }
+
+        async fn universe_domain(&self) -> Option<String> {
+            None
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_that_does_not_come_fails_in_time_and_the_credentials_are_built_again() {
+        let builds = Arc::new(AtomicUsize::new(0));
+        let counted = builds.clone();
+        let credentials = WithDeadline {
+            current: RwLock::new(Credentials::from(Fake { hangs: true })),
+            build: Arc::new(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok(Credentials::from(Fake { hangs: false }))
+            }),
+            deadline: Duration::from_secs(5),
+        };
+        let started = tokio::time::Instant::now();
+        let error = credentials
+            .headers(Extensions::new())
+            .await
+            .expect_err("the hung fetch fails");
+        assert!(error.is_transient(), "{error}");
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+        assert!(
+            credentials.headers(Extensions::new()).await.is_ok(),
+            "the credentials built again answer"
+        );
+        assert_eq!(builds.load(Ordering::SeqCst), 1, "not built again after");
+    }
+}
