@@ -540,8 +540,8 @@ pub struct ConsumeArgs {
         default_value_t = 10
     )]
     pub misconfigured_at_refusals: usize,
-    /// Deadline of one sink request, ms: a GCS upload, a ClickHouse write attempt, a Kafka
-    /// delivery. Past it the attempt fails and is retried.
+    /// Deadline of one sink request, ms: a GCS upload, a ClickHouse INSERT's sending (and as
+    /// long for its answer), a Kafka delivery. Past it the attempt fails and is retried.
     #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 30_000)]
     pub sink_timeout_ms: u64,
     /// Liveness fails when a flush goes this long without any sink attempt ending (a wedged
@@ -617,12 +617,13 @@ impl ConsumeArgs {
     /// The most memory this configuration lets the service hold (docs/operations.md, "Memory"):
     /// the buffer's budget, librdkafka's prefetch, the processing window, the polled hand-over,
     /// a decompression buffer per processing thread, and the messages a sink refused, read again
-    /// to be dead-lettered (a window of them, the last one past it, and the read-ahead of the
-    /// next); the process's own baseline (code, clients) comes on top.
+    /// to be dead-lettered (a window of them and the last one past it, twice: librdkafka holds a
+    /// copy until delivery; and the read-ahead of the next); the process's own baseline (code,
+    /// clients) comes on top.
     pub fn memory_bound(&self) -> u64 {
         const READ_AHEAD: u64 = 1 << 20;
-        let dead_letters = crate::sink::publish::DELIVERY_WINDOW_BYTES as u64
-            + self.max_message_bytes as u64
+        let dead_letters = 2
+            * (crate::sink::publish::DELIVERY_WINDOW_BYTES as u64 + self.max_message_bytes as u64)
             + READ_AHEAD;
         let threads = crate::pipeline::processing_threads(self.processing_threads) as u64;
         [
@@ -898,15 +899,15 @@ mod tests {
 
     /// docs/operations.md's "Memory", from the flags: at the defaults with two processing
     /// threads, 256 MiB of buffer + 64 MiB of prefetch + 128 MiB window + 32 MiB hand-over + two
-    /// 100 MiB decompression buffers + dead letters: an 8 MiB window, a 15 MB message past it
-    /// and 1 MiB read-ahead.
+    /// 100 MiB decompression buffers + dead letters: an 8 MiB window and a 15 MB message past it,
+    /// twice (librdkafka's copy), and 1 MiB read-ahead.
     #[test]
     fn the_memory_bound_counts_every_budget_and_a_buffer_per_thread() {
         let bound = |threads: &str| {
             parse(&["--blob-sink", "null", "--processing-threads", threads]).memory_bound() >> 20
         };
-        assert_eq!(bound("2"), 703);
-        assert_eq!(bound("6"), 703 + 400);
+        assert_eq!(bound("2"), 725);
+        assert_eq!(bound("6"), 725 + 400);
     }
 
     #[test]

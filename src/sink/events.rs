@@ -207,6 +207,8 @@ impl EventsSink {
         progress: &'a Progress<'_>,
     ) -> Result<Written, SinkError> {
         self.limits.refresh(LIMITS_MAX_AGE).await;
+        // The read of the limits ended (it may take the sink's timeout): progress.
+        progress.stepped();
         let mut pass = self.pass(batch, progress, &self.limits.current()).await;
         // A refusal on limits: they are read again unless read within the last second, and if
         // the topic now takes what was refused (an operator raised its limit before re-driving,

@@ -5,8 +5,11 @@
 //! deadline: a metadata server that accepts and never answers hangs it for good, and once the
 //! token expires every request waits on it. Each upload then timed out, for ever (each timeout
 //! counting as progress, so liveness never restarted the pod, which is what would have fixed it).
-//! Here a fetch past its deadline fails as retryable and the credentials are built again: a new
-//! cache, whose refresh is a new request (the old one's task is stopped with it).
+//! Here a fetch past its deadline fails as retryable, and credentials waited on that long and
+//! built at least four deadlines ago are built again: a new cache, whose refresh is a new request
+//! (the old one's task is stopped with it). Once per set of credentials, whatever the number of
+//! uploads waiting; and not sooner, so that a metadata server slower than the deadline still
+//! gets to answer the fetch under way.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -16,6 +19,7 @@ use google_cloud_auth::credentials::{
 };
 use google_cloud_auth::errors::CredentialsError;
 use hyper::http::{Extensions, HeaderMap};
+use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Retry, SinkError};
@@ -28,7 +32,7 @@ pub fn application_default(deadline: Duration) -> Result<Credentials, SinkError>
         .build()
         .map_err(|e| SinkError::new("gcs", Retry::Fatal, format_args!("GCS credentials: {e}")))?;
     Ok(Credentials::from(WithDeadline {
-        current: RwLock::new(first),
+        current: RwLock::new(Built::new(first)),
         build: Arc::new(move || Builder::default().build().map_err(|e| e.to_string())),
         deadline,
     }))
@@ -37,9 +41,24 @@ pub fn application_default(deadline: Duration) -> Result<Credentials, SinkError>
 type Build = Arc<dyn Fn() -> Result<Credentials, String> + Send + Sync>;
 
 struct WithDeadline {
-    current: RwLock<Credentials>,
+    current: RwLock<Built>,
     build: Build,
     deadline: Duration,
+}
+
+/// Credentials, and when they were built.
+struct Built {
+    credentials: Credentials,
+    at: Instant,
+}
+
+impl Built {
+    fn new(credentials: Credentials) -> Built {
+        Built {
+            credentials,
+            at: Instant::now(),
+        }
+    }
 }
 
 impl std::fmt::Debug for WithDeadline {
@@ -51,11 +70,32 @@ impl std::fmt::Debug for WithDeadline {
 }
 
 impl WithDeadline {
-    fn current(&self) -> Credentials {
-        self.current
+    /// The credentials, and when they were built (which tells them apart).
+    fn current(&self) -> (Credentials, Instant) {
+        let current = self
+            .current
             .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        (current.credentials.clone(), current.at)
+    }
+
+    /// Builds the credentials again if they are still those built `at` and old enough; whether
+    /// it did.
+    fn rebuild(&self, at: Instant) -> bool {
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if current.at != at || at.elapsed() < 4 * self.deadline {
+            return false;
+        }
+        match (self.build)() {
+            Ok(fresh) => {
+                *current = Built::new(fresh);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -64,21 +104,15 @@ impl CredentialsProvider for WithDeadline {
         &self,
         extensions: Extensions,
     ) -> Result<CacheableResource<HeaderMap>, CredentialsError> {
-        let current = self.current();
+        let (current, at) = self.current();
         match tokio::time::timeout(self.deadline, current.headers(extensions)).await {
             Ok(headers) => headers,
             Err(_) => {
-                let rebuilt = (self.build)();
-                warn!(
-                    deadline_ms = self.deadline.as_millis() as u64,
-                    rebuilt = rebuilt.is_ok(),
-                    "no GCS access token within the deadline (is the metadata server answering?): the credentials are built again"
-                );
-                if let Ok(fresh) = rebuilt {
-                    *self
-                        .current
-                        .write()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner()) = fresh;
+                if self.rebuild(at) {
+                    warn!(
+                        deadline_ms = self.deadline.as_millis() as u64,
+                        "no GCS access token within the deadline (is the metadata server answering?): the credentials are built again"
+                    );
                 }
                 Err(CredentialsError::from_msg(
                     true,
@@ -92,7 +126,7 @@ impl CredentialsProvider for WithDeadline {
     }
 
     async fn universe_domain(&self) -> Option<String> {
-        self.current().universe_domain().await
+        self.current().0.universe_domain().await
     }
 }
 
@@ -128,7 +162,7 @@ mod tests {
         let builds = Arc::new(AtomicUsize::new(0));
         let counted = builds.clone();
         let credentials = WithDeadline {
-            current: RwLock::new(Credentials::from(Fake { hangs: true })),
+            current: RwLock::new(Built::new(Credentials::from(Fake { hangs: true }))),
             build: Arc::new(move || {
                 counted.fetch_add(1, Ordering::SeqCst);
                 Ok(Credentials::from(Fake { hangs: false }))
@@ -142,6 +176,16 @@ mod tests {
             .expect_err("the hung fetch fails");
         assert!(error.is_transient(), "{error}");
         assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(
+            builds.load(Ordering::SeqCst),
+            0,
+            "too young to be built again"
+        );
+        // Ten uploads waiting at once, the credentials old enough: built again once.
+        tokio::time::advance(Duration::from_secs(15)).await;
+        let waiting = (0..10).map(|_| credentials.headers(Extensions::new()));
+        let answers = futures::future::join_all(waiting).await;
+        assert!(answers.iter().all(Result::is_err));
         assert_eq!(builds.load(Ordering::SeqCst), 1);
         assert!(
             credentials.headers(Extensions::new()).await.is_ok(),

@@ -56,6 +56,8 @@ impl Sink for TraceItemsSink {
     fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
         Box::pin(async move {
             self.limits.refresh(LIMITS_MAX_AGE).await;
+            // The read of the limits ended (it may take the sink's timeout): progress.
+            progress.stepped();
             let limits = self.limits.current();
             let records = batch.iter().flat_map(move |entry| {
                 let items = match &entry.outcome {

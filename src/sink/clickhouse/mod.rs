@@ -82,7 +82,7 @@ impl ClickHouseArgs {
         super::http_url("--clickhouse-url", &self.clickhouse_url)
     }
 
-    /// The sink's configuration; `timeout` bounds one write attempt.
+    /// The sink's configuration; `timeout` bounds each INSERT's sending and its answer.
     pub fn config(&self, timeout: std::time::Duration) -> std::io::Result<ClickHouseConfig> {
         let password = Secret::from_file_or(
             self.clickhouse_password_file.as_deref(),
@@ -254,8 +254,8 @@ pub struct ClickHouseConfig {
     pub password: Secret,
     /// Rows per INSERT; a batch with more rows is split, between messages.
     pub chunk_rows: usize,
-    /// One write attempt (the batch's INSERTs) past this is abandoned and retried: a half-open
-    /// connection must not wedge the flush.
+    /// Each INSERT of a write gets this to send its rows and as long for the server's answer;
+    /// past either it is aborted and retried: a half-open connection must not wedge the flush.
     pub timeout: std::time::Duration,
 }
 
@@ -309,13 +309,16 @@ impl ClickHouseSink {
                 continue;
             };
             let message = Piece::of(entry, 0);
-            if progress.is_stored(message) {
-                continue;
-            }
             let rows = processed.rows(KafkaPosition {
                 partition: entry.partition,
                 offset: entry.offset,
             });
+            if progress.is_stored(message) {
+                // Inserted by an earlier attempt: counted, as the other sinks count what they
+                // stored before.
+                written += rows.len() as u64;
+                continue;
+            }
             if rows.is_empty() {
                 continue;
             }
@@ -335,7 +338,9 @@ impl ClickHouseSink {
                         self.client.insert::<ReplayRow>(&self.config.table),
                     )
                     .await?
-                    .with_timeouts(None, Some(self.timeout));
+                    // Every send (those of `end` too: it sends the last rows before waiting)
+                    // and the answer; past either the request is aborted, not left running.
+                    .with_timeouts(Some(self.timeout), Some(self.timeout));
                     open.insert((insert, deadline))
                 }
             };
