@@ -620,13 +620,16 @@ async fn a_token_refresh_the_metadata_server_never_answers_is_given_up_and_uploa
     metadata.hang(true);
     tokio::time::sleep(Duration::from_secs(metadata::TOKEN_SECONDS + 1)).await;
     let (second, second_sent) = produce_fixtures(&names.topic, &fixtures, 4).await;
+    // A refresh held (google-cloud-auth's task asks every 10 s for a token this short), and
+    // uploads failing for want of a token.
     wait_for(
-        "uploads failing for want of a token",
+        "a token refresh held, uploads failing",
         JOIN_AND_FLUSH,
         || {
-            service
-                .status()
-                .is_some_and(|s| s["outages"]["gcs"]["failed_attempts"].as_u64() >= Some(2))
+            metadata.held() >= 1
+                && service
+                    .status()
+                    .is_some_and(|s| s["outages"]["gcs"]["failed_attempts"].as_u64() >= Some(2))
         },
     )
     .await;

@@ -3,7 +3,7 @@
 //! and the universe domain, or, while told to hang, accepts each request and never answers it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -16,6 +16,8 @@ pub struct MetadataServer {
     /// `host:port`, as `GCE_METADATA_HOST` takes it.
     pub address: String,
     hanging: Arc<AtomicBool>,
+    /// Requests held unanswered so far.
+    held: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -25,9 +27,11 @@ impl MetadataServer {
         let address = listener.local_addr().unwrap().to_string();
         let hanging = Arc::new(AtomicBool::new(hanging));
         let hangs = hanging.clone();
+        let held = Arc::new(AtomicUsize::new(0));
+        let holding = held.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut connection, _)) = listener.accept().await {
-                let hangs = hangs.clone();
+                let (hangs, holding) = (hangs.clone(), holding.clone());
                 tokio::spawn(async move {
                     let mut request = Vec::new();
                     let mut chunk = [0u8; 4096];
@@ -39,6 +43,7 @@ impl MetadataServer {
                     }
                     if hangs.load(Ordering::SeqCst) {
                         // Held, unanswered, until the client gives up or the server stops.
+                        holding.fetch_add(1, Ordering::SeqCst);
                         std::future::pending::<()>().await;
                     }
                     let path = String::from_utf8_lossy(&request);
@@ -67,6 +72,7 @@ impl MetadataServer {
         MetadataServer {
             address,
             hanging,
+            held,
             task,
         }
     }
@@ -74,6 +80,11 @@ impl MetadataServer {
     /// Whether requests from now on hang (those already held stay held).
     pub fn hang(&self, hanging: bool) {
         self.hanging.store(hanging, Ordering::SeqCst);
+    }
+
+    /// Requests held unanswered so far.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
     }
 }
 
