@@ -593,22 +593,13 @@ async fn a_token_refresh_the_metadata_server_never_answers_is_given_up_and_uploa
     let _stack = uses_stack().await;
     let names = Names::create().await;
     let metadata = metadata::MetadataServer::start(false).await;
-    let (dir, home, statsd) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        Statsd::bind(),
-    );
-    let args: Vec<String> = with_flag(
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let args = metadata::without_anonymous_gcs(with_flag(
         args(&names, &statsd, dir.path()),
         "--sink-timeout-ms",
         "2000",
-    )
-    .into_iter()
-    .filter(|a| a != "--gcs-anonymous")
-    .collect();
-    let service = Service::start_configured(&args, |command| {
-        metadata::with_metadata_credentials(command, &metadata.address, home.path())
-    });
+    ));
+    let service = Service::start_configured(&args, |command| metadata.credentials_for(command));
     let fixtures = small_fixtures(true);
     let (first, first_sent) = produce_fixtures(&names.topic, &fixtures, 4).await;
     wait_for("the first batch committed", JOIN_AND_FLUSH, || {

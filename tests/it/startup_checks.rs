@@ -290,15 +290,10 @@ async fn a_metadata_server_that_never_answers_stops_the_service_naming_it() {
     let metadata = metadata::MetadataServer::start(true).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("service.log");
-    let args: Vec<String> = names
-        .args(free_port(), dir.path())
-        .into_iter()
-        .filter(|a| a != "--gcs-anonymous")
-        .chain(["--sink-timeout-ms".into(), "2000".into()])
-        .collect();
-    let home = tempfile::tempdir().unwrap();
+    let mut args = metadata::without_anonymous_gcs(names.args(free_port(), dir.path()));
+    args.extend(["--sink-timeout-ms".into(), "2000".into()]);
     let service = Service::start_configured(&args, |command| {
-        metadata::with_metadata_credentials(command, &metadata.address, home.path());
+        metadata.credentials_for(command);
         command.stderr(std::fs::File::create(&log).unwrap());
     });
     let exit = service.exit_within(Duration::from_secs(60)).await;

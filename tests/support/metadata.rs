@@ -18,6 +18,8 @@ pub struct MetadataServer {
     hanging: Arc<AtomicBool>,
     /// Requests held unanswered so far.
     held: Arc<AtomicUsize>,
+    /// The home of the processes it gives credentials to: where gcloud would keep a key file.
+    home: tempfile::TempDir,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -73,6 +75,7 @@ impl MetadataServer {
             address,
             hanging,
             held,
+            home: tempfile::tempdir().unwrap(),
             task,
         }
     }
@@ -86,6 +89,16 @@ impl MetadataServer {
     pub fn held(&self) -> usize {
         self.held.load(Ordering::SeqCst)
     }
+
+    /// `command` with application-default credentials from this server alone: no key file
+    /// anywhere.
+    pub fn credentials_for(&self, command: &mut std::process::Command) {
+        command
+            .env("GCE_METADATA_HOST", &self.address)
+            .env("HOME", self.home.path())
+            .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
+            .env_remove("CLOUDSDK_CONFIG");
+    }
 }
 
 impl Drop for MetadataServer {
@@ -94,16 +107,9 @@ impl Drop for MetadataServer {
     }
 }
 
-/// `command` with application-default credentials from `metadata` alone: no key file anywhere
-/// (`home` stands in for the user's, where gcloud would keep one).
-pub fn with_metadata_credentials(
-    command: &mut std::process::Command,
-    metadata: &str,
-    home: &std::path::Path,
-) {
-    command
-        .env("GCE_METADATA_HOST", metadata)
-        .env("HOME", home)
-        .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
-        .env_remove("CLOUDSDK_CONFIG");
+/// Service flags `args` with GCS's application-default credentials instead of anonymous ones.
+pub fn without_anonymous_gcs(args: Vec<String>) -> Vec<String> {
+    args.into_iter()
+        .filter(|a| a != "--gcs-anonymous")
+        .collect()
 }
