@@ -224,11 +224,16 @@ start_kafka() {
   # Formatted once; the controller's address is written into the metadata log then, so a
   # restart must use the same controller port (and never formats again).
   if [ ! -f "$KAFKA_DATA/meta.properties" ]; then
+    # A new broker: the earlier one's logs (kept across restarts, below) go with its data.
+    rm -f "$STATE/kafka.earlier.log" "$STATE/kafka.log"
     local id
     id=$(python3 -c 'import base64, os; print(base64.urlsafe_b64encode(b"\x01" + os.urandom(15)).decode().rstrip("="))')
     "${KAFKA_JAVA[@]}" kafka.tools.StorageTool format --standalone -t "$id" -c "$STATE/kafka.properties" \
       >"$STATE/kafka.format.log" 2>&1 || { cat "$STATE/kafka.format.log" >&2; die "kafka storage format failed"; }
   fi
+  # A restart (tests restart the broker) starts a fresh log to wait on; what the broker logged
+  # before it is kept beside it (a failed test's rebalances may be there).
+  if [ -s "$STATE/kafka.log" ]; then cat "$STATE/kafka.log" >>"$STATE/kafka.earlier.log"; fi
   : >"$STATE/kafka.log"
   setsid nohup "${KAFKA_JAVA[@]}" kafka.Kafka "$STATE/kafka.properties" >"$STATE/kafka.log" 2>&1 </dev/null &
   record kafka $!

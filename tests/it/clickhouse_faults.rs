@@ -511,7 +511,18 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
         "still down"
     );
 
-    // Its drain cannot finish (ClickHouse is down): it gives up at the deadline, leaves the
+    // Once it has a flush for ClickHouse (a member stopped before it took anything in has
+    // nothing to drain, and exits 0 at once)...
+    wait_for(
+        "the joiner's flush waits for ClickHouse",
+        JOIN_AND_FLUSH,
+        || {
+            b.status()
+                .is_some_and(|s| s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(1))
+        },
+    )
+    .await;
+    // ...its drain cannot finish (ClickHouse is down): it gives up at the deadline, leaves the
     // group with what is left of it, and exits 1; three seconds more for leaving the group and
     // ending the process on a loaded machine.
     b.signal_term();
