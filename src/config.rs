@@ -563,8 +563,9 @@ pub struct ConsumeArgs {
     /// Longest retry backoff, ms.
     #[arg(long, env = "REPLAY_INGEST_FLUSH_MAX_BACKOFF_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 10_000)]
     pub flush_max_backoff_ms: u64,
-    /// Time allowed to flush and commit on shutdown or partition revoke, ms. Must be below the
-    /// session timeout and the pod's termination grace period.
+    /// Time allowed to flush and commit on shutdown or partition revoke, ms (a revoke does not
+    /// wait for flushes failing that long already). Must be below the session timeout and the
+    /// pod's termination grace period.
     #[arg(long, env = "REPLAY_INGEST_DRAIN_DEADLINE_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 20_000)]
     pub drain_deadline_ms: u64,
 

@@ -37,13 +37,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::join_all;
 use rand::RngExt;
 use tokio::runtime::Handle;
+use tokio::sync::Notify;
 use tracing::{error, info, warn};
 
 use crate::health::Status;
@@ -179,6 +180,65 @@ pub struct FlushReport {
 /// Whether a partition was lost since the flush began (asked between stages and between retries).
 pub type Lost<'a> = &'a (dyn Fn(i32) -> bool + Sync);
 
+/// What one flush is failing on right now: each write from its first failed attempt until it
+/// ends (written, given up or failed for good), with the instant it started failing. A revoke's
+/// drain reads it to tell a flush that may still finish from one retrying through an outage
+/// (`Pipeline::failing_long`); `changed` is told of every write that starts failing.
+pub struct Failing {
+    writes: Mutex<Vec<(&'static str, Instant)>>,
+    changed: Arc<Notify>,
+}
+
+impl Failing {
+    pub fn new(changed: Arc<Notify>) -> Self {
+        Failing {
+            writes: Mutex::default(),
+            changed,
+        }
+    }
+
+    /// The write failing longest (its sink, and since when); `None` while none is failing.
+    pub fn oldest(&self) -> Option<(&'static str, Instant)> {
+        self.lock().iter().copied().min_by_key(|&(_, since)| since)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(&'static str, Instant)>> {
+        self.writes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One write's place in [`Failing`], from its first failed attempt until it is dropped (however
+/// the write ends).
+struct FailingWrite<'a> {
+    failing: &'a Failing,
+    sink: &'static str,
+    since: Option<Instant>,
+}
+
+impl FailingWrite<'_> {
+    fn failed(&mut self) {
+        if self.since.is_none() {
+            let now = Instant::now();
+            self.since = Some(now);
+            self.failing.lock().push((self.sink, now));
+            self.failing.changed.notify_one();
+        }
+    }
+}
+
+impl Drop for FailingWrite<'_> {
+    fn drop(&mut self) {
+        if let Some(since) = self.since {
+            let mut writes = self.failing.lock();
+            if let Some(at) = writes.iter().position(|&w| w == (self.sink, since)) {
+                writes.swap_remove(at);
+            }
+        }
+    }
+}
+
 /// Writes `batch` through every stage, from a thread of the blocking pool of `runtime` (never
 /// one of its async workers). `Err` means a sink failed fatally or ran out of attempts: nothing
 /// of this batch may be committed. The messages a stage rejects, and those of partitions `lost`
@@ -190,9 +250,10 @@ pub fn flush(
     policy: &RetryPolicy,
     status: &Status,
     lost: Lost,
+    failing: &Failing,
 ) -> Result<FlushReport, SinkError> {
     runtime
-        .block_on(flush_stages(batch, sinks, policy, status, lost))
+        .block_on(flush_stages(batch, sinks, policy, status, lost, failing))
         .inspect_err(|error| {
             status.sink_failed(error.sink, &error.message);
             crate::metrics::flush_failed(error.sink);
@@ -205,6 +266,7 @@ async fn flush_stages(
     policy: &RetryPolicy,
     status: &Status,
     lost: Lost<'_>,
+    failing: &Failing,
 ) -> Result<FlushReport, SinkError> {
     let mut report = FlushReport::default();
     for stage in &sinks.stages {
@@ -217,7 +279,7 @@ async fn flush_stages(
         let entries: &[Entry] = batch;
         let writes = stage
             .iter()
-            .map(|sink| write_isolating(sink.as_ref(), entries, policy, status, lost));
+            .map(|sink| write_isolating(sink.as_ref(), entries, policy, status, lost, failing));
         let mut refused_here = Vec::new();
         for (sink, result) in stage.iter().zip(join_all(writes).await) {
             let (written, rejected) = result?;
@@ -252,7 +314,7 @@ async fn flush_stages(
             // among them, which the batch's next flush (after the restart) would send again.
             report
                 .sinks
-                .push(dead_letter(&mut refused_here, sinks, policy, status, lost).await?);
+                .push(dead_letter(&mut refused_here, sinks, policy, status, lost, failing).await?);
             // The dead-letter write may have stopped because their partitions were lost.
             leave_out_lost(
                 &mut refused_here,
@@ -303,6 +365,7 @@ async fn dead_letter(
     policy: &RetryPolicy,
     status: &Status,
     lost: Lost<'_>,
+    failing: &Failing,
 ) -> Result<SinkReport, SinkError> {
     let Some(dead_letters) = &sinks.rejections else {
         let first = &refused[0].error;
@@ -326,6 +389,7 @@ async fn dead_letter(
         policy,
         status,
         &|| refused.iter().all(|r| lost(r.partition)),
+        failing,
     )
     .await
 }
@@ -353,6 +417,7 @@ async fn write_isolating(
     policy: &RetryPolicy,
     status: &Status,
     lost: Lost<'_>,
+    failing: &Failing,
 ) -> Result<(SinkReport, Vec<Rejected>), SinkError> {
     let start = Instant::now();
     let (mut retries, mut written, mut rejected) = (0, Written::default(), Vec::new());
@@ -363,7 +428,7 @@ async fn write_isolating(
             let mut mine = part.iter().filter(|e| sink.writes_for(e)).peekable();
             mine.peek().is_some() && mine.all(|e| lost(e.partition))
         };
-        match write_with_retries(sink, part, &progress, policy, status, &gone).await {
+        match write_with_retries(sink, part, &progress, policy, status, &gone, failing).await {
             Ok(report) => {
                 retries += report.retries;
                 written += report.written;
@@ -431,9 +496,15 @@ async fn write_with_retries(
     policy: &RetryPolicy,
     status: &Status,
     gone: &dyn Fn() -> bool,
+    failing: &Failing,
 ) -> Result<SinkReport, SinkError> {
     let start = Instant::now();
     let mut attempt = 1;
+    let mut failing = FailingWrite {
+        failing,
+        sink: sink.name(),
+        since: None,
+    };
     let abandoned = |attempts: u32| {
         warn!(
             sink = sink.name(),
@@ -499,6 +570,7 @@ async fn write_with_retries(
                     && (policy.max_attempts == 0 || attempt < policy.max_attempts) =>
             {
                 let failing_for = status.sink_failed(sink.name(), &error.message);
+                failing.failed();
                 crate::metrics::retrying(sink.name(), failing_for);
                 let pause = policy.backoff(attempt, rand::rng().random::<f64>());
                 warn!(sink = sink.name(), attempt, backoff_ms = pause.as_millis() as u64, %error, "sink write failed; retrying");
@@ -542,6 +614,19 @@ mod tests {
         status: &Status,
         lost: Lost,
     ) -> Result<FlushReport, SinkError> {
+        let failing = Failing::new(Arc::default());
+        run_failing(entries, sinks, policy, status, lost, &failing)
+    }
+
+    /// [`run_losing`], telling `failing` of the writes that fail.
+    fn run_failing(
+        entries: Vec<Entry>,
+        sinks: &Sinks,
+        policy: &RetryPolicy,
+        status: &Status,
+        lost: Lost,
+        failing: &Failing,
+    ) -> Result<FlushReport, SinkError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -554,6 +639,7 @@ mod tests {
             policy,
             status,
             lost,
+            failing,
         )
     }
 
@@ -680,6 +766,62 @@ mod tests {
         assert!(
             status.sink_recovered("blobs").is_none(),
             "the outage ended with the success"
+        );
+    }
+
+    /// Fails its first two writes, noting in `seen` at each what [`Failing`] says.
+    struct Watching {
+        failing: Arc<Failing>,
+        seen: &'static Mutex<Vec<Option<(&'static str, Instant)>>>,
+    }
+
+    impl Sink for Watching {
+        fn name(&self) -> &'static str {
+            "rows"
+        }
+        fn write<'a>(&'a self, _: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+            Box::pin(async move {
+                let mut seen = self.seen.lock().unwrap();
+                seen.push(self.failing.oldest());
+                if seen.len() <= 2 {
+                    Err(SinkError::new("rows", Retry::Retryable, "down"))
+                } else {
+                    Ok(Written::default())
+                }
+            })
+        }
+    }
+
+    #[test]
+    fn a_write_is_failing_from_its_first_failed_attempt_until_it_ends() {
+        static SEEN: Mutex<Vec<Option<(&str, Instant)>>> = Mutex::new(Vec::new());
+        static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+        let changed = Arc::new(Notify::new());
+        let failing = Arc::new(Failing::new(changed.clone()));
+        let watching = Watching {
+            failing: failing.clone(),
+            seen: &SEEN,
+        };
+        let sinks = Sinks::new(vec![vec![
+            Box::new(watching),
+            flaky("blobs", 0, Retry::Retryable, &LOG),
+        ]]);
+        let status = Status::default();
+        let before = Instant::now();
+        run_failing(entries(1), &sinks, &FAST, &status, &|_| false, &failing).unwrap();
+        let seen = SEEN.lock().unwrap().clone();
+        assert_eq!(seen[0], None, "not failing before an attempt failed");
+        let (sink, since) = seen[1].expect("failing after the first failed attempt");
+        assert!(sink == "rows" && since >= before, "{seen:?}");
+        assert_eq!(
+            seen[2],
+            Some(("rows", since)),
+            "since the first failure, not the last; the sibling that wrote at once never"
+        );
+        assert_eq!(failing.oldest(), None, "no longer once written");
+        assert!(
+            changed.notified().now_or_never().is_some(),
+            "the drain was told"
         );
     }
 

@@ -19,8 +19,10 @@
 //! synchronously. Rebalancing is cooperative: a revoke names only the partitions that move, and
 //! the member goes on consuming the others. A revoke whose drain misses the deadline gives up
 //! what is not durable in the revoked partitions (their next owner reads it again) and the
-//! member carries on; per-partition revoke generations keep anything polled or flushed before
-//! the revoke from being committed for those partitions (docs/reliability.md). A drain hears the
+//! member carries on; so does one whose every flush left has been failing (retrying through an
+//! outage) for a whole deadline already ([`Failing`]), without waiting for the deadline.
+//! Per-partition revoke generations keep anything polled or flushed before the revoke from
+//! being committed for those partitions (docs/reliability.md). A drain hears the
 //! revokes that arrive meanwhile (the shutdown's: the polling thread polls on) and answers them
 //! when it ends; lost partitions are given up at once, before anything more is flushed, as they
 //! are outside a drain, and flushes under way write no more of them.
@@ -41,7 +43,7 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
@@ -55,7 +57,7 @@ use crate::metrics;
 use crate::recording::{self, Limits, Reason};
 use crate::sink::{Entries, Entry, InvalidMessage, Outcome, SinkError};
 use buffer::{Buffer, BufferLimits, CloseReason, should_pause};
-use flush::{FlushReport, RetryPolicy, Sinks};
+use flush::{Failing, FlushReport, RetryPolicy, Sinks};
 use frontier::Frontier;
 use revocations::Revocations;
 use window::{Held, Progress, Window};
@@ -131,6 +133,9 @@ enum Drained {
     Durable,
     /// The deadline passed first: what is not durable yet is not committed.
     MissedDeadline,
+    /// A revoke's, given up before the deadline as when it passes: every flush left has been
+    /// failing for a whole deadline (see [`Pipeline::failing_long`]). Says on what, how long.
+    FailingLong(String),
     /// Everything is durable, but the last commit failed every attempt: what was made durable
     /// since the last commit that succeeded is read again.
     Uncommitted,
@@ -167,6 +172,8 @@ struct ProcessedEntry {
 struct Flushed {
     /// The assignment generation it was started in; an older one's offsets are not ours.
     generation: u64,
+    /// What it was failing on, as drains read it while it ran.
+    failing: Arc<Failing>,
     offsets: Vec<(i32, i64)>,
     reason: CloseReason,
     valid: u64,
@@ -270,6 +277,8 @@ pub async fn consume(
         buffer: Buffer::new(settings.buffer),
         frontier: Frontier::default(),
         flushes: JoinSet::new(),
+        failing: Vec::new(),
+        failing_changed: Arc::default(),
         commits: JoinSet::new(),
         max_flushes: settings.max_flushes,
         sinks: Arc::new(sinks),
@@ -337,6 +346,9 @@ struct Pipeline {
     buffer: Buffer,
     frontier: Frontier,
     flushes: JoinSet<Flushed>,
+    /// What each flush in `flushes` is failing on, and the notice of a write that starts failing.
+    failing: Vec<Arc<Failing>>,
+    failing_changed: Arc<Notify>,
     /// The commit in flight, if any (one at a time, so they land in order).
     commits: JoinSet<Committed>,
     max_flushes: usize,
@@ -447,13 +459,16 @@ impl Pipeline {
 
     /// The last drain, within `deadline`, and how the pipeline ends.
     async fn shut_down(&mut self, deadline: Duration) -> Result<(), PipelineError> {
-        match self.drain(deadline).await {
+        match self.drain(deadline, None).await {
             Drained::Durable => Ok(()),
-            Drained::MissedDeadline => Err(PipelineError::DrainDeadline {
-                deadline,
-                held_back: self.frontier.pending(),
-                uncommitted: self.frontier.has_advanced() || !self.commits.is_empty(),
-            }),
+            // (A shutdown's drain waits out its deadline: it gives up on no failing flush.)
+            Drained::MissedDeadline | Drained::FailingLong(_) => {
+                Err(PipelineError::DrainDeadline {
+                    deadline,
+                    held_back: self.frontier.pending(),
+                    uncommitted: self.frontier.has_advanced() || !self.commits.is_empty(),
+                })
+            }
             Drained::Uncommitted => Err(PipelineError::DrainUncommitted),
             Drained::Failed(error) => Err(error),
         }
@@ -652,11 +667,15 @@ impl Pipeline {
         );
         self.status.flush_progress();
         let runtime = tokio::runtime::Handle::current();
+        let failing = Arc::new(Failing::new(self.failing_changed.clone()));
+        self.failing.push(failing.clone());
         self.flushes.spawn_blocking(move || {
             // A partition lost since (the callback records it at once, before this task hears
             // of it) is written no further.
             let lost = |partition| ownership.lost_since(partition, generation);
-            let result = flush::flush(&runtime, &mut batch, &sinks, &retry, &status, &lost);
+            let result = flush::flush(
+                &runtime, &mut batch, &sinks, &retry, &status, &lost, &failing,
+            );
             // Counted from what the flush left in the batch (it takes out what a sink rejected,
             // and what it gave up of lost partitions), and what it dead-lettered.
             let valid = batch.valid().count() as u64;
@@ -671,6 +690,7 @@ impl Pipeline {
             free_where_made(&pool, batch.entries, threads);
             Flushed {
                 generation,
+                failing,
                 offsets,
                 reason,
                 valid,
@@ -684,6 +704,7 @@ impl Pipeline {
     /// flush → commit.
     fn flushed(&mut self, flushed: Flushed) -> Result<(), PipelineError> {
         self.status.record_flushes_in_flight(self.flushes.len());
+        self.failing.retain(|f| !Arc::ptr_eq(f, &flushed.failing));
         // Started before a revoke whose drain gave up on it: the revoked partitions' offsets are
         // someone else's now and are not committed (the flush wrote no more of them once the
         // drain gave up, `Ownership::abandon`; what it wrote before is written again by their
@@ -821,7 +842,8 @@ impl Pipeline {
         let drained = if lost {
             Drained::Durable
         } else {
-            self.drain(self.drain_deadline).await
+            self.drain(self.drain_deadline, Some(self.drain_deadline))
+                .await
         };
         match drained {
             Drained::Durable => {}
@@ -832,6 +854,16 @@ impl Pipeline {
                     flushes_in_flight = self.flushes.len(),
                     buffered = self.buffer.len(),
                     "revoke: drain missed its deadline; what is not durable is left to the next owner"
+                );
+                self.abandon(partitions, generation);
+            }
+            Drained::FailingLong(failing) => {
+                warn!(
+                    %failing,
+                    ?partitions,
+                    flushes_in_flight = self.flushes.len(),
+                    buffered = self.buffer.len(),
+                    "revoke: every flush left has been failing for longer than the drain deadline; what is not durable is left to the next owner"
                 );
                 self.abandon(partitions, generation);
             }
@@ -897,21 +929,60 @@ impl Pipeline {
 
     /// Shutdown and revocation: everything taken in for processing so far is processed, flushed
     /// and committed, within `deadline`; says how it ended.
-    async fn drain(&mut self, deadline: Duration) -> Drained {
+    /// `patience`: a revoke's drain stops waiting for flushes that have all been failing that
+    /// long (`None`, a shutdown's: it waits out its deadline).
+    async fn drain(&mut self, deadline: Duration, patience: Option<Duration>) -> Drained {
         self.status.record_draining(true);
-        let result = tokio::time::timeout(deadline, self.drain_inner()).await;
-        self.status.record_draining(false);
-        self.answer_revokes(result.is_err());
-        match result {
-            Ok(Ok(true)) => Drained::Durable,
-            Ok(Ok(false)) => Drained::Uncommitted,
+        let drained = match tokio::time::timeout(deadline, self.drain_inner(patience)).await {
+            Ok(Ok(drained)) => drained,
             Ok(Err(error)) => Drained::Failed(error),
             Err(_) => Drained::MissedDeadline,
-        }
+        };
+        self.status.record_draining(false);
+        self.answer_revokes(matches!(
+            drained,
+            Drained::MissedDeadline | Drained::FailingLong(_)
+        ));
+        drained
     }
 
-    /// `Ok(false)`: everything is durable, but the last offsets could not be committed.
-    async fn drain_inner(&mut self) -> Result<bool, PipelineError> {
+    /// Whether what a revoke's drain waits for is flushes that have each been failing (retrying
+    /// one of their writes) for at least `patience`, no commit pending: `Ok` with what they fail
+    /// on (`"clickhouse failing for 25.1 s"`). The drain gives up on them at once, as when its
+    /// deadline passes: a flush failing that long waits on an outage, a rebalance is no reason to
+    /// wait for its end, and while the drain waits, the rebalance — this member's polling and the
+    /// partitions' next owner — waits with it. A flush that fails for less (a blip, perhaps) gets
+    /// the rest of its `patience`: `Err` with when the drain could give up, if every flush is
+    /// failing (`None`: one is not, or a commit is pending; a change wakes the drain).
+    fn failing_long(&self, patience: Duration) -> Result<String, Option<Instant>> {
+        if self.failing.is_empty() || !self.commits.is_empty() || self.frontier.has_advanced() {
+            return Err(None);
+        }
+        let mut oldest = Vec::with_capacity(self.failing.len());
+        for flush in &self.failing {
+            oldest.push(flush.oldest().ok_or(None)?);
+        }
+        let now = Instant::now();
+        let youngest = oldest.iter().map(|&(_, since)| since).max().unwrap_or(now);
+        if now < youngest + patience {
+            return Err(Some(youngest + patience));
+        }
+        let mut failing: BTreeMap<&str, Duration> = BTreeMap::new();
+        for (sink, since) in oldest {
+            let longest = failing.entry(sink).or_default();
+            *longest = (*longest).max(now - since);
+        }
+        Ok(failing
+            .into_iter()
+            .map(|(sink, lasted)| format!("{sink} failing for {:.1} s", lasted.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", "))
+    }
+
+    /// Everything taken in before the drain is processed, flushed and committed (`Durable`), or
+    /// durable but not committed (`Uncommitted`), or (with `patience`) what is left has been
+    /// failing that long (`FailingLong`).
+    async fn drain_inner(&mut self, patience: Option<Duration>) -> Result<Drained, PipelineError> {
         while let Some(progress) = self.processing.next().await {
             if let Progress::Ready(processed) = progress {
                 for processed in
@@ -935,6 +1006,13 @@ impl Pipeline {
             if self.flushes.is_empty() && self.buffer.is_empty() {
                 break;
             }
+            let mut give_up_at = None;
+            if let Some(patience) = patience {
+                match self.failing_long(patience) {
+                    Ok(failing) => return Ok(Drained::FailingLong(failing)),
+                    Err(at) => give_up_at = at,
+                }
+            }
             tokio::select! {
                 biased;
                 Some(revoke) = self.revokes.recv() => self.revoked_during_drain(revoke),
@@ -945,6 +1023,10 @@ impl Pipeline {
                 Some(committed) = self.commits.join_next() => {
                     self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
                 }
+                // A write of a flush under way started failing, or every flush left has been
+                // failing for the drain's patience.
+                () = self.failing_changed.notified() => {}
+                () = tokio::time::sleep_until(give_up_at.unwrap_or_else(Instant::now).into()), if give_up_at.is_some() => {}
                 // A commit that failed is tried again while a flush still runs.
                 () = tokio::time::sleep(DRAIN_COMMIT_RETRY), if self.frontier.has_advanced() => {
                     self.commit();
@@ -973,7 +1055,7 @@ impl Pipeline {
             }
             if !self.frontier.has_advanced() {
                 info!(pending = self.frontier.pending(), "drained");
-                return Ok(true);
+                return Ok(Drained::Durable);
             }
             if attempt < DRAIN_COMMIT_ATTEMPTS {
                 tokio::select! {
@@ -982,7 +1064,7 @@ impl Pipeline {
                 }
             }
         }
-        Ok(false)
+        Ok(Drained::Uncommitted)
     }
 
     /// The revokes already sent, heard now.

@@ -758,14 +758,17 @@ async fn a_member_without_partitions_is_ready_and_a_rebalance_does_not_make_the_
     let ready = |s: &Service| s.get("/health/ready").map(|(code, _)| code);
     let mut first_unready = 0;
     let deadline = std::time::Instant::now() + JOIN_AND_FLUSH;
-    // Until the group has settled with the second member in it (it has joined once it saw a
-    // rebalance or owns something) and for 3 s more, the first member never reads unready.
+    // Until the group has settled with the second member in it (it has joined once it took an
+    // assignment, an empty one here: being initialised is only subscribing, before the
+    // rebalance) and for 3 s more, the first member never reads unready.
     let mut settled_at = None;
     while std::time::Instant::now() < deadline {
         if ready(&first) != Some(200) {
             first_unready += 1;
         }
-        let joined = second.status().is_some_and(|s| s["initialised"] == true);
+        let joined = second
+            .log_text()
+            .is_some_and(|log| log.contains("partitions assigned"));
         let owners = (owns(&first), owns(&second));
         let one_owner = matches!(&owners, (Some(a), Some(b)) if a.as_array().unwrap().len() + b.as_array().unwrap().len() == 1);
         if joined && one_owner && settled_at.is_none() {
@@ -851,7 +854,10 @@ async fn a_far_future_received_among_valid_messages_is_dead_lettered_and_no_memb
         dead.len(),
         Duration::from_secs(30),
     );
-    assert_eq!(got.len(), 2);
+    // Dead letters and outcomes are at least once: a rebalance drain that misses its deadline on
+    // a loaded machine (the two members start together) lets the next owner send some again.
+    let got: std::collections::BTreeSet<_> = got.into_iter().collect();
+    assert_eq!(got.len(), 2, "{got:?}");
     assert!(
         got.iter().all(|letter| letter.2 == "invalid_received"),
         "{got:?}"
@@ -861,7 +867,11 @@ async fn a_far_future_received_among_valid_messages_is_dead_lettered_and_no_memb
         .filter_map(|s| replay_ingest::recording::process(&s.value, &Default::default()).ok())
         .filter(|p| p.ids.segment_id == 0)
         .count();
-    let billed = read_messages(&names.outcomes, segment_0s, Duration::from_secs(30));
+    let billed: std::collections::BTreeSet<_> =
+        read_messages(&names.outcomes, segment_0s, Duration::from_secs(30))
+            .into_iter()
+            .map(|m| m.value)
+            .collect();
     assert_eq!(
         billed.len(),
         segment_0s,

@@ -473,6 +473,9 @@ async fn a_revoke_that_drains_past_the_liveness_window_stays_live() {
     let backlog = Backlog::behind_a_hung_blob_store().await;
     let mut args = backlog.args(None);
     (args.session_timeout_ms, args.drain_deadline_ms) = (45_000, 36_000);
+    // The held upload does not time out within the drain: a flush that had failed for a whole
+    // drain deadline would be given up at once (`clickhouse_faults`, `a_member_joining…`).
+    args.sink_timeout_ms = 120_000;
     let Backlog {
         names,
         proxy,
@@ -526,11 +529,14 @@ async fn a_revoke_that_drains_past_the_liveness_window_stays_live() {
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_shutdown_during_a_revoke_is_heard_at_once_and_bounded_by_one_drain_deadline() {
     let _stack = uses_stack().await;
-    const DRAIN: Duration = Duration::from_secs(4);
+    // The flush fails (its uploads time out after a second) from a second after the hang; the
+    // revoke's drain gives it up once it has failed for a whole deadline, so the deadline leaves
+    // the test seconds to ask for the shutdown while the revoke drains.
+    const DRAIN: Duration = Duration::from_secs(10);
     let backlog = Backlog::behind_a_hung_blob_store().await;
     let mut args = backlog.args(None);
     args.drain_deadline_ms = DRAIN.as_millis() as u64;
-    args.session_timeout_ms = 10_000;
+    args.session_timeout_ms = 15_000;
     let Backlog {
         names,
         proxy,
