@@ -218,11 +218,15 @@ struct FailingWrite<'a> {
 }
 
 impl FailingWrite<'_> {
-    fn failed(&mut self) {
+    /// An attempt failed, the sink having been failing for `outage` (whichever flush it began
+    /// in): the write is failing since the outage began, if it is not already. (A flush started
+    /// during a long outage is failing as long as the outage, from its first failed attempt on.)
+    fn failed(&mut self, outage: Duration) {
         if self.since.is_none() {
             let now = Instant::now();
-            self.since = Some(now);
-            self.failing.lock().push((self.sink, now));
+            let since = now.checked_sub(outage).unwrap_or(now);
+            self.since = Some(since);
+            self.failing.lock().push((self.sink, since));
             self.failing.changed.notify_one();
         }
     }
@@ -570,7 +574,7 @@ async fn write_with_retries(
                     && (policy.max_attempts == 0 || attempt < policy.max_attempts) =>
             {
                 let failing_for = status.sink_failed(sink.name(), &error.message);
-                failing.failed();
+                failing.failed(failing_for);
                 crate::metrics::retrying(sink.name(), failing_for);
                 let pause = policy.backoff(attempt, rand::rng().random::<f64>());
                 warn!(sink = sink.name(), attempt, backoff_ms = pause.as_millis() as u64, %error, "sink write failed; retrying");
@@ -806,13 +810,19 @@ mod tests {
             Box::new(watching),
             flaky("blobs", 0, Retry::Retryable, &LOG),
         ]]);
+        // The sink has been failing for a while (in an earlier flush) when this one starts.
         let status = Status::default();
-        let before = Instant::now();
+        status.sink_failed("rows", "down before");
+        std::thread::sleep(Duration::from_millis(50));
+        let started = Instant::now();
         run_failing(entries(1), &sinks, &FAST, &status, &|_| false, &failing).unwrap();
         let seen = SEEN.lock().unwrap().clone();
         assert_eq!(seen[0], None, "not failing before an attempt failed");
         let (sink, since) = seen[1].expect("failing after the first failed attempt");
-        assert!(sink == "rows" && since >= before, "{seen:?}");
+        assert!(
+            sink == "rows" && since + Duration::from_millis(40) <= started,
+            "failing since the sink's outage began, before this flush: {seen:?}"
+        );
         assert_eq!(
             seen[2],
             Some(("rows", since)),

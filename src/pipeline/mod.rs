@@ -962,21 +962,7 @@ impl Pipeline {
         for flush in &self.failing {
             oldest.push(flush.oldest().ok_or(None)?);
         }
-        let now = Instant::now();
-        let youngest = oldest.iter().map(|&(_, since)| since).max().unwrap_or(now);
-        if now < youngest + patience {
-            return Err(Some(youngest + patience));
-        }
-        let mut failing: BTreeMap<&str, Duration> = BTreeMap::new();
-        for (sink, since) in oldest {
-            let longest = failing.entry(sink).or_default();
-            *longest = (*longest).max(now - since);
-        }
-        Ok(failing
-            .into_iter()
-            .map(|(sink, lasted)| format!("{sink} failing for {:.1} s", lasted.as_secs_f64()))
-            .collect::<Vec<_>>()
-            .join(", "))
+        all_failing_for(&oldest, patience, Instant::now()).map_err(Some)
     }
 
     /// Everything taken in before the drain is processed, flushed and committed (`Durable`), or
@@ -1078,6 +1064,30 @@ impl Pipeline {
         self.status
             .record_buffer(self.buffer.len(), self.buffer.bytes());
     }
+}
+
+/// Whether flushes failing since `oldest` (each one's write failing longest: its sink, since
+/// when) have all been failing for `patience` at `now`: `Ok` with what they fail on, each sink
+/// with its longest (`"clickhouse failing for 25.1 s"`), or `Err` with when they all will have.
+fn all_failing_for(
+    oldest: &[(&'static str, Instant)],
+    patience: Duration,
+    now: Instant,
+) -> Result<String, Instant> {
+    let youngest = oldest.iter().map(|&(_, since)| since).max().unwrap_or(now);
+    if now < youngest + patience {
+        return Err(youngest + patience);
+    }
+    let mut failing: BTreeMap<&str, Duration> = BTreeMap::new();
+    for &(sink, since) in oldest {
+        let longest = failing.entry(sink).or_default();
+        *longest = (*longest).max(now - since);
+    }
+    Ok(failing
+        .into_iter()
+        .map(|(sink, lasted)| format!("{sink} failing for {:.1} s", lasted.as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(", "))
 }
 
 /// The processing threads `configured` (`--processing-threads`) makes: 0 is one per CPU.
@@ -1209,6 +1219,36 @@ fn to_entry(record: Record, limits: &Limits, topic: &str) -> (Entry, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drain_gives_up_once_every_flush_has_been_failing_for_its_patience() {
+        let now = Instant::now();
+        let ago = |secs: u64| now - Duration::from_secs(secs);
+        let patience = Duration::from_secs(20);
+        assert_eq!(
+            all_failing_for(&[("clickhouse", ago(25)), ("gcs", ago(5))], patience, now),
+            Err(ago(5) + patience),
+            "a flush failing for 5 s (a blip, perhaps) gets the rest of the drain's patience"
+        );
+        assert_eq!(
+            all_failing_for(
+                &[
+                    ("clickhouse", ago(25)),
+                    ("gcs", ago(21)),
+                    ("clickhouse", ago(30))
+                ],
+                patience,
+                now
+            ),
+            Ok("clickhouse failing for 30.0 s, gcs failing for 21.0 s".to_owned()),
+            "every flush failing for longer: each sink with its longest"
+        );
+        assert_eq!(
+            all_failing_for(&[("rows", ago(20))], patience, now),
+            Ok("rows failing for 20.0 s".to_owned()),
+            "exactly the patience is enough"
+        );
+    }
 
     /// Tells, when dropped, the thread it was made on and the one it is dropped on.
     struct Made {

@@ -113,13 +113,12 @@ async fn idle_member_stays_in_its_group(protocol: &[&str]) {
     // A member saying it is not live (503) or out of its group fails the test; a probe or a
     // `/status` it did not answer within the second (the machine loaded) is counted apart.
     let until = Instant::now() + GROUP_STALL + Duration::from_secs(4);
-    let (mut seen, mut unanswered) = (Vec::new(), 0);
+    let (mut seen, mut unanswered, mut rounds) = (Vec::new(), 0, 0);
     while Instant::now() < until {
+        rounds += 1;
         for (name, member) in [("first", &first), ("second", &second)] {
             let (live, group) = (member.probe("/health/live"), group(member));
-            if live.is_none() || group.is_null() {
-                unanswered += 1;
-            }
+            unanswered += usize::from(live.is_none()) + usize::from(group.is_null());
             if live.is_some_and(|code| code != 200) || !(group.is_null() || in_group(&group)) {
                 seen.push(format!("{name}: live {live:?}, group {group}"));
             }
@@ -129,6 +128,12 @@ async fn idle_member_stays_in_its_group(protocol: &[&str]) {
     assert!(
         seen.is_empty(),
         "a member left its group or liveness ({unanswered} probes unanswered): {seen:?}"
+    );
+    // Each round asks each member twice: one that stopped answering fails here.
+    let asked = rounds * 2 * 2;
+    assert!(
+        unanswered * 2 < asked,
+        "the members answered most of what they were asked: {unanswered} of {asked} unanswered"
     );
     for statsd in [&first_statsd, &second_statsd] {
         let values = out_of_group_ms(statsd);

@@ -327,7 +327,11 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
     let backlog = Backlog::behind_a_hung_blob_store().await;
     // Rows after the blobs, as the service's stages go: a stage after the hung one, as events
     // come after blobs and rows.
-    let args = backlog.args(Some(&clickhouse_url()));
+    let mut args = backlog.args(Some(&clickhouse_url()));
+    // The held upload does not time out within the test: a revoke does not wait at all for a
+    // flush that has been failing for a whole drain deadline (1.5 s) already, and this one is
+    // about a drain waiting out its deadline.
+    args.sink_timeout_ms = 120_000;
     let Backlog {
         names,
         proxy,
@@ -531,12 +535,13 @@ async fn a_shutdown_during_a_revoke_is_heard_at_once_and_bounded_by_one_drain_de
     let _stack = uses_stack().await;
     // The flush fails (its uploads time out after a second) from a second after the hang; the
     // revoke's drain gives it up once it has failed for a whole deadline, so the deadline leaves
-    // the test seconds to ask for the shutdown while the revoke drains.
-    const DRAIN: Duration = Duration::from_secs(10);
+    // the second member's start and join (4–5 s) and the test's request time, while the revoke
+    // still drains, on a loaded machine too.
+    const DRAIN: Duration = Duration::from_secs(20);
     let backlog = Backlog::behind_a_hung_blob_store().await;
     let mut args = backlog.args(None);
     args.drain_deadline_ms = DRAIN.as_millis() as u64;
-    args.session_timeout_ms = 15_000;
+    args.session_timeout_ms = 25_000;
     let Backlog {
         names,
         proxy,
