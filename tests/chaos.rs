@@ -252,10 +252,22 @@ impl Member {
     }
 
     fn log_tail(&self) -> String {
+        self.last_lines(15, |_| true)
+    }
+
+    /// Its last 20 log lines about partitions and drains: what a slow rebalance waited on.
+    fn rebalance_lines(&self) -> String {
+        self.last_lines(20, |line| {
+            line.contains("partitions") || line.contains("drain") || line.contains("revoke")
+        })
+    }
+
+    fn last_lines(&self, count: usize, keep: impl Fn(&str) -> bool) -> String {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
         log.lines()
+            .filter(|line| keep(line))
             .rev()
-            .take(15)
+            .take(count)
             .collect::<Vec<_>>()
             .into_iter()
             .rev()
@@ -666,13 +678,27 @@ async fn chaos(own: &OwnStack) {
         }
         if let Some(since) = scaled_out {
             let owns = members[2].service.as_ref().is_some_and(|s| s.owned() > 0);
+            let took = since.elapsed();
+            // What each member's rebalances waited on, for whoever looks into a slow one.
+            let rebalances = || {
+                members
+                    .iter()
+                    .map(|m| format!("member {}:\n{}", m.name, m.rebalance_lines()))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
             if owns {
-                scale_outs.push(since.elapsed());
+                scale_outs.push(took);
                 scaled_out = None;
-            } else if since.elapsed() > SCALE_OUT_WITHIN {
+                // Within the limit, but slow (0.4 to 27.6 s have been seen).
+                if took > SCALE_OUT_WITHIN / 3 {
+                    eprintln!("slow scale-out ({took:?}):\n{}", rebalances());
+                }
+            } else if took > SCALE_OUT_WITHIN {
                 failures.push(format!(
-                    "the member that joined during the ClickHouse outage owned no partition within {SCALE_OUT_WITHIN:?}:\n{}",
-                    members[2].log_tail()
+                    "the member that joined during the ClickHouse outage owned no partition within {SCALE_OUT_WITHIN:?}:\n{}\n{}",
+                    members[2].log_tail(),
+                    rebalances()
                 ));
                 scaled_out = None;
             }
