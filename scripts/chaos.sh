@@ -25,7 +25,8 @@ trap 'status=$?
 # The harness brings up (and stops) a stack of its own; a bare `cargo test` leaves it out (it is
 # marked ignored), this script runs it.
 if CHAOS_SECONDS=$seconds cargo test --locked --quiet --test chaos -- --include-ignored --nocapture >"$log" 2>&1; then
-  grep '^chaos:' "$log"
+  # The summary, and what the members' rebalances waited on when a scale-out was slow.
+  grep -E '^(chaos:|slow scale-out)' "$log"
 else
   grep '^chaos:' "$log" || true
   echo "chaos harness FAILED; the end of its output:" >&2
