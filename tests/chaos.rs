@@ -523,8 +523,9 @@ async fn chaos(own: &OwnStack) {
     let mut flooding: Flooding = None;
 
     // a and b always (restarted when killed), c joining and leaving with the churn, d joining
-    // half way through a ClickHouse outage (a member of its own: c may be leaving then, and a
-    // scale-out that found it so waited for the churn to start it again, 26–28 s).
+    // half way through a ClickHouse outage: a member of its own, so that the scale-out measures
+    // a join it started (with c, already running when the scale-out came in a 300 s run, it
+    // measured how long c's own join took: 4 ms, or 27 s when c's join had not finished).
     let mut members = [
         Member::new("a", dir.path()),
         Member::new("b", dir.path()),
