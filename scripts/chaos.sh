@@ -5,6 +5,7 @@
 # the broker hangs, is SIGKILLed or restarted cleanly; then every store is checked.
 # Prints one summary line (and the failure, if any).
 # Usage: scripts/chaos.sh [SECONDS]   seconds of faults, default 900 (the test command runs 120)
+#        CHAOS_GROUP_PROTOCOL=consumer scripts/chaos.sh [SECONDS]   every member on KIP-848's group protocol
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,8 +26,8 @@ trap 'status=$?
 # The harness brings up (and stops) a stack of its own; a bare `cargo test` leaves it out (it is
 # marked ignored), this script runs it.
 if CHAOS_SECONDS=$seconds cargo test --locked --quiet --test chaos -- --include-ignored --nocapture >"$log" 2>&1; then
-  # The summary, and what the members' rebalances waited on when a scale-out was slow.
-  grep -E '^(chaos:|slow scale-out)' "$log"
+  # The summary, and what the members' rebalances waited on when a scale-out or a join was slow.
+  grep -E '^(chaos:|slow scale-out|slow join)' "$log"
 else
   grep '^chaos:' "$log" || true
   echo "chaos harness FAILED; the end of its output:" >&2

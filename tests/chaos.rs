@@ -22,7 +22,8 @@
 //! faults come in turn, so a short run reaches only the first ones: the 120 s run ends after the
 //! connection flood, before the second broker SIGKILL and the scale-out during an outage (the
 //! integration test `a_member_joining_during_a_long_outage…` covers that one on every run);
-//! `scripts/chaos.sh [SECONDS]` runs it alone, 900 s by default, every fault.
+//! `scripts/chaos.sh [SECONDS]` runs it alone, 900 s by default, every fault. The members use the
+//! classic group protocol, or KIP-848's with `CHAOS_GROUP_PROTOCOL=consumer`.
 
 // The helpers the integration tests share (tests/it/ is their main user; the harness uses a few).
 #[allow(dead_code, unused_imports)]
@@ -199,21 +200,121 @@ struct Member {
     leaving: bool,
     log: PathBuf,
     starts: u32,
+    /// The running start's join, until it is first assigned partitions.
+    joining: Option<Joining>,
+    /// The broker's log, across its restarts.
+    broker_log: BrokerLog,
+}
+
+/// A start of a member not yet assigned partitions: since when, and where its log and the
+/// broker's were then (what it and the group's coordinator did since is what it waited on).
+struct Joining {
+    since: Instant,
+    /// `since` by the clock the member's log lines carry.
+    wall: std::time::SystemTime,
+    log_from: u64,
+    broker_from: u64,
+}
+
+/// How long a start took to be assigned partitions, or that it ended first.
+struct Join {
+    member: &'static str,
+    since: Instant,
+    took: Duration,
+    assigned: bool,
+}
+
+/// A join slower than this prints what the member and the group's coordinator logged meanwhile.
+const SLOW_JOIN: Duration = Duration::from_secs(10);
+
+/// How the members' starts joined: how many were assigned partitions, the slowest of them, and
+/// how many ended (killed, left) before.
+fn joins_summary(joins: &[Join], run_start: Instant) -> String {
+    let (assigned, unassigned): (Vec<&Join>, Vec<&Join>) = joins.iter().partition(|j| j.assigned);
+    let slowest = assigned
+        .iter()
+        .max_by_key(|j| j.took)
+        .map_or_else(String::new, |j| {
+            format!(
+                ", the slowest after {:.1?} (member {}, started at {:.0} s)",
+                j.took,
+                j.member,
+                j.since.duration_since(run_start).as_secs_f64()
+            )
+        });
+    let slow = assigned.iter().filter(|j| j.took > SLOW_JOIN).count();
+    format!(
+        "starts assigned partitions: {}{slowest}, {slow} after more than {SLOW_JOIN:?}; starts ended before: {}",
+        assigned.len(),
+        unassigned.len()
+    )
+}
+
+/// The broker's log as one text across its restarts: `scripts/stack.sh` appends a stopped
+/// broker's log to `kafka.earlier.log` before it starts it again, so what is at an offset of
+/// the two files end to end stays there.
+#[derive(Clone)]
+struct BrokerLog(PathBuf);
+
+impl BrokerLog {
+    const FILES: [&str; 2] = ["kafka.earlier.log", "kafka.log"];
+
+    fn len(&self) -> u64 {
+        Self::FILES
+            .iter()
+            .map(|f| std::fs::metadata(self.0.join(f)).map_or(0, |m| m.len()))
+            .sum()
+    }
+
+    /// What it logged from `offset` on.
+    fn since(&self, offset: u64) -> String {
+        let all: Vec<u8> = Self::FILES
+            .iter()
+            .flat_map(|f| std::fs::read(self.0.join(f)).unwrap_or_default())
+            .collect();
+        String::from_utf8_lossy(all.get(offset as usize..).unwrap_or_default()).into_owned()
+    }
+}
+
+/// Bytes of `path` from `offset` on (empty when it is shorter).
+fn read_from(path: &Path, offset: u64) -> String {
+    use std::io::{Read, Seek};
+    let mut text = Vec::new();
+    if let Ok(mut file) = std::fs::File::open(path)
+        && file.seek(std::io::SeekFrom::Start(offset)).is_ok()
+    {
+        let _ = file.read_to_end(&mut text);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// The last `count` lines of `text` that `keep` keeps.
+fn last_lines(text: &str, count: usize, keep: impl Fn(&str) -> bool) -> String {
+    let kept: Vec<&str> = text.lines().filter(|line| keep(line)).collect();
+    kept[kept.len().saturating_sub(count)..].join("\n")
 }
 
 impl Member {
-    fn new(name: &'static str, dir: &Path) -> Member {
+    fn new(name: &'static str, dir: &Path, broker_log: &BrokerLog) -> Member {
         Member {
             name,
             service: None,
             leaving: false,
             log: dir.join(format!("{name}.log")),
             starts: 0,
+            joining: None,
+            broker_log: broker_log.clone(),
         }
     }
 
     fn start(&mut self, args: &[String]) {
         self.starts += 1;
+        self.joining = Some(Joining {
+            since: Instant::now(),
+            wall: std::time::SystemTime::now(),
+            log_from: std::fs::metadata(&self.log).map_or(0, |m| m.len()),
+            broker_from: self.broker_log.len(),
+        });
         // Each start appends to the member's log.
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -263,16 +364,80 @@ impl Member {
     }
 
     fn last_lines(&self, count: usize, keep: impl Fn(&str) -> bool) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        log.lines()
-            .filter(|line| keep(line))
-            .rev()
-            .take(count)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join("\n")
+        last_lines(
+            &std::fs::read_to_string(&self.log).unwrap_or_default(),
+            count,
+            keep,
+        )
+    }
+
+    /// The join of its running start, once it has been assigned partitions or the start has
+    /// ended (killed, left, exited) without. With a slow one, what the member and the group's
+    /// coordinator (`group`) logged meanwhile is printed, each line marked so that
+    /// `scripts/chaos.sh` shows them when the run passes.
+    fn joined(&mut self, group: &str, run_start: Instant) -> Option<Join> {
+        let joining = self.joining.as_ref()?;
+        let since_start = read_from(&self.log, joining.log_from);
+        // When it was first assigned partitions, by its log line's time.
+        let assigned_at = since_start
+            .lines()
+            .find(|line| line.contains("partitions assigned") && !line.contains("partitions=[]"))
+            .map(|line| {
+                let time = line.split_whitespace().next().unwrap_or_default();
+                humantime::parse_rfc3339(time)
+                    .unwrap_or_else(|e| panic!("the time of log line {line:?}: {e}"))
+            });
+        if assigned_at.is_none() && self.service.is_some() {
+            return None;
+        }
+        let joining = self.joining.take()?;
+        let assigned = assigned_at.is_some();
+        let took = assigned_at.map_or_else(
+            || joining.since.elapsed(),
+            |at| at.duration_since(joining.wall).unwrap_or_default(),
+        );
+        if took > SLOW_JOIN {
+            let marker = format!(
+                "slow join (member {}, started at {:.0} s, {} after {took:.1?})|",
+                self.name,
+                joining.since.duration_since(run_start).as_secs_f64(),
+                if assigned {
+                    "assigned"
+                } else {
+                    "ended unassigned"
+                },
+            );
+            // Its group's and startup's lines, not the flood of broker-down errors an outage
+            // brings.
+            let member = last_lines(&since_start, 40, |line| {
+                [
+                    "partitions",
+                    "startup",
+                    "drain",
+                    "revoke",
+                    "group",
+                    "oordinator",
+                ]
+                .iter()
+                .any(|word| line.contains(word))
+            });
+            let broker = last_lines(&self.broker_log.since(joining.broker_from), 40, |line| {
+                line.contains(group)
+            });
+            for line in ["member's log since its start:", &member]
+                .into_iter()
+                .chain(["the group's lines in the broker's log meanwhile:", &broker])
+                .flat_map(str::lines)
+            {
+                eprintln!("{marker} {line}");
+            }
+        }
+        Some(Join {
+            member: self.name,
+            since: joining.since,
+            took,
+            assigned,
+        })
     }
 }
 
@@ -482,6 +647,13 @@ async fn chaos(own: &OwnStack) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(120);
+    // The group protocol every member uses: KIP-848's with CHAOS_GROUP_PROTOCOL=consumer (the
+    // broker then owns the session: 10 s on the local stack), the classic one otherwise.
+    let consumer_protocol = match std::env::var("CHAOS_GROUP_PROTOCOL").as_deref() {
+        Ok("consumer") => true,
+        Ok("classic") | Err(_) => false,
+        Ok(other) => panic!("CHAOS_GROUP_PROTOCOL is classic or consumer, not {other:?}"),
+    };
     let names = Names::with_partitions(4).await;
     let dir = tempfile::tempdir().unwrap();
     // DogStatsD datagrams land here and are never read (an unbound port would log errors).
@@ -516,6 +688,12 @@ async fn chaos(own: &OwnStack) {
             "--kafka-property".to_owned(),
             format!("max.poll.interval.ms={}", MAX_POLL_INTERVAL.as_millis()),
         ]);
+        if consumer_protocol {
+            args.extend([
+                "--kafka-property".to_owned(),
+                "group.protocol=consumer".to_owned(),
+            ]);
+        }
         args
     };
     let _restore = Restore;
@@ -526,11 +704,12 @@ async fn chaos(own: &OwnStack) {
     // half way through a ClickHouse outage: a member of its own, so that the scale-out measures
     // a join it started (with c, already running when the scale-out came in a 300 s run, it
     // measured how long c's own join took: 4 ms, or 27 s when c's join had not finished).
+    let broker_log = BrokerLog(own.dir.clone());
     let mut members = [
-        Member::new("a", dir.path()),
-        Member::new("b", dir.path()),
-        Member::new("c", dir.path()),
-        Member::new("d", dir.path()),
+        Member::new("a", dir.path(), &broker_log),
+        Member::new("b", dir.path(), &broker_log),
+        Member::new("c", dir.path(), &broker_log),
+        Member::new("d", dir.path(), &broker_log),
     ];
     members[0].start(&args(0));
     members[1].start(&args(1));
@@ -547,6 +726,7 @@ async fn chaos(own: &OwnStack) {
     // A scale-out pending (when d joins), and one joined (since when).
     let (mut scale_out_at, mut scaled_out): (Option<Instant>, Option<Instant>) = (None, None);
     let mut scale_outs: Vec<Duration> = Vec::new();
+    let mut joins: Vec<Join> = Vec::new();
     let start = Instant::now();
     // Until the run's time is up, the plan is done and a scale-out under way has been seen through.
     while start.elapsed() < Duration::from_secs(seconds)
@@ -686,35 +866,52 @@ async fn chaos(own: &OwnStack) {
             scaled_out_leaves_at =
                 Some(Instant::now() + SCALE_OUT_WITHIN + Duration::from_secs(10));
         }
-        if let Some(since) = scaled_out {
-            let owns = members[3].service.as_ref().is_some_and(|s| s.owned() > 0);
-            let took = since.elapsed();
-            // What each member's rebalances waited on, for whoever looks into a slow one.
-            let rebalances = || {
-                members
-                    .iter()
-                    .map(|m| format!("member {}:\n{}", m.name, m.rebalance_lines()))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            };
-            if owns {
-                scale_outs.push(took);
-                scaled_out = None;
-                // Within the limit, but slow.
-                // Each line marked, so that `scripts/chaos.sh` shows them when the run passes.
-                if took > SCALE_OUT_WITHIN / 3 {
-                    for line in rebalances().lines() {
-                        eprintln!("slow scale-out ({took:?})| {line}");
+        // Each start's join, before a killed member of the pair starts again below; d's is the
+        // scale-out's. Read from the members' logs: the harness's own look can come seconds late,
+        // while it waits on a server it stops or starts.
+        let joined: Vec<Join> = members
+            .iter_mut()
+            .filter_map(|member| member.joined(&names.group, start))
+            .collect();
+        // What each member's rebalances waited on, for whoever looks into a slow scale-out.
+        let rebalances = |members: &[Member]| {
+            members
+                .iter()
+                .map(|m| format!("member {}:\n{}", m.name, m.rebalance_lines()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let mut scale_out_failed = None;
+        for join in joined {
+            if join.member == members[3].name && scaled_out.take().is_some() {
+                if join.assigned && join.took <= SCALE_OUT_WITHIN {
+                    scale_outs.push(join.took);
+                    // Within the limit, but slow. Each line marked, so that `scripts/chaos.sh`
+                    // shows them when the run passes.
+                    if join.took > SCALE_OUT_WITHIN / 3 {
+                        for line in rebalances(&members).lines() {
+                            eprintln!("slow scale-out ({:?})| {line}", join.took);
+                        }
                     }
+                } else {
+                    scale_out_failed = Some(match join.assigned {
+                        true => format!("assigned after {:?}", join.took),
+                        false => "it ended first".to_owned(),
+                    });
                 }
-            } else if took > SCALE_OUT_WITHIN {
-                failures.push(format!(
-                    "the member that joined during the ClickHouse outage owned no partition within {SCALE_OUT_WITHIN:?}:\n{}\n{}",
-                    members[3].log_tail(),
-                    rebalances()
-                ));
-                scaled_out = None;
             }
+            joins.push(join);
+        }
+        if scaled_out.is_some_and(|since| since.elapsed() > SCALE_OUT_WITHIN) {
+            scaled_out = None;
+            scale_out_failed = Some("not assigned yet".to_owned());
+        }
+        if let Some(why) = scale_out_failed {
+            failures.push(format!(
+                "the member that joined during the ClickHouse outage owned no partition within {SCALE_OUT_WITHIN:?} ({why}):\n{}\n{}",
+                members[3].log_tail(),
+                rebalances(&members)
+            ));
         }
         if third_leaves_at.is_some_and(|t| Instant::now() >= t) {
             members[2].leave();
@@ -849,12 +1046,17 @@ async fn chaos(own: &OwnStack) {
         .map(|(what, n)| format!("{n} {what}"))
         .collect();
     println!(
-        "chaos: {seconds} s of faults ({}); {} messages ({valid} valid, {} invalid); blobs missing {missing_blobs}, \
+        "chaos: {seconds} s of faults ({}), the {} group protocol; {} messages ({valid} valid, {} invalid); blobs missing {missing_blobs}, \
          differing {wrong_blobs}; rows missing {missing_rows} of {}, unexpected {extra_rows}; billing outcomes missing \
          {missing_outcomes} of {}, unexpected {extra_outcomes} ({} published); dead letters missing \
          {missing_dead} of {}, unexpected {extra_dead}; commits at the end: {} (settled in {:.0} s); members exiting \
-         on their own: {}; members joining during an outage owned partitions after {:?}",
+         on their own: {}; members joining during an outage owned partitions after {:?}; {}",
         faults.join(", "),
+        if consumer_protocol {
+            "consumer"
+        } else {
+            "classic"
+        },
         produced.len(),
         produced.len() - valid,
         expected_rows.len(),
@@ -865,6 +1067,7 @@ async fn chaos(own: &OwnStack) {
         settled_in.as_secs_f64(),
         failures.len(),
         scale_outs,
+        joins_summary(&joins, start),
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     if commits != end {
