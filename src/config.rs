@@ -488,7 +488,8 @@ pub struct ConsumeArgs {
     #[arg(long, env = "REPLAY_INGEST_DLQ_MAX_MESSAGE_BYTES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000_000), default_value_t = 1_000_000)]
     pub dlq_max_message_bytes: usize,
     /// Group session timeout. Lower detects dead members sooner; too low causes spurious
-    /// rebalances under load. Must exceed `--drain-deadline-ms`.
+    /// rebalances under load. Must exceed `--drain-deadline-ms`. The classic group protocol only:
+    /// with `group.protocol=consumer` the broker's `group.consumer.session.timeout.ms` applies.
     #[arg(long, env = "REPLAY_INGEST_SESSION_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 30_000)]
     pub session_timeout_ms: u64,
     /// librdkafka prefetch per consumer, KiB (`queued.max.messages.kbytes`). Higher smooths
@@ -676,7 +677,11 @@ impl ConsumeArgs {
         if self.misconfigured_at_refusals == 1 {
             return Err("--misconfigured-at-refusals must be 0 (never) or at least 2: at 1 a single refused message would stop the service, and its restart would meet it again".to_owned());
         }
-        if self.drain_deadline_ms >= self.session_timeout_ms {
+        // With the consumer protocol the session is the broker's, which the flag does not set:
+        // the drain deadline is bounded by the poll interval alone (above).
+        if !self.kafka.consumer_group_protocol()
+            && self.drain_deadline_ms >= self.session_timeout_ms
+        {
             return Err(format!(
                 "--drain-deadline-ms ({}) must be below --session-timeout-ms ({}): a drain that outlives the session loses the partitions mid-commit",
                 self.drain_deadline_ms, self.session_timeout_ms
@@ -912,19 +917,25 @@ mod tests {
     }
 
     #[test]
-    fn a_drain_deadline_beyond_the_session_timeout_is_rejected() {
-        let err = parse(&[
-            "--blob-sink",
-            "null",
-            "--drain-deadline-ms",
-            "30000",
-            "--session-timeout-ms",
-            "30000",
-        ])
-        .validate()
-        .unwrap_err()
-        .to_string();
+    fn a_drain_deadline_beyond_the_session_timeout_is_rejected_unless_the_broker_owns_the_session()
+    {
+        let with = |protocol: &[&str]| {
+            let mut args = vec![
+                "--blob-sink",
+                "null",
+                "--drain-deadline-ms",
+                "30000",
+                "--session-timeout-ms",
+                "30000",
+            ];
+            args.extend(protocol);
+            parse(&args).validate()
+        };
+        let err = with(&[]).unwrap_err().to_string();
         assert!(err.contains("--drain-deadline-ms"), "{err}");
+        // The consumer protocol sends no session timeout: the flag bounds nothing there (it
+        // refused a 30 s drain, which the broker's 45 s session allows).
+        with(&["--kafka-property", "group.protocol=consumer"]).unwrap();
     }
 
     #[test]
