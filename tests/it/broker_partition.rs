@@ -85,12 +85,13 @@ impl Partitioned {
     /// The other member: straight to the broker, blobs under `dir`, a session long enough not
     /// to be missed on a loaded machine (a rejoin could take partitions from the member to cut,
     /// which would then drain a revoke).
-    fn start_other(&self, dir: &std::path::Path, events: bool) -> Service {
-        let args = with_flag(
+    fn start_other(&self, dir: &std::path::Path, events: bool, extra: &[&str]) -> Service {
+        let mut args = with_flag(
             service_args(&self.topic, &self.dlq, &self.group, dir, free_port()),
             "--brokers",
             &self.broker.address("PLAINTEXT"),
         );
+        args.extend(extra.iter().map(|a| a.to_string()));
         let args = if events { self.with_events(args) } else { args };
         let args = with_flag(args, "--session-timeout-ms", "10000");
         Service::start_logging_to(
@@ -271,7 +272,7 @@ impl HeldRun {
             &store.cut_member_args(&net, net.cut_member_args(dirs[0].path(), session)),
             &cut_log,
         );
-        let other = net.start_other(dirs[1].path(), true);
+        let other = net.start_other(dirs[1].path(), true, &[]);
         both_own_partitions(&cut, &other).await;
         HeldRun {
             _stack,
@@ -529,7 +530,7 @@ async fn a_member_cut_off_past_its_session_gives_up_its_partitions_and_rejoins_w
         &net.cut_member_args(dirs[0].path(), Duration::from_secs(6)),
         &cut_log,
     );
-    let other = net.start_other(dirs[1].path(), false);
+    let other = net.start_other(dirs[1].path(), false, &[]);
     both_own_partitions(&cut, &other).await;
     let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
 
@@ -549,6 +550,65 @@ async fn a_member_cut_off_past_its_session_gives_up_its_partitions_and_rejoins_w
     )
     .await;
 
+    sent.extend(net.rejoin_and_consume_on(&cut, 48).await);
+
+    let (blobs, _) = outcomes(&sent);
+    assert_eq!(stored_by_either(&dirs), blobs, "every segment stored");
+    both_carried_on(cut, other, &log());
+}
+
+/// The same cut with KIP-848's consumer group protocol on both members: the broker fences the cut
+/// member a session after its last heartbeat (`group.consumer.session.timeout.ms`, 10 s on this
+/// broker) and gives every partition to the other, which reads them from the last commit with
+/// what was produced during the cut. The cut member does not find its partitions lost while the
+/// network is down — librdkafka 2.12 keeps no session timer of its own under this protocol
+/// (docs/reliability.md) — but as soon as it is back: then it rejoins and owns partitions again.
+/// Nothing is lost: every segment is stored, the group commits to the end, neither exits.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
+async fn with_the_consumer_protocol_a_member_cut_off_past_the_brokers_session_learns_of_its_loss_once_back()
+ {
+    const CONSUMER: [&str; 2] = ["--kafka-property", "group.protocol=consumer"];
+    let net = Partitioned::new().await;
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let cut_log = net.log_of("cut");
+    let mut cut_args = net.cut_member_args(dirs[0].path(), Duration::from_secs(6));
+    cut_args.extend(CONSUMER.map(String::from));
+    let cut = Service::start_logging_to(&cut_args, &cut_log);
+    let other = net.start_other(dirs[1].path(), false, &CONSUMER);
+    both_own_partitions(&cut, &other).await;
+    let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
+
+    let (first, mut sent) = net.produce(0, 24).await;
+    wait_for("the first messages committed", JOIN_AND_FLUSH, || {
+        net.committed() == expected_commits(&first)
+    })
+    .await;
+
+    net.relay.cut();
+    let (_, during) = net.produce(24, 24).await;
+    sent.extend(during);
+    wait_for(
+        "the other member owning every partition",
+        JOIN_AND_FLUSH,
+        || other.owned() == 4,
+    )
+    .await;
+    // Fenced by the broker, the cut member still takes its partitions for its own.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!log().contains("partitions lost"), "{}", log());
+    assert!(
+        cut.owned() > 0,
+        "the cut member still counts its partitions as owned"
+    );
+
+    net.relay.restore();
+    wait_for(
+        "the cut member finding its partitions lost once the network is back",
+        JOIN_AND_FLUSH,
+        || log().contains("partitions lost"),
+    )
+    .await;
     sent.extend(net.rejoin_and_consume_on(&cut, 48).await);
 
     let (blobs, _) = outcomes(&sent);
@@ -579,7 +639,7 @@ async fn a_member_cut_off_for_less_than_its_session_commits_once_the_network_ret
         ),
         &cut_log,
     );
-    let other = net.start_other(dirs[1].path(), false);
+    let other = net.start_other(dirs[1].path(), false, &[]);
     both_own_partitions(&cut, &other).await;
     let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
     let rebalances = (cut.count("rebalances"), other.count("rebalances"));

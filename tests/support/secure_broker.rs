@@ -117,6 +117,8 @@ impl SecureBroker {
              transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
              share.coordinator.state.topic.replication.factor=1\nshare.coordinator.state.topic.min.isr=1\n\
              group.initial.rebalance.delay.ms=0\ngroup.min.session.timeout.ms=1000\nauto.create.topics.enable=false\n\
+             group.consumer.min.session.timeout.ms=6000\ngroup.consumer.session.timeout.ms=10000\n\
+             group.consumer.min.heartbeat.interval.ms=500\ngroup.consumer.heartbeat.interval.ms=1000\n\
              num.network.threads=2\nnum.io.threads=2\n",
             listeners.join(","),
             advertised.join(","),
