@@ -523,38 +523,7 @@ async fn dead_letters_held_by_a_cut_when_the_partitions_are_lost_are_left_to_the
 #[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn a_member_cut_off_past_its_session_gives_up_its_partitions_and_rejoins_when_the_network_returns()
  {
-    let net = Partitioned::new().await;
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let cut_log = net.log_of("cut");
-    let cut = Service::start_logging_to(
-        &net.cut_member_args(dirs[0].path(), Duration::from_secs(6)),
-        &cut_log,
-    );
-    let other = net.start_other(dirs[1].path(), false, &[]);
-    both_own_partitions(&cut, &other).await;
-    let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
-
-    let (first, mut sent) = net.produce(0, 24).await;
-    wait_for("the first messages committed", JOIN_AND_FLUSH, || {
-        net.committed() == expected_commits(&first)
-    })
-    .await;
-
-    net.relay.cut();
-    let (_, during) = net.produce(24, 24).await;
-    sent.extend(during);
-    wait_for(
-        "the cut member finding its partitions lost and the other owning every partition",
-        JOIN_AND_FLUSH,
-        || log().contains("partitions lost") && other.owned() == 4,
-    )
-    .await;
-
-    sent.extend(net.rejoin_and_consume_on(&cut, 48).await);
-
-    let (blobs, _) = outcomes(&sent);
-    assert_eq!(stored_by_either(&dirs), blobs, "every segment stored");
-    both_carried_on(cut, other, &log());
+    cut_off_past_its_session_while_consuming(false).await;
 }
 
 /// The same cut with KIP-848's consumer group protocol on both members: the broker fences the cut
@@ -568,14 +537,23 @@ async fn a_member_cut_off_past_its_session_gives_up_its_partitions_and_rejoins_w
 #[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn with_the_consumer_protocol_a_member_cut_off_past_the_brokers_session_learns_of_its_loss_once_back()
  {
-    const CONSUMER: [&str; 2] = ["--kafka-property", "group.protocol=consumer"];
+    cut_off_past_its_session_while_consuming(true).await;
+}
+
+/// The two tests above: both members on the classic group protocol (the cut member's session
+/// 6 s, librdkafka's) or on the consumer protocol (the broker's session, 10 s).
+async fn cut_off_past_its_session_while_consuming(consumer_protocol: bool) {
+    let protocol: &[&str] = match consumer_protocol {
+        true => &["--kafka-property", "group.protocol=consumer"],
+        false => &[],
+    };
     let net = Partitioned::new().await;
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let cut_log = net.log_of("cut");
     let mut cut_args = net.cut_member_args(dirs[0].path(), Duration::from_secs(6));
-    cut_args.extend(CONSUMER.map(String::from));
+    cut_args.extend(protocol.iter().map(|a| a.to_string()));
     let cut = Service::start_logging_to(&cut_args, &cut_log);
-    let other = net.start_other(dirs[1].path(), false, &CONSUMER);
+    let other = net.start_other(dirs[1].path(), false, protocol);
     both_own_partitions(&cut, &other).await;
     let log = || std::fs::read_to_string(&cut_log).unwrap_or_default();
 
@@ -588,27 +566,36 @@ async fn with_the_consumer_protocol_a_member_cut_off_past_the_brokers_session_le
     net.relay.cut();
     let (_, during) = net.produce(24, 24).await;
     sent.extend(during);
-    wait_for(
-        "the other member owning every partition",
-        JOIN_AND_FLUSH,
-        || other.owned() == 4,
-    )
-    .await;
-    // Fenced by the broker, the cut member still takes its partitions for its own.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(!log().contains("partitions lost"), "{}", log());
-    assert!(
-        cut.owned() > 0,
-        "the cut member still counts its partitions as owned"
-    );
+    if consumer_protocol {
+        wait_for(
+            "the other member owning every partition",
+            JOIN_AND_FLUSH,
+            || other.owned() == 4,
+        )
+        .await;
+        // Fenced by the broker, the cut member still takes its partitions for its own.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!log().contains("partitions lost"), "{}", log());
+        assert!(
+            cut.owned() > 0,
+            "the cut member still counts its partitions as owned"
+        );
+        net.relay.restore();
+        wait_for(
+            "the cut member finding its partitions lost once the network is back",
+            JOIN_AND_FLUSH,
+            || log().contains("partitions lost"),
+        )
+        .await;
+    } else {
+        wait_for(
+            "the cut member finding its partitions lost and the other owning every partition",
+            JOIN_AND_FLUSH,
+            || log().contains("partitions lost") && other.owned() == 4,
+        )
+        .await;
+    }
 
-    net.relay.restore();
-    wait_for(
-        "the cut member finding its partitions lost once the network is back",
-        JOIN_AND_FLUSH,
-        || log().contains("partitions lost"),
-    )
-    .await;
     sent.extend(net.rejoin_and_consume_on(&cut, 48).await);
 
     let (blobs, _) = outcomes(&sent);
