@@ -488,8 +488,11 @@ pub struct ConsumeArgs {
     #[arg(long, env = "REPLAY_INGEST_DLQ_MAX_MESSAGE_BYTES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000_000), default_value_t = 1_000_000)]
     pub dlq_max_message_bytes: usize,
     /// Group session timeout. Lower detects dead members sooner; too low causes spurious
-    /// rebalances under load. Must exceed `--drain-deadline-ms`. The classic group protocol only:
-    /// with `group.protocol=consumer` the broker's `group.consumer.session.timeout.ms` applies.
+    /// rebalances under load. Must exceed `--drain-deadline-ms`. With `group.protocol=consumer`
+    /// the broker's `group.consumer.session.timeout.ms` applies instead and this is not sent:
+    /// there, set it to at most the broker's. Flushes write nothing once the group coordinator
+    /// has been out of reach this long, until it answers (the broker may have given the
+    /// partitions to another member, and librdkafka does not tell before it answers).
     #[arg(long, env = "REPLAY_INGEST_SESSION_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 30_000)]
     pub session_timeout_ms: u64,
     /// librdkafka prefetch per consumer, KiB (`queued.max.messages.kbytes`). Higher smooths
@@ -778,6 +781,10 @@ impl ConsumeArgs {
             group_stall: (self.group_stall_timeout_ms != 0)
                 .then(|| Duration::from_millis(self.group_stall_timeout_ms)),
             consumer_protocol: self.kafka.consumer_group_protocol(),
+            hold_writes_after: self
+                .kafka
+                .consumer_group_protocol()
+                .then(|| Duration::from_millis(self.session_timeout_ms)),
         })
     }
 

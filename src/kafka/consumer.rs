@@ -137,16 +137,19 @@ pub struct IngestContext {
 }
 
 impl IngestContext {
-    /// `consumer_protocol`: the member uses the consumer group protocol of KIP-848.
+    /// `consumer_protocol`: the member uses the consumer group protocol of KIP-848; flushes
+    /// write nothing once its coordinator has been out of reach for `hold_writes_after`
+    /// (`kafka::coordinator`).
     pub fn new(
         revokes: mpsc::UnboundedSender<Revoke>,
         drain_deadline: Duration,
         status: Arc<Status>,
         consumer_protocol: bool,
+        hold_writes_after: Option<Duration>,
     ) -> Self {
         IngestContext {
             revokes,
-            ownership: Arc::default(),
+            ownership: Arc::new(Ownership::holding_writes_after(hold_writes_after)),
             drain_deadline,
             status,
             paused: AtomicBool::new(false),
@@ -206,6 +209,8 @@ impl ClientContext for IngestContext {
             let joined = in_group(&group.state, &group.join_state, self.consumer_protocol);
             self.status
                 .record_group(&group.state, &group.join_state, joined, brokers_up);
+            self.ownership
+                .record_coordinator(group.state == "up", group.stateage.max(0) as u64);
         }
     }
 }
@@ -535,6 +540,7 @@ mod tests {
                 Duration::from_secs(1),
                 status.clone(),
                 false,
+                None,
             );
             context.gained(&[0, 1]);
             context.report_lag([(0, 5), (1, 7), (2, 9), (1, -1)].into_iter());

@@ -3,7 +3,9 @@
 //! generation each partition was last lost in. The callbacks are the one place that changes it;
 //! the polling thread reads it (to drop what it holds of a partition given up, and to tag what it
 //! polls), and so do flushes under way (to write nothing more of a partition lost while they
-//! run). `/status` shows a copy, recorded on each change.
+//! run). `/status` shows a copy, recorded on each change. With the consumer group protocol it
+//! also says whether flushes may write at all while the group coordinator is out of reach
+//! (`kafka::coordinator`).
 //!
 //! The pipeline keeps its own record of revocations (`pipeline::revocations`): which generation
 //! each partition was last revoked in, updated when the pipeline has handled that revoke, in its
@@ -12,6 +14,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::coordinator::Coordinator;
 
 #[derive(Debug, Default)]
 pub struct Ownership {
@@ -20,6 +25,8 @@ pub struct Ownership {
     /// The generation of the last loss (0: none): a flush asks for each message, and before any
     /// loss the answer needs no lock.
     last_loss: AtomicU64,
+    /// The group coordinator's reach, as the statistics and the callbacks tell it.
+    coordinator: Mutex<Coordinator>,
 }
 
 #[derive(Debug, Default)]
@@ -31,9 +38,19 @@ struct Owned {
 }
 
 impl Ownership {
+    /// Writes wait once the group coordinator has been out of reach for `hold_after`; `None`:
+    /// never (see `kafka::coordinator`).
+    pub fn holding_writes_after(hold_after: Option<Duration>) -> Self {
+        Ownership {
+            coordinator: Mutex::new(Coordinator::new(hold_after)),
+            ..Ownership::default()
+        }
+    }
+
     /// `partitions` were assigned (a rebalance may add to the ones owned); returns what is owned
     /// now.
     pub fn gain(&self, partitions: &[i32]) -> BTreeSet<i32> {
+        self.coordinator_mut().answered();
         let mut owned = self.owned_mut();
         owned.partitions.extend(partitions);
         owned.partitions.clone()
@@ -42,6 +59,7 @@ impl Ownership {
     /// `partitions` are being revoked, or were `lost`: a new generation starts. Returns it, and
     /// what is owned now.
     pub fn revoke(&self, partitions: &[i32], lost: bool) -> (u64, BTreeSet<i32>) {
+        self.coordinator_mut().answered();
         let mut owned = self.owned_mut();
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         for &partition in partitions {
@@ -100,6 +118,25 @@ impl Ownership {
 
     pub fn owns(&self, partition: i32) -> bool {
         self.owned_mut().partitions.contains(&partition)
+    }
+
+    /// librdkafka's statistics: whether the group coordinator is connected (group state `up`),
+    /// and for how long the group has been in its state.
+    pub fn record_coordinator(&self, up: bool, state_age_ms: u64) {
+        self.coordinator_mut()
+            .record(up, state_age_ms, crate::health::now_ms());
+    }
+
+    /// Whether flushes write nothing for now: the coordinator has been out of reach for the
+    /// session, and has not answered since.
+    pub fn writes_held(&self) -> bool {
+        self.coordinator_mut().holds(crate::health::now_ms())
+    }
+
+    fn coordinator_mut(&self) -> std::sync::MutexGuard<'_, Coordinator> {
+        self.coordinator
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Each change is one call under the lock: a panic elsewhere cannot leave it half-made.

@@ -180,6 +180,43 @@ pub struct FlushReport {
 /// Whether a partition was lost since the flush began (asked between stages and between retries).
 pub type Lost<'a> = &'a (dyn Fn(i32) -> bool + Sync);
 
+/// What a flush asks, before each write attempt, of what the member owns.
+#[derive(Clone, Copy)]
+pub struct Owner<'a> {
+    /// Whether a partition was lost since the flush's messages were polled.
+    pub lost: Lost<'a>,
+    /// Whether writes wait for now: the member cannot tell whether it still owns its partitions
+    /// (`kafka::coordinator`).
+    pub held: &'a (dyn Fn() -> bool + Sync),
+}
+
+impl Owner<'_> {
+    /// Where a write stands before an attempt, `gone` saying whether every message it holds is
+    /// of lost partitions.
+    fn standing(&self, gone: bool) -> Standing {
+        if gone {
+            Standing::Gone
+        } else if (self.held)() {
+            Standing::Held
+        } else {
+            Standing::Owned
+        }
+    }
+}
+
+/// Where a write stands before an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    Owned,
+    /// Nothing is written for now (see [`Owner::held`]).
+    Held,
+    /// Every message it holds is of partitions lost meanwhile.
+    Gone,
+}
+
+/// How often a held write asks again.
+const HELD_RECHECK: Duration = Duration::from_millis(250);
+
 /// What one flush is failing on right now: each write from its first failed attempt until it
 /// ends (written, given up or failed for good), with the instant it started failing. A revoke's
 /// drain reads it to tell a flush that may still finish from one retrying through an outage
@@ -245,19 +282,20 @@ impl Drop for FailingWrite<'_> {
 
 /// Writes `batch` through every stage, from a thread of the blocking pool of `runtime` (never
 /// one of its async workers). `Err` means a sink failed fatally or ran out of attempts: nothing
-/// of this batch may be committed. The messages a stage rejects, and those of partitions `lost`
-/// meanwhile, are taken out of `batch` before the next stage (and dropped here).
+/// of this batch may be committed. The messages a stage rejects, and those of partitions the
+/// `owner` lost meanwhile, are taken out of `batch` before the next stage (and dropped here);
+/// while the `owner` holds writes, none is attempted.
 pub fn flush(
     runtime: &Handle,
     batch: &mut Batch,
     sinks: &Sinks,
     policy: &RetryPolicy,
     status: &Status,
-    lost: Lost,
+    owner: Owner,
     failing: &Failing,
 ) -> Result<FlushReport, SinkError> {
     runtime
-        .block_on(flush_stages(batch, sinks, policy, status, lost, failing))
+        .block_on(flush_stages(batch, sinks, policy, status, owner, failing))
         .inspect_err(|error| {
             status.sink_failed(error.sink, &error.message);
             crate::metrics::flush_failed(error.sink);
@@ -269,9 +307,10 @@ async fn flush_stages(
     sinks: &Sinks,
     policy: &RetryPolicy,
     status: &Status,
-    lost: Lost<'_>,
+    owner: Owner<'_>,
     failing: &Failing,
 ) -> Result<FlushReport, SinkError> {
+    let lost = owner.lost;
     let mut report = FlushReport::default();
     for stage in &sinks.stages {
         leave_out_lost(
@@ -283,7 +322,7 @@ async fn flush_stages(
         let entries: &[Entry] = batch;
         let writes = stage
             .iter()
-            .map(|sink| write_isolating(sink.as_ref(), entries, policy, status, lost, failing));
+            .map(|sink| write_isolating(sink.as_ref(), entries, policy, status, owner, failing));
         let mut refused_here = Vec::new();
         for (sink, result) in stage.iter().zip(join_all(writes).await) {
             let (written, rejected) = result?;
@@ -318,7 +357,7 @@ async fn flush_stages(
             // among them, which the batch's next flush (after the restart) would send again.
             report
                 .sinks
-                .push(dead_letter(&mut refused_here, sinks, policy, status, lost, failing).await?);
+                .push(dead_letter(&mut refused_here, sinks, policy, status, owner, failing).await?);
             // The dead-letter write may have stopped because their partitions were lost.
             leave_out_lost(
                 &mut refused_here,
@@ -368,7 +407,7 @@ async fn dead_letter(
     sinks: &Sinks,
     policy: &RetryPolicy,
     status: &Status,
-    lost: Lost<'_>,
+    owner: Owner<'_>,
     failing: &Failing,
 ) -> Result<SinkReport, SinkError> {
     let Some(dead_letters) = &sinks.rejections else {
@@ -392,7 +431,7 @@ async fn dead_letter(
         &Progress::new(sink.name(), status),
         policy,
         status,
-        &|| refused.iter().all(|r| lost(r.partition)),
+        &|| owner.standing(refused.iter().all(|r| (owner.lost)(r.partition))),
         failing,
     )
     .await
@@ -420,7 +459,7 @@ async fn write_isolating(
     batch: &[Entry],
     policy: &RetryPolicy,
     status: &Status,
-    lost: Lost<'_>,
+    owner: Owner<'_>,
     failing: &Failing,
 ) -> Result<(SinkReport, Vec<Rejected>), SinkError> {
     let start = Instant::now();
@@ -428,11 +467,11 @@ async fn write_isolating(
     let progress = Progress::new(sink.name(), status);
     let mut parts = vec![batch];
     while let Some(part) = parts.pop() {
-        let gone = || {
+        let standing = || {
             let mut mine = part.iter().filter(|e| sink.writes_for(e)).peekable();
-            mine.peek().is_some() && mine.all(|e| lost(e.partition))
+            owner.standing(mine.peek().is_some() && mine.all(|e| (owner.lost)(e.partition)))
         };
-        match write_with_retries(sink, part, &progress, policy, status, &gone, failing).await {
+        match write_with_retries(sink, part, &progress, policy, status, &standing, failing).await {
             Ok(report) => {
                 retries += report.retries;
                 written += report.written;
@@ -490,16 +529,17 @@ async fn write_isolating(
     ))
 }
 
-/// `Ok` also when, before an attempt or once attempts run out, `gone` says every message the
+/// `Ok` also when, before an attempt or once attempts run out, `standing` says every message the
 /// write holds is of partitions lost since the flush began: nothing of it is this member's to
 /// write any more (the report says nothing written, and the flush gives those messages up).
+/// While it says writes are held, no attempt is made.
 async fn write_with_retries(
     sink: &dyn Sink,
     batch: &[Entry],
     progress: &Progress<'_>,
     policy: &RetryPolicy,
     status: &Status,
-    gone: &dyn Fn() -> bool,
+    standing: &dyn Fn() -> Standing,
     failing: &Failing,
 ) -> Result<SinkReport, SinkError> {
     let start = Instant::now();
@@ -531,8 +571,15 @@ async fn write_with_retries(
         })
     };
     loop {
-        if gone() {
-            return abandoned(attempt - 1);
+        match standing() {
+            Standing::Gone => return abandoned(attempt - 1),
+            Standing::Held => {
+                tokio::time::sleep(HELD_RECHECK).await;
+                // Waiting by design, not a stall.
+                status.flush_progress();
+                continue;
+            }
+            Standing::Owned => {}
         }
         // A panic while the sink builds or writes is caught here, so that it can be pinned on
         // one message like a rejection (the panic hook has logged where). Only this sink's
@@ -584,7 +631,7 @@ async fn write_with_retries(
                 attempt = attempt.saturating_add(1);
             }
             // Out of attempts, but none of it is this member's to write any more.
-            Err(error) if error.retry == Retry::Retryable && gone() => {
+            Err(error) if error.retry == Retry::Retryable && standing() == Standing::Gone => {
                 return abandoned(attempt);
             }
             // Recorded as the flush's failure where the flush ends.
@@ -610,6 +657,14 @@ mod tests {
         run_losing(entries, sinks, policy, status, &|_| false)
     }
 
+    /// Never held.
+    fn owner(lost: Lost) -> Owner {
+        Owner {
+            lost,
+            held: &|| false,
+        }
+    }
+
     /// [`run`], with partitions lost as `lost` says.
     fn run_losing(
         entries: Vec<Entry>,
@@ -619,7 +674,7 @@ mod tests {
         lost: Lost,
     ) -> Result<FlushReport, SinkError> {
         let failing = Failing::new(Arc::default());
-        run_failing(entries, sinks, policy, status, lost, &failing)
+        run_failing(entries, sinks, policy, status, owner(lost), &failing)
     }
 
     /// [`run_losing`], telling `failing` of the writes that fail.
@@ -628,7 +683,7 @@ mod tests {
         sinks: &Sinks,
         policy: &RetryPolicy,
         status: &Status,
-        lost: Lost,
+        owner: Owner,
         failing: &Failing,
     ) -> Result<FlushReport, SinkError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -642,7 +697,7 @@ mod tests {
             sinks,
             policy,
             status,
-            lost,
+            owner,
             failing,
         )
     }
@@ -815,7 +870,15 @@ mod tests {
         status.sink_failed("rows", "down before");
         std::thread::sleep(Duration::from_millis(50));
         let started = Instant::now();
-        run_failing(entries(1), &sinks, &FAST, &status, &|_| false, &failing).unwrap();
+        run_failing(
+            entries(1),
+            &sinks,
+            &FAST,
+            &status,
+            owner(&|_| false),
+            &failing,
+        )
+        .unwrap();
         let seen = SEEN.lock().unwrap().clone();
         assert_eq!(seen[0], None, "not failing before an attempt failed");
         let (sink, since) = seen[1].expect("failing after the first failed attempt");
@@ -930,6 +993,75 @@ mod tests {
         });
         let accepted = later.accepted.lock().unwrap().clone();
         (report, losing.calls.load(Ordering::SeqCst), accepted)
+    }
+
+    /// While the owner holds writes no attempt is made; once released the write goes through;
+    /// held until its partitions are lost, it stops unwritten.
+    #[test]
+    fn a_held_write_waits_without_an_attempt_until_released_or_lost() {
+        let blobs = || Losing {
+            lose_at: 0,
+            failing: false,
+            calls: AtomicU32::new(0),
+            lost: Arc::default(),
+        };
+        let (sink, failing) = (Arc::new(blobs()), Failing::new(Arc::default()));
+        let sinks = Sinks::new(vec![vec![Box::new(sink.clone())]]);
+        let asks = AtomicU32::new(0);
+        // Held for the first three asks (three rechecks, 750 ms), then released.
+        let held = || {
+            assert_eq!(
+                sink.calls.load(Ordering::SeqCst),
+                0,
+                "no attempt while held"
+            );
+            asks.fetch_add(1, Ordering::SeqCst) < 3
+        };
+        let owner = Owner {
+            lost: &|_| false,
+            held: &held,
+        };
+        let status = Status::default();
+        let report = run_failing(
+            on_partitions_0_and_1(),
+            &sinks,
+            &FAST,
+            &status,
+            owner,
+            &failing,
+        );
+        assert_eq!(
+            sink.calls.load(Ordering::SeqCst),
+            1,
+            "written once released"
+        );
+        assert!(report.unwrap().given_up.is_empty());
+        assert!(asks.load(Ordering::SeqCst) >= 4);
+
+        // Held for good, its partitions lost after three rechecks: given up, never written.
+        let sink = Arc::new(blobs());
+        let sinks = Sinks::new(vec![vec![Box::new(sink.clone())]]);
+        let holds = AtomicU32::new(0);
+        let lost = |_| holds.load(Ordering::SeqCst) >= 3;
+        let held = || {
+            holds.fetch_add(1, Ordering::SeqCst);
+            true
+        };
+        let owner = Owner {
+            lost: &lost,
+            held: &held,
+        };
+        let report = run_failing(
+            on_partitions_0_and_1(),
+            &sinks,
+            &FAST,
+            &status,
+            owner,
+            &failing,
+        );
+        assert_eq!(sink.calls.load(Ordering::SeqCst), 0, "never written");
+        assert_eq!(report.unwrap().given_up.len(), 8);
+        assert_eq!(holds.load(Ordering::SeqCst), 3, "held until the loss");
     }
 
     /// Offsets 0..4 of partition 0 and 10..14 of partition 1.

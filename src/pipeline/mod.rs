@@ -211,6 +211,9 @@ pub struct Settings {
     pub group_stall: Option<Duration>,
     /// The member uses the consumer group protocol of KIP-848.
     pub consumer_protocol: bool,
+    /// With it, how long the group coordinator may be out of reach before flushes write
+    /// nothing until it answers (`kafka::coordinator`); `None` with the classic protocol.
+    pub hold_writes_after: Option<Duration>,
 }
 
 /// Consumes `settings.topic` until `shutdown` resolves, then drains and returns. Needs a
@@ -231,6 +234,7 @@ pub async fn consume(
         settings.drain_deadline,
         status.clone(),
         settings.consumer_protocol,
+        settings.hold_writes_after,
     );
     let consumer: Arc<IngestConsumer> = Arc::new(settings.consumer.create_with_context(context)?);
     consumer.subscribe(&[&settings.topic])?;
@@ -673,8 +677,13 @@ impl Pipeline {
             // A partition lost since (the callback records it at once, before this task hears
             // of it) is written no further.
             let lost = |partition| ownership.lost_since(partition, generation);
+            let held = || ownership.writes_held();
+            let owner = flush::Owner {
+                lost: &lost,
+                held: &held,
+            };
             let result = flush::flush(
-                &runtime, &mut batch, &sinks, &retry, &status, &lost, &failing,
+                &runtime, &mut batch, &sinks, &retry, &status, owner, &failing,
             );
             // Counted from what the flush left in the batch (it takes out what a sink rejected,
             // and what it gave up of lost partitions), and what it dead-lettered.

@@ -261,18 +261,18 @@ struct HeldRun {
 }
 
 impl HeldRun {
-    /// The member to cut has `session`.
-    async fn start(session: Duration) -> HeldRun {
+    /// The member to cut has `session`; `extra`: flags for both members.
+    async fn start(session: Duration, extra: &[&str]) -> HeldRun {
         let _stack = uses_stack().await;
         let net = Partitioned::new().await;
         let store = HeldStore::start().await;
         let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
         let cut_log = net.log_of("cut");
-        let cut = Service::start_logging_to(
-            &store.cut_member_args(&net, net.cut_member_args(dirs[0].path(), session)),
-            &cut_log,
-        );
-        let other = net.start_other(dirs[1].path(), true, &[]);
+        let mut cut_args =
+            store.cut_member_args(&net, net.cut_member_args(dirs[0].path(), session));
+        cut_args.extend(extra.iter().map(|a| a.to_string()));
+        let cut = Service::start_logging_to(&cut_args, &cut_log);
+        let other = net.start_other(dirs[1].path(), true, extra);
         both_own_partitions(&cut, &other).await;
         HeldRun {
             _stack,
@@ -336,7 +336,7 @@ fn stored_by_either(dirs: &[tempfile::TempDir; 2]) -> Blobs {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
 async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
-    let run = HeldRun::start(SESSION).await;
+    let run = HeldRun::start(SESSION, &[]).await;
     let (net, store, dirs, cut, other) = (run.net, run.store, run.dirs, run.cut, run.other);
 
     // The store stops answering; the member fills a flush that cannot end (the first three
@@ -422,7 +422,7 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
 async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_member_consumes_on() {
-    let run = HeldRun::start(Duration::from_secs(6)).await;
+    let run = HeldRun::start(Duration::from_secs(6), &[]).await;
     let mut sent = run.cut_off_during_a_held_flush().await;
     let (net, store, dirs, cut, other) = (run.net, run.store, run.dirs, run.cut, run.other);
     let log = || std::fs::read_to_string(&run.cut_log).unwrap_or_default();
@@ -445,7 +445,19 @@ async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_me
     store.hold(false);
     sent.extend(net.rejoin_and_consume_on(&cut, 24).await);
 
-    let (blobs, _) = outcomes(&sent);
+    stored_and_billed_once(&net, &store, &dirs, &sent);
+    both_carried_on(cut, other, &log());
+}
+
+/// Every segment of `sent` stored by exactly one member (the cut one's under `store`, the
+/// other's under `dirs[1]`), every message billed exactly once.
+fn stored_and_billed_once(
+    net: &Partitioned,
+    store: &HeldStore,
+    dirs: &[tempfile::TempDir; 2],
+    sent: &[Sent],
+) {
+    let (blobs, _) = outcomes(sent);
     let by_other: BTreeSet<String> = blobs_under(dirs[1].path()).into_keys().collect();
     let by_cut = store.written();
     assert!(
@@ -458,7 +470,65 @@ async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_me
         blobs.into_keys().collect(),
         "every segment stored"
     );
-    net.assert_billed_once(&sent);
+    net.assert_billed_once(sent);
+}
+
+/// The same held flush with KIP-848's consumer group protocol on both members, where librdkafka
+/// does not find the partitions lost while the coordinator is out of reach (no session timer of
+/// its own under that protocol): once the coordinator has been out of reach for the cut member's
+/// `--session-timeout-ms` (6 s, the broker's being 10 s), its flushes write nothing. The broker
+/// gives every partition to the other member; the store answers again while the member is still
+/// cut off, and the held flush writes nothing (it used to store its blobs then, beside the new
+/// owner's, and bill them again once the network was back). With the network back the member
+/// finds its partitions lost, gives the flush up, rejoins and consumes on: every segment stored
+/// once, every message billed exactly once, neither exits.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
+async fn with_the_consumer_protocol_a_member_cut_off_past_its_session_writes_nothing_until_the_coordinator_answers()
+ {
+    let run = HeldRun::start(
+        Duration::from_secs(6),
+        &[
+            "--kafka-property",
+            "group.protocol=consumer",
+            // The coordinator's reach is read from the statistics: every second here.
+            "--kafka-property",
+            "statistics.interval.ms=1000",
+        ],
+    )
+    .await;
+    let mut sent = run.cut_off_during_a_held_flush().await;
+    let (net, store, dirs, cut, other) = (run.net, run.store, run.dirs, run.cut, run.other);
+    let log = || std::fs::read_to_string(&run.cut_log).unwrap_or_default();
+
+    wait_for(
+        "the cut member holding its writes and the other owning every partition",
+        JOIN_AND_FLUSH,
+        || {
+            log().contains("flushes write nothing until the coordinator answers")
+                && other.owned() == 4
+        },
+    )
+    .await;
+    store.hold(false);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        store.written().is_empty(),
+        "the held flush wrote nothing, the store answering:\n{}",
+        log()
+    );
+    assert!(!log().contains("partitions lost"), "{}", log());
+
+    net.relay.restore();
+    wait_for(
+        "the cut member finding its partitions lost and its flush given up",
+        JOIN_AND_FLUSH,
+        || log().contains("partitions lost") && cut.count("flushes_in_flight") == 0,
+    )
+    .await;
+    sent.extend(net.rejoin_and_consume_on(&cut, 24).await);
+
+    stored_and_billed_once(&net, &store, &dirs, &sent);
     both_carried_on(cut, other, &log());
 }
 
@@ -472,7 +542,7 @@ async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_me
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
 async fn dead_letters_held_by_a_cut_when_the_partitions_are_lost_are_left_to_the_next_owner() {
-    let run = HeldRun::start(Duration::from_secs(6)).await;
+    let run = HeldRun::start(Duration::from_secs(6), &[]).await;
     let mut sent = run.cut_off_during_a_held_flush().await;
     let (net, store, dirs, cut, other) = (run.net, run.store, run.dirs, run.cut, run.other);
     let log = || std::fs::read_to_string(&run.cut_log).unwrap_or_default();

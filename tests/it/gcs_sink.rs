@@ -184,7 +184,7 @@ async fn each_status_gcs_answers_with_is_retried_rejected_or_fatal() {
 async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
     let _stack = uses_stack().await;
     use crate::support::proxy::{Action, Proxy};
-    use replay_ingest::pipeline::flush::{Failing, RetryPolicy, Sinks, flush};
+    use replay_ingest::pipeline::flush::{Failing, Owner, RetryPolicy, Sinks, flush};
     let bucket = crate::support::unique("blobs");
     create_bucket(&bucket);
     let proxy = Proxy::start(&gcs_endpoint(), |seen| {
@@ -212,10 +212,14 @@ async fn a_latency_tail_costs_its_share_of_uploads_again_not_the_batch() {
     let (report, batch) = tokio::task::spawn_blocking(move || {
         let status = replay_ingest::health::Status::default();
         let mut batch = batch;
-        let (lost, failing) = (|_| false, Failing::new(Default::default()));
+        let failing = Failing::new(Default::default());
+        let owner = Owner {
+            lost: &|_| false,
+            held: &|| false,
+        };
         (
             flush(
-                &runtime, &mut batch, &sinks, &policy, &status, &lost, &failing,
+                &runtime, &mut batch, &sinks, &policy, &status, owner, &failing,
             ),
             batch,
         )
