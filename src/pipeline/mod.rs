@@ -241,7 +241,7 @@ pub async fn consume(
     let statistics = sends_statistics(&settings.consumer);
     if !statistics {
         warn!(
-            "statistics.interval.ms=0: consumer.lag, consumer.out_of_group_ms and /status `group` are not reported, and the group stall does not fail liveness"
+            "statistics.interval.ms=0: consumer.lag, consumer.out_of_group_ms and /status `group` are not reported, the group stall does not fail liveness, and with the consumer group protocol flushes go on writing while the group coordinator is out of reach"
         );
     }
     status.record_initialised(statistics);
