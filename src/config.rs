@@ -490,9 +490,10 @@ pub struct ConsumeArgs {
     /// Group session timeout. Lower detects dead members sooner; too low causes spurious
     /// rebalances under load. Must exceed `--drain-deadline-ms`. With `group.protocol=consumer`
     /// the broker's `group.consumer.session.timeout.ms` applies instead and this is not sent:
-    /// there, set it to at most the broker's. Flushes write nothing once the group coordinator
-    /// has been out of reach this long, until it answers (the broker may have given the
-    /// partitions to another member, and librdkafka does not tell before it answers).
+    /// there, set it about 15 s below the broker's (the default 30 s against its 45 s). Flushes
+    /// write nothing once the group coordinator has been out of reach this long, until it
+    /// answers (the broker may have given the partitions to another member, and librdkafka does
+    /// not tell before it answers).
     #[arg(long, env = "REPLAY_INGEST_SESSION_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 30_000)]
     pub session_timeout_ms: u64,
     /// librdkafka prefetch per consumer, KiB (`queued.max.messages.kbytes`). Higher smooths
@@ -680,11 +681,11 @@ impl ConsumeArgs {
         if self.misconfigured_at_refusals == 1 {
             return Err("--misconfigured-at-refusals must be 0 (never) or at least 2: at 1 a single refused message would stop the service, and its restart would meet it again".to_owned());
         }
-        // With the consumer protocol the session is the broker's, which the flag does not set:
-        // the drain deadline is bounded by the poll interval alone (above).
-        if !self.kafka.consumer_group_protocol()
-            && self.drain_deadline_ms >= self.session_timeout_ms
-        {
+        // With the consumer protocol the flag stands for the broker's session (it is not sent):
+        // a revoke's drain blocks the statistics that would hold its writes once the coordinator
+        // is out of reach (`kafka::coordinator`), so it must end before the broker could fence a
+        // member cut off as it began.
+        if self.drain_deadline_ms >= self.session_timeout_ms {
             return Err(format!(
                 "--drain-deadline-ms ({}) must be below --session-timeout-ms ({}): a drain that outlives the session loses the partitions mid-commit",
                 self.drain_deadline_ms, self.session_timeout_ms
@@ -924,8 +925,7 @@ mod tests {
     }
 
     #[test]
-    fn a_drain_deadline_beyond_the_session_timeout_is_rejected_unless_the_broker_owns_the_session()
-    {
+    fn a_drain_deadline_beyond_the_session_timeout_is_rejected_with_either_protocol() {
         let with = |protocol: &[&str]| {
             let mut args = vec![
                 "--blob-sink",
@@ -940,9 +940,12 @@ mod tests {
         };
         let err = with(&[]).unwrap_err().to_string();
         assert!(err.contains("--drain-deadline-ms"), "{err}");
-        // The consumer protocol sends no session timeout: the flag bounds nothing there (it
-        // refused a 30 s drain, which the broker's 45 s session allows).
-        with(&["--kafka-property", "group.protocol=consumer"]).unwrap();
+        // The consumer protocol sends no session timeout, but the flag stands for the broker's
+        // there: a drain outlasting it could write on after the broker fenced a member cut off.
+        let err = with(&["--kafka-property", "group.protocol=consumer"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--drain-deadline-ms"), "{err}");
     }
 
     #[test]
