@@ -209,8 +209,17 @@ impl ClientContext for IngestContext {
             let joined = in_group(&group.state, &group.join_state, self.consumer_protocol);
             self.status
                 .record_group(&group.state, &group.join_state, joined, brokers_up);
-            self.ownership
-                .record_coordinator(group.state == "up", group.stateage.max(0) as u64);
+            // Timed by the statistics' own clock (whole seconds), when they carry it: they wait in
+            // librdkafka's queue while the polling thread runs a rebalance callback.
+            let at = match statistics.time {
+                secs if secs > 0 => (secs as u64).saturating_mul(1000),
+                _ => crate::health::now_ms(),
+            };
+            self.ownership.record_coordinator(
+                group.state == "up",
+                group.stateage.max(0) as u64,
+                at,
+            );
         }
     }
 }

@@ -120,11 +120,10 @@ impl Ownership {
         self.owned_mut().partitions.contains(&partition)
     }
 
-    /// librdkafka's statistics: whether the group coordinator is connected (group state `up`),
-    /// and for how long the group has been in its state.
-    pub fn record_coordinator(&self, up: bool, state_age_ms: u64) {
-        self.coordinator_mut()
-            .record(up, state_age_ms, crate::health::now_ms());
+    /// librdkafka's statistics made at `at` (Unix ms): whether the group coordinator is
+    /// connected (group state `up`), and for how long the group has been in its state.
+    pub fn record_coordinator(&self, up: bool, state_age_ms: u64, at: u64) {
+        self.coordinator_mut().record(up, state_age_ms, at);
     }
 
     /// Whether flushes write nothing for now: the coordinator has been out of reach for the
