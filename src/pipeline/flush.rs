@@ -1022,14 +1022,17 @@ mod tests {
             held: &held,
         };
         let status = Status::default();
-        let report = run_failing(
-            on_partitions_0_and_1(),
-            &sinks,
-            &FAST,
-            &status,
-            owner,
-            &failing,
-        );
+        let flush = |sinks: &Sinks, owner: Owner| {
+            run_failing(
+                on_partitions_0_and_1(),
+                sinks,
+                &FAST,
+                &status,
+                owner,
+                &failing,
+            )
+        };
+        let report = flush(&sinks, owner);
         assert_eq!(
             sink.calls.load(Ordering::SeqCst),
             1,
@@ -1051,14 +1054,7 @@ mod tests {
             lost: &lost,
             held: &held,
         };
-        let report = run_failing(
-            on_partitions_0_and_1(),
-            &sinks,
-            &FAST,
-            &status,
-            owner,
-            &failing,
-        );
+        let report = flush(&sinks, owner);
         assert_eq!(sink.calls.load(Ordering::SeqCst), 0, "never written");
         assert_eq!(report.unwrap().given_up.len(), 8);
         assert_eq!(holds.load(Ordering::SeqCst), 3, "held until the loss");
