@@ -4,7 +4,8 @@
 //! that has not called it for `max.poll.interval.ms` is taken for stuck and leaves the group). A
 //! dedicated thread polls and hands messages over to the pipeline within a bound of messages and
 //! bytes in transit ([`Handoff`]). It never blocks on the pipeline: a message that finds no room
-//! within one poll interval is held, the assigned partitions are paused, and the thread goes on
+//! within one poll interval is held, the assigned partitions are paused (each once it has
+//! delivered a message in its assignment: [`super::pause`] says why), and the thread goes on
 //! polling — serving rebalances — until the pipeline takes the message; then they are resumed.
 //! So backpressure, however long (a sink down for minutes), never keeps a rebalance waiting.
 //!
@@ -17,9 +18,9 @@
 //! release the partitions.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,7 @@ use rdkafka::ClientConfig;
 use rdkafka::Offset;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::sync::mpsc;
@@ -34,6 +36,7 @@ use tracing::{debug, error, info, warn};
 
 use super::handoff::{Handoff, Reserved};
 use super::ownership::Ownership;
+use super::pause::IntakePause;
 use super::record::Record;
 use crate::health::Status;
 
@@ -128,9 +131,9 @@ pub struct IngestContext {
     drain_deadline: Duration,
     /// Where `/status` shows the partitions owned.
     status: Arc<Status>,
-    /// Whether the polling thread has paused intake; the callbacks keep partitions that arrive
-    /// or leave meanwhile in step.
-    paused: AtomicBool,
+    /// Intake's pause, set by the polling thread; the revoke callback resumes the partitions
+    /// that leave paused.
+    intake: Mutex<IntakePause>,
     /// The consumer group protocol of KIP-848, where a member in its group may show the join
     /// state `init` (see [`in_group`]).
     consumer_protocol: bool,
@@ -152,7 +155,7 @@ impl IngestContext {
             ownership: Arc::new(Ownership::holding_writes_after(hold_writes_after)),
             drain_deadline,
             status,
-            paused: AtomicBool::new(false),
+            intake: Mutex::default(),
             consumer_protocol,
         }
     }
@@ -186,6 +189,10 @@ impl IngestContext {
     /// What the member owns, shared with the polling thread.
     pub fn ownership(&self) -> Arc<Ownership> {
         self.ownership.clone()
+    }
+
+    fn intake(&self) -> MutexGuard<'_, IntakePause> {
+        self.intake.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -260,11 +267,10 @@ impl ConsumerContext for IngestContext {
             } else {
                 info!(partitions = ?ids, generation, "partitions revoked: draining");
             }
-            // librdkafka keeps a partition's pause flag: one given up while paused would stay
-            // paused when it comes back.
-            if self.paused.load(Ordering::Acquire)
-                && let Err(error) = consumer.resume(partitions)
-            {
+            let resumed = self
+                .intake()
+                .revoked(&ids, |paused| consumer.resume(&only(partitions, paused)));
+            if let Err(error) = resumed {
                 warn!(%error, "cannot resume the partitions given up");
             }
             let (done, drained) = std_mpsc::sync_channel(1);
@@ -288,16 +294,11 @@ impl ConsumerContext for IngestContext {
         }
     }
 
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
             let ids = ids(partitions);
+            // New partitions join intake's pause at their first message (`kafka::pause`).
             self.gained(&ids);
-            // New partitions join intake's pause.
-            if self.paused.load(Ordering::Acquire)
-                && let Err(error) = consumer.pause(partitions)
-            {
-                warn!(%error, "cannot pause the partitions assigned");
-            }
             let generation = self.ownership.generation();
             info!(partitions = ?ids, generation, "partitions assigned");
         }
@@ -310,6 +311,17 @@ fn ids(partitions: &TopicPartitionList) -> Vec<i32> {
         .iter()
         .map(|p| p.partition())
         .collect()
+}
+
+/// The entries of `list` for `partitions`.
+fn only(list: &TopicPartitionList, partitions: &[i32]) -> TopicPartitionList {
+    let mut only = TopicPartitionList::new();
+    for entry in list.elements() {
+        if partitions.contains(&entry.partition()) {
+            only.add_partition(entry.topic(), entry.partition());
+        }
+    }
+    only
 }
 
 pub type IngestConsumer = BaseConsumer<IngestContext>;
@@ -349,7 +361,8 @@ struct Poller {
     handoff: Arc<Handoff>,
     ownership: Arc<Ownership>,
     /// Polled, not yet handed over (in order), with their generations. While anything is held
-    /// past a hand-over the assigned partitions are paused, so this holds a batch at most.
+    /// past a hand-over the assigned partitions are paused, so this holds a batch at most, and
+    /// a message of each partition paused at its first ([`super::pause`]).
     held: VecDeque<(Record, u64)>,
     /// When intake was paused, while it is.
     paused_since: Option<Instant>,
@@ -386,6 +399,9 @@ impl Poller {
         let before = self.ownership.generation();
         let polled = match self.consumer.poll(timeout) {
             Some(Ok(message)) => {
+                if self.paused_since.is_some() {
+                    self.pause_at_first(&message);
+                }
                 self.held
                     .push_back((Record::copy_of(&message), self.ownership.generation()));
                 true
@@ -447,20 +463,47 @@ impl Poller {
         true
     }
 
-    /// Pauses or resumes every assigned partition, when intake's state changes. (A failure is
-    /// logged and tried again at the next poll.)
+    /// While intake is paused, pauses the partition of `message` if this is its first message
+    /// since intake paused (it was looking up where to begin then, or had not been assigned).
+    fn pause_at_first(&self, message: &BorrowedMessage<'_>) {
+        let partition = message.partition();
+        let result = self.consumer.context().intake().delivered(partition, |_| {
+            let mut list = TopicPartitionList::new();
+            list.add_partition(message.topic(), partition);
+            self.consumer.pause(&list)
+        });
+        if let Err(error) = result
+            && let Some(held_back) = crate::logs::PAUSE_FAILED.admit()
+        {
+            error!(%error, partition, held_back, "cannot pause a partition at its first message");
+        }
+    }
+
+    /// Pauses or resumes the assigned partitions, when intake's state changes: pausing, those
+    /// that have delivered a message in their assignment (librdkafka has their position);
+    /// resuming, those paused. (A failure is logged and tried again at the next poll.)
     fn pause(&mut self, pause: bool) {
         if pause == self.paused_since.is_some() {
             return;
         }
-        let context = self.consumer.context();
-        let result = self.consumer.assignment().and_then(|assignment| {
-            if pause {
-                self.consumer.pause(&assignment)
-            } else {
-                self.consumer.resume(&assignment)
-            }
-        });
+        let consumer = &self.consumer;
+        let mut intake = consumer.context().intake();
+        let result = if pause {
+            consumer.position().and_then(|positions| {
+                let placed: Vec<i32> = positions
+                    .elements()
+                    .iter()
+                    .filter(|p| matches!(p.offset(), Offset::Offset(_)))
+                    .map(|p| p.partition())
+                    .collect();
+                intake.pause(placed, |placed| consumer.pause(&only(&positions, placed)))
+            })
+        } else {
+            consumer.assignment().and_then(|assignment| {
+                intake.resume(|paused| consumer.resume(&only(&assignment, paused)))
+            })
+        };
+        drop(intake);
         if let Err(error) = result {
             // Tried again at every poll (ten a second) while it fails: throttled.
             if let Some(held_back) = crate::logs::PAUSE_FAILED.admit() {
@@ -468,7 +511,6 @@ impl Poller {
             }
             return;
         }
-        context.paused.store(pause, Ordering::Release);
         // The pipeline reports its own backpressure (`/status` `paused`, `consumer.paused_ms`).
         if pause {
             self.paused_since = Some(Instant::now());

@@ -8,6 +8,7 @@ pub mod consumer;
 pub mod coordinator;
 pub mod handoff;
 pub mod ownership;
+pub mod pause;
 pub mod producer;
 pub mod record;
 pub mod refetch;

@@ -20,6 +20,7 @@ mod fixtures;
 mod gcs_sink;
 mod group_membership;
 mod inspect_cli;
+mod intake_pause;
 mod kafka_acls;
 mod kafka_pipeline;
 mod log_format;

@@ -2,10 +2,13 @@
 //! the broker: while it is cut, every connection through it is closed and a new one is closed as
 //! soon as it arrives; restored, it relays again. The broker advertises the relay's address for
 //! that listener (`SecureBroker::start_behind`), so the client reaches the broker through it and
-//! nothing else, while other clients use the broker's own listeners.
+//! nothing else, while other clients use the broker's own listeners. A relay may also hold the
+//! broker's answers to offset lookups back (`start_delaying_offset_lookups`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -15,6 +18,8 @@ pub struct Relay {
     /// Where the relay forwards to; the broker listens there.
     pub upstream_port: u16,
     cut: Arc<watch::Sender<bool>>,
+    /// ListOffsets requests relayed (counted by `start_delaying_offset_lookups` relays only).
+    lookups: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Relay {
@@ -27,25 +32,46 @@ impl Relay {
     /// As `start`, listening on `port` (0: any free one), for a broker told the relay's address
     /// before the relay runs.
     pub async fn start_on(port: u16, upstream_port: u16) -> Relay {
+        Self::start_delaying(port, upstream_port, Duration::ZERO).await
+    }
+
+    /// As `start`, each answer to an offset lookup (a ListOffsets request) reaching the client
+    /// `delay` late, and the answers after it on the same connection behind it (their order is
+    /// kept): a broker slow to answer where a partition begins, the lookup in flight that long.
+    pub async fn start_delaying_offset_lookups(upstream_port: u16, delay: Duration) -> Relay {
+        Self::start_delaying(0, upstream_port, delay).await
+    }
+
+    async fn start_delaying(port: u16, upstream_port: u16, delay: Duration) -> Relay {
         let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(watch::Sender::new(false));
         let cuts = cut.clone();
+        let lookups = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = lookups.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if *cuts.borrow() {
                     continue;
                 }
                 let mut cut = cuts.subscribe();
+                let counted = counted.clone();
                 tokio::spawn(async move {
                     let Ok(mut broker) = TcpStream::connect(("127.0.0.1", upstream_port)).await
                     else {
                         return;
                     };
                     let mut client = client;
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut broker) => {}
-                        _ = cut.wait_for(|&cut| cut) => {}
+                    if delay.is_zero() {
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut broker) => {}
+                            _ = cut.wait_for(|&cut| cut) => {}
+                        }
+                    } else {
+                        tokio::select! {
+                            _ = relay_delaying(client, broker, delay, &counted) => {}
+                            _ = cut.wait_for(|&cut| cut) => {}
+                        }
                     }
                 });
             }
@@ -54,12 +80,19 @@ impl Relay {
             port,
             upstream_port,
             cut,
+            lookups,
         }
     }
 
     /// `127.0.0.1:PORT` clients use.
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The offset lookups (ListOffsets requests) relayed so far, by a relay that delays their
+    /// answers.
+    pub fn offset_lookups(&self) -> usize {
+        self.lookups.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Closes every connection through the relay and refuses new ones until `restore`.
@@ -69,5 +102,78 @@ impl Relay {
 
     pub fn restore(&self) {
         self.cut.send_replace(false);
+    }
+}
+
+/// Kafka's ListOffsets request (its API key).
+const LIST_OFFSETS: i16 = 2;
+
+/// Reads one Kafka frame (its 4-byte size, then that many bytes) from `from`, whole.
+async fn frame(from: &mut (impl AsyncReadExt + Unpin)) -> Option<Vec<u8>> {
+    let size = from.read_i32().await.ok()?;
+    let mut frame = size.to_be_bytes().to_vec();
+    frame.resize(4 + usize::try_from(size).ok()?, 0);
+    from.read_exact(&mut frame[4..]).await.ok()?;
+    Some(frame)
+}
+
+/// Relays between `client` and `broker` frame by frame, the broker's answer to each ListOffsets
+/// request reaching the client `delay` after it was read, and every answer after it no sooner;
+/// until either side closes; `counted` counts the ListOffsets requests. (A request's header holds its API key at bytes 4–5 and its
+/// correlation id at 8–11; an answer's correlation id is at bytes 4–7.)
+async fn relay_delaying(
+    client: TcpStream,
+    broker: TcpStream,
+    delay: Duration,
+    counted: &std::sync::atomic::AtomicUsize,
+) {
+    let (mut client_reads, mut client_writes) = client.into_split();
+    let (mut broker_reads, mut broker_writes) = broker.into_split();
+    let lookups = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let (answers, mut due) = tokio::sync::mpsc::unbounded_channel();
+    let requests = {
+        let lookups = lookups.clone();
+        async move {
+            while let Some(request) = frame(&mut client_reads).await {
+                if request.len() >= 12
+                    && i16::from_be_bytes([request[4], request[5]]) == LIST_OFFSETS
+                {
+                    let id = i32::from_be_bytes(request[8..12].try_into().unwrap());
+                    lookups.lock().unwrap().insert(id);
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                if broker_writes.write_all(&request).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let read = async move {
+        let mut last = tokio::time::Instant::now();
+        while let Some(answer) = frame(&mut broker_reads).await {
+            let id = answer
+                .get(4..8)
+                .map_or(0, |id| i32::from_be_bytes(id.try_into().unwrap()));
+            let at = match lookups.lock().unwrap().remove(&id) {
+                true => tokio::time::Instant::now() + delay,
+                false => tokio::time::Instant::now(),
+            };
+            last = last.max(at);
+            if answers.send((last, answer)).is_err() {
+                return;
+            }
+        }
+    };
+    let write = async move {
+        while let Some((at, answer)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if client_writes.write_all(&answer).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = requests => {}
+        _ = async { tokio::join!(read, write) } => {}
     }
 }
