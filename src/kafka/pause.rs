@@ -2,13 +2,15 @@
 //!
 //! A partition is paused only once it has delivered a message in its assignment: before that,
 //! librdkafka 2.12 may still be looking up where it begins (a partition without a commit starts
-//! where `auto.offset.reset` says, found with a ListOffsets request), and a pause or resume
-//! meanwhile makes the answer outdated. librdkafka then arms a retry of the lookup that is never
-//! disarmed: it fires once the partition is being read and sets it back to the log's start
-//! (`rd_kafka_toppar_handle_Offset` → `rd_kafka_toppar_offset_retry`; reproduced on Apache
-//! Kafka, `tests/it/intake_pause.rs`). The member read the partition a second time from there:
-//! its blobs, rows and billing outcomes again. A partition that has delivered a message has its
-//! position (librdkafka's, and the one pausing keeps), so nothing is looked up.
+//! where `auto.offset.reset` says, found with a ListOffsets request). A pause and resume
+//! meanwhile make that answer outdated, and the resume, finding no position to go on from,
+//! starts a second lookup beside it. The outdated answer arms a retry of the lookup
+//! (`rd_kafka_toppar_handle_Offset` → `rd_kafka_toppar_offset_retry`) that the second answer
+//! does not disarm: it fires once the partition is being read, and sets it back to the log's
+//! start (reproduced on Apache Kafka, `tests/it/intake_pause.rs`). The member read the partition
+//! a second time from there: its blobs, rows and billing outcomes again. Pausing a partition
+//! that has delivered a message pins where it goes on to the message after that one, so its
+//! resume never starts a lookup.
 //!
 //! So while intake is paused a partition that has delivered nothing yet goes on fetching, and is
 //! paused as soon as its first message comes: the polling thread holds at most one message of

@@ -6,6 +6,7 @@
 //! broker's answers to offset lookups back (`start_delaying_offset_lookups`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,8 +19,15 @@ pub struct Relay {
     /// Where the relay forwards to; the broker listens there.
     pub upstream_port: u16,
     cut: Arc<watch::Sender<bool>>,
-    /// ListOffsets requests relayed (counted by `start_delaying_offset_lookups` relays only).
-    lookups: Arc<std::sync::atomic::AtomicUsize>,
+    /// Offset lookups relayed (counted by `start_delaying_offset_lookups` relays only).
+    lookups: Arc<Lookups>,
+}
+
+/// ListOffsets requests relayed, and their answers passed on.
+#[derive(Default)]
+struct Lookups {
+    asked: AtomicUsize,
+    answered: AtomicUsize,
 }
 
 impl Relay {
@@ -38,6 +46,7 @@ impl Relay {
     /// As `start`, each answer to an offset lookup (a ListOffsets request) reaching the client
     /// `delay` late, and the answers after it on the same connection behind it (their order is
     /// kept): a broker slow to answer where a partition begins, the lookup in flight that long.
+    /// For a plaintext listener only: it reads Kafka's frames.
     pub async fn start_delaying_offset_lookups(upstream_port: u16, delay: Duration) -> Relay {
         Self::start_delaying(0, upstream_port, delay).await
     }
@@ -47,7 +56,7 @@ impl Relay {
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(watch::Sender::new(false));
         let cuts = cut.clone();
-        let lookups = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let lookups = Arc::new(Lookups::default());
         let counted = lookups.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -89,10 +98,13 @@ impl Relay {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// The offset lookups (ListOffsets requests) relayed so far, by a relay that delays their
-    /// answers.
-    pub fn offset_lookups(&self) -> usize {
-        self.lookups.load(std::sync::atomic::Ordering::SeqCst)
+    /// The offset lookups (ListOffsets requests) relayed so far, and how many of their answers
+    /// have reached the client, by a relay that delays those answers.
+    pub fn offset_lookups(&self) -> (usize, usize) {
+        (
+            self.lookups.asked.load(Ordering::SeqCst),
+            self.lookups.answered.load(Ordering::SeqCst),
+        )
     }
 
     /// Closes every connection through the relay and refuses new ones until `restore`.
@@ -119,14 +131,10 @@ async fn frame(from: &mut (impl AsyncReadExt + Unpin)) -> Option<Vec<u8>> {
 
 /// Relays between `client` and `broker` frame by frame, the broker's answer to each ListOffsets
 /// request reaching the client `delay` after it was read, and every answer after it no sooner;
-/// until either side closes; `counted` counts the ListOffsets requests. (A request's header holds its API key at bytes 4–5 and its
-/// correlation id at 8–11; an answer's correlation id is at bytes 4–7.)
-async fn relay_delaying(
-    client: TcpStream,
-    broker: TcpStream,
-    delay: Duration,
-    counted: &std::sync::atomic::AtomicUsize,
-) {
+/// until either side closes; `counted` counts the lookups and their answers. (A request's header
+/// holds its API key at bytes 4–5 and its correlation id at 8–11; an answer's correlation id is
+/// at bytes 4–7.)
+async fn relay_delaying(client: TcpStream, broker: TcpStream, delay: Duration, counted: &Lookups) {
     let (mut client_reads, mut client_writes) = client.into_split();
     let (mut broker_reads, mut broker_writes) = broker.into_split();
     let lookups = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
@@ -140,7 +148,7 @@ async fn relay_delaying(
                 {
                     let id = i32::from_be_bytes(request[8..12].try_into().unwrap());
                     lookups.lock().unwrap().insert(id);
-                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    counted.asked.fetch_add(1, Ordering::SeqCst);
                 }
                 if broker_writes.write_all(&request).await.is_err() {
                     return;
@@ -154,21 +162,25 @@ async fn relay_delaying(
             let id = answer
                 .get(4..8)
                 .map_or(0, |id| i32::from_be_bytes(id.try_into().unwrap()));
-            let at = match lookups.lock().unwrap().remove(&id) {
+            let lookup = lookups.lock().unwrap().remove(&id);
+            let at = match lookup {
                 true => tokio::time::Instant::now() + delay,
                 false => tokio::time::Instant::now(),
             };
             last = last.max(at);
-            if answers.send((last, answer)).is_err() {
+            if answers.send((last, answer, lookup)).is_err() {
                 return;
             }
         }
     };
     let write = async move {
-        while let Some((at, answer)) = due.recv().await {
+        while let Some((at, answer, lookup)) = due.recv().await {
             tokio::time::sleep_until(at).await;
             if client_writes.write_all(&answer).await.is_err() {
                 return;
+            }
+            if lookup {
+                counted.answered.fetch_add(1, Ordering::SeqCst);
             }
         }
     };
