@@ -56,6 +56,10 @@ pub fn sends_statistics(config: &ClientConfig) -> bool {
         != Some(0)
 }
 
+/// How long the polling thread waits for librdkafka to set a partition back to a message
+/// ([`Poller::pause_at_first`]): it answers in microseconds unless its main thread is stalled.
+const SEEK_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// What the rebalance callback waits beyond the drain deadline for the pipeline to answer.
 pub const DRAIN_MARGIN: Duration = Duration::from_secs(1);
 
@@ -361,8 +365,8 @@ struct Poller {
     handoff: Arc<Handoff>,
     ownership: Arc<Ownership>,
     /// Polled, not yet handed over (in order), with their generations. While anything is held
-    /// past a hand-over the assigned partitions are paused, so this holds a batch at most, and
-    /// a message of each partition paused at its first ([`super::pause`]).
+    /// past a hand-over the assigned partitions are paused, so this holds a batch at most (a
+    /// partition paused at its first message is set back to it: [`Poller::pause_at_first`]).
     held: VecDeque<(Record, u64)>,
     /// When intake was paused, while it is.
     paused_since: Option<Instant>,
@@ -398,10 +402,10 @@ impl Poller {
     fn poll(&mut self, timeout: Duration) -> bool {
         let before = self.ownership.generation();
         let polled = match self.consumer.poll(timeout) {
+            Some(Ok(message)) if self.paused_since.is_some() && self.pause_at_first(&message) => {
+                false
+            }
             Some(Ok(message)) => {
-                if self.paused_since.is_some() {
-                    self.pause_at_first(&message);
-                }
                 self.held
                     .push_back((Record::copy_of(&message), self.ownership.generation()));
                 true
@@ -464,19 +468,48 @@ impl Poller {
     }
 
     /// While intake is paused, pauses the partition of `message` if this is its first message
-    /// since intake paused (it was looking up where to begin then, or had not been assigned).
-    fn pause_at_first(&self, message: &BorrowedMessage<'_>) {
-        let partition = message.partition();
-        let result = self.consumer.context().intake().delivered(partition, |_| {
+    /// since intake paused (it was looking up where to begin then, or had not been assigned), and
+    /// sets it back to the message, which it delivers again once intake resumes: `true`, the
+    /// message is not to be held. A seek to an offset the partition has (it just delivered it)
+    /// starts no lookup. One that fails leaves the message held (the pause keeps the position
+    /// after it); one that times out is applied later all the same, so it counts as done.
+    fn pause_at_first(&self, message: &BorrowedMessage<'_>) -> bool {
+        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        let paused = self.consumer.context().intake().delivered(partition, |_| {
             let mut list = TopicPartitionList::new();
-            list.add_partition(message.topic(), partition);
+            list.add_partition(topic, partition);
             self.consumer.pause(&list)
         });
-        if let Err(error) = result
-            && let Some(held_back) = crate::logs::PAUSE_FAILED.admit()
-        {
+        let error = match paused {
+            Ok(false) => return false,
+            Ok(true) => {
+                match self
+                    .consumer
+                    .seek(topic, partition, Offset::Offset(offset), SEEK_TIMEOUT)
+                {
+                    Ok(()) => {
+                        debug!(
+                            partition,
+                            offset,
+                            "a partition's first message while intake is paused: paused there"
+                        );
+                        return true;
+                    }
+                    // (rust-rdkafka gives a failed seek only as librdkafka's words.)
+                    Err(KafkaError::Seek(reason))
+                        if reason == RDKafkaErrorCode::OperationTimedOut.to_string() =>
+                    {
+                        return true;
+                    }
+                    Err(error) => error,
+                }
+            }
+            Err(error) => error,
+        };
+        if let Some(held_back) = crate::logs::PAUSE_FAILED.admit() {
             error!(%error, partition, held_back, "cannot pause a partition at its first message");
         }
+        false
     }
 
     /// Pauses or resumes the assigned partitions, when intake's state changes: pausing, those

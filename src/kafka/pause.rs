@@ -13,8 +13,8 @@
 //! resume never starts a lookup.
 //!
 //! So while intake is paused a partition that has delivered nothing yet goes on fetching, and is
-//! paused as soon as its first message comes: the polling thread holds at most one message of
-//! each such partition beyond its batch.
+//! paused as soon as its first message comes — and set back to that message, which it delivers
+//! again once intake resumes, so that the polling thread holds no more than before.
 
 use std::collections::BTreeSet;
 
@@ -56,17 +56,18 @@ impl IntakePause {
     }
 
     /// A message of `partition` was delivered: while intake is paused, the partition is paused
-    /// through `apply` if it is not yet.
+    /// through `apply` if it is not yet. `true`: it was, now.
     pub fn delivered<E>(
         &mut self,
         partition: i32,
         apply: impl FnOnce(&[i32]) -> Result<(), E>,
-    ) -> Result<(), E> {
-        if self.on && !self.paused.contains(&partition) {
-            apply(&[partition])?;
-            self.paused.insert(partition);
+    ) -> Result<bool, E> {
+        if !self.on || self.paused.contains(&partition) {
+            return Ok(false);
         }
-        Ok(())
+        apply(&[partition])?;
+        self.paused.insert(partition);
+        Ok(true)
     }
 
     /// `partitions` leave the assignment: those paused are resumed through `apply` — librdkafka
@@ -116,13 +117,13 @@ mod tests {
         pause.pause([1, 2], calls.apply()).unwrap();
         assert!(pause.is_on());
         // A message of a paused partition (fetched before its pause) asks nothing more.
-        pause.delivered(1, calls.apply()).unwrap();
-        pause.delivered(0, calls.apply()).unwrap();
-        pause.delivered(0, calls.apply()).unwrap();
+        assert!(!pause.delivered(1, calls.apply()).unwrap());
+        assert!(pause.delivered(0, calls.apply()).unwrap());
+        assert!(!pause.delivered(0, calls.apply()).unwrap());
         pause.resume(calls.apply()).unwrap();
         assert!(!pause.is_on());
         // While intake runs, a message pauses nothing.
-        pause.delivered(3, calls.apply()).unwrap();
+        assert!(!pause.delivered(3, calls.apply()).unwrap());
         assert_eq!(calls.asked, [vec![1, 2], vec![0], vec![0, 1, 2]]);
     }
 
@@ -139,7 +140,7 @@ mod tests {
         assert!(pause.resume(calls.apply()).is_err());
         assert!(pause.is_on());
         calls.fail = false;
-        pause.delivered(2, calls.apply()).unwrap();
+        assert!(pause.delivered(2, calls.apply()).unwrap());
         pause.resume(calls.apply()).unwrap();
         assert_eq!(
             calls.asked,
@@ -159,7 +160,7 @@ mod tests {
         assert!(pause.revoked(&[0], calls.apply()).is_err());
         calls.fail = false;
         // Partition 1 came back and delivered a message: intake is still paused, so it pauses.
-        pause.delivered(1, calls.apply()).unwrap();
+        assert!(pause.delivered(1, calls.apply()).unwrap());
         pause.resume(calls.apply()).unwrap();
         assert_eq!(
             calls.asked,
