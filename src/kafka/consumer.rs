@@ -56,10 +56,6 @@ pub fn sends_statistics(config: &ClientConfig) -> bool {
         != Some(0)
 }
 
-/// How long the polling thread waits for librdkafka to set a partition back to a message
-/// ([`Poller::pause_at_first`]): it answers in microseconds unless its main thread is stalled.
-const SEEK_TIMEOUT: Duration = Duration::from_secs(1);
-
 /// What the rebalance callback waits beyond the drain deadline for the pipeline to answer.
 pub const DRAIN_MARGIN: Duration = Duration::from_secs(1);
 
@@ -471,8 +467,9 @@ impl Poller {
     /// since intake paused (it was looking up where to begin then, or had not been assigned), and
     /// sets it back to the message, which it delivers again once intake resumes: `true`, the
     /// message is not to be held. A seek to an offset the partition has (it just delivered it)
-    /// starts no lookup. One that fails leaves the message held (the pause keeps the position
-    /// after it); one that times out is applied later all the same, so it counts as done.
+    /// starts no lookup. It waits for librdkafka's answer as the pause does (a seek that stopped
+    /// waiting would still be applied, and the message then held would come twice); one that
+    /// fails leaves the message held (the pause keeps the position after it).
     fn pause_at_first(&self, message: &BorrowedMessage<'_>) -> bool {
         let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
         let paused = self.consumer.context().intake().delivered(partition, |_| {
@@ -482,28 +479,21 @@ impl Poller {
         });
         let error = match paused {
             Ok(false) => return false,
-            Ok(true) => {
-                match self
-                    .consumer
-                    .seek(topic, partition, Offset::Offset(offset), SEEK_TIMEOUT)
-                {
-                    Ok(()) => {
-                        debug!(
-                            partition,
-                            offset,
-                            "a partition's first message while intake is paused: paused there"
-                        );
-                        return true;
-                    }
-                    // (rust-rdkafka gives a failed seek only as librdkafka's words.)
-                    Err(KafkaError::Seek(reason))
-                        if reason == RDKafkaErrorCode::OperationTimedOut.to_string() =>
-                    {
-                        return true;
-                    }
-                    Err(error) => error,
+            Ok(true) => match self.consumer.seek(
+                topic,
+                partition,
+                Offset::Offset(offset),
+                rdkafka::util::Timeout::Never,
+            ) {
+                Ok(()) => {
+                    debug!(
+                        partition,
+                        offset, "a partition's first message while intake is paused: paused there"
+                    );
+                    return true;
                 }
-            }
+                Err(error) => error,
+            },
             Err(error) => error,
         };
         if let Some(held_back) = crate::logs::PAUSE_FAILED.admit() {
