@@ -1,15 +1,17 @@
 //! Intake's pause and a partition that starts without a commit, on an Apache Kafka broker of the
 //! test's own that the member reaches through a relay delaying the broker's answers to offset
-//! lookups: the member's lookup of where such a partition begins is still in flight when intake
-//! pauses (uploads hang) and when it resumes (they come back).
+//! lookups, so that the member's lookup of where such a partition begins stays in flight while
+//! uploads hang and intake pauses.
 //!
-//! librdkafka 2.12 looks that offset up with a ListOffsets request; a pause or resume of the
-//! partition meanwhile makes the answer outdated, and the retry it arms for that outdated answer
-//! still fires once the partition is being read: a second lookup then sets it back to where the
-//! log begins (`kafka::pause`). Seen once in CI: a member read offset 0 again after 96, and its
-//! guard stopped it. Here, before the fix, the first round failed every time: "offsets went back
-//! with nothing of the partition pending … tracking starts over partition=0 offset=0 last=143",
-//! the member about to process the partition a second time.
+//! librdkafka 2.12 looks that offset up with a ListOffsets request. A pause and resume of the
+//! partition meanwhile make the answer outdated, and the resume starts a second lookup; the
+//! retry the outdated answer arms still fires once the partition is being read, and a third
+//! lookup sets it back to where the log begins (`kafka::pause`). Seen once in CI: a member read
+//! offset 0 again after 96, and its guard stopped it. Here, before the fix, the first round
+//! failed every time: "offsets went back with nothing of the partition pending … tracking starts
+//! over partition=0 offset=0 last=143", the member about to process the partition a second time.
+//! The fix pauses a partition only once it has a position; one whose first message comes while
+//! intake is paused is paused there and set back to it (the second test).
 
 use std::time::Duration;
 
@@ -24,7 +26,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 const LOOKUP: Duration = Duration::from_millis(1500);
 
 /// How long each blob upload takes once uploads are back: intake keeps pausing and resuming
-/// behind the tiny buffer, and the partitions are still being read when librdkafka's second
+/// behind the tiny buffer, and the partitions are still being read when librdkafka's third
 /// lookup answers.
 const UPLOAD: Duration = Duration::from_millis(50);
 
