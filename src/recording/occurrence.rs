@@ -565,11 +565,14 @@ struct TraceContext<'a> {
 fn clicked_element(node: &Node<'_>) -> String {
     let a = &node.attributes;
     let mut out = node.tag_name.to_owned();
-    let _ = write!(out, "#{}", a.id.trim());
+    let _ = write!(out, "#{}", python_strip(a.id));
     let _ = write!(
         out,
         ".{}",
-        a.class.trim().split(' ').collect::<Vec<_>>().join(".")
+        python_strip(&a.class)
+            .split(' ')
+            .collect::<Vec<_>>()
+            .join(".")
     );
     for (name, value) in [
         ("aria", a.aria_label),
@@ -579,9 +582,15 @@ fn clicked_element(node: &Node<'_>) -> String {
         ("title", a.title),
         ("data-sentry-component", a.component_name),
     ] {
-        let _ = write!(out, "[{name}=\"{}\"]", value.trim());
+        let _ = write!(out, "[{name}=\"{}\"]", python_strip(value));
     }
     out
+}
+
+/// `s` as Python's `str.strip()` leaves it: without the whitespace at either end, which for
+/// Python also takes in U+001C–U+001F (the information separators) that Rust's `trim` keeps.
+fn python_strip(s: &str) -> &str {
+    s.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
 }
 
 /// `timestamp` as Python's `datetime.fromtimestamp` keeps it: whole seconds, and microseconds
@@ -872,6 +881,32 @@ mod tests {
         let found = occurrences(&extracted, &event_json(&big_tags), &IssueGates::default());
         assert_eq!(found.len(), MAX_OCCURRENCE_BYTES / 200_000);
         assert!(found.iter().map(|o| o.value.len()).sum::<usize>() <= MAX_OCCURRENCE_BYTES);
+    }
+
+    /// Python's `str.strip()` also takes U+001C–U+001F off the ends, which `trim` keeps; the
+    /// expected values are what Python 3.11 prints for the same attributes.
+    #[test]
+    fn the_clicked_element_strips_attributes_as_python_does() {
+        let attributes = Attributes {
+            id: "\u{1c} submit\u{a0}",
+            class: "\u{1f}btn primary\u{2003}".into(),
+            aria_label: "\u{1d}\u{1e}",
+            role: "\u{85}button\u{3000}",
+            alt: "",
+            testid: "\u{1c}t\u{1c}id\u{1c}",
+            title: "\u{7}bell",
+            component_name: " Form ",
+        };
+        let node = Node {
+            id: 1,
+            tag_name: "button",
+            attributes,
+            text_content: "",
+        };
+        assert_eq!(
+            clicked_element(&node),
+            "button#submit.btn.primary[aria=\"\"][role=\"button\"][alt=\"\"][data-test-id=\"t\u{1c}id\"][title=\"\u{7}bell\"][data-sentry-component=\"Form\"]"
+        );
     }
 
     #[test]

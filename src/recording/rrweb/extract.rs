@@ -421,10 +421,14 @@ impl Extractor {
         let Some(node_id) = node.id.as_u64() else {
             return;
         };
-        // Required by Sentry too (`node["tagName"]`, `node["textContent"]`).
+        // Required by Sentry too (`node["tagName"]`, `node["textContent"]`, and attributes it
+        // can slice).
         let (Some(tag_name), Some(_)) = (node.tag_name.as_str(), node.text_content.as_str()) else {
             return;
         };
+        if !node.attributes.sliceable() {
+            return;
+        }
         let kind = if slow {
             slow_click(
                 data.end_reason.as_str(),
@@ -666,6 +670,43 @@ mod tests {
             breadcrumb("replay.hydrate-error", r#","data":{}"#),
         ]);
         assert_eq!((x.taps.len(), x.hydration_errors.len()), (1, 1));
+    }
+
+    /// Sentry slices six attributes (`attributes.get("alt", "")[:64]`): one that is there and
+    /// not a string raises, and its parser drops the click — no row, no rage-click issue. The
+    /// class and the test ids it reads leniently: a click with those not strings keeps its row.
+    #[test]
+    fn a_click_with_an_attribute_sentry_cannot_slice_is_left_out() {
+        let with = |attributes: &str| {
+            click_with_node(&format!(
+                r#"{{"id":3,"tagName":"button","textContent":"Buy","attributes":{attributes}}}"#
+            ))
+        };
+        for name in [
+            "id",
+            "role",
+            "alt",
+            "aria-label",
+            "title",
+            "data-sentry-component",
+        ] {
+            for value in ["null", "7", "true", "[\"a\"]", "{}"] {
+                let x = extract_events(&[with(&format!(r#"{{"{name}":{value}}}"#))]);
+                assert!(x.clicks.is_empty(), "{name}: {value}");
+            }
+            let x = extract_events(&[with(&format!(r#"{{"{name}":"ok"}}"#))]);
+            assert_eq!(x.clicks.len(), 1, "{name} as a string");
+        }
+        let x = extract_events(&[
+            with(r#"{"class":7,"data-testid":false,"testId":null,"data-test-id":[1]}"#),
+            slow_click("button", "timeout", 7000, 5)
+                .replace(r#""attributes":{}"#, r#""attributes":{"title":null}"#),
+        ]);
+        assert_eq!(x.clicks.len(), 1, "{:?}", x.clicks);
+        assert_eq!(x.clicks[0].classes.len(), 0);
+        assert_eq!(x.clicks[0].testid.as_str(), "");
+        assert!(x.late_rage_clicks.is_empty());
+        assert_eq!(x.invalid_events, 0, "well-formed events, only not written");
     }
 
     #[test]

@@ -138,21 +138,23 @@ pub(super) struct Node<'a> {
 }
 
 /// The node attributes the SDK reports. The test id has three spellings (the SDK renames
-/// `data-testid` to `testId`; pages also use `data-test-id`); a node may carry several.
+/// `data-testid` to `testId`; pages also use `data-test-id`); a node may carry several. The six
+/// Sentry slices (`attributes.get("alt", "")[:64]`) are [`Py`], so that a click can tell a value
+/// that is there and not a string (Sentry's parser raises on it) from one that is absent.
 #[derive(Deserialize, Default)]
 pub(super) struct Attributes<'a> {
     #[serde(borrow, default)]
-    pub(super) id: Text<'a>,
+    pub(super) id: Py<'a>,
     #[serde(borrow, default)]
     pub(super) class: Text<'a>,
     #[serde(borrow, default)]
-    pub(super) role: Text<'a>,
+    pub(super) role: Py<'a>,
     #[serde(borrow, default)]
-    pub(super) alt: Text<'a>,
+    pub(super) alt: Py<'a>,
     #[serde(borrow, default, rename = "aria-label")]
-    pub(super) aria_label: Text<'a>,
+    pub(super) aria_label: Py<'a>,
     #[serde(borrow, default)]
-    pub(super) title: Text<'a>,
+    pub(super) title: Py<'a>,
     #[serde(borrow, default, rename = "testId")]
     pub(super) test_id: Py<'a>,
     #[serde(borrow, default, rename = "data-testid")]
@@ -160,7 +162,26 @@ pub(super) struct Attributes<'a> {
     #[serde(borrow, default, rename = "data-test-id")]
     pub(super) data_test_id: Py<'a>,
     #[serde(borrow, default, rename = "data-sentry-component")]
-    pub(super) component_name: Text<'a>,
+    pub(super) component_name: Py<'a>,
+}
+
+impl Attributes<'_> {
+    /// Whether Sentry's click parser takes these attributes: each it slices is absent or a
+    /// string. Anything else there — `null`, a number, a boolean, an object — raises a
+    /// `TypeError`, and Sentry drops the click (an array slices, and then fails snuba's row
+    /// processor: dropped here too). `class` and the test ids are read leniently there as here.
+    pub(super) fn sliceable(&self) -> bool {
+        [
+            &self.id,
+            &self.role,
+            &self.alt,
+            &self.aria_label,
+            &self.title,
+            &self.component_name,
+        ]
+        .into_iter()
+        .all(|value| matches!(value, Py::Absent | Py::Str(_)))
+    }
 }
 
 #[derive(Deserialize, Default)]
