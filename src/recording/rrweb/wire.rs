@@ -168,8 +168,9 @@ pub(super) struct Attributes<'a> {
 impl Attributes<'_> {
     /// Whether Sentry's click parser takes these attributes: each it slices is absent or a
     /// string. Anything else there — `null`, a number, a boolean, an object — raises a
-    /// `TypeError`, and Sentry drops the click (an array slices, and then fails snuba's row
-    /// processor: dropped here too). `class` and the test ids are read leniently there as here.
+    /// `TypeError`, and Sentry drops the click (an array slices without raising, into a column
+    /// that holds strings: left out here too). `class` and the test ids are read leniently there
+    /// as here.
     pub(super) fn sliceable(&self) -> bool {
         [
             &self.id,
