@@ -31,7 +31,7 @@ echo "== Python baseline"
 venv=$CACHE/bench-venv
 if ! "$venv/bin/python" -c 'import msgpack, matplotlib, orjson, msgspec' 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -c scripts/python-constraints.txt msgpack matplotlib orjson msgspec
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary :all: -c scripts/python-constraints.txt msgpack matplotlib orjson msgspec
 fi
 python_lines=$("$venv/bin/python" benches/python_baseline.py)
 # `process` again right after Python: the msgspec ratio uses the mean of the runs on either side.

@@ -43,12 +43,12 @@ venv=$cache/chart-venv
 if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' 2>/dev/null; then
   echo "setup: helm-python-sdk, kubernetes-validate (chart check)"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -c scripts/python-constraints.txt helm-python-sdk kubernetes-validate
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary :all: -c scripts/python-constraints.txt helm-python-sdk kubernetes-validate
 fi
 chdb_venv=$cache/chdb-venv
 if ! "$chdb_venv/bin/python" -c 'import chdb' 2>/dev/null; then
   echo "setup: chDB (ClickHouse 26.9 in-process) for the production schema test"
   python3 -m venv "$chdb_venv"
-  "$chdb_venv/bin/pip" install --quiet --disable-pip-version-check -c scripts/python-constraints.txt chdb
+  "$chdb_venv/bin/pip" install --quiet --disable-pip-version-check --only-binary :all: -c scripts/python-constraints.txt chdb
 fi
 bash scripts/test-aarch64.sh --prepare

