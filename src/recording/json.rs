@@ -206,6 +206,26 @@ impl<'de> Visitor<'de> for Lenient<Id<'de>> {
     }
 }
 
+/// For `#[serde(default, deserialize_with = "object")]` fields: a JSON object read as `T`, and
+/// anything else `None`, as Python code that tests `isinstance(x, dict)` or calls `x.get` sees
+/// it. A derived `T` alone would also take an array, its elements as the fields in order.
+pub fn object<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    d.deserialize_any(Lenient::<Option<T>>(std::marker::PhantomData))
+}
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for Lenient<Option<T>> {
+    type Value = Option<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Some)
+    }
+    default_for!(str, numbers, bool, null, seq);
+}
+
 /// Any JSON value: `true` only when it is JSON `true`.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct Flag(pub bool);

@@ -426,9 +426,9 @@ impl Extractor {
         let (Some(tag_name), Some(_)) = (node.tag_name.as_str(), node.text_content.as_str()) else {
             return;
         };
-        if !node.attributes.sliceable() {
+        let Some(attrs) = node.attributes.as_ref().filter(|a| a.sliceable()) else {
             return;
-        }
+        };
         let kind = if slow {
             slow_click(
                 data.end_reason.as_str(),
@@ -458,7 +458,6 @@ impl Extractor {
             return;
         }
         self.out.truncated_values += u64::from(cut);
-        let attrs = &node.attributes;
         // The first truthy of the three, if it is a string.
         let testid = [&attrs.test_id, &attrs.data_testid, &attrs.data_test_id]
             .into_iter()
@@ -694,8 +693,8 @@ mod tests {
                 let x = extract_events(&[with(&format!(r#"{{"{name}":{value}}}"#))]);
                 assert!(x.clicks.is_empty(), "{name}: {value}");
             }
-            let x = extract_events(&[with(&format!(r#"{{"{name}":"ok"}}"#))]);
-            assert_eq!(x.clicks.len(), 1, "{name} as a string");
+            let x = extract_events(&[with(&format!(r#"{{"{name}":"o\u006b"}}"#))]);
+            assert_eq!(x.clicks.len(), 1, "{name} as a string, escaped");
         }
         let x = extract_events(&[
             with(r#"{"class":7,"data-testid":false,"testId":null,"data-test-id":[1]}"#),
@@ -705,8 +704,71 @@ mod tests {
         assert_eq!(x.clicks.len(), 1, "{:?}", x.clicks);
         assert_eq!(x.clicks[0].classes.len(), 0);
         assert_eq!(x.clicks[0].testid.as_str(), "");
-        assert!(x.late_rage_clicks.is_empty());
         assert_eq!(x.invalid_events, 0, "well-formed events, only not written");
+        // Past the rows' limit, a rage click kept for its issue is dropped the same way.
+        let rage = |title: &str| {
+            slow_click("button", "timeout", 7000, 5).replace(
+                r#""attributes":{}"#,
+                &format!(r#""attributes":{{"title":{title}}}"#),
+            )
+        };
+        let mut events = vec![with("{}"); 20];
+        events.extend([rage("null"), rage(r#""x""#)]);
+        let x = extract_events(&events);
+        assert_eq!((x.clicks.len(), x.late_rage_clicks.len()), (20, 1));
+        assert_eq!(x.late_rage_clicks[0].title.as_str(), "x");
+    }
+
+    /// What Sentry reads with `.get` or checks with `isinstance(x, dict)` must be an object: a
+    /// click's `data`, its node and the node's attributes (a `null` too), a request span's
+    /// `request` and `response`. A serde-derived struct would take an array, its elements as the
+    /// fields in order.
+    #[test]
+    fn arrays_where_sentry_reads_objects_are_not_taken_for_them() {
+        let click = |data: &str| {
+            breadcrumb(
+                "ui.click",
+                &format!(r#","message":"div > button","data":{data}"#),
+            )
+        };
+        let node = r#"{"id":3,"tagName":"button","textContent":"Buy"}"#;
+        let x = extract_events(&[
+            click(&format!("[{node}]")),
+            click(r#"{"node":[3,"button","Buy"]}"#),
+            click(r#"{"node":{"id":3,"tagName":"button","textContent":"Buy","attributes":[]}}"#),
+            click(r#"{"node":{"id":3,"tagName":"button","textContent":"Buy","attributes":null}}"#),
+            click(r#"{"node":{"id":3,"tagName":"button","textContent":"Buy","attributes":"x"}}"#),
+        ]);
+        assert!(x.clicks.is_empty(), "{:?}", x.clicks);
+        assert_eq!(x.invalid_events, 1, "the click whose data is an array");
+        let x = extract_events(&[
+            click(&format!(r#"{{"node":{node}}}"#)),
+            click(&format!(r#"{{"node":{node},"attributes":[]}}"#)),
+            click(&format!("  {{ \"node\" : {node} }}")),
+        ]);
+        assert_eq!(
+            x.clicks.len(),
+            3,
+            "no attributes is none; an object with spaces is one"
+        );
+        let x = extract_events(&[
+            span(
+                "resource.fetch",
+                "/api/a",
+                r#"{"request":[5],"response":{"size":7}}"#,
+            ),
+            span(
+                "resource.xhr",
+                "/api/b",
+                r#"{"request":"x","response":{"size":9}}"#,
+            ),
+        ]);
+        let sizes: Vec<_> = x
+            .requests
+            .iter()
+            .map(|r| (r.request_size, r.response_size))
+            .collect();
+        assert_eq!(sizes, [(None, Some(7)), (None, Some(9))]);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::recording::json::{Num, Py, Text, parse};
+use crate::recording::json::{Num, Py, Text, object, parse};
 use crate::recording::scan::Scanner;
 
 #[derive(Deserialize)]
@@ -104,7 +104,8 @@ pub(super) struct Span<'a> {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct ClickData<'a> {
-    #[serde(borrow)]
+    /// Sentry takes a node only when it is an object (`isinstance(node, dict)`).
+    #[serde(borrow, default, deserialize_with = "object")]
     pub(super) node: Option<Node<'a>>,
     #[serde(borrow, default)]
     pub(super) url: Text<'a>,
@@ -133,8 +134,14 @@ pub(super) struct Node<'a> {
     pub(super) tag_name: Text<'a>,
     #[serde(borrow, default)]
     pub(super) text_content: Text<'a>,
-    #[serde(borrow, default)]
-    pub(super) attributes: Attributes<'a>,
+    /// Absent is none (Sentry's `node.get("attributes", {})`); `None` when they are there and
+    /// not an object, on which Sentry's `.get` raises and the click is dropped.
+    #[serde(borrow, default = "no_attributes", deserialize_with = "object")]
+    pub(super) attributes: Option<Attributes<'a>>,
+}
+
+fn no_attributes<'a>() -> Option<Attributes<'a>> {
+    Some(Attributes::default())
 }
 
 /// The node attributes the SDK reports. The test id has three spellings (the SDK renames
@@ -167,10 +174,10 @@ pub(super) struct Attributes<'a> {
 
 impl Attributes<'_> {
     /// Whether Sentry's click parser takes these attributes: each it slices is absent or a
-    /// string. Anything else there — `null`, a number, a boolean, an object — raises a
-    /// `TypeError`, and Sentry drops the click (an array slices without raising, into a column
-    /// that holds strings: left out here too). `class` and the test ids are read leniently there
-    /// as here.
+    /// string. Anything else there — `null`, a number, a boolean, an object — raises, and Sentry
+    /// drops the click. An array slices without raising, and snuba then refuses every click of
+    /// the segment (it reads each as a string): here only that click is left out. `class` and
+    /// the test ids are read leniently there as here.
     pub(super) fn sliceable(&self) -> bool {
         [
             &self.id,
@@ -218,7 +225,11 @@ pub(super) struct RequestData<'a> {
     pub(super) request_body_size: Num,
     #[serde(default)]
     pub(super) response_body_size: Num,
+    /// Read only when an object (Sentry's `data["request"]["size"]` raises on anything else,
+    /// and that size is `None`).
+    #[serde(default, deserialize_with = "object")]
     pub(super) request: Option<BodySize>,
+    #[serde(default, deserialize_with = "object")]
     pub(super) response: Option<BodySize>,
 }
 
@@ -237,13 +248,15 @@ pub(super) struct VitalData<'a> {
     pub(super) rating: Text<'a>,
 }
 
-/// Parses optional `data`; absent data is the default, present but malformed is `None`.
+/// Parses optional `data`; absent data is the default, present but malformed — or not an
+/// object, on which Sentry's `.get` raises — is `None`.
 pub(super) fn parse_data<'a, T: Deserialize<'a> + Default>(
     data: &Option<&'a RawValue>,
 ) -> Option<T> {
     match data {
         None => Some(T::default()),
-        Some(raw) => parse(raw.get()),
+        Some(raw) if raw.get().starts_with('{') => parse(raw.get()),
+        Some(_) => None,
     }
 }
 

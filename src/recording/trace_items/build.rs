@@ -477,6 +477,8 @@ fn int(value: &Json<'_>) -> Result<i64, InvalidField> {
             })
             .ok_or(InvalidField),
         Json::Bool(b) => Ok(i64::from(*b)),
+        // `trim`, not `str.strip()`'s set: Python's `int()` and `float()` of an ASCII string
+        // strip only ASCII whitespace, so `int("\x1c5")` raises, as this refuses it.
         Json::Str(s) => s.trim().parse().map_err(|_| InvalidField),
         _ => Err(InvalidField),
     }
