@@ -209,6 +209,7 @@ impl<'de> Visitor<'de> for Lenient<Id<'de>> {
 /// For `#[serde(default, deserialize_with = "object")]` fields: a JSON object read as `T`, and
 /// anything else `None`, as Python code that tests `isinstance(x, dict)` or calls `x.get` sees
 /// it. A derived `T` alone would also take an array, its elements as the fields in order.
+/// [`Object`] is the same with `T::default()` for anything else.
 pub fn object<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
     d.deserialize_any(Lenient::<Option<T>>(std::marker::PhantomData))
 }
@@ -418,21 +419,8 @@ pub struct Object<T>(pub T);
 
 impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Object<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(Lenient::<Object<T>>(std::marker::PhantomData))
+        object(d).map(|value| Object(value.unwrap_or_default()))
     }
-}
-
-impl<'de, T: Deserialize<'de> + Default> Visitor<'de> for Lenient<Object<T>> {
-    type Value = Object<T>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Object)
-    }
-    default_for!(seq, str, numbers, bool, null);
 }
 
 /// Parses `raw` as `T`, or `None` when it does not fit (the caller counts a malformed event).
