@@ -12,8 +12,9 @@
 - the Dockerfile agrees with the chart (runtime user, port), copies only what exists, has OCI
   labels;
 - the chart refuses what it must (a grace period below the drain deadline and the exit after it, config.HTTP_LISTEN,
-  config.STATSD_ADDRESS and config.STATSD_TAGS),
-  each with its own message.
+  config.STATSD_ADDRESS and config.STATSD_TAGS, a config key a mounted Secret's path sets), each
+  with its own message; and the service refuses what renders but cannot start (check-config: a
+  drain deadline as long as the session, a Kafka property librdkafka does not know).
 
 Usage: python3 scripts/check-chart.py BINARY   (run by scripts/test.sh inside its venv)
 """
@@ -274,6 +275,8 @@ def main():
     session = {"config": {"SESSION_TIMEOUT_MS": "20000"}}
     check_config(binary, render_docs(session), "a drain deadline as long as the session",
                  refused="--drain-deadline-ms (20000) must be below --session-timeout-ms (20000)")
+    check_config(binary, render_docs({"kafkaProperties": {"fetch.max.wait.ms": "100"}}), "a Kafka property librdkafka does not know",
+                 refused='Kafka property "fetch.max.wait.ms" is not one librdkafka knows')
     print("the service accepts what the chart renders (replay-ingest check-config, the pod's environment), and refuses what it must")
     kinds = {d["kind"] for _, d in docs}
     if not {"ScaledObject", "TriggerAuthentication"} <= kinds:
@@ -359,6 +362,10 @@ def main():
         ({"secrets": {"kafkaCa": {"existingSecret": "ca"}}}, "secrets.kafkaCa is set but config.KAFKA_SECURITY_PROTOCOL is PLAINTEXT"),
         ({"secrets": {"kafkaSaslPassword": {"existingSecret": "pw"}}, "config": {"KAFKA_SECURITY_PROTOCOL": "SSL"}},
          "secrets.kafkaSaslPassword is set but config.KAFKA_SECURITY_PROTOCOL is SSL"),
+        ({"secrets": {"clickhousePassword": {"existingSecret": "pw"}}, "config": {"CLICKHOUSE_PASSWORD_FILE": "/etc/pw"}},
+         "config.CLICKHOUSE_PASSWORD_FILE: secrets.clickhousePassword sets it"),
+        ({"secrets": {"kafkaCa": {"existingSecret": "ca"}}, "config": {"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SSL_CA_LOCATION": "/etc/ca.pem"}},
+         "config.KAFKA_SSL_CA_LOCATION: secrets.kafkaCa sets it"),
         ({"secrets": {"gcsCredentials": {"existingSecret": "key"}}, "serviceAccount": {"gcpServiceAccount": "a@b.iam.gserviceaccount.com"}},
          "secrets.gcsCredentials and serviceAccount.gcpServiceAccount are both set"),
         ({"serviceAccount": {"create": False, "name": "mine", "gcpServiceAccount": "a@b.iam.gserviceaccount.com"}},

@@ -259,9 +259,49 @@ impl KafkaArgs {
     }
 
     /// A librdkafka configuration: brokers, security, `defaults`, then the pass-through
-    /// properties, applied last so an operator can override any default. Secret files are read
-    /// here, when a client is created.
+    /// properties, applied last so an operator can override any default (none sets a secret:
+    /// [`KafkaArgs::properties`] refuses those). Secret files are read here, when a client is
+    /// created.
     pub fn client_config(&self, defaults: &[(&str, String)]) -> Result<ClientConfig, ConfigError> {
+        let mut config = self.settings(defaults)?;
+        let password = Secret::from_file_or(
+            self.kafka_sasl_password_file.as_deref(),
+            self.kafka_sasl_password.as_ref(),
+        )?;
+        if let Some(password) = password {
+            config.set("sasl.password", password.expose());
+        }
+        if let Some(passphrase) =
+            Secret::from_file_or(self.kafka_ssl_key_password_file.as_deref(), None)?
+        {
+            config.set("ssl.key.password", passphrase.expose());
+        }
+        Ok(config)
+    }
+
+    /// Whether librdkafka takes every property a client with these `defaults` is given — names
+    /// it knows, values of their form — as it does when `consume` creates the client, but without
+    /// creating one: no broker is reached and no file read (secrets and certificates may not be
+    /// mounted where the configuration is checked). The message names the property, never its
+    /// value (librdkafka's own message quotes some values).
+    pub fn check_properties(&self, defaults: &[(&str, String)]) -> Result<(), ConfigError> {
+        use rdkafka::error::KafkaError;
+        use rdkafka::types::RDKafkaConfRes;
+        let refusal = match self.settings(defaults)?.create_native_config() {
+            Ok(_) => return Ok(()),
+            Err(KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, _, key, _)) => {
+                format!("Kafka property {key:?} is not one librdkafka knows")
+            }
+            Err(KafkaError::ClientConfig(_, _, key, _)) => format!(
+                "librdkafka refuses the value of Kafka property {key:?} (its text is not shown: it may hold a secret; librdkafka's CONFIGURATION.md gives each property's form and range)"
+            ),
+            Err(e) => format!("librdkafka refuses the Kafka properties: {e}"),
+        };
+        Err(ConfigError::Invalid(refusal))
+    }
+
+    /// [`KafkaArgs::client_config`] without the secrets.
+    fn settings(&self, defaults: &[(&str, String)]) -> Result<ClientConfig, ConfigError> {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.brokers);
         config.set(
@@ -273,13 +313,6 @@ impl KafkaArgs {
         }
         if let Some(username) = &self.kafka_sasl_username {
             config.set("sasl.username", username);
-        }
-        let password = Secret::from_file_or(
-            self.kafka_sasl_password_file.as_deref(),
-            self.kafka_sasl_password.as_ref(),
-        )?;
-        if let Some(password) = password {
-            config.set("sasl.password", password.expose());
         }
         let files = [
             ("ssl.ca.location", &self.kafka_ssl_ca_location),
@@ -293,11 +326,6 @@ impl KafkaArgs {
             if let Some(file) = file {
                 config.set(key, file.to_string_lossy());
             }
-        }
-        if let Some(passphrase) =
-            Secret::from_file_or(self.kafka_ssl_key_password_file.as_deref(), None)?
-        {
-            config.set("ssl.key.password", passphrase.expose());
         }
         // A client that once found no broker up starts again from `bootstrap.servers` at most
         // this long after it last got metadata (librdkafka's default: 5 min). Seen once in 41
@@ -414,7 +442,8 @@ pub enum RowsSinkKind {
 pub enum EventsSinkKind {
     /// Kafka topics `--outcomes-topic`, `--analytics-topic`, `--issues-topic`.
     Kafka,
-    /// Publish no analytics events.
+    /// Publish nothing on those topics: no billing outcomes (replays go unbilled), first-replay
+    /// events or issue occurrences. For local runs, not production.
     Null,
 }
 
@@ -504,8 +533,10 @@ pub struct ConsumeArgs {
     /// upstream).
     #[arg(long, env = "REPLAY_INGEST_FETCH_MAX_BYTES", value_parser = clap::value_parser!(u64).range(1..=2_147_483_135), default_value_t = 32 * 1024 * 1024)]
     pub fetch_max_bytes: u64,
-    /// Largest message accepted upstream, bytes; the buffer must hold at least one.
-    #[arg(long, env = "REPLAY_INGEST_MAX_MESSAGE_BYTES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000_000), default_value_t = 15_000_000)]
+    /// Largest message accepted upstream, bytes; the buffer must hold at least one. At most
+    /// librdkafka's limit (1 000 000 000) less the producers' headroom (1 MiB), so a dead letter
+    /// of the largest message can still be produced.
+    #[arg(long, env = "REPLAY_INGEST_MAX_MESSAGE_BYTES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=LARGEST_MESSAGE_BYTES as u64), default_value_t = 15_000_000)]
     pub max_message_bytes: usize,
 
     /// Flush when the buffer holds this many messages. Larger batches mean fewer, bigger writes.
@@ -588,7 +619,7 @@ pub struct ConsumeArgs {
     /// Create or migrate the ClickHouse table at start (otherwise run `replay-ingest migrate`).
     #[arg(long, env = "REPLAY_INGEST_MIGRATE_ON_START")]
     pub migrate_on_start: bool,
-    /// Where analytics events go.
+    /// Where the events go: billing outcomes, first-replay events, issue occurrences.
     #[arg(long, env = "REPLAY_INGEST_EVENTS_SINK", value_enum, default_value_t = EventsSinkKind::Kafka)]
     pub events_sink: EventsSinkKind,
     #[command(flatten)]
@@ -617,7 +648,14 @@ impl ConsumeArgs {
     /// Rejects settings that cannot work together.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.kafka.validate()?;
-        self.problems().map_err(ConfigError::Invalid)
+        self.problems().map_err(ConfigError::Invalid)?;
+        // The clients `consume` creates: the group member (the consumer that re-reads rejected
+        // messages has a subset of its properties) and the producers.
+        self.kafka.check_properties(&self.consumer_properties())?;
+        self.kafka.check_properties(&producer_properties(
+            self.max_message_bytes,
+            self.sink_timeout(),
+        ))
     }
 
     /// The most memory this configuration lets the service hold (docs/operations.md, "Memory"):
@@ -852,6 +890,13 @@ impl ConsumeArgs {
     }
 }
 
+/// What a produced record may hold beyond the largest consumed message: a dead letter is that
+/// message with its headers.
+const PRODUCER_HEADROOM_BYTES: usize = 1024 * 1024;
+
+/// The largest `--max-message-bytes`: librdkafka's largest `message.max.bytes` less the headroom.
+const LARGEST_MESSAGE_BYTES: usize = 1_000_000_000 - PRODUCER_HEADROOM_BYTES;
+
 /// Producer properties for the dead-letter and event topics: fully acknowledged, idempotent
 /// writes, each delivery failing (and retried by the flush) past `timeout`. Idempotent: librdkafka
 /// retries a produce request whose answer was lost (a connection reset, a leader moving during a
@@ -866,7 +911,7 @@ pub fn producer_properties(
         ("enable.idempotence", "true".into()),
         (
             "message.max.bytes",
-            (max_message_bytes + 1024 * 1024).to_string(),
+            (max_message_bytes + PRODUCER_HEADROOM_BYTES).to_string(),
         ),
         ("message.timeout.ms", timeout.as_millis().to_string()),
         ("linger.ms", "5".into()),
@@ -1180,6 +1225,55 @@ mod tests {
         // The environment variable holds one property per line.
         let args = parse(&["--kafka-property", "client.id=a\ndebug=cgrp,fetch\n"]);
         assert_eq!(args.kafka.properties().unwrap(), expected);
+    }
+
+    #[test]
+    fn a_property_librdkafka_refuses_is_refused_before_anything_starts() {
+        let with = |property: &str| {
+            parse(&["--blob-sink", "null", "--kafka-property", property])
+                .validate()
+                .map_err(|e| e.to_string())
+        };
+        let err = with("fetch.max.wait.ms=100").unwrap_err();
+        assert!(
+            err.contains("\"fetch.max.wait.ms\" is not one librdkafka knows"),
+            "{err}"
+        );
+        // Values of the wrong form, out of range, outside an enumeration: named, never shown.
+        for (key, value) in [
+            ("fetch.wait.max.ms", "ten"),
+            ("fetch.wait.max.ms", "999999999"),
+            ("auto.offset.reset", "sideways"),
+            ("linger.ms", "soon"),
+        ] {
+            let err = with(&format!("{key}={value}")).unwrap_err();
+            assert!(
+                err.contains(&format!("value of Kafka property {key:?}")) && !err.contains(value),
+                "{err}"
+            );
+        }
+        assert_eq!(with("fetch.wait.max.ms=100"), Ok(()));
+    }
+
+    #[test]
+    fn the_largest_message_the_flag_accepts_can_be_dead_lettered() {
+        let largest = LARGEST_MESSAGE_BYTES.to_string();
+        let args = [
+            "--blob-sink",
+            "null",
+            "--max-message-bytes",
+            &largest,
+            "--buffer-max-bytes",
+            "4000000000",
+            "--fetch-max-bytes",
+            "1000000000",
+        ];
+        assert_eq!(parse(&args).validate().map_err(|e| e.to_string()), Ok(()));
+        let past = (LARGEST_MESSAGE_BYTES + 1).to_string();
+        let error = Cli::try_parse_from(["x", "--max-message-bytes", &past])
+            .err()
+            .expect("one byte more is refused");
+        assert!(error.to_string().contains("--max-message-bytes"), "{error}");
     }
 
     #[test]
