@@ -191,15 +191,20 @@ pub struct Owner<'a> {
 }
 
 impl Owner<'_> {
-    /// Where a write stands before an attempt, `gone` saying whether every message it holds is
-    /// of lost partitions.
-    fn standing(&self, gone: bool) -> Standing {
-        if gone {
-            Standing::Gone
-        } else if (self.held)() {
-            Standing::Held
-        } else {
-            Standing::Owned
+    /// Where a write stands before an attempt, from the partitions of the messages it holds.
+    fn standing(&self, partitions: impl IntoIterator<Item = i32>) -> Standing {
+        let (mut ours, mut lost) = (false, false);
+        for partition in partitions {
+            match (self.lost)(partition) {
+                true => lost = true,
+                false => ours = true,
+            }
+        }
+        match (ours, lost) {
+            (false, true) => Standing::Gone,
+            (true, true) => Standing::Shrunk,
+            _ if (self.held)() => Standing::Held,
+            _ => Standing::Owned,
         }
     }
 }
@@ -212,6 +217,21 @@ enum Standing {
     Held,
     /// Every message it holds is of partitions lost meanwhile.
     Gone,
+    /// Some of the messages it holds, not all, are of partitions lost meanwhile: the write goes
+    /// on with the others alone. Retried whole, it would write the lost ones beside their next
+    /// owner — billing outcomes and dead letters twice — after a revoke had given them up.
+    Shrunk,
+}
+
+/// How [`write_with_retries`] ended, short of failing.
+enum Wrote {
+    /// Written, or given up whole (every message of lost partitions).
+    Done(SinkReport),
+    /// Stopped before attempt `next`: some of its messages are of lost partitions
+    /// ([`Standing::Shrunk`]). The caller goes on with the others, from that attempt, with the
+    /// same [`Progress`] (what is stored is not written again); `retries` failed attempts were
+    /// made.
+    Shrunk { next: u32, retries: u32 },
 }
 
 /// How often a held write asks again.
@@ -355,9 +375,17 @@ async fn flush_stages(
             // Dead-lettered before the next stage runs: a dead-letter path that fails stops the
             // flush before later stages wrote the batch's other messages — billing outcomes
             // among them, which the batch's next flush (after the restart) would send again.
-            report
-                .sinks
-                .push(dead_letter(&mut refused_here, sinks, policy, status, owner, failing).await?);
+            let given_up = &mut report.given_up;
+            let dead_lettered = dead_letter(
+                &mut refused_here,
+                given_up,
+                sinks,
+                policy,
+                status,
+                owner,
+                failing,
+            );
+            report.sinks.push(dead_lettered.await?);
             // The dead-letter write may have stopped because their partitions were lost.
             leave_out_lost(
                 &mut refused_here,
@@ -401,9 +429,11 @@ fn leave_out_lost<T>(
 
 /// Dead-letters what one stage refused, each message once (two sinks of a stage may refuse the
 /// same one); fails fatally when there is no dead-letter path. Stops, as a sink's write does,
-/// once every message it holds is of partitions `lost`.
+/// once every message it holds is of partitions lost, and leaves those lost meanwhile out of
+/// its retries (into `given_up`).
 async fn dead_letter(
     refused: &mut Vec<Rejected>,
+    given_up: &mut Vec<(i32, i64)>,
     sinks: &Sinks,
     policy: &RetryPolicy,
     status: &Status,
@@ -420,22 +450,49 @@ async fn dead_letter(
     };
     refused.sort_by_key(|r| (r.partition, r.offset));
     refused.dedup_by_key(|r| (r.partition, r.offset));
-    let sink = RejectionSink {
-        dead_letters: dead_letters.as_ref(),
-        rejected: refused,
-    };
-    let refused: &[Rejected] = refused;
-    write_with_retries(
-        &sink,
-        &[],
-        &Progress::new(sink.name(), status),
-        policy,
-        status,
-        &|| owner.standing(refused.iter().all(|r| (owner.lost)(r.partition))),
-        failing,
-    )
-    .await
+    let start = Instant::now();
+    let progress = Progress::new(REJECTED_SINK, status);
+    let (mut attempt, mut retries) = (1, 0);
+    loop {
+        let wrote = {
+            let sink = RejectionSink {
+                dead_letters: dead_letters.as_ref(),
+                rejected: refused,
+            };
+            let standing = || owner.standing(sink.rejected.iter().map(|r| r.partition));
+            write_with_retries(
+                &sink,
+                &[],
+                &progress,
+                policy,
+                status,
+                &standing,
+                failing,
+                attempt,
+            )
+            .await?
+        };
+        match wrote {
+            Wrote::Done(report) => {
+                return Ok(SinkReport {
+                    took: start.elapsed(),
+                    retries: retries + report.retries,
+                    ..report
+                });
+            }
+            Wrote::Shrunk {
+                next,
+                retries: made,
+            } => {
+                (attempt, retries) = (next, retries + made);
+                leave_out_lost(refused, |r| (r.partition, r.offset), owner.lost, given_up);
+            }
+        }
+    }
 }
+
+/// The dead-letter path's name as a sink (`/status`, metrics, logs).
+const REJECTED_SINK: &str = "rejected";
 
 /// The dead-letter path for rejected messages, as a sink the retry loop can drive.
 struct RejectionSink<'a> {
@@ -445,7 +502,7 @@ struct RejectionSink<'a> {
 
 impl Sink for RejectionSink<'_> {
     fn name(&self) -> &'static str {
-        "rejected"
+        REJECTED_SINK
     }
     fn write<'a>(&'a self, _: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
         self.dead_letters.dead_letter(self.rejected, progress)
@@ -465,16 +522,38 @@ async fn write_isolating(
     let start = Instant::now();
     let (mut retries, mut written, mut rejected) = (0, Written::default(), Vec::new());
     let progress = Progress::new(sink.name(), status);
-    let mut parts = vec![batch];
-    while let Some(part) = parts.pop() {
+    // Each part with the attempt it starts from (a part split off a shrunk write goes on
+    // counting its attempts; a half split off to find a rejected message starts again).
+    let mut parts = vec![(batch, 1)];
+    while let Some((part, attempt)) = parts.pop() {
         let standing = || {
-            let mut mine = part.iter().filter(|e| sink.writes_for(e)).peekable();
-            owner.standing(mine.peek().is_some() && mine.all(|e| (owner.lost)(e.partition)))
+            owner.standing(
+                part.iter()
+                    .filter(|e| sink.writes_for(e))
+                    .map(|e| e.partition),
+            )
         };
-        match write_with_retries(sink, part, &progress, policy, status, &standing, failing).await {
-            Ok(report) => {
+        let wrote = write_with_retries(
+            sink, part, &progress, policy, status, &standing, failing, attempt,
+        );
+        match wrote.await {
+            Ok(Wrote::Done(report)) => {
                 retries += report.retries;
                 written += report.written;
+            }
+            Ok(Wrote::Shrunk {
+                next,
+                retries: made,
+            }) => {
+                retries += made;
+                // The runs of messages still this member's, in order; the flush leaves the
+                // others out after the stage.
+                let runs = part.split(|e| (owner.lost)(e.partition));
+                parts.extend(
+                    runs.filter(|run| !run.is_empty())
+                        .rev()
+                        .map(|run| (run, next)),
+                );
             }
             Err(error) if error.retry.pins_messages() => {
                 let mut concerned = part.iter().filter(|e| sink.writes_for(e));
@@ -510,8 +589,8 @@ async fn write_isolating(
                     }
                     (Some(_), Some(_)) => {
                         let (first, second) = part.split_at(part.len() / 2);
-                        parts.push(second);
-                        parts.push(first);
+                        parts.push((second, 1));
+                        parts.push((first, 1));
                     }
                 }
             }
@@ -529,10 +608,12 @@ async fn write_isolating(
     ))
 }
 
-/// `Ok` also when, before an attempt or once attempts run out, `standing` says every message the
-/// write holds is of partitions lost since the flush began: nothing of it is this member's to
+/// `Done` also when, before an attempt or once attempts run out, `standing` says every message
+/// the write holds is of partitions lost since the flush began: nothing of it is this member's to
 /// write any more (the report says nothing written, and the flush gives those messages up).
-/// While it says writes are held, no attempt is made.
+/// `Shrunk` when, before an attempt, it says some of them are. While it says writes are held,
+/// no attempt is made. Attempts are counted from `attempt` (a write going on after it shrank).
+#[allow(clippy::too_many_arguments)]
 async fn write_with_retries(
     sink: &dyn Sink,
     batch: &[Entry],
@@ -541,14 +622,16 @@ async fn write_with_retries(
     status: &Status,
     standing: &dyn Fn() -> Standing,
     failing: &Failing,
-) -> Result<SinkReport, SinkError> {
+    mut attempt: u32,
+) -> Result<Wrote, SinkError> {
     let start = Instant::now();
-    let mut attempt = 1;
+    let first = attempt;
     let mut failing = FailingWrite {
         failing,
         sink: sink.name(),
         since: None,
     };
+    // `attempts`: made in all, this call's and those before it.
     let abandoned = |attempts: u32| {
         warn!(
             sink = sink.name(),
@@ -563,12 +646,12 @@ async fn write_with_retries(
             status.sink_recovered(sink.name());
             crate::metrics::sink_outage_over(sink.name());
         }
-        Ok(SinkReport {
+        Ok(Wrote::Done(SinkReport {
             sink: sink.name(),
             took: start.elapsed(),
-            retries: attempts,
+            retries: attempts + 1 - first,
             written: Written::default(),
-        })
+        }))
     };
     loop {
         match standing() {
@@ -578,6 +661,12 @@ async fn write_with_retries(
                 // Waiting by design, not a stall.
                 status.flush_progress();
                 continue;
+            }
+            Standing::Shrunk => {
+                return Ok(Wrote::Shrunk {
+                    next: attempt,
+                    retries: attempt - first,
+                });
             }
             Standing::Owned => {}
         }
@@ -609,12 +698,12 @@ async fn write_with_retries(
                         "sink recovered"
                     );
                 }
-                return Ok(SinkReport {
+                return Ok(Wrote::Done(SinkReport {
                     sink: sink.name(),
                     took: start.elapsed(),
-                    retries: attempt - 1,
+                    retries: attempt - first,
                     written,
-                });
+                }));
             }
             Err(error)
                 if error.retry == Retry::Retryable
@@ -932,13 +1021,14 @@ mod tests {
         }
     }
 
-    /// Loses partition 1 (sets `lost`) on its `lose_at`-th write; fails every write retryably
-    /// while `failing` (an outage), or succeeds.
+    /// Loses partition 1 (sets `lost`) on its `lose_at`-th write; fails its first `failures`
+    /// writes retryably (an outage), then succeeds; records the offsets each write held.
     struct Losing {
         lose_at: u32,
-        failing: bool,
+        failures: u32,
         calls: AtomicU32,
         lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        writes: Mutex<Vec<Vec<i64>>>,
     }
 
     impl Sink for Losing {
@@ -948,12 +1038,15 @@ mod tests {
         fn writes_for(&self, _: &Entry) -> bool {
             true
         }
-        fn write<'a>(&'a self, _: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+        fn write<'a>(&'a self, batch: &'a [Entry], _: &'a Progress) -> Writing<'a> {
             Box::pin(async move {
-                if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.lose_at {
+                let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+                if call == self.lose_at {
                     self.lost.store(true, Ordering::SeqCst);
                 }
-                match self.failing {
+                let offsets = batch.iter().map(|e| e.offset).collect();
+                self.writes.lock().unwrap().push(offsets);
+                match call <= self.failures {
                     true => Err(SinkError::new("blobs", Retry::Retryable, "503")),
                     false => Ok(Written { items: 1, bytes: 2 }),
                 }
@@ -963,18 +1056,20 @@ mod tests {
 
     /// `entries` through `Losing` and, in a second stage, a sink recording the offsets it is
     /// given, retries unlimited or up to `max_attempts`; partition 1 lost once `Losing` says so.
+    /// The report, the offsets of each of `Losing`'s writes, and those the second stage took.
     fn flush_losing_partition_1(
         lose_at: u32,
-        failing: bool,
+        failures: u32,
         entries: Vec<Entry>,
         max_attempts: u32,
-    ) -> (Result<FlushReport, SinkError>, u32, Vec<i64>) {
+    ) -> (Result<FlushReport, SinkError>, Vec<Vec<i64>>, Vec<i64>) {
         let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let losing = std::sync::Arc::new(Losing {
             lose_at,
-            failing,
+            failures,
             calls: AtomicU32::new(0),
             lost: lost.clone(),
+            writes: Mutex::default(),
         });
         let later = std::sync::Arc::new(Picky {
             bad: vec![],
@@ -992,7 +1087,8 @@ mod tests {
             p == 1 && lost.load(Ordering::SeqCst)
         });
         let accepted = later.accepted.lock().unwrap().clone();
-        (report, losing.calls.load(Ordering::SeqCst), accepted)
+        let writes = losing.writes.lock().unwrap().clone();
+        (report, writes, accepted)
     }
 
     /// While the owner holds writes no attempt is made; once released the write goes through;
@@ -1001,9 +1097,10 @@ mod tests {
     fn a_held_write_waits_without_an_attempt_until_released_or_lost() {
         let blobs = || Losing {
             lose_at: 0,
-            failing: false,
+            failures: 0,
             calls: AtomicU32::new(0),
             lost: Arc::default(),
+            writes: Mutex::default(),
         };
         let (sink, failing) = (Arc::new(blobs()), Failing::new(Arc::default()));
         let sinks = Sinks::new(vec![vec![Box::new(sink.clone())]]);
@@ -1070,9 +1167,9 @@ mod tests {
 
     #[test]
     fn a_partition_lost_while_a_stage_writes_is_left_out_of_the_stages_after_it() {
-        let (report, calls, later) = flush_losing_partition_1(1, false, on_partitions_0_and_1(), 0);
+        let (report, writes, later) = flush_losing_partition_1(1, 0, on_partitions_0_and_1(), 0);
         let report = report.unwrap();
-        assert_eq!(calls, 1, "the stage under way wrote everything once");
+        assert_eq!(writes.len(), 1, "the stage under way wrote everything once");
         assert_eq!(later, [0, 1, 2, 3], "the next stage: partition 0 only");
         assert_eq!(report.given_up, [(1, 10), (1, 11), (1, 12), (1, 13)]);
     }
@@ -1081,9 +1178,9 @@ mod tests {
     fn a_write_retried_through_an_outage_stops_once_every_message_is_of_a_lost_partition() {
         let only_1 = on_partitions_0_and_1().split_off(4);
         // (An attempt limit, so that the test fails rather than hangs when retries go on.)
-        let (report, calls, later) = flush_losing_partition_1(3, true, only_1, 50);
+        let (report, writes, later) = flush_losing_partition_1(3, u32::MAX, only_1, 50);
         let report = report.unwrap();
-        assert_eq!(calls, 3, "no attempt after the loss");
+        assert_eq!(writes.len(), 3, "no attempt after the loss");
         assert!(later.is_empty(), "nothing for the next stage: {later:?}");
         assert_eq!(report.given_up.len(), 4);
         assert_eq!(report.sinks[0].written, Written::default());
@@ -1094,9 +1191,10 @@ mod tests {
         let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let losing = Losing {
             lose_at: FAST.max_attempts,
-            failing: true,
+            failures: u32::MAX,
             calls: AtomicU32::new(0),
             lost: lost.clone(),
+            writes: Mutex::default(),
         };
         let sinks = Sinks::new(vec![vec![Box::new(losing)]]);
         let report = run_losing(
@@ -1116,10 +1214,48 @@ mod tests {
 
     #[test]
     fn a_write_with_messages_still_owned_goes_on_retrying_after_a_loss() {
-        let (report, calls, later) = flush_losing_partition_1(1, true, on_partitions_0_and_1(), 4);
-        assert_eq!(calls, 4, "retried after the loss, up to its attempt limit");
+        let (report, writes, later) =
+            flush_losing_partition_1(1, u32::MAX, on_partitions_0_and_1(), 4);
+        assert_eq!(
+            writes.len(),
+            4,
+            "retried after the loss, up to its attempt limit"
+        );
+        assert_eq!(
+            writes[1..],
+            [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3]],
+            "with the messages still owned alone"
+        );
         assert_eq!(report.unwrap_err().retry, Retry::Retryable);
         assert!(later.is_empty());
+    }
+
+    /// A revoke gave partition 1 up while a write of both partitions retried through an outage:
+    /// retried whole, it would write partition 1's events and dead letters beside its next owner.
+    #[test]
+    fn a_write_retried_after_a_loss_writes_only_what_is_still_owned() {
+        // Interleaved, as a batch polled from two partitions is.
+        let entries: Vec<Entry> = [(0, 0), (1, 10), (0, 1), (0, 2), (1, 11), (0, 3)]
+            .into_iter()
+            .map(|(partition, offset)| Entry::invalid_for_test(partition, offset))
+            .collect();
+        let (report, writes, later) = flush_losing_partition_1(2, 3, entries, 50);
+        let report = report.unwrap();
+        assert_eq!(
+            writes,
+            [
+                vec![0, 10, 1, 2, 11, 3],
+                vec![0, 10, 1, 2, 11, 3],
+                vec![0],
+                vec![0],
+                vec![1, 2],
+                vec![3]
+            ],
+            "after the loss, the runs of partition 0 alone, in order (the first failing once more)"
+        );
+        assert_eq!(later, [0, 1, 2, 3]);
+        assert_eq!(report.given_up, [(1, 10), (1, 11)]);
+        assert_eq!(report.sinks[0].retries, 3);
     }
 
     /// Records what it is asked to dead-letter.
@@ -1276,33 +1412,82 @@ mod tests {
         }
     }
 
-    /// A dead-letter topic in an outage: every dead letter fails retryably, and partition 1 is
-    /// lost (sets `lost`) on the `lose_at`-th attempt.
+    /// A dead-letter topic in an outage for its first `failures` attempts: each fails
+    /// retryably; partition 1 is lost (sets `lost`) on the `lose_at`-th attempt. Records the
+    /// offsets each attempt was given.
     struct DeadLettersDown {
         lose_at: u32,
+        failures: u32,
         calls: AtomicU32,
         lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        attempts: Mutex<Vec<Vec<i64>>>,
+    }
+
+    impl DeadLettersDown {
+        fn new(lose_at: u32, failures: u32) -> std::sync::Arc<Self> {
+            std::sync::Arc::new(DeadLettersDown {
+                lose_at,
+                failures,
+                calls: AtomicU32::new(0),
+                lost: std::sync::Arc::default(),
+                attempts: Mutex::default(),
+            })
+        }
     }
 
     impl DeadLetters for std::sync::Arc<DeadLettersDown> {
-        fn dead_letter<'a>(&'a self, _: &'a [Rejected], _: &'a Progress) -> Writing<'a> {
+        fn dead_letter<'a>(&'a self, rejected: &'a [Rejected], _: &'a Progress) -> Writing<'a> {
             Box::pin(async move {
-                if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.lose_at {
+                let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+                if call == self.lose_at {
                     self.lost.store(true, Ordering::SeqCst);
                 }
-                Err(SinkError::new("dlq", Retry::Retryable, "broker down"))
+                let offsets = rejected.iter().map(|r| r.offset).collect();
+                self.attempts.lock().unwrap().push(offsets);
+                if call <= self.failures {
+                    return Err(SinkError::new("dlq", Retry::Retryable, "broker down"));
+                }
+                Ok(Written {
+                    items: rejected.len() as u64,
+                    bytes: 0,
+                })
             })
         }
     }
 
     #[test]
+    fn dead_letters_retried_after_a_loss_are_only_those_still_owned() {
+        let down = DeadLettersDown::new(2, 2);
+        let blobs = Picky {
+            bad: vec![1, 10, 3, 12],
+            accepted: Mutex::new(Vec::new()),
+        };
+        let sinks = Sinks::dead_lettering(vec![vec![Box::new(blobs)]], Box::new(down.clone()));
+        let lost = down.lost.clone();
+        let report = run_losing(
+            on_partitions_0_and_1(),
+            &sinks,
+            &FAST,
+            &Status::default(),
+            &|p| p == 1 && lost.load(Ordering::SeqCst),
+        )
+        .unwrap();
+        assert_eq!(
+            *down.attempts.lock().unwrap(),
+            [vec![1, 3, 10, 12], vec![1, 3, 10, 12], vec![1, 3]],
+            "partition 1's refused messages are their next owner's to dead-letter"
+        );
+        let rejected: Vec<i64> = report.rejected.iter().map(|r| r.offset).collect();
+        assert_eq!(rejected, [1, 3]);
+        assert!(report.given_up.contains(&(1, 10)) && report.given_up.contains(&(1, 12)));
+        let dead_lettered = report.sinks.last().unwrap();
+        assert_eq!((dead_lettered.sink, dead_lettered.retries), ("rejected", 2));
+    }
+
+    #[test]
     fn dead_lettering_through_an_outage_stops_once_every_refused_message_is_of_a_lost_partition() {
-        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let down = std::sync::Arc::new(DeadLettersDown {
-            lose_at: 3,
-            calls: AtomicU32::new(0),
-            lost: lost.clone(),
-        });
+        let down = DeadLettersDown::new(3, u32::MAX);
+        let lost = down.lost.clone();
         let later = std::sync::Arc::new(Picky {
             bad: vec![],
             accepted: Mutex::new(Vec::new()),
