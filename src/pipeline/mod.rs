@@ -393,7 +393,7 @@ impl Pipeline {
                 () = &mut shutdown => {
                     info!("shutdown requested: draining");
                     self.status.record_stopping();
-                    return self.shut_down(self.drain_deadline).await;
+                    return self.shut_down(self.drain_deadline, &mut heartbeat).await;
                 }
                 Some(Revoke { partitions, generation, lost, done }) = self.revokes.recv() => {
                     // A shutdown requested during the revoke's drain is not kept waiting behind
@@ -421,7 +421,8 @@ impl Pipeline {
                     }?;
                     let _ = done.send(());
                     if let Some(at) = requested {
-                        return self.shut_down(self.drain_deadline.saturating_sub(at.elapsed())).await;
+                        let deadline = self.drain_deadline.saturating_sub(at.elapsed());
+                        return self.shut_down(deadline, &mut heartbeat).await;
                     }
                 }
                 Some(flushed) = self.flushes.join_next() => {
@@ -461,9 +462,27 @@ impl Pipeline {
         }
     }
 
-    /// The last drain, within `deadline`, and how the pipeline ends.
-    async fn shut_down(&mut self, deadline: Duration) -> Result<(), PipelineError> {
-        match self.drain(deadline, None).await {
+    /// The last drain, within `deadline`, and how the pipeline ends. The loop beats on
+    /// `heartbeat` meanwhile, as through a revoke's drain: the deadline may be longer than the
+    /// liveness window, and the kubelet would kill the pod mid-drain.
+    async fn shut_down(
+        &mut self,
+        deadline: Duration,
+        heartbeat: &mut tokio::time::Interval,
+    ) -> Result<(), PipelineError> {
+        let status = self.status.clone();
+        let drained = {
+            let drain = self.drain(deadline, None);
+            tokio::pin!(drain);
+            loop {
+                tokio::select! {
+                    biased;
+                    drained = &mut drain => break drained,
+                    _ = heartbeat.tick() => status.beat(),
+                }
+            }
+        };
+        match drained {
             Drained::Durable => Ok(()),
             // (A shutdown's drain waits out its deadline: it gives up on no failing flush.)
             Drained::MissedDeadline | Drained::FailingLong(_) => {
@@ -922,12 +941,13 @@ impl Pipeline {
     }
 
     /// The drain is over: the revokes that arrived meanwhile are answered, the partitions not lost
-    /// given up now — and, when the drain missed its deadline, abandoned as the drain's own
-    /// revoke's are: flushes still under way write no more of them.
-    fn answer_revokes(&mut self, missed_deadline: bool) {
+    /// given up now — and, when the drain left flushes under way (it missed its deadline, gave up
+    /// on failing ones, or failed), abandoned as the drain's own revoke's are: those flushes write
+    /// no more of them.
+    fn answer_revokes(&mut self, left_flushes: bool) {
         for revoke in std::mem::take(&mut self.revoked_while_draining) {
             if !revoke.lost {
-                if missed_deadline {
+                if left_flushes {
                     self.abandon(&revoke.partitions, revoke.generation);
                 }
                 self.give_up(&revoke.partitions, revoke.generation);
@@ -948,10 +968,7 @@ impl Pipeline {
             Err(_) => Drained::MissedDeadline,
         };
         self.status.record_draining(false);
-        self.answer_revokes(matches!(
-            drained,
-            Drained::MissedDeadline | Drained::FailingLong(_)
-        ));
+        self.answer_revokes(!matches!(drained, Drained::Durable | Drained::Uncommitted));
         drained
     }
 

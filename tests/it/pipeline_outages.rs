@@ -525,6 +525,56 @@ async fn a_revoke_that_drains_past_the_liveness_window_stays_live() {
     task.await.unwrap().unwrap();
 }
 
+/// A shutdown's drain is bounded by its deadline too: with one past the liveness window, behind
+/// a hung flush, `/health/live` stays green until the drain gives up (it went red 30 s into the
+/// drain, and the kubelet could kill the terminating pod before the deadline its grace period
+/// allows for).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_shutdown_that_drains_past_the_liveness_window_stays_live() {
+    let _stack = uses_stack().await;
+    let backlog = Backlog::behind_a_hung_blob_store().await;
+    let mut args = backlog.args(None);
+    (args.session_timeout_ms, args.drain_deadline_ms) = (45_000, 36_000);
+    args.sink_timeout_ms = 120_000;
+    let Backlog {
+        proxy,
+        release,
+        status,
+        ..
+    } = backlog;
+    let (stop, task) = spawn(&args, &status).await;
+    wait_for("the member's flush hung", Duration::from_secs(60), || {
+        hung(&proxy)
+    })
+    .await;
+    let requested = Instant::now();
+    stop.send(()).unwrap();
+    while !task.is_finished() {
+        assert!(
+            status.live(),
+            "live {:?} into the shutdown's drain",
+            requested.elapsed()
+        );
+        assert!(
+            requested.elapsed() < Duration::from_secs(120),
+            "the drain ends"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        requested.elapsed() > replay_ingest::health::LIVENESS_STALE_AFTER,
+        "the drain outlasted the liveness window ({:?})",
+        requested.elapsed()
+    );
+    let ended = task.await.unwrap();
+    assert!(
+        matches!(ended, Err(pipeline::PipelineError::DrainDeadline { .. })),
+        "the drain gave up at its deadline: {ended:?}"
+    );
+    drop(release);
+}
+
 /// A shutdown requested while a revoke drains behind a hung flush does not wait behind it:
 /// readiness goes off while the revoke still runs, and the member stops within one drain
 /// deadline of the request. (It used to hear the request only once the revoke's drain had ended,
