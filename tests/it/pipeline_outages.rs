@@ -475,51 +475,21 @@ async fn a_rebalance_while_a_flush_hangs_finishes_on_time_and_the_member_carries
 async fn a_revoke_that_drains_past_the_liveness_window_stays_live() {
     let _stack = uses_stack().await;
     let backlog = Backlog::behind_a_hung_blob_store().await;
-    let mut args = backlog.args(None);
-    (args.session_timeout_ms, args.drain_deadline_ms) = (45_000, 36_000);
-    // The held upload does not time out within the drain: a flush that had failed for a whole
-    // drain deadline would be given up at once (`clickhouse_faults`, `a_member_joining…`).
-    args.sink_timeout_ms = 120_000;
-    let Backlog {
-        names,
-        proxy,
-        release,
-        status,
-        ..
-    } = backlog;
-    let (stop, task) = spawn(&args, &status).await;
-    wait_for(
-        "the first member's flush hung",
-        Duration::from_secs(60),
-        || hung(&proxy),
-    )
-    .await;
+    let (stop, task) = hung_with_a_long_drain(&backlog).await;
+    let (names, status) = (&backlog.names, &backlog.status);
     let dir = tempfile::tempdir().unwrap();
     let joined = Instant::now();
-    let other = second_member(&names, dir.path());
-    while status.snapshot().rebalances == 0 {
-        assert!(
-            status.live(),
-            "live {:?} after the second member started",
-            joined.elapsed()
-        );
-        assert!(
-            joined.elapsed() < Duration::from_secs(120),
-            "the revoke ends"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    assert!(
-        joined.elapsed() > replay_ingest::health::LIVENESS_STALE_AFTER,
-        "the drain outlasted the liveness window ({:?})",
-        joined.elapsed()
-    );
+    let other = second_member(names, dir.path());
+    live_until(status, joined, "the revoke's drain", || {
+        status.snapshot().rebalances > 0
+    })
+    .await;
     assert!(
         names.blobs().is_empty(),
         "precondition: the store held every upload throughout"
     );
     assert!(!task.is_finished(), "the member carries on");
-    drop(release);
+    drop(backlog.release);
     assert_eq!(other.terminate(), Some(0));
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
@@ -534,45 +504,54 @@ async fn a_revoke_that_drains_past_the_liveness_window_stays_live() {
 async fn a_shutdown_that_drains_past_the_liveness_window_stays_live() {
     let _stack = uses_stack().await;
     let backlog = Backlog::behind_a_hung_blob_store().await;
-    let mut args = backlog.args(None);
-    (args.session_timeout_ms, args.drain_deadline_ms) = (45_000, 36_000);
-    args.sink_timeout_ms = 120_000;
-    let Backlog {
-        proxy,
-        release,
-        status,
-        ..
-    } = backlog;
-    let (stop, task) = spawn(&args, &status).await;
-    wait_for("the member's flush hung", Duration::from_secs(60), || {
-        hung(&proxy)
-    })
-    .await;
+    let (stop, task) = hung_with_a_long_drain(&backlog).await;
     let requested = Instant::now();
     stop.send(()).unwrap();
-    while !task.is_finished() {
-        assert!(
-            status.live(),
-            "live {:?} into the shutdown's drain",
-            requested.elapsed()
-        );
-        assert!(
-            requested.elapsed() < Duration::from_secs(120),
-            "the drain ends"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    assert!(
-        requested.elapsed() > replay_ingest::health::LIVENESS_STALE_AFTER,
-        "the drain outlasted the liveness window ({:?})",
-        requested.elapsed()
-    );
+    live_until(&backlog.status, requested, "the shutdown's drain", || {
+        task.is_finished()
+    })
+    .await;
     let ended = task.await.unwrap();
     assert!(
         matches!(ended, Err(pipeline::PipelineError::DrainDeadline { .. })),
         "the drain gave up at its deadline: {ended:?}"
     );
-    drop(release);
+}
+
+/// A member of `backlog`'s group whose drain deadline (36 s) is past the liveness window, once
+/// its flush hung on the blob store. The held upload does not time out within the drain: a
+/// flush that had failed for a whole drain deadline would be given up at once
+/// (`clickhouse_faults`, `a_member_joining…`).
+async fn hung_with_a_long_drain(
+    backlog: &Backlog,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), pipeline::PipelineError>>,
+) {
+    let mut args = backlog.args(None);
+    (args.session_timeout_ms, args.drain_deadline_ms) = (45_000, 36_000);
+    args.sink_timeout_ms = 120_000;
+    let spawned = spawn(&args, &backlog.status).await;
+    wait_for("the member's flush hung", Duration::from_secs(60), || {
+        hung(&backlog.proxy)
+    })
+    .await;
+    spawned
+}
+
+/// `/health/live` is green every half second from `since` until `done`, which comes within two
+/// minutes and after the liveness window: `what` outlasted it, live throughout.
+async fn live_until(status: &Status, since: Instant, what: &str, done: impl Fn() -> bool) {
+    while !done() {
+        assert!(status.live(), "live {:?} into {what}", since.elapsed());
+        assert!(since.elapsed() < Duration::from_secs(120), "{what} ends");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        since.elapsed() > replay_ingest::health::LIVENESS_STALE_AFTER,
+        "{what} outlasted the liveness window ({:?})",
+        since.elapsed()
+    );
 }
 
 /// A shutdown requested while a revoke drains behind a hung flush does not wait behind it:
