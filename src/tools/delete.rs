@@ -1057,7 +1057,11 @@ mod tests {
             "each line's own time; the first for a replay named twice"
         );
         for (time, said) in [
-            ("yesterday", "\"yesterday\": timestamp format is invalid"),
+            ("yesterday", "\"yesterday\": not an RFC 3339 time in UTC"),
+            (
+                "2026-12-01T10:00:00.000+02:00",
+                "\"2026-12-01T10:00:00.000+02:00\": not an RFC 3339 time in UTC",
+            ),
             ("NaN", "\"NaN\" is not a time"),
             ("-5", "\"-5\" is not a time"),
             (

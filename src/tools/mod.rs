@@ -17,10 +17,46 @@ use crate::sink::filesystem::FilesystemBlobSink;
 use crate::sink::gcs_json::GcsStore;
 use crate::sink::store::BlobStore;
 
-/// An instant given on the command line, in RFC 3339.
+/// An instant given on the command line, in RFC 3339, in UTC: ending in `Z` or `+00:00`. The
+/// parser reads every time as UTC — one without a zone, and one whose other offset follows a
+/// fraction of a second (`…00.000+02:00`, Python's `isoformat()`), hours off without a word — so
+/// any other is refused.
 fn instant(text: &str) -> Result<std::time::SystemTime, String> {
+    if !(text.ends_with('Z') || text.ends_with("+00:00")) {
+        return Err(format!(
+            "{text:?}: not an RFC 3339 time in UTC (give it ending in Z, e.g. 2026-12-01T10:00:00Z)"
+        ));
+    }
     humantime::parse_rfc3339_weak(text)
         .map_err(|e| format!("{text:?}: {e} (RFC 3339, e.g. 2026-12-01T10:00:00Z)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_are_rfc3339_in_utc_and_nothing_is_taken_for_utc() {
+        let at = |text| instant(text).map(|t| humantime::format_rfc3339(t).to_string());
+        assert_eq!(at("2026-12-01T10:00:00Z").unwrap(), "2026-12-01T10:00:00Z");
+        assert_eq!(
+            at("2026-12-01T10:00:00.250+00:00").unwrap(),
+            "2026-12-01T10:00:00.250000000Z"
+        );
+        for refused in [
+            "2026-12-01T10:00:00.000000+02:00",
+            "2026-12-01T10:00:00+02:00",
+            "2026-12-01T10:00:00",
+            "2026-12-01 10:00:00",
+            "yesterday",
+        ] {
+            let error = at(refused).unwrap_err();
+            assert!(
+                error.contains("RFC 3339") && error.contains(refused),
+                "{error}"
+            );
+        }
+    }
 }
 
 /// The blob store the flags name; `None` with `--blob-sink null`.
