@@ -152,7 +152,10 @@ impl FilesystemBlobSink {
 
     /// The directory `prefix` names (its last `/` and all), sorted: files are objects —
     /// a writer's temporary file too: one a failed write or a crash left holds a replay's bytes,
-    /// which `delete` must find — and directories are prefixes. A missing directory is empty.
+    /// which `delete` must find — and directories are prefixes. A symbolic link is taken for
+    /// what it points to, as the writer takes it (a retention directory linked to another
+    /// volume holds that retention's blobs); a link that points nowhere is an object, the link.
+    /// A missing directory is empty.
     fn list_now(&self, prefix: &str) -> Result<Listing, SinkError> {
         let dir = self.root.join(prefix);
         let entries = match fs::read_dir(&dir) {
@@ -164,7 +167,9 @@ impl FilesystemBlobSink {
         for entry in entries {
             let entry = entry.map_err(|e| self.error(prefix, &e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            let meta = entry.metadata().map_err(|e| self.error(prefix, &e))?;
+            let meta = fs::metadata(entry.path())
+                .or_else(|_| entry.metadata())
+                .map_err(|e| self.error(prefix, &e))?;
             if meta.is_dir() {
                 listing.prefixes.push(format!("{prefix}{name}/"));
             } else {

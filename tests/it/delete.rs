@@ -722,3 +722,35 @@ async fn a_clickhouse_that_never_answers_fails_the_run_within_the_timeout() {
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("did not answer within 1s"), "{said}");
 }
+
+/// A retention directory of the filesystem store that is a symbolic link (to a volume of its
+/// own) holds that retention's blobs: the writer follows it, and so does `delete` (it listed the
+/// link as a file, found none of the replay's blobs under it and reported the replay deleted).
+#[test]
+fn a_retention_directory_linked_elsewhere_is_followed_as_the_writer_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, volume) = (dir.path().join("store"), dir.path().join("volume-90"));
+    let (project, replay) = ("42", "c".repeat(32));
+    let blob = volume.join(format!("{project}/{replay}/0"));
+    std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
+    std::fs::write(&blob, b"segment bytes").unwrap();
+    std::fs::create_dir_all(&store).unwrap();
+    std::os::unix::fs::symlink(&volume, store.join("90")).unwrap();
+    let flags = [
+        "--blob-sink",
+        "filesystem",
+        "--blob-dir",
+        store.to_str().unwrap(),
+        "--rows-sink",
+        "null",
+        "--project",
+        project,
+        "--replay",
+        &replay,
+    ]
+    .map(String::from);
+    let (ok, said) = delete(&flags);
+    assert!(ok, "{said}");
+    assert!(said.contains("found 1 segment blob(s)"), "{said}");
+    assert!(!blob.exists(), "{said}");
+}
