@@ -228,6 +228,16 @@ pub fn setup_error(error: &clickhouse::error::Error, config: &ClickHouseConfig) 
 /// The class of a server error, from its code.
 fn by_code(message: &str) -> Retry {
     match error_code(message) {
+        // The data ended early, but on a connection between servers — an INSERT into a
+        // Distributed table forwarding rows to a shard that went away — not in the rows sent:
+        // dead-lettering them would pin a restart's error on healthy messages.
+        Some(32 | 33)
+            if ["while receiving packet from", "while reading from socket"]
+                .iter()
+                .any(|said| message.contains(said)) =>
+        {
+            Retry::Retryable
+        }
         Some(code) if REJECTED_CODES.contains(&code) => Retry::Rejected,
         Some(code) if FATAL_CODES.contains(&code) => Retry::Fatal,
         _ => Retry::Retryable,
@@ -478,6 +488,18 @@ mod tests {
             ),
             (
                 "Code: 32, e.displayText() = DB::Exception: Attempt to read after eof",
+                Retry::Rejected,
+            ),
+            (
+                "Code: 32. DB::Exception: Attempt to read after eof: while receiving packet from shard-2:9000",
+                Retry::Retryable,
+            ),
+            (
+                "Code: 33. DB::Exception: Cannot read all data. Bytes read: 0. Bytes expected: 8.: while receiving packet from shard-2:9000",
+                Retry::Retryable,
+            ),
+            (
+                "Code: 33. DB::Exception: Cannot read all data. Bytes read: 3. Bytes expected: 8.",
                 Retry::Rejected,
             ),
             (
