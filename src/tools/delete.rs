@@ -247,6 +247,18 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
             let config = args
                 .kafka
                 .client_config(&producer_properties(1 << 20, timeout))?;
+            // A mistyped --replay-events-topic would be created by brokers that create topics on
+            // first use, and take the archive no one reads: the replay still listed, its blobs
+            // gone and the run reporting it deleted. Checked before anything is found or removed
+            // (a dry run too).
+            let topic = &args.rows.replay_events_topic;
+            crate::sink::publish::check_topics(&config, std::slice::from_ref(topic), timeout)
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "--replay-events-topic {topic}: {}; nothing deleted",
+                        e.message
+                    )
+                })?;
             Rows::Snuba {
                 producer: crate::sink::publish::producer(&config, "snuba")?,
                 topic: args.rows.replay_events_topic.clone(),

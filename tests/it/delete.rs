@@ -644,6 +644,52 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
     assert_eq!(message["payload"]["timestamp"], 1_702_848_000.0);
 }
 
+/// Through snuba, `--replay-events-topic` must exist before anything is found or removed, dry
+/// run included: brokers that create topics on first use would take the archive on a mistyped
+/// topic no one reads, and the run would remove the blobs and report the replay deleted.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn with_snuba_a_replay_events_topic_that_does_not_exist_deletes_nothing() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let missing = unique("replay-events-mistyped");
+    let flags: Vec<String> = gcs_flags(&names)
+        .into_iter()
+        .chain(
+            [
+                "--rows-sink",
+                "snuba",
+                "--replay-events-topic",
+                &missing,
+                "--project",
+                "42",
+                "--replay",
+                "0123456789abcdef0123456789abcdef",
+                "--replay-timestamp",
+                "2023-12-17T21:30:58Z",
+            ]
+            .map(String::from),
+        )
+        .collect();
+    for dry_run in [true, false] {
+        let args = [
+            flags.clone(),
+            dry_run
+                .then(|| "--dry-run".to_owned())
+                .into_iter()
+                .collect(),
+        ]
+        .concat();
+        let (ok, said) = delete(&args);
+        assert!(!ok, "{said}");
+        assert!(
+            said.contains(&format!("--replay-events-topic {missing}: "))
+                && said.contains("nothing deleted"),
+            "{said}"
+        );
+    }
+}
+
 /// Rows snuba's older processor wrote have `is_archived` NULL, not 0: they are the replay's live
 /// rows all the same, counted and deleted (a delete used to find "nothing to delete" and leave
 /// them). With no blob left, the archive row takes the time of the earliest of them.
