@@ -31,6 +31,18 @@ fn instant(text: &str) -> Result<std::time::SystemTime, String> {
         .map_err(|e| format!("{text:?}: {e} (RFC 3339, e.g. 2026-12-01T10:00:00Z)"))
 }
 
+/// The blob store the flags name; `None` with `--blob-sink null`.
+pub async fn blob_store(
+    blobs: &BlobArgs,
+    timeout: Duration,
+) -> anyhow::Result<Option<Arc<dyn BlobStore>>> {
+    Ok(match blobs.blob_sink {
+        BlobSinkKind::Gcs => Some(Arc::new(GcsStore::new(&blobs.gcs_config(timeout)?).await?)),
+        BlobSinkKind::Filesystem => Some(Arc::new(FilesystemBlobSink::new(&blobs.blob_dir)?)),
+        BlobSinkKind::Null => None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,16 +69,4 @@ mod tests {
             );
         }
     }
-}
-
-/// The blob store the flags name; `None` with `--blob-sink null`.
-pub async fn blob_store(
-    blobs: &BlobArgs,
-    timeout: Duration,
-) -> anyhow::Result<Option<Arc<dyn BlobStore>>> {
-    Ok(match blobs.blob_sink {
-        BlobSinkKind::Gcs => Some(Arc::new(GcsStore::new(&blobs.gcs_config(timeout)?).await?)),
-        BlobSinkKind::Filesystem => Some(Arc::new(FilesystemBlobSink::new(&blobs.blob_dir)?)),
-        BlobSinkKind::Null => None,
-    })
 }
