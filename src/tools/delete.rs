@@ -956,59 +956,6 @@ mod tests {
         assert!(!missing.exists(), "not created");
     }
 
-    /// Through snuba, a dry run of a replay with no blob to read its time from and none given
-    /// fails as the run would (it printed what it would remove and exited 0, while the run exits
-    /// 1 asking for the time); given a time, it says what it would publish.
-    #[test]
-    fn a_dry_run_fails_where_the_run_would_and_says_what_it_would_publish() {
-        let dir = tempfile::tempdir().unwrap();
-        let replay = "834f314caae54030a1b0dc52b202f24a";
-        let blob = dir.path().join(format!("dlq/42/{replay}/t/0/3"));
-        std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
-        std::fs::write(&blob, b"a dead letter's copy").unwrap();
-        let run_with = |more: &[&str]| {
-            let mut argv = vec![
-                "--blob-sink",
-                "filesystem",
-                "--blob-dir",
-                dir.path().to_str().unwrap(),
-                "--rows-sink",
-                "snuba",
-                "--brokers",
-                "127.0.0.1:1",
-                "--project",
-                "42",
-                "--replay",
-                replay,
-                "--dry-run",
-            ];
-            argv.extend(more);
-            let mut out = Vec::new();
-            let runtime = tokio::runtime::Runtime::new().unwrap();
-            let result = runtime.block_on(run(&parse(&argv).unwrap(), &mut out));
-            (result, String::from_utf8(out).unwrap())
-        };
-        let (result, said) = run_with(&[]);
-        let error = format!("{:#}", result.unwrap_err());
-        assert!(
-            error.contains(&format!(
-                "replay {replay} (project 42): no segment blob left to read its time from"
-            )),
-            "{error}"
-        );
-        assert!(!said.contains("would remove"), "{said}");
-        let (result, said) = run_with(&["--replay-timestamp", "2026-11-30T12:00:00Z"]);
-        result.unwrap();
-        assert!(
-            said.contains(&format!(
-                "replay {replay} (project 42): would publish the archive on ingest-replay-events"
-            )),
-            "{said}"
-        );
-        assert!(said.contains("would remove file://"), "{said}");
-        assert!(blob.exists(), "a dry run removes nothing");
-    }
-
     #[test]
     fn replays_are_named_by_project_and_id_in_either_form() {
         let args = parse(&[

@@ -644,6 +644,65 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
     assert_eq!(message["payload"]["timestamp"], 1_702_848_000.0);
 }
 
+/// Through snuba, a dry run of a replay with no blob to read its time from and none given
+/// fails as the run would (it printed what it would remove and exited 0, while the run exits
+/// 1 asking for the time); given a time, it says what it would publish, and removes nothing.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_dry_run_fails_where_the_run_would_and_says_what_it_would_publish() {
+    let _stack = uses_stack().await;
+    let replay_events = unique("replay-events");
+    create_topic(&replay_events, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let replay = "834f314caae54030a1b0dc52b202f24a";
+    let blob = dir.path().join(format!("dlq/42/{replay}/t/0/3"));
+    std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
+    std::fs::write(&blob, b"a dead letter's copy").unwrap();
+    let flags: Vec<String> = [
+        "--blob-sink",
+        "filesystem",
+        "--blob-dir",
+        dir.path().to_str().unwrap(),
+        "--rows-sink",
+        "snuba",
+        "--replay-events-topic",
+        &replay_events,
+        "--brokers",
+        &brokers(),
+        "--project",
+        "42",
+        "--replay",
+        replay,
+        "--dry-run",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (ok, said) = delete(&flags);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains(&format!(
+            "replay {replay} (project 42): no segment blob left to read its time from"
+        )),
+        "{said}"
+    );
+    assert!(!said.contains("would remove"), "{said}");
+    let at = ["--replay-timestamp", "2026-11-30T12:00:00Z"].map(String::from);
+    let (ok, said) = delete(&[flags, at.to_vec()].concat());
+    assert!(ok, "{said}");
+    assert!(
+        said.contains(&format!(
+            "replay {replay} (project 42): would publish the archive on {replay_events}"
+        )),
+        "{said}"
+    );
+    assert!(said.contains("would remove file://"), "{said}");
+    assert!(blob.exists(), "a dry run removes nothing");
+    assert!(
+        high_watermarks(&replay_events, 1).is_empty(),
+        "nothing published"
+    );
+}
+
 /// Through snuba, `--replay-events-topic` must exist before anything is found or removed, dry
 /// run included: brokers that create topics on first use would take the archive on a mistyped
 /// topic no one reads, and the run would remove the blobs and report the replay deleted.
