@@ -37,7 +37,8 @@ pub async fn migrate(
 /// the type the rows are encoded for. RowBinary carries no types, so a column of another type
 /// misreads the stream: the server then answers with errors that look like bad data or like
 /// overload (a misread length asks for terabytes) and would be dead-lettered or retried forever.
-/// A server that cannot be reached is a transient error; a missing or mismatched table is fatal.
+/// A server that cannot be reached is a transient error; a missing or mismatched table is fatal,
+/// and so are settings of the user that acknowledge INSERTs before their rows are stored.
 pub async fn check_table(config: &ClickHouseConfig) -> Result<(), SinkError> {
     let found: Vec<(String, String)> = client(config)
         .query("SELECT name, type FROM system.columns WHERE database = ? AND table = ?")
@@ -59,5 +60,57 @@ pub async fn check_table(config: &ClickHouseConfig) -> Result<(), SinkError> {
             Retry::Fatal,
             format_args!("table {table} does not match the rows: {problems}"),
         )
-    })
+    })?;
+    // Servers before 21.11 have neither setting: no rows.
+    let settings: Vec<(String, String)> = client(config)
+        .query("SELECT name, value FROM system.settings WHERE name IN ('async_insert', 'wait_for_async_insert')")
+        .fetch_all()
+        .await
+        .map_err(|e| setup_error(&e, config))?;
+    if acknowledged_before_stored(&settings) {
+        let message = format!(
+            "user {:?} has async_insert=1 and wait_for_async_insert=0: ClickHouse would answer each INSERT before storing its rows, and offsets would be committed past rows it may still lose; set wait_for_async_insert=1 (or async_insert=0) in the user's profile",
+            config.user
+        );
+        return Err(SinkError::new("clickhouse", Retry::Fatal, message));
+    }
+    Ok(())
+}
+
+/// Whether the user's `settings` (`async_insert` and `wait_for_async_insert`, as
+/// `system.settings` gives them) make the server answer an INSERT once its rows are queued for a
+/// later asynchronous insert, not once they are stored.
+fn acknowledged_before_stored(settings: &[(String, String)]) -> bool {
+    let on = |name: &str| {
+        settings
+            .iter()
+            .any(|(n, value)| n == name && matches!(value.as_str(), "1" | "true"))
+    };
+    on("async_insert") && !on("wait_for_async_insert")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asynchronous_inserts_without_waiting_are_taken_for_acknowledged_before_stored() {
+        let settings = |async_insert: &str, wait: &str| {
+            acknowledged_before_stored(&[
+                ("async_insert".into(), async_insert.into()),
+                ("wait_for_async_insert".into(), wait.into()),
+            ])
+        };
+        assert!(settings("1", "0"));
+        assert!(
+            !settings("1", "1"),
+            "asynchronous, but answered once stored"
+        );
+        assert!(!settings("0", "0"), "synchronous");
+        assert!(settings("true", "false"), "as a server may spell them");
+        assert!(
+            !acknowledged_before_stored(&[]),
+            "a server without them (18.16)"
+        );
+    }
 }
