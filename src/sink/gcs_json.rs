@@ -1,6 +1,8 @@
 //! The bucket operations of the operator tools — listing objects, deleting them, reading the
-//! bucket's lifecycle rules — over the Cloud Storage JSON API (`/storage/v1/…`), with the same
-//! endpoint and credentials as the sink. (The official crate's `StorageControl` speaks gRPC,
+//! bucket's lifecycle rules and soft-delete policy — over the Cloud Storage JSON API
+//! (`/storage/v1/…`), with the same endpoint and credentials as the sink. Listing and deleting
+//! take every generation of an object: a bucket with Object Versioning keeps each delete's (and
+//! each rewrite's) noncurrent copy, which a privacy delete must remove too. (The official crate's `StorageControl` speaks gRPC,
 //! which the local emulator does not; objects are still read with the official client.)
 
 use std::time::Duration;
@@ -76,6 +78,22 @@ struct ObjectResource {
     size: Option<String>,
     #[serde(default)]
     updated: Option<String>,
+    /// Which version of the object (int64, as a string).
+    #[serde(default)]
+    generation: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct BucketSoftDelete {
+    #[serde(rename = "softDeletePolicy", default)]
+    soft_delete_policy: Option<SoftDeletePolicy>,
+}
+
+#[derive(Deserialize)]
+struct SoftDeletePolicy {
+    /// How long a deleted object stays restorable (int64 seconds, as a string).
+    #[serde(rename = "retentionDurationSeconds", default)]
+    retention_duration_seconds: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -202,26 +220,11 @@ impl GcsStore {
         Ok(body)
     }
 
+    /// The objects and sub-prefixes directly under `prefix`, an object once whatever its
+    /// versions (one whose live version is gone but a noncurrent one is kept is listed too).
     async fn list_now(&self, prefix: &str) -> Result<Listing, SinkError> {
         let mut listing = Listing::default();
-        let mut page: Option<String> = None;
-        loop {
-            let mut path = format!(
-                "/storage/v1/b/{}/o?delimiter=%2F&prefix={}&fields=items(name%2Csize%2Cupdated)%2Cprefixes%2CnextPageToken",
-                encode(&self.bucket),
-                encode(prefix)
-            );
-            if let Some(token) = &page {
-                path.push_str(&format!("&pageToken={}", encode(token)));
-            }
-            let body = self.get_in_bucket(&path).await?;
-            let list: ObjectList = serde_json::from_slice(&body).map_err(|e| {
-                SinkError::new(
-                    "gcs",
-                    Retry::Retryable,
-                    format_args!("listing {prefix}: {e}"),
-                )
-            })?;
+        for list in self.list_pages(prefix, true).await? {
             listing.objects.extend(list.items.into_iter().map(|o| {
                 StoredObject {
                     size: o.size.and_then(|s| s.parse().ok()).unwrap_or(0),
@@ -234,20 +237,79 @@ impl GcsStore {
                 }
             }));
             listing.prefixes.extend(list.prefixes);
-            match list.next_page_token {
-                Some(token) if !token.is_empty() => page = Some(token),
-                _ => break,
-            }
         }
         listing.objects.sort_by(|a, b| a.key.cmp(&b.key));
+        listing.objects.dedup_by(|a, b| a.key == b.key);
         listing.prefixes.sort();
+        listing.prefixes.dedup();
         Ok(listing)
     }
 
+    /// Every page of the listing of `prefix` with all versions of each object; one level only
+    /// (`/` as the delimiter) or everything under it.
+    async fn list_pages(
+        &self,
+        prefix: &str,
+        one_level: bool,
+    ) -> Result<Vec<ObjectList>, SinkError> {
+        let mut pages = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut path = format!(
+                "/storage/v1/b/{}/o?versions=true&prefix={}&fields=items(name%2Csize%2Cupdated%2Cgeneration)%2Cprefixes%2CnextPageToken",
+                encode(&self.bucket),
+                encode(prefix)
+            );
+            if one_level {
+                path.push_str("&delimiter=%2F");
+            }
+            if let Some(token) = &page {
+                path.push_str(&format!("&pageToken={}", encode(token)));
+            }
+            let body = self.get_in_bucket(&path).await?;
+            let list: ObjectList = serde_json::from_slice(&body).map_err(|e| {
+                SinkError::new(
+                    "gcs",
+                    Retry::Retryable,
+                    format_args!("listing {prefix}: {e}"),
+                )
+            })?;
+            page = list.next_page_token.clone().filter(|t| !t.is_empty());
+            pages.push(list);
+            if page.is_none() {
+                return Ok(pages);
+            }
+        }
+    }
+
+    /// Deletes every version of the object `key` (the live one and those a versioned bucket
+    /// keeps); `false` when there was none.
     async fn delete_now(&self, key: &str) -> Result<bool, SinkError> {
-        let path = format!("/storage/v1/b/{}/o/{}", encode(&self.bucket), encode(key));
-        let (status, _) = self.call(Method::DELETE, &path).await?;
-        Ok(status != StatusCode::NOT_FOUND)
+        let object = format!("/storage/v1/b/{}/o/{}", encode(&self.bucket), encode(key));
+        let mut deleted = false;
+        for list in self.list_pages(key, false).await? {
+            for version in list.items.iter().filter(|o| o.name == key) {
+                let path = match &version.generation {
+                    Some(generation) => format!("{object}?generation={}", encode(generation)),
+                    None => object.clone(),
+                };
+                let (status, _) = self.call(Method::DELETE, &path).await?;
+                deleted |= status != StatusCode::NOT_FOUND;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// How long the bucket keeps a deleted object restorable (its soft-delete policy); `None`
+    /// when it does not.
+    pub async fn soft_delete_retention(&self) -> Result<Option<Duration>, SinkError> {
+        let path = format!(
+            "/storage/v1/b/{}?fields=softDeletePolicy",
+            encode(&self.bucket)
+        );
+        let body = self.get_in_bucket(&path).await?;
+        soft_delete_retention(&body)
+            .map_err(|e| SinkError::new("gcs", Retry::Retryable, format_args!("soft delete: {e}")))
     }
 
     /// The bucket's lifecycle rules (none when it has no lifecycle configuration).
@@ -336,9 +398,33 @@ impl BlobStore for GcsStore {
         Box::pin(self.delete_now(key))
     }
 
+    fn kept_after_delete(&self) -> BoxFuture<'_, Result<Option<String>, SinkError>> {
+        Box::pin(async move {
+            Ok(self.soft_delete_retention().await?.map(|kept| {
+                format!(
+                    "gs://{} keeps deleted objects restorable for {} (its soft-delete policy): the blobs removed here can be restored until then; set the policy's retention to 0 for deletes to be final at once",
+                    self.bucket,
+                    humantime::format_duration(kept)
+                )
+            }))
+        })
+    }
+
     fn location(&self, key: &str) -> String {
         format!("gs://{}/{key}", self.bucket)
     }
+}
+
+/// How long a bucket (its JSON resource) keeps deleted objects restorable; `None` when it does
+/// not (no policy, or a retention of 0).
+fn soft_delete_retention(bucket: &[u8]) -> Result<Option<Duration>, serde_json::Error> {
+    let bucket: BucketSoftDelete = serde_json::from_slice(bucket)?;
+    Ok(bucket
+        .soft_delete_policy
+        .and_then(|p| p.retention_duration_seconds)
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .map(Duration::from_secs))
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters (an object name in a path
@@ -435,5 +521,20 @@ mod tests {
         assert!(rules[1].condition.matches_prefix.is_empty());
         let none: BucketLifecycle = serde_json::from_slice(b"{}").unwrap();
         assert!(none.lifecycle.is_none());
+    }
+
+    #[test]
+    fn a_soft_delete_policy_parses_as_the_json_api_returns_it() {
+        let kept = |body: &str| soft_delete_retention(body.as_bytes()).unwrap();
+        let week = br#"{"softDeletePolicy":{"retentionDurationSeconds":"604800","effectiveTime":"2024-03-01T00:00:00Z"}}"#;
+        assert_eq!(
+            soft_delete_retention(week).unwrap(),
+            Some(Duration::from_secs(604_800))
+        );
+        assert_eq!(
+            kept(r#"{"softDeletePolicy":{"retentionDurationSeconds":"0"}}"#),
+            None
+        );
+        assert_eq!(kept("{}"), None, "the emulator's, and a bucket without one");
     }
 }

@@ -36,6 +36,12 @@ pub trait BlobStore: Send + Sync {
 
     /// Where `key` is, as an operator would write it.
     fn location(&self, key: &str) -> String;
+
+    /// What the store keeps of an object it deleted, as an operator should read it, when it
+    /// keeps anything: a delete is not final until then.
+    fn kept_after_delete(&self) -> BoxFuture<'_, Result<Option<String>, SinkError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// Every object under `prefix`, however deep, listing one level at a time.

@@ -295,6 +295,18 @@ async fn delete(
     timeout: Duration,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
+    // A privacy request's record says whether the deleted blobs are gone at once.
+    if let Some(store) = store {
+        match store.kept_after_delete().await {
+            Ok(Some(kept)) => writeln!(out, "note: {kept}")?,
+            Ok(None) => {}
+            Err(e) => writeln!(
+                out,
+                "note: whether the store keeps deleted objects restorable could not be read ({}): a bucket's soft-delete policy keeps them for its retention",
+                e.message
+            )?,
+        }
+    }
     let mut left = Vec::new();
     // Copies from before keys named their owner, read once for all the replays. One that cannot
     // be read may be any replay's: named among what is left (the run exits 1), the rest go on.

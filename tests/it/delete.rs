@@ -40,13 +40,18 @@ fn delete(args: &[String]) -> (bool, String) {
 }
 
 fn gcs_flags(names: &Names) -> Vec<String> {
+    gcs_flags_at(&names.bucket, &gcs_endpoint())
+}
+
+/// The flags of the emulator's `bucket`, reached at `endpoint`.
+fn gcs_flags_at(bucket: &str, endpoint: &str) -> Vec<String> {
     [
         "--blob-sink",
         "gcs",
         "--gcs-bucket",
-        &names.bucket,
+        bucket,
         "--gcs-endpoint",
-        &gcs_endpoint(),
+        endpoint,
         "--gcs-anonymous",
         "--brokers",
         &brokers(),
@@ -364,6 +369,78 @@ async fn every_object_under_the_replays_prefixes_goes() {
         try_read_object(&gcs, &names.bucket, &another).await.is_ok(),
         "another replay's blob stays"
     );
+}
+
+/// In a bucket with Object Versioning every version of the replay's blobs goes — the copy a
+/// rewrite left (a segment delivered twice), and a blob whose live version an earlier delete
+/// removed, which is found too — not only the live one: a privacy delete left the recording in
+/// noncurrent copies. Each version is deleted by its generation, as the JSON API deletes one for
+/// good; the emulator answers those deletes 404 and keeps the copies, so the requests are what
+/// is checked (through a proxy), and the live listing.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn in_a_versioned_bucket_every_version_of_the_replays_blobs_goes() {
+    use crate::support::proxy::{Action, Proxy};
+    use replay_ingest::sink::ObjectStore;
+    let _stack = uses_stack().await;
+    let bucket = unique("versioned");
+    create_versioned_bucket(&bucket);
+    let store = gcs_store(&bucket, 4).await;
+    let (project, replay) = (42, "d".repeat(32));
+    let (rewritten, noncurrent) = (
+        format!("30/{project}/{replay}/0"),
+        format!("30/{project}/{replay}/1"),
+    );
+    let another = format!("30/{project}/{}/0", "e".repeat(32));
+    for key in [&rewritten, &rewritten, &noncurrent, &another] {
+        store.put(key, b"segment bytes").await.unwrap();
+    }
+    delete_live_object(&bucket, &noncurrent);
+    assert_eq!(
+        object_versions(&bucket).len(),
+        4,
+        "precondition: the copies are kept"
+    );
+    let proxy = Proxy::start(&gcs_endpoint(), |_| Action::Forward).await;
+    let flags: Vec<String> = gcs_flags_at(&bucket, &proxy.endpoint)
+        .into_iter()
+        .chain(
+            [
+                "--rows-sink",
+                "null",
+                "--project",
+                &project.to_string(),
+                "--replay",
+                &replay,
+            ]
+            .map(String::from),
+        )
+        .collect();
+    let (_, said) = delete(&flags);
+    assert!(said.contains("found 2 segment blob(s)"), "{said}");
+    let by_generation: Vec<String> = proxy
+        .paths
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|path| path.contains("?generation="))
+        .cloned()
+        .collect();
+    let ours = |key: &str| format!("/o/{}?generation=", key.replace('/', "%2F"));
+    assert_eq!(by_generation.len(), 3, "{by_generation:?}");
+    assert_eq!(
+        by_generation
+            .iter()
+            .filter(|p| p.contains(&ours(&rewritten)))
+            .count(),
+        2,
+        "{by_generation:?}"
+    );
+    assert!(
+        by_generation.iter().any(|p| p.contains(&ours(&noncurrent))),
+        "{by_generation:?}"
+    );
+    assert_eq!(object_names(&bucket), [another].into(), "{said}");
 }
 
 /// A mutation of the table that fails for ever (ClickHouse retries it until it is killed, and

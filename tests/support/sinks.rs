@@ -44,20 +44,40 @@ pub fn create_bucket(name: &str) {
     );
 }
 
+/// A bucket with Object Versioning: a delete or a rewrite keeps the object's noncurrent copy.
+pub fn create_versioned_bucket(name: &str) {
+    emulator_request(
+        "POST",
+        "/storage/v1/b?project=test",
+        &format!("{{\"name\":\"{name}\",\"versioning\":{{\"enabled\":true}}}}"),
+    );
+}
+
+/// Deletes the live version of `key` in `bucket` (a versioned bucket keeps a noncurrent copy).
+pub fn delete_live_object(bucket: &str, key: &str) {
+    let key = key.replace('/', "%2F");
+    emulator_request("DELETE", &format!("/storage/v1/b/{bucket}/o/{key}"), "");
+}
+
 /// The names of the objects in `bucket` (at most a page: 1 000).
 pub fn object_names(bucket: &str) -> std::collections::BTreeSet<String> {
-    let response = emulator_request("GET", &format!("/storage/v1/b/{bucket}/o"), "");
+    listed_names(&format!("/storage/v1/b/{bucket}/o")).collect()
+}
+
+/// The name of every version of every object in `bucket`, noncurrent ones included, once per
+/// version (at most a page: 1 000).
+pub fn object_versions(bucket: &str) -> Vec<String> {
+    listed_names(&format!("/storage/v1/b/{bucket}/o?versions=true")).collect()
+}
+
+fn listed_names(path: &str) -> impl Iterator<Item = String> {
+    let response = emulator_request("GET", path, "");
     let (_, body) = response.split_once("\r\n\r\n").unwrap();
     let listed: serde_json::Value = serde_json::from_str(body).unwrap();
-    listed["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|item| item["name"].as_str().unwrap().to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
+    let items = listed["items"].as_array().cloned().unwrap_or_default();
+    items
+        .into_iter()
+        .map(|item| item["name"].as_str().unwrap().to_owned())
 }
 
 pub async fn read_object(bucket: &str, key: &str) -> Vec<u8> {
