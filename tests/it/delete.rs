@@ -43,6 +43,20 @@ fn gcs_flags(names: &Names) -> Vec<String> {
     gcs_flags_at(&names.bucket, &gcs_endpoint())
 }
 
+/// `store` flags, and the flags that delete only the blobs of `project`'s `replay`.
+fn blobs_of(store: Vec<String>, project: u64, replay: &str) -> Vec<String> {
+    let replay_flags = [
+        "--rows-sink",
+        "null",
+        "--project",
+        &project.to_string(),
+        "--replay",
+        replay,
+    ]
+    .map(String::from);
+    [store, replay_flags.to_vec()].concat()
+}
+
 /// The flags of the emulator's `bucket`, reached at `endpoint`.
 fn gcs_flags_at(bucket: &str, endpoint: &str) -> Vec<String> {
     [
@@ -341,20 +355,7 @@ async fn every_object_under_the_replays_prefixes_goes() {
     for key in ours.iter().chain([&another]) {
         store.put(key, &processed.blob.bytes).await.unwrap();
     }
-    let flags: Vec<String> = gcs_flags(&names)
-        .into_iter()
-        .chain(
-            [
-                "--rows-sink",
-                "null",
-                "--project",
-                &project.to_string(),
-                "--replay",
-                &replay,
-            ]
-            .map(String::from),
-        )
-        .collect();
+    let flags = blobs_of(gcs_flags(&names), project, &replay);
     let (ok, said) = delete(&flags);
     assert!(ok, "{said}");
     assert!(said.contains("found 3 segment blob(s)"), "{said}");
@@ -402,20 +403,7 @@ async fn in_a_versioned_bucket_every_version_of_the_replays_blobs_goes() {
         "precondition: the copies are kept"
     );
     let proxy = Proxy::start(&gcs_endpoint(), |_| Action::Forward).await;
-    let flags: Vec<String> = gcs_flags_at(&bucket, &proxy.endpoint)
-        .into_iter()
-        .chain(
-            [
-                "--rows-sink",
-                "null",
-                "--project",
-                &project.to_string(),
-                "--replay",
-                &replay,
-            ]
-            .map(String::from),
-        )
-        .collect();
+    let flags = blobs_of(gcs_flags_at(&bucket, &proxy.endpoint), project, &replay);
     let (_, said) = delete(&flags);
     assert!(said.contains("found 2 segment blob(s)"), "{said}");
     let by_generation: Vec<String> = proxy
