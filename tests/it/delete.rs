@@ -43,18 +43,31 @@ fn gcs_flags(names: &Names) -> Vec<String> {
     gcs_flags_at(&names.bucket, &gcs_endpoint())
 }
 
+/// The flags of the filesystem store in `dir`.
+fn filesystem_flags(dir: &std::path::Path) -> Vec<String> {
+    [
+        "--blob-sink",
+        "filesystem",
+        "--blob-dir",
+        dir.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// `store` flags, and the flags that delete only the blobs of `project`'s `replay`.
 fn blobs_of(store: Vec<String>, project: u64, replay: &str) -> Vec<String> {
-    let replay_flags = [
-        "--rows-sink",
-        "null",
-        "--project",
-        &project.to_string(),
-        "--replay",
-        replay,
-    ]
-    .map(String::from);
-    [store, replay_flags.to_vec()].concat()
+    deleting(store, &["--rows-sink", "null"], project, replay)
+}
+
+/// `store` flags, `rows` flags, and those of `project`'s `replay`.
+fn deleting(store: Vec<String>, rows: &[&str], project: u64, replay: &str) -> Vec<String> {
+    let project = project.to_string();
+    let named = ["--project", &project, "--replay", replay];
+    store
+        .into_iter()
+        .chain(rows.iter().chain(&named).map(|flag| flag.to_string()))
+        .collect()
 }
 
 /// The flags of the emulator's `bucket`, reached at `endpoint`.
@@ -229,22 +242,18 @@ async fn with_snuba_a_run_killed_half_way_is_finished_by_the_next_and_the_archiv
         .into_iter()
         .for_each(|r| r.unwrap());
 
-    let flags: Vec<String> = gcs_flags(&names)
-        .into_iter()
-        .chain(
-            [
-                "--rows-sink",
-                "snuba",
-                "--replay-events-topic",
-                &replay_events,
-                "--project",
-                &ids.project_id.to_string(),
-                "--replay",
-                &ids.replay_id,
-            ]
-            .map(String::from),
-        )
-        .collect();
+    let through_snuba = [
+        "--rows-sink",
+        "snuba",
+        "--replay-events-topic",
+        &replay_events,
+    ];
+    let flags = deleting(
+        gcs_flags(&names),
+        &through_snuba,
+        ids.project_id,
+        &ids.replay_id,
+    );
     // Killed once it has removed 50 objects (or when the test fails before: it is not left
     // running).
     let mut run = KilledWhenDropped(
@@ -602,7 +611,7 @@ fn clickhouse_flags(names: &Names, ids: &recording::SegmentIds) -> Vec<String> {
 #[test]
 fn a_temporary_file_a_crashed_write_left_goes_with_the_replay() {
     let dir = tempfile::tempdir().unwrap();
-    let (project, replay) = ("42", "a".repeat(32));
+    let (project, replay) = (42, "a".repeat(32));
     let ours = [
         format!("90/{project}/{replay}/0"),
         format!("90/{project}/{replay}/1.tmp-4242"),
@@ -613,19 +622,7 @@ fn a_temporary_file_a_crashed_write_left_goes_with_the_replay() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, b"segment bytes").unwrap();
     }
-    let flags = [
-        "--blob-sink",
-        "filesystem",
-        "--blob-dir",
-        dir.path().to_str().unwrap(),
-        "--rows-sink",
-        "null",
-        "--project",
-        project,
-        "--replay",
-        &replay,
-    ]
-    .map(String::from);
+    let flags = blobs_of(filesystem_flags(dir.path()), project, &replay);
     let (ok, said) = delete(&flags);
     assert!(ok, "{said}");
     assert!(said.contains("found 2 segment blob(s)"), "{said}");
@@ -650,22 +647,13 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
     let replay_events = unique("replay-events");
     create_topic(&replay_events, 1).await;
     let replay = "0123456789abcdef0123456789abcdef";
-    let flags: Vec<String> = gcs_flags(&names)
-        .into_iter()
-        .chain(
-            [
-                "--rows-sink",
-                "snuba",
-                "--replay-events-topic",
-                &replay_events,
-                "--project",
-                "42",
-                "--replay",
-                replay,
-            ]
-            .map(String::from),
-        )
-        .collect();
+    let through_snuba = [
+        "--rows-sink",
+        "snuba",
+        "--replay-events-topic",
+        &replay_events,
+    ];
+    let flags = deleting(gcs_flags(&names), &through_snuba, 42, replay);
     let (ok, said) = delete(&flags);
     assert!(!ok, "{said}");
     assert!(said.contains("no time given"), "{said}");
@@ -723,25 +711,17 @@ async fn a_dry_run_fails_where_the_run_would_and_says_what_it_would_publish() {
     let blob = dir.path().join(format!("dlq/42/{replay}/t/0/3"));
     std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
     std::fs::write(&blob, b"a dead letter's copy").unwrap();
-    let flags: Vec<String> = [
-        "--blob-sink",
-        "filesystem",
-        "--blob-dir",
-        dir.path().to_str().unwrap(),
+    let brokers = brokers();
+    let through_snuba = [
         "--rows-sink",
         "snuba",
         "--replay-events-topic",
         &replay_events,
         "--brokers",
-        &brokers(),
-        "--project",
-        "42",
-        "--replay",
-        replay,
+        &brokers,
         "--dry-run",
-    ]
-    .map(String::from)
-    .to_vec();
+    ];
+    let flags = deleting(filesystem_flags(dir.path()), &through_snuba, 42, replay);
     let (ok, said) = delete(&flags);
     assert!(!ok, "{said}");
     assert!(
@@ -777,24 +757,16 @@ async fn with_snuba_a_replay_events_topic_that_does_not_exist_deletes_nothing() 
     let _stack = uses_stack().await;
     let names = Names::create().await;
     let missing = unique("replay-events-mistyped");
-    let flags: Vec<String> = gcs_flags(&names)
-        .into_iter()
-        .chain(
-            [
-                "--rows-sink",
-                "snuba",
-                "--replay-events-topic",
-                &missing,
-                "--project",
-                "42",
-                "--replay",
-                "0123456789abcdef0123456789abcdef",
-                "--replay-timestamp",
-                "2023-12-17T21:30:58Z",
-            ]
-            .map(String::from),
-        )
-        .collect();
+    let through_snuba = [
+        "--rows-sink",
+        "snuba",
+        "--replay-events-topic",
+        &missing,
+        "--replay-timestamp",
+        "2023-12-17T21:30:58Z",
+    ];
+    let replay = "0123456789abcdef0123456789abcdef";
+    let flags = deleting(gcs_flags(&names), &through_snuba, 42, replay);
     for dry_run in [true, false] {
         let args = [
             flags.clone(),
@@ -900,25 +872,13 @@ async fn a_clickhouse_that_never_answers_fails_the_run_within_the_timeout() {
 fn a_retention_directory_linked_elsewhere_is_followed_as_the_writer_follows_it() {
     let dir = tempfile::tempdir().unwrap();
     let (store, volume) = (dir.path().join("store"), dir.path().join("volume-90"));
-    let (project, replay) = ("42", "c".repeat(32));
+    let (project, replay) = (42, "c".repeat(32));
     let blob = volume.join(format!("{project}/{replay}/0"));
     std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
     std::fs::write(&blob, b"segment bytes").unwrap();
     std::fs::create_dir_all(&store).unwrap();
     std::os::unix::fs::symlink(&volume, store.join("90")).unwrap();
-    let flags = [
-        "--blob-sink",
-        "filesystem",
-        "--blob-dir",
-        store.to_str().unwrap(),
-        "--rows-sink",
-        "null",
-        "--project",
-        project,
-        "--replay",
-        &replay,
-    ]
-    .map(String::from);
+    let flags = blobs_of(filesystem_flags(&store), project, &replay);
     let (ok, said) = delete(&flags);
     assert!(ok, "{said}");
     assert!(said.contains("found 1 segment blob(s)"), "{said}");
