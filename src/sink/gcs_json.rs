@@ -1,9 +1,10 @@
 //! The bucket operations of the operator tools — listing objects, deleting them, reading the
 //! bucket's lifecycle rules and soft-delete policy — over the Cloud Storage JSON API
-//! (`/storage/v1/…`), with the same endpoint and credentials as the sink. Listing and deleting
-//! take every generation of an object: a bucket with Object Versioning keeps each delete's (and
-//! each rewrite's) noncurrent copy, which a privacy delete must remove too. (The official crate's `StorageControl` speaks gRPC,
-//! which the local emulator does not; objects are still read with the official client.)
+//! (`/storage/v1/…`), with the same endpoint and credentials as the sink. (The official crate's
+//! `StorageControl` speaks gRPC, which the local emulator does not; objects are still read with
+//! the official client.) Listing and deleting take every generation of an object: a bucket with
+//! Object Versioning keeps each delete's (and each rewrite's) noncurrent copy, which a privacy
+//! delete must remove too.
 
 use std::time::Duration;
 
