@@ -301,6 +301,49 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
     );
 }
 
+/// An error status a proxy in front of ClickHouse answers itself (no `X-ClickHouse-…` header, an
+/// HTML body without a ClickHouse code) is classified by its status: nginx's 413 past its body
+/// limit is refused data, which halving shrinks (before: retried whole without end, the
+/// partition stalled for good); an auth proxy's 401 is configuration (before: an endless
+/// outage); a 502 is retried. ClickHouse's own errors keep their codes (every other test here).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn an_error_a_proxy_answers_itself_is_classified_by_its_status() {
+    let _stack = uses_stack().await;
+    use crate::support::proxy::{Action, Proxy};
+    let config = config(&crate::support::unique("replays").replace('-', "_"));
+    migrate(&config).await.unwrap();
+    for (status, reason, expected) in [
+        (413, "Request Entity Too Large", Retry::Rejected),
+        (401, "Unauthorized", Retry::Fatal),
+        (502, "Bad Gateway", Retry::Retryable),
+    ] {
+        let proxy = Proxy::start(&crate::support::clickhouse_url(), move |seen| {
+            match seen.path.contains("INSERT") {
+                true => Action::Answer {
+                    status,
+                    headers: vec![("Content-Type", "text/html".to_owned())],
+                    body: format!("<html><head><title>{status} {reason}</title></head><body>nginx</body></html>"),
+                },
+                false => Action::Forward,
+            }
+        })
+        .await;
+        let sink = ClickHouseSink::new(&ClickHouseConfig {
+            url: proxy.endpoint.clone(),
+            ..config.clone()
+        });
+        let result = crate::support::write_once(&sink, &crate::support::fixture_batch()).await;
+        let error = result.expect_err(&format!("{status} is not success"));
+        assert_eq!(error.retry, expected, "{status}: {error}");
+        assert!(
+            error.message.contains(&format!("answered {status} "))
+                && error.message.contains("by a proxy in front of ClickHouse"),
+            "{error}"
+        );
+    }
+}
+
 /// A write cut into many INSERTs (one per message here: `chunk_rows` 1) whose fifth INSERT fails:
 /// the retry sends the INSERTs the server did not take — the fifth and those after it — not the
 /// whole batch again. With one deadline for all of a write's INSERTs and nothing kept between

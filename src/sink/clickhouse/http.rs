@@ -1,10 +1,15 @@
 //! The HTTP client the ClickHouse sink talks through: the clickhouse crate's own (hyper, rustls
 //! with the system trust store or `SSL_CERT_FILE`, TCP keep-alive, a short idle pool), with each
-//! connection watched for one thing the crate misses — a `200` whose body is a ClickHouse
-//! exception without the `X-ClickHouse-Exception-Code` header or the `(version …)` ending that
-//! the crate recognises (what a proxy or load balancer in between can send). Such an answer fails
-//! the request with [`ExceptionIn200`], which [`super::clickhouse::classify`] classifies by its
-//! code like any other ClickHouse error.
+//! connection watched for two things the crate misses, both from a proxy or load balancer in
+//! between:
+//! - a `200` whose body is a ClickHouse exception without the `X-ClickHouse-Exception-Code`
+//!   header or the `(version …)` ending that the crate recognises: the request fails with
+//!   [`ExceptionIn200`], which [`super::clickhouse::classify`] classifies by its code like any
+//!   other ClickHouse error;
+//! - an error status (4xx, 5xx) with no `X-ClickHouse-…` header, which every ClickHouse answer
+//!   carries (18.16 included): the proxy's own answer (nginx's 413 past its body limit, an auth
+//!   proxy's 401), whose body has no ClickHouse code and whose status the crate drops. The
+//!   request fails with [`ProxyAnswer`], classified by its status.
 //!
 //! The watch reads the bytes hyper reads: it notes each status line and, while the status is
 //! `200`, looks for `Code: N` followed by `DB::Exception` (both formats ClickHouse has used),
@@ -26,6 +31,31 @@ use hyper_util::rt::TokioExecutor;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("answered 200 with an exception in the body: {0}")]
 pub struct ExceptionIn200(pub String);
+
+/// An error status answered by something between the service and ClickHouse, not by ClickHouse:
+/// the status and its line's reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("answered {status} {reason} by a proxy in front of ClickHouse (no X-ClickHouse-… header)")]
+pub struct ProxyAnswer {
+    pub status: u16,
+    pub reason: String,
+}
+
+/// What the watch found that fails the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Spotted {
+    Exception(ExceptionIn200),
+    Proxy(ProxyAnswer),
+}
+
+impl Spotted {
+    fn into_io(self) -> std::io::Error {
+        match self {
+            Spotted::Exception(exception) => std::io::Error::other(exception),
+            Spotted::Proxy(answer) => std::io::Error::other(answer),
+        }
+    }
+}
 
 /// An `https://` URL with no trust roots to check the server's certificate against.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -116,6 +146,9 @@ impl tower_service::Service<Uri> for Watched {
 const CARRY: usize = 96;
 /// Longest exception text reported.
 const MAX_TEXT: usize = 512;
+/// Longest head of an error answer read for its headers; past it, the answer is left to the
+/// crate.
+const MAX_HEAD: usize = 16 * 1024;
 
 pub struct WatchedStream<S> {
     inner: S,
@@ -138,11 +171,14 @@ struct Watch {
     ok: bool,
     /// The end of the previous read.
     carry: Vec<u8>,
+    /// An error answer's head read so far, from its status line, until its headers end.
+    head: Option<Vec<u8>>,
 }
 
 impl Watch {
-    /// Looks at `read` (the bytes one read returned); an exception in a `200` answer is returned.
-    fn saw(&mut self, read: &[u8]) -> Option<ExceptionIn200> {
+    /// Looks at `read` (the bytes one read returned); an exception in a `200` answer, or an
+    /// error status without ClickHouse's headers, is returned.
+    fn saw(&mut self, read: &[u8]) -> Option<Spotted> {
         let mut window = std::mem::take(&mut self.carry);
         let carried = window.len();
         window.extend_from_slice(read);
@@ -155,11 +191,43 @@ impl Watch {
         {
             self.ok = code == b"200";
             answer = &window[at..];
+            self.head = (code[0] == b'4' || code[0] == b'5').then(|| answer.to_vec());
+        } else if let Some(head) = &mut self.head {
+            head.extend_from_slice(read);
         }
-        let found = self.ok.then(|| exception(answer)).flatten();
+        let found = match self.ok {
+            true => exception(answer).map(Spotted::Exception),
+            false => self.proxy_answer().map(Spotted::Proxy),
+        };
         let keep = window.len().saturating_sub(CARRY);
         self.carry = window.split_off(keep);
         found
+    }
+
+    /// Once the error answer's headers have all been read: the proxy's answer when none is
+    /// ClickHouse's.
+    fn proxy_answer(&mut self) -> Option<ProxyAnswer> {
+        let head = self.head.as_ref()?;
+        let Some(end) = memchr::memmem::find(head, b"\r\n\r\n") else {
+            if head.len() > MAX_HEAD {
+                self.head = None;
+            }
+            return None;
+        };
+        let head = self.head.take()?;
+        let head = &head[..end];
+        let from_clickhouse = head
+            .split(|b| *b == b'\n')
+            .any(|line| line.len() >= 13 && line[..13].eq_ignore_ascii_case(b"x-clickhouse-"));
+        if from_clickhouse {
+            return None;
+        }
+        let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+        let line = String::from_utf8_lossy(line);
+        let mut words = line.splitn(3, ' ').skip(1);
+        let status = words.next()?.parse().ok()?;
+        let reason = words.next().unwrap_or_default().chars().take(64).collect();
+        Some(ProxyAnswer { status, reason })
     }
 }
 
@@ -208,8 +276,8 @@ impl<S: Read + Unpin> Read for WatchedStream<S> {
         match Pin::new(&mut this.inner).poll_read(cx, read.unfilled()) {
             Poll::Ready(Ok(())) => {
                 let filled = read.filled();
-                if let Some(exception) = this.watch.saw(filled) {
-                    return Poll::Ready(Err(std::io::Error::other(exception)));
+                if let Some(spotted) = this.watch.saw(filled) {
+                    return Poll::Ready(Err(spotted.into_io()));
                 }
                 buf.put_slice(filled);
                 Poll::Ready(Ok(()))
@@ -260,6 +328,11 @@ impl<S: Connection> Connection for WatchedStream<S> {
 pub fn exception_in_200<'a>(
     error: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a ExceptionIn200> {
+    found_in(error)
+}
+
+/// The proxy's answer that failed a request, if that is what failed it.
+pub fn proxy_answer<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a ProxyAnswer> {
     found_in(error)
 }
 
@@ -334,24 +407,21 @@ mod tests {
         for split in [1, 7, 40, 60, answer.len()] {
             let mut watch = Watch::default();
             let (first, second) = answer.split_at(split.min(answer.len()));
-            let found = watch
-                .saw(first)
-                .or_else(|| watch.saw(second))
-                .expect("found");
+            let found = watch.saw(first).or_else(|| watch.saw(second));
             assert_eq!(
-                found.0, "Code: 27. DB::Exception: Cannot parse input: expected '\\t'",
+                found,
+                Some(Spotted::Exception(ExceptionIn200(
+                    "Code: 27. DB::Exception: Cannot parse input: expected '\\t'".into()
+                ))),
                 "split at {split}"
             );
         }
         let old = b"HTTP/1.1 200 OK\r\n\r\nCode: 193, e.displayText() = DB::Exception: Wrong password, e.what() = DB::Exception\n";
-        assert!(
-            Watch::default()
-                .saw(old)
-                .unwrap()
-                .0
-                .starts_with("Code: 193, e.displayText()")
-        );
-        let error = b"HTTP/1.1 500 Internal Server Error\r\n\r\nCode: 27. DB::Exception: x\n";
+        assert!(matches!(
+            Watch::default().saw(old),
+            Some(Spotted::Exception(ExceptionIn200(text))) if text.starts_with("Code: 193, e.displayText()")
+        ));
+        let error = b"HTTP/1.1 500 Internal Server Error\r\nX-ClickHouse-Server-Display-Name: ch\r\n\r\nCode: 27. DB::Exception: x\n";
         assert_eq!(
             Watch::default().saw(error),
             None,
@@ -359,8 +429,7 @@ mod tests {
         );
         let mut keep_alive = Watch::default();
         assert_eq!(
-            keep_alive
-                .saw(b"HTTP/1.1 500 Internal Server Error\r\n\r\nCode: 27. DB::Exception: x\n"),
+            keep_alive.saw(b"HTTP/1.1 500 Internal Server Error\r\nX-ClickHouse-Exception-Code: 27\r\n\r\nCode: 27. DB::Exception: x\n"),
             None
         );
         assert!(
@@ -371,7 +440,7 @@ mod tests {
         // An error's body carried over is not found again in the next answer, an empty `200`
         // (the other half of a batch ClickHouse refused part of, on the same connection).
         let mut after_error = Watch::default();
-        let refused = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 38\r\n\r\nCode: 27. DB::Exception: Cannot parse\n";
+        let refused = b"HTTP/1.1 500 Internal Server Error\r\nx-clickhouse-summary: {}\r\nContent-Length: 38\r\n\r\nCode: 27. DB::Exception: Cannot parse\n";
         assert_eq!(after_error.saw(refused), None);
         assert_eq!(
             after_error.saw(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
@@ -391,5 +460,57 @@ mod tests {
             None,
             "too far apart"
         );
+    }
+
+    /// An error status without any `X-ClickHouse-…` header is a proxy's own answer, found
+    /// whatever the reads; one with ClickHouse's headers (18.16 sends
+    /// `X-ClickHouse-Server-Display-Name` on every answer) is the crate's to read.
+    #[test]
+    fn an_error_status_without_clickhouses_headers_is_a_proxys_answer() {
+        let nginx = b"HTTP/1.1 413 Request Entity Too Large\r\nServer: nginx\r\nContent-Type: text/html\r\nContent-Length: 176\r\n\r\n<html><head><title>413 Request Entity Too Large</title></head></html>";
+        for split in [1, 12, 30, 70, 90, nginx.len()] {
+            let mut watch = Watch::default();
+            let (first, second) = nginx.split_at(split);
+            let found = watch.saw(first).or_else(|| watch.saw(second));
+            assert_eq!(
+                found,
+                Some(Spotted::Proxy(ProxyAnswer {
+                    status: 413,
+                    reason: "Request Entity Too Large".into()
+                })),
+                "split at {split}"
+            );
+        }
+        let clickhouse = b"HTTP/1.1 400 Bad Request\r\nDate: Sat, 05 Dec 2026 22:49:00 GMT\r\nConnection: Keep-Alive\r\nContent-Type: text/plain; charset=UTF-8\r\nX-ClickHouse-Server-Display-Name: vm\r\nTransfer-Encoding: chunked\r\n\r\n";
+        for split in [1, 60, 100, clickhouse.len()] {
+            let mut watch = Watch::default();
+            let (first, second) = clickhouse.split_at(split);
+            assert_eq!(
+                watch.saw(first).or_else(|| watch.saw(second)),
+                None,
+                "split at {split}"
+            );
+        }
+        let mut after = Watch::default();
+        assert_eq!(
+            after.saw(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            after.saw(b"HTTP/1.1 401 Unauthorized\r\n\r\n"),
+            Some(Spotted::Proxy(ProxyAnswer {
+                status: 401,
+                reason: "Unauthorized".into()
+            })),
+            "on a connection kept alive"
+        );
+        let error = clickhouse::error::Error::Network(Box::new(
+            Spotted::Proxy(ProxyAnswer {
+                status: 413,
+                reason: String::new(),
+            })
+            .into_io(),
+        ));
+        assert_eq!(super::super::classify(&error), crate::sink::Retry::Rejected);
     }
 }

@@ -172,6 +172,10 @@ pub fn classify(error: &clickhouse::error::Error) -> Retry {
         Error::Network(cause) if let Some(exception) = http::exception_in_200(cause.as_ref()) => {
             by_code(&exception.0)
         }
+        // An error a proxy in front of ClickHouse answered itself: its status decides.
+        Error::Network(cause) if let Some(answer) = http::proxy_answer(cause.as_ref()) => {
+            by_status(answer.status)
+        }
         // Configuration: no retry loads a trust store.
         Error::Network(cause) if http::no_trust_roots(cause.as_ref()).is_some() => Retry::Fatal,
         Error::Network(_) | Error::TimedOut | Error::Compression(_) | Error::Decompression(_) => {
@@ -223,6 +227,18 @@ pub fn setup_error(error: &clickhouse::error::Error, config: &ClickHouseConfig) 
         _ => (classify(error), format!("at {at}: {detail}")),
     };
     SinkError::new("clickhouse", retry, message)
+}
+
+/// The class of an error status a proxy answered, as GCS's are classified: timeouts, throttling
+/// and server errors are retried; a body over its limit (413) is refused data, found by halving
+/// (the rows of a smaller INSERT fit, a message whose rows alone do not is dead-lettered); any
+/// other (401, 403, 404 …) is configuration.
+fn by_status(status: u16) -> Retry {
+    match status {
+        408 | 429 | 500..=599 => Retry::Retryable,
+        413 => Retry::Rejected,
+        _ => Retry::Fatal,
+    }
 }
 
 /// The class of a server error, from its code.
@@ -542,6 +558,24 @@ mod tests {
         }
         assert_eq!(classify(&Error::TimedOut), Retry::Retryable);
         assert_eq!(classify(&Error::SchemaMismatch("x".into())), Retry::Fatal);
+        // A proxy's own answer, by its status.
+        for (status, expected) in [
+            (413, Retry::Rejected),
+            (401, Retry::Fatal),
+            (403, Retry::Fatal),
+            (404, Retry::Fatal),
+            (408, Retry::Retryable),
+            (429, Retry::Retryable),
+            (502, Retry::Retryable),
+            (503, Retry::Retryable),
+        ] {
+            let answer = http::ProxyAnswer {
+                status,
+                reason: String::new(),
+            };
+            let error = Error::Network(Box::new(std::io::Error::other(answer)));
+            assert_eq!(classify(&error), expected, "{status}");
+        }
     }
 
     #[test]
