@@ -3,7 +3,7 @@
 
 use replay_ingest::recording::ReplayRow;
 use replay_ingest::sink::clickhouse::{ClickHouseConfig, ClickHouseSink, check_table, migrate};
-use replay_ingest::sink::{Batch, Retry};
+use replay_ingest::sink::{Batch, Retry, SinkError, Written};
 
 use crate::support::uses_stack;
 
@@ -241,7 +241,6 @@ async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
     let _stack = uses_stack().await;
-    use crate::support::proxy::{Action, Proxy};
     let config = config(&crate::support::unique("replays").replace('-', "_"));
     migrate(&config).await.unwrap();
     let memory = "Code: 241. DB::Exception: Memory limit (total) exceeded: would use 9.31 GiB. (MEMORY_LIMIT_EXCEEDED)";
@@ -265,27 +264,11 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
         ),
     ];
     for (code, body, expected) in cases {
-        let answer = (code, body.clone());
-        let proxy = Proxy::start(&crate::support::clickhouse_url(), move |seen| {
-            match seen.path.contains("INSERT") {
-                true => Action::Answer {
-                    status: 200,
-                    headers: answer
-                        .0
-                        .map(|c| ("X-ClickHouse-Exception-Code", c.to_owned()))
-                        .into_iter()
-                        .collect(),
-                    body: answer.1.clone(),
-                },
-                false => Action::Forward,
-            }
-        })
-        .await;
-        let sink = ClickHouseSink::new(&ClickHouseConfig {
-            url: proxy.endpoint.clone(),
-            ..config.clone()
-        });
-        let result = crate::support::write_once(&sink, &crate::support::fixture_batch()).await;
+        let headers = code
+            .map(|c| ("X-ClickHouse-Exception-Code", c.to_owned()))
+            .into_iter()
+            .collect();
+        let (result, answered) = insert_answered(&config, 200, headers, body.clone()).await;
         let error = result.expect_err(&format!("200 with {code:?} and {body:?} is not success"));
         assert_eq!(error.retry, expected, "{code:?} {body:?}: {error}");
         let said = format!("Code: {}", code.unwrap_or(&body[6..9]));
@@ -293,12 +276,43 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
             error.message.contains(said.trim_end_matches([',', '.'])),
             "the exception in the error: {error}"
         );
-        assert!(proxy.answered.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+        assert!(answered >= 1);
     }
     assert!(
         read_back(&config).await.is_empty(),
         "precondition: the proxy answered every INSERT itself"
     );
+}
+
+/// One write of the fixture batch to `config`'s table through a proxy that answers every INSERT
+/// itself, with `status`, `headers` and `body`, and forwards the rest; how many it answered.
+async fn insert_answered(
+    config: &ClickHouseConfig,
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: String,
+) -> (Result<Written, SinkError>, usize) {
+    use crate::support::proxy::{Action, Proxy};
+    let proxy = Proxy::start(&crate::support::clickhouse_url(), move |seen| {
+        match seen.path.contains("INSERT") {
+            true => Action::Answer {
+                status,
+                headers: headers.clone(),
+                body: body.clone(),
+            },
+            false => Action::Forward,
+        }
+    })
+    .await;
+    let sink = ClickHouseSink::new(&ClickHouseConfig {
+        url: proxy.endpoint.clone(),
+        ..config.clone()
+    });
+    let result = crate::support::write_once(&sink, &crate::support::fixture_batch()).await;
+    (
+        result,
+        proxy.answered.load(std::sync::atomic::Ordering::SeqCst),
+    )
 }
 
 /// An error status a proxy in front of ClickHouse answers itself (no `X-ClickHouse-…` header, an
@@ -310,7 +324,6 @@ async fn an_insert_answered_200_with_an_exception_is_an_error_of_its_code() {
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn an_error_a_proxy_answers_itself_is_classified_by_its_status() {
     let _stack = uses_stack().await;
-    use crate::support::proxy::{Action, Proxy};
     let config = config(&crate::support::unique("replays").replace('-', "_"));
     migrate(&config).await.unwrap();
     for (status, reason, expected) in [
@@ -318,22 +331,10 @@ async fn an_error_a_proxy_answers_itself_is_classified_by_its_status() {
         (401, "Unauthorized", Retry::Fatal),
         (502, "Bad Gateway", Retry::Retryable),
     ] {
-        let proxy = Proxy::start(&crate::support::clickhouse_url(), move |seen| {
-            match seen.path.contains("INSERT") {
-                true => Action::Answer {
-                    status,
-                    headers: vec![("Content-Type", "text/html".to_owned())],
-                    body: format!("<html><head><title>{status} {reason}</title></head><body>nginx</body></html>"),
-                },
-                false => Action::Forward,
-            }
-        })
-        .await;
-        let sink = ClickHouseSink::new(&ClickHouseConfig {
-            url: proxy.endpoint.clone(),
-            ..config.clone()
-        });
-        let result = crate::support::write_once(&sink, &crate::support::fixture_batch()).await;
+        let headers = vec![("Content-Type", "text/html".to_owned())];
+        let body =
+            format!("<html><head><title>{status} {reason}</title></head><body>nginx</body></html>");
+        let (result, _) = insert_answered(&config, status, headers, body).await;
         let error = result.expect_err(&format!("{status} is not success"));
         assert_eq!(error.retry, expected, "{status}: {error}");
         assert!(
