@@ -560,6 +560,18 @@ pub fn commit_list(topic: &str, positions: &[(i32, i64)]) -> TopicPartitionList 
     list
 }
 
+/// Runs `close` — what drops a consumer with a group id, and any client beside it — off the async
+/// runtime, waiting for it at most `budget`; whether it finished. Dropping such a consumer leaves
+/// its group, and librdkafka may wait for an unreachable coordinator without end there: a commit
+/// tried while no broker answers leaves the close querying for the coordinator for ever
+/// (librdkafka issue 3740, open in 2.12). Past the budget the close is left to the process's exit:
+/// what was committed stands, and a session the group no longer hears from expires on its own.
+pub async fn close_within(budget: Duration, close: impl FnOnce() + Send + 'static) -> bool {
+    tokio::time::timeout(budget, tokio::task::spawn_blocking(close))
+        .await
+        .is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -49,7 +49,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::health::Status;
 use crate::kafka::consumer::{
-    IngestConsumer, IngestContext, Polled, Revoke, commit_list, sends_statistics, spawn_poller,
+    IngestConsumer, IngestContext, Polled, Revoke, close_within, commit_list, sends_statistics,
+    spawn_poller,
 };
 use crate::kafka::handoff::{Handoff, Ticket};
 use crate::kafka::record::Record;
@@ -315,15 +316,15 @@ pub async fn consume(
     stop.store(true, Ordering::Release);
     // Wakes a poller waiting for room.
     handoff.close();
-    // Closing the consumer runs the revoke callback, which blocks: off the async runtime. Leaving
-    // the group needs the broker; if it is unreachable, or the drain took the whole deadline, do
-    // not outlive the deadline (the offsets are already committed, and the session expires on
-    // its own).
-    let close = tokio::task::spawn_blocking(move || {
+    // Closing the consumer runs the revoke callback, which blocks. Leaving the group needs the
+    // broker; if it is unreachable, or the drain took the whole deadline, do not outlive the
+    // deadline.
+    let closed = close_within(close_budget, move || {
         let _ = poller.join();
         drop(consumer);
-    });
-    if tokio::time::timeout(close_budget, close).await.is_err() {
+    })
+    .await;
+    if !closed {
         warn!(
             "closing the Kafka consumer did not finish within the drain deadline; exiting anyway"
         );

@@ -10,7 +10,9 @@
 //! the topic afresh): every second while the run goes, and when it ends, however it ends (an
 //! error, a broker that stops answering), so that a second run goes on where it stopped. What it
 //! sent since the last commit that went through is sent again by the next run: a second's worth,
-//! or more if the broker stopped taking commits. Letters that arrive after the run started are
+//! or more if the broker stopped taking commits. A run whose brokers stop answering waits for a
+//! delivery, or for its last commit, at most twice `--sink-timeout-ms` ([`patience`]), and does not
+//! wait to leave its group ([`close_within`]). Letters that arrive after the run started are
 //! left for the next one. A letter that cannot be re-driven (its stored value is gone, its original bytes
 //! were lost before it was written, its headers are not a dead letter's) is reported, with where
 //! it is, and the run exits non-zero. A blob store that cannot be read (down, or not the store a
@@ -18,17 +20,21 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::ptr::NonNull;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::bindings as rdsys;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::instant;
 use crate::config::{BlobArgs, KafkaArgs, producer_properties};
+use crate::kafka::consumer::close_within;
 use crate::kafka::producer::Producer;
 use crate::recording::Reason;
 use crate::sink::store::BlobStore;
@@ -140,6 +146,26 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     let timeout = Duration::from_millis(args.sink_timeout_ms);
     let store = super::blob_store(&args.blobs, timeout).await?;
     let consumer = reader(args, timeout)?;
+    let ran = redrive_with(args, &consumer, store.as_deref(), out).await;
+    // A run cut off from the brokers ends (its error says so) instead of hanging in the close.
+    if !close_within(timeout, move || drop(consumer)).await {
+        writeln!(
+            out,
+            "closing the Kafka consumer did not finish within {timeout:?}; exiting anyway (what was committed stands)"
+        )?;
+    }
+    ran
+}
+
+/// The run, once its consumer is made: checks `--topic`, re-drives and commits, and says what it
+/// did.
+async fn redrive_with(
+    args: &RedriveArgs,
+    consumer: &BaseConsumer,
+    store: Option<&dyn BlobStore>,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let timeout = Duration::from_millis(args.sink_timeout_ms);
     let producing = args
         .kafka
         .client_config(&producer_properties(64 << 20, timeout))?;
@@ -148,23 +174,24 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     crate::sink::publish::check_topics(&producing, std::slice::from_ref(&args.topic), timeout)
         .map_err(|e| anyhow::anyhow!("--topic {}: {}; nothing re-driven", args.topic, e.message))?;
     let producer: Producer = producing.create().context("creating the Kafka producer")?;
-    let ends = start(&consumer, &args.dlq_topic, timeout)?;
+    let ends = start(consumer, &args.dlq_topic, timeout)?;
     let mut read = Read::default();
+    let mut commits = Commits::new(consumer);
     let result = redrive_letters(
         args,
         Clients {
-            consumer: &consumer,
+            consumer,
             producer: &producer,
-            store: store.as_deref(),
+            store,
         },
         &ends,
-        &mut read,
+        (&mut read, &mut commits),
         out,
     )
     .await;
     // However the run ends, what it handled is committed: a second run goes on where this one
     // stopped instead of re-driving it all again.
-    let committed = read.commit(args, &consumer);
+    let committed = read.commit_and_wait(args, &mut commits, patience(timeout));
     if let (Err(stopped), Err(uncommitted)) = (&result, &committed) {
         bail!(
             "{stopped:#}; committing what the run handled failed too ({uncommitted:#}): the next run re-drives it again"
@@ -272,8 +299,9 @@ impl Read {
         Some((index, partition, offset, timestamp))
     }
 
-    /// Commits the letters handled so far (nothing in a dry run).
-    fn commit(&mut self, args: &RedriveArgs, consumer: &BaseConsumer) -> anyhow::Result<()> {
+    /// Asks for the letters handled so far to be committed (nothing in a dry run); the answer
+    /// comes on `commits`.
+    fn commit(&mut self, args: &RedriveArgs, commits: &mut Commits<'_>) -> anyhow::Result<()> {
         self.last_commit = Some(Instant::now());
         if args.dry_run || self.positions.is_empty() {
             return Ok(());
@@ -282,10 +310,112 @@ impl Read {
         for (&partition, &next) in &self.positions {
             positions.add_partition_offset(&args.dlq_topic, partition, Offset::Offset(next))?;
         }
-        consumer
-            .commit(&positions, CommitMode::Sync)
-            .context("committing what was read")
+        commits.ask(&positions).context("committing what was read")
     }
+
+    /// Commits the letters handled so far and waits for the answer, and for those of the commits
+    /// before it, at most `patience`.
+    fn commit_and_wait(
+        &mut self,
+        args: &RedriveArgs,
+        commits: &mut Commits<'_>,
+        patience: Duration,
+    ) -> anyhow::Result<()> {
+        self.commit(args, commits)?;
+        let deadline = Instant::now() + patience;
+        let mut last = Ok(());
+        while commits.pending > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("committing what was read: no answer from the brokers within {patience:?}");
+            }
+            if let Some(answer) = commits.answer(left) {
+                last = answer;
+            }
+        }
+        last.context("committing what was read")
+    }
+}
+
+/// Where the answers to a run's commits arrive: a librdkafka queue of the run's own, read with a
+/// deadline and apart from the letters. librdkafka's own wait for a commit (`CommitMode::Sync`)
+/// has none: a commit the brokers never answered held a run for good.
+struct Commits<'a> {
+    consumer: &'a BaseConsumer,
+    queue: NonNull<rdsys::rd_kafka_queue_t>,
+    /// Asked for, not yet answered.
+    pending: u64,
+}
+
+impl<'a> Commits<'a> {
+    fn new(consumer: &'a BaseConsumer) -> Self {
+        // SAFETY: a new queue on a live client; `drop` destroys it, before the client (which
+        // `consumer` borrows) goes.
+        let queue = unsafe { rdsys::rd_kafka_queue_new(consumer.client().native_ptr()) };
+        Commits {
+            consumer,
+            queue: NonNull::new(queue).expect("librdkafka allocates a queue or aborts"),
+            pending: 0,
+        }
+    }
+
+    /// Asks for `positions` to be committed, without waiting.
+    fn ask(&mut self, positions: &TopicPartitionList) -> Result<(), KafkaError> {
+        // SAFETY: the client, the list and the queue are alive for the call, which copies the
+        // list; with a queue given, the answer is posted there as an event (no callback).
+        let error = unsafe {
+            rdsys::rd_kafka_commit_queue(
+                self.consumer.client().native_ptr(),
+                positions.ptr(),
+                self.queue.as_ptr(),
+                None,
+                std::ptr::null_mut(),
+            )
+        };
+        commit_result(error)?;
+        self.pending += 1;
+        Ok(())
+    }
+
+    /// The next answer, waiting for it at most `wait`.
+    fn answer(&mut self, wait: Duration) -> Option<Result<(), KafkaError>> {
+        let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: the queue is alive; the event, if any, is ours to destroy.
+        let error = unsafe {
+            let event = rdsys::rd_kafka_queue_poll(self.queue.as_ptr(), wait_ms);
+            if event.is_null() {
+                return None;
+            }
+            let error = rdsys::rd_kafka_event_error(event);
+            rdsys::rd_kafka_event_destroy(event);
+            error
+        };
+        self.pending = self.pending.saturating_sub(1);
+        Some(commit_result(error))
+    }
+}
+
+impl Drop for Commits<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once. Answers still to come are dropped.
+        unsafe { rdsys::rd_kafka_queue_destroy(self.queue.as_ptr()) }
+    }
+}
+
+fn commit_result(error: rdsys::rd_kafka_resp_err_t) -> Result<(), KafkaError> {
+    match error {
+        rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
+        error => Err(KafkaError::ConsumerCommit(error.into())),
+    }
+}
+
+/// How long a run waits for what librdkafka should answer within `timeout` (its request and
+/// delivery timeout) before it takes the brokers for gone: a delivery whose request was in
+/// flight when the broker stopped answering is kept by the idempotent producer to send again,
+/// past `message.timeout.ms`, and librdkafka's own wait for a commit has no deadline; either held
+/// a run for good.
+fn patience(timeout: Duration) -> Duration {
+    timeout * 2
 }
 
 /// The clients a run reads and writes with.
@@ -303,7 +433,7 @@ async fn redrive_letters(
     args: &RedriveArgs,
     clients: Clients<'_>,
     ends: &BTreeMap<i32, i64>,
-    read: &mut Read,
+    (read, commits): (&mut Read, &mut Commits<'_>),
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let timeout = Duration::from_millis(args.sink_timeout_ms);
@@ -318,13 +448,18 @@ async fn redrive_letters(
         {
             break;
         }
+        // A commit that fails is tried again a second later, and when the run ends; until one
+        // goes through, a run stopped re-drives again what it sent since the last that did.
+        while let Some(answer) = commits.answer(Duration::ZERO) {
+            if let Err(e) = answer {
+                writeln!(out, "could not commit yet: {e}")?;
+            }
+        }
         if read
             .last_commit
             .is_none_or(|at| at.elapsed() >= COMMIT_EVERY)
-            && let Err(e) = read.commit(args, clients.consumer)
+            && let Err(e) = read.commit(args, commits)
         {
-            // Tried again in a second, and when the run ends; until one goes through, a run
-            // stopped re-drives again what it sent since the last that did.
             writeln!(out, "could not commit yet: {e:#}")?;
         }
         let Some(polled) = clients.consumer.poll(Duration::from_millis(200)) else {
@@ -392,11 +527,21 @@ async fn redrive_letters(
                     if let Some(key) = &key {
                         record = record.key(key);
                     }
-                    clients
-                        .producer
-                        .send(record, timeout)
-                        .await
-                        .with_context(|| format!("re-producing {at} to {}", args.topic))?;
+                    match tokio::time::timeout(
+                        patience(timeout),
+                        clients.producer.send(record, timeout),
+                    )
+                    .await
+                    {
+                        Ok(sent) => {
+                            sent.with_context(|| format!("re-producing {at} to {}", args.topic))?
+                        }
+                        Err(_) => bail!(
+                            "re-producing {at} to {}: no answer from the broker within {:?} (it may have taken the letter: the next run sends it again)",
+                            args.topic,
+                            patience(timeout)
+                        ),
+                    };
                     writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;
                     *read.counts.redriven.entry(reason).or_default() += 1;
                     read.sent.extend(origin);

@@ -1,6 +1,7 @@
 //! A TCP relay in front of one broker listener, for a network partition between one client and
 //! the broker: while it is cut, every connection through it is closed and a new one is closed as
-//! soon as it arrives; restored, it relays again. The broker advertises the relay's address for
+//! soon as it arrives; while it hangs, every connection stays open and nothing passes either way
+//! (a broker stopped, or a firewall dropping packets); restored, it relays again. The broker advertises the relay's address for
 //! that listener (`SecureBroker::start_behind`), so the client reaches the broker through it and
 //! nothing else, while other clients use the broker's own listeners. A relay may also hold the
 //! broker's answers to offset lookups back (`start_delaying_offset_lookups`).
@@ -18,9 +19,17 @@ pub struct Relay {
     pub port: u16,
     /// Where the relay forwards to; the broker listens there.
     pub upstream_port: u16,
-    cut: Arc<watch::Sender<bool>>,
+    state: Arc<watch::Sender<State>>,
     /// Offset lookups relayed (counted by `start_delaying_offset_lookups` relays only).
     lookups: Arc<Lookups>,
+}
+
+/// What the relay does with connections.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    Relaying,
+    Cut,
+    Hung,
 }
 
 /// ListOffsets requests relayed, and their answers passed on.
@@ -54,16 +63,25 @@ impl Relay {
     async fn start_delaying(port: u16, upstream_port: u16, delay: Duration) -> Relay {
         let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(watch::Sender::new(false));
-        let cuts = cut.clone();
+        let state = Arc::new(watch::Sender::new(State::Relaying));
+        let states = state.clone();
         let lookups = Arc::new(Lookups::default());
         let counted = lookups.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                if *cuts.borrow() {
-                    continue;
+                let mut state = states.subscribe();
+                let now = *state.borrow_and_update();
+                match now {
+                    State::Relaying => {}
+                    State::Cut => continue,
+                    State::Hung => {
+                        tokio::spawn(async move {
+                            let _unanswered = client;
+                            let _ = state.wait_for(|&s| s != State::Hung).await;
+                        });
+                        continue;
+                    }
                 }
-                let mut cut = cuts.subscribe();
                 let counted = counted.clone();
                 tokio::spawn(async move {
                     let Ok(mut broker) = TcpStream::connect(("127.0.0.1", upstream_port)).await
@@ -74,12 +92,14 @@ impl Relay {
                     if delay.is_zero() {
                         tokio::select! {
                             _ = tokio::io::copy_bidirectional(&mut client, &mut broker) => {}
-                            _ = cut.wait_for(|&cut| cut) => {}
+                            _ = state.wait_for(|&s| s != State::Relaying) => {}
                         }
+                        // Hung: both ends stay open, unread, until the relay is restored.
+                        let _ = state.wait_for(|&s| s != State::Hung).await;
                     } else {
                         tokio::select! {
                             _ = relay_delaying(client, broker, delay, &counted) => {}
-                            _ = cut.wait_for(|&cut| cut) => {}
+                            _ = state.wait_for(|&s| s != State::Relaying) => {}
                         }
                     }
                 });
@@ -88,7 +108,7 @@ impl Relay {
         Relay {
             port,
             upstream_port,
-            cut,
+            state,
             lookups,
         }
     }
@@ -109,11 +129,18 @@ impl Relay {
 
     /// Closes every connection through the relay and refuses new ones until `restore`.
     pub fn cut(&self) {
-        self.cut.send_replace(true);
+        self.state.send_replace(State::Cut);
+    }
+
+    /// Holds every connection through the relay open, passing nothing either way, and answers
+    /// new ones with silence, until `restore` (which closes them, as `cut` does). (A relay that
+    /// delays offset lookups closes its connections instead.)
+    pub fn hang(&self) {
+        self.state.send_replace(State::Hung);
     }
 
     pub fn restore(&self) {
-        self.cut.send_replace(false);
+        self.state.send_replace(State::Relaying);
     }
 }
 

@@ -13,15 +13,65 @@ pub fn run_tool<S: AsRef<std::ffi::OsStr>>(
     subcommand: &str,
     args: impl IntoIterator<Item = S>,
 ) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-        .arg(subcommand)
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+            .arg(subcommand)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    (out.status.success(), said(&out))
+}
+
+/// How long a tool a test runs may take before the test kills it: far past what a run that ends
+/// takes on a loaded machine, so that one that hangs fails its test, saying what it printed,
+/// instead of holding up every test after it until the CI run is stopped.
+pub const TOOL_DEADLINE: Duration = Duration::from_secs(300);
+
+/// What `child` (its stdout and stderr piped) printed once it exits. Not exited within
+/// [`TOOL_DEADLINE`], it is killed and the test fails with its output.
+pub fn output_within(mut child: Child) -> std::process::Output {
+    fn read_all(
+        pipe: Option<impl std::io::Read + Send + 'static>,
+    ) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    }
+    let (stdout, stderr) = (read_all(child.stdout.take()), read_all(child.stderr.take()));
+    let deadline = Instant::now() + TOOL_DEADLINE;
+    let mut hung = false;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() >= deadline {
+            hung = true;
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = std::process::Output {
+        status: child.wait().unwrap(),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
+    assert!(
+        !hung,
+        "still running after {TOOL_DEADLINE:?}, killed; it said:\n{}",
+        said(&out)
+    );
+    out
+}
+
+/// A process's stdout followed by its stderr.
+pub fn said(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
 /// How long a test waits for members to join a group and for what they consume to be flushed:
