@@ -12,3 +12,12 @@ pub mod pause;
 pub mod producer;
 pub mod record;
 pub mod refetch;
+
+/// How long a tool waits for what librdkafka should answer within `timeout` (the request and
+/// delivery timeout it was given) before it takes the brokers for gone. librdkafka bounds neither
+/// of two waits: a delivery whose request was in flight when the broker stopped answering (the
+/// idempotent producer keeps it, past `message.timeout.ms`, to send again once it answers), and a
+/// commit's answer. Either held a tool for good.
+pub fn patience(timeout: std::time::Duration) -> std::time::Duration {
+    timeout * 2
+}

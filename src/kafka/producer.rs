@@ -243,6 +243,27 @@ impl Producer {
     }
 }
 
+impl Producer {
+    /// [`send`](Self::send) with `message.timeout.ms` at `timeout`, for a tool: its delivery is
+    /// awaited at most [`super::patience`] with it, and one still unreported then fails as
+    /// timed out (it may yet reach the topic).
+    pub async fn send_within<K, P>(
+        &self,
+        record: FutureRecord<'_, K, P>,
+        timeout: Duration,
+    ) -> Result<Delivery, KafkaError>
+    where
+        K: ToBytes + ?Sized,
+        P: ToBytes + ?Sized,
+    {
+        tokio::time::timeout(super::patience(timeout), self.send(record, timeout))
+            .await
+            .unwrap_or(Err(KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageTimedOut,
+            )))
+    }
+}
+
 /// `record` with a new delivery's sender as its opaque (rust-rdkafka keeps that conversion
 /// private), and the delivery.
 fn with_delivery<'a, K, P>(

@@ -35,6 +35,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::instant;
 use crate::config::{BlobArgs, KafkaArgs, producer_properties};
 use crate::kafka::consumer::close_within;
+use crate::kafka::patience;
 use crate::kafka::producer::Producer;
 use crate::recording::Reason;
 use crate::sink::store::BlobStore;
@@ -409,15 +410,6 @@ fn commit_result(error: rdsys::rd_kafka_resp_err_t) -> Result<(), KafkaError> {
     }
 }
 
-/// How long a run waits for what librdkafka should answer within `timeout` (its request and
-/// delivery timeout) before it takes the brokers for gone: a delivery whose request was in
-/// flight when the broker stopped answering is kept by the idempotent producer to send again,
-/// past `message.timeout.ms`, and librdkafka's own wait for a commit has no deadline; either held
-/// a run for good.
-fn patience(timeout: Duration) -> Duration {
-    timeout * 2
-}
-
 /// The clients a run reads and writes with.
 struct Clients<'a> {
     consumer: &'a BaseConsumer,
@@ -527,21 +519,13 @@ async fn redrive_letters(
                     if let Some(key) = &key {
                         record = record.key(key);
                     }
-                    match tokio::time::timeout(
-                        patience(timeout),
-                        clients.producer.send(record, timeout),
-                    )
-                    .await
-                    {
-                        Ok(sent) => {
-                            sent.with_context(|| format!("re-producing {at} to {}", args.topic))?
-                        }
-                        Err(_) => bail!(
-                            "re-producing {at} to {}: no answer from the broker within {:?} (it may have taken the letter: the next run sends it again)",
-                            args.topic,
-                            patience(timeout)
-                        ),
-                    };
+                    // A delivery that timed out may yet reach the topic; the letter is not
+                    // committed, so the next run sends it again.
+                    clients
+                        .producer
+                        .send_within(record, timeout)
+                        .await
+                        .with_context(|| format!("re-producing {at} to {}", args.topic))?;
                     writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;
                     *read.counts.redriven.entry(reason).or_default() += 1;
                     read.sent.extend(origin);
