@@ -577,7 +577,8 @@ pub struct ConsumeArgs {
     )]
     pub misconfigured_at_refusals: usize,
     /// Deadline of one sink request, ms: a GCS upload, a ClickHouse INSERT's sending (and as
-    /// long for its answer), a Kafka delivery. Past it the attempt fails and is retried.
+    /// long for its answer), a Kafka delivery. Past it the attempt fails and is retried. An offset
+    /// commit's answer is waited for twice as long and 5 s more, and so is a delivery's report.
     #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 30_000)]
     pub sink_timeout_ms: u64,
     /// Liveness fails when a flush goes this long without any sink attempt ending (a wedged
@@ -824,6 +825,9 @@ impl ConsumeArgs {
                 .kafka
                 .consumer_group_protocol()
                 .then(|| Duration::from_millis(self.session_timeout_ms)),
+            commit_timeout: crate::kafka::answer_deadline(Duration::from_millis(
+                self.sink_timeout_ms,
+            )),
         })
     }
 

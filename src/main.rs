@@ -151,7 +151,7 @@ fn main() -> ExitCode {
             Command::Consume(args) => run_consume(*args).await,
             Command::Migrate(args) => {
                 args.validate().map_err(anyhow::Error::msg)?;
-                // Migrations are DDL: no write-attempt deadline applies.
+                // Migrations are DDL: ten minutes as a whole, not a write attempt's deadline.
                 let config =
                     args.config(std::time::Duration::from_secs(600)).context("reading --clickhouse-password-file")?;
                 let features = clickhouse::migrate(&config)

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::Offset;
+use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
@@ -560,6 +561,52 @@ pub fn commit_list(topic: &str, positions: &[(i32, i64)]) -> TopicPartitionList 
     list
 }
 
+/// Commits `positions` for `consumer`'s group and waits for the answer at most `wait`; past it
+/// the commit counts as failed (timed out) and its answer, should one come, is dropped.
+/// librdkafka's own synchronous commit (`CommitMode::Sync`) waits without end: a commit no broker
+/// answered (one that stopped mid-request) held its caller for good — a tool's run, or the
+/// pipeline's commits and every drain waiting on them. A commit that timed out may still land
+/// later, behind those after it: at worst it moves the group's position back, and what lies past
+/// it is read again.
+pub fn commit_within<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    positions: &TopicPartitionList,
+    wait: Duration,
+) -> Result<(), KafkaError> {
+    let client = consumer.client().native_ptr();
+    // SAFETY: a queue of this call's own on a live client, destroyed below. Given a queue,
+    // librdkafka posts the commit's answer there as an event (no callback is called); the list is
+    // copied.
+    unsafe {
+        let queue = rdsys::rd_kafka_queue_new(client);
+        let asked = rdsys::rd_kafka_commit_queue(
+            client,
+            positions.ptr(),
+            queue,
+            None,
+            std::ptr::null_mut(),
+        );
+        let answer = if asked == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+            let event = rdsys::rd_kafka_queue_poll(queue, wait_ms);
+            if event.is_null() {
+                rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__TIMED_OUT
+            } else {
+                let error = rdsys::rd_kafka_event_error(event);
+                rdsys::rd_kafka_event_destroy(event);
+                error
+            }
+        } else {
+            asked
+        };
+        rdsys::rd_kafka_queue_destroy(queue);
+        match answer {
+            rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
+            error => Err(KafkaError::ConsumerCommit(error.into())),
+        }
+    }
+}
+
 /// Runs `close` — what drops a consumer with a group id, and any client beside it — off the async
 /// runtime, waiting for it at most `budget`; whether it finished. Dropping such a consumer leaves
 /// its group, and librdkafka may wait for an unreachable coordinator without end there: a commit
@@ -669,5 +716,27 @@ mod tests {
             assert_eq!(refused(passing), None, "{passing:?}");
         }
         assert_eq!(refusal(&KafkaError::PartitionEOF(0)), None);
+    }
+
+    #[test]
+    fn a_commit_no_broker_answers_fails_as_timed_out_at_its_deadline() {
+        // No broker to find the group's coordinator on: librdkafka itself would hold the commit
+        // for the session timeout (45 s) and then fail it as waiting for the coordinator, and
+        // a commit in flight to a broker that stopped answering for good.
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "commit-within")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let positions = commit_list("t", &[(0, 7)]);
+        assert_eq!(
+            commit_within(&consumer, &positions, Duration::from_millis(300)),
+            Err(KafkaError::ConsumerCommit(
+                RDKafkaErrorCode::OperationTimedOut
+            ))
+        );
+        // Closing waits for the commit librdkafka still holds: not this test's business.
+        thread::spawn(move || drop(consumer));
     }
 }

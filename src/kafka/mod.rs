@@ -13,11 +13,12 @@ pub mod producer;
 pub mod record;
 pub mod refetch;
 
-/// How long a tool waits for what librdkafka should answer within `timeout` (the request and
-/// delivery timeout it was given) before it takes the brokers for gone. librdkafka bounds neither
-/// of two waits: a delivery whose request was in flight when the broker stopped answering (the
-/// idempotent producer keeps it, past `message.timeout.ms`, to send again once it answers), and a
-/// commit's answer. Either held a tool for good.
-pub fn patience(timeout: std::time::Duration) -> std::time::Duration {
-    timeout * 2
+/// How long to wait for what librdkafka should answer within `timeout` (the request and delivery
+/// timeout it was given) before taking the brokers for gone: twice that, and 5 s more, as
+/// librdkafka looks for timed-out records once a second and reports them on the next poll.
+/// librdkafka bounds neither of two waits: a delivery whose request was in flight when the broker
+/// stopped answering (the idempotent producer keeps it, past `message.timeout.ms`, to send again
+/// once it answers), and a commit's answer. Either held its caller for good.
+pub fn answer_deadline(timeout: std::time::Duration) -> std::time::Duration {
+    timeout * 2 + std::time::Duration::from_secs(5)
 }

@@ -9,9 +9,11 @@
 //! every queued event and parks again.
 
 use std::ffi::c_void;
+use std::pin::Pin;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -24,11 +26,62 @@ use rdkafka::producer::future_producer::{Delivery, OwnedDeliveryResult};
 use rdkafka::producer::{BaseProducer, BaseRecord, FutureRecord, Producer as _, ProducerContext};
 use rdkafka::{ClientConfig, ClientContext};
 
-/// A record's delivery: its partition and offset, or why it failed. Dropping the last
+/// A record's delivery: its partition and offset, or why it failed. librdkafka reports it within
+/// `message.timeout.ms` — except a delivery whose request was in flight when the broker stopped
+/// answering: the idempotent producer keeps that record past the timeout, to send again once the
+/// broker answers, and whoever awaited it waited for good (a tool's run; a flush, wedged until
+/// liveness restarted the pod). So a delivery is awaited at most [`super::answer_deadline`] with
+/// the producer's `message.timeout.ms`, from its first poll, then ends
+/// [`Undelivered::Unanswered`]: the record may yet reach its topic. Dropping the last
 /// [`Producer`] fails what is still queued; a delivery librdkafka cannot report within the drop's
-/// flush (500 ms) never completes, so whoever awaits deliveries keeps a handle meanwhile (every
-/// sink and tool does).
-pub type DeliveryFuture = oneshot::Receiver<OwnedDeliveryResult>;
+/// flush (500 ms) ends [`Undelivered::Dropped`].
+pub struct DeliveryFuture {
+    report: oneshot::Receiver<OwnedDeliveryResult>,
+    /// `None`: `message.timeout.ms` is 0, which librdkafka takes for no timeout.
+    patience: Option<Duration>,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// Why a delivery ended without librdkafka's report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undelivered {
+    /// The producer was dropped before it reported the delivery.
+    Dropped,
+    /// No report within this long.
+    Unanswered(Duration),
+}
+
+impl std::fmt::Display for Undelivered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Undelivered::Dropped => f.write_str("the producer was dropped before the delivery"),
+            Undelivered::Unanswered(waited) => write!(
+                f,
+                "no delivery report within {waited:?}: the broker stopped answering mid-request (the record may yet reach the topic)"
+            ),
+        }
+    }
+}
+
+impl Future for DeliveryFuture {
+    type Output = Result<OwnedDeliveryResult, Undelivered>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Poll::Ready(report) = Pin::new(&mut self.report).poll(cx) {
+            return Poll::Ready(report.map_err(|oneshot::Canceled| Undelivered::Dropped));
+        }
+        let Some(patience) = self.patience else {
+            return Poll::Pending;
+        };
+        let deadline = self
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(patience)));
+        deadline
+            .as_mut()
+            .poll(cx)
+            .map(|()| Err(Undelivered::Unanswered(patience)))
+    }
+}
 
 /// How long [`Producer::send`] waits before enqueuing again while librdkafka's queue is full.
 const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(100);
@@ -40,6 +93,8 @@ pub struct Producer(Arc<Served>);
 
 struct Served {
     producer: Arc<BaseProducer<Deliveries>>,
+    /// How long a delivery is awaited ([`DeliveryFuture`]).
+    patience: Option<Duration>,
     /// librdkafka's event queue: the wake-up callback is registered on it, the thread reads its
     /// length.
     queue: Arc<Queue>,
@@ -153,8 +208,16 @@ impl FromClientConfig for Producer {
         }
         // Events queued before the callback was registered.
         handle.thread().unpark();
+        // librdkafka's default, and 0 for none.
+        let message_timeout_ms = config
+            .get("message.timeout.ms")
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(300_000);
+        let patience = (message_timeout_ms > 0)
+            .then(|| super::answer_deadline(Duration::from_millis(message_timeout_ms)));
         Ok(Producer(Arc::new(Served {
             producer,
+            patience,
             queue,
             thread,
             handle: Some(handle),
@@ -203,7 +266,7 @@ impl Producer {
         K: ToBytes + ?Sized,
         P: ToBytes + ?Sized,
     {
-        let (record, delivery) = with_delivery(record);
+        let (record, delivery) = self.with_delivery(record);
         self.0
             .producer
             .send(record)
@@ -223,7 +286,7 @@ impl Producer {
         P: ToBytes + ?Sized,
     {
         let start = Instant::now();
-        let (mut record, delivery) = with_delivery(record);
+        let (mut record, delivery) = self.with_delivery(record);
         loop {
             match self.0.producer.send(record) {
                 Ok(()) => break,
@@ -238,55 +301,43 @@ impl Producer {
         }
         match delivery.await {
             Ok(delivery) => delivery.map_err(|(e, _)| e),
-            Err(oneshot::Canceled) => Err(KafkaError::Canceled),
+            Err(Undelivered::Dropped) => Err(KafkaError::Canceled),
+            Err(Undelivered::Unanswered(_)) => Err(KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageTimedOut,
+            )),
         }
     }
-}
 
-impl Producer {
-    /// [`send`](Self::send) with `message.timeout.ms` at `timeout`, for a tool: its delivery is
-    /// awaited at most [`super::patience`] with it, and one still unreported then fails as
-    /// timed out (it may yet reach the topic).
-    pub async fn send_within<K, P>(
+    /// `record` with a new delivery's sender as its opaque (rust-rdkafka keeps that conversion
+    /// private), and the delivery.
+    fn with_delivery<'a, K, P>(
         &self,
-        record: FutureRecord<'_, K, P>,
-        timeout: Duration,
-    ) -> Result<Delivery, KafkaError>
+        record: FutureRecord<'a, K, P>,
+    ) -> (
+        BaseRecord<'a, K, P, Box<oneshot::Sender<OwnedDeliveryResult>>>,
+        DeliveryFuture,
+    )
     where
         K: ToBytes + ?Sized,
         P: ToBytes + ?Sized,
     {
-        tokio::time::timeout(super::patience(timeout), self.send(record, timeout))
-            .await
-            .unwrap_or(Err(KafkaError::MessageProduction(
-                RDKafkaErrorCode::MessageTimedOut,
-            )))
+        let (tx, report) = oneshot::channel();
+        let record = BaseRecord {
+            topic: record.topic,
+            partition: record.partition,
+            payload: record.payload,
+            key: record.key,
+            timestamp: record.timestamp,
+            headers: record.headers,
+            delivery_opaque: Box::new(tx),
+        };
+        let delivery = DeliveryFuture {
+            report,
+            patience: self.0.patience,
+            deadline: None,
+        };
+        (record, delivery)
     }
-}
-
-/// `record` with a new delivery's sender as its opaque (rust-rdkafka keeps that conversion
-/// private), and the delivery.
-fn with_delivery<'a, K, P>(
-    record: FutureRecord<'a, K, P>,
-) -> (
-    BaseRecord<'a, K, P, Box<oneshot::Sender<OwnedDeliveryResult>>>,
-    DeliveryFuture,
-)
-where
-    K: ToBytes + ?Sized,
-    P: ToBytes + ?Sized,
-{
-    let (tx, rx) = oneshot::channel();
-    let record = BaseRecord {
-        topic: record.topic,
-        partition: record.partition,
-        payload: record.payload,
-        key: record.key,
-        timestamp: record.timestamp,
-        headers: record.headers,
-        delivery_opaque: Box::new(tx),
-    };
-    (record, rx)
 }
 
 #[cfg(test)]
@@ -326,6 +377,26 @@ mod tests {
             );
             assert_eq!(message.payload(), Some(&b"v"[..]));
         }
+    }
+
+    /// A delivery librdkafka never reports (its request in flight to a broker that stopped
+    /// answering) ends at its deadline: the producer's `message.timeout.ms` twice and 5 s more
+    /// (a deadline of 50 ms is awaited here).
+    #[tokio::test]
+    async fn a_delivery_never_reported_ends_unanswered_at_its_deadline() {
+        let producer = unreachable();
+        assert_eq!(producer.0.patience, Some(Duration::from_millis(5_400)));
+        let (_reporter, report) = oneshot::channel();
+        let patience = Some(Duration::from_millis(50));
+        let delivery = DeliveryFuture {
+            report,
+            patience,
+            deadline: None,
+        };
+        assert_eq!(
+            delivery.await.map(|_| ()),
+            Err(Undelivered::Unanswered(Duration::from_millis(50)))
+        );
     }
 
     /// Dropping the last handle stops the thread (the drop joins it) and fails what was still

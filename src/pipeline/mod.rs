@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
@@ -49,8 +49,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::health::Status;
 use crate::kafka::consumer::{
-    IngestConsumer, IngestContext, Polled, Revoke, close_within, commit_list, sends_statistics,
-    spawn_poller,
+    IngestConsumer, IngestContext, Polled, Revoke, close_within, commit_list, commit_within,
+    sends_statistics, spawn_poller,
 };
 use crate::kafka::handoff::{Handoff, Ticket};
 use crate::kafka::record::Record;
@@ -215,6 +215,9 @@ pub struct Settings {
     /// With it, how long the group coordinator may be out of reach before flushes write
     /// nothing until it answers (`kafka::coordinator`); `None` with the classic protocol.
     pub hold_writes_after: Option<Duration>,
+    /// Longest a commit's answer is waited for; past it the commit counts as failed and is
+    /// tried again.
+    pub commit_timeout: Duration,
 }
 
 /// Consumes `settings.topic` until `shutdown` resolves, then drains and returns. Needs a
@@ -289,6 +292,7 @@ pub async fn consume(
         sinks: Arc::new(sinks),
         retry: settings.retry,
         drain_deadline: settings.drain_deadline,
+        commit_timeout: settings.commit_timeout,
         status,
         paused: None,
         revoked_while_draining: Vec::new(),
@@ -296,6 +300,9 @@ pub async fn consume(
     // A shutdown is bounded by the drain deadline as a whole (the chart's grace period counts on
     // it): leaving the group gets what the drain left of it.
     let shutdown_at = std::sync::OnceLock::new();
+    // Closed with the consumer, off the runtime and within the same budget: dropping the last
+    // handle closes the sinks' Kafka clients (each up to a second or more).
+    let sinks = pipeline.sinks.clone();
     let result = pipeline
         .run(async {
             shutdown.await;
@@ -322,6 +329,7 @@ pub async fn consume(
     let closed = close_within(close_budget, move || {
         let _ = poller.join();
         drop(consumer);
+        drop(sinks);
     })
     .await;
     if !closed {
@@ -362,6 +370,7 @@ struct Pipeline {
     sinks: Arc<Sinks>,
     retry: RetryPolicy,
     drain_deadline: Duration,
+    commit_timeout: Duration,
     status: Arc<Status>,
     /// While intake is paused behind a full buffer.
     paused: Option<Pause>,
@@ -805,9 +814,10 @@ impl Pipeline {
             commit_list(&self.topic, &positions),
             self.revocations.current(),
         );
+        let wait = self.commit_timeout;
         self.commits.spawn_blocking(move || {
-            // Synchronous, so that a commit is counted only once the broker has confirmed it.
-            let result = consumer.commit(&list, CommitMode::Sync);
+            // Waited for, so that a commit is counted only once the broker has confirmed it.
+            let result = commit_within(&consumer, &list, wait);
             Committed {
                 generation,
                 positions,

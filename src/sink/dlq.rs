@@ -15,7 +15,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::channel::oneshot::Canceled;
 use futures::future::join_all;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
@@ -29,7 +28,7 @@ use super::{
     Built, DeadLetters, Entries, Entry, InvalidMessage, ObjectStore, Outcome, Piece, Progress,
     Rejected, Retry, Sink, SinkError, Writing, Written,
 };
-use crate::kafka::producer::{DeliveryFuture, Producer};
+use crate::kafka::producer::{DeliveryFuture, Producer, Undelivered};
 use crate::kafka::record::Record;
 use crate::kafka::refetch::{RefetchError, Refetcher};
 use crate::recording::InvalidRecording;
@@ -466,17 +465,13 @@ const KEY_COPY: u32 = 2;
 
 /// The outcome of one delivery, its error classified by `classify`.
 fn delivered(
-    delivery: Result<OwnedDeliveryResult, Canceled>,
+    delivery: Result<OwnedDeliveryResult, Undelivered>,
     classify: fn(&KafkaError) -> Retry,
 ) -> Result<(), SinkError> {
     match delivery {
         Ok(Ok(_)) => Ok(()),
         Ok(Err((e, _))) => Err(SinkError::new("dlq", classify(&e), e)),
-        Err(Canceled) => Err(SinkError::new(
-            "dlq",
-            Retry::Retryable,
-            "producer dropped the delivery",
-        )),
+        Err(undelivered) => Err(SinkError::new("dlq", Retry::Retryable, undelivered)),
     }
 }
 

@@ -651,7 +651,7 @@ async fn archive_rows(
             for replay in ready {
                 let message = replay.archive().message();
                 let sent = producer
-                    .send_within(FutureRecord::<(), _>::to(topic).payload(&message), timeout)
+                    .send(FutureRecord::<(), _>::to(topic).payload(&message), timeout)
                     .await
                     .with_context(|| format!("publishing the archive on {topic}"));
                 done.push(sent.map(|_| Some(format!("archive published on {topic}"))));

@@ -11,7 +11,7 @@
 //! error, a broker that stops answering), so that a second run goes on where it stopped. What it
 //! sent since the last commit that went through is sent again by the next run: a second's worth,
 //! or more if the broker stopped taking commits. A run whose brokers stop answering waits for a
-//! delivery, or for its last commit, at most twice `--sink-timeout-ms` ([`patience`]), and does not
+//! delivery or a commit at most twice `--sink-timeout-ms` and 5 s more ([`answer_deadline`]), and does not
 //! wait to leave its group ([`close_within`]). Letters that arrive after the run started are
 //! left for the next one. A letter that cannot be re-driven (its stored value is gone, its original bytes
 //! were lost before it was written, its headers are not a dead letter's) is reported, with where
@@ -20,22 +20,19 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::ptr::NonNull;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::instant;
 use crate::config::{BlobArgs, KafkaArgs, producer_properties};
-use crate::kafka::consumer::close_within;
-use crate::kafka::patience;
+use crate::kafka::answer_deadline;
+use crate::kafka::consumer::{close_within, commit_within};
 use crate::kafka::producer::Producer;
 use crate::recording::Reason;
 use crate::sink::store::BlobStore;
@@ -177,7 +174,6 @@ async fn redrive_with(
     let producer: Producer = producing.create().context("creating the Kafka producer")?;
     let ends = start(consumer, &args.dlq_topic, timeout)?;
     let mut read = Read::default();
-    let mut commits = Commits::new(consumer);
     let result = redrive_letters(
         args,
         Clients {
@@ -186,13 +182,13 @@ async fn redrive_with(
             store,
         },
         &ends,
-        (&mut read, &mut commits),
+        &mut read,
         out,
     )
     .await;
     // However the run ends, what it handled is committed: a second run goes on where this one
     // stopped instead of re-driving it all again.
-    let committed = read.commit_and_wait(args, &mut commits, patience(timeout));
+    let committed = read.commit(args, consumer);
     if let (Err(stopped), Err(uncommitted)) = (&result, &committed) {
         bail!(
             "{stopped:#}; committing what the run handled failed too ({uncommitted:#}): the next run re-drives it again"
@@ -300,9 +296,9 @@ impl Read {
         Some((index, partition, offset, timestamp))
     }
 
-    /// Asks for the letters handled so far to be committed (nothing in a dry run); the answer
-    /// comes on `commits`.
-    fn commit(&mut self, args: &RedriveArgs, commits: &mut Commits<'_>) -> anyhow::Result<()> {
+    /// Commits the letters handled so far (nothing in a dry run), waiting for the answer at most
+    /// [`answer_deadline`] with the run's request timeout.
+    fn commit(&mut self, args: &RedriveArgs, consumer: &BaseConsumer) -> anyhow::Result<()> {
         self.last_commit = Some(Instant::now());
         if args.dry_run || self.positions.is_empty() {
             return Ok(());
@@ -311,102 +307,8 @@ impl Read {
         for (&partition, &next) in &self.positions {
             positions.add_partition_offset(&args.dlq_topic, partition, Offset::Offset(next))?;
         }
-        commits.ask(&positions).context("committing what was read")
-    }
-
-    /// Commits the letters handled so far and waits for the answer, and for those of the commits
-    /// before it, at most `patience`.
-    fn commit_and_wait(
-        &mut self,
-        args: &RedriveArgs,
-        commits: &mut Commits<'_>,
-        patience: Duration,
-    ) -> anyhow::Result<()> {
-        self.commit(args, commits)?;
-        let deadline = Instant::now() + patience;
-        let mut last = Ok(());
-        while commits.pending > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                bail!("committing what was read: no answer from the brokers within {patience:?}");
-            }
-            if let Some(answer) = commits.answer(left) {
-                last = answer;
-            }
-        }
-        last.context("committing what was read")
-    }
-}
-
-/// Where the answers to a run's commits arrive: a librdkafka queue of the run's own, read with a
-/// deadline and apart from the letters. librdkafka's own wait for a commit (`CommitMode::Sync`)
-/// has none: a commit the brokers never answered held a run for good.
-struct Commits<'a> {
-    consumer: &'a BaseConsumer,
-    queue: NonNull<rdsys::rd_kafka_queue_t>,
-    /// Asked for, not yet answered.
-    pending: u64,
-}
-
-impl<'a> Commits<'a> {
-    fn new(consumer: &'a BaseConsumer) -> Self {
-        // SAFETY: a new queue on a live client; `drop` destroys it, before the client (which
-        // `consumer` borrows) goes.
-        let queue = unsafe { rdsys::rd_kafka_queue_new(consumer.client().native_ptr()) };
-        Commits {
-            consumer,
-            queue: NonNull::new(queue).expect("librdkafka allocates a queue or aborts"),
-            pending: 0,
-        }
-    }
-
-    /// Asks for `positions` to be committed, without waiting.
-    fn ask(&mut self, positions: &TopicPartitionList) -> Result<(), KafkaError> {
-        // SAFETY: the client, the list and the queue are alive for the call, which copies the
-        // list; with a queue given, the answer is posted there as an event (no callback).
-        let error = unsafe {
-            rdsys::rd_kafka_commit_queue(
-                self.consumer.client().native_ptr(),
-                positions.ptr(),
-                self.queue.as_ptr(),
-                None,
-                std::ptr::null_mut(),
-            )
-        };
-        commit_result(error)?;
-        self.pending += 1;
-        Ok(())
-    }
-
-    /// The next answer, waiting for it at most `wait`.
-    fn answer(&mut self, wait: Duration) -> Option<Result<(), KafkaError>> {
-        let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: the queue is alive; the event, if any, is ours to destroy.
-        let error = unsafe {
-            let event = rdsys::rd_kafka_queue_poll(self.queue.as_ptr(), wait_ms);
-            if event.is_null() {
-                return None;
-            }
-            let error = rdsys::rd_kafka_event_error(event);
-            rdsys::rd_kafka_event_destroy(event);
-            error
-        };
-        self.pending = self.pending.saturating_sub(1);
-        Some(commit_result(error))
-    }
-}
-
-impl Drop for Commits<'_> {
-    fn drop(&mut self) {
-        // SAFETY: created in `new`, destroyed once. Answers still to come are dropped.
-        unsafe { rdsys::rd_kafka_queue_destroy(self.queue.as_ptr()) }
-    }
-}
-
-fn commit_result(error: rdsys::rd_kafka_resp_err_t) -> Result<(), KafkaError> {
-    match error {
-        rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
-        error => Err(KafkaError::ConsumerCommit(error.into())),
+        let wait = answer_deadline(Duration::from_millis(args.sink_timeout_ms));
+        commit_within(consumer, &positions, wait).context("committing what was read")
     }
 }
 
@@ -425,7 +327,7 @@ async fn redrive_letters(
     args: &RedriveArgs,
     clients: Clients<'_>,
     ends: &BTreeMap<i32, i64>,
-    (read, commits): (&mut Read, &mut Commits<'_>),
+    read: &mut Read,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let timeout = Duration::from_millis(args.sink_timeout_ms);
@@ -440,18 +342,13 @@ async fn redrive_letters(
         {
             break;
         }
-        // A commit that fails is tried again a second later, and when the run ends; until one
-        // goes through, a run stopped re-drives again what it sent since the last that did.
-        while let Some(answer) = commits.answer(Duration::ZERO) {
-            if let Err(e) = answer {
-                writeln!(out, "could not commit yet: {e}")?;
-            }
-        }
         if read
             .last_commit
             .is_none_or(|at| at.elapsed() >= COMMIT_EVERY)
-            && let Err(e) = read.commit(args, commits)
+            && let Err(e) = read.commit(args, clients.consumer)
         {
+            // Tried again in a second, and when the run ends; until one goes through, a run
+            // stopped re-drives again what it sent since the last that did.
             writeln!(out, "could not commit yet: {e:#}")?;
         }
         let Some(polled) = clients.consumer.poll(Duration::from_millis(200)) else {
@@ -523,7 +420,7 @@ async fn redrive_letters(
                     // committed, so the next run sends it again.
                     clients
                         .producer
-                        .send_within(record, timeout)
+                        .send(record, timeout)
                         .await
                         .with_context(|| format!("re-producing {at} to {}", args.topic))?;
                     writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;

@@ -4,10 +4,19 @@ use super::schema::{ServerFeatures, ServerVersion, create_table_sql, schema_prob
 use super::{ClickHouseConfig, client, setup_error};
 use crate::sink::{Retry, SinkError};
 
-/// Creates the database and table if missing, for what the server supports.
+/// Creates the database and table if missing, for what the server supports, within
+/// `config.timeout` as a whole: the crate bounds no query, and a server (or a proxy before it) that
+/// takes the connection and never answers held `replay-ingest migrate`, and the rollout waiting
+/// on it, for good.
 pub async fn migrate(
     config: &ClickHouseConfig,
 ) -> Result<ServerFeatures, clickhouse::error::Error> {
+    tokio::time::timeout(config.timeout, create(config))
+        .await
+        .unwrap_or(Err(clickhouse::error::Error::TimedOut))
+}
+
+async fn create(config: &ClickHouseConfig) -> Result<ServerFeatures, clickhouse::error::Error> {
     // The database may not exist yet: connect to `default` for the probes and the DDL.
     let client = client(config).with_database("default");
     let version: String = client.query("SELECT version()").fetch_one().await?;
@@ -92,6 +101,31 @@ fn acknowledged_before_stored(settings: &[(String, String)]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_server_that_takes_the_connection_and_never_answers_times_the_migration_out() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let config = ClickHouseConfig {
+            url: format!("http://{}", silent.local_addr().unwrap()),
+            database: "d".into(),
+            table: "t".into(),
+            user: "default".into(),
+            password: Default::default(),
+            chunk_rows: 1,
+            timeout: std::time::Duration::from_millis(300),
+        };
+        let held = tokio::spawn(async move {
+            let mut connections = Vec::new();
+            while let Ok((connection, _)) = silent.accept().await {
+                connections.push(connection);
+            }
+        });
+        assert!(matches!(
+            migrate(&config).await,
+            Err(clickhouse::error::Error::TimedOut)
+        ));
+        held.abort();
+    }
 
     #[test]
     fn asynchronous_inserts_without_waiting_are_taken_for_acknowledged_before_stored() {
