@@ -685,7 +685,10 @@ impl Relayed {
         let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("redrive"));
         create_topic_on(&direct, &topic, 1).await;
         create_topic_on(&direct, &dlq, 1).await;
-        let producer: FutureProducer = producer_on(&direct);
+        // Idempotent, as a run's is: the broker has producer ids to give before a run asks for
+        // one (its first delivery waits for its id within the run's 3 s).
+        let producer: FutureProducer =
+            producer_on(direct.clone().set("enable.idempotence", "true"));
         let letters = 30;
         for i in 0..letters {
             let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
@@ -701,6 +704,10 @@ impl Relayed {
                 .await
                 .unwrap();
         }
+        // And the group's coordinator ready before a run asks it anything within its 3 s: a fresh
+        // broker creates its offsets topic on the first lookup, which can take longer on a
+        // loaded machine (a run ended before its fifth letter once, in a CI run).
+        committed_on(&direct, &group, &dlq, 1);
         Relayed {
             relay,
             _broker: broker,
@@ -759,10 +766,12 @@ impl Relayed {
     /// producer its id).
     async fn five_in(&self, run: &mut std::process::Child) {
         wait_for("some letters re-driven", JOIN_AND_FLUSH, || {
-            assert!(
-                run.try_wait().unwrap().is_none(),
-                "the run ended before the cut"
-            );
+            if run.try_wait().unwrap().is_some() {
+                let (mut said, mut err) = (String::new(), String::new());
+                let _ = std::io::Read::read_to_string(run.stdout.as_mut().unwrap(), &mut said);
+                let _ = std::io::Read::read_to_string(run.stderr.as_mut().unwrap(), &mut err);
+                panic!("the run ended before the cut: {said}{err}");
+            }
             self.sent() >= 5
         })
         .await;
