@@ -11,12 +11,13 @@
 //! error, a broker that stops answering), so that a second run goes on where it stopped. What it
 //! sent since the last commit that went through is sent again by the next run: a second's worth,
 //! or more if the broker stopped taking commits. A run whose brokers stop answering waits for a
-//! delivery or a commit at most twice `--sink-timeout-ms` and 5 s more ([`answer_deadline`]), and does not
-//! wait to leave its group ([`close_within`]). Letters that arrive after the run started are
-//! left for the next one. A letter that cannot be re-driven (its stored value is gone, its original bytes
-//! were lost before it was written, its headers are not a dead letter's) is reported, with where
-//! it is, and the run exits non-zero. A blob store that cannot be read (down, or not the store a
-//! letter points to) stops the run at that letter, uncommitted: the next run starts with it.
+//! delivery or a commit at most twice `--sink-timeout-ms` and 5 s more ([`answer_deadline`]),
+//! and does not wait to leave its group ([`close_within`]). Letters that arrive after the run
+//! started are left for the next one. A letter that cannot be re-driven (its stored value is
+//! gone, its original bytes were lost before it was written, its headers are not a dead letter's)
+//! is reported, with where it is, and the run exits non-zero. A blob store that cannot be read
+//! (down, or not the store a letter points to) stops the run at that letter, uncommitted: the
+//! next run starts with it.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -144,7 +145,7 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     let timeout = Duration::from_millis(args.sink_timeout_ms);
     let store = super::blob_store(&args.blobs, timeout).await?;
     let consumer = reader(args, timeout)?;
-    let ran = redrive_with(args, &consumer, store.as_deref(), out).await;
+    let ran = redrive_with(args, &consumer, store.as_deref(), timeout, out).await;
     // A run cut off from the brokers ends (its error says so) instead of hanging in the close.
     if !close_within(timeout, move || drop(consumer)).await {
         writeln!(
@@ -156,14 +157,14 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
 }
 
 /// The run, once its consumer is made: checks `--topic`, re-drives and commits, and says what it
-/// did.
+/// did; `timeout` is `--sink-timeout-ms`.
 async fn redrive_with(
     args: &RedriveArgs,
     consumer: &BaseConsumer,
     store: Option<&dyn BlobStore>,
+    timeout: Duration,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let timeout = Duration::from_millis(args.sink_timeout_ms);
     let producing = args
         .kafka
         .client_config(&producer_properties(64 << 20, timeout))?;

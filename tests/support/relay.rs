@@ -1,9 +1,10 @@
 //! A TCP relay in front of one broker listener, for a network partition between one client and
 //! the broker: while it is cut, every connection through it is closed and a new one is closed as
 //! soon as it arrives; while it hangs, every connection stays open and nothing passes either way
-//! (a broker stopped, or a firewall dropping packets); restored, it relays again. The broker advertises the relay's address for
-//! that listener (`SecureBroker::start_behind`), so the client reaches the broker through it and
-//! nothing else, while other clients use the broker's own listeners. A relay may also hold the
+//! (a broker stopped, or a firewall dropping packets); restored, it relays again. The broker
+//! advertises the relay's address for that listener (`SecureBroker::start_behind`), so the client
+//! reaches the broker through it and nothing else, while other clients use the broker's own
+//! listeners. A relay may also hold the
 //! broker's answers to offset lookups back (`start_delaying_offset_lookups`).
 
 use std::sync::Arc;
