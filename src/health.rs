@@ -12,8 +12,8 @@
 //!   that dropped with them would stall rollouts behind the PodDisruptionBudget.
 //! - `GET /status`: JSON snapshot — partitions owned, buffer fill, flushes in flight, paused, counters, sinks in an
 //!   outage (since when, attempts, last error), the member's place in its group (librdkafka's
-//!   group and join states, since when it has been out of it), committed offsets per partition (as
-//!   confirmed by the broker).
+//!   group and join states, since when it has been out of it), committed offsets per owned
+//!   partition (as confirmed by the broker).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -155,8 +155,8 @@ pub struct Snapshot {
     /// Sinks whose last attempt failed.
     pub outages: BTreeMap<&'static str, Outage>,
     pub group: Membership,
-    /// Partition → next offset to read, as last committed by this process and confirmed by the
-    /// broker.
+    /// Owned partition → next offset to read, as last committed by this process and confirmed by
+    /// the broker.
     pub committed: BTreeMap<i32, i64>,
 }
 
@@ -354,8 +354,11 @@ impl Status {
         self.draining.store(draining, Ordering::Relaxed);
     }
 
-    /// The partitions this member owns after a rebalance callback.
+    /// The partitions this member owns after a rebalance callback. The committed offsets of
+    /// partitions given away are dropped: their next owner commits them, and an offset this
+    /// member committed long ago would read as its own progress.
     pub fn record_partitions(&self, owned: BTreeSet<i32>) {
+        lock(&self.committed).retain(|p, _| owned.contains(p));
         *lock(&self.partitions) = owned;
     }
 
@@ -731,6 +734,18 @@ mod tests {
         assert!(told[0] && told[1], "the two oldest");
         connections.closed(3);
         assert_eq!(connections.open.len(), MAX_PROBE_CONNECTIONS - 1);
+    }
+
+    #[test]
+    fn committed_offsets_of_a_partition_given_away_leave_the_status() {
+        let s = Status::default();
+        s.record_partitions(BTreeSet::from([0, 1, 2]));
+        s.record_commit(&[(0, 10), (1, 20), (2, 30)]);
+        s.record_partitions(BTreeSet::from([1, 3]));
+        assert_eq!(s.snapshot().committed, BTreeMap::from([(1, 20)]));
+        s.record_partitions(BTreeSet::from([0, 1, 3]));
+        s.record_commit(&[(0, 11)]);
+        assert_eq!(s.snapshot().committed, BTreeMap::from([(0, 11), (1, 20)]));
     }
 
     #[test]
