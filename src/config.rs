@@ -213,7 +213,19 @@ impl KafkaArgs {
                         "Kafka property \"group.id\": use --group-id instead".to_owned(),
                     );
                 }
-                Ok((key.to_owned(), value.trim().to_owned()))
+                if key == "delivery.timeout.ms" {
+                    // An alias: set beside the default `message.timeout.ms`, which of the two
+                    // librdkafka applies last is unspecified, and deliveries are awaited after the
+                    // latter.
+                    return Err(
+                        "Kafka property \"delivery.timeout.ms\": set message.timeout.ms (or --sink-timeout-ms) instead".to_owned(),
+                    );
+                }
+                let value = value.trim();
+                if key == "message.timeout.ms" && value.parse() == Ok(0_u64) {
+                    return Err("Kafka property \"message.timeout.ms\" is 0, no delivery timeout: a write to a broker that stops answering would wait for good".to_owned());
+                }
+                Ok((key.to_owned(), value.to_owned()))
             })
             .collect()
     }
@@ -1310,6 +1322,22 @@ mod tests {
             .properties()
             .unwrap_err();
         assert!(err.contains("--group-id"), "{err}");
+    }
+
+    #[test]
+    fn deliveries_without_a_deadline_are_refused() {
+        let properties = |line: &str| parse(&["--kafka-property", line]).kafka.properties();
+        let err = properties("message.timeout.ms=0").unwrap_err();
+        assert!(
+            err.contains("message.timeout.ms") && err.contains("0"),
+            "{err}"
+        );
+        let err = properties("delivery.timeout.ms=60000").unwrap_err();
+        assert!(err.contains("message.timeout.ms"), "{err}");
+        assert_eq!(
+            properties("message.timeout.ms = 60000").unwrap(),
+            [("message.timeout.ms".to_owned(), "60000".to_owned())]
+        );
     }
 
     #[test]

@@ -37,8 +37,7 @@ use rdkafka::{ClientConfig, ClientContext};
 /// flush (500 ms) ends [`Undelivered::Dropped`].
 pub struct DeliveryFuture {
     report: oneshot::Receiver<OwnedDeliveryResult>,
-    /// `None`: `message.timeout.ms` is 0, which librdkafka takes for no timeout.
-    patience: Option<Duration>,
+    patience: Duration,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
@@ -70,9 +69,7 @@ impl Future for DeliveryFuture {
         if let Poll::Ready(report) = Pin::new(&mut self.report).poll(cx) {
             return Poll::Ready(report.map_err(|oneshot::Canceled| Undelivered::Dropped));
         }
-        let Some(patience) = self.patience else {
-            return Poll::Pending;
-        };
+        let patience = self.patience;
         let deadline = self
             .deadline
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(patience)));
@@ -94,7 +91,7 @@ pub struct Producer(Arc<Served>);
 struct Served {
     producer: Arc<BaseProducer<Deliveries>>,
     /// How long a delivery is awaited ([`DeliveryFuture`]).
-    patience: Option<Duration>,
+    patience: Duration,
     /// librdkafka's event queue: the wake-up callback is registered on it, the thread reads its
     /// length.
     queue: Arc<Queue>,
@@ -188,6 +185,21 @@ unsafe extern "C" fn wake(_: *mut rdsys::rd_kafka_t, thread: *mut c_void) {
 
 impl FromClientConfig for Producer {
     fn from_config(config: &ClientConfig) -> KafkaResult<Producer> {
+        // librdkafka's default when unset; `delivery.timeout.ms`, its alias, is refused in
+        // `--kafka-property`.
+        let message_timeout_ms = config
+            .get("message.timeout.ms")
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(300_000);
+        if message_timeout_ms == 0 {
+            // librdkafka's "no timeout": a delivery to a broker that stops answering would be
+            // awaited for good.
+            return Err(KafkaError::ClientCreation(
+                "message.timeout.ms=0 (deliveries without a deadline) is refused: give a timeout"
+                    .to_owned(),
+            ));
+        }
+        let patience = super::answer_deadline(Duration::from_millis(message_timeout_ms));
         let producer = Arc::new(BaseProducer::from_config_and_context(config, Deliveries)?);
         // The producer's main queue is never forwarded (only a consumer's is), so the callback
         // belongs on it.
@@ -208,13 +220,6 @@ impl FromClientConfig for Producer {
         }
         // Events queued before the callback was registered.
         handle.thread().unpark();
-        // librdkafka's default, and 0 for none.
-        let message_timeout_ms = config
-            .get("message.timeout.ms")
-            .and_then(|ms| ms.parse().ok())
-            .unwrap_or(300_000);
-        let patience = (message_timeout_ms > 0)
-            .then(|| super::answer_deadline(Duration::from_millis(message_timeout_ms)));
         Ok(Producer(Arc::new(Served {
             producer,
             patience,
@@ -357,6 +362,21 @@ mod tests {
             .unwrap()
     }
 
+    /// A producer without a delivery timeout is refused: its deliveries could be awaited for good.
+    #[test]
+    fn a_producer_without_a_delivery_timeout_is_refused() {
+        let refused = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:9")
+            .set("message.timeout.ms", "0")
+            .create::<Producer>()
+            .err()
+            .expect("refused");
+        assert!(
+            refused.to_string().contains("message.timeout.ms=0"),
+            "{refused}"
+        );
+    }
+
     /// The serving thread wakes for the failure (nothing else polls this producer), and so does
     /// it for a second one after it went back to sleep.
     #[tokio::test]
@@ -385,9 +405,9 @@ mod tests {
     #[tokio::test]
     async fn a_delivery_never_reported_ends_unanswered_at_its_deadline() {
         let producer = unreachable();
-        assert_eq!(producer.0.patience, Some(Duration::from_millis(5_400)));
+        assert_eq!(producer.0.patience, Duration::from_millis(5_400));
         let (_reporter, report) = oneshot::channel();
-        let patience = Some(Duration::from_millis(50));
+        let patience = Duration::from_millis(50);
         let delivery = DeliveryFuture {
             report,
             patience,
