@@ -207,7 +207,18 @@ struct Ready<'t> {
     name: String,
     target: &'t Target,
     found: Found,
+    /// The replay's time, read or given; `None`: neither, and the archive is stamped now.
+    time: Option<f64>,
     timestamp: f64,
+}
+
+/// A replay's line in `--from-file` (`PROJECT REPLAY [TIME]`), for a run again: with the time its
+/// archive was stamped with, read or given, when there was one.
+fn from_file_line(target: &Target, time: Option<f64>) -> String {
+    match time {
+        Some(time) => format!("{} {} {time}", target.project, target.replay),
+        None => format!("{} {}", target.project, target.replay),
+    }
 }
 
 impl Ready<'_> {
@@ -332,6 +343,10 @@ async fn delete(
         Some(store) => retention_prefixes(store).await.map_err(|e| e.message),
         None => Ok(Vec::new()),
     };
+    // The replays not wholly deleted, as `--from-file` lines: a run again through snuba finds
+    // nothing of a replay an earlier run deleted (so no time for an archive), and with this list
+    // it takes up only the unfinished ones, each with the time its archive was stamped with.
+    let mut again = Vec::new();
     let mut ready = Vec::new();
     for target in targets {
         let name = format!("replay {} (project {})", target.replay, target.project);
@@ -347,6 +362,7 @@ async fn delete(
                 left.push(format!(
                     "{name}: finding what it has ({e:#}); nothing of it removed"
                 ));
+                again.push(from_file_line(target, target.timestamp));
                 continue;
             }
         };
@@ -369,23 +385,25 @@ async fn delete(
         }
         // A dry run goes as far as a run would before removing anything: it reads the time, and
         // fails where a run would.
-        let timestamp = match replay_time(store, rows, &found, target).await {
-            Ok(timestamp) => timestamp.or(target.timestamp),
+        let time = match replay_time(store, rows, &found, target).await {
+            Ok(time) => time.or(target.timestamp),
             Err(e) => {
                 left.push(format!(
                     "{name}: reading its time ({e:#}); nothing of it removed"
                 ));
+                again.push(from_file_line(target, target.timestamp));
                 continue;
             }
         };
-        if timestamp.is_none() && matches!(rows, Rows::Snuba { .. }) {
+        if time.is_none() && matches!(rows, Rows::Snuba { .. }) {
             left.push(format!(
-                "{name}: no segment blob left to read its time from, and no time given: its rows were not archived (an archive stamped now would not hide it from a query over its own days); run again with its start, from Sentry: --replay-timestamp, or a third word on its --from-file line"
+                "{name}: no segment blob left to read its time from, and no time given: its rows were not archived (an archive stamped now would not hide it from a query over its own days); run again with its start, from Sentry: --replay-timestamp, or a third word on its --from-file line (a run that removed its blobs published its archive first, and printed that time)"
             ));
+            again.push(from_file_line(target, None));
             continue;
         }
         let would = if dry_run { "would be " } else { "" };
-        if timestamp.is_none() {
+        if time.is_none() {
             writeln!(
                 out,
                 "{name}: no time could be read from its segment blobs or rows (none, or none readable): {would}archived as of now"
@@ -413,7 +431,8 @@ async fn delete(
             name,
             target,
             found,
-            timestamp: timestamp.unwrap_or_else(now_seconds),
+            time,
+            timestamp: time.unwrap_or_else(now_seconds),
         });
     }
     let (mut replays, mut removed) = (0, 0);
@@ -427,6 +446,7 @@ async fn delete(
                 left.push(format!(
                     "{name}: rows ({e:#}); its blobs were kept for the next run"
                 ));
+                again.push(from_file_line(replay.target, replay.time));
                 continue;
             }
         }
@@ -446,7 +466,11 @@ async fn delete(
                 }
             }
         }
-        replays += u64::from(whole);
+        if whole {
+            replays += 1;
+        } else {
+            again.push(from_file_line(replay.target, replay.time));
+        }
     }
     writeln!(
         out,
@@ -458,6 +482,16 @@ async fn delete(
             ""
         }
     )?;
+    if !again.is_empty() {
+        writeln!(
+            out,
+            "to finish, run again with a --from-file holding these {} line(s) (a line without a time needs the replay's start, from Sentry, unless a blob or row of it is left to read it from):",
+            again.len()
+        )?;
+        for line in &again {
+            writeln!(out, "{line}")?;
+        }
+    }
     if !left.is_empty() {
         bail!(
             "not everything could be removed; left:\n  {}",
@@ -654,7 +688,12 @@ async fn archive_rows(
                     .send(FutureRecord::<(), _>::to(topic).payload(&message), timeout)
                     .await
                     .with_context(|| format!("publishing the archive on {topic}"));
-                done.push(sent.map(|_| Some(format!("archive published on {topic}"))));
+                done.push(sent.map(|_| {
+                    Some(format!(
+                        "archive published on {topic}, stamped {}",
+                        replay.timestamp
+                    ))
+                }));
             }
         }
         Rows::ClickHouse(config) => {
@@ -720,8 +759,8 @@ async fn delete_rows(
             Ok(row) => {
                 archives.push(row);
                 Ok(Some(format!(
-                    "rows deleted and the archive row written in {}",
-                    config.table
+                    "rows deleted and the archive row written in {}, stamped {}",
+                    config.table, ready.timestamp
                 )))
             }
             Err(e) => Err(anyhow::anyhow!("the archive row: {e}")),
@@ -1161,12 +1200,18 @@ mod tests {
         assert_eq!(copies(&theirs).await, ["dlq/t/0/170"]);
     }
 
-    /// A store that counts what it is asked, and fails reads of the keys in `broken`.
+    /// A store that counts what it is asked, and fails reads of the keys in `broken` and
+    /// deletes of those in `undeletable`.
     struct Counting {
         store: crate::sink::filesystem::FilesystemBlobSink,
         lists: std::sync::atomic::AtomicUsize,
         reads: std::sync::Mutex<Vec<String>>,
         broken: Vec<String>,
+        undeletable: Vec<String>,
+    }
+
+    fn unavailable() -> SinkError {
+        SinkError::new("gcs", crate::sink::Retry::Retryable, "503 backend error")
     }
 
     impl BlobStore for Counting {
@@ -1185,13 +1230,7 @@ mod tests {
         ) -> futures::future::BoxFuture<'a, Result<Option<Vec<u8>>, SinkError>> {
             self.reads.lock().unwrap().push(key.to_owned());
             if self.broken.iter().any(|k| k == key) {
-                return Box::pin(async move {
-                    Err(SinkError::new(
-                        "gcs",
-                        crate::sink::Retry::Retryable,
-                        "503 backend error",
-                    ))
-                });
+                return Box::pin(async move { Err(unavailable()) });
             }
             self.store.read(key)
         }
@@ -1200,6 +1239,9 @@ mod tests {
             &'a self,
             key: &'a str,
         ) -> futures::future::BoxFuture<'a, Result<bool, SinkError>> {
+            if self.undeletable.iter().any(|k| k == key) {
+                return Box::pin(async move { Err(unavailable()) });
+            }
             self.store.delete(key)
         }
 
@@ -1235,6 +1277,7 @@ mod tests {
             lists: Default::default(),
             reads: Default::default(),
             broken: vec!["dlq/t/0/18".to_owned()],
+            undeletable: Vec::new(),
         };
         let mut out = Vec::new();
         let error = delete(
@@ -1275,5 +1318,75 @@ mod tests {
         );
         assert!(!dir.path().join(format!("dlq/42/{ours}/t/0/500")).exists());
         assert!(!dir.path().join("dlq/t/0/17").exists());
+    }
+
+    /// A run that leaves replays unfinished prints them as `--from-file` lines, each with the
+    /// time its archive was stamped with when it had one, to run again on those alone: through
+    /// snuba a run again finds nothing of a replay already deleted, and without its time exits 1
+    /// for it whatever was done.
+    #[tokio::test]
+    async fn unfinished_replays_are_printed_as_from_file_lines_with_their_time() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let (timed, untimed, done) = ("a".repeat(32), "b".repeat(32), "c".repeat(32));
+        let mut segment = flate2::write::ZlibEncoder::new(Vec::new(), Default::default());
+        segment
+            .write_all(br#"[{"type":3,"timestamp":1702848658250,"data":{"source":2}}]"#)
+            .unwrap();
+        let segment = segment.finish().unwrap();
+        write_files(
+            dir.path(),
+            &[
+                (&format!("90/42/{timed}/0"), segment.clone()),
+                (&format!("90/42/{untimed}/0"), b"not a blob".to_vec()),
+                (&format!("90/42/{done}/0"), segment),
+            ],
+        );
+        let store = Counting {
+            store: crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap(),
+            lists: Default::default(),
+            reads: Default::default(),
+            broken: Vec::new(),
+            undeletable: vec![format!("90/42/{timed}/0"), format!("90/42/{untimed}/0")],
+        };
+        let mut out = Vec::new();
+        let error = delete(
+            &[target(&timed), target(&untimed), target(&done)],
+            Some(&store),
+            &Rows::None,
+            false,
+            Duration::from_secs(5),
+            &mut out,
+        )
+        .await
+        .unwrap_err();
+        let said = String::from_utf8(out).unwrap();
+        assert!(said.contains("1 replay(s) deleted"), "{said}");
+        let lines: Vec<&str> = said
+            .split_once("to finish, run again with a --from-file holding these 2 line(s)")
+            .unwrap_or_else(|| panic!("{said}"))
+            .1
+            .lines()
+            .skip(1)
+            .collect();
+        assert_eq!(
+            lines,
+            [format!("42 {timed} 1702848658.25"), format!("42 {untimed}")],
+            "{said}"
+        );
+        assert!(
+            format!("{error:#}").contains("503 backend error"),
+            "{error:#}"
+        );
+        let again = parse(&["--blob-sink", "null", "--from-file", "/dev/null"]).unwrap();
+        let file = dir.path().join("again.txt");
+        std::fs::write(&file, lines.join("\n")).unwrap();
+        let again = DeleteArgs {
+            from_file: Some(file),
+            ..again
+        };
+        let named = targets(&again).unwrap();
+        assert_eq!(named[0].timestamp, Some(1_702_848_658.25));
+        assert_eq!(named[1].timestamp, None);
     }
 }

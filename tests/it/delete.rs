@@ -659,6 +659,10 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
     assert!(said.contains("no time given"), "{said}");
     assert!(said.contains("0 replay(s) deleted"), "{said}");
     assert!(
+        said.contains(&format!("left to read it from):\n42 {replay}\n")),
+        "what to run again: {said}"
+    );
+    assert!(
         high_watermarks(&replay_events, 1).is_empty(),
         "nothing published"
     );
@@ -670,6 +674,8 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
     let (ok, said) = delete(&[flags.clone(), at.to_vec()].concat());
     assert!(ok, "{said}");
     assert!(said.contains("archive published"), "{said}");
+    assert!(said.contains("stamped 1702848658"), "{said}");
+    assert!(!said.contains("to finish"), "{said}");
     let archives = read_messages(&replay_events, 1, Duration::from_secs(20));
     assert_eq!(archives.len(), 1, "{said}");
     let schema = sentry_kafka_schemas::get_schema("ingest-replay-events", None).unwrap();
