@@ -607,6 +607,19 @@ pub fn commit_within<C: ConsumerContext>(
     }
 }
 
+/// Closes `consumer` now, leaving its group: what dropping its last handle does, done by whoever
+/// holds one (another handle, held elsewhere, would close it wherever that one is dropped). The
+/// revoke callback runs here, on the caller's thread. Waits until the close ends, as the drop
+/// does: run it within [`close_within`].
+pub fn leave_group<C: ConsumerContext>(consumer: &BaseConsumer<C>) {
+    // Refused when the consumer is closed already (or has no group): nothing to wait for.
+    if consumer.close_queue().is_ok() {
+        while !consumer.closed() {
+            consumer.poll(Duration::from_millis(100));
+        }
+    }
+}
+
 /// Runs `close` — what drops a consumer with a group id, and any client beside it — off the async
 /// runtime, waiting for it at most `budget`; whether it finished. Dropping such a consumer leaves
 /// its group, and librdkafka may wait for an unreachable coordinator without end there: a commit

@@ -50,7 +50,7 @@ use tracing::{debug, error, info, warn};
 use crate::health::Status;
 use crate::kafka::consumer::{
     IngestConsumer, IngestContext, Polled, Revoke, close_within, commit_list, commit_within,
-    sends_statistics, spawn_poller,
+    leave_group, sends_statistics, spawn_poller,
 };
 use crate::kafka::handoff::{Handoff, Ticket};
 use crate::kafka::record::Record;
@@ -98,6 +98,12 @@ pub enum PipelineError {
         held_back: usize,
         uncommitted: bool,
     },
+    /// A shutdown's drain stopped waiting for flushes that had each been failing for longer than
+    /// the drain deadline: nothing waiting would gain.
+    #[error(
+        "drain gave up: every flush left had been failing for longer than the drain deadline ({failing}); {held_back} messages not committable yet; the next start reads again from the last commit"
+    )]
+    DrainGaveUp { failing: String, held_back: usize },
     #[error("a processing or flush task died: {0}")]
     TaskDied(String),
     #[error("the Kafka polling thread stopped")]
@@ -128,14 +134,20 @@ const LONG_PAUSE: Duration = Duration::from_secs(10);
 const DRAIN_COMMIT_ATTEMPTS: u32 = 4;
 const DRAIN_COMMIT_RETRY: Duration = Duration::from_millis(250);
 
+/// What a shutdown gives closing the consumer (leaving the group) and the sinks' Kafka clients
+/// beyond what its drain left of the drain deadline: a drain that took the whole deadline left
+/// nothing, and the member's partitions would wait a session timeout for their next owner. The
+/// chart's grace period counts these 2 s after the drain deadline.
+const CLOSE_RESERVE: Duration = Duration::from_secs(2);
+
 /// How a drain ended.
 enum Drained {
     /// Everything taken in for processing before it is durable and committed.
     Durable,
     /// The deadline passed first: what is not durable yet is not committed.
     MissedDeadline,
-    /// A revoke's, given up before the deadline as when it passes: every flush left has been
-    /// failing for a whole deadline (see [`Pipeline::failing_long`]). Says on what, how long.
+    /// Given up before the deadline as when it passes: every flush left has been failing for a
+    /// whole deadline (see [`Pipeline::failing_long`]). Says on what, how long.
     FailingLong(String),
     /// Everything is durable, but the last commit failed every attempt: what was made durable
     /// since the last commit that succeeded is read again.
@@ -297,8 +309,9 @@ pub async fn consume(
         paused: None,
         revoked_while_draining: Vec::new(),
     };
-    // A shutdown is bounded by the drain deadline as a whole (the chart's grace period counts on
-    // it): leaving the group gets what the drain left of it.
+    // A shutdown is bounded by the drain deadline and `CLOSE_RESERVE` as a whole (the chart's
+    // grace period counts on it): leaving the group gets what the drain left of its deadline and
+    // the reserve.
     let shutdown_at = std::sync::OnceLock::new();
     // Closed with the consumer, off the runtime and within the same budget: dropping the last
     // handle closes the sinks' Kafka clients (each up to a second or more).
@@ -317,24 +330,28 @@ pub async fn consume(
         // the restart.
         consumer.context().ownership().abandon_all();
     }
-    let close_budget = shutdown_at.get().map_or(settings.drain_deadline, |at| {
-        settings.drain_deadline.saturating_sub(at.elapsed())
-    });
+    let close_budget = CLOSE_RESERVE
+        + shutdown_at.get().map_or(settings.drain_deadline, |at| {
+            settings.drain_deadline.saturating_sub(at.elapsed())
+        });
     stop.store(true, Ordering::Release);
     // Wakes a poller waiting for room.
     handoff.close();
     // Closing the consumer runs the revoke callback, which blocks. Leaving the group needs the
-    // broker; if it is unreachable, or the drain took the whole deadline, do not outlive the
-    // deadline.
+    // broker; if it is unreachable, do not outlive the budget. Closed here, not by the drop: a
+    // commit still waiting for its answer holds the consumer too, and the last handle's drop
+    // would close it on that commit's thread, after this returned and past the budget.
     let closed = close_within(close_budget, move || {
         let _ = poller.join();
+        leave_group(&consumer);
         drop(consumer);
         drop(sinks);
     })
     .await;
     if !closed {
         warn!(
-            "closing the Kafka consumer did not finish within the drain deadline; exiting anyway"
+            budget_ms = close_budget.as_millis() as u64,
+            "closing the Kafka consumer did not finish within what the drain deadline left and 2 s more; exiting anyway"
         );
     }
     result
@@ -472,7 +489,8 @@ impl Pipeline {
         }
     }
 
-    /// The last drain, within `deadline`, and how the pipeline ends. The loop beats on
+    /// The last drain, within `deadline` (given up at once behind flushes all failing for a whole
+    /// drain deadline, as a revoke's), and how the pipeline ends. The loop beats on
     /// `heartbeat` meanwhile, as through a revoke's drain: the deadline may be longer than the
     /// liveness window, and the kubelet would kill the pod mid-drain.
     async fn shut_down(
@@ -482,7 +500,7 @@ impl Pipeline {
     ) -> Result<(), PipelineError> {
         let status = self.status.clone();
         let drained = {
-            let drain = self.drain(deadline, None);
+            let drain = self.drain(deadline, self.drain_deadline);
             tokio::pin!(drain);
             loop {
                 tokio::select! {
@@ -494,14 +512,15 @@ impl Pipeline {
         };
         match drained {
             Drained::Durable => Ok(()),
-            // (A shutdown's drain waits out its deadline: it gives up on no failing flush.)
-            Drained::MissedDeadline | Drained::FailingLong(_) => {
-                Err(PipelineError::DrainDeadline {
-                    deadline,
-                    held_back: self.frontier.pending(),
-                    uncommitted: self.frontier.has_advanced() || !self.commits.is_empty(),
-                })
-            }
+            Drained::MissedDeadline => Err(PipelineError::DrainDeadline {
+                deadline,
+                held_back: self.frontier.pending(),
+                uncommitted: self.frontier.has_advanced() || !self.commits.is_empty(),
+            }),
+            Drained::FailingLong(failing) => Err(PipelineError::DrainGaveUp {
+                failing,
+                held_back: self.frontier.pending(),
+            }),
             Drained::Uncommitted => Err(PipelineError::DrainUncommitted),
             Drained::Failed(error) => Err(error),
         }
@@ -881,8 +900,7 @@ impl Pipeline {
         let drained = if lost {
             Drained::Durable
         } else {
-            self.drain(self.drain_deadline, Some(self.drain_deadline))
-                .await
+            self.drain(self.drain_deadline, self.drain_deadline).await
         };
         match drained {
             Drained::Durable => {}
@@ -968,10 +986,9 @@ impl Pipeline {
     }
 
     /// Shutdown and revocation: everything taken in for processing so far is processed, flushed
-    /// and committed, within `deadline`; says how it ended.
-    /// `patience`: a revoke's drain stops waiting for flushes that have all been failing that
-    /// long (`None`, a shutdown's: it waits out its deadline).
-    async fn drain(&mut self, deadline: Duration, patience: Option<Duration>) -> Drained {
+    /// and committed, within `deadline`; says how it ended. It stops waiting for flushes that
+    /// have all been failing for `patience` ([`Pipeline::failing_long`]).
+    async fn drain(&mut self, deadline: Duration, patience: Duration) -> Drained {
         self.status.record_draining(true);
         let drained = match tokio::time::timeout(deadline, self.drain_inner(patience)).await {
             Ok(Ok(drained)) => drained,
@@ -983,12 +1000,13 @@ impl Pipeline {
         drained
     }
 
-    /// Whether what a revoke's drain waits for is flushes that have each been failing (retrying
-    /// one of their writes) for at least `patience`, no commit pending: `Ok` with what they fail
-    /// on (`"clickhouse failing for 25.1 s"`). The drain gives up on them at once, as when its
-    /// deadline passes: a flush failing that long waits on an outage, a rebalance is no reason to
-    /// wait for its end, and while the drain waits, the rebalance — this member's polling and the
-    /// partitions' next owner — waits with it. A flush that fails for less (a blip, perhaps) gets
+    /// Whether what a drain waits for is flushes that have each been failing (retrying one of
+    /// their writes) for at least `patience`, no commit pending: `Ok` with what they fail on
+    /// (`"clickhouse failing for 25.1 s"`). The drain gives up on them at once, as when its
+    /// deadline passes: a flush failing that long waits on an outage, and a rebalance or a
+    /// shutdown is no reason to wait for its end. While a revoke's drain waits, the rebalance —
+    /// this member's polling and the partitions' next owner — waits with it; while a shutdown's
+    /// does, the pod's exit, and the revokes of members joining meanwhile. A flush that fails for less (a blip, perhaps) gets
     /// the rest of its `patience`: `Err` with when the drain could give up, if every flush is
     /// failing (`None`: one is not, or a commit is pending; a change wakes the drain).
     fn failing_long(&self, patience: Duration) -> Result<String, Option<Instant>> {
@@ -1003,9 +1021,9 @@ impl Pipeline {
     }
 
     /// Everything taken in before the drain is processed, flushed and committed (`Durable`), or
-    /// durable but not committed (`Uncommitted`), or (with `patience`) what is left has been
-    /// failing that long (`FailingLong`).
-    async fn drain_inner(&mut self, patience: Option<Duration>) -> Result<Drained, PipelineError> {
+    /// durable but not committed (`Uncommitted`), or what is left has been failing for `patience`
+    /// (`FailingLong`).
+    async fn drain_inner(&mut self, patience: Duration) -> Result<Drained, PipelineError> {
         while let Some(progress) = self.processing.next().await {
             if let Progress::Ready(processed) = progress {
                 for processed in
@@ -1029,13 +1047,10 @@ impl Pipeline {
             if self.flushes.is_empty() && self.buffer.is_empty() {
                 break;
             }
-            let mut give_up_at = None;
-            if let Some(patience) = patience {
-                match self.failing_long(patience) {
-                    Ok(failing) => return Ok(Drained::FailingLong(failing)),
-                    Err(at) => give_up_at = at,
-                }
-            }
+            let give_up_at = match self.failing_long(patience) {
+                Ok(failing) => return Ok(Drained::FailingLong(failing)),
+                Err(at) => at,
+            };
             tokio::select! {
                 biased;
                 Some(revoke) = self.revokes.recv() => self.revoked_during_drain(revoke),

@@ -530,10 +530,10 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
             .is_some_and(|s| s["flushes_in_flight"].as_u64() >= Some(1))
     })
     .await;
-    // ...its drain cannot finish (ClickHouse is down): a shutdown's drain waits out its
-    // deadline (an outage that ends within it leaves nothing to read again), then leaves the
-    // group with what is left of it, and exits 1; three seconds more for leaving the group and
-    // ending the process on a loaded machine.
+    // ...its drain cannot finish (ClickHouse is down): a shutdown's drain waits at most its
+    // deadline (an outage that ends within it leaves nothing to read again; a flush that has
+    // failed for a whole deadline is given up at once), then leaves the group, and exits 1;
+    // three seconds more for leaving the group and ending the process on a loaded machine.
     b.signal_term();
     let exit = b.exit_within(DRAIN_DEADLINE + Duration::from_secs(3)).await;
     let b_said = std::fs::read_to_string(&b_log).unwrap_or_default();

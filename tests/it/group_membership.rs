@@ -349,3 +349,59 @@ async fn a_static_member_fenced_by_another_with_its_instance_id_exits_saying_so(
     assert_eq!(second.probe("/health/live"), Some(200));
     assert_eq!(second.terminate(), Some(0));
 }
+
+/// `leave_group` closes a consumer another handle still holds (the pipeline's shutdown: a commit
+/// waiting for its answer holds one), and the member leaves at once: a new member of the group
+/// takes the partitions well within the session timeout. Closing by dropping a handle would have
+/// left the close to whichever handle went last, on its thread, after the shutdown's budget.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn leaving_the_group_closes_a_consumer_another_handle_still_holds() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use replay_ingest::kafka::consumer::{close_within, leave_group};
+    use std::sync::Arc;
+    const SESSION: Duration = Duration::from_secs(45);
+    let one = OnePartition::create("leave").await;
+    let member = |group: &str| -> BaseConsumer {
+        let consumer: BaseConsumer = kafka()
+            .set("group.id", group)
+            .set("session.timeout.ms", SESSION.as_millis().to_string())
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[&one.topic]).unwrap();
+        consumer
+    };
+    let assigned = |consumer: &BaseConsumer, within: Duration| {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            consumer.poll(Duration::from_millis(100));
+            if consumer.assignment().is_ok_and(|a| a.count() == 1) {
+                return true;
+            }
+        }
+        false
+    };
+    let first = Arc::new(member(&one.group));
+    assert!(
+        assigned(&first, Duration::from_secs(60)),
+        "the first member joined"
+    );
+    let held = first.clone();
+    let leaving = first.clone();
+    let closed = close_within(Duration::from_secs(10), move || leave_group(&leaving)).await;
+    assert!(closed, "the close ended within its budget");
+    assert!(held.closed(), "closed while another handle holds it");
+    let started = Instant::now();
+    let second = member(&one.group);
+    let joined = tokio::task::spawn_blocking(move || assigned(&second, SESSION))
+        .await
+        .unwrap();
+    assert!(joined, "the second member took the partition");
+    assert!(
+        started.elapsed() < SESSION / 2,
+        "the first left its group: the second did not wait for its session to expire ({:?})",
+        started.elapsed()
+    );
+    drop((first, held));
+}

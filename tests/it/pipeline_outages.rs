@@ -621,7 +621,11 @@ async fn a_shutdown_during_a_revoke_is_heard_at_once_and_bounded_by_one_drain_de
         .expect("stopped within one drain deadline of the request (and a margin)")
         .unwrap();
     assert!(
-        matches!(ended, Err(pipeline::PipelineError::DrainDeadline { .. })),
+        matches!(
+            ended,
+            Err(pipeline::PipelineError::DrainDeadline { .. }
+                | pipeline::PipelineError::DrainGaveUp { .. })
+        ),
         "the hung flush is left undone: {ended:?}"
     );
     assert!(requested.elapsed() < DRAIN + Duration::from_secs(2));
