@@ -191,6 +191,18 @@ impl KafkaArgs {
         })
     }
 
+    /// The value of `key`, a property in milliseconds, when `--kafka-property` sets it.
+    pub fn property_ms(&self, key: &str) -> Result<Option<u64>, String> {
+        self.properties()?
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| {
+                v.parse()
+                    .map_err(|_| format!("Kafka property {key:?} is not a number of milliseconds"))
+            })
+            .transpose()
+    }
+
     pub fn properties(&self) -> Result<Vec<(String, String)>, String> {
         self.properties
             .iter()
@@ -594,8 +606,8 @@ pub struct ConsumeArgs {
     #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 30_000)]
     pub sink_timeout_ms: u64,
     /// Liveness fails when a flush goes this long without any sink attempt ending (a wedged
-    /// flush: the pod is restarted); a flush that keeps retrying is not wedged. Above the sink
-    /// timeout.
+    /// flush: the pod is restarted); a flush that keeps retrying is not wedged. Above three times
+    /// the sink timeout and 5 s (the longest a Kafka delivery may take).
     #[arg(long, env = "REPLAY_INGEST_FLUSH_STALL_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000), default_value_t = 300_000)]
     pub flush_stall_timeout_ms: u64,
     /// Liveness fails when the member has been out of its consumer group this long, ms, while it
@@ -699,21 +711,11 @@ impl ConsumeArgs {
         // A revoke's drain runs inside the rebalance callback, so the polling thread does not
         // poll meanwhile (plus the hand-over's margin).
         let margin = crate::kafka::consumer::DRAIN_MARGIN.as_millis() as u64;
-        let max_poll_interval = self
-            .kafka
-            .properties()?
-            .iter()
-            .find(|(k, _)| k == "max.poll.interval.ms")
-            .map(|(_, v)| {
-                v.parse::<u64>().map_err(|_| {
-                    "Kafka property \"max.poll.interval.ms\" is not a number of milliseconds"
-                        .to_owned()
-                })
-            });
         // Unset, librdkafka's default applies (with the consumer protocol too, where nothing
         // else bounds the drain deadline: the session timeout is the broker's).
-        let max_poll_interval = max_poll_interval
-            .transpose()?
+        let max_poll_interval = self
+            .kafka
+            .property_ms("max.poll.interval.ms")?
             .unwrap_or(LIBRDKAFKA_MAX_POLL_INTERVAL_MS);
         if self.drain_deadline_ms + margin >= max_poll_interval {
             return Err(format!(
@@ -742,9 +744,19 @@ impl ConsumeArgs {
                 self.drain_deadline_ms, self.session_timeout_ms
             ));
         }
-        if self.flush_stall_timeout_ms <= self.sink_timeout_ms {
+        // The longest a write goes without an attempt ending: a Kafka record waits for room in
+        // the producer's queue up to `message.timeout.ms` (the sink timeout unless set), then for
+        // its report up to twice that and 5 s more (a broker that stopped answering mid-request).
+        // A ClickHouse write waits less: for the answer and then the table's check, twice the
+        // sink timeout.
+        let message_timeout = self
+            .kafka
+            .property_ms("message.timeout.ms")?
+            .map_or(self.sink_timeout(), Duration::from_millis);
+        let quietest = message_timeout + crate::kafka::answer_deadline(message_timeout);
+        if Duration::from_millis(self.flush_stall_timeout_ms) <= quietest {
             return Err(format!(
-                "--flush-stall-timeout-ms ({}) must exceed --sink-timeout-ms ({}): an attempt that times out is progress, not a stall",
+                "--flush-stall-timeout-ms ({}) must exceed three times --sink-timeout-ms ({}; or message.timeout.ms, when set) and 5 s more: a Kafka delivery may wait that long, for room in the producer's queue and for a broker that stopped answering mid-request, and a flush waiting on it is not stalled",
                 self.flush_stall_timeout_ms, self.sink_timeout_ms
             ));
         }
@@ -1322,6 +1334,39 @@ mod tests {
             .properties()
             .unwrap_err();
         assert!(err.contains("--group-id"), "{err}");
+    }
+
+    #[test]
+    fn the_flush_stall_outlasts_the_longest_kafka_delivery() {
+        let with = |flags: &[&str]| {
+            let mut argv = vec!["--blob-sink", "null", "--sink-timeout-ms", "1000"];
+            argv.extend(flags);
+            parse(&argv).validate()
+        };
+        let stall = |ms: &str| {
+            with(&[
+                "--flush-stall-timeout-ms",
+                ms,
+                "--flush-max-backoff-ms",
+                "200",
+            ])
+        };
+        let err = stall("8000").unwrap_err().to_string();
+        assert!(err.contains("three times --sink-timeout-ms"), "{err}");
+        assert!(stall("8001").is_ok());
+        let longer = [
+            "--flush-stall-timeout-ms",
+            "8001",
+            "--flush-max-backoff-ms",
+            "200",
+            "--kafka-property",
+            "message.timeout.ms=2000",
+        ];
+        assert!(with(&longer).is_err(), "message.timeout.ms counts when set");
+        assert!(
+            parse(&[]).flush_stall() > Duration::from_secs(95),
+            "the defaults pass"
+        );
     }
 
     #[test]

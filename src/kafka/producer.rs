@@ -90,6 +90,9 @@ pub struct Producer(Arc<Served>);
 
 struct Served {
     producer: Arc<BaseProducer<Deliveries>>,
+    /// `message.timeout.ms`: how long [`Producer::send`] tries to enqueue while librdkafka's
+    /// queue is full.
+    message_timeout: Duration,
     /// How long a delivery is awaited ([`DeliveryFuture`]).
     patience: Duration,
     /// librdkafka's event queue: the wake-up callback is registered on it, the thread reads its
@@ -199,7 +202,8 @@ impl FromClientConfig for Producer {
                     .to_owned(),
             ));
         }
-        let patience = super::answer_deadline(Duration::from_millis(message_timeout_ms));
+        let message_timeout = Duration::from_millis(message_timeout_ms);
+        let patience = super::answer_deadline(message_timeout);
         let producer = Arc::new(BaseProducer::from_config_and_context(config, Deliveries)?);
         // The producer's main queue is never forwarded (only a consumer's is), so the callback
         // belongs on it.
@@ -222,6 +226,7 @@ impl FromClientConfig for Producer {
         handle.thread().unpark();
         Ok(Producer(Arc::new(Served {
             producer,
+            message_timeout,
             patience,
             queue,
             thread,
@@ -280,12 +285,9 @@ impl Producer {
     }
 
     /// Sends `record` and waits for its delivery, enqueuing it again while librdkafka's queue is
-    /// full, for up to `queue_timeout`.
-    pub async fn send<K, P>(
-        &self,
-        record: FutureRecord<'_, K, P>,
-        queue_timeout: Duration,
-    ) -> Result<Delivery, KafkaError>
+    /// full, for up to the producer's `message.timeout.ms` (which librdkafka counts from the
+    /// enqueuing): at most that and [`DeliveryFuture`]'s deadline in all.
+    pub async fn send<K, P>(&self, record: FutureRecord<'_, K, P>) -> Result<Delivery, KafkaError>
     where
         K: ToBytes + ?Sized,
         P: ToBytes + ?Sized,
@@ -296,7 +298,7 @@ impl Producer {
             match self.0.producer.send(record) {
                 Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), again))
-                    if start.elapsed() < queue_timeout =>
+                    if start.elapsed() < self.0.message_timeout =>
                 {
                     record = again;
                     tokio::time::sleep(QUEUE_FULL_BACKOFF).await;

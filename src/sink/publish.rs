@@ -25,9 +25,6 @@ use crate::kafka::producer::Producer;
 /// Bytes of values awaiting delivery at once within one write.
 pub const DELIVERY_WINDOW_BYTES: usize = 8 * 1024 * 1024;
 
-/// How long one delivery may wait in the producer's queue.
-const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// One message to publish.
 pub struct Record<'a> {
     /// Which message of the batch it belongs to, and which of that message's records it is.
@@ -87,7 +84,7 @@ impl Publisher {
                     Some(key) => record.key(key),
                     None => record,
                 };
-                (piece, producer.send(record, QUEUE_TIMEOUT).await)
+                (piece, producer.send(record).await)
             });
             if window_bytes >= DELIVERY_WINDOW_BYTES {
                 self.deliver(std::mem::take(&mut window), progress, &mut failure)

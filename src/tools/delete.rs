@@ -685,7 +685,7 @@ async fn archive_rows(
             for replay in ready {
                 let message = replay.archive().message();
                 let sent = producer
-                    .send(FutureRecord::<(), _>::to(topic).payload(&message), timeout)
+                    .send(FutureRecord::<(), _>::to(topic).payload(&message))
                     .await
                     .with_context(|| format!("publishing the archive on {topic}"));
                 done.push(sent.map(|_| {

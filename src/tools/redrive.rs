@@ -421,7 +421,7 @@ async fn redrive_letters(
                     // committed, so the next run sends it again.
                     clients
                         .producer
-                        .send(record, timeout)
+                        .send(record)
                         .await
                         .with_context(|| format!("re-producing {at} to {}", args.topic))?;
                     writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;

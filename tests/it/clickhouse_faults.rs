@@ -155,7 +155,8 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
 
 /// A ClickHouse that takes the INSERT and does not answer (a proxy holds every answer 30 s while
 /// the hang lasts; the server itself runs on): each request ends at `--sink-timeout-ms` and is
-/// retried, every timeout is progress (live past the 4 s flush stall), nothing is committed, and
+/// retried, every timeout is progress (live past the 9 s flush stall, the least a one-second sink
+/// timeout allows: ten attempts fail first), nothing is committed, and
 /// once it answers again everything commits, each segment's row stored once (a retried INSERT
 /// replaces what the timed-out one wrote).
 #[tokio::test(flavor = "multi_thread")]
@@ -184,19 +185,19 @@ async fn a_clickhouse_that_stops_answering_mid_flush_is_timed_out_and_retried_wi
             "--sink-timeout-ms",
             "1000",
             "--flush-stall-timeout-ms",
-            "4000",
+            "9000",
         ]
         .map(String::from),
     );
     let service = Service::start(&args);
     let (report, _) = produce_fixtures(&names.topic, &small_fixtures(true), 10).await;
     wait_for(
-        "the INSERT timed out three times with everything consumed",
+        "the INSERT timed out ten times with everything consumed",
         JOIN_AND_FLUSH,
         || {
             service.status().is_some_and(|s| {
                 s["consumed"].as_u64() >= Some(10)
-                    && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(3)
+                    && s["outages"]["clickhouse"]["failed_attempts"].as_u64() >= Some(10)
             })
         },
     )

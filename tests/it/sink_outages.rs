@@ -424,8 +424,8 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
     println!("probes while the flood connected: {probes}, unanswered within 1 s: {unanswered}");
 }
 
-/// A blob store hung for longer than the stall timeout (here 20 s against 4 s; in production a
-/// 30-minute hang against 300 s): each attempt ends once as many uploads as run at a time have
+/// A blob store hung for longer than the stall timeout (here 20 s against 9 s, the least a
+/// one-second sink timeout allows; in production a 30-minute hang against 300 s): each attempt ends once as many uploads as run at a time have
 /// timed out, and is retried after a backoff, so the service stays live the whole time, shows the
 /// outage from the first failed request, commits nothing, and lands every blob when the store
 /// answers again. That an attempt outlasting the stall keeps it live is the next test's.
@@ -440,7 +440,7 @@ async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
         "--buffer-max-age-ms",
         "3000",
     );
-    let service = uploading_one_at_a_time(args, "4000").await;
+    let service = uploading_one_at_a_time(args, "9000").await;
     let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 40).await;
     wait_for("the messages consumed", JOIN_AND_FLUSH, || {
         service
@@ -485,7 +485,8 @@ async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
 }
 
 /// A blob store that answers, slowly: each upload is held 0.7 s by a proxy, one at a time, so one
-/// attempt over a batch of 16 lasts 11 s, well past the 3 s flush stall. Every upload that ends is
+/// attempt over a batch of 24 lasts 17 s, well past the 9 s flush stall (the least a one-second
+/// sink timeout allows). Every upload that ends is
 /// progress, so the service stays live throughout and the batch lands in that one attempt.
 /// (Progress counted per attempt: liveness failed 3 s into it, and the pod was restarted into the
 /// same batch, again and again.)
@@ -509,8 +510,8 @@ async fn a_slow_blob_store_outlasting_the_stall_timeout_in_one_attempt_leaves_th
         &proxy.endpoint,
     );
     args = with_flag(args, "--buffer-max-age-ms", "3000");
-    let service = uploading_one_at_a_time(args, "3000").await;
-    let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 16).await;
+    let service = uploading_one_at_a_time(args, "9000").await;
+    let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 24).await;
     let target = expected_commits(&report);
     let started = std::time::Instant::now();
     while committed(&names.group, &names.topic, 2) != target {
@@ -527,7 +528,7 @@ async fn a_slow_blob_store_outlasting_the_stall_timeout_in_one_attempt_leaves_th
     every_blob_in_gcs(&names.bucket, &sent).await;
     // Besides the batch's, the startup check's upload.
     let uploads = proxy.delayed.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(uploads >= 16, "{uploads} uploads held");
+    assert!(uploads >= 24, "{uploads} uploads held");
     let counters = statsd.read().counters;
     assert!(
         !counters.keys().any(|k| k.contains("flush.retries")),
