@@ -469,7 +469,13 @@ impl Pipeline {
                         }
                     }
                 }
-                Some(refused) = self.refusals.recv() => return Err(PipelineError::Refused(refused)),
+                // Read whether or not intake is paused: the polling thread gone (a panic in a
+                // callback it runs) drops its sender, and unnoticed while a sink outage pauses
+                // intake, no one would poll, serve a rebalance or heartbeat the group.
+                refused = self.refusals.recv() => return Err(match refused {
+                    Some(refused) => PipelineError::Refused(refused),
+                    None => PipelineError::PollerGone,
+                }),
                 polled = self.polled.recv(), if self.takes_messages() => match polled {
                     Some(Polled { messages, room }) => {
                         self.intake = Some(Intake { messages: messages.into(), _room: room });

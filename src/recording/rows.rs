@@ -10,6 +10,7 @@
 //! ReplacingMergeTree collapses.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
@@ -63,7 +64,10 @@ pub struct ReplayRow {
     pub timestamp: u32,
     pub replay_start_timestamp: Option<u32>,
     pub platform: String,
-    pub environment: Option<String>,
+    /// Shared by a segment's click and tap rows: a replay event's environment is not cut (Relay
+    /// bounds it; a producer writing to the topic directly need not), and a copy per row made up
+    /// to 41 of it per segment.
+    pub environment: Option<Arc<str>>,
     pub release: Option<String>,
     pub dist: Option<String>,
     #[serde(with = "ipv4_column")]
@@ -174,7 +178,7 @@ impl ReplayRow {
             timestamp,
             replay_start_timestamp: None,
             platform: String::new(),
-            environment: empty(),
+            environment: Some(Arc::from("")),
             release: empty(),
             dist: empty(),
             ip_address_v4: None,
@@ -275,7 +279,8 @@ pub fn build(
     publish_replay_event: bool,
     extracted: &Extracted,
 ) -> Vec<ReplayRow> {
-    let environment = replay_event.map(|e| e.environment()).unwrap_or_default();
+    let environment: Arc<str> =
+        Arc::from(replay_event.map(|e| e.environment()).unwrap_or_default());
     let segment = replay_event.filter(|_| publish_replay_event);
     let mut rows = Vec::with_capacity(
         usize::from(segment.is_some()) + extracted.clicks.len() + extracted.taps.len(),
@@ -285,13 +290,13 @@ pub fn build(
         extracted
             .clicks
             .iter()
-            .map(|c| click_row(ids, at, environment, c)),
+            .map(|c| click_row(ids, at, &environment, c)),
     );
     rows.extend(
         extracted
             .taps
             .iter()
-            .map(|t| tap_row(ids, at, environment, t)),
+            .map(|t| tap_row(ids, at, &environment, t)),
     );
     rows
 }
@@ -299,12 +304,12 @@ pub fn build(
 pub fn click_row(
     ids: &SegmentIds,
     at: KafkaPosition,
-    environment: &str,
+    environment: &Arc<str>,
     click: &Click,
 ) -> ReplayRow {
     let hash = click_event_hash(&ids.replay_id, click.timestamp, click.node_id);
     ReplayRow {
-        environment: Some(environment.to_owned()),
+        environment: Some(environment.clone()),
         click_node_id: u32::try_from(click.node_id).unwrap_or(u32::MAX),
         click_tag: click.tag.as_str().to_owned(),
         click_id: click.id.as_str().to_owned(),
@@ -326,10 +331,15 @@ pub fn click_row(
     }
 }
 
-pub fn tap_row(ids: &SegmentIds, at: KafkaPosition, environment: &str, tap: &Tap) -> ReplayRow {
+pub fn tap_row(
+    ids: &SegmentIds,
+    at: KafkaPosition,
+    environment: &Arc<str>,
+    tap: &Tap,
+) -> ReplayRow {
     let hash = tap_event_hash(&ids.replay_id, tap.timestamp, &tap.view_id);
     ReplayRow {
-        environment: Some(environment.to_owned()),
+        environment: Some(environment.clone()),
         tap_message: tap.message.as_str().to_owned(),
         tap_view_class: tap.view_class.as_str().to_owned(),
         tap_view_id: tap.view_id.as_str().to_owned(),
@@ -384,7 +394,7 @@ pub fn segment_row(ids: &SegmentIds, at: KafkaPosition, event: &ReplayEvent) -> 
         error_ids: event.error_ids.clone(),
         replay_start_timestamp: event.replay_start_timestamp.map(seconds),
         platform: event.platform().to_owned(),
-        environment: Some(event.environment().to_owned()),
+        environment: Some(Arc::from(event.environment())),
         release: Some(event.release().to_owned()),
         dist: Some(event.dist().to_owned()),
         ip_address_v4,
@@ -517,8 +527,39 @@ mod tests {
         let click = Click::example();
         let expected: serde_json::Value = serde_json::from_str(r#"{"browser_name":"","browser_version":"","click_alt":"","click_aria_label":"","click_class":["btn","primary"],"click_component_name":"SignUpForm","click_id":"submit","click_is_dead":1,"click_is_rage":1,"click_node_id":59,"click_role":"button","click_tag":"button","click_testid":"","click_text":"Submit","click_title":"","debug_id":"00000000-0000-0000-0000-000000000000","device_brand":"","device_family":"","device_model":"","device_name":"","dist":"","environment":"production","error_id":"00000000-0000-0000-0000-000000000000","error_ids":[],"error_sample_rate":-1.0,"event_hash":"b7b845ec-03c1-7023-2ebf-18bd11f9f69a","fatal_id":"00000000-0000-0000-0000-000000000000","info_id":"00000000-0000-0000-0000-000000000000","ip_address_v4":null,"ip_address_v6":null,"is_archived":0,"offset":1,"os_name":"","os_version":"","ota_updates_channel":"","ota_updates_runtime_version":"","ota_updates_update_id":"","partition":0,"platform":"","project_id":1,"release":"","replay_id":"834f314c-aae5-4030-a1b0-dc52b202f24a","replay_start_timestamp":null,"replay_type":"","retention_days":90,"sdk_name":"","sdk_version":"","segment_id":null,"session_sample_rate":-1.0,"tags.key":[],"tags.value":[],"tap_message":"","tap_view_class":"","tap_view_id":"","timestamp":1702848658,"title":null,"trace_ids":[],"urls":[],"segment_names":[],"user_email":"","user_id":"","user_name":"","user":"","user_geo_city":"","user_geo_country_code":"","user_geo_region":"","user_geo_subdivision":"","viewed_by_id":0,"warning_id":"00000000-0000-0000-0000-000000000000"}"#).unwrap();
         assert_eq!(
-            json(&click_row(&example_ids(), AT, "production", &click)),
+            json(&click_row(&example_ids(), AT, &"production".into(), &click)),
             expected
+        );
+    }
+
+    /// A segment's click and tap rows share the replay event's environment: a long one (Relay
+    /// bounds it; a producer writing to the topic directly need not) was copied into each row,
+    /// up to 41 copies per segment.
+    #[test]
+    fn the_rows_of_a_segment_share_one_environment() {
+        let environment = "e".repeat(1 << 20);
+        let event = crate::recording::replay_event::parse(
+            format!(r#"{{"segment_id":0,"environment":"{environment}"}}"#).as_bytes(),
+        )
+        .unwrap();
+        let click = |n: u32| {
+            format!(
+                r#"{{"type":5,"timestamp":1702848658000,"data":{{"tag":"breadcrumb","payload":{{"timestamp":1702848658.{n},"type":"default","category":"ui.click","message":"div > button","data":{{"nodeId":{n},"node":{{"id":{n},"tagName":"button","textContent":"Go","attributes":{{}}}}}}}}}}}}"#
+            )
+        };
+        let events = format!("[{}]", (1..=20).map(click).collect::<Vec<_>>().join(","));
+        let extracted =
+            crate::recording::rrweb::extract(events.as_bytes(), Default::default()).unwrap();
+        assert_eq!(extracted.clicks.len(), 20);
+        let rows = build(&example_ids(), AT, Some(&event), true, &extracted);
+        assert_eq!(rows.len(), 21);
+        let shared = rows[1].environment.as_ref().unwrap();
+        assert_eq!(shared.len(), environment.len());
+        assert!(
+            rows[2..]
+                .iter()
+                .all(|row| Arc::ptr_eq(row.environment.as_ref().unwrap(), shared)),
+            "one environment for the click rows"
         );
     }
 

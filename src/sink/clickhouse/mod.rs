@@ -663,7 +663,7 @@ mod tests {
                 view_class: Default::default(),
                 view_id: Default::default(),
             };
-            crate::recording::rows::tap_row(&ids, Default::default(), "", &tap)
+            crate::recording::rows::tap_row(&ids, Default::default(), &"".into(), &tap)
         };
         // 2026-11-30T00:00:00Z is a Monday; the next Monday starts the next partition.
         let monday = partition_of(&row(1_795_996_800.0));
