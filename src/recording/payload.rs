@@ -365,18 +365,43 @@ fn streaming(
         BodyEncoding::Zlib => inflate_zlib(payload.body, cap, output),
         BodyEncoding::Gzip => read_capped(
             flate2::read::GzDecoder::new(payload.body),
-            payload.body.len(),
+            initial_capacity(payload.body.len(), cap),
             cap,
             output,
-        ),
-        BodyEncoding::Zstd => {
-            let decoder = zstd::stream::read::Decoder::with_buffer(payload.body).map_err(|e| {
-                InvalidRecording::new(Reason::InvalidBody, format_args!("zstd: {e}"))
-            })?;
-            read_capped(decoder.single_frame(), payload.body.len(), cap, output)
-        }
+        )
+        .map(|(out, _)| out),
+        BodyEncoding::Zstd => match output {
+            Output::Keep => zstd_whole(payload.body, cap),
+            Output::Discard => zstd_frame(payload.body, 0, cap, output).map(|(out, _)| out),
+        },
         BodyEncoding::Raw => Ok(payload.body.to_vec()),
     }
+}
+
+/// A zstd frame decoded into one buffer of its size (libzstd's window besides): a frame that
+/// declares its size, as one-shot encoders write it, is refused past the cap before anything is
+/// decoded; one that does not (a streaming encoder's) is counted through a small chunk first.
+/// (Decoded straight into a growing buffer, a bomb held up to twice the cap while it doubled.)
+fn zstd_whole(body: &[u8], cap: usize) -> Result<Vec<u8>, InvalidRecording> {
+    let size = match zstd::zstd_safe::get_frame_content_size(body) {
+        Ok(Some(size)) if size > cap as u64 => return Err(too_large(cap)),
+        Ok(Some(size)) => size as usize,
+        // Not declared, or no frame header: the decoder says why.
+        _ => zstd_frame(body, 0, cap, Output::Discard)?.1,
+    };
+    zstd_frame(body, size, cap, Output::Keep).map(|(out, _)| out)
+}
+
+/// [`read_capped`] over the first zstd frame of `body`, into a buffer of `capacity`.
+fn zstd_frame(
+    body: &[u8],
+    capacity: usize,
+    cap: usize,
+    output: Output,
+) -> Result<(Vec<u8>, usize), InvalidRecording> {
+    let decoder = zstd::stream::read::Decoder::with_buffer(body)
+        .map_err(|e| InvalidRecording::new(Reason::InvalidBody, format_args!("zstd: {e}")))?;
+    read_capped(decoder.single_frame(), capacity, cap, output)
 }
 
 /// What a streaming decoder does with its output.
@@ -477,20 +502,21 @@ fn inflate_zlib(input: &[u8], cap: usize, output: Output) -> Result<Vec<u8>, Inv
     }
 }
 
-/// Reads a decoder to its end, failing past `cap`. Decoders here report a stream that ends early
-/// as `UnexpectedEof`.
+/// Reads a decoder to its end, failing past `cap`, into a buffer of `capacity` to begin with:
+/// what it kept, and how long the output was. Decoders here report a stream that ends early as
+/// `UnexpectedEof`.
 fn read_capped(
     decoder: impl Read,
-    compressed: usize,
+    capacity: usize,
     cap: usize,
     output: Output,
-) -> Result<Vec<u8>, InvalidRecording> {
+) -> Result<(Vec<u8>, usize), InvalidRecording> {
     let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
     let mut decoder = decoder.take(limit);
     let mut out = Vec::new();
     let read = match output {
         Output::Keep => {
-            out.reserve_exact(initial_capacity(compressed, cap));
+            out.reserve_exact(capacity);
             decoder.read_to_end(&mut out)
         }
         Output::Discard => io::copy(&mut decoder, &mut io::sink())
@@ -506,7 +532,7 @@ fn read_capped(
     if read > cap {
         return Err(too_large(cap));
     }
-    Ok(out)
+    Ok((out, read))
 }
 
 #[cfg(test)]

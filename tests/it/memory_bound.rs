@@ -352,6 +352,38 @@ fn a_decompression_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
     );
 }
 
+/// A zstd bomb (200 MiB of spaces in a few KB) is refused holding at most one buffer of the
+/// cap's size, whether its frame declares its size (refused before any decoding) or not (counted
+/// through a small chunk first): decoded straight into a growing buffer, it held up to twice the
+/// cap while the buffer doubled. (libzstd's own window is not counted here.)
+#[test]
+fn a_zstd_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
+    use std::io::Write;
+    let spaces = vec![b' '; 1 << 20];
+    for declared in [true, false] {
+        let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        if declared {
+            encoder.set_pledged_src_size(Some(200 << 20)).unwrap();
+        }
+        encoder.include_contentsize(declared).unwrap();
+        (0..200).for_each(|_| encoder.write_all(&spaces).unwrap());
+        let body = encoder.finish().unwrap();
+        let value = crate::support::hostile::message(r#"{"segment_id":0}"#, &body, None);
+        let m = measure(&value);
+        assert_eq!(
+            m.result.err().map(|e| e.reason),
+            Some(recording::Reason::TooLarge),
+            "declared: {declared}"
+        );
+        let cap = recording::DEFAULT_MAX_DECOMPRESSED_BYTES;
+        assert!(
+            m.peak <= cap + cap / 2,
+            "declared: {declared}: peak {} for a cap of {cap}",
+            m.peak
+        );
+    }
+}
+
 /// A body that decodes to 90 MiB and then fails its check — a zlib stream whose Adler-32 is off
 /// by one bit, a gzip stream whose CRC is — is refused holding at most one buffer of its output:
 /// libdeflate's is freed before the streaming decoder gives its verdict (it held both, about
