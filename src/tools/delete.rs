@@ -245,13 +245,6 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
     args.kafka.validate()?;
     let targets = targets(args)?;
     let timeout = Duration::from_millis(args.sink_timeout_ms);
-    // A mistyped --blob-dir would be created empty and the replay reported as without blobs.
-    if args.blobs.blob_sink == BlobSinkKind::Filesystem && !args.blobs.blob_dir.is_dir() {
-        anyhow::bail!(
-            "--blob-dir {} is not a directory: nothing deleted",
-            args.blobs.blob_dir.display()
-        );
-    }
     let store = super::blob_store(&args.blobs, timeout).await?;
     let rows = match args.rows.rows_sink {
         RowsSinkKind::Snuba => {

@@ -31,11 +31,20 @@ fn instant(text: &str) -> Result<std::time::SystemTime, String> {
         .map_err(|e| format!("{text:?}: {e} (RFC 3339, e.g. 2026-12-01T10:00:00Z)"))
 }
 
-/// The blob store the flags name; `None` with `--blob-sink null`.
+/// The blob store the flags name; `None` with `--blob-sink null`. A `--blob-dir` that is not a
+/// directory is refused: the store would create it empty, and a tool would take every object it
+/// looks for for gone (`delete` reporting a replay without blobs, `redrive` skipping every
+/// letter stored there and committing past it).
 pub async fn blob_store(
     blobs: &BlobArgs,
     timeout: Duration,
 ) -> anyhow::Result<Option<Arc<dyn BlobStore>>> {
+    if blobs.blob_sink == BlobSinkKind::Filesystem && !blobs.blob_dir.is_dir() {
+        anyhow::bail!(
+            "--blob-dir {} is not a directory (a volume not mounted, a path mistyped?): nothing done",
+            blobs.blob_dir.display()
+        );
+    }
     Ok(match blobs.blob_sink {
         BlobSinkKind::Gcs => Some(Arc::new(GcsStore::new(&blobs.gcs_config(timeout)?).await?)),
         BlobSinkKind::Filesystem => Some(Arc::new(FilesystemBlobSink::new(&blobs.blob_dir)?)),
@@ -46,6 +55,49 @@ pub async fn blob_store(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every tool's store: a `--blob-dir` that is not there is refused, not created empty (a
+    /// `redrive` run took each letter stored there for gone and committed past it).
+    #[tokio::test]
+    async fn a_blob_dir_that_is_not_there_is_refused_not_created() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            blobs: BlobArgs,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("not-mounted");
+        let blobs = Cli::parse_from([
+            "tool",
+            "--blob-sink",
+            "filesystem",
+            "--blob-dir",
+            missing.to_str().unwrap(),
+        ])
+        .blobs;
+        let error = blob_store(&blobs, Duration::from_secs(1))
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(error.contains("is not a directory"), "{error}");
+        assert!(!missing.exists(), "not created");
+        let there = Cli::parse_from([
+            "tool",
+            "--blob-sink",
+            "filesystem",
+            "--blob-dir",
+            dir.path().to_str().unwrap(),
+        ])
+        .blobs;
+        assert!(
+            blob_store(&there, Duration::from_secs(1))
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
 
     #[test]
     fn instants_are_rfc3339_in_utc_and_nothing_is_taken_for_utc() {

@@ -16,7 +16,8 @@
 //! file of one (`{segment}.tmp-{pid}-{n}`). Anything else — dead-letter copies under `dlq/`, a
 //! file an operator left, a symbolic link — is counted as left alone, not followed. A symbolic link
 //! in place of a retention directory is an error (its blobs would never expire), and so is a
-//! `--blob-dir` holding directories but no retention directory (the store's parent, say). A
+//! `--blob-dir` holding directories but no retention directory (the store's parent, say;
+//! `dlq/` and a volume root's `lost+found/` do not count). A
 //! writer's temporary file expires like the blobs beside it: one being written is as young as
 //! its write. A file whose modification time cannot be read is kept, with an error.
 
@@ -245,7 +246,8 @@ fn retention_dirs(root: &Path, summary: &mut Summary) -> Vec<(PathBuf, u16)> {
             )),
             _ => {
                 summary.left_alone += 1;
-                if kind.is_dir() && name != DEAD_LETTERS {
+                // `lost+found`: a volume's root (a PVC mounted as the store).
+                if kind.is_dir() && name != DEAD_LETTERS && name != "lost+found" {
                     others.push(name);
                 }
             }
@@ -497,6 +499,10 @@ mod tests {
         let summary = sweep(store.path(), SystemTime::now(), false, PACE, |_| {});
         assert!(summary.errors.is_empty(), "{:?}", summary.errors);
         assert_eq!(summary.left_alone, 1, "dlq/");
+        // Nor is a volume's root with its lost+found, before the first blob is written.
+        std::fs::create_dir(store.path().join("lost+found")).unwrap();
+        let summary = sweep(store.path(), SystemTime::now(), false, PACE, |_| {});
+        assert!(summary.errors.is_empty(), "{:?}", summary.errors);
     }
 
     #[test]
