@@ -17,7 +17,9 @@
 //!    (`recording::archive`) on `--replay-events-topic` and wait for the broker. With
 //!    `--rows-sink clickhouse`: delete the replay's rows (`ALTER TABLE … DELETE`, a mutation every
 //!    ClickHouse since 18.x supports on MergeTree tables, waited for; one for up to
-//!    100 replays: `REPLAYS_PER_MUTATION`), then insert the archive row.
+//!    100 replays: `REPLAYS_PER_MUTATION`), and its rows in the aggregation snuba's materialized
+//!    view feeds (`replays_aggregated_local`, which holds the user's data too) when it exists,
+//!    then insert the archive row.
 //!    The archive carries the replay's own time (a query over the replay's days would not see an
 //!    archive of another day), read from its earliest segment blob, else from its earliest row
 //!    (ClickHouse), else `--replay-timestamp`. Through snuba with none of these, nothing is
@@ -75,6 +77,16 @@ pub struct DeleteArgs {
     pub rows: RowsArgs,
     #[command(flatten)]
     pub kafka: KafkaArgs,
+    /// With `--rows-sink clickhouse`: the table snuba's materialized view `replays_aggregation_mv`
+    /// feeds from the rows table (one row per replay and hour, holding the replay's user, email
+    /// and IP address), in the same database. Its rows of the replay are deleted too, when the
+    /// table exists; empty: none.
+    #[arg(
+        long,
+        env = "REPLAY_INGEST_CLICKHOUSE_AGGREGATED_TABLE",
+        default_value = "replays_aggregated_local"
+    )]
+    pub clickhouse_aggregated_table: String,
     /// Longest one request (to the store, ClickHouse or the broker) may take, ms.
     #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", default_value_t = 30_000)]
     pub sink_timeout_ms: u64,
@@ -174,8 +186,15 @@ pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
 
 /// Where rows are removed.
 enum Rows {
-    Snuba { producer: Producer, topic: String },
-    ClickHouse(ClickHouseConfig),
+    Snuba {
+        producer: Producer,
+        topic: String,
+    },
+    /// The rows table, and the aggregation fed from it when there is one.
+    ClickHouse {
+        config: ClickHouseConfig,
+        aggregated: Option<String>,
+    },
     None,
 }
 
@@ -193,11 +212,17 @@ struct Found {
     dead_letters: Vec<String>,
     /// Rows in ClickHouse (not the archive's).
     rows: u64,
+    /// Rows of the aggregated table that hold the replay's segments (the user's data; not an
+    /// archive's alone).
+    aggregated: u64,
 }
 
 impl Found {
     fn is_empty(&self) -> bool {
-        self.blobs.is_empty() && self.dead_letters.is_empty() && self.rows == 0
+        self.blobs.is_empty()
+            && self.dead_letters.is_empty()
+            && self.rows == 0
+            && self.aggregated == 0
     }
 }
 
@@ -268,12 +293,15 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
                 topic: args.rows.replay_events_topic.clone(),
             }
         }
-        RowsSinkKind::Clickhouse => Rows::ClickHouse(
-            args.rows
+        RowsSinkKind::Clickhouse => {
+            let config = args
+                .rows
                 .clickhouse
                 .config(timeout)
-                .context("reading --clickhouse-password-file")?,
-        ),
+                .context("reading --clickhouse-password-file")?;
+            let aggregated = aggregated_table(&config, &args.clickhouse_aggregated_table).await?;
+            Rows::ClickHouse { config, aggregated }
+        }
         RowsSinkKind::Null => Rows::None,
     };
     if args.blobs.blob_sink == BlobSinkKind::Null && matches!(rows, Rows::None) {
@@ -365,7 +393,10 @@ async fn delete(
             found.blobs.len(),
             found.dead_letters.len(),
             match rows {
-                Rows::ClickHouse(_) => format!("{} row(s)", found.rows),
+                Rows::ClickHouse { .. } => format!(
+                    "{} row(s), {} aggregated row(s)",
+                    found.rows, found.aggregated
+                ),
                 Rows::Snuba { .. } => "rows through snuba".to_owned(),
                 Rows::None => "no rows sink".to_owned(),
             }
@@ -407,10 +438,10 @@ async fn delete(
                 Rows::Snuba { topic, .. } => {
                     writeln!(out, "{name}: would publish the archive on {topic}")?
                 }
-                Rows::ClickHouse(_) => writeln!(
+                Rows::ClickHouse { .. } => writeln!(
                     out,
-                    "{name}: would delete {} row(s) and write the archive row",
-                    found.rows
+                    "{name}: would delete {} row(s) and {} aggregated row(s) and write the archive row",
+                    found.rows, found.aggregated
                 )?,
                 Rows::None => {}
             }
@@ -551,14 +582,13 @@ async fn find(
         found.dead_letters.sort();
         found.dead_letters.dedup();
     }
-    if let Rows::ClickHouse(config) = rows {
-        found.rows = live_rows(
-            &clickhouse::client(config),
-            config,
-            target.project,
-            &hyphenated(&target.replay),
-        )
-        .await?;
+    if let Rows::ClickHouse { config, aggregated } = rows {
+        let (client, replay) = (clickhouse::client(config), hyphenated(&target.replay));
+        found.rows = live_rows(&client, config, target.project, &replay).await?;
+        if let Some(table) = aggregated {
+            found.aggregated =
+                aggregated_rows(&client, config, table, target.project, &replay).await?;
+        }
     }
     Ok(found)
 }
@@ -633,7 +663,7 @@ async fn replay_time(
         return Ok(Some(time));
     }
     match rows {
-        Rows::ClickHouse(config) if found.rows > 0 => {
+        Rows::ClickHouse { config, .. } if found.rows > 0 => {
             let first = clickhouse::client(config)
                 .query(&format!(
                     "SELECT toUInt32(min(timestamp)) FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND {LIVE}",
@@ -689,9 +719,9 @@ async fn archive_rows(
                 }));
             }
         }
-        Rows::ClickHouse(config) => {
+        Rows::ClickHouse { config, aggregated } => {
             for batch in ready.chunks(REPLAYS_PER_MUTATION) {
-                match delete_rows(config, batch, timeout).await {
+                match delete_rows(config, aggregated.as_deref(), batch, timeout).await {
                     Ok(each) => done.extend(each),
                     Err(e) => {
                         let e = format!("{e:#}");
@@ -704,37 +734,53 @@ async fn archive_rows(
     done
 }
 
-/// Deletes the rows of `batch` in one mutation and inserts their archive rows; `Err` when
-/// nothing of it could be done, else what became of each replay.
+/// Deletes the rows of `batch` in one mutation per table (the rows table, and the `aggregated`
+/// one when there is one) and inserts their archive rows; `Err` when nothing of it could be
+/// done, else what became of each replay.
 async fn delete_rows(
     config: &ClickHouseConfig,
+    aggregated: Option<&str>,
     batch: &[Ready<'_>],
     timeout: Duration,
 ) -> anyhow::Result<Vec<anyhow::Result<Option<String>>>> {
     let client = clickhouse::client(config);
     let replays: Vec<String> = batch.iter().map(|r| hyphenated(&r.target.replay)).collect();
-    // A run again after one that gave up waiting finds that run's delete still queued: it
-    // waits for it instead of queuing another behind it. A replay found without rows needs
-    // none (rows written since are found after).
-    let mut which = Vec::new();
-    for (ready, replay) in batch.iter().zip(&replays) {
-        if ready.found.rows > 0 && unfinished_mutations(&client, config, replay).await? == 0 {
-            which.push(format!(
-                "(project_id = {} AND replay_id = toUUID('{replay}'))",
-                ready.target.project
-            ));
+    // The rows table's archive rows stay (they hide the replay); the aggregated table's rows go
+    // whole, archived or not: a merge may have folded the replay's user data into a row that
+    // also counts an earlier archive. The archive row inserted after gives it an archive again.
+    let tables = std::iter::once(Table::Rows(&config.table))
+        .chain(aggregated.map(Table::Aggregated))
+        .collect::<Vec<_>>();
+    for table in &tables {
+        // A run again after one that gave up waiting finds that run's delete still queued: it
+        // waits for it instead of queuing another behind it. A replay found without rows there
+        // needs none (rows written since are found after).
+        let mut which = Vec::new();
+        for (ready, replay) in batch.iter().zip(&replays) {
+            if table.found(&ready.found) > 0
+                && unfinished_mutations(&client, config, *table, replay).await? == 0
+            {
+                which.push(format!(
+                    "(project_id = {} AND replay_id = toUUID('{replay}'))",
+                    ready.target.project
+                ));
+            }
+        }
+        if !which.is_empty() {
+            let delete = format!(
+                "ALTER TABLE {} DELETE WHERE ({}){}",
+                table.name(),
+                which.join(" OR "),
+                table.filter()
+            );
+            let what = format!("deleting the rows of {}", table.name());
+            answered(config, &what, client.query(&delete).execute()).await?;
         }
     }
-    if !which.is_empty() {
-        let delete = format!(
-            "ALTER TABLE {} DELETE WHERE ({}) AND {LIVE}",
-            config.table,
-            which.join(" OR ")
-        );
-        answered(config, "deleting the rows", client.query(&delete).execute()).await?;
-    }
-    for replay in &replays {
-        wait_for_mutation(&client, config, replay, timeout).await?;
+    for table in &tables {
+        for replay in &replays {
+            wait_for_mutation(&client, config, *table, replay, timeout).await?;
+        }
     }
     // A mutation killed by an operator ends without deleting; rows the running service wrote
     // since the delete began are not in it either.
@@ -742,9 +788,15 @@ async fn delete_rows(
     let mut archives = Vec::new();
     for (ready, replay) in batch.iter().zip(&replays) {
         let left = live_rows(&client, config, ready.target.project, replay).await?;
-        if left > 0 {
+        let left_aggregated = match aggregated {
+            Some(table) => {
+                aggregated_rows(&client, config, table, ready.target.project, replay).await?
+            }
+            None => 0,
+        };
+        if left + left_aggregated > 0 {
             each.push(Err(anyhow::anyhow!(
-                "{left} row(s) of the replay remain after its delete mutation ended (killed, or written since the delete began): run the delete again"
+                "{left} row(s) and {left_aggregated} aggregated row(s) of the replay remain after its delete mutations ended (killed, or written since the delete began): run the delete again"
             )));
             continue;
         }
@@ -774,24 +826,58 @@ async fn delete_rows(
     Ok(each)
 }
 
+/// A table a delete removes the replay's rows from.
+#[derive(Debug, Clone, Copy)]
+enum Table<'a> {
+    /// Snuba's rows table: its rows not archived.
+    Rows(&'a str),
+    /// The aggregation snuba's materialized view feeds from it: every row of the replay.
+    Aggregated(&'a str),
+}
+
+impl Table<'_> {
+    fn name(&self) -> &str {
+        match self {
+            Table::Rows(name) | Table::Aggregated(name) => name,
+        }
+    }
+
+    /// What the delete's `WHERE` adds to the replay's id.
+    fn filter(&self) -> String {
+        match self {
+            Table::Rows(_) => format!(" AND {LIVE}"),
+            Table::Aggregated(_) => String::new(),
+        }
+    }
+
+    /// What a delete found there.
+    fn found(&self, found: &Found) -> u64 {
+        match self {
+            Table::Rows(_) => found.rows,
+            Table::Aggregated(_) => found.aggregated,
+        }
+    }
+}
+
 /// Waits until the delete submitted for `replay` (see [`unfinished_mutations`]) is done; the
 /// table's other mutations (Sentry's own) are not waited for, beyond what ClickHouse makes this
 /// one wait (mutations apply to a part in order).
 async fn wait_for_mutation(
     client: &::clickhouse::Client,
     config: &ClickHouseConfig,
+    table: Table<'_>,
     replay: &str,
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + timeout.max(Duration::from_secs(60));
-    while unfinished_mutations(client, config, replay).await? > 0 {
+    while unfinished_mutations(client, config, table, replay).await? > 0 {
         if tokio::time::Instant::now() > deadline {
             // Why it has not finished, where the server says (ClickHouse 19.x and later): a
             // mutation that fails is retried until it is killed, and later ones wait behind it.
             let reason = client
                 .query("SELECT any(latest_fail_reason) FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0 AND latest_fail_reason != ''")
                 .bind(&config.database)
-                .bind(&config.table)
+                .bind(table.name())
                 .fetch_one::<String>();
             let reason = answered(config, "why the mutation fails", reason)
                 .await
@@ -802,7 +888,7 @@ async fn wait_for_mutation(
                 });
             bail!(
                 "the delete mutation of {} is still running{reason} (see system.mutations; a run again waits for it, and queues no other)",
-                config.table
+                table.name()
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -829,19 +915,58 @@ async fn live_rows(
 }
 
 /// The table's unfinished deletes of `replay` (hyphenated) this tool submitted: their command
-/// names the replay and `is_archived`.
+/// names the replay (and, in the rows table, `is_archived`).
 async fn unfinished_mutations(
     client: &::clickhouse::Client,
     config: &ClickHouseConfig,
+    table: Table<'_>,
     replay: &str,
 ) -> anyhow::Result<u64> {
+    let ours = match table {
+        Table::Rows(_) => " AND position(command, 'is_archived') > 0",
+        Table::Aggregated(_) => "",
+    };
     let count = client
-        .query("SELECT count() FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0 AND position(command, ?) > 0 AND position(command, 'is_archived') > 0")
+        .query(&format!("SELECT count() FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0 AND position(command, ?) > 0{ours}"))
         .bind(&config.database)
-        .bind(&config.table)
+        .bind(table.name())
         .bind(replay)
         .fetch_one::<u64>();
     answered(config, "reading the table's mutations", count).await
+}
+
+/// `name`, the aggregated table, when it exists in the rows table's database (`None` when
+/// `name` is empty).
+async fn aggregated_table(config: &ClickHouseConfig, name: &str) -> anyhow::Result<Option<String>> {
+    if name.is_empty() {
+        return Ok(None);
+    }
+    let exists = clickhouse::client(config)
+        .query("SELECT count() FROM system.tables WHERE database = ? AND name = ?")
+        .bind(&config.database)
+        .bind(name)
+        .fetch_one::<u64>();
+    let exists = answered(config, "looking for the aggregated table", exists).await?;
+    Ok((exists > 0).then(|| name.to_owned()))
+}
+
+/// The aggregated table's rows of the replay (`replay` hyphenated) that hold its segments, and
+/// so its user's data: an archive's own row counts none.
+async fn aggregated_rows(
+    client: &::clickhouse::Client,
+    config: &ClickHouseConfig,
+    table: &str,
+    project: u64,
+    replay: &str,
+) -> anyhow::Result<u64> {
+    let count = client
+        .query(&format!(
+            "SELECT count() FROM {table} WHERE project_id = ? AND replay_id = toUUID(?) AND finalizeAggregation(count_segments) > 0"
+        ))
+        .bind(project)
+        .bind(replay)
+        .fetch_one::<u64>();
+    answered(config, "counting the replay's aggregated rows", count).await
 }
 
 /// What ClickHouse answers to `request` (saying `what` it was when it fails), within the

@@ -92,6 +92,8 @@ fn gcs_flags_at(bucket: &str, endpoint: &str) -> Vec<String> {
 async fn a_replay_is_deleted_everywhere_with_clickhouse_and_a_second_run_is_a_no_op() {
     let _stack = uses_stack().await;
     let names = Names::create().await;
+    let aggregated = format!("{}_aggregated", names.table);
+    aggregation_of(&names.table, &aggregated).await;
     let (first, second, other) = (
         fixture("network-0.msgpack"),
         fixture("network-1.msgpack"),
@@ -149,7 +151,18 @@ async fn a_replay_is_deleted_everywhere_with_clickhouse_and_a_second_run_is_a_no
     };
     assert!(!rows_of(&clickhouse_rows(&names.table).await, ids.replay_uuid).is_empty());
 
-    let flags = [gcs_flags(&names), clickhouse_flags(&names, &ids)].concat();
+    let aggregated_of = |replay| aggregated_rows(&names.table, &aggregated, replay);
+    let (with_segments, archived) = aggregated_of(ids.replay_uuid).await;
+    assert!(
+        with_segments > 0 && archived == 0,
+        "the view fed the aggregation"
+    );
+    let flags = [
+        gcs_flags(&names),
+        clickhouse_flags(&names, &ids),
+        vec!["--clickhouse-aggregated-table".into(), aggregated.clone()],
+    ]
+    .concat();
     let (ok, dry) = delete(&[flags.clone(), vec!["--dry-run".into()]].concat());
     assert!(ok, "{dry}");
     assert!(
@@ -203,6 +216,10 @@ async fn a_replay_is_deleted_everywhere_with_clickhouse_and_a_second_run_is_a_no
         !rows_of(&rows, kept.replay_uuid).is_empty(),
         "the other replay's rows stay"
     );
+    // Its aggregated rows (its user's data) are gone; what is left there is the archive the
+    // archive row fed in, which hides the replay. The other replay's stay.
+    assert_eq!(aggregated_of(ids.replay_uuid).await, (0, 1), "{said}");
+    assert!(aggregated_of(kept.replay_uuid).await.0 > 0);
     println!("deleted a replay of 2 segments, a dead-letter copy and its rows in {took:?}");
 
     let (ok, again) = delete(&flags);
@@ -586,6 +603,49 @@ async fn rows_of_one_replay(
 }
 
 /// The flags that delete the replay of `ids` from `names.table`.
+/// A stand-in for snuba's aggregation of `table` (migration 0019: `replays_aggregation_mv` into
+/// `replays_aggregated_local`), named `aggregated`: the columns the delete reads, in the state
+/// types ClickHouse 18.16 gives them (snuba's own are typed over `Nullable`, which 18.16 cannot
+/// feed).
+async fn aggregation_of(table: &str, aggregated: &str) {
+    let config = clickhouse_config(table);
+    // Created before the service's own migration, which finds it there.
+    replay_ingest::sink::clickhouse::migrate(&config).await.unwrap();
+    let client = replay_ingest::sink::clickhouse::client(&config);
+    let columns = "project_id UInt64, to_hour_timestamp DateTime, replay_id UUID, retention_days UInt16, \
+        count_segments AggregateFunction(count, UInt64), is_archived AggregateFunction(sum, UInt64), \
+        user_email AggregateFunction(anyIf, String, UInt8)";
+    for ddl in [
+        format!(
+            "CREATE TABLE {aggregated} ({columns}) ENGINE = AggregatingMergeTree() \
+             ORDER BY (project_id, to_hour_timestamp, replay_id, retention_days)"
+        ),
+        format!(
+            "CREATE MATERIALIZED VIEW {aggregated}_mv TO {aggregated} ({columns}) AS \
+             SELECT project_id, toStartOfHour(timestamp) AS to_hour_timestamp, replay_id, retention_days, \
+             countState(toUInt64(segment_id)) AS count_segments, sumState(toUInt64(is_archived)) AS is_archived, \
+             anyIfState(user_email, user_email != '') AS user_email \
+             FROM {table} GROUP BY project_id, to_hour_timestamp, replay_id, retention_days"
+        ),
+    ] {
+        client.query(&ddl).execute().await.unwrap();
+    }
+}
+
+/// `replay`'s rows in the aggregation of `table`: how many count segments, and how many
+/// archives they sum.
+async fn aggregated_rows(table: &str, aggregated: &str, replay: uuid::Uuid) -> (u64, u64) {
+    replay_ingest::sink::clickhouse::client(&clickhouse_config(table))
+        .query(&format!(
+            "SELECT countIf(finalizeAggregation(count_segments) > 0), toUInt64(sum(finalizeAggregation(is_archived))) \
+             FROM {aggregated} WHERE replay_id = toUUID(?)"
+        ))
+        .bind(replay.hyphenated().to_string())
+        .fetch_one::<(u64, u64)>()
+        .await
+        .unwrap()
+}
+
 fn clickhouse_flags(names: &Names, ids: &recording::SegmentIds) -> Vec<String> {
     [
         "--rows-sink",
