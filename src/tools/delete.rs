@@ -193,7 +193,7 @@ enum Rows {
     /// The rows table, and the aggregation fed from it when there is one.
     ClickHouse {
         config: ClickHouseConfig,
-        aggregated: Option<String>,
+        aggregated: Aggregated,
     },
     None,
 }
@@ -299,7 +299,10 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
                 .clickhouse
                 .config(timeout)
                 .context("reading --clickhouse-password-file")?;
-            let aggregated = aggregated_table(&config, &args.clickhouse_aggregated_table).await?;
+            let aggregated = Aggregated {
+                name: args.clickhouse_aggregated_table.clone(),
+                exists: tokio::sync::OnceCell::new(),
+            };
             Rows::ClickHouse { config, aggregated }
         }
         RowsSinkKind::Null => Rows::None,
@@ -408,7 +411,7 @@ async fn delete(
             continue;
         }
         // A dry run goes as far as a run would before removing anything: it reads the time, and
-        // fails where a run would.
+        // fails where a run would. Without a rows sink there is no archive to stamp.
         let time = match replay_time(store, rows, &found, target).await {
             Ok(time) => time.or(target.timestamp),
             Err(e) => {
@@ -427,7 +430,7 @@ async fn delete(
             continue;
         }
         let would = if dry_run { "would be " } else { "" };
-        if time.is_none() {
+        if time.is_none() && !matches!(rows, Rows::None) {
             writeln!(
                 out,
                 "{name}: no time could be read from its segment blobs or rows (none, or none readable): {would}archived as of now"
@@ -585,7 +588,7 @@ async fn find(
     if let Rows::ClickHouse { config, aggregated } = rows {
         let (client, replay) = (clickhouse::client(config), hyphenated(&target.replay));
         found.rows = live_rows(&client, config, target.project, &replay).await?;
-        if let Some(table) = aggregated {
+        if let Some(table) = aggregated.table(config).await? {
             found.aggregated =
                 aggregated_rows(&client, config, table, target.project, &replay).await?;
         }
@@ -659,7 +662,10 @@ async fn replay_time(
     found: &Found,
     target: &Target,
 ) -> anyhow::Result<Option<f64>> {
-    if let Some(time) = blob_time(store, found).await {
+    if matches!(rows, Rows::None) {
+        return Ok(None);
+    }
+    if let Some(time) = blob_time(store, found).await? {
         return Ok(Some(time));
     }
     match rows {
@@ -679,15 +685,26 @@ async fn replay_time(
     }
 }
 
-/// The time of the replay's first event, from its earliest segment blob.
-async fn blob_time(store: Option<&dyn BlobStore>, found: &Found) -> Option<f64> {
-    let (_, key) = found.first_segment.as_ref()?;
-    let stored = store?.read(key).await.ok()??;
-    let json = blob::rrweb_json(&stored, crate::recording::DEFAULT_MAX_DECOMPRESSED_BYTES).ok()?;
-    let first = rrweb::extract(&json, rrweb::RowLimits::default())
-        .ok()?
-        .first_timestamp_ms?;
-    Some(first as f64 / 1000.0)
+/// The time of the replay's first event, from its earliest segment blob: `None` when there is
+/// none, or it holds no time (not a recording, gone since it was listed). A store that fails the
+/// read is an error: the time must not fall back to another source (now, at worst) for a blob
+/// the next run reads.
+async fn blob_time(store: Option<&dyn BlobStore>, found: &Found) -> anyhow::Result<Option<f64>> {
+    let (Some((_, key)), Some(store)) = (found.first_segment.as_ref(), store) else {
+        return Ok(None);
+    };
+    let Some(stored) = store
+        .read(key)
+        .await
+        .map_err(|e| anyhow::anyhow!("reading {}: {}", store.location(key), e.message))?
+    else {
+        return Ok(None);
+    };
+    let first = blob::rrweb_json(&stored, crate::recording::DEFAULT_MAX_DECOMPRESSED_BYTES)
+        .ok()
+        .and_then(|json| rrweb::extract(&json, rrweb::RowLimits::default()).ok())
+        .and_then(|extracted| extracted.first_timestamp_ms);
+    Ok(first.map(|ms| ms as f64 / 1000.0))
 }
 
 /// A row not archived: what a delete removes. Snuba's older processor wrote NULL, not 0, for
@@ -721,7 +738,7 @@ async fn archive_rows(
         }
         Rows::ClickHouse { config, aggregated } => {
             for batch in ready.chunks(REPLAYS_PER_MUTATION) {
-                match delete_rows(config, aggregated.as_deref(), batch, timeout).await {
+                match delete_rows(config, aggregated.found(), batch, timeout).await {
                     Ok(each) => done.extend(each),
                     Err(e) => {
                         let e = format!("{e:#}");
@@ -935,19 +952,41 @@ async fn unfinished_mutations(
     answered(config, "reading the table's mutations", count).await
 }
 
-/// `name`, the aggregated table, when it exists in the rows table's database (`None` when
-/// `name` is empty).
-async fn aggregated_table(config: &ClickHouseConfig, name: &str) -> anyhow::Result<Option<String>> {
-    if name.is_empty() {
-        return Ok(None);
+/// The aggregation snuba's materialized view feeds from the rows table
+/// (`--clickhouse-aggregated-table`), looked for in the rows table's database when the first
+/// replay's rows are (a ClickHouse that does not answer then fails that replay's lookup, and
+/// the next replay's looks again).
+struct Aggregated {
+    /// Empty: none.
+    name: String,
+    exists: tokio::sync::OnceCell<bool>,
+}
+
+impl Aggregated {
+    /// Its name, when it exists.
+    async fn table(&self, config: &ClickHouseConfig) -> anyhow::Result<Option<&str>> {
+        if self.name.is_empty() {
+            return Ok(None);
+        }
+        let exists = self
+            .exists
+            .get_or_try_init(|| async {
+                let count = clickhouse::client(config)
+                    .query("SELECT count() FROM system.tables WHERE database = ? AND name = ?")
+                    .bind(&config.database)
+                    .bind(&self.name)
+                    .fetch_one::<u64>();
+                let count = answered(config, "looking for the aggregated table", count).await?;
+                anyhow::Ok(count > 0)
+            })
+            .await?;
+        Ok(exists.then_some(self.name.as_str()))
     }
-    let exists = clickhouse::client(config)
-        .query("SELECT count() FROM system.tables WHERE database = ? AND name = ?")
-        .bind(&config.database)
-        .bind(name)
-        .fetch_one::<u64>();
-    let exists = answered(config, "looking for the aggregated table", exists).await?;
-    Ok((exists > 0).then(|| name.to_owned()))
+
+    /// Its name, when a replay's lookup found it.
+    fn found(&self) -> Option<&str> {
+        (self.exists.get() == Some(&true)).then_some(self.name.as_str())
+    }
 }
 
 /// The aggregated table's rows of the replay (`replay` hyphenated) that hold its segments, and
@@ -1424,8 +1463,8 @@ mod tests {
         let reads = store.reads.lock().unwrap().clone();
         assert_eq!(
             reads,
-            ["dlq/t/0/17", "dlq/t/0/18", &format!("90/42/{ours}/0")],
-            "of the copies, only the older layout's are read (and the segment, for the time)"
+            ["dlq/t/0/17", "dlq/t/0/18"],
+            "of the copies, only the older layout's are read (and without rows, no segment for the time)"
         );
         let lists = store.lists.load(std::sync::atomic::Ordering::Relaxed);
         assert!(lists < 20, "{lists} listings for one replay among 300");
@@ -1438,26 +1477,39 @@ mod tests {
         assert!(!dir.path().join("dlq/t/0/17").exists());
     }
 
-    /// A run that leaves replays unfinished prints them as `--from-file` lines, each with the
-    /// time its archive was stamped with when it had one, to run again on those alone: through
-    /// snuba a run again finds nothing of a replay already deleted, and without its time exits 1
-    /// for it whatever was done.
-    #[tokio::test]
-    async fn unfinished_replays_are_printed_as_from_file_lines_with_their_time() {
+    /// A zlib-packed recording whose first event is at 1702848658.25 s.
+    fn segment_at_1702848658_25() -> Vec<u8> {
         use std::io::Write as _;
-        let dir = tempfile::tempdir().unwrap();
-        let (timed, untimed, done) = ("a".repeat(32), "b".repeat(32), "c".repeat(32));
         let mut segment = flate2::write::ZlibEncoder::new(Vec::new(), Default::default());
         segment
             .write_all(br#"[{"type":3,"timestamp":1702848658250,"data":{"source":2}}]"#)
             .unwrap();
-        let segment = segment.finish().unwrap();
+        segment.finish().unwrap()
+    }
+
+    /// The `--from-file` lines a run printed for what it left unfinished.
+    fn to_finish(said: &str) -> Vec<&str> {
+        said.split_once("to finish, run again with a --from-file holding these ")
+            .unwrap_or_else(|| panic!("{said}"))
+            .1
+            .lines()
+            .skip(1)
+            .collect()
+    }
+
+    /// A run that leaves replays unfinished prints them as `--from-file` lines to run again on
+    /// those alone (here, without a rows sink, nothing needs their time). A run again through
+    /// snuba finds nothing of a replay an earlier run deleted, and without its time exits 1 for
+    /// it whatever was done.
+    #[tokio::test]
+    async fn unfinished_replays_are_printed_as_from_file_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (kept, done) = ("a".repeat(32), "c".repeat(32));
         write_files(
             dir.path(),
             &[
-                (&format!("90/42/{timed}/0"), segment.clone()),
-                (&format!("90/42/{untimed}/0"), b"not a blob".to_vec()),
-                (&format!("90/42/{done}/0"), segment),
+                (&format!("90/42/{kept}/0"), segment_at_1702848658_25()),
+                (&format!("90/42/{done}/0"), segment_at_1702848658_25()),
             ],
         );
         let store = Counting {
@@ -1465,11 +1517,11 @@ mod tests {
             lists: Default::default(),
             reads: Default::default(),
             broken: Vec::new(),
-            undeletable: vec![format!("90/42/{timed}/0"), format!("90/42/{untimed}/0")],
+            undeletable: vec![format!("90/42/{kept}/0")],
         };
         let mut out = Vec::new();
         let error = delete(
-            &[target(&timed), target(&untimed), target(&done)],
+            &[target(&kept), target(&done)],
             Some(&store),
             &Rows::None,
             false,
@@ -1480,25 +1532,93 @@ mod tests {
         .unwrap_err();
         let said = String::from_utf8(out).unwrap();
         assert!(said.contains("1 replay(s) deleted"), "{said}");
-        let lines: Vec<&str> = said
-            .split_once("to finish, run again with a --from-file holding these 2 line(s)")
-            .unwrap_or_else(|| panic!("{said}"))
-            .1
-            .lines()
-            .skip(1)
-            .collect();
-        assert_eq!(
-            lines,
-            [format!("42 {timed} 1702848658.25"), format!("42 {untimed}")],
-            "{said}"
+        assert!(
+            !said.contains("archived as of now"),
+            "no archive without rows: {said}"
         );
+        assert_eq!(to_finish(&said), [format!("42 {kept}")], "{said}");
         assert!(
             format!("{error:#}").contains("503 backend error"),
             "{error:#}"
         );
+        assert!(
+            store.reads.lock().unwrap().is_empty(),
+            "no time read: {said}"
+        );
+    }
+
+    /// Through snuba, the lines carry the time each archive was stamped with, read or given,
+    /// and none where there was none; a blob whose read fails leaves its replay for the next run
+    /// (its time is not taken from elsewhere, nor the archive stamped now). The archives are not
+    /// published here: the broker is unreachable.
+    #[tokio::test]
+    async fn through_snuba_the_lines_carry_the_archives_times() {
+        let dir = tempfile::tempdir().unwrap();
+        let (timed, untimed, unread) = ("a".repeat(32), "b".repeat(32), "d".repeat(32));
+        write_files(
+            dir.path(),
+            &[
+                (&format!("90/42/{timed}/0"), segment_at_1702848658_25()),
+                (&format!("90/42/{untimed}/0"), b"not a recording".to_vec()),
+                (&format!("90/42/{unread}/0"), segment_at_1702848658_25()),
+            ],
+        );
+        let store = Counting {
+            store: crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap(),
+            lists: Default::default(),
+            reads: Default::default(),
+            broken: vec![format!("90/42/{unread}/0")],
+            undeletable: Vec::new(),
+        };
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let producer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", closed.to_string())
+            .set("message.timeout.ms", "300")
+            .create()
+            .unwrap();
+        let rows = Rows::Snuba {
+            producer,
+            topic: "replay-events".into(),
+        };
+        let mut out = Vec::new();
+        let error = delete(
+            &[target(&timed), target(&untimed), target(&unread)],
+            Some(&store),
+            &rows,
+            false,
+            Duration::from_secs(5),
+            &mut out,
+        )
+        .await
+        .unwrap_err();
+        let said = String::from_utf8(out).unwrap();
+        assert!(
+            said.contains("0 replay(s) deleted, 0 object(s) removed"),
+            "{said}"
+        );
+        assert_eq!(
+            to_finish(&said),
+            [
+                format!("42 {untimed}"),
+                format!("42 {unread}"),
+                format!("42 {timed} 1702848658.25"),
+            ],
+            "{said}"
+        );
+        let error = format!("{error:#}");
+        assert!(
+            error.contains(&format!(
+                "replay {unread} (project 42): reading its time (reading file://"
+            )),
+            "{error}"
+        );
+        assert!(error.contains("publishing the archive"), "{error}");
         let again = parse(&["--blob-sink", "null", "--from-file", "/dev/null"]).unwrap();
         let file = dir.path().join("again.txt");
-        std::fs::write(&file, lines.join("\n")).unwrap();
+        std::fs::write(&file, to_finish(&said).join("\n")).unwrap();
         let again = DeleteArgs {
             from_file: Some(file),
             ..again

@@ -610,7 +610,9 @@ async fn rows_of_one_replay(
 async fn aggregation_of(table: &str, aggregated: &str) {
     let config = clickhouse_config(table);
     // Created before the service's own migration, which finds it there.
-    replay_ingest::sink::clickhouse::migrate(&config).await.unwrap();
+    replay_ingest::sink::clickhouse::migrate(&config)
+        .await
+        .unwrap();
     let client = replay_ingest::sink::clickhouse::client(&config);
     let columns = "project_id UInt64, to_hour_timestamp DateTime, replay_id UUID, retention_days UInt16, \
         count_segments AggregateFunction(count, UInt64), is_archived AggregateFunction(sum, UInt64), \
