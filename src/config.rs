@@ -193,8 +193,10 @@ impl KafkaArgs {
 
     /// The value of `key`, a property in milliseconds, when `--kafka-property` sets it.
     pub fn property_ms(&self, key: &str) -> Result<Option<u64>, String> {
+        // The last one given: librdkafka applies them in order.
         self.properties()?
             .into_iter()
+            .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| {
                 v.parse()
@@ -1363,9 +1365,14 @@ mod tests {
             "message.timeout.ms=2000",
         ];
         assert!(with(&longer).is_err(), "message.timeout.ms counts when set");
+        let twice = [
+            &longer[..],
+            &["--kafka-property", "message.timeout.ms=1000"],
+        ]
+        .concat();
         assert!(
-            parse(&[]).flush_stall() > Duration::from_secs(95),
-            "the defaults pass"
+            with(&twice).is_ok(),
+            "the last one given counts, as in librdkafka"
         );
     }
 

@@ -391,9 +391,11 @@ impl Status {
         self.paused.store(false, Ordering::Relaxed);
     }
 
-    /// The broker confirmed a commit of `positions`.
+    /// The broker confirmed a commit of `positions`: those of partitions this member still owns
+    /// are shown (a revoke's drain commits partitions the callback already gave away).
     pub fn record_commit(&self, positions: &[(i32, i64)]) {
-        lock(&self.committed).extend(positions.iter().copied());
+        let owned = lock(&self.partitions);
+        lock(&self.committed).extend(positions.iter().copied().filter(|(p, _)| owned.contains(p)));
         crate::metrics::committed();
     }
 
@@ -746,6 +748,10 @@ mod tests {
         s.record_partitions(BTreeSet::from([0, 1, 3]));
         s.record_commit(&[(0, 11)]);
         assert_eq!(s.snapshot().committed, BTreeMap::from([(0, 11), (1, 20)]));
+        // A revoke's drain commits what the callback already gave away.
+        s.record_partitions(BTreeSet::from([1, 3]));
+        s.record_commit(&[(0, 12), (1, 21)]);
+        assert_eq!(s.snapshot().committed, BTreeMap::from([(1, 21)]));
     }
 
     #[test]

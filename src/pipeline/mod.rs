@@ -137,8 +137,9 @@ const DRAIN_COMMIT_RETRY: Duration = Duration::from_millis(250);
 /// What a shutdown gives closing the consumer (leaving the group) and the sinks' Kafka clients
 /// beyond what its drain left of the drain deadline: a drain that took the whole deadline left
 /// nothing, and the member's partitions would wait a session timeout for their next owner. The
-/// chart's grace period counts these 2 s after the drain deadline.
-const CLOSE_RESERVE: Duration = Duration::from_secs(2);
+/// chart's grace period counts 2 s after the drain deadline and the last metrics interval: these
+/// 1.5 s, and the process's exit.
+const CLOSE_RESERVE: Duration = Duration::from_millis(1500);
 
 /// How a drain ended.
 enum Drained {
@@ -338,20 +339,23 @@ pub async fn consume(
     // Wakes a poller waiting for room.
     handoff.close();
     // Closing the consumer runs the revoke callback, which blocks. Leaving the group needs the
-    // broker; if it is unreachable, do not outlive the budget. Closed here, not by the drop: a
-    // commit still waiting for its answer holds the consumer too, and the last handle's drop
-    // would close it on that commit's thread, after this returned and past the budget.
+    // broker; if it is unreachable, do not outlive the budget. Closed here whoever else holds
+    // it: a commit still waiting for its answer holds the consumer too, and the last handle's
+    // drop would close it on that commit's thread, after this returned and past the budget.
     let closed = close_within(close_budget, move || {
         let _ = poller.join();
-        leave_group(&consumer);
-        drop(consumer);
+        // Alone, the drop closes it (a close before would make the drop's own fail, and
+        // rust-rdkafka log that as an error).
+        if let Err(shared) = Arc::try_unwrap(consumer) {
+            leave_group(&shared);
+        }
         drop(sinks);
     })
     .await;
     if !closed {
         warn!(
             budget_ms = close_budget.as_millis() as u64,
-            "closing the Kafka consumer did not finish within what the drain deadline left and 2 s more; exiting anyway"
+            "closing the Kafka consumer did not finish within what the drain deadline left and 1.5 s more; exiting anyway"
         );
     }
     result

@@ -665,8 +665,12 @@ async fn replay_time(
     if matches!(rows, Rows::None) {
         return Ok(None);
     }
-    if let Some(time) = blob_time(store, found).await? {
-        return Ok(Some(time));
+    match blob_time(store, found).await {
+        Ok(Some(time)) => return Ok(Some(time)),
+        Ok(None) => {}
+        // A blob that cannot be read is the next run's to read, unless a time was given.
+        Err(e) if target.timestamp.is_none() => return Err(e),
+        Err(_) => return Ok(target.timestamp),
     }
     match rows {
         Rows::ClickHouse { config, .. } if found.rows > 0 => {
@@ -765,8 +769,12 @@ async fn delete_rows(
     // The rows table's archive rows stay (they hide the replay); the aggregated table's rows go
     // whole, archived or not: a merge may have folded the replay's user data into a row that
     // also counts an earlier archive. The archive row inserted after gives it an archive again.
-    let tables = std::iter::once(Table::Rows(&config.table))
-        .chain(aggregated.map(Table::Aggregated))
+    // The aggregation first: a delete refused there (no `ALTER DELETE` on it) leaves both
+    // tables as they were, for a run again once granted.
+    let tables = aggregated
+        .map(Table::Aggregated)
+        .into_iter()
+        .chain([Table::Rows(&config.table)])
         .collect::<Vec<_>>();
     for table in &tables {
         // A run again after one that gave up waiting finds that run's delete still queued: it
@@ -1555,19 +1563,22 @@ mod tests {
     async fn through_snuba_the_lines_carry_the_archives_times() {
         let dir = tempfile::tempdir().unwrap();
         let (timed, untimed, unread) = ("a".repeat(32), "b".repeat(32), "d".repeat(32));
+        // Unreadable too, but its time is given.
+        let given = "e".repeat(32);
         write_files(
             dir.path(),
             &[
                 (&format!("90/42/{timed}/0"), segment_at_1702848658_25()),
                 (&format!("90/42/{untimed}/0"), b"not a recording".to_vec()),
                 (&format!("90/42/{unread}/0"), segment_at_1702848658_25()),
+                (&format!("90/42/{given}/0"), segment_at_1702848658_25()),
             ],
         );
         let store = Counting {
             store: crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap(),
             lists: Default::default(),
             reads: Default::default(),
-            broken: vec![format!("90/42/{unread}/0")],
+            broken: vec![format!("90/42/{unread}/0"), format!("90/42/{given}/0")],
             undeletable: Vec::new(),
         };
         let closed = std::net::TcpListener::bind("127.0.0.1:0")
@@ -1584,8 +1595,17 @@ mod tests {
             topic: "replay-events".into(),
         };
         let mut out = Vec::new();
+        let timed_by_hand = Target {
+            timestamp: Some(1_702_848_000.0),
+            ..target(&given)
+        };
         let error = delete(
-            &[target(&timed), target(&untimed), target(&unread)],
+            &[
+                target(&timed),
+                target(&untimed),
+                target(&unread),
+                timed_by_hand,
+            ],
             Some(&store),
             &rows,
             false,
@@ -1605,6 +1625,7 @@ mod tests {
                 format!("42 {untimed}"),
                 format!("42 {unread}"),
                 format!("42 {timed} 1702848658.25"),
+                format!("42 {given} 1702848000"),
             ],
             "{said}"
         );

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
-use crate::support::proxy::{Action, Proxy};
+use crate::support::proxy::{Action, Gate, Opens, Proxy};
 use crate::support::relay::Relay;
 use crate::support::secure_broker::SecureBroker;
 use crate::support::*;
@@ -170,23 +170,32 @@ impl Partitioned {
 }
 
 /// A bucket of the test's own behind a proxy that answers every request with the status the
-/// test sets (503: held, 400: refused), or forwards it (0).
+/// test sets (503: held, 400: refused), forwards it (0), or holds it unanswered ([`HUNG`]).
 struct HeldStore {
     bucket: String,
     answer: Arc<AtomicU16>,
     proxy: Proxy,
+    /// Closed while the store lives: what is held behind it stays held until its client gives
+    /// up, whatever the store answers later.
+    _hung: Opens,
 }
+
+/// [`HeldStore`]'s `answer` while it hangs.
+const HUNG: u16 = 1;
 
 impl HeldStore {
     async fn start() -> HeldStore {
         let bucket = unique("bucket");
         create_bucket(&bucket);
         let answer = Arc::new(AtomicU16::new(0));
+        let gate = Gate::default();
+        let hung = gate.close();
         let proxy = {
             let answer = answer.clone();
             Proxy::start(&gcs_endpoint(), move |_| {
                 match answer.load(Ordering::SeqCst) {
                     0 => Action::Forward,
+                    HUNG => Action::Hold(gate.clone()),
                     status => Action::Answer {
                         status,
                         headers: vec![("content-type", "application/json".into())],
@@ -202,7 +211,14 @@ impl HeldStore {
             bucket,
             answer,
             proxy,
+            _hung: hung,
         }
+    }
+
+    /// Answers nothing (each request held until its client gives up) until told otherwise; a
+    /// request held stays held after.
+    fn hang(&self) {
+        self.answer.store(HUNG, Ordering::SeqCst);
     }
 
     /// Answers 503 to everything while `held`.
@@ -322,7 +338,7 @@ fn stored_by_either(dirs: &[tempfile::TempDir; 2]) -> Blobs {
     stored
 }
 
-/// A shutdown drain waiting on a blob store that answers 503, while the member is cut off from
+/// A shutdown drain waiting on a blob store that hangs, then answers 503, while the member is cut off from
 /// the broker for longer than its session: the group gives its partitions to the other member,
 /// which reads them from the last commit and stores everything. The draining member finds its
 /// partitions lost in the middle of the drain. What it buffered of them and had not begun to
@@ -340,8 +356,11 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
     let (net, store, dirs, cut, other) = (run.net, run.store, run.dirs, run.cut, run.other);
 
     // The store stops answering; the member fills a flush that cannot end (the first three
-    // messages it takes in) and a buffer behind it.
-    store.hold(true);
+    // messages it takes in) and a buffer behind it. It hangs until the cut, then answers 503:
+    // the flush's first attempt fails only at its timeout (30 s), so the flush has not been
+    // failing for a whole drain deadline when the loss comes (the drain would give it up first,
+    // and exit 1), and its attempts after the loss fail at once.
+    store.hang();
     let (report, sent) = net.produce(0, 48).await;
     wait_for(
         "a flush waiting on the store and a full buffer behind it",
@@ -352,6 +371,7 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
 
     let log = || std::fs::read_to_string(&run.cut_log).unwrap_or_default();
     net.relay.cut();
+    store.hold(true);
     tokio::time::sleep(CUT_TO_SHUTDOWN).await;
     cut.signal_term();
     wait_for("the drain finding its partitions lost", SESSION, || {

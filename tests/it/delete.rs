@@ -602,7 +602,6 @@ async fn rows_of_one_replay(
     (processed.ids, rows, flags)
 }
 
-/// The flags that delete the replay of `ids` from `names.table`.
 /// A stand-in for snuba's aggregation of `table` (migration 0019: `replays_aggregation_mv` into
 /// `replays_aggregated_local`), named `aggregated`: the columns the delete reads, in the state
 /// types ClickHouse 18.16 gives them (snuba's own are typed over `Nullable`, which 18.16 cannot
@@ -648,6 +647,7 @@ async fn aggregated_rows(table: &str, aggregated: &str, replay: uuid::Uuid) -> (
         .unwrap()
 }
 
+/// The flags that delete the replay of `ids` from `names.table`.
 fn clickhouse_flags(names: &Names, ids: &recording::SegmentIds) -> Vec<String> {
     [
         "--rows-sink",
