@@ -579,6 +579,36 @@ pub(crate) mod tests {
         roundtrip(JSON.to_vec(), BodyEncoding::Raw);
     }
 
+    /// A zstd frame that declares its size (a one-shot encoder's) and one that does not (a
+    /// streaming encoder's) decode into a buffer of exactly their size, whole, up to the cap
+    /// itself; past it, either is `too_large`.
+    #[test]
+    fn zstd_frames_decode_into_a_buffer_of_their_size_with_or_without_a_declared_one() {
+        let data = JSON.repeat(50);
+        let declared = zstd::bulk::compress(&data, 3).unwrap();
+        let undeclared = {
+            use std::io::Write;
+            let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+            encoder.include_contentsize(false).unwrap();
+            encoder.write_all(&data).unwrap();
+            encoder.finish().unwrap()
+        };
+        let size = |body: &[u8]| zstd::zstd_safe::get_frame_content_size(body).ok().flatten();
+        assert_eq!(size(&declared), Some(data.len() as u64));
+        assert_eq!(size(&undeclared), None);
+        for body in [&declared, &undeclared] {
+            let decoded = zstd_whole(body, data.len()).unwrap();
+            assert_eq!(decoded, data);
+            assert_eq!(
+                decoded.capacity(),
+                data.len(),
+                "one buffer of the output's size"
+            );
+            let refused = zstd_whole(body, data.len() - 1).unwrap_err();
+            assert_eq!(refused.reason, Reason::TooLarge);
+        }
+    }
+
     #[test]
     fn decoded_text_is_utf8_or_says_where_not_whatever_the_codec() {
         let text = "[{\"type\":5,\"data\":{\"payload\":\"caf\u{e9} \u{1f600}\"}}]".repeat(300);
