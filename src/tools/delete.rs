@@ -1415,6 +1415,35 @@ mod tests {
         }
     }
 
+    impl Counting {
+        /// The filesystem store in `dir`, failing reads of `broken` and deletes of `undeletable`.
+        fn over(dir: &std::path::Path, broken: Vec<String>, undeletable: Vec<String>) -> Counting {
+            Counting {
+                store: crate::sink::filesystem::FilesystemBlobSink::new(dir).unwrap(),
+                lists: Default::default(),
+                reads: Default::default(),
+                broken,
+                undeletable,
+            }
+        }
+    }
+
+    /// A run over `targets` that fails: what it said, and its error.
+    async fn failing(targets: &[Target], store: &Counting, rows: &Rows) -> (String, String) {
+        let mut out = Vec::new();
+        let error = delete(
+            targets,
+            Some(store),
+            rows,
+            false,
+            Duration::from_secs(5),
+            &mut out,
+        )
+        .await
+        .unwrap_err();
+        (String::from_utf8(out).unwrap(), format!("{error:#}"))
+    }
+
     /// A store holding the copies of many other replays: one replay's delete lists its own
     /// prefixes and the older layout's directory, reads only the older layout's copies, and
     /// one of those it cannot read is named among what is left while the replay's own copies
@@ -1437,25 +1466,8 @@ mod tests {
         let refs: Vec<(&str, Vec<u8>)> =
             files.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         write_files(dir.path(), &refs);
-        let store = Counting {
-            store: crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap(),
-            lists: Default::default(),
-            reads: Default::default(),
-            broken: vec!["dlq/t/0/18".to_owned()],
-            undeletable: Vec::new(),
-        };
-        let mut out = Vec::new();
-        let error = delete(
-            &[target(&ours)],
-            Some(&store),
-            &Rows::None,
-            false,
-            Duration::from_secs(5),
-            &mut out,
-        )
-        .await
-        .unwrap_err();
-        let said = String::from_utf8(out).unwrap();
+        let store = Counting::over(dir.path(), vec!["dlq/t/0/18".to_owned()], Vec::new());
+        let (said, error) = failing(&[target(&ours)], &store, &Rows::None).await;
         assert!(
             said.contains("found 1 segment blob(s), 2 dead-letter copy object(s)"),
             "{said}"
@@ -1465,8 +1477,8 @@ mod tests {
             "{said}"
         );
         assert!(
-            format!("{error:#}").contains("dlq/t/0/18: a dead-letter copy of the older layout could not be read (503 backend error): whose it is is unknown"),
-            "{error:#}"
+            error.contains("dlq/t/0/18: a dead-letter copy of the older layout could not be read (503 backend error): whose it is is unknown"),
+            "{error}"
         );
         let reads = store.reads.lock().unwrap().clone();
         assert_eq!(
@@ -1520,35 +1532,15 @@ mod tests {
                 (&format!("90/42/{done}/0"), segment_at_1702848658_25()),
             ],
         );
-        let store = Counting {
-            store: crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap(),
-            lists: Default::default(),
-            reads: Default::default(),
-            broken: Vec::new(),
-            undeletable: vec![format!("90/42/{kept}/0")],
-        };
-        let mut out = Vec::new();
-        let error = delete(
-            &[target(&kept), target(&done)],
-            Some(&store),
-            &Rows::None,
-            false,
-            Duration::from_secs(5),
-            &mut out,
-        )
-        .await
-        .unwrap_err();
-        let said = String::from_utf8(out).unwrap();
+        let store = Counting::over(dir.path(), Vec::new(), vec![format!("90/42/{kept}/0")]);
+        let (said, error) = failing(&[target(&kept), target(&done)], &store, &Rows::None).await;
         assert!(said.contains("1 replay(s) deleted"), "{said}");
         assert!(
             !said.contains("archived as of now"),
             "no archive without rows: {said}"
         );
         assert_eq!(to_finish(&said), [format!("42 {kept}")], "{said}");
-        assert!(
-            format!("{error:#}").contains("503 backend error"),
-            "{error:#}"
-        );
+        assert!(error.contains("503 backend error"), "{error}");
         assert!(
             store.reads.lock().unwrap().is_empty(),
             "no time read: {said}"
@@ -1574,13 +1566,8 @@ mod tests {
                 (&format!("90/42/{given}/0"), segment_at_1702848658_25()),
             ],
         );
-        let store = Counting {
-            store: crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap(),
-            lists: Default::default(),
-            reads: Default::default(),
-            broken: vec![format!("90/42/{unread}/0"), format!("90/42/{given}/0")],
-            undeletable: Vec::new(),
-        };
+        let broken = vec![format!("90/42/{unread}/0"), format!("90/42/{given}/0")];
+        let store = Counting::over(dir.path(), broken, Vec::new());
         let closed = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -1594,27 +1581,17 @@ mod tests {
             producer,
             topic: "replay-events".into(),
         };
-        let mut out = Vec::new();
         let timed_by_hand = Target {
             timestamp: Some(1_702_848_000.0),
             ..target(&given)
         };
-        let error = delete(
-            &[
-                target(&timed),
-                target(&untimed),
-                target(&unread),
-                timed_by_hand,
-            ],
-            Some(&store),
-            &rows,
-            false,
-            Duration::from_secs(5),
-            &mut out,
-        )
-        .await
-        .unwrap_err();
-        let said = String::from_utf8(out).unwrap();
+        let named = [
+            target(&timed),
+            target(&untimed),
+            target(&unread),
+            timed_by_hand,
+        ];
+        let (said, error) = failing(&named, &store, &rows).await;
         assert!(
             said.contains("0 replay(s) deleted, 0 object(s) removed"),
             "{said}"
@@ -1629,7 +1606,6 @@ mod tests {
             ],
             "{said}"
         );
-        let error = format!("{error:#}");
         assert!(
             error.contains(&format!(
                 "replay {unread} (project 42): reading its time (reading file://"
