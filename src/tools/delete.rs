@@ -587,10 +587,17 @@ async fn find(
     }
     if let Rows::ClickHouse { config, aggregated } = rows {
         let (client, replay) = (clickhouse::client(config), hyphenated(&target.replay));
-        found.rows = live_rows(&client, config, target.project, &replay).await?;
+        let table = Table::Rows(&config.table);
+        found.rows = rows_left(&client, config, table, target.project, &replay).await?;
         if let Some(table) = aggregated.table(config).await? {
-            found.aggregated =
-                aggregated_rows(&client, config, table, target.project, &replay).await?;
+            found.aggregated = rows_left(
+                &client,
+                config,
+                Table::Aggregated(table),
+                target.project,
+                &replay,
+            )
+            .await?;
         }
     }
     Ok(found)
@@ -812,10 +819,11 @@ async fn delete_rows(
     let mut each = Vec::with_capacity(batch.len());
     let mut archives = Vec::new();
     for (ready, replay) in batch.iter().zip(&replays) {
-        let left = live_rows(&client, config, ready.target.project, replay).await?;
+        let project = ready.target.project;
+        let left = rows_left(&client, config, Table::Rows(&config.table), project, replay).await?;
         let left_aggregated = match aggregated {
             Some(table) => {
-                aggregated_rows(&client, config, table, ready.target.project, replay).await?
+                rows_left(&client, config, Table::Aggregated(table), project, replay).await?
             }
             None => 0,
         };
@@ -875,6 +883,16 @@ impl Table<'_> {
         }
     }
 
+    /// Which of the replay's rows there are still to delete: in the rows table, those not
+    /// archived; in the aggregation, those holding its segments, and so its user's data (an
+    /// archive's own row counts none).
+    fn left(&self) -> &'static str {
+        match self {
+            Table::Rows(_) => LIVE,
+            Table::Aggregated(_) => "finalizeAggregation(count_segments) > 0",
+        }
+    }
+
     /// What a delete found there.
     fn found(&self, found: &Found) -> u64 {
         match self {
@@ -921,22 +939,25 @@ async fn wait_for_mutation(
     Ok(())
 }
 
-/// The replay's rows not archived: what a delete removes. `replay` hyphenated.
-async fn live_rows(
+/// The replay's rows in `table` that a delete removes ([`Table::left`]). `replay` hyphenated.
+async fn rows_left(
     client: &::clickhouse::Client,
     config: &ClickHouseConfig,
+    table: Table<'_>,
     project: u64,
     replay: &str,
 ) -> anyhow::Result<u64> {
     let count = client
         .query(&format!(
-            "SELECT count() FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND {LIVE}",
-            config.table
+            "SELECT count() FROM {} WHERE project_id = ? AND replay_id = toUUID(?) AND {}",
+            table.name(),
+            table.left()
         ))
         .bind(project)
         .bind(replay)
         .fetch_one::<u64>();
-    answered(config, "counting the replay's rows", count).await
+    let what = format!("counting the replay's rows in {}", table.name());
+    answered(config, &what, count).await
 }
 
 /// The table's unfinished deletes of `replay` (hyphenated) this tool submitted: their command
@@ -995,25 +1016,6 @@ impl Aggregated {
     fn found(&self) -> Option<&str> {
         (self.exists.get() == Some(&true)).then_some(self.name.as_str())
     }
-}
-
-/// The aggregated table's rows of the replay (`replay` hyphenated) that hold its segments, and
-/// so its user's data: an archive's own row counts none.
-async fn aggregated_rows(
-    client: &::clickhouse::Client,
-    config: &ClickHouseConfig,
-    table: &str,
-    project: u64,
-    replay: &str,
-) -> anyhow::Result<u64> {
-    let count = client
-        .query(&format!(
-            "SELECT count() FROM {table} WHERE project_id = ? AND replay_id = toUUID(?) AND finalizeAggregation(count_segments) > 0"
-        ))
-        .bind(project)
-        .bind(replay)
-        .fetch_one::<u64>();
-    answered(config, "counting the replay's aggregated rows", count).await
 }
 
 /// What ClickHouse answers to `request` (saying `what` it was when it fails), within the
