@@ -616,7 +616,8 @@ pub struct ConsumeArgs {
     /// is connected to a broker (librdkafka's statistics; a member that stopped joining is
     /// restarted). A Kafka outage or a network cut never fails it. 0: never. Above
     /// `max.poll.interval.ms` (300 000 unless set), the longest a rebalance may hold a member
-    /// out, plus `--drain-deadline-ms`.
+    /// out, plus `--drain-deadline-ms`, plus `reconnect.backoff.max.ms` (10 000 unless set: after
+    /// an outage the coordinator's connection may wait that long while another broker is up).
     #[arg(long, env = "REPLAY_INGEST_GROUP_STALL_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(0..=86_400_000), default_value_t = 600_000)]
     pub group_stall_timeout_ms: u64,
     /// First retry backoff, ms; doubles per attempt, full jitter. At least 1: a backoff that
@@ -670,6 +671,8 @@ pub struct ConsumeArgs {
 
 /// librdkafka's `max.poll.interval.ms` when none is given.
 const LIBRDKAFKA_MAX_POLL_INTERVAL_MS: u64 = 300_000;
+/// librdkafka's `reconnect.backoff.max.ms` when none is given.
+const LIBRDKAFKA_RECONNECT_BACKOFF_MAX_MS: u64 = 10_000;
 
 impl ConsumeArgs {
     /// Rejects settings that cannot work together.
@@ -725,11 +728,19 @@ impl ConsumeArgs {
                 self.drain_deadline_ms
             ));
         }
-        // A classic rebalance waits up to this for the members to rejoin.
-        let rebalance_bound = max_poll_interval + self.drain_deadline_ms;
-        if self.group_stall_timeout_ms != 0 && self.group_stall_timeout_ms <= rebalance_bound {
+        // A classic rebalance waits up to max.poll.interval.ms (and a revoke's drain) for the
+        // members to rejoin. Before it, once the brokers are back from an outage, the member may
+        // be connected to one broker while its connection to the coordinator still waits out
+        // librdkafka's reconnect backoff (it grows to this during the outage; measured on Kafka
+        // 4: 4–9 s in `wait-broker-transport` with another broker up, after a restart).
+        let reconnect_backoff = self
+            .kafka
+            .property_ms("reconnect.backoff.max.ms")?
+            .unwrap_or(LIBRDKAFKA_RECONNECT_BACKOFF_MAX_MS);
+        let rejoin_bound = max_poll_interval + self.drain_deadline_ms + reconnect_backoff;
+        if self.group_stall_timeout_ms != 0 && self.group_stall_timeout_ms <= rejoin_bound {
             return Err(format!(
-                "--group-stall-timeout-ms ({}) must exceed max.poll.interval.ms plus --drain-deadline-ms ({rebalance_bound}): a rebalance may hold a member out of its group that long (0 turns the check off)",
+                "--group-stall-timeout-ms ({}) must exceed max.poll.interval.ms plus --drain-deadline-ms plus reconnect.backoff.max.ms ({rejoin_bound}): a rejoin may hold a member out of its group that long while it reaches a broker (0 turns the check off)",
                 self.group_stall_timeout_ms
             ));
         }
@@ -1068,20 +1079,29 @@ mod tests {
     }
 
     #[test]
-    fn a_group_stall_a_rebalance_can_outlast_is_rejected_and_0_turns_it_off() {
+    fn a_group_stall_a_rejoin_can_outlast_is_rejected_and_0_turns_it_off() {
         let with = |stall: &str, extra: &[&str]| {
             let mut args = vec!["--blob-sink", "null", "--group-stall-timeout-ms", stall];
             args.extend(extra);
             parse(&args).validate()
         };
-        // librdkafka's poll interval (300 s) plus the drain deadline (20 s).
-        let err = with("320000", &[]).unwrap_err().to_string();
-        assert!(err.contains("(320000)"), "{err}");
-        assert!(with("320001", &[]).is_ok());
+        // librdkafka's poll interval (300 s), the drain deadline (20 s) and librdkafka's longest
+        // reconnect backoff (10 s).
+        let err = with("330000", &[]).unwrap_err().to_string();
+        assert!(err.contains("(330000)"), "{err}");
+        assert!(with("330001", &[]).is_ok());
         assert!(with("0", &[]).is_ok());
         let short_poll = ["--kafka-property", "max.poll.interval.ms=60000"];
-        assert!(with("80000", &short_poll).is_err());
-        assert!(with("80001", &short_poll).is_ok());
+        assert!(with("90000", &short_poll).is_err());
+        assert!(with("90001", &short_poll).is_ok());
+        let short_backoff = [
+            "--kafka-property",
+            "max.poll.interval.ms=60000",
+            "--kafka-property",
+            "reconnect.backoff.max.ms=1000",
+        ];
+        assert!(with("81000", &short_backoff).is_err());
+        assert!(with("81001", &short_backoff).is_ok());
         let parsed = parse(&["--blob-sink", "null", "--group-stall-timeout-ms", "0"]);
         assert_eq!(parsed.pipeline_settings().unwrap().group_stall, None);
     }
