@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use futures::future::join_all;
+use futures::future::try_join_all;
 use rand::RngExt;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
@@ -340,13 +340,18 @@ async fn flush_stages(
             &mut report.given_up,
         );
         let entries: &[Entry] = batch;
-        let writes = stage
-            .iter()
-            .map(|sink| write_isolating(sink.as_ref(), entries, policy, status, owner, failing));
+        // The first write of the stage to fail for good ends the others: the flush fails, and a
+        // sibling retrying through an outage would hold that error (a configuration stop) back
+        // for as long as the outage lasts.
+        let writes = stage.iter().map(|sink| async move {
+            let sink = sink.as_ref();
+            let (written, rejected) =
+                write_isolating(sink, entries, policy, status, owner, failing).await?;
+            sinks.count_refusals(sink, entries, &rejected, policy, lost)?;
+            Ok::<_, SinkError>((written, rejected))
+        });
         let mut refused_here = Vec::new();
-        for (sink, result) in stage.iter().zip(join_all(writes).await) {
-            let (written, rejected) = result?;
-            sinks.count_refusals(sink.as_ref(), entries, &rejected, policy, lost)?;
+        for (written, rejected) in try_join_all(writes).await? {
             report.sinks.push(written);
             refused_here.extend(rejected);
         }
@@ -898,6 +903,31 @@ mod tests {
         let error = run(Vec::new(), &sinks, &FAST, &Status::default()).unwrap_err();
         assert_eq!((error.sink, error.retry), ("blobs", Retry::Fatal));
         assert_eq!(*LOG.lock().unwrap(), ["blobs"]);
+    }
+
+    /// A sink failing for good ends its stage at once, though a sibling is retrying through an
+    /// outage with no limit on attempts: it used to wait for the sibling's write to end, which an
+    /// outage could put off for as long as it lasted, the configuration stop held back meanwhile.
+    #[test]
+    fn a_fatal_error_ends_its_stage_without_waiting_for_a_sibling_in_an_outage() {
+        static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+        let sinks = Sinks::new(vec![vec![
+            flaky("rows", 1, Retry::Fatal, &LOG),
+            flaky("items", 200, Retry::Retryable, &LOG),
+        ]]);
+        let unlimited = RetryPolicy {
+            max_attempts: 0,
+            ..FAST
+        };
+        let error = run(Vec::new(), &sinks, &unlimited, &Status::default()).unwrap_err();
+        assert_eq!((error.sink, error.retry), ("rows", Retry::Fatal));
+        let items = LOG
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| **s == "items")
+            .count();
+        assert!(items <= 2, "items written {items} times");
     }
 
     #[test]

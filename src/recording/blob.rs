@@ -4,7 +4,8 @@
 //! redelivered segment is idempotent. Bytes: always a zlib stream.
 //! - no video, zlib body: the body exactly as received (no recompression), sharing the message's
 //!   buffer rather than copied out of it — unless the stream is larger than the JSON it holds
-//!   (only a crafted stream is: padding, empty blocks), which is stored as zlib of the JSON
+//!   (a crafted stream: padding, empty blocks; or JSON of a few dozen bytes, which zlib's own
+//!   framing outweighs: `[]` is 10 bytes of zlib), which is stored as zlib of the JSON
 //!   instead, so a blob never outweighs its content;
 //! - no video, raw/gzip/zstd body: zlib of the rrweb JSON;
 //! - video present: zlib of `0x01 | u32 BE video length | video | rrweb JSON`; a video field

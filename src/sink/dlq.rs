@@ -389,6 +389,11 @@ impl Sink for DlqSink {
 }
 
 impl DlqSink {
+    /// Sends the letters in windows of [`DELIVERY_WINDOW_BYTES`], each delivered before the next
+    /// is sent: librdkafka keeps a copy of every record until its delivery, and a batch of dead
+    /// letters is as large as the buffer's share of a flush (the other producers' writes hold
+    /// 8 MiB at most too). A window with a failure ends the sending, not the attempt: what it
+    /// enqueued is still awaited and marked stored, so the retry sends only the rest.
     async fn send_all(
         &self,
         batch: &[Entry],
@@ -402,27 +407,48 @@ impl DlqSink {
                 .map(|(_, message)| message.value.len() as u64)
                 .sum(),
         };
-        // A letter that cannot be enqueued (its blob-store copy failed, the queue is full) ends
-        // the sending, but not the attempt: the letters already enqueued are still delivered, and
-        // are awaited and marked stored, so that the retry sends only the rest.
-        let (mut failure, mut sent, mut deliveries) = (None, Vec::new(), Vec::new());
-        for &(entry, message) in &letters {
-            if progress.is_stored(Piece::of(entry, RECORD)) {
-                continue;
-            }
-            match self.send(entry, message, progress).await {
-                Ok(delivery) => {
-                    deliveries.push(delivery);
-                    sent.push((entry, message));
+        let mut unsent = letters
+            .into_iter()
+            .filter(|(entry, _)| !progress.is_stored(Piece::of(entry, RECORD)));
+        let mut failure = None;
+        while failure.is_none() {
+            // A letter that cannot be enqueued (its blob-store copy failed, the queue is full)
+            // ends the window.
+            let (mut sent, mut deliveries, mut bytes) = (Vec::new(), Vec::new(), 0);
+            for (entry, message) in unsent.by_ref() {
+                match self.send(entry, message, progress).await {
+                    Ok(delivery) => {
+                        deliveries.push(delivery);
+                        sent.push((entry, message));
+                        bytes += message.value.len();
+                    }
+                    Err(e) => {
+                        keep_telling(&mut failure, e);
+                        break;
+                    }
                 }
-                Err(e) => {
-                    keep_telling(&mut failure, e);
+                if bytes >= DELIVERY_WINDOW_BYTES {
                     break;
                 }
             }
+            if sent.is_empty() {
+                break;
+            }
+            self.deliver(sent, deliveries, progress, &mut failure).await;
         }
-        // A broker whose topic limit is below `max_record_bytes` refuses the record on delivery:
-        // that dead letter goes the pointer's way.
+        failure.map_or(Ok(written), Err)
+    }
+
+    /// Waits for the deliveries of the letters `sent`, marking each delivered one stored. A
+    /// broker whose topic limit is below `max_record_bytes` refuses the record on delivery: that
+    /// dead letter goes the pointer's way. Keeps the failure that says most in `failure`.
+    async fn deliver(
+        &self,
+        sent: Vec<(&Entry, &InvalidMessage)>,
+        deliveries: Vec<DeliveryFuture>,
+        progress: &Progress<'_>,
+        failure: &mut Option<SinkError>,
+    ) {
         let (mut pointed, mut pointers) = (Vec::new(), Vec::new());
         for ((entry, message), delivery) in sent.into_iter().zip(join_all(deliveries).await) {
             match delivered(delivery, classify_producer_error) {
@@ -436,11 +462,11 @@ impl DlqSink {
                         pointed.push(entry);
                     }
                     // The blob store's failure was counted by its request.
-                    Err(e) => keep_telling(&mut failure, e),
+                    Err(e) => keep_telling(failure, e),
                 },
                 Err(e) => {
                     progress.failed(&e);
-                    keep_telling(&mut failure, e);
+                    keep_telling(failure, e);
                 }
             }
         }
@@ -449,11 +475,10 @@ impl DlqSink {
                 Ok(()) => progress.stored(Piece::of(entry, RECORD)),
                 Err(e) => {
                     progress.failed(&e);
-                    keep_telling(&mut failure, e);
+                    keep_telling(failure, e);
                 }
             }
         }
-        failure.map_or(Ok(written), Err)
     }
 }
 
@@ -500,6 +525,48 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recording::Reason;
+
+    /// A batch of dead letters several delivery windows large, no broker listening (each
+    /// delivery times out after 200 ms, never sent): the attempt enqueues one window — ten
+    /// letters of 900 kB make the first 8 MiB — and stops there, the rest left to the retry. It
+    /// used to hand all of them to librdkafka at once, which copies each until its delivery: a
+    /// flood of corrupt segments held a second copy of the flush's whole share of the buffer.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_attempt_holds_one_window_of_letters_in_the_producer_at_a_time() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let producer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", closed.to_string())
+            .set("message.timeout.ms", "200")
+            .create()
+            .unwrap();
+        let sink = DlqSink::new(producer, "dlq", 2_000_000, None);
+        let entries = (0..40)
+            .map(|offset| Entry {
+                partition: 0,
+                offset,
+                outcome: Outcome::Invalid(Box::new(InvalidMessage {
+                    error: InvalidRecording::new(Reason::InvalidMsgpack, "not a segment"),
+                    value: vec![b'x'; 900_000],
+                    key: None,
+                    topic: "rec".to_owned(),
+                    timestamp: None,
+                    rejected_by: None,
+                    original_lost: false,
+                })),
+            })
+            .collect::<Vec<_>>();
+        let status = crate::health::Status::default();
+        let progress = Progress::new(sink.name(), &status);
+        sink.write(&entries, &progress).await.unwrap_err();
+        assert!(
+            progress.looks_down(10) && !progress.looks_down(11),
+            "ten deliveries failed, and no more were made"
+        );
+    }
 
     #[test]
     fn a_copy_is_kept_under_its_replay_and_its_key_says_whose_it_is() {

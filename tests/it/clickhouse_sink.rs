@@ -403,3 +403,76 @@ async fn a_retry_sends_only_the_inserts_the_server_did_not_take() {
     );
     assert_same_rows(&read_back(&config).await, &expected_rows(&batch));
 }
+
+/// Rows a write cannot send within one deadline — here a long environment, repeated on every
+/// click and tap row of its segment (a producer that bypasses Relay; a slow link does the same
+/// to ordinary rows) — go as several INSERTs, each ended once half its deadline has gone, and the
+/// write gets through attempt by attempt. With the whole batch in one INSERT (its rows far under
+/// `chunk_rows`) and one deadline to send it, every attempt timed out at the same place: a
+/// partition stalled for good on valid messages, its flush "progressing" by timing out.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn rows_one_deadline_cannot_carry_go_as_several_inserts_that_each_fit() {
+    let _stack = uses_stack().await;
+    use replay_ingest::recording::replay_event::TextField;
+    use replay_ingest::sink::{Entry, Outcome};
+    let config = ClickHouseConfig {
+        chunk_rows: 100_000,
+        timeout: std::time::Duration::from_millis(400),
+        ..config(&crate::support::unique("replays").replace('-', "_"))
+    };
+    migrate(&config).await.unwrap();
+    let environment = "e".repeat(1 << 20);
+    let with_environment: Vec<Entry> = crate::support::fixture_batch()
+        .iter()
+        .filter_map(|e| match &e.outcome {
+            Outcome::Valid(p) if p.replay_event.is_some() => {
+                let mut p = p.clone();
+                if let Some(event) = p.replay_event.as_mut() {
+                    event.set_text(TextField::environment, Some(&environment));
+                }
+                Some(p)
+            }
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .cycle()
+        .take(80)
+        .enumerate()
+        .map(|(i, p)| Entry {
+            partition: 1,
+            offset: i as i64,
+            outcome: Outcome::Valid(p),
+        })
+        .collect();
+    let batch = Batch {
+        entries: with_environment,
+    };
+    let rows = crate::support::rows_of(&batch);
+    let sent: usize = rows
+        .iter()
+        .map(|r| r.environment.as_deref().map_or(0, str::len))
+        .sum();
+    assert!(
+        rows.len() < config.chunk_rows && sent > 128 << 20,
+        "{} rows, {sent} bytes of environment: one INSERT, too large for one deadline",
+        rows.len()
+    );
+    let status = replay_ingest::health::Status::default();
+    let progress = replay_ingest::sink::Progress::new("clickhouse", &status);
+    let sink = ClickHouseSink::new(&config);
+    let sink: &dyn replay_ingest::sink::Sink = &sink;
+    // The flush's retries, without their backoff: each attempt goes on from the first INSERT
+    // the server did not take.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match sink.write(&batch, &progress).await {
+            Ok(_) => break,
+            Err(e) if e.retry == Retry::Retryable && attempts < 100 => {}
+            Err(e) => panic!("attempt {attempts}: {e}"),
+        }
+    }
+    assert_same_rows(&read_back(&config).await, &expected_rows(&batch));
+}

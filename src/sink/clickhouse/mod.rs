@@ -8,7 +8,10 @@
 //! as long for the server's answer), and the messages of an insert the server took are not
 //! inserted again by a retry: a batch cut into many inserts (segments with clicks over many weeks
 //! touch many partitions) moves forward attempt by attempt, where one deadline for them all
-//! failed every attempt at the same place.
+//! failed every attempt at the same place. An insert is also ended, between messages, once half
+//! its deadline has gone: the rows are not counted in bytes, and a batch whose rows the link
+//! cannot carry within one deadline (long environments repeated on every click row, a slow link)
+//! is sent as several inserts that each fit, where one insert timed out on every attempt.
 //! Rows with the same key collapse, the last inserted kept (the engine has no version column, as
 //! snuba's table): a redelivered older segment can replace a later one's slow/dead/rage click of
 //! the same node and second with its own, as in Sentry.
@@ -317,8 +320,9 @@ impl ClickHouseSink {
         }
     }
 
-    /// Inserts the batch's rows, `chunk_rows` per INSERT, each sent within the sink's timeout
-    /// and answered within another (see [`Self::end`]), the
+    /// Inserts the batch's rows, `chunk_rows` per INSERT (fewer once half an INSERT's time has
+    /// gone), each sent within the sink's timeout and answered within another (see
+    /// [`Self::end`]), the
     /// messages of each INSERT the server took marked in `progress` (and skipped: a retry goes on
     /// from the first INSERT not taken). Rows are built one segment at a time as they are
     /// written, so the batch never holds them all. Returns the number of rows.
@@ -349,7 +353,12 @@ impl ClickHouseSink {
                 continue;
             }
             let partitions: HashSet<(u16, u32)> = rows.iter().map(partition_of).collect();
-            if chunk.is_full_for(rows.len(), &partitions, self.chunk_rows) {
+            // Half the deadline gone: the next message's rows go in a new INSERT, with all of
+            // its own, rather than risk the whole INSERT on what is left of this one's.
+            let late = open.as_ref().is_some_and(|(_, deadline)| {
+                deadline.saturating_duration_since(Instant::now()) < self.timeout / 2
+            });
+            if late || chunk.is_full_for(rows.len(), &partitions, self.chunk_rows) {
                 if let Some((full, _)) = open.take() {
                     self.end(full, &chunk, progress).await?;
                 }
