@@ -404,10 +404,10 @@ async fn a_retry_sends_only_the_inserts_the_server_did_not_take() {
     assert_same_rows(&read_back(&config).await, &expected_rows(&batch));
 }
 
-/// Rows a write cannot send within one deadline — here a long environment, repeated on every
+/// Rows a write cannot send within one timeout — here a long environment, repeated on every
 /// click and tap row of its segment (a producer that bypasses Relay; a slow link does the same
-/// to ordinary rows) — go as several INSERTs, each ended once half its deadline has gone, and the
-/// write gets through attempt by attempt. With the whole batch in one INSERT (its rows far under
+/// to ordinary rows) — go as several INSERTs, each ended once it has been open half the timeout,
+/// and the write gets through (attempt by attempt, should an INSERT still time out). With the whole batch in one INSERT (its rows far under
 /// `chunk_rows`) and one deadline to send it, every attempt timed out at the same place: a
 /// partition stalled for good on valid messages, its flush "progressing" by timing out.
 #[tokio::test(flavor = "multi_thread")]

@@ -4,14 +4,15 @@
 //! partitions (the server refuses a block spread over more than `max_partitions_per_insert_block`,
 //! 100 by default; one segment with clicks over many weeks would otherwise be rejected forever).
 //! A message's rows are never split between two inserts, so one the server refuses leaves none
-//! of its rows behind. Each insert has its own deadline (`--sink-timeout-ms` to send its rows,
-//! as long for the server's answer), and the messages of an insert the server took are not
-//! inserted again by a retry: a batch cut into many inserts (segments with clicks over many weeks
-//! touch many partitions) moves forward attempt by attempt, where one deadline for them all
-//! failed every attempt at the same place. An insert is also ended, between messages, once half
-//! its deadline has gone: the rows are not counted in bytes, and a batch whose rows the link
-//! cannot carry within one deadline (long environments repeated on every click row, a slow link)
-//! is sent as several inserts that each fit, where one insert timed out on every attempt.
+//! of its rows behind. Each message's rows are sent within `--sink-timeout-ms`, an insert is
+//! ended (between messages) once it has been open half of that, and its answer gets as long
+//! again; the messages of an insert the server took are not inserted again by a retry. So a
+//! batch cut into many inserts (segments with clicks over many weeks touch many partitions)
+//! moves forward attempt by attempt, where one deadline for them all failed every attempt at the
+//! same place, and rows a link cannot carry within one deadline (long environments repeated on
+//! every click row, a slow link) go as inserts of what it carries in half of one, where a single
+//! insert timed out on every attempt. Only one message whose own rows take longer than the
+//! timeout cannot get through (rows are not counted in bytes; a message's are never split).
 //! Rows with the same key collapse, the last inserted kept (the engine has no version column, as
 //! snuba's table): a redelivered older segment can replace a later one's slow/dead/rage click of
 //! the same node and second with its own, as in Sentry.
@@ -30,7 +31,7 @@ use std::path::PathBuf;
 use clap::Args;
 use clap::builder::RangedU64ValueParser;
 use std::collections::HashSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::progress::Piece;
 use super::{Built, Check, Entry, Outcome, Progress, Retry, Sink, SinkError, Writing, Written};
@@ -139,17 +140,37 @@ struct Chunk {
     rows: usize,
     partitions: HashSet<(u16, u32)>,
     messages: Vec<Piece>,
+    /// When its INSERT was opened.
+    opened: Option<Instant>,
+}
+
+/// When an INSERT takes no more messages.
+#[derive(Clone, Copy)]
+struct ChunkLimits {
+    rows: usize,
+    /// How long it may have been open.
+    open: Duration,
 }
 
 impl Chunk {
-    /// Whether a message's `rows`, touching `partitions`, must start a new INSERT: with them
-    /// this one would pass `max_rows` or [`MAX_PARTITIONS_PER_INSERT`]. A message alone past a
-    /// limit goes alone (its rows are at most the click and tap limits and its segment row: far
-    /// under the server's 100 partitions unless those limits are raised past it).
-    fn is_full_for(&self, rows: usize, partitions: &HashSet<(u16, u32)>, max_rows: usize) -> bool {
+    /// Whether a message's `rows`, touching `partitions`, must start a new INSERT at `now`: with
+    /// them this one would pass the row limit or [`MAX_PARTITIONS_PER_INSERT`], or it has been
+    /// open as long as it may. A message alone past a limit goes alone (its rows are at most the
+    /// click and tap limits and its segment row: far under the server's 100 partitions unless
+    /// those limits are raised past it).
+    fn is_full_for(
+        &self,
+        rows: usize,
+        partitions: &HashSet<(u16, u32)>,
+        limits: ChunkLimits,
+        now: Instant,
+    ) -> bool {
         self.rows > 0
-            && (self.rows + rows > max_rows
-                || self.partitions.union(partitions).count() > MAX_PARTITIONS_PER_INSERT)
+            && (self.rows + rows > limits.rows
+                || self.partitions.union(partitions).count() > MAX_PARTITIONS_PER_INSERT
+                || self
+                    .opened
+                    .is_some_and(|opened| now.saturating_duration_since(opened) >= limits.open))
     }
 
     fn add(&mut self, rows: usize, partitions: HashSet<(u16, u32)>, message: Piece) {
@@ -283,8 +304,9 @@ pub struct ClickHouseConfig {
     pub password: Secret,
     /// Rows per INSERT; a batch with more rows is split, between messages.
     pub chunk_rows: usize,
-    /// Each INSERT of a write gets this to send its rows and as long for the server's answer;
-    /// past either it is aborted and retried: a half-open connection must not wedge the flush.
+    /// Each message's rows get this to be sent, an INSERT is ended once open half of it, and
+    /// its answer gets as long; past either deadline the INSERT is aborted and retried: a
+    /// half-open connection must not wedge the flush.
     pub timeout: std::time::Duration,
 }
 
@@ -320,9 +342,9 @@ impl ClickHouseSink {
         }
     }
 
-    /// Inserts the batch's rows, `chunk_rows` per INSERT (fewer once half an INSERT's time has
-    /// gone), each sent within the sink's timeout and answered within another (see
-    /// [`Self::end`]), the
+    /// Inserts the batch's rows, `chunk_rows` per INSERT (fewer once an INSERT has been open
+    /// half the sink's timeout), each message's rows sent within the timeout and each INSERT
+    /// answered within another (see [`Self::end`]), the
     /// messages of each INSERT the server took marked in `progress` (and skipped: a retry goes on
     /// from the first INSERT not taken). Rows are built one segment at a time as they are
     /// written, so the batch never holds them all. Returns the number of rows.
@@ -332,8 +354,14 @@ impl ClickHouseSink {
         progress: &Progress<'_>,
     ) -> Result<u64, clickhouse::error::Error> {
         let mut written = 0u64;
-        let mut open: Option<(clickhouse::insert::Insert<ReplayRow>, Instant)> = None;
+        let mut open: Option<clickhouse::insert::Insert<ReplayRow>> = None;
         let mut chunk = Chunk::default();
+        // An INSERT open half the timeout ends before the next message, so that none outlasts
+        // what one message is allowed by more than that.
+        let limits = ChunkLimits {
+            rows: self.chunk_rows,
+            open: self.timeout / 2,
+        };
         for entry in batch {
             let Outcome::Valid(processed) = &entry.outcome else {
                 continue;
@@ -353,21 +381,18 @@ impl ClickHouseSink {
                 continue;
             }
             let partitions: HashSet<(u16, u32)> = rows.iter().map(partition_of).collect();
-            // Half the deadline gone: the next message's rows go in a new INSERT, with all of
-            // its own, rather than risk the whole INSERT on what is left of this one's.
-            let late = open.as_ref().is_some_and(|(_, deadline)| {
-                deadline.saturating_duration_since(Instant::now()) < self.timeout / 2
-            });
-            if late || chunk.is_full_for(rows.len(), &partitions, self.chunk_rows) {
-                if let Some((full, _)) = open.take() {
+            let now = Instant::now();
+            if chunk.is_full_for(rows.len(), &partitions, limits, now) {
+                if let Some(full) = open.take() {
                     self.end(full, &chunk, progress).await?;
                 }
                 chunk = Chunk::default();
             }
-            let (insert, deadline) = match &mut open {
+            let deadline = now + self.timeout;
+            let insert = match &mut open {
                 Some(open) => open,
                 None => {
-                    let deadline = Instant::now() + self.timeout;
+                    chunk.opened = Some(now);
                     let insert = within(
                         deadline,
                         self.client.insert::<ReplayRow>(&self.config.table),
@@ -376,16 +401,16 @@ impl ClickHouseSink {
                     // Every send (those of `end` too: it sends the last rows before waiting)
                     // and the answer; past either the request is aborted, not left running.
                     .with_timeouts(Some(self.timeout), Some(self.timeout));
-                    open.insert((insert, deadline))
+                    open.insert(insert)
                 }
             };
             for row in &rows {
-                within(*deadline, insert.write(row)).await?;
+                within(deadline, insert.write(row)).await?;
             }
             chunk.add(rows.len(), partitions, message);
             written += rows.len() as u64;
         }
-        if let Some((last, _)) = open {
+        if let Some(last) = open {
             self.end(last, &chunk, progress).await?;
         }
         Ok(written)
@@ -627,15 +652,24 @@ mod tests {
     }
 
     #[test]
-    fn an_insert_is_cut_between_messages_before_too_many_partitions_or_rows() {
+    fn an_insert_is_cut_between_messages_before_too_many_partitions_or_rows_or_once_open_too_long()
+    {
+        let at = Instant::now();
+        let limits = |rows| ChunkLimits {
+            rows,
+            open: Duration::from_secs(15),
+        };
         let weeks = |range: std::ops::Range<u32>| -> HashSet<(u16, u32)> {
             range.map(|week| (30, week * 7)).collect()
         };
-        let mut chunk = Chunk::default();
+        let mut chunk = Chunk {
+            opened: Some(at),
+            ..Chunk::default()
+        };
         let limit = MAX_PARTITIONS_PER_INSERT as u32;
         for message in 0..limit / 2 {
             let touched = weeks(message * 2..message * 2 + 2);
-            assert!(!chunk.is_full_for(2, &touched, 1000));
+            assert!(!chunk.is_full_for(2, &touched, limits(1000), at));
             let piece = Piece {
                 partition: 0,
                 offset: i64::from(message),
@@ -644,20 +678,33 @@ mod tests {
             chunk.add(2, touched, piece);
         }
         assert!(
-            !chunk.is_full_for(3, &weeks(0..3), 1000),
+            !chunk.is_full_for(3, &weeks(0..3), limits(1000), at),
             "partitions it already touches"
         );
         assert!(
-            chunk.is_full_for(2, &weeks(limit - 1..limit + 1), 1000),
+            chunk.is_full_for(2, &weeks(limit - 1..limit + 1), limits(1000), at),
             "a message whose rows would pass the partition limit starts the next INSERT"
         );
         assert!(
-            chunk.is_full_for(3, &weeks(0..1), chunk.rows + 2),
+            chunk.is_full_for(3, &weeks(0..1), limits(chunk.rows + 2), at),
             "or the row limit: a message's rows are not split"
+        );
+        assert!(
+            !chunk.is_full_for(
+                1,
+                &weeks(0..1),
+                limits(1000),
+                at + Duration::from_millis(14_999)
+            ),
+            "open for less than its limit"
+        );
+        assert!(
+            chunk.is_full_for(1, &weeks(0..1), limits(1000), at + Duration::from_secs(15)),
+            "or open as long as it may: a slow link's INSERTs end before they outlast the timeout"
         );
         let empty = Chunk::default();
         assert!(
-            !empty.is_full_for(5, &weeks(0..200), 2),
+            !empty.is_full_for(5, &weeks(0..200), limits(2), at + Duration::from_secs(60)),
             "a message alone past a limit goes alone, whole"
         );
     }
