@@ -186,6 +186,19 @@ unsafe extern "C" fn wake(_: *mut rdsys::rd_kafka_t, thread: *mut c_void) {
     unsafe { &*thread.cast::<Thread>() }.unpark();
 }
 
+/// For unit tests: a producer's settings whose only broker address has nothing listening, so
+/// that each delivery times out after `message_timeout_ms`, never sent.
+#[cfg(test)]
+pub fn unreachable(message_timeout_ms: u32) -> ClientConfig {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free local port");
+    ClientConfig::new()
+        .set("bootstrap.servers", closed.to_string())
+        .set("message.timeout.ms", message_timeout_ms.to_string())
+        .clone()
+}
+
 impl FromClientConfig for Producer {
     fn from_config(config: &ClientConfig) -> KafkaResult<Producer> {
         // librdkafka's default when unset; `delivery.timeout.ms`, its alias, is refused in
@@ -352,16 +365,8 @@ mod tests {
     use super::*;
 
     /// A producer with nobody to talk to: librdkafka fails each delivery after 200 ms.
-    fn unreachable() -> Producer {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        ClientConfig::new()
-            .set("bootstrap.servers", closed.to_string())
-            .set("message.timeout.ms", "200")
-            .create()
-            .unwrap()
+    fn unreachable_producer() -> Producer {
+        unreachable(200).create().unwrap()
     }
 
     /// A producer without a delivery timeout is refused: its deliveries could be awaited for good.
@@ -383,7 +388,7 @@ mod tests {
     /// it for a second one after it went back to sleep.
     #[tokio::test]
     async fn deliveries_complete_without_anyone_polling() {
-        let producer = unreachable();
+        let producer = unreachable_producer();
         for _ in 0..2 {
             let delivery = producer
                 .enqueue(FutureRecord::<(), _>::to("t").payload("v"))
@@ -406,7 +411,7 @@ mod tests {
     /// (a deadline of 50 ms is awaited here).
     #[tokio::test]
     async fn a_delivery_never_reported_ends_unanswered_at_its_deadline() {
-        let producer = unreachable();
+        let producer = unreachable_producer();
         assert_eq!(producer.0.patience, Duration::from_millis(5_400));
         let (_reporter, report) = oneshot::channel();
         let patience = Duration::from_millis(50);
@@ -425,7 +430,7 @@ mod tests {
     /// queued.
     #[tokio::test]
     async fn dropping_the_producer_fails_its_queued_deliveries_and_stops_its_thread() {
-        let producer = unreachable();
+        let producer = unreachable_producer();
         let delivery = producer
             .enqueue(FutureRecord::<(), _>::to("t").payload("v"))
             .unwrap();

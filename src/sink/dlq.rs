@@ -534,15 +534,7 @@ mod tests {
     /// flood of corrupt segments held a second copy of the flush's whole share of the buffer.
     #[tokio::test(flavor = "multi_thread")]
     async fn an_attempt_holds_one_window_of_letters_in_the_producer_at_a_time() {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let producer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", closed.to_string())
-            .set("message.timeout.ms", "200")
-            .create()
-            .unwrap();
+        let producer = crate::kafka::producer::unreachable(200).create().unwrap();
         let sink = DlqSink::new(producer, "dlq", 2_000_000, None);
         let entries = (0..40)
             .map(|offset| Entry {

@@ -385,14 +385,7 @@ mod tests {
     /// A sink on topics `o`, `a` and `i` whose producer reaches no broker: each delivery times
     /// out after 200 ms, never sent.
     fn unconnected_sink() -> EventsSink {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let config = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", closed.to_string())
-            .set("message.timeout.ms", "200")
-            .clone();
+        let config = crate::kafka::producer::unreachable(200);
         let topics = EventTopics {
             outcomes: "o".into(),
             analytics: "a".into(),

@@ -1570,15 +1570,7 @@ mod tests {
         );
         let broken = vec![format!("90/42/{unread}/0"), format!("90/42/{given}/0")];
         let store = Counting::over(dir.path(), broken, Vec::new());
-        let closed = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let producer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", closed.to_string())
-            .set("message.timeout.ms", "300")
-            .create()
-            .unwrap();
+        let producer = crate::kafka::producer::unreachable(300).create().unwrap();
         let rows = Rows::Snuba {
             producer,
             topic: "replay-events".into(),
