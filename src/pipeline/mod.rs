@@ -1057,6 +1057,13 @@ impl Pipeline {
             if self.flushes.is_empty() && self.buffer.is_empty() {
                 break;
             }
+            // Nothing left of this member's: the flushes under way hold only messages of
+            // partitions lost meanwhile, their next owner's. Each stops before its next attempt,
+            // which a hung request or a backoff can put off past the deadline, and waiting for it
+            // — or giving up on it as failing — ended the drain in an error with nothing held.
+            if self.buffer.is_empty() && self.frontier.pending() == 0 {
+                break;
+            }
             let give_up_at = match self.failing_long(patience) {
                 Ok(failing) => return Ok(Drained::FailingLong(failing)),
                 Err(at) => at,
