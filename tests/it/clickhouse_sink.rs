@@ -407,9 +407,10 @@ async fn a_retry_sends_only_the_inserts_the_server_did_not_take() {
 /// Rows a write cannot send within one timeout — here a long environment, repeated on every
 /// click and tap row of its segment (a producer that bypasses Relay; a slow link does the same
 /// to ordinary rows) — go as several INSERTs, each ended once it has been open half the timeout,
-/// and the write gets through (attempt by attempt, should an INSERT still time out). With the whole batch in one INSERT (its rows far under
-/// `chunk_rows`) and one deadline to send it, every attempt timed out at the same place: a
-/// partition stalled for good on valid messages, its flush "progressing" by timing out.
+/// and the write gets through (attempt by attempt, should an INSERT still time out). With the
+/// whole batch in one INSERT (its rows far under `chunk_rows`) and one deadline to send it,
+/// every attempt timed out at the same place: a partition stalled for good on valid messages,
+/// its flush "progressing" by timing out.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn rows_one_deadline_cannot_carry_go_as_several_inserts_that_each_fit() {
