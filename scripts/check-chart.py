@@ -301,12 +301,12 @@ def main():
     # Helm reads YAML numbers as floats: 1048576 would print as 1.048576e+06, which librdkafka
     # reads as 1. KEDA reads the lag from the service's own brokers unless told otherwise.
     rendered = helm.Chart.load(str(CHART)).render(
-        {"kafkaProperties": {"queued.max.messages.kbytes": 1048576, "fetch.wait.max.ms": 100, "enable.partition.eof": False},
+        {"kafkaProperties": {"queued.min.messages": 1048576, "fetch.wait.max.ms": 100, "enable.partition.eof": False},
          "config": {"KAFKA_BROKERS": "b1:9092,b2:9092"}, "autoscaling": {"keda": {"enabled": True}}},
         name="x", namespace="y")
     numbers = list(documents(rendered))
     properties = next(d for _, d in numbers if d["kind"] == "ConfigMap")["data"]["REPLAY_INGEST_KAFKA_PROPERTIES"].split("\n")
-    expected = ["enable.partition.eof=false", "fetch.wait.max.ms=100", "queued.max.messages.kbytes=1048576"]
+    expected = ["enable.partition.eof=false", "fetch.wait.max.ms=100", "queued.min.messages=1048576"]
     if properties != expected:
         fail(f"numbers in kafkaProperties must render as written: {properties} (expected {expected})")
     brokers = next(d for _, d in numbers if d["kind"] == "ScaledObject")["spec"]["triggers"][0]["metadata"]["bootstrapServers"]
@@ -359,6 +359,13 @@ def main():
         ({"kafkaProperties": {"sasl.password": "x"}}, "kafkaProperties.sasl.password: a secret goes in secrets."),
         ({"kafkaProperties": {"ssl.key.pem": "x"}}, "kafkaProperties.ssl.key.pem: a secret goes in secrets."),
         ({"kafkaProperties": {"group.id": "x"}}, "kafkaProperties.group.id: set config.GROUP_ID instead"),
+        ({"kafkaProperties": {"session.timeout.ms": 10000}}, "kafkaProperties.session.timeout.ms: set config.SESSION_TIMEOUT_MS instead"),
+        ({"kafkaProperties": {"enable.auto.commit": True}}, "kafkaProperties.enable.auto.commit cannot be changed"),
+        ({"kafkaProperties": {"acks": 1}}, "kafkaProperties.acks cannot be changed"),
+        ({"kafkaProperties": {"sasl.oauthbearer.config": "x"}}, "kafkaProperties.sasl.oauthbearer.config: a secret goes in secrets."),
+        ({"config": {"CLICKHOUSE_URL": "http://u:hunter2@ch:8123"}}, "config.CLICKHOUSE_URL: a URL with credentials in it"),
+        ({"extraEnv": [{"name": "REPLAY_INGEST_CLICKHOUSE_PASSWORD", "value": "hunter2"}]},
+         "extraEnv REPLAY_INGEST_CLICKHOUSE_PASSWORD: a secret's value goes in a Secret"),
         ({"secrets": {"kafkaCa": {"existingSecret": "ca"}}}, "secrets.kafkaCa is set but config.KAFKA_SECURITY_PROTOCOL is PLAINTEXT"),
         ({"secrets": {"kafkaSaslPassword": {"existingSecret": "pw"}}, "config": {"KAFKA_SECURITY_PROTOCOL": "SSL"}},
          "secrets.kafkaSaslPassword is set but config.KAFKA_SECURITY_PROTOCOL is SSL"),

@@ -8,6 +8,9 @@ use std::time::Duration;
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
 use rdkafka::ClientConfig;
+use rdkafka::config::FromClientConfigAndContext;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::producer::BaseProducer;
 
 use crate::kafka::consumer::STATISTICS_INTERVAL;
 use crate::pipeline::buffer::BufferLimits;
@@ -175,10 +178,73 @@ pub enum SaslMechanism {
 /// Property keys that hold secrets: refused in `--kafka-property`, whose variable lives in a
 /// ConfigMap and whose flag shows in `ps`.
 fn is_secret_property(key: &str) -> bool {
-    ["password", "secret", "ssl.key.pem"]
-        .iter()
-        .any(|word| key.contains(word))
+    [
+        "password",
+        "secret",
+        "ssl.key.pem",
+        "sasl.oauthbearer.config",
+    ]
+    .iter()
+    .any(|word| key.contains(word))
 }
+
+/// The context of the clients [`KafkaArgs::check_properties`] makes: they reach no broker, and
+/// their logs (no broker configured, …) would only mislead.
+pub struct Unheard;
+
+impl rdkafka::ClientContext for Unheard {
+    fn log(&self, _: rdkafka::config::RDKafkaLogLevel, _: &str, _: &str) {}
+}
+
+impl rdkafka::consumer::ConsumerContext for Unheard {}
+
+impl rdkafka::producer::ProducerContext for Unheard {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
+
+/// Property keys a flag sets (librdkafka's aliases included): given in `--kafka-property`, the
+/// value would reach librdkafka past the flag's own checks (the drain deadline below the session
+/// timeout, the prefetch in the memory bound, TLS and SASL settings that fit together).
+const FLAG_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "--brokers"),
+    ("metadata.broker.list", "--brokers"),
+    ("group.id", "--group-id"),
+    ("security.protocol", "--kafka-security-protocol"),
+    ("sasl.mechanism", "--kafka-sasl-mechanism"),
+    ("sasl.mechanisms", "--kafka-sasl-mechanism"),
+    ("sasl.username", "--kafka-sasl-username"),
+    ("ssl.ca.location", "--kafka-ssl-ca-location"),
+    (
+        "ssl.certificate.location",
+        "--kafka-ssl-certificate-location",
+    ),
+    ("ssl.key.location", "--kafka-ssl-key-location"),
+    ("session.timeout.ms", "--session-timeout-ms"),
+    ("queued.max.messages.kbytes", "--prefetch-kbytes"),
+    ("fetch.max.bytes", "--fetch-max-bytes"),
+    ("message.max.bytes", "--max-message-bytes"),
+];
+
+/// Property keys whose value the service's delivery guarantee rests on, with what it would lose.
+const PINNED_PROPERTIES: &[(&str, &str)] = &[
+    ("enable.auto.commit", AUTO_COMMIT),
+    ("auto.commit.enable", AUTO_COMMIT),
+    ("enable.auto.offset.store", AUTO_COMMIT),
+    (
+        "auto.offset.reset",
+        "a partition without a committed offset, or whose offset is past the topic's retention, is read from its earliest message, so that nothing still on the topic is skipped",
+    ),
+    ("acks", IDEMPOTENT),
+    ("request.required.acks", IDEMPOTENT),
+    ("enable.idempotence", IDEMPOTENT),
+    (
+        "transactional.id",
+        "the producers are idempotent, not transactional: a transactional producer sends nothing before transactions are begun, which the service never does",
+    ),
+];
+const AUTO_COMMIT: &str = "offsets are committed by the service once a message's outputs are durable; librdkafka's own commits would commit messages still in the buffer, lost if the process dies";
+const IDEMPOTENT: &str = "records are acknowledged by every in-sync replica and written idempotently (acks=all, enable.idempotence=true): otherwise a leader's failover can lose a dead letter or billing outcome, or a retry count one twice";
 
 impl KafkaArgs {
     /// The pass-through properties as pairs. Messages name the offending key, never a value.
@@ -220,12 +286,15 @@ impl KafkaArgs {
                         "Kafka property {key:?} holds a secret: use --kafka-sasl-password-file or --kafka-ssl-key-password-file (a mounted Secret) instead"
                     ));
                 }
-                if key == "group.id" {
-                    // Set here, it would move the member to another group than the consumer
-                    // that re-reads rejected messages, whose group the principal's ACLs cover.
-                    return Err(
-                        "Kafka property \"group.id\": use --group-id instead".to_owned(),
-                    );
+                // `group.id` set here would also move the member to another group than the
+                // consumer that re-reads rejected messages, whose group the principal's ACLs cover.
+                if let Some((_, flag)) = FLAG_PROPERTIES.iter().find(|(k, _)| *k == key) {
+                    return Err(format!("Kafka property {key:?}: use {flag} instead"));
+                }
+                if let Some((_, why)) = PINNED_PROPERTIES.iter().find(|(k, _)| *k == key) {
+                    return Err(format!(
+                        "Kafka property {key:?} cannot be changed: {why}"
+                    ));
                 }
                 if key == "delivery.timeout.ms" {
                     // An alias: set beside the default `message.timeout.ms`, which of the two
@@ -305,16 +374,41 @@ impl KafkaArgs {
         Ok(config)
     }
 
-    /// Whether librdkafka takes every property a client with these `defaults` is given — names
-    /// it knows, values of their form — as it does when `consume` creates the client, but without
-    /// creating one: no broker is reached and no file read (secrets and certificates may not be
-    /// mounted where the configuration is checked). The message names the property, never its
-    /// value (librdkafka's own message quotes some values).
-    pub fn check_properties(&self, defaults: &[(&str, String)]) -> Result<(), ConfigError> {
+    /// Whether librdkafka takes every property a client of kind `C` with these `defaults` is
+    /// given — names it knows, values of their form, and the rules across properties it checks
+    /// when a client is created (`max.poll.interval.ms` at least `session.timeout.ms`,
+    /// `fetch.max.bytes` at least `message.max.bytes`, …) — as it does when `consume` creates the
+    /// client, but without reaching a broker or reading a file (secrets and certificates may not
+    /// be mounted where the configuration is checked): the client made here has no brokers, no
+    /// group, no TLS or SASL. The message names the property, never its value (librdkafka's own
+    /// message quotes some values).
+    pub fn check_properties<C>(&self, defaults: &[(&str, String)]) -> Result<(), ConfigError>
+    where
+        C: FromClientConfigAndContext<Unheard>,
+    {
         use rdkafka::error::KafkaError;
         use rdkafka::types::RDKafkaConfRes;
-        let refusal = match self.settings(defaults)?.create_native_config() {
-            Ok(_) => return Ok(()),
+        let mut config = self.settings(defaults)?;
+        let refusal = match config.create_native_config() {
+            Ok(_) => {
+                for key in [
+                    "bootstrap.servers",
+                    "group.id",
+                    "ssl.ca.location",
+                    "ssl.certificate.location",
+                    "ssl.key.location",
+                    "sasl.mechanism",
+                    "sasl.username",
+                ] {
+                    config.remove(key);
+                }
+                config.set("security.protocol", "plaintext");
+                match config.create_with_context::<_, C>(Unheard) {
+                    Ok(_) => return Ok(()),
+                    // librdkafka's text names properties (between backquotes), never values.
+                    Err(e) => format!("librdkafka refuses the Kafka properties together: {e}"),
+                }
+            }
             Err(KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, _, key, _)) => {
                 format!("Kafka property {key:?} is not one librdkafka knows")
             }
@@ -681,11 +775,13 @@ impl ConsumeArgs {
         self.problems().map_err(ConfigError::Invalid)?;
         // The clients `consume` creates: the group member (the consumer that re-reads rejected
         // messages has a subset of its properties) and the producers.
-        self.kafka.check_properties(&self.consumer_properties())?;
-        self.kafka.check_properties(&producer_properties(
-            self.max_message_bytes,
-            self.sink_timeout(),
-        ))
+        self.kafka
+            .check_properties::<BaseConsumer<Unheard>>(&self.consumer_properties())?;
+        self.kafka
+            .check_properties::<BaseProducer<Unheard>>(&producer_properties(
+                self.max_message_bytes,
+                self.sink_timeout(),
+            ))
     }
 
     /// The most memory this configuration lets the service hold (docs/operations.md, "Memory"):
@@ -1040,6 +1136,9 @@ mod tests {
             parse(&[
                 "--blob-sink",
                 "null",
+                // librdkafka refuses a poll interval below the session timeout.
+                "--session-timeout-ms",
+                "21000",
                 "--kafka-property",
                 &format!("max.poll.interval.ms={interval}"),
             ])
@@ -1293,7 +1392,7 @@ mod tests {
         for (key, value) in [
             ("fetch.wait.max.ms", "ten"),
             ("fetch.wait.max.ms", "999999999"),
-            ("auto.offset.reset", "sideways"),
+            ("isolation.level", "sideways"),
             ("linger.ms", "soon"),
         ] {
             let err = with(&format!("{key}={value}")).unwrap_err();
@@ -1303,6 +1402,96 @@ mod tests {
             );
         }
         assert_eq!(with("fetch.wait.max.ms=100"), Ok(()));
+    }
+
+    #[test]
+    fn properties_librdkafka_refuses_together_are_refused_before_anything_starts() {
+        let with = |flags: &[&str]| {
+            let mut argv = vec!["--blob-sink", "null"];
+            argv.extend(flags);
+            parse(&argv).validate().map_err(|e| e.to_string())
+        };
+        // Each property is valid alone; librdkafka refuses them together only when it creates
+        // the client, which `check-config` did not do: the pod crash-looped on rollout.
+        let err = with(&["--session-timeout-ms", "400000"]).unwrap_err();
+        assert!(
+            err.contains("`max.poll.interval.ms`must be >= `session.timeout.ms`"),
+            "{err}"
+        );
+        let err = with(&["--kafka-property", "reconnect.backoff.ms=20000"]).unwrap_err();
+        assert!(
+            err.contains("`reconnect.backoff.max.ms` must be >="),
+            "{err}"
+        );
+        // The producers' rules too.
+        let err = with(&["--kafka-property", "linger.ms=40000"]).unwrap_err();
+        assert!(err.contains("greater than `linger.ms`"), "{err}");
+        // Nothing is reached or read: a TLS setup whose files are not mounted here passes.
+        let tls = [
+            "--kafka-security-protocol",
+            "SASL_SSL",
+            "--kafka-sasl-mechanism",
+            "SCRAM-SHA-512",
+            "--kafka-sasl-username",
+            "replay",
+            "--kafka-sasl-password-file",
+            "/nonexistent/password",
+            "--kafka-ssl-ca-location",
+            "/nonexistent/ca.pem",
+        ];
+        assert_eq!(with(&tls), Ok(()));
+        assert_eq!(
+            with(&[
+                "--kafka-property",
+                "max.poll.interval.ms=400000",
+                "--session-timeout-ms",
+                "400000"
+            ]),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn properties_a_flag_sets_or_the_guarantees_rest_on_are_refused() {
+        let refused = |property: &str| {
+            parse(&["--blob-sink", "null", "--kafka-property", property])
+                .validate()
+                .unwrap_err()
+                .to_string()
+        };
+        for (property, flag) in [
+            ("session.timeout.ms=10000", "--session-timeout-ms"),
+            ("metadata.broker.list=elsewhere:9092", "--brokers"),
+            ("fetch.max.bytes=1000000", "--fetch-max-bytes"),
+            ("security.protocol=plaintext", "--kafka-security-protocol"),
+            ("group.id=other", "--group-id"),
+        ] {
+            let err = refused(property);
+            assert!(err.contains(&format!("use {flag} instead")), "{err}");
+            assert!(!err.contains(property.split_once('=').unwrap().1), "{err}");
+        }
+        for (property, why) in [
+            (
+                "enable.auto.commit=true",
+                "once a message's outputs are durable",
+            ),
+            (
+                "enable.auto.offset.store=true",
+                "once a message's outputs are durable",
+            ),
+            ("auto.offset.reset=latest", "earliest message"),
+            ("acks=1", "acks=all"),
+            ("request.required.acks=1", "acks=all"),
+            ("enable.idempotence=false", "enable.idempotence=true"),
+            ("transactional.id=t", "not transactional"),
+        ] {
+            let err = refused(property);
+            assert!(
+                err.contains("cannot be changed") && err.contains(why),
+                "{err}"
+            );
+        }
+        assert!(refused("sasl.oauthbearer.config=principal=me").contains("holds a secret"));
     }
 
     #[test]

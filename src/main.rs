@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use rayon::prelude::*;
 use tracing::{error, info, warn};
 
@@ -104,9 +105,40 @@ enum Command {
     Redrive(Box<replay_ingest::tools::redrive::RedriveArgs>),
 }
 
+/// The flag and variable of a secret given on the command line, if one is (the flags exist for
+/// the variables' sake: clap reads a variable through its flag).
+fn secret_on_the_command_line(matches: &ArgMatches) -> Option<(&'static str, &'static str)> {
+    let (_, command) = matches.subcommand()?;
+    [
+        (
+            "kafka_sasl_password",
+            "--kafka-sasl-password",
+            "REPLAY_INGEST_KAFKA_SASL_PASSWORD",
+        ),
+        (
+            "clickhouse_password",
+            "--clickhouse-password",
+            "REPLAY_INGEST_CLICKHOUSE_PASSWORD",
+        ),
+    ]
+    .into_iter()
+    .find(|(id, _, _)| {
+        command.ids().any(|known| known == id)
+            && command.value_source(id) == Some(ValueSource::CommandLine)
+    })
+    .map(|(_, flag, variable)| (flag, variable))
+}
+
 fn main() -> ExitCode {
     cap_malloc_arenas();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    if let Some((flag, variable)) = secret_on_the_command_line(&matches) {
+        eprintln!(
+            "error: {flag} on the command line shows in `ps` and in the pod's spec: set {variable} (from a Secret) or {flag}-file instead"
+        );
+        return ExitCode::from(2);
+    }
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Inspect {
         files,
         limits,

@@ -401,6 +401,27 @@ fn help_and_errors_never_show_secrets_from_the_environment() {
     );
     assert!(!text.contains("hunter2"), "{text}");
 
+    // A secret flag on the command line is refused (it shows in `ps`), naming the variable; the
+    // same value from the environment is taken (above, and in every test with a password).
+    for (command, flag) in [
+        ("consume", "--kafka-sasl-password"),
+        ("check-config", "--kafka-sasl-password"),
+        ("consume", "--clickhouse-password"),
+        ("migrate", "--clickhouse-password"),
+    ] {
+        let joined = format!("{flag}=hunter2-flag");
+        for args in [&[command, flag, "hunter2-flag"][..], &[command, &joined]] {
+            let refused = run(args, "");
+            let stderr = String::from_utf8_lossy(&refused.stderr);
+            assert_eq!(refused.status.code(), Some(2), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains("on the command line shows in `ps`"),
+                "{stderr}"
+            );
+            assert!(!stderr.contains("hunter2"), "{stderr}");
+        }
+    }
+
     for properties in ["sasl.password=hunter2-property", "hunter2-property"] {
         let refused = run(&["consume", "--blob-sink", "null"], properties);
         let stderr = String::from_utf8_lossy(&refused.stderr);
