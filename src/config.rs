@@ -714,6 +714,13 @@ pub struct ConsumeArgs {
     /// an outage the coordinator's connection may wait that long while another broker is up).
     #[arg(long, env = "REPLAY_INGEST_GROUP_STALL_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(0..=86_400_000), default_value_t = 600_000)]
     pub group_stall_timeout_ms: u64,
+    /// Liveness fails when the brokers have refused this process's Kafka credentials — its SASL
+    /// login, its certificate, or their certificate against its CA — this long, ms, refusal after
+    /// refusal (each within a minute of the one before). The clients read the credentials' files
+    /// when they start: a password or certificate rotated under a running pod is read again by
+    /// the restart. 0: never.
+    #[arg(long, env = "REPLAY_INGEST_KAFKA_REFUSED_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(0..=86_400_000), default_value_t = 120_000)]
+    pub kafka_refused_timeout_ms: u64,
     /// First retry backoff, ms; doubles per attempt, full jitter. At least 1: a backoff that
     /// starts at 0 stays 0 (retries in a hot loop against a sink that is down).
     #[arg(long, env = "REPLAY_INGEST_FLUSH_INITIAL_BACKOFF_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 200)]
@@ -953,6 +960,8 @@ impl ConsumeArgs {
             flush_stall: self.flush_stall(),
             group_stall: (self.group_stall_timeout_ms != 0)
                 .then(|| Duration::from_millis(self.group_stall_timeout_ms)),
+            kafka_refused: (self.kafka_refused_timeout_ms != 0)
+                .then(|| Duration::from_millis(self.kafka_refused_timeout_ms)),
             consumer_protocol: self.kafka.consumer_group_protocol(),
             hold_writes_after: self
                 .kafka

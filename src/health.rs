@@ -3,9 +3,11 @@
 //! - `GET /health/live`: 200 while the pipeline loop's heartbeat is fresh (it beats at least once
 //!   a second, even when idle), while a flush is outstanding some sink attempt has ended within
 //!   the stall timeout, and the member has not been out of its consumer group for the group stall
-//!   timeout while it reaches a broker; else 503 — a wedged loop, a hung flush or a member that
-//!   stopped joining its group gets the pod restarted; a flush that keeps retrying through an
-//!   outage, and a member cut off from every broker, do not.
+//!   timeout while it reaches a broker, and the brokers have not refused the process's Kafka
+//!   credentials for the refusal timeout; else 503 — a wedged loop, a hung flush, a member that
+//!   stopped joining its group or credentials rotated under the process (read again by the
+//!   restart) get the pod restarted; a flush that keeps retrying through an outage, and a member
+//!   cut off from every broker, do not.
 //! - `GET /health/ready`: 200 once the service is initialised (every sink checked, the consumer
 //!   subscribed) and until it starts shutting down. Holding no partition is not unready: members
 //!   beyond the partition count, and every member during a rebalance, are healthy, and a readiness
@@ -35,6 +37,62 @@ pub const DEFAULT_FLUSH_STALL: Duration = Duration::from_secs(300);
 
 /// A member out of its group this long is logged (once per time out of it).
 pub const OUT_OF_GROUP_WARNING: Duration = Duration::from_secs(60);
+
+/// Refusals of this process's Kafka credentials, as every Kafka client of the process reports
+/// them (`kafka::refusal`). One set of credentials serves every client, so one record serves the
+/// process.
+pub static KAFKA_REFUSALS: Refusals = Refusals::new();
+
+/// Refusals further apart than this belong to two runs. librdkafka tries a refused connection
+/// again at most `reconnect.backoff.max.ms` later (10 s by default, with jitter), each client to
+/// each broker, so refusals that go on come well within it.
+pub const REFUSAL_GAP: Duration = Duration::from_secs(60);
+
+/// A run of refusals of the credentials, each within [`REFUSAL_GAP`] of the one before.
+#[derive(Debug, Default)]
+pub struct Refusals(Mutex<Option<RefusalRun>>);
+
+/// The refusals of one run: the first, the last and why (librdkafka's text, which never holds a
+/// secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RefusalRun {
+    pub since_ms: u64,
+    pub last_ms: u64,
+    pub last_reason: String,
+}
+
+impl Refusals {
+    pub const fn new() -> Refusals {
+        Refusals(Mutex::new(None))
+    }
+
+    /// A refusal at `now`, for `reason`.
+    pub fn record(&self, reason: &str, now: u64) {
+        const REASON_CHARS: usize = 512;
+        let reason: String = reason.chars().take(REASON_CHARS).collect();
+        let mut run = lock(&self.0);
+        match &mut *run {
+            Some(going) if now.saturating_sub(going.last_ms) <= REFUSAL_GAP.as_millis() as u64 => {
+                going.last_ms = going.last_ms.max(now);
+                going.last_reason = reason;
+            }
+            _ => {
+                *run = Some(RefusalRun {
+                    since_ms: now,
+                    last_ms: now,
+                    last_reason: reason,
+                })
+            }
+        }
+    }
+
+    /// The run still going at `now` (its last refusal within [`REFUSAL_GAP`]), if one is.
+    pub fn ongoing(&self, now: u64) -> Option<RefusalRun> {
+        lock(&self.0)
+            .clone()
+            .filter(|run| now.saturating_sub(run.last_ms) <= REFUSAL_GAP.as_millis() as u64)
+    }
+}
 
 /// Now, in ms since the Unix epoch.
 pub(crate) fn now_ms() -> u64 {
@@ -80,6 +138,8 @@ pub struct Status {
     group: Mutex<Membership>,
     /// 0: the member's time out of its group does not fail liveness.
     group_stall_ms: AtomicU64,
+    /// 0: refusals of the Kafka credentials do not fail liveness.
+    kafka_refused_ms: AtomicU64,
     /// Why liveness failed when last asked (`None`: it passed), so that a change is logged once.
     liveness_failing: Mutex<Option<&'static str>>,
 }
@@ -155,6 +215,10 @@ pub struct Snapshot {
     /// Sinks whose last attempt failed.
     pub outages: BTreeMap<&'static str, Outage>,
     pub group: Membership,
+    /// The brokers refusing this process's Kafka credentials: since when, the last refusal and
+    /// why; absent when no refusal came within the last minute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka_refused: Option<RefusalRun>,
     /// Owned partition → next offset to read, as last committed by this process and confirmed by
     /// the broker.
     pub committed: BTreeMap<i32, i64>,
@@ -179,7 +243,7 @@ impl Status {
             // Not started yet (the first startup check beats): nothing to tell.
             return false;
         }
-        let failing = self.failing_liveness(now, heartbeat);
+        let failing = self.failing_liveness(now, heartbeat, &KAFKA_REFUSALS);
         let condition = failing.map(|(what, _)| what);
         let mut told = lock(&self.liveness_failing);
         if *told != condition {
@@ -193,7 +257,12 @@ impl Status {
     }
 
     /// The condition liveness fails on, and for how long it has held (ms).
-    fn failing_liveness(&self, now: u64, heartbeat: u64) -> Option<(&'static str, u64)> {
+    fn failing_liveness(
+        &self,
+        now: u64,
+        heartbeat: u64,
+        refusals: &Refusals,
+    ) -> Option<(&'static str, u64)> {
         let silent = now.saturating_sub(heartbeat);
         if silent >= LIVENESS_STALE_AFTER.as_millis() as u64 {
             return Some(("the pipeline loop stopped beating (wedged)", silent));
@@ -208,6 +277,12 @@ impl Status {
             return Some((
                 "a flush has had no sink request end within the flush stall timeout",
                 still,
+            ));
+        }
+        if let Some(refused) = self.refused_too_long(now, refusals) {
+            return Some((
+                "the brokers have refused this process's Kafka credentials (its login or a certificate) past the Kafka refusal timeout: rotated under it? the restart reads the mounted files again",
+                refused,
             ));
         }
         self.out_of_group_too_long(now).map(|out| {
@@ -233,6 +308,28 @@ impl Status {
             .connected_out_since_ms
             .map(|since| now.saturating_sub(since))
             .filter(|&out| out >= stall)
+    }
+
+    /// How long the brokers have refused the Kafka credentials, from the first refusal of the
+    /// run going on to its last, once that is the timeout or more: measured between refusals, so
+    /// that refusals that stopped (a broker's credentials fixed) never fail liveness after the
+    /// fact. Not while shutting down.
+    fn refused_too_long(&self, now: u64, refusals: &Refusals) -> Option<u64> {
+        let timeout = self.kafka_refused_ms.load(Ordering::Relaxed);
+        if timeout == 0 || self.stopping.load(Ordering::Relaxed) {
+            return None;
+        }
+        refusals
+            .ongoing(now)
+            .map(|run| run.last_ms.saturating_sub(run.since_ms))
+            .filter(|&refused| refused >= timeout)
+    }
+
+    /// How long the brokers may go on refusing the Kafka credentials before liveness fails;
+    /// `None`: never.
+    pub fn set_kafka_refused_timeout(&self, timeout: Option<Duration>) {
+        let ms = timeout.map_or(0, |t| t.as_millis().max(1) as u64);
+        self.kafka_refused_ms.store(ms, Ordering::Relaxed);
     }
 
     /// How long the member may be out of its group, reaching a broker, before liveness fails;
@@ -469,6 +566,7 @@ impl Status {
             sinks: lock(&self.sinks).clone(),
             outages: lock(&self.outages).clone(),
             group: lock(&self.group).clone(),
+            kafka_refused: KAFKA_REFUSALS.ongoing(now_ms()),
             committed: lock(&self.committed).clone(),
         }
     }
@@ -819,6 +917,60 @@ mod tests {
         s.record_group("up", "steady", true, 1);
         assert!(s.live(), "back in the group");
         assert_eq!(s.snapshot().group.out_since_ms, None);
+    }
+
+    #[test]
+    fn refusals_within_a_minute_of_each_other_are_one_run() {
+        let refusals = Refusals::new();
+        assert_eq!(refusals.ongoing(1_000), None);
+        for at in [1_000, 40_000, 100_000] {
+            refusals.record("SASL authentication error", at);
+        }
+        let run = refusals
+            .ongoing(150_000)
+            .expect("the last refusal is 50 s old");
+        assert_eq!((run.since_ms, run.last_ms), (1_000, 100_000));
+        assert_eq!(
+            refusals.ongoing(160_001),
+            None,
+            "over a minute since the last"
+        );
+        refusals.record("certificate verify failed", 200_000);
+        let run = refusals.ongoing(200_000).unwrap();
+        assert_eq!(
+            (run.since_ms, run.last_reason.as_str()),
+            (200_000, "certificate verify failed"),
+            "a new run"
+        );
+    }
+
+    #[test]
+    fn refusals_going_on_past_the_timeout_fail_liveness_and_refusals_that_stopped_never_do() {
+        let s = Status::default();
+        let refusals = Refusals::new();
+        let now = now_ms();
+        let failing = |now: u64| {
+            s.failing_liveness(now, now, &refusals)
+                .map(|(what, _)| what)
+        };
+        for at in (0..=3).map(|i| now + i * 1_000) {
+            refusals.record("Authentication failed", at);
+        }
+        assert_eq!(failing(now + 3_000), None, "no timeout set: never");
+        s.set_kafka_refused_timeout(Some(Duration::from_secs(3)));
+        let condition = failing(now + 3_000).expect("refused for 3 s");
+        assert!(condition.contains("refused this process's Kafka credentials"));
+        // Refusals that stopped 2 s in are a run of 2 s, whenever liveness is asked.
+        let stopped = Refusals::new();
+        for at in [now, now + 2_000] {
+            stopped.record("Authentication failed", at);
+        }
+        assert_eq!(
+            s.failing_liveness(now + 30_000, now + 30_000, &stopped),
+            None
+        );
+        s.record_stopping();
+        assert_eq!(failing(now + 3_000), None, "not while shutting down");
     }
 
     #[test]

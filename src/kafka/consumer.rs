@@ -198,6 +198,13 @@ impl IngestContext {
 }
 
 impl ClientContext for IngestContext {
+    /// librdkafka's errors, logged as rdkafka does by default; a refusal of the credentials is
+    /// recorded for liveness too ([`super::refusal`]).
+    fn error(&self, error: KafkaError, reason: &str) {
+        super::refusal::record(&error, reason);
+        tracing::error!(target: "rdkafka::client", "librdkafka: {error}: {reason}");
+    }
+
     /// librdkafka statistics (every `statistics.interval.ms`): consumer lag of each partition
     /// this member owns (a revoked partition's gauge was zeroed on revoke; statistics can still
     /// list it, and must not bring back a value its new owner now reports), and the member's

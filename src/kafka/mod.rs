@@ -2,7 +2,7 @@
 //! (and, with the consumer group protocol, whether it can count on it while its coordinator is
 //! out of reach),
 //! the bound on messages in transit to the pipeline, the records it hands over, re-reading single
-//! messages, and the producer every sink and tool publishes with.
+//! messages, the producer every sink and tool publishes with, and refusals of the credentials.
 
 pub mod consumer;
 pub mod coordinator;
@@ -12,6 +12,7 @@ pub mod pause;
 pub mod producer;
 pub mod record;
 pub mod refetch;
+pub mod refusal;
 
 /// How long to wait for what librdkafka should answer within `timeout` (the request and delivery
 /// timeout it was given) before taking the brokers for gone: twice that, and 5 s more, as

@@ -120,15 +120,8 @@ impl ClientContext for Deliveries {
     /// (it sends nothing more), and credentials or a certificate the brokers refuse, which
     /// retrying does not get past: ERROR.
     fn error(&self, error: KafkaError, reason: &str) {
-        let refused = match error.rdkafka_error_code() {
-            Some(
-                RDKafkaErrorCode::Fatal
-                | RDKafkaErrorCode::Authentication
-                | RDKafkaErrorCode::SaslAuthenticationFailed,
-            ) => true,
-            Some(RDKafkaErrorCode::SSL) => reason.contains("certificate"),
-            _ => false,
-        };
+        let refused = super::refusal::record(&error, reason)
+            || error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal);
         if refused {
             tracing::error!(%error, reason, "librdkafka (a producer): retrying does not get past this");
         } else {

@@ -223,6 +223,9 @@ pub struct Settings {
     /// How long the member may be out of its group, reaching a broker, before liveness fails;
     /// `None`: never.
     pub group_stall: Option<Duration>,
+    /// How long the brokers may refuse the Kafka credentials before liveness fails; `None`:
+    /// never.
+    pub kafka_refused: Option<Duration>,
     /// The member uses the consumer group protocol of KIP-848.
     pub consumer_protocol: bool,
     /// With it, how long the group coordinator may be out of reach before flushes write
@@ -246,6 +249,7 @@ pub async fn consume(
     let (revokes_tx, revokes_rx) = mpsc::unbounded_channel();
     status.set_flush_stall(settings.flush_stall);
     status.set_group_stall(settings.group_stall);
+    status.set_kafka_refused_timeout(settings.kafka_refused);
     let context = IngestContext::new(
         revokes_tx,
         settings.drain_deadline,

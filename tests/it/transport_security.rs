@@ -291,6 +291,115 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
     );
 }
 
+/// The SASL password rotated under a running service (the broker takes only the new one after a
+/// restart): each client keeps the password it read at start, and every reconnect is refused.
+/// Liveness fails once the refusals have lasted `--kafka-refused-timeout-ms` (before, it stayed
+/// green while nothing was consumed or written, for good), `/status` says why, and the restart
+/// with the file updated (the kubelet's part) consumes what came meanwhile and commits it. The
+/// password is in no line.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
+async fn a_password_rotated_under_the_service_fails_liveness_and_the_restart_takes_the_new_one() {
+    const ROTATED: &str = "r0tated-sasl-password";
+    let mut broker = SecureBroker::start(USER, PASSWORD);
+    let base = admin(&broker);
+    let (topic, dlq) = (unique("rec"), unique("dlq"));
+    create_topic_on(&base, &topic, 1).await;
+    create_topic_on(&base, &dlq, 1).await;
+    let files = small_fixtures(true);
+    let batch = |n: u64| -> Vec<(Vec<u8>, Vec<u8>)> {
+        let per_batch = files.len() as u64;
+        (n * per_batch..(n + 1) * per_batch)
+            .map(|i| (crate::support::load::fixture_copy(&files, i), test_key(i)))
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("kafka-password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
+    let blob_dir = dir.path().join("blobs");
+    let args = service_args(
+        &broker,
+        "SASL_PLAINTEXT",
+        &topic,
+        &dlq,
+        &blob_dir,
+        &[
+            "--kafka-security-protocol",
+            "SASL_PLAINTEXT",
+            "--kafka-sasl-mechanism",
+            "PLAIN",
+            "--kafka-sasl-username",
+            USER,
+            "--kafka-sasl-password-file",
+            password_file.to_str().unwrap(),
+            "--kafka-refused-timeout-ms",
+            "4000",
+        ],
+    );
+    let group = args[args.iter().position(|a| a == "--group-id").unwrap() + 1].clone();
+    let log = dir.path().join("service.log");
+    let service = Service::start_logging_to(&args, &log);
+    let (_, mut sent) = produce_values_with(&producer_on(&base), &topic, batch(0)).await;
+    let first = outcomes(&sent).0;
+    wait_for("the first batch's blobs", Duration::from_secs(60), || {
+        blobs_under(&blob_dir) == first
+    })
+    .await;
+    assert_eq!(service.probe("/health/live"), Some(200));
+
+    broker.rotate_plain_password(USER, ROTATED);
+    let (_, meanwhile) = produce_values_with(&producer_on(&base), &topic, batch(1)).await;
+    sent.extend(meanwhile);
+    wait_for(
+        "liveness to fail on the refused login",
+        Duration::from_secs(90),
+        || service.probe("/health/live") == Some(503),
+    )
+    .await;
+    let refused = service.status().unwrap()["kafka_refused"].clone();
+    assert!(
+        refused["last_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("Authentication")),
+        "{refused}"
+    );
+    assert_eq!(blobs_under(&blob_dir), first, "nothing consumed meanwhile");
+    service.terminate();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("liveness fails: the brokers have refused this process's Kafka credentials"),
+        "{said}"
+    );
+
+    // The kubelet updates the mounted file; the restart reads it.
+    std::fs::write(&password_file, format!("{ROTATED}\n")).unwrap();
+    let restarted_log = dir.path().join("restarted.log");
+    let restarted = Service::start_logging_to(&args, &restarted_log);
+    let (blobs, _) = outcomes(&sent);
+    wait_for(
+        "every blob, those of the rotation's batch too",
+        Duration::from_secs(60),
+        || blobs_under(&blob_dir) == blobs,
+    )
+    .await;
+    let end = high_watermarks_on(&base, &topic, 1);
+    wait_for(
+        "the group commits to the end",
+        Duration::from_secs(60),
+        || committed_on(&base, &group, &topic, 1) == end,
+    )
+    .await;
+    assert_eq!(restarted.probe("/health/live"), Some(200));
+    assert_eq!(restarted.terminate(), Some(0));
+    for log in [&log, &restarted_log] {
+        let said = std::fs::read_to_string(log).unwrap();
+        assert!(
+            !said.contains(PASSWORD) && !said.contains(ROTATED),
+            "no password is logged:\n{said}"
+        );
+    }
+}
+
 /// A wrong password, and a broker certificate another CA signed: the startup check stops the
 /// service with one error line naming what to fix (before: waited on for ever as "not
 /// reachable yet"), before it joins the group, the password in no line.

@@ -198,6 +198,29 @@ impl SecureBroker {
         self.child = launch(&self.home, &self.config, &self.log);
     }
 
+    /// Changes `user`'s PLAIN password to `password` as an operator rotating it does: the
+    /// broker stopped, its JAAS configuration given the new one, started again (on the same log
+    /// directory). SCRAM credentials are left as they were.
+    pub fn rotate_plain_password(&mut self, user: &str, password: &str) {
+        self.kill();
+        let properties = std::fs::read_to_string(&self.config).unwrap();
+        let entry = format!(" user_{user}=\"");
+        let rotated: String = properties
+            .split_inclusive('\n')
+            .map(|line| match line.find(&entry) {
+                Some(at) if line.contains("plain.sasl.jaas.config") => {
+                    let value = at + entry.len();
+                    let end = value + line[value..].find('"').unwrap();
+                    format!("{}{password}{}", &line[..value], &line[end..])
+                }
+                _ => line.to_owned(),
+            })
+            .collect();
+        assert_ne!(rotated, properties, "{user} is a PLAIN user");
+        std::fs::write(&self.config, rotated).unwrap();
+        self.start_again();
+    }
+
     /// `127.0.0.1:PORT` of listener `name`.
     pub fn address(&self, name: &str) -> String {
         format!("127.0.0.1:{}", self.ports[name])
