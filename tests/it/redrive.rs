@@ -661,8 +661,8 @@ async fn letters_that_arrive_during_a_run_are_left_for_the_next() {
 /// Dead letters on a broker of its own reached through a relay, and `redrive` runs through it.
 struct Relayed {
     relay: crate::support::relay::Relay,
-    // Stopped when the test ends.
-    _broker: crate::support::secure_broker::SecureBroker,
+    /// Stopped when the test ends.
+    broker: crate::support::secure_broker::SecureBroker,
     /// The broker's own listener, which the relay does not stand in front of.
     direct: rdkafka::ClientConfig,
     topic: String,
@@ -710,7 +710,7 @@ impl Relayed {
         committed_on(&direct, &group, &dlq, 1);
         Relayed {
             relay,
-            _broker: broker,
+            broker,
             direct,
             topic,
             dlq,
@@ -721,14 +721,13 @@ impl Relayed {
 
     /// A run through the relay, 2 letters a second, each request given 3 s.
     fn run(&self) -> std::process::Child {
+        self.run_with(&self.relay.address(), "3000")
+    }
+
+    /// A run through `brokers`, 2 letters a second, each request given `timeout_ms`.
+    fn run_with(&self, brokers: &str, timeout_ms: &str) -> std::process::Child {
         std::process::Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
-            .args([
-                "redrive",
-                "--brokers",
-                &self.relay.address(),
-                "--dlq-topic",
-                &self.dlq,
-            ])
+            .args(["redrive", "--brokers", brokers, "--dlq-topic", &self.dlq])
             .args([
                 "--topic",
                 &self.topic,
@@ -737,7 +736,7 @@ impl Relayed {
                 "--blob-sink",
                 "null",
             ])
-            .args(["--rate", "2", "--sink-timeout-ms", "3000"])
+            .args(["--rate", "2", "--sink-timeout-ms", timeout_ms])
             .env_remove("RUST_LOG")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -829,6 +828,27 @@ async fn a_run_cut_off_from_the_broker_stops_and_the_next_goes_on_from_its_last_
             assert_eq!(count, 1, "letter {i}, before the commit, once: {counts:?}");
         }
     }
+}
+
+/// The broker killed mid-run and started again, as a rolling restart does, the run reaching it
+/// straight (no relay: its connections are refused while the broker is down): the run waits for
+/// it, and re-drives and commits every letter, each at least once.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
+async fn a_run_rides_out_a_broker_restart() {
+    let mut relayed = Relayed::start().await;
+    let mut run = relayed.run_with(&relayed.broker.address("PLAINTEXT"), "30000");
+    relayed.five_in(&mut run).await;
+    relayed.broker.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    relayed.broker.start_again();
+    let out = tokio::task::spawn_blocking(move || output_within(run))
+        .await
+        .unwrap();
+    let said = said(&out);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(relayed.committed(), relayed.letters, "{said}");
+    assert!(relayed.sent() >= relayed.letters, "{said}");
 }
 
 /// A broker that stops answering mid-run without closing anything (stopped, or behind a
