@@ -775,7 +775,8 @@ async fn delete_rows(
     let replays: Vec<String> = batch.iter().map(|r| hyphenated(&r.target.replay)).collect();
     // The rows table's archive rows stay (they hide the replay); the aggregated table's rows go
     // whole, archived or not: a merge may have folded the replay's user data into a row that
-    // also counts an earlier archive. The archive row inserted after gives it an archive again.
+    // also counts an earlier archive. The archive row inserted once the delete is queued gives
+    // it an archive again.
     // The aggregation first: a delete refused there (no `ALTER DELETE` on it) leaves both
     // tables as they were, for a run again once granted.
     let tables = aggregated
@@ -809,31 +810,15 @@ async fn delete_rows(
             answered(config, &what, client.query(&delete).execute()).await?;
         }
     }
-    for table in &tables {
-        for replay in &replays {
-            wait_for_mutation(&client, config, *table, replay, timeout).await?;
-        }
-    }
-    // A mutation killed by an operator ends without deleting; rows the running service wrote
-    // since the delete began are not in it either.
-    let mut each = Vec::with_capacity(batch.len());
+    // The archive rows now, before the wait: a mutation rewrites only the parts that were there
+    // when it was queued (and the rows table's skips archive rows), so they stay; and a run that
+    // gives up waiting (a slow or failing mutation), or is stopped during the wait, leaves the
+    // replay archived. Written after the wait, they were missing then, and a run again found
+    // nothing of a replay without blobs once the mutation had ended: "nothing to delete".
     let mut archives = Vec::new();
-    for (ready, replay) in batch.iter().zip(&replays) {
-        let project = ready.target.project;
-        let left = rows_left(&client, config, Table::Rows(&config.table), project, replay).await?;
-        let left_aggregated = match aggregated {
-            Some(table) => {
-                rows_left(&client, config, Table::Aggregated(table), project, replay).await?
-            }
-            None => 0,
-        };
-        if left + left_aggregated > 0 {
-            each.push(Err(anyhow::anyhow!(
-                "{left} row(s) and {left_aggregated} aggregated row(s) of the replay remain after its delete mutations ended (killed, or written since the delete began): run the delete again"
-            )));
-            continue;
-        }
-        each.push(match ready.archive().row() {
+    let mut each: Vec<anyhow::Result<Option<String>>> = batch
+        .iter()
+        .map(|ready| match ready.archive().row() {
             Ok(row) => {
                 archives.push(row);
                 Ok(Some(format!(
@@ -842,8 +827,8 @@ async fn delete_rows(
                 )))
             }
             Err(e) => Err(anyhow::anyhow!("the archive row: {e}")),
-        });
-    }
+        })
+        .collect();
     if !archives.is_empty() {
         let insert = async {
             let mut insert = client
@@ -855,6 +840,28 @@ async fn delete_rows(
             insert.end().await
         };
         answered(config, "inserting the archive rows", insert).await?;
+    }
+    for table in &tables {
+        for replay in &replays {
+            wait_for_mutation(&client, config, *table, replay, timeout).await?;
+        }
+    }
+    // A mutation killed by an operator ends without deleting; rows the running service wrote
+    // since the delete began are not in it either.
+    for ((ready, replay), done) in batch.iter().zip(&replays).zip(&mut each) {
+        let project = ready.target.project;
+        let left = rows_left(&client, config, Table::Rows(&config.table), project, replay).await?;
+        let left_aggregated = match aggregated {
+            Some(table) => {
+                rows_left(&client, config, Table::Aggregated(table), project, replay).await?
+            }
+            None => 0,
+        };
+        if left + left_aggregated > 0 {
+            *done = Err(anyhow::anyhow!(
+                "{left} row(s) and {left_aggregated} aggregated row(s) of the replay remain after its delete mutations ended (killed, or written since the delete began): run the delete again"
+            ));
+        }
     }
     Ok(each)
 }

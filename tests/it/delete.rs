@@ -459,7 +459,9 @@ async fn in_a_versioned_bucket_every_version_of_the_replays_blobs_goes() {
 
 /// A mutation of the table that fails for ever (ClickHouse retries it until it is killed, and
 /// later mutations wait behind it) holds the replay's delete: the run gives up after its wait with
-/// exit 1, saying the mutation still runs; a run again waits for the same delete instead of
+/// exit 1, saying the mutation still runs, the replay archived already (its archive row was
+/// written only after the wait: a run again once the mutation had ended found nothing of a replay
+/// without blobs, and it was never archived); a run again waits for the same delete instead of
 /// queuing a second one behind it (each run queued one more before).
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
@@ -498,6 +500,16 @@ async fn a_delete_held_by_a_failing_mutation_fails_and_a_run_again_queues_no_sec
             2,
             "run {run}: the failing one and one delete"
         );
+        // Counted as written (a merge may fold two runs' archive rows into one).
+        let archives = client
+            .query(&format!(
+                "SELECT count() FROM {} WHERE is_archived = 1 AND replay_id = toUUID('{uuid}')",
+                names.table
+            ))
+            .fetch_one::<u64>()
+            .await
+            .unwrap();
+        assert!(archives >= 1, "run {run}: archived already: {said}");
     }
 }
 
