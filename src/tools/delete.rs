@@ -218,6 +218,22 @@ struct Found {
 }
 
 impl Found {
+    /// The objects to remove, in the order they go: the dead-letter copies first and the
+    /// earliest segment blob last, so that a run stopped half way leaves that blob for the next
+    /// to read the replay's time from (with snuba, a replay without it and without a time given
+    /// is left alone, its copies — whole messages, user data included — with it).
+    fn removal_order(&self) -> impl Iterator<Item = &String> {
+        let first = self
+            .first_segment
+            .as_ref()
+            .map(|(_, key)| key)
+            .filter(|key| self.blobs.contains(key));
+        self.dead_letters
+            .iter()
+            .chain(self.blobs.iter().filter(move |key| Some(*key) != first))
+            .chain(first)
+    }
+
     fn is_empty(&self) -> bool {
         self.blobs.is_empty()
             && self.dead_letters.is_empty()
@@ -448,7 +464,7 @@ async fn delete(
                 )?,
                 Rows::None => {}
             }
-            for key in found.blobs.iter().chain(&found.dead_letters) {
+            for key in found.removal_order() {
                 let location = store.map_or_else(|| key.clone(), |s| s.location(key));
                 writeln!(out, "would remove {location}")?;
             }
@@ -479,7 +495,7 @@ async fn delete(
         }
         let mut whole = true;
         if let Some(store) = store {
-            for key in found.blobs.iter().chain(&found.dead_letters) {
+            for key in found.removal_order() {
                 match store.delete(key).await {
                     Ok(true) => {
                         removed += 1;

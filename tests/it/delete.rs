@@ -302,6 +302,12 @@ async fn with_snuba_a_run_killed_half_way_is_finished_by_the_next_and_the_archiv
         (1..=350).contains(&remaining),
         "killed half way: {remaining} left"
     );
+    // The earliest segment goes last: the next run reads the replay's time from it (it went
+    // first, and the next run stamped its archive with a later segment's time).
+    assert!(
+        try_read_object(&gcs, &names.bucket, &keys[0]).await.is_ok(),
+        "segment 0 is left for the next run"
+    );
 
     let started = Instant::now();
     let (ok, said) = delete(&flags);
@@ -320,8 +326,9 @@ async fn with_snuba_a_run_killed_half_way_is_finished_by_the_next_and_the_archiv
             "{key}"
         );
     }
-    // The archive, once per run that found something, the same message both times but for
-    // its `start_time`; valid for Sentry's topic schema and archived in snuba's mapping.
+    // The archive, once per run that found something, the same message both times but for its
+    // `start_time` (when it was written), stamped with the time both runs read from segment 0;
+    // valid for Sentry's topic schema and archived in snuba's mapping.
     let archives = read_messages(&replay_events, 2, Duration::from_secs(20));
     assert_eq!(archives.len(), 2);
     let schema = sentry_kafka_schemas::get_schema("ingest-replay-events", None).unwrap();
@@ -338,6 +345,16 @@ async fn with_snuba_a_run_killed_half_way_is_finished_by_the_next_and_the_archiv
         message["payload"]["event_hash"].clone()
     };
     assert_eq!(hash(&archives[0]), hash(&archives[1]));
+    let stamp = |m: &Received| {
+        let message: serde_json::Value = serde_json::from_slice(&m.value).unwrap();
+        let payload: serde_json::Value = match &message["payload"] {
+            serde_json::Value::String(text) => serde_json::from_str(text).unwrap(),
+            object => object.clone(),
+        };
+        payload["timestamp"].clone()
+    };
+    assert!(stamp(&archives[0]).is_number());
+    assert_eq!(stamp(&archives[0]), stamp(&archives[1]));
 }
 
 #[test]
