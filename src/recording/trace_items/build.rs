@@ -83,6 +83,9 @@ pub struct Built {
 
 /// The latest instant a protobuf `Timestamp` (and Python's `datetime`) holds: 9999-12-31T23:59:59.999.
 const MAX_MILLIS: f64 = 253_402_300_799_999.0;
+/// The earliest: 0001-01-01T00:00:00 (Python raises "year 0 is out of range" before it; snuba
+/// reads the seconds as unsigned, so an earlier one would wrap).
+const MIN_MILLIS: f64 = -62_135_596_800_000.0;
 
 /// Appends the event's attributes to `out` and says what it became; `Ok(None)` for the events
 /// Sentry gives no item (console, multi-click, focus, navigation spans, unknown ones, …).
@@ -534,7 +537,7 @@ fn duration(payload: &Json<'_>) -> Result<f64, InvalidField> {
 /// `datetime` holds raises.
 fn seconds(value: &Json<'_>) -> Result<i64, InvalidField> {
     let ms = (float(value)? * 1000.0).trunc();
-    if !ms.is_finite() || ms.abs() > MAX_MILLIS {
+    if !ms.is_finite() || !(MIN_MILLIS..=MAX_MILLIS).contains(&ms) {
         return Err(InvalidField);
     }
     Ok(ms as i64)
@@ -590,6 +593,22 @@ mod tests {
                 assert_eq!(result.is_ok(), ok, "{data} at {event_ms}: {result:?}");
                 assert_eq!(out.is_empty(), !ok, "nothing left behind");
             }
+        }
+    }
+
+    #[test]
+    fn a_breadcrumb_timestamp_before_year_1_gives_no_item() {
+        for (seconds, ok) in [
+            (-62_135_596_800.0, true),
+            (-62_135_596_801.0, false),
+            (-1e11, false),
+            (-2.5e14, false),
+        ] {
+            let data = json!({"tag": "breadcrumb", "payload": {"category": "ui.tap",
+                "timestamp": seconds, "message": "m", "data": {"view.id": "a", "view.class": "b"}}});
+            let (result, out, _) = built(data);
+            assert_eq!(result.is_ok(), ok, "{seconds}: {result:?}");
+            assert_eq!(out.is_empty(), !ok, "nothing left behind");
         }
     }
 
