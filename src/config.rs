@@ -847,6 +847,17 @@ impl ConsumeArgs {
                 self.group_stall_timeout_ms
             ));
         }
+        // librdkafka tries a refused connection again after at most this backoff, and half as
+        // much more (its jitter): refusals further apart than the gap count as two runs, and
+        // rotated credentials would never fail liveness.
+        let refusal_gap = crate::health::REFUSAL_GAP.as_millis() as u64;
+        if self.kafka_refused_timeout_ms != 0 && reconnect_backoff * 3 / 2 >= refusal_gap {
+            return Err(format!(
+                "reconnect.backoff.max.ms ({reconnect_backoff}) must stay under {} ms while --kafka-refused-timeout-ms is on: librdkafka tries a refused connection again up to half as long again after it, and refusals more than {} ms apart are not taken for one run (0 turns the check off)",
+                refusal_gap * 2 / 3,
+                refusal_gap
+            ));
+        }
         if self.misconfigured_at_refusals == 1 {
             return Err("--misconfigured-at-refusals must be 0 (never) or at least 2: at 1 a single refused message would stop the service, and its restart would meet it again".to_owned());
         }
@@ -1458,6 +1469,26 @@ mod tests {
             ]),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_reconnect_backoff_longer_than_the_refusal_gap_allows_is_refused_unless_the_check_is_off() {
+        let with = |backoff: &str, timeout: &str| {
+            parse(&[
+                "--blob-sink",
+                "null",
+                "--kafka-property",
+                &format!("reconnect.backoff.max.ms={backoff}"),
+                "--kafka-refused-timeout-ms",
+                timeout,
+            ])
+            .validate()
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(with("39999", "120000"), Ok(()));
+        let err = with("40000", "120000").unwrap_err();
+        assert!(err.contains("--kafka-refused-timeout-ms"), "{err}");
+        assert_eq!(with("40000", "0"), Ok(()));
     }
 
     #[test]
