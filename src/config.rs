@@ -247,6 +247,22 @@ const AUTO_COMMIT: &str = "offsets are committed by the service once a message's
 const IDEMPOTENT: &str = "records are acknowledged by every in-sync replica and written idempotently (acks=all, enable.idempotence=true): otherwise a leader's failover can lose a dead letter or billing outcome, or a retry count one twice";
 
 impl KafkaArgs {
+    /// The files the clients read their credentials from (password, key passphrase, CA,
+    /// certificate, key), those given.
+    pub fn credential_files(&self) -> Vec<PathBuf> {
+        [
+            &self.kafka_sasl_password_file,
+            &self.kafka_ssl_key_password_file,
+            &self.kafka_ssl_ca_location,
+            &self.kafka_ssl_certificate_location,
+            &self.kafka_ssl_key_location,
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect()
+    }
+
     /// The pass-through properties as pairs. Messages name the offending key, never a value.
     /// Whether `--kafka-property group.protocol=consumer` asks for the consumer group protocol
     /// of KIP-848, where the broker owns the session, the heartbeats and the assignment.
@@ -716,9 +732,9 @@ pub struct ConsumeArgs {
     pub group_stall_timeout_ms: u64,
     /// Liveness fails when the brokers have refused this process's Kafka credentials — its SASL
     /// login, its certificate, or their certificate against its CA — this long, ms, refusal after
-    /// refusal (each within a minute of the one before). The clients read the credentials' files
-    /// when they start: a password or certificate rotated under a running pod is read again by
-    /// the restart. 0: never.
+    /// refusal (each within a minute of the one before), and a credential file holds something
+    /// else than the clients read when they started: a password or certificate rotated under a
+    /// running pod, read again by the restart. 0: never.
     #[arg(long, env = "REPLAY_INGEST_KAFKA_REFUSED_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(0..=86_400_000), default_value_t = 120_000)]
     pub kafka_refused_timeout_ms: u64,
     /// First retry backoff, ms; doubles per attempt, full jitter. At least 1: a backoff that
@@ -772,6 +788,8 @@ pub struct ConsumeArgs {
 
 /// librdkafka's `max.poll.interval.ms` when none is given.
 const LIBRDKAFKA_MAX_POLL_INTERVAL_MS: u64 = 300_000;
+/// How long librdkafka keeps quiet about an error identical to the last one a broker had.
+const LIBRDKAFKA_ERROR_SUPPRESSION_MS: u64 = 30_000;
 /// librdkafka's `reconnect.backoff.max.ms` when none is given.
 const LIBRDKAFKA_RECONNECT_BACKOFF_MAX_MS: u64 = 10_000;
 
@@ -847,14 +865,15 @@ impl ConsumeArgs {
                 self.group_stall_timeout_ms
             ));
         }
-        // librdkafka tries a refused connection again after at most this backoff, and half as
-        // much more (its jitter): refusals further apart than the gap count as two runs, and
-        // rotated credentials would never fail liveness.
+        // librdkafka tries a refused connection again after at most this backoff, and reports
+        // the same error about the same broker at most every 30 s: refusals further apart than
+        // the gap count as two runs, and rotated credentials would never fail liveness.
         let refusal_gap = crate::health::REFUSAL_GAP.as_millis() as u64;
-        if self.kafka_refused_timeout_ms != 0 && reconnect_backoff * 3 / 2 >= refusal_gap {
+        let widest = LIBRDKAFKA_ERROR_SUPPRESSION_MS + 5_000;
+        if self.kafka_refused_timeout_ms != 0 && reconnect_backoff + widest >= refusal_gap {
             return Err(format!(
-                "reconnect.backoff.max.ms ({reconnect_backoff}) must stay under {} ms while --kafka-refused-timeout-ms is on: librdkafka tries a refused connection again up to half as long again after it, and refusals more than {} ms apart are not taken for one run (0 turns the check off)",
-                refusal_gap * 2 / 3,
+                "reconnect.backoff.max.ms ({reconnect_backoff}) must stay under {} ms while --kafka-refused-timeout-ms is on: librdkafka reports a refusal again up to 30 s after the last plus that backoff, and refusals more than {} ms apart are not taken for one run (0 turns the check off)",
+                refusal_gap - widest,
                 refusal_gap
             ));
         }
@@ -1472,7 +1491,7 @@ mod tests {
     }
 
     #[test]
-    fn a_reconnect_backoff_longer_than_the_refusal_gap_allows_is_refused_unless_the_check_is_off() {
+    fn a_reconnect_backoff_the_refusal_gap_cannot_span_is_refused_unless_the_check_is_off() {
         let with = |backoff: &str, timeout: &str| {
             parse(&[
                 "--blob-sink",
@@ -1485,10 +1504,10 @@ mod tests {
             .validate()
             .map_err(|e| e.to_string())
         };
-        assert_eq!(with("39999", "120000"), Ok(()));
-        let err = with("40000", "120000").unwrap_err();
+        assert_eq!(with("24999", "120000"), Ok(()));
+        let err = with("25000", "120000").unwrap_err();
         assert!(err.contains("--kafka-refused-timeout-ms"), "{err}");
-        assert_eq!(with("40000", "0"), Ok(()));
+        assert_eq!(with("25000", "0"), Ok(()));
     }
 
     #[test]

@@ -4,10 +4,10 @@
 //!   a second, even when idle), while a flush is outstanding some sink attempt has ended within
 //!   the stall timeout, and the member has not been out of its consumer group for the group stall
 //!   timeout while it reaches a broker, and the brokers have not refused the process's Kafka
-//!   credentials for the refusal timeout; else 503 — a wedged loop, a hung flush, a member that
-//!   stopped joining its group or credentials rotated under the process (read again by the
-//!   restart) get the pod restarted; a flush that keeps retrying through an outage, and a member
-//!   cut off from every broker, do not.
+//!   credentials for the refusal timeout while their file has changed; else 503 — a wedged loop,
+//!   a hung flush, a member that stopped joining its group or credentials rotated under the
+//!   process (read again by the restart) get the pod restarted; a flush that keeps retrying
+//!   through an outage, and a member cut off from every broker, do not.
 //! - `GET /health/ready`: 200 once the service is initialised (every sink checked, the consumer
 //!   subscribed) and until it starts shutting down. Holding no partition is not unready: members
 //!   beyond the partition count, and every member during a rebalance, are healthy, and a readiness
@@ -18,6 +18,7 @@
 //!   partition (as confirmed by the broker).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -94,6 +95,15 @@ impl Refusals {
     }
 }
 
+/// A fingerprint of what `file` holds, unless it cannot be read.
+fn fingerprint(file: &Path) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let bytes = std::fs::read(file).ok()?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
 /// Now, in ms since the Unix epoch.
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -140,6 +150,9 @@ pub struct Status {
     group_stall_ms: AtomicU64,
     /// 0: refusals of the Kafka credentials do not fail liveness.
     kafka_refused_ms: AtomicU64,
+    /// The Kafka credentials' files (password, certificate, key, CA), each with a fingerprint of
+    /// what it held when the clients read it.
+    credential_files: Mutex<Vec<(PathBuf, u64)>>,
     /// Why liveness failed when last asked (`None`: it passed), so that a change is logged once.
     liveness_failing: Mutex<Option<&'static str>>,
 }
@@ -219,6 +232,10 @@ pub struct Snapshot {
     /// why; absent when no refusal came within the last minute.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kafka_refused: Option<RefusalRun>,
+    /// While the brokers refuse the credentials: whether a credential file has changed since the
+    /// clients read it (liveness fails on the refusals only then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka_credentials_changed: Option<bool>,
     /// Owned partition → next offset to read, as last committed by this process and confirmed by
     /// the broker.
     pub committed: BTreeMap<i32, i64>,
@@ -281,7 +298,7 @@ impl Status {
         }
         if let Some(refused) = self.refused_too_long(now, refusals) {
             return Some((
-                "the brokers have refused this process's Kafka credentials (its login or a certificate) past the Kafka refusal timeout: rotated under it? the restart reads the mounted files again",
+                "the brokers have refused this process's Kafka credentials (its login or a certificate) past the Kafka refusal timeout, and a credential file has changed since the clients read it (rotated): the restart reads it again",
                 refused,
             ));
         }
@@ -314,6 +331,10 @@ impl Status {
     /// run going on to its last, once that is the timeout or more: measured between refusals, so
     /// that refusals that stopped (a broker's credentials fixed) never fail liveness after the
     /// fact. Not while shutting down.
+    /// Only once a credential file holds something else than the clients read: then the
+    /// restart would log in with it; otherwise it would meet the same refusals (a broker's own
+    /// trouble, a password changed on the brokers alone), and a broker restart's cut handshakes
+    /// would restart pods that are fine.
     fn refused_too_long(&self, now: u64, refusals: &Refusals) -> Option<u64> {
         let timeout = self.kafka_refused_ms.load(Ordering::Relaxed);
         if timeout == 0 || self.stopping.load(Ordering::Relaxed) {
@@ -322,7 +343,25 @@ impl Status {
         refusals
             .ongoing(now)
             .map(|run| run.last_ms.saturating_sub(run.since_ms))
-            .filter(|&refused| refused >= timeout)
+            .filter(|&refused| refused >= timeout && self.credentials_changed())
+    }
+
+    /// The Kafka credentials' files the clients read at start, to tell a rotation by
+    /// ([`Status::credentials_changed`]). Call before the clients are created.
+    pub fn watch_credentials(&self, files: Vec<PathBuf>) {
+        *lock(&self.credential_files) = files
+            .into_iter()
+            .filter_map(|file| fingerprint(&file).map(|print| (file, print)))
+            .collect();
+    }
+
+    /// Whether a credential file holds something else now than when the clients read it (a
+    /// rotated Secret the kubelet has updated). A file that cannot be read at the moment (the
+    /// kubelet swapping it) is not taken for changed.
+    fn credentials_changed(&self) -> bool {
+        lock(&self.credential_files)
+            .iter()
+            .any(|(file, print)| fingerprint(file).is_some_and(|now| now != *print))
     }
 
     /// How long the brokers may go on refusing the Kafka credentials before liveness fails;
@@ -545,6 +584,8 @@ impl Status {
     pub fn snapshot(&self) -> Snapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let partitions = lock(&self.partitions).clone();
+        let kafka_refused = KAFKA_REFUSALS.ongoing(now_ms());
+        let kafka_credentials_changed = kafka_refused.as_ref().map(|_| self.credentials_changed());
         Snapshot {
             ready: self.ready(),
             live: self.live(),
@@ -566,7 +607,8 @@ impl Status {
             sinks: lock(&self.sinks).clone(),
             outages: lock(&self.outages).clone(),
             group: lock(&self.group).clone(),
-            kafka_refused: KAFKA_REFUSALS.ongoing(now_ms()),
+            kafka_refused,
+            kafka_credentials_changed,
             committed: lock(&self.committed).clone(),
         }
     }
@@ -958,7 +1000,17 @@ mod tests {
         }
         assert_eq!(failing(now + 3_000), None, "no timeout set: never");
         s.set_kafka_refused_timeout(Some(Duration::from_secs(3)));
-        let condition = failing(now + 3_000).expect("refused for 3 s");
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "before\n").unwrap();
+        s.watch_credentials(vec![password.clone(), dir.path().join("not-mounted")]);
+        assert_eq!(
+            failing(now + 3_000),
+            None,
+            "the files unchanged: a restart would be refused too"
+        );
+        std::fs::write(&password, "rotated\n").unwrap();
+        let condition = failing(now + 3_000).expect("refused for 3 s, the password rotated");
         assert!(condition.contains("refused this process's Kafka credentials"));
         // Refusals that stopped 2 s in are a run of 2 s, whenever liveness is asked.
         let stopped = Refusals::new();

@@ -337,6 +337,7 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     // Probes first: a startup check waiting for a sink shows in `/status` and stays live.
     let status = Arc::new(Status::default());
+    status.watch_credentials(args.kafka.credential_files());
     let listener = health::listen(args.http_listen)
         .with_context(|| format!("binding the health endpoint on {}", args.http_listen))?;
     // As Go's runtime does at start: the soft limit (often 1 024 in containers) is a default, not

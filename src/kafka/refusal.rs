@@ -4,7 +4,7 @@
 //! [`record`] into [`crate::health::KAFKA_REFUSALS`], where liveness watches them: each client
 //! read the credentials' files when it was created, and librdkafka retries a refused connection
 //! for good, so a password or certificate rotated under a running pod would leave it live and
-//! ready while it consumes or writes nothing; the restart reads the files again.
+//! ready while it consumes or writes nothing; once a file has changed, the restart reads it again.
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
@@ -54,14 +54,23 @@ const CERTIFICATE_ALERTS: [&str; 7] = [
 ];
 
 /// Records `error` (reported by a client with `reason`) in [`crate::health::KAFKA_REFUSALS`] when
-/// it is a refusal of the credentials: a login, a certificate alert about this client's
-/// certificate, or a broker's certificate that failed verification here (any other TLS error —
-/// a handshake cut by a broker restart — is not). Whether it was one.
+/// it is a refusal of the credentials: a login the brokers refused, a certificate alert about
+/// this client's certificate, or a broker's certificate that failed verification here. Not a
+/// SASL handshake cut short (librdkafka reports it as an authentication error whose reason is a
+/// local one, `Local: Broker transport failure`), nor any other TLS error (a handshake cut by a
+/// broker restart). Whether it was one.
 pub fn record(error: &KafkaError, reason: &str) -> bool {
     let refused = error
         .rdkafka_error_code()
         .and_then(|code| Refusal::of(code, reason))
-        .is_some_and(|refusal| refusal != Refusal::Tls || reason.contains("certificate"));
+        .is_some_and(|refusal| match refusal {
+            Refusal::Login => !reason.contains("Local: "),
+            Refusal::Certificate => true,
+            Refusal::Tls => {
+                reason.contains("certificate verify failed")
+                    || reason.contains("could not be verified")
+            }
+        });
     if refused {
         crate::health::KAFKA_REFUSALS.record(reason, crate::health::now_ms());
     }
@@ -71,6 +80,40 @@ pub fn record(error: &KafkaError, reason: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_what_the_brokers_refuse_is_recorded_not_a_handshake_cut_short() {
+        let global = |code| KafkaError::Global(code);
+        for (code, reason, refused) in [
+            (
+                RDKafkaErrorCode::Authentication,
+                "SASL authentication error: Authentication failed: Invalid username or password (after 2ms in state AUTH_REQ)",
+                true,
+            ),
+            (
+                RDKafkaErrorCode::Authentication,
+                "127.0.0.1:9094/1: SASL SCRAM-SHA-512 mechanism handshake failed: Local: Broker transport failure: broker's supported mechanisms: (after 3ms in state AUTH_HANDSHAKE)",
+                false,
+            ),
+            (
+                RDKafkaErrorCode::SSL,
+                "ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: broker certificate could not be verified, verify that ssl.ca.location is correctly configured or root CA certificates are installed (after 5ms in state SSL_HANDSHAKE)",
+                true,
+            ),
+            (
+                RDKafkaErrorCode::SSL,
+                "SSL handshake failed: unexpected eof while reading (after 2ms in state SSL_HANDSHAKE)",
+                false,
+            ),
+            (
+                RDKafkaErrorCode::BrokerTransportFailure,
+                "Connect to ipv4#127.0.0.1:9093 failed: Connection refused (after 0ms in state CONNECT)",
+                false,
+            ),
+        ] {
+            assert_eq!(record(&global(code), reason), refused, "{reason}");
+        }
+    }
 
     #[test]
     fn an_alert_about_this_clients_certificate_is_a_refusal_and_a_dropped_connection_is_not() {

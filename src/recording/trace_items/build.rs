@@ -83,8 +83,8 @@ pub struct Built {
 
 /// The latest instant a protobuf `Timestamp` (and Python's `datetime`) holds: 9999-12-31T23:59:59.999.
 const MAX_MILLIS: f64 = 253_402_300_799_999.0;
-/// The earliest: 0001-01-01T00:00:00 (Python raises "year 0 is out of range" before it; snuba
-/// reads the seconds as unsigned, so an earlier one would wrap).
+/// The earliest: 0001-01-01T00:00:00 (Python raises "year 0 is out of range" before it, and
+/// Sentry drops the item).
 const MIN_MILLIS: f64 = -62_135_596_800_000.0;
 
 /// Appends the event's attributes to `out` and says what it became; `Ok(None)` for the events
