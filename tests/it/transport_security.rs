@@ -283,6 +283,9 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
     let letters = read_messages_on(&base, &dlq, dead.len(), Duration::from_secs(30));
     let letters = check_dead_letters(letters, &topic, &originals(&sent));
     assert_eq!(letters.into_iter().collect::<BTreeSet<_>>(), dead);
+    // The restart's cut connections and handshakes are no refusal of the credentials.
+    let status = service.status().unwrap();
+    assert!(status["kafka_refused"].is_null(), "{status}");
     assert_eq!(service.terminate(), Some(0));
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(
