@@ -279,6 +279,10 @@ impl Ready<'_> {
 /// privacy request's file.
 const REPLAYS_PER_MUTATION: usize = 100;
 
+/// Removals failed in a row past which the blob store is taken for down and no more are sent;
+/// the replays left are printed to run again.
+const STORE_DOWN_AFTER: usize = 3;
+
 /// Runs the deletes, writing what it does to `out`.
 pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> {
     args.blobs.validate().map_err(anyhow::Error::msg)?;
@@ -478,7 +482,7 @@ async fn delete(
             timestamp: time.unwrap_or_else(now_seconds),
         });
     }
-    let (mut replays, mut removed) = (0, 0);
+    let (mut replays, mut removed, mut failing) = (0, 0, 0);
     for (replay, rows_done) in ready.iter().zip(archive_rows(rows, &ready, timeout).await) {
         let (name, found) = (&replay.name, &replay.found);
         match rows_done {
@@ -496,14 +500,34 @@ async fn delete(
         let mut whole = true;
         if let Some(store) = store {
             for key in found.removal_order() {
+                if failing >= STORE_DOWN_AFTER {
+                    // Each request to a store that hangs waits out its timeout: hours, over a
+                    // privacy request's thousands of objects, with nothing said.
+                    left.push(format!(
+                        "{name}: its blobs were not all removed: the store failed {failing} requests in a row, and no more were sent"
+                    ));
+                    whole = false;
+                    break;
+                }
                 match store.delete(key).await {
                     Ok(true) => {
+                        failing = 0;
                         removed += 1;
                         writeln!(out, "removed {}", store.location(key))?;
                     }
-                    Ok(false) => writeln!(out, "already gone {}", store.location(key))?,
+                    Ok(false) => {
+                        failing = 0;
+                        writeln!(out, "already gone {}", store.location(key))?
+                    }
                     Err(e) => {
+                        failing += 1;
                         whole = false;
+                        writeln!(
+                            out,
+                            "could not remove {}: {}",
+                            store.location(key),
+                            e.message
+                        )?;
                         left.push(format!("{}: {}", store.location(key), e.message));
                     }
                 }
@@ -1569,6 +1593,41 @@ mod tests {
         assert!(
             store.reads.lock().unwrap().is_empty(),
             "no time read: {said}"
+        );
+    }
+
+    /// A store that fails every removal (down, or hanging until each request's timeout): after
+    /// three failures in a row no more are sent, each failure is said when it happens, and every
+    /// replay not wholly removed is printed to run again (the run went through every object,
+    /// each waiting its timeout, and said nothing until its end).
+    #[tokio::test]
+    async fn a_store_that_fails_removals_in_a_row_is_sent_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let replays: Vec<String> = ["a", "b", "c"].iter().map(|c| c.repeat(32)).collect();
+        let mut files = Vec::new();
+        for replay in &replays {
+            for segment in 0..4 {
+                files.push((format!("90/42/{replay}/{segment}"), b"segment".to_vec()));
+            }
+        }
+        let refs: Vec<(&str, Vec<u8>)> =
+            files.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        write_files(dir.path(), &refs);
+        let undeletable = files.iter().map(|(k, _)| k.clone()).collect();
+        let store = Counting::over(dir.path(), Vec::new(), undeletable);
+        let targets: Vec<Target> = replays.iter().map(|r| target(r)).collect();
+        let (said, error) = failing(&targets, &store, &Rows::None).await;
+        assert_eq!(
+            said.matches("could not remove").count(),
+            STORE_DOWN_AFTER,
+            "{said}"
+        );
+        assert!(said.contains("0 replay(s) deleted"), "{said}");
+        let expected: Vec<String> = replays.iter().map(|r| format!("42 {r}")).collect();
+        assert_eq!(to_finish(&said), expected, "{said}");
+        assert!(
+            error.contains("the store failed 3 requests in a row, and no more were sent"),
+            "{error}"
         );
     }
 
