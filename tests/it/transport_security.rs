@@ -48,6 +48,14 @@ fn service_args(
     args
 }
 
+/// Batch `n` of `files`: every fixture once, each under a replay id of its own.
+fn batch_of(files: &[Vec<u8>], n: u64) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let per_batch = files.len() as u64;
+    (n * per_batch..(n + 1) * per_batch)
+        .map(|i| (crate::support::load::fixture_copy(files, i), test_key(i)))
+        .collect()
+}
+
 /// Produces valid and invalid fixtures to a fresh topic of `broker`, runs the service through
 /// `listener` with `security`, and checks that every blob is written, every dead letter reaches
 /// the topic and everything commits. Returns the service's log.
@@ -217,13 +225,7 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
     create_topic_on(&base, &topic, 2).await;
     create_topic_on(&base, &dlq, 1).await;
     let files = [small_fixtures(true), small_fixtures(false)].concat();
-    let per_batch = files.len() as u64;
-    // Batch `n`: every fixture once, each under a replay id of its own.
-    let batch = |n: u64| -> Vec<(Vec<u8>, Vec<u8>)> {
-        (n * per_batch..(n + 1) * per_batch)
-            .map(|i| (crate::support::load::fixture_copy(&files, i), test_key(i)))
-            .collect()
-    };
+    let batch = |n| batch_of(&files, n);
 
     let dir = tempfile::tempdir().unwrap();
     let password_file = dir.path().join("kafka-password");
@@ -311,12 +313,7 @@ async fn a_password_rotated_under_the_service_fails_liveness_and_the_restart_tak
     create_topic_on(&base, &topic, 1).await;
     create_topic_on(&base, &dlq, 1).await;
     let files = small_fixtures(true);
-    let batch = |n: u64| -> Vec<(Vec<u8>, Vec<u8>)> {
-        let per_batch = files.len() as u64;
-        (n * per_batch..(n + 1) * per_batch)
-            .map(|i| (crate::support::load::fixture_copy(&files, i), test_key(i)))
-            .collect()
-    };
+    let batch = |n| batch_of(&files, n);
     let dir = tempfile::tempdir().unwrap();
     let password_file = dir.path().join("kafka-password");
     std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
