@@ -290,12 +290,19 @@ impl ConsumerContext for IngestContext {
                 lost,
                 done,
             };
-            if self.revokes.send(revoke).is_ok() && drained.recv_timeout(wait).is_err() {
+            let drained = match self.revokes.send(revoke) {
+                Ok(()) => drained.recv_timeout(wait).is_ok(),
+                // The pipeline stopped on an error: nothing drains these partitions, and its
+                // `abandon_all` no longer sees them (given up above), so flushes still under way
+                // would go on writing their events while the next owner reads them again.
+                Err(_) => false,
+            };
+            if !drained {
                 warn!(
                     deadline_ms = self.drain_deadline.as_millis() as u64,
                     partitions = ?ids,
                     generation,
-                    "drain did not answer before the deadline"
+                    "drain did not answer before the deadline (or the pipeline has stopped): the partitions are abandoned"
                 );
                 self.ownership.abandon(&ids, generation);
             }
@@ -664,6 +671,32 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// A revoke that comes after the pipeline stopped on an error (it runs on the polling thread
+    /// until that stops too): its partitions are abandoned, so that flushes still under way write
+    /// nothing more of them. The failed hand-over skipped that, and the pipeline's own
+    /// `abandon_all` no longer saw them.
+    #[test]
+    fn a_revoke_the_stopped_pipeline_cannot_drain_abandons_its_partitions() {
+        let (revokes, pipeline) = mpsc::unbounded_channel();
+        drop(pipeline);
+        let context =
+            IngestContext::new(revokes, Duration::from_secs(5), Arc::default(), false, None);
+        let ownership = context.ownership();
+        context.gained(&[0, 1]);
+        let before = ownership.generation();
+        let consumer: BaseConsumer<IngestContext> = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .create_with_context(context)
+            .unwrap();
+        let mut revoked = rdkafka::TopicPartitionList::new();
+        revoked.add_partition("t", 0);
+        consumer
+            .context()
+            .pre_rebalance(&consumer, &Rebalance::Revoke(&revoked));
+        assert!(ownership.lost_since(0, before), "abandoned");
+        assert!(!ownership.lost_since(1, before), "still owned");
     }
 
     #[test]
