@@ -331,6 +331,7 @@ impl Status {
     /// run going on to its last, once that is the timeout or more: measured between refusals, so
     /// that refusals that stopped (a broker's credentials fixed) never fail liveness after the
     /// fact. Not while shutting down.
+    ///
     /// Only once a credential file holds something else than the clients read: then the
     /// restart would log in with it; otherwise it would meet the same refusals (a broker's own
     /// trouble, a password changed on the brokers alone), and a broker restart's cut handshakes
