@@ -53,6 +53,7 @@ use crate::kafka::consumer::{
     leave_group, sends_statistics, spawn_poller,
 };
 use crate::kafka::handoff::{Handoff, Ticket};
+use crate::kafka::ownership::Ownership;
 use crate::kafka::record::Record;
 use crate::metrics;
 use crate::recording::{self, Limits, Reason};
@@ -842,15 +843,20 @@ impl Pipeline {
         if positions.is_empty() {
             return;
         }
-        let (consumer, list, generation) = (
+        let (consumer, topic, generation, wait) = (
             self.consumer.clone(),
-            commit_list(&self.topic, &positions),
+            self.topic.clone(),
             self.revocations.current(),
+            self.commit_timeout,
         );
-        let wait = self.commit_timeout;
         self.commits.spawn_blocking(move || {
+            let positions = not_lost_since(positions, &consumer.context().ownership(), generation);
             // Waited for, so that a commit is counted only once the broker has confirmed it.
-            let result = commit_within(&consumer, &list, wait);
+            let result = if positions.is_empty() {
+                Ok(())
+            } else {
+                commit_within(&consumer, &commit_list(&topic, &positions), wait)
+            };
             Committed {
                 generation,
                 positions,
@@ -1163,6 +1169,23 @@ fn all_failing_for(
         .join(", "))
 }
 
+/// `positions` less those of partitions lost (or abandoned) after `generation`, the last revoke
+/// the pipeline handled. The loss callback records a loss at once, before the pipeline hears of
+/// it: a commit started meanwhile would still carry the lost partitions' offsets. librdkafka
+/// stamps a commit with the member's generation when it sends it, so one sent once the member
+/// has rejoined carries the new generation, which the broker accepts whoever owns the partition
+/// now. Landing after the next owner's own commit, it would move the group's offset back (what
+/// lies between is read again: duplicates, never loss). Asked just before the commit is handed
+/// to librdkafka, so what is left is the moment between the two.
+fn not_lost_since(
+    mut positions: Vec<(i32, i64)>,
+    ownership: &Ownership,
+    generation: u64,
+) -> Vec<(i32, i64)> {
+    positions.retain(|&(partition, _)| !ownership.lost_since(partition, generation));
+    positions
+}
+
 /// The processing threads `configured` (`--processing-threads`) makes: 0 is one per CPU.
 pub fn processing_threads(configured: usize) -> usize {
     match configured {
@@ -1292,6 +1315,37 @@ fn to_entry(record: Record, limits: &Limits, topic: &str) -> (Entry, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_commit_leaves_out_partitions_lost_since_the_last_revoke_the_pipeline_handled() {
+        let ownership = Ownership::default();
+        ownership.gain(&[0, 1, 2]);
+        let handled = ownership.generation();
+        let positions = vec![(0, 10), (1, 20), (2, 30)];
+        assert_eq!(
+            not_lost_since(positions.clone(), &ownership, handled),
+            positions
+        );
+        // Partition 1 lost: recorded by the callback, not yet handled by the pipeline.
+        ownership.revoke(&[1], true);
+        assert_eq!(
+            not_lost_since(positions.clone(), &ownership, handled),
+            [(0, 10), (2, 30)]
+        );
+        // A revoke (not a loss) whose drain ended in time leaves the offsets to the pipeline.
+        ownership.revoke(&[2], false);
+        assert_eq!(
+            not_lost_since(positions.clone(), &ownership, handled),
+            [(0, 10), (2, 30)]
+        );
+        // Once handled, and assigned again, the partition's later offsets are this member's.
+        ownership.gain(&[1]);
+        let after = ownership.generation();
+        assert_eq!(
+            not_lost_since(positions.clone(), &ownership, after),
+            positions
+        );
+    }
 
     #[test]
     fn a_drain_gives_up_once_every_flush_has_been_failing_for_its_patience() {
