@@ -40,10 +40,17 @@ pub struct GcsArgs {
 }
 
 impl GcsArgs {
-    /// Rejects settings that cannot work: no bucket, an endpoint that is not an HTTP(S) URL.
+    /// Rejects settings that cannot work: no bucket, an endpoint that is not an HTTP(S) URL —
+    /// and a plain `http://` endpoint off this host with real credentials, which would carry
+    /// the Google access token in the clear (emulators run with `--gcs-anonymous`).
     pub fn validate(&self) -> Result<(), String> {
         if let Some(endpoint) = &self.gcs_endpoint {
             super::http_url("--gcs-endpoint", endpoint)?;
+            if !self.gcs_anonymous && cleartext_off_host(endpoint) {
+                return Err(format!(
+                    "--gcs-endpoint {endpoint:?} is plain http:// to another host: the credentials' access token would cross the network in the clear; use https://, or --gcs-anonymous for an emulator"
+                ));
+            }
         }
         match self.gcs_bucket {
             Some(_) => Ok(()),
@@ -62,6 +69,24 @@ impl GcsArgs {
             timeout,
         })
     }
+}
+
+/// `endpoint` is `http://` to a host other than this one's loopback.
+fn cleartext_off_host(endpoint: &str) -> bool {
+    let Some(rest) = endpoint.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    // `[::1]:4443`, `127.0.0.1:4443`, `localhost`.
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    !loopback
 }
 
 /// Retry classification: 408, 429 and 5xx, timeouts and transport trouble are retried; 400 and
@@ -117,7 +142,14 @@ impl GcsSink {
     /// universe domain, over a connection without a deadline: a metadata server that accepts and
     /// never answers would hang the start (or a tool) for good, so it gets `config.timeout`.
     pub async fn new(config: &GcsConfig) -> Result<Self, SinkError> {
-        let mut builder = Storage::builder().with_retry_policy(NeverRetry);
+        // Every object goes up in one request, whatever its size. Past the crate's threshold
+        // (16 MiB) it would open a resumable session instead: an upload cut by the deadline
+        // leaves the session open for a week, and its URL — a bearer capability, anyone holding
+        // it may finish the upload with other bytes — appears in the transport error's text,
+        // so in the logs and `/status`. A retry here sends the object again anyway.
+        let mut builder = Storage::builder()
+            .with_retry_policy(NeverRetry)
+            .with_resumable_upload_threshold(usize::MAX);
         if let Some(endpoint) = &config.endpoint {
             builder = builder.with_endpoint(endpoint);
         }
@@ -192,13 +224,28 @@ impl GcsSink {
     }
 
     async fn upload(&self, key: &str, bytes: bytes::Bytes) -> Result<(), SinkError> {
+        let (sent, deadline) = (bytes.len(), upload_deadline(self.timeout, bytes.len()));
         let upload = self
             .client
             .write_object(&self.bucket, key, bytes)
             .set_content_type("application/octet-stream")
             .send_buffered();
-        let error = match tokio::time::timeout(self.timeout, upload).await {
-            Ok(Ok(_)) => return Ok(()),
+        let error = match tokio::time::timeout(deadline, upload).await {
+            // The answer describes the object stored: the crate compares its checksums when it
+            // carries them, and its size is compared here. A server that answers `200` with
+            // something else (an endpoint that is not GCS, a proxy's own page) stored nothing
+            // this can tell of, and the offsets would have been committed.
+            Ok(Ok(object)) if u64::try_from(object.size).is_ok_and(|size| size == sent as u64) => {
+                return Ok(());
+            }
+            Ok(Ok(object)) => SinkError::new(
+                "gcs",
+                Retry::Retryable,
+                format_args!(
+                    "the upload's answer names an object of {} bytes ({:?}), not the {sent} bytes sent: is --gcs-endpoint a GCS server?",
+                    object.size, object.name
+                ),
+            ),
             Ok(Err(e)) if matches!(e.http_status_code(), Some(401 | 403)) => {
                 let message = format!(
                     "permission denied ({}): the credentials (Workload Identity, GOOGLE_APPLICATION_CREDENTIALS, --gcs-anonymous) may not write to --gcs-bucket {} (overwriting an object, as every rewrite does, needs storage.objects.delete too: roles/storage.objectUser): {}",
@@ -218,7 +265,7 @@ impl GcsSink {
             Err(_) => SinkError::new(
                 "gcs",
                 Retry::Retryable,
-                format_args!("timed out after {:?}", self.timeout),
+                format_args!("timed out after {deadline:?} ({sent} bytes)"),
             ),
         };
         Err(SinkError {
@@ -316,6 +363,18 @@ impl GcsSink {
     }
 }
 
+/// The slowest an upload may go before its deadline: each has `--sink-timeout-ms` plus the time
+/// its bytes take at this rate. With one deadline whatever the size, a batch of large objects on
+/// a link that carries them slower than that (32 uploads share it) timed out whole on every
+/// attempt and was retried for good, looking like an outage; a hung server is still given up on
+/// within the timeout for small objects, and within 90 s for the largest message (15 MB).
+const SLOWEST_UPLOAD_BYTES_PER_SECOND: f64 = 256.0 * 1024.0;
+
+/// How long one upload of `bytes` may take.
+fn upload_deadline(timeout: std::time::Duration, bytes: usize) -> std::time::Duration {
+    timeout + std::time::Duration::from_secs_f64(bytes as f64 / SLOWEST_UPLOAD_BYTES_PER_SECOND)
+}
+
 /// Where the startup check writes; rewritten at every start.
 pub const PROBE_KEY: &str = "replay-ingest/startup-check";
 
@@ -352,6 +411,38 @@ pub async fn build(config: &GcsConfig) -> Result<(Built, Arc<dyn ObjectStore>), 
 mod tests {
     use super::*;
     use google_cloud_gax::error::CredentialsError;
+
+    #[test]
+    fn real_credentials_go_to_another_host_over_https_only() {
+        let args = |endpoint: &str, anonymous: bool| GcsArgs {
+            gcs_bucket: Some("b".into()),
+            gcs_endpoint: Some(endpoint.into()),
+            gcs_anonymous: anonymous,
+            gcs_upload_concurrency: 1,
+        };
+        let refused = args("http://gcs-proxy:8080", false).validate().unwrap_err();
+        assert!(refused.contains("in the clear"), "{refused}");
+        for endpoint in [
+            "http://127.0.0.1:4443",
+            "http://localhost:4443/",
+            "http://[::1]:4443",
+            "https://storage.googleapis.com",
+        ] {
+            args(endpoint, false).validate().unwrap();
+        }
+        args("http://fake-gcs:4443", true).validate().unwrap();
+    }
+
+    #[test]
+    fn an_upload_has_the_timeout_and_the_time_its_bytes_take_at_the_slowest_rate() {
+        let timeout = std::time::Duration::from_secs(30);
+        assert_eq!(upload_deadline(timeout, 0), timeout);
+        assert_eq!(
+            upload_deadline(timeout, 256 * 1024 * 60),
+            std::time::Duration::from_secs(90)
+        );
+        assert!(upload_deadline(timeout, 15_000_000) < std::time::Duration::from_secs(90));
+    }
 
     #[test]
     fn credentials_refused_for_good_are_fatal_and_a_token_endpoint_down_is_retried() {

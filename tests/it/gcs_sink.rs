@@ -173,6 +173,45 @@ async fn each_status_gcs_answers_with_is_retried_rejected_or_fatal() {
     }
 }
 
+/// A `200` whose object is not the one sent (an endpoint that is not GCS, a proxy's own answer)
+/// stores nothing this can tell of: the upload fails, to be retried, rather than count as stored
+/// and let the offsets commit.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn an_answer_that_does_not_describe_the_object_sent_is_not_taken_as_stored() {
+    let _stack = uses_stack().await;
+    let (sink, _bucket, bodies, _proxy) = behind_a_proxy(|| crate::support::proxy::Action::Answer {
+        status: 200,
+        headers: vec![("content-type", "application/json".into())],
+        body: r#"{"bucket":"projects/_/buckets/elsewhere","name":"replay-ingest/startup-check","size":"3"}"#
+            .into(),
+    })
+    .await;
+    let error = sink.check().await.expect_err("no such object was stored");
+    assert_eq!(error.retry, Retry::Retryable, "{error}");
+    assert!(
+        error.message.contains("names an object of 3 bytes"),
+        "{error}"
+    );
+    assert_eq!(bodies.lock().unwrap().len(), 1, "the upload was sent");
+}
+
+/// An object larger than the client's resumable threshold (16 MiB) goes up in one request, as
+/// the small ones do: no resumable session, whose URL would name a capability in an error's
+/// text and stay open for a week after an upload cut short.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn an_object_over_the_resumable_threshold_goes_up_in_one_request() {
+    use replay_ingest::sink::ObjectStore;
+    let _stack = uses_stack().await;
+    let (sink, bucket, bodies, _proxy) =
+        behind_a_proxy(|| crate::support::proxy::Action::Forward).await;
+    let large: Vec<u8> = (0..17 << 20).map(|i: u32| (i % 251) as u8).collect();
+    sink.put("large/object", &large).await.unwrap();
+    assert_eq!(bodies.lock().unwrap().len(), 1, "one single-shot upload");
+    assert!(read_object(&bucket, "large/object").await == large);
+}
+
 /// A latency tail: the emulator behind a proxy that holds back every 20th upload's answer past
 /// the sink's one-second deadline (5 % of requests; the object is stored all the same). A flush
 /// of 600 blobs retries only the uploads that timed out, so it costs about 1.05× the uploads (at
