@@ -198,11 +198,14 @@ impl IngestContext {
 }
 
 impl ClientContext for IngestContext {
-    /// librdkafka's errors, logged as rdkafka does by default; a refusal of the credentials is
-    /// recorded for liveness too ([`super::refusal`]).
+    /// librdkafka's own lines and errors ([`super::log_line`], [`super::client_error`]); the
+    /// errors come back from the poll too, where a refusal of the group stops the pipeline.
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, line: &str) {
+        super::log_line(level, facility, line);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
-        super::refusal::record(&error, reason);
-        tracing::error!(target: "rdkafka::client", "librdkafka: {error}: {reason}");
+        super::client_error("the consumer", &error, reason);
     }
 
     /// librdkafka statistics (every `statistics.interval.ms`): consumer lag of each partition

@@ -2,7 +2,8 @@
 //! (and, with the consumer group protocol, whether it can count on it while its coordinator is
 //! out of reach),
 //! the bound on messages in transit to the pipeline, the records it hands over, re-reading single
-//! messages, the producer every sink and tool publishes with, and refusals of the credentials.
+//! messages, the producer every sink and tool publishes with, refusals of the credentials, and
+//! the levels librdkafka's own lines are logged at.
 
 pub mod consumer;
 pub mod coordinator;
@@ -23,3 +24,57 @@ pub mod refusal;
 pub fn answer_deadline(timeout: std::time::Duration) -> std::time::Duration {
     timeout * 2 + std::time::Duration::from_secs(5)
 }
+
+/// librdkafka's own log lines, as events of target `librdkafka` (as rdkafka's default logs them,
+/// but for one level). librdkafka logs a connection it lost or could not make at `LOG_ERR`
+/// (`FAIL`, `ERROR`): a broker restart or a rolling upgrade wrote a burst of ERROR lines no one
+/// had to act on, as it reconnects by itself. They come at WARN. What retrying does not get past
+/// (credentials or a certificate refused, a fatal error) reaches the clients' error callbacks
+/// too, which log it at ERROR ([`client_error`]).
+pub fn log_line(level: rdkafka::config::RDKafkaLogLevel, facility: &str, line: &str) {
+    use rdkafka::config::RDKafkaLogLevel as Level;
+    match level {
+        Level::Emerg | Level::Alert | Level::Critical => {
+            tracing::error!(target: "librdkafka", "librdkafka: {facility} {line}")
+        }
+        Level::Error | Level::Warning => {
+            tracing::warn!(target: "librdkafka", "librdkafka: {facility} {line}")
+        }
+        Level::Notice | Level::Info => {
+            tracing::info!(target: "librdkafka", "librdkafka: {facility} {line}")
+        }
+        Level::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {facility} {line}"),
+    }
+}
+
+/// An error librdkafka reports to a client's error callback, from `client` (`the consumer`, `a
+/// producer`, …). A broker restarting, moving or unreachable: it retries by itself, WARN. A
+/// refusal of the credentials, recorded for liveness ([`refusal`]), or the client's fatal error
+/// (it does nothing more): ERROR. Returns whether it was one of those.
+pub fn client_error(client: &str, error: &rdkafka::error::KafkaError, reason: &str) -> bool {
+    let refused = refusal::record(error, reason)
+        || error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal);
+    if refused {
+        tracing::error!(%error, reason, "librdkafka ({client}): retrying does not get past this");
+    } else {
+        tracing::warn!(%error, reason, "librdkafka ({client}): retried by the client");
+    }
+    refused
+}
+
+/// The context of a client that needs nothing but librdkafka's lines and errors logged at the
+/// levels above: the consumer that re-reads single messages, the admin client.
+#[derive(Default)]
+pub struct Logged(pub &'static str);
+
+impl rdkafka::ClientContext for Logged {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, line: &str) {
+        log_line(level, facility, line);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        client_error(self.0, &error, reason);
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for Logged {}

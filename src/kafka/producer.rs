@@ -113,20 +113,14 @@ unsafe impl Sync for Served {}
 struct Deliveries;
 
 impl ClientContext for Deliveries {
-    /// librdkafka's own errors. A broker restarting, moving or unreachable: it retries by
-    /// itself, and a delivery that fails for good fails its send, which the sink reports — WARN,
-    /// not rdkafka's default ERROR (a broker restart wrote a burst of ERROR lines no one had to
-    /// act on; a handshake cut by the restart is an SSL error too). The producer's fatal error
-    /// (it sends nothing more), and credentials or a certificate the brokers refuse, which
-    /// retrying does not get past: ERROR.
+    /// librdkafka's own lines and errors ([`super::log_line`], [`super::client_error`]). A
+    /// delivery that fails for good fails its send, which the sink reports.
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, line: &str) {
+        super::log_line(level, facility, line);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
-        let refused = super::refusal::record(&error, reason)
-            || error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal);
-        if refused {
-            tracing::error!(%error, reason, "librdkafka (a producer): retrying does not get past this");
-        } else {
-            tracing::warn!(%error, reason, "librdkafka (a producer): retried by the client");
-        }
+        super::client_error("a producer", &error, reason);
     }
 }
 

@@ -14,6 +14,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use super::Logged;
 use super::record::Record;
 
 /// How much a read fetches ahead of the message it wants, KiB (librdkafka's default is 64 MiB).
@@ -28,7 +29,7 @@ const STALE_EVENTS: usize = 10_000;
 /// or commits), used one fetch at a time. Between reads it
 /// holds no partition: it fetches nothing, and keeps nothing fetched.
 pub struct Refetcher {
-    consumer: Mutex<BaseConsumer>,
+    consumer: Mutex<BaseConsumer<Logged>>,
     topic: String,
 }
 
@@ -45,7 +46,7 @@ impl Refetcher {
             // One message is read at a time: what is fetched ahead of it is thrown away.
             .set("queued.max.messages.kbytes", READ_AHEAD_KIB.to_string());
         Ok(Refetcher {
-            consumer: Mutex::new(config.create()?),
+            consumer: Mutex::new(config.create_with_context(Logged("the re-reading consumer"))?),
             topic: topic.to_owned(),
         })
     }
@@ -86,7 +87,7 @@ impl Refetcher {
 
 /// The message at `offset` of `partition`, waiting at most `timeout` for it.
 fn read(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<Logged>,
     topic: &str,
     partition: i32,
     offset: i64,

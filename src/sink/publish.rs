@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use rdkafka::admin::{AdminClient, AdminOptions, OwnedResourceSpecifier, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureRecord, Producer as _};
 use tracing::warn;
 
 use super::progress::keep_telling;
 use super::{Piece, Progress, Retry, SinkError, Written};
+use crate::kafka::Logged;
 use crate::kafka::producer::Producer;
 use crate::kafka::refusal::Refusal;
 
@@ -235,7 +235,8 @@ impl TopicLimits {
     }
 
     async fn read(&self) -> Result<HashMap<String, usize>, KafkaError> {
-        let admin: AdminClient<DefaultClientContext> = self.config.create()?;
+        let admin: AdminClient<Logged> =
+            self.config.create_with_context(Logged("an admin client"))?;
         let topics: Vec<ResourceSpecifier> = self
             .topics
             .iter()
@@ -309,6 +310,10 @@ pub fn classify_producer_error(error: &KafkaError) -> Retry {
 struct Refusals(std::sync::Mutex<Option<(Refusal, String)>>);
 
 impl rdkafka::ClientContext for Refusals {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, line: &str) {
+        crate::kafka::log_line(level, facility, line);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if let Some(refusal) = error
             .rdkafka_error_code()

@@ -32,9 +32,9 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::instant;
 use crate::config::{BlobArgs, KafkaArgs, producer_properties};
-use crate::kafka::answer_deadline;
 use crate::kafka::consumer::{close_within, commit_within};
 use crate::kafka::producer::Producer;
+use crate::kafka::{Logged, answer_deadline};
 use crate::recording::Reason;
 use crate::sink::store::BlobStore;
 
@@ -160,7 +160,7 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
 /// did; `timeout` is `--sink-timeout-ms`.
 async fn redrive_with(
     args: &RedriveArgs,
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<Logged>,
     store: Option<&dyn BlobStore>,
     timeout: Duration,
     out: &mut impl Write,
@@ -299,7 +299,11 @@ impl Read {
 
     /// Commits the letters handled so far (nothing in a dry run), waiting for the answer at most
     /// [`answer_deadline`] with the run's request timeout.
-    fn commit(&mut self, args: &RedriveArgs, consumer: &BaseConsumer) -> anyhow::Result<()> {
+    fn commit(
+        &mut self,
+        args: &RedriveArgs,
+        consumer: &BaseConsumer<Logged>,
+    ) -> anyhow::Result<()> {
         self.last_commit = Some(Instant::now());
         if args.dry_run || self.positions.is_empty() {
             return Ok(());
@@ -315,7 +319,7 @@ impl Read {
 
 /// The clients a run reads and writes with.
 struct Clients<'a> {
-    consumer: &'a BaseConsumer,
+    consumer: &'a BaseConsumer<Logged>,
     producer: &'a Producer,
     store: Option<&'a dyn BlobStore>,
 }
@@ -446,7 +450,7 @@ async fn redrive_letters(
 fn finish(
     remaining: &mut BTreeMap<i32, i64>,
     partition: i32,
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<Logged>,
     topic: &str,
 ) -> anyhow::Result<()> {
     if remaining.remove(&partition).is_some() {
@@ -457,7 +461,7 @@ fn finish(
     Ok(())
 }
 
-fn reader(args: &RedriveArgs, timeout: Duration) -> anyhow::Result<BaseConsumer> {
+fn reader(args: &RedriveArgs, timeout: Duration) -> anyhow::Result<BaseConsumer<Logged>> {
     let mut config = args
         .kafka
         .client_config(&session_within_poll_interval(&args.kafka))?;
@@ -473,7 +477,9 @@ fn reader(args: &RedriveArgs, timeout: Duration) -> anyhow::Result<BaseConsumer>
         // which letters of up to a megabyte each fill, for a run that re-drives 100 a second.
         .set("queued.max.messages.kbytes", READ_AHEAD_KIB.to_string())
         .set("socket.timeout.ms", timeout.as_millis().to_string());
-    config.create().context("creating the Kafka consumer")
+    config
+        .create_with_context(Logged("the dead-letter reader"))
+        .context("creating the Kafka consumer")
 }
 
 /// librdkafka refuses a classic-protocol consumer whose `max.poll.interval.ms` is below its
@@ -503,7 +509,7 @@ fn session_within_poll_interval(kafka: &crate::config::KafkaArgs) -> Vec<(&'stat
 /// Assigns every partition from the group's committed offset (the start without one); returns
 /// the end of each partition that has anything left to read.
 fn start(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<Logged>,
     topic: &str,
     timeout: Duration,
 ) -> anyhow::Result<BTreeMap<i32, i64>> {

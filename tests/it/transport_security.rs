@@ -294,6 +294,20 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
         !log.contains(PASSWORD),
         "the password is never logged:\n{log}"
     );
+    // Retried by the clients themselves: WARN, librdkafka's own lines included (it logs a lost
+    // connection at LOG_ERR, which came out as a burst of ERROR lines no one had to act on).
+    let warned = log.lines().filter(|l| level_of(l) == Some("WARN")).count();
+    assert!(warned > 0, "the restart is in the log:\n{log}");
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| level_of(l) == Some("ERROR"))
+        .collect();
+    assert!(errors.is_empty(), "no ERROR line: {errors:#?}");
+}
+
+/// The level of a line of the service's text log (`<time> <LEVEL> <target>: …`).
+fn level_of(line: &str) -> Option<&str> {
+    line.split_whitespace().nth(1)
 }
 
 /// The SASL password rotated under a running service (the broker takes only the new one after a
