@@ -30,7 +30,7 @@
 //! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure, counted every second while it lasts |
 //! | `consumer.rebalances` | counter | rebalances | | partition revocations: drained, or lost (given up at once) |
 //! | `consumer.out_of_group_ms` | gauge | ms | | how long the member has been out of its consumer group (not joined with its assignment taken: a rebalance, a lost coordinator), from librdkafka's statistics; 0 while in it |
-//! | `consumer.lag` | gauge | messages | `partition` | from librdkafka statistics, for owned partitions; 0 once given away |
+//! | `consumer.lag` | gauge | messages | `partition` | high watermark − committed offset, from librdkafka statistics (while intake is paused, which stops fetches and so their high watermarks, the brokers are asked for it every 5 s), for owned partitions; 0 once given away |
 //! | `trace_items.built` | counter | items | `category` | EAP trace items built while processing (`--trace-items-rollout`); `flush.items{sink:trace_items}` counts them delivered |
 //! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large`, `too_many_values` (data with more values than are read, item or not) while processing; `over_topic_limit` when written (an item over the topic's `max.message.bytes`, counted at each attempt) |
 //! | `sweep.removed` | counter | blobs | | blobs past their retention removed by the periodic sweep (`--sweep-interval-s`) |

@@ -17,7 +17,7 @@
 //! at most the drain deadline — for the pipeline to flush and commit, then lets librdkafka
 //! release the partitions.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -138,6 +138,9 @@ pub struct IngestContext {
     /// The consumer group protocol of KIP-848, where a member in its group may show the join
     /// state `init` (see [`in_group`]).
     consumer_protocol: bool,
+    /// Partition → its high watermark as the brokers gave it while intake was paused
+    /// ([`Poller::ask_watermarks`]); emptied when intake resumes (fetches carry it again).
+    asked_highs: Mutex<HashMap<i32, i64>>,
 }
 
 impl IngestContext {
@@ -158,7 +161,14 @@ impl IngestContext {
             status,
             intake: Mutex::default(),
             consumer_protocol,
+            asked_highs: Mutex::default(),
         }
+    }
+
+    fn asked_highs(&self) -> MutexGuard<'_, HashMap<i32, i64>> {
+        self.asked_highs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// `(partition, lag)` from librdkafka's statistics, reported for owned partitions only;
@@ -213,10 +223,12 @@ impl ClientContext for IngestContext {
     /// list it, and must not bring back a value its new owner now reports), and the member's
     /// place in its group.
     fn stats(&self, statistics: rdkafka::Statistics) {
-        let lags = statistics
-            .topics
-            .values()
-            .flat_map(|t| t.partitions.iter().map(|(&p, s)| (p, lag(s))));
+        let asked = self.asked_highs().clone();
+        let lags = statistics.topics.values().flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|(&p, s)| (p, lag(s, asked.get(&p).copied())))
+        });
         self.report_lag(lags);
         if let Some(group) = &statistics.cgrp {
             let brokers_up = statistics
@@ -254,9 +266,12 @@ fn in_group(state: &str, join_state: &str, consumer_protocol: bool) -> bool {
 /// What the group still has to read of a partition: the high watermark minus the committed
 /// offset — or, before the group has committed anything there, minus the log start, where it
 /// begins (`auto.offset.reset=earliest`); librdkafka's own `consumer_lag` is unknown (-1) then,
-/// and a fresh group's backlog went unreported. Negative: unknown (no watermark yet).
-fn lag(partition: &rdkafka::statistics::Partition) -> i64 {
-    if partition.hi_offset < 0 {
+/// and a fresh group's backlog went unreported. Negative: unknown (no watermark yet). The high
+/// watermark is the later of the statistics' (from the last fetch) and `asked`, the brokers'
+/// answer while intake is paused and nothing is fetched.
+fn lag(partition: &rdkafka::statistics::Partition, asked: Option<i64>) -> i64 {
+    let high = partition.hi_offset.max(asked.unwrap_or(-1));
+    if high < 0 {
         return -1;
     }
     let from = if partition.committed_offset >= 0 {
@@ -264,7 +279,7 @@ fn lag(partition: &rdkafka::statistics::Partition) -> i64 {
     } else {
         partition.lo_offset.max(0)
     };
-    (partition.hi_offset - from).max(0)
+    (high - from).max(0)
 }
 
 impl ConsumerContext for IngestContext {
@@ -362,6 +377,7 @@ pub fn spawn_poller(
         ownership,
         held: VecDeque::new(),
         paused_since: None,
+        watermarks: Watermarks::default(),
     };
     thread::Builder::new()
         .name("kafka-poll".into())
@@ -384,7 +400,23 @@ struct Poller {
     held: VecDeque<(Record, u64)>,
     /// When intake was paused, while it is.
     paused_since: Option<Instant>,
+    watermarks: Watermarks,
 }
+
+/// The high watermarks asked for while intake is paused: when last, and whether the asking
+/// thread still runs.
+#[derive(Default)]
+struct Watermarks {
+    asked_at: Option<Instant>,
+    asking: Arc<AtomicBool>,
+}
+
+/// How often, while intake is paused, the brokers are asked for the assigned partitions' high
+/// watermarks.
+const ASK_WATERMARKS_EVERY: Duration = Duration::from_secs(5);
+
+/// How long one partition's answer is waited for; the first that does not come ends the round.
+const WATERMARK_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Poller {
     fn run(mut self, stop: &AtomicBool) {
@@ -392,6 +424,7 @@ impl Poller {
             if !self.hand_over() {
                 return;
             }
+            self.ask_watermarks();
             // While a message is held, `poll` only serves callbacks (the partitions are paused)
             // and must not wait: the hand-over does. A message that arrives brings with it what
             // librdkafka already holds, up to a batch.
@@ -481,6 +514,47 @@ impl Poller {
         true
     }
 
+    /// While intake is paused nothing is fetched, and the high watermark in librdkafka's
+    /// statistics, which its fetches bring, stays where the pause found it: `consumer.lag` went
+    /// flat through a sink outage while the backlog grew behind it (operators read it to size
+    /// the outage). Every [`ASK_WATERMARKS_EVERY`] while paused, a thread of its own asks the
+    /// brokers for the assigned partitions' high watermarks (this thread must not wait on them),
+    /// which the next statistics use.
+    fn ask_watermarks(&mut self) {
+        let Some(since) = self.paused_since else {
+            return;
+        };
+        let last = self.watermarks.asked_at.unwrap_or(since);
+        if last.elapsed() < ASK_WATERMARKS_EVERY
+            || self.watermarks.asking.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        self.watermarks.asked_at = Some(Instant::now());
+        let (consumer, asking) = (self.consumer.clone(), self.watermarks.asking.clone());
+        let ask = move || {
+            if let Ok(assignment) = consumer.assignment() {
+                for assigned in assignment.elements() {
+                    let (topic, partition) = (assigned.topic(), assigned.partition());
+                    match consumer.fetch_watermarks(topic, partition, WATERMARK_TIMEOUT) {
+                        Ok((_, high)) => {
+                            consumer.context().asked_highs().insert(partition, high);
+                        }
+                        Err(error) => {
+                            debug!(%error, partition, "high watermark not known");
+                            break;
+                        }
+                    }
+                }
+            }
+            asking.store(false, Ordering::Release);
+        };
+        if let Err(error) = thread::Builder::new().name("kafka-lag".into()).spawn(ask) {
+            debug!(%error, "cannot ask for the high watermarks");
+            self.watermarks.asking.store(false, Ordering::Release);
+        }
+    }
+
     /// While intake is paused, pauses the partition of `message` if this is its first message
     /// since intake paused (it was looking up where to begin then, or had not been assigned), and
     /// sets it back to the message, which it delivers again once intake resumes: `true`, the
@@ -560,6 +634,9 @@ impl Poller {
                 "no room in the hand-over: partitions paused"
             );
         } else if let Some(since) = self.paused_since.take() {
+            // Fetches bring the high watermarks again.
+            self.consumer.context().asked_highs().clear();
+            self.watermarks.asked_at = None;
             debug!(
                 paused_ms = since.elapsed().as_millis() as u64,
                 "partitions resumed"

@@ -537,8 +537,9 @@ async fn a_slow_blob_store_outlasting_the_stall_timeout_in_one_attempt_leaves_th
 }
 
 /// `consumer.lag` tells the truth: per partition it equals the broker's high watermark minus the
-/// group's committed offset, during a backlog (GCS hung, so nothing commits while 60 messages
-/// wait) and after it drains (0 everywhere).
+/// group's committed offset, during a backlog (GCS hung, so nothing commits while 250 messages
+/// wait), as it grows while the partitions are paused (60 more), and after it drains (0
+/// everywhere).
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
@@ -547,7 +548,18 @@ async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
     let mut args = args(&names, &statsd, dir.path());
-    args.extend(["--kafka-property", "statistics.interval.ms=200"].map(String::from));
+    // A small buffer and one flush at a time, so that the backlog pauses intake.
+    args.extend(
+        [
+            "--kafka-property",
+            "statistics.interval.ms=200",
+            "--buffer-max-messages",
+            "4",
+            "--max-flushes-in-flight",
+            "1",
+        ]
+        .map(String::from),
+    );
     let service = Service::start(&args);
     wait_for("partitions assigned", JOIN_AND_FLUSH, || {
         service.status().is_some_and(|s| s["assigned"] == true)
@@ -574,7 +586,9 @@ async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
             .collect::<Vec<_>>()
     };
     let hung = Hung::begin("gcs");
-    produce_fixtures(&names.topic, &small_fixtures(true), 60).await;
+    // More than the buffer, the flush, the processing window and the hand-over hold (4 + 4 + 64
+    // + 64): the polling thread holds the rest and pauses the partitions.
+    produce_fixtures(&names.topic, &small_fixtures(true), 250).await;
     wait_for("the backlog reported as it stands", JOIN_AND_FLUSH, || {
         compare().iter().all(|(lag, truth)| *lag == Some(*truth))
     })
@@ -584,6 +598,21 @@ async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
         backlog.iter().map(|(_, truth)| truth).sum::<f64>() > 0.0,
         "a backlog: {backlog:?}"
     );
+    // The partitions paused, nothing is fetched: what arrives now is in the lag all the same
+    // (the brokers are asked for the high watermarks; the fetches' stayed where the pause found
+    // them, and the gauge went flat while the backlog grew).
+    wait_for("intake paused", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["paused"] == true)
+    })
+    .await;
+    produce_fixtures(&names.topic, &small_fixtures(true), 60).await;
+    wait_for("the backlog grown while paused", JOIN_AND_FLUSH, || {
+        let now = compare();
+        now.iter().all(|(lag, truth)| *lag == Some(*truth))
+            && now.iter().map(|(_, truth)| truth).sum::<f64>()
+                >= backlog.iter().map(|(_, truth)| truth).sum::<f64>() + 60.0
+    })
+    .await;
     drop(hung);
     wait_for(
         "the backlog drained and reported as 0",
