@@ -124,14 +124,18 @@ pub static KEPT_IN_STORE: Throttle =
     Throttle::new("dead letter too large for its topic: value kept in the blob store");
 pub static PAUSE_FAILED: Throttle = Throttle::new("cannot pause or resume the assigned partitions");
 pub static COMMIT_FAILED: Throttle = Throttle::new("offset commit failed: retried");
+pub static ORIGINAL_LOST: Throttle = Throttle::new(
+    "a message a sink rejected is gone from the topic: dead-lettered without its bytes",
+);
 
-const THROTTLED: [&Throttle; 6] = [
+const THROTTLED: [&Throttle; 7] = [
     &INTERNAL_ERRORS,
     &SINK_PANICS,
     &REJECTED,
     &KEPT_IN_STORE,
     &PAUSE_FAILED,
     &COMMIT_FAILED,
+    &ORIGINAL_LOST,
 ];
 
 /// Panics, throttled per place in the code: a bug that panics on every message is held back

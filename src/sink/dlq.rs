@@ -330,7 +330,11 @@ impl RejectedToDlq {
             ) {
                 Ok(original) => (original, detail, false),
                 Err(gone @ RefetchError::Gone { .. }) => {
-                    error!(partition = r.partition, offset = r.offset, %gone, "a message a sink rejected is gone from the topic: dead-lettered without its bytes");
+                    // One per message, and again at each retry of the dead-letter write (a
+                    // retention cut takes a run of them): throttled.
+                    if let Some(held_back) = crate::logs::ORIGINAL_LOST.admit() {
+                        error!(partition = r.partition, offset = r.offset, %gone, held_back, "a message a sink rejected is gone from the topic: dead-lettered without its bytes");
+                    }
                     let missing = Record {
                         partition: r.partition,
                         offset: r.offset,
