@@ -36,6 +36,12 @@ pub const LIVENESS_STALE_AFTER: Duration = Duration::from_secs(30);
 /// Default for how long a flush may go without any sink attempt ending before liveness fails.
 pub const DEFAULT_FLUSH_STALL: Duration = Duration::from_secs(300);
 
+/// Messages in the processing window this long with none finishing fail liveness: a task on the
+/// processing pool hangs (a bug; every input's cost is bounded, `docs/cost-bound.md`, and the
+/// largest message takes well under a second). Nothing else shows it: the loop beats, no flush is
+/// in flight, and intake stops once the window is full.
+pub const PROCESSING_STALL: Duration = Duration::from_secs(300);
+
 /// A member out of its group this long is logged (once per time out of it).
 pub const OUT_OF_GROUP_WARNING: Duration = Duration::from_secs(60);
 
@@ -155,6 +161,9 @@ pub struct Status {
     credential_files: Mutex<Vec<(PathBuf, u64)>>,
     /// Why liveness failed when last asked (`None`: it passed), so that a change is logged once.
     liveness_failing: Mutex<Option<&'static str>>,
+    /// When the processing window last moved (ms since the Unix epoch; 0: empty), as the window
+    /// keeps it (`pipeline::window`).
+    processing_moved_at: std::sync::OnceLock<Arc<AtomicU64>>,
 }
 
 /// The member's place in its consumer group, as librdkafka's statistics last told it (every
@@ -218,6 +227,10 @@ pub struct Snapshot {
     pub buffer_messages: usize,
     pub buffer_bytes: usize,
     pub flushes_in_flight: usize,
+    /// How long messages have been in processing with none finishing (ms); absent while none is
+    /// being processed. Liveness fails at [`PROCESSING_STALL`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processing_still_ms: Option<u64>,
     pub consumed: u64,
     pub invalid: u64,
     pub flushed: u64,
@@ -293,6 +306,15 @@ impl Status {
         if flushing && still >= stall {
             return Some((
                 "a flush has had no sink request end within the flush stall timeout",
+                still,
+            ));
+        }
+        if let Some(still) = self
+            .processing_still(now)
+            .filter(|&still| still >= PROCESSING_STALL.as_millis() as u64)
+        {
+            return Some((
+                "messages have been in processing for the processing stall (5 min) with none finishing: a processing task hangs (a bug; report it); the restart reads them again",
                 still,
             ));
         }
@@ -380,6 +402,19 @@ impl Status {
     }
 
     /// How long a flush may go without a sink attempt ending before liveness fails.
+    /// Reads the processing window's last move from `moved_at` (ms since the Unix epoch; 0: the
+    /// window is empty), which the window keeps up to date.
+    pub fn watch_processing(&self, moved_at: Arc<AtomicU64>) {
+        let _ = self.processing_moved_at.set(moved_at);
+    }
+
+    /// How long messages have been in the processing window with none finishing (`None`: it is
+    /// empty).
+    fn processing_still(&self, now: u64) -> Option<u64> {
+        let moved = self.processing_moved_at.get()?.load(Ordering::Relaxed);
+        (moved > 0).then(|| now.saturating_sub(moved))
+    }
+
     pub fn set_flush_stall(&self, stall: Duration) {
         self.flush_stall_ms
             .store(stall.as_millis().max(1) as u64, Ordering::Relaxed);
@@ -599,6 +634,7 @@ impl Status {
             buffer_messages: self.buffer_messages.load(Ordering::Relaxed),
             buffer_bytes: self.buffer_bytes.load(Ordering::Relaxed),
             flushes_in_flight: self.flushes_in_flight.load(Ordering::Relaxed),
+            processing_still_ms: self.processing_still(now_ms()),
             consumed: load(&self.consumed),
             invalid: load(&self.invalid),
             flushed: load(&self.flushed),
@@ -1073,6 +1109,32 @@ mod tests {
         assert!(!s.live());
         s.beat();
         assert!(s.live());
+    }
+
+    /// Messages in processing with none finishing for the processing stall: a task that hangs,
+    /// which nothing else shows (the loop beats, no flush is in flight).
+    #[test]
+    fn processing_that_does_not_move_for_the_stall_fails_liveness() {
+        let s = Status::default();
+        let moved_at = Arc::new(AtomicU64::new(0));
+        s.watch_processing(moved_at.clone());
+        let start = now_ms();
+        s.beat();
+        let stall = PROCESSING_STALL.as_millis() as u64;
+        let failing = |at: u64| s.failing_liveness(at, at, &Refusals::default());
+        assert_eq!(failing(start + stall), None, "an empty window");
+        moved_at.store(start, Ordering::Relaxed);
+        assert_eq!(failing(start + stall - 1), None);
+        let (what, for_ms) = failing(start + stall).expect("a hung task");
+        assert!(what.contains("processing task hangs"), "{what}");
+        assert_eq!(for_ms, stall);
+        assert_eq!(
+            s.snapshot().processing_still_ms.map(|ms| ms < stall),
+            Some(true)
+        );
+        // A group finishes: it moved.
+        moved_at.store(start + stall, Ordering::Relaxed);
+        assert_eq!(failing(start + stall + 1), None);
     }
 
     /// A liveness probe that fails says why, once: the kubelet's event says only "503", and the

@@ -315,6 +315,9 @@ pub async fn consume(
         paused: None,
         revoked_while_draining: Vec::new(),
     };
+    pipeline
+        .status
+        .watch_processing(pipeline.processing.moved_at_ms());
     // A shutdown is bounded by the drain deadline and `CLOSE_RESERVE` as a whole (the chart's
     // grace period counts on it): leaving the group gets what the drain left of its deadline and
     // the reserve.

@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 
@@ -128,6 +128,10 @@ pub struct Window<T> {
     messages: usize,
     /// Reservations of the running groups plus what the finished ones hold.
     bytes: usize,
+    /// When the window last moved, in ms since the Unix epoch — a group finished, or the first
+    /// entered the empty window —, 0 while it is empty. Liveness reads it: messages in the window
+    /// and none finishing for long is a processing task that hangs (`health`).
+    moved_at_ms: Arc<AtomicU64>,
 }
 
 impl<T: Held> Window<T> {
@@ -145,7 +149,22 @@ impl<T: Held> Window<T> {
             uncollected: 0,
             messages: 0,
             bytes: 0,
+            moved_at_ms: Arc::default(),
         }
+    }
+
+    /// When the window last moved (ms since the Unix epoch; 0: it is empty), kept up to date.
+    pub fn moved_at_ms(&self) -> Arc<AtomicU64> {
+        self.moved_at_ms.clone()
+    }
+
+    fn moved(&self) {
+        let at = if self.messages == 0 {
+            0
+        } else {
+            crate::health::now_ms()
+        };
+        self.moved_at_ms.store(at, Ordering::Relaxed);
     }
 
     /// Whether another message may enter.
@@ -163,7 +182,12 @@ impl<T: Held> Window<T> {
     /// `messages` enter together, holding `bytes` (the sum of their [`reservation`]s) until their
     /// one result is done. Send the result on the returned completion.
     pub fn push(&mut self, messages: usize, bytes: usize) -> Completion<T> {
-        self.messages += messages;
+        if self.messages == 0 {
+            self.messages += messages;
+            self.moved();
+        } else {
+            self.messages += messages;
+        }
         self.bytes += bytes;
         self.groups.push_back(Group {
             messages,
@@ -224,6 +248,10 @@ impl<T: Held> Window<T> {
             group.result = Some(result);
             self.uncollected -= 1;
         }
+        drop(finished);
+        if any {
+            self.moved();
+        }
         any
     }
 
@@ -234,6 +262,9 @@ impl<T: Held> Window<T> {
         self.head += 1;
         self.messages -= group.messages;
         self.bytes -= group.bytes;
+        if self.messages == 0 {
+            self.moved();
+        }
         group.result
     }
 }
@@ -282,6 +313,37 @@ mod tests {
         assert_eq!(ready(&mut window).await.unwrap(), "second");
         assert_eq!((window.messages, window.bytes), (0, 0));
         assert!(window.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn the_window_moves_when_a_group_finishes_and_not_while_a_head_hangs() {
+        let mut window = Window::<&str>::new(1);
+        let moved_at = window.moved_at_ms();
+        assert_eq!(moved_at.load(Ordering::Relaxed), 0, "empty");
+        let head = window.push(1, reservation(10));
+        let entered = moved_at.load(Ordering::Relaxed);
+        assert!(entered > 0, "the first message entered");
+        // Behind a head that does not finish, the later groups finish and are collected once:
+        // the window moved then. Then nothing more finishes: it stays put, as liveness reads it.
+        let behind = window.push(1, reservation(10));
+        moved_at.store(1, Ordering::Relaxed);
+        behind.send("done");
+        assert!(matches!(window.next().await, Some(Progress::Freed)));
+        let collected = moved_at.load(Ordering::Relaxed);
+        assert!(collected >= entered, "moved when the later group finished");
+        moved_at.store(1, Ordering::Relaxed);
+        let _more = window.push(1, reservation(10));
+        assert_eq!(
+            moved_at.load(Ordering::Relaxed),
+            1,
+            "entering a busy window is no move"
+        );
+        head.send("done");
+        assert!(matches!(
+            window.next().await,
+            Some(Progress::Ready(Ok("done")))
+        ));
+        assert!(moved_at.load(Ordering::Relaxed) > 1, "the head finished");
     }
 
     #[tokio::test]
