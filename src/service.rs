@@ -48,7 +48,8 @@ pub async fn sinks(
     // The blob store also keeps dead letters too large for their topic.
     let (blobs, store) = match args.blobs.blob_sink {
         BlobSinkKind::Gcs => {
-            let (built, store) = gcs::build(&args.blobs.gcs_config(timeout)?).await?;
+            let config = args.blobs.gcs_config(timeout)?;
+            let (built, store) = startup::beating(status, gcs::build(&config)).await?;
             (built, Some(store))
         }
         BlobSinkKind::Filesystem => {

@@ -120,6 +120,21 @@ impl Gate {
     }
 }
 
+/// `step`, beating `status` every second while it runs: a startup step bounded by its own
+/// deadline may take longer than the liveness window (building the GCS client asks the metadata
+/// server, within `--sink-timeout-ms`), and the kubelet would restart the pod before the step's
+/// own clear error.
+pub async fn beating<T>(status: &Status, step: impl std::future::Future<Output = T>) -> T {
+    tokio::pin!(step);
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            out = &mut step => return out,
+            _ = every.tick() => status.beat(),
+        }
+    }
+}
+
 /// Checks `what` once; a configuration error is returned. A destination that does not answer
 /// is checked again in the background until it passes: the returned gate opens then.
 pub async fn check(
@@ -261,6 +276,20 @@ impl Sink for Gated {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A long startup step beats the loop's heartbeat while it runs (a fresh status has none).
+    #[tokio::test(start_paused = true)]
+    async fn a_long_startup_step_keeps_the_heartbeat() {
+        let status = Status::default();
+        assert!(!status.live(), "no heartbeat yet");
+        let out = beating(&status, async {
+            tokio::time::sleep(Duration::from_secs(45)).await;
+            7
+        })
+        .await;
+        assert_eq!(out, 7);
+        assert!(status.live(), "beaten while the step ran");
+    }
 
     /// A check failing `failures` times (as `retry`), then passing; and how often it ran.
     fn flaky(failures: u32, retry: Retry) -> (Arc<AtomicU32>, Check) {

@@ -24,16 +24,42 @@ impl FilesystemBlobSink {
         Ok(FilesystemBlobSink { root })
     }
 
+    /// A write that fails (a full disk, an I/O error) removes its temporary file: each retry
+    /// makes one of its own, and on a full disk they piled up where only the sweep, past the
+    /// retention, would find them.
     fn write_one(&self, key: &str, bytes: &[u8]) -> io::Result<()> {
         let path = self.root.join(key);
         let dir = path.parent().unwrap_or(&self.root);
-        fs::create_dir_all(dir)?;
+        create_dirs_durably(&self.root, dir)?;
         let tmp = temp_name(&path);
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, &path)?;
+        let written = fs::File::create(&tmp).and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()?;
+            fs::rename(&tmp, &path)
+        });
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        written?;
         fs::File::open(dir)?.sync_all()
+    }
+}
+
+/// Creates `dir` and whatever is missing of it below `root` (which exists), each new directory
+/// synced into its parent: a blob's own directory is synced after its rename, but a directory
+/// made for it (a new replay's) could be lost in a crash with the blob whose offset was
+/// committed, on a file system that does not order a directory's creation before what follows.
+fn create_dirs_durably(root: &Path, dir: &Path) -> io::Result<()> {
+    if dir == root || dir.is_dir() {
+        return Ok(());
+    }
+    let parent = dir.parent().unwrap_or(root);
+    create_dirs_durably(root, parent)?;
+    match fs::create_dir(dir) {
+        Ok(()) => fs::File::open(parent)?.sync_all(),
+        // Made meanwhile by another write of the same replay.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -229,6 +255,25 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), blob);
         let left: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().collect();
         assert_eq!(left.len(), 1, "no temporary file left: {left:?}");
+    }
+
+    /// A write that fails leaves no temporary file behind (here its rename: a directory stands
+    /// at the blob's name), and one that succeeds makes the directories it needs.
+    #[test]
+    fn a_failed_write_removes_its_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = FilesystemBlobSink::new(dir.path()).unwrap();
+        std::fs::create_dir_all(dir.path().join("30/1/a/0/taken")).unwrap();
+        for _ in 0..3 {
+            sink.write_one("30/1/a/0", b"blob").unwrap_err();
+        }
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("30/1/a"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["0"], "no temporary file left");
+        sink.write_one("90/2/b/0", b"blob").unwrap();
+        assert_eq!(std::fs::read(dir.path().join("90/2/b/0")).unwrap(), b"blob");
     }
 
     #[tokio::test]

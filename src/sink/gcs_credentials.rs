@@ -94,7 +94,12 @@ impl WithDeadline {
                 *current = Built::new(fresh);
                 true
             }
-            Err(_) => false,
+            // Said, or the operator sees only "no access token within …" (a key file unreadable
+            // half way through its rotation, say); the ones built before stay.
+            Err(error) => {
+                tracing::warn!(%error, "GCS credentials could not be built again; the ones built before are kept");
+                false
+            }
         }
     }
 }
