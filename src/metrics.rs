@@ -24,7 +24,7 @@
 //! | `flush.bytes` | counter | bytes | `sink` | what a sink wrote |
 //! | `flush.retries` | counter | attempts | `sink` | failed attempts that were retried, counted as each fails |
 //! | `flush.errors` | counter | batches | `sink` | flushes that failed for good (the service stops) |
-//! | `sink.outage_ms` | gauge | ms | `sink` | how long the sink has been failing, from its outage's first failure (as `/status` `since_ms`), whichever flush it began in; 0 once a write succeeds |
+//! | `sink.outage_ms` | gauge | ms | `sink` | how long the sink has been failing, from its outage's first failure (as `/status` `since_ms`), whichever flush it began in — or its startup check, at each try while it fails; 0 once a write or the check succeeds |
 //! | `commits` | counter | commits | | offset commits |
 //! | `commits.failed` | counter | commits | | offset commits the broker refused or did not answer (each is tried again a second later); while they fail, `consumer.lag` grows though the sinks keep up |
 //! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure, counted every second while it lasts |
@@ -393,6 +393,12 @@ pub fn flushed(
 /// `failing_for` (its outage's length, whichever flush it began in). Counted as it happens, so that a rate alert fires during an outage.
 pub fn retrying(sink: &'static str, failing_for: Duration) {
     counter!(FLUSH_RETRIES, "sink" => sink).increment(1);
+    sink_outage(sink, failing_for);
+}
+
+/// The sink has been failing for `failing_for`: a write's attempt, or its startup check (an idle
+/// member whose destination is down at start makes no write, and its outage went unmeasured).
+pub fn sink_outage(sink: &'static str, failing_for: Duration) {
     gauge!(SINK_OUTAGE_MS, "sink" => sink).set(failing_for.as_millis() as f64);
 }
 

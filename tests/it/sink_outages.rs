@@ -628,6 +628,37 @@ async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
     println!("lag during the backlog (reported, broker): {backlog:?}");
 }
 
+/// The blob store hung when the service starts, and nothing to write: the outage is measured all
+/// the same (`sink.outage_ms`, at each try of the startup check; an idle member made no write,
+/// and the gauge stayed unset, so an alert on it never fired), and reads 0 once the store answers.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_blob_store_down_at_start_is_measured_as_an_outage_before_any_write() {
+    let _stack = stops_stack().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let hung = Hung::begin("gcs");
+    let service = Service::start(&args(&names, &statsd, dir.path()));
+    let outage = || {
+        statsd
+            .read_now()
+            .values
+            .get("replay_ingest.sink.outage_ms|sink:gcs")
+            .and_then(|v| v.last().copied())
+    };
+    wait_for("the outage measured", JOIN_AND_FLUSH, || {
+        outage().is_some_and(|ms| ms > 0.0)
+    })
+    .await;
+    assert!(
+        service.status().unwrap()["outages"]["gcs"].is_object(),
+        "and in /status"
+    );
+    drop(hung);
+    wait_for("the outage over", JOIN_AND_FLUSH, || outage() == Some(0.0)).await;
+    assert_eq!(service.terminate(), Some(0));
+}
+
 /// With credentials from the metadata server (GKE Workload Identity), a token refresh the
 /// metadata server holds without an answer is given up and the credentials built again: once it
 /// answers, uploads go on. google-cloud-auth's refresh has no deadline of its own, so a hung one
