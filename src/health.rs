@@ -731,7 +731,11 @@ pub async fn serve(listener: tokio::net::TcpListener, status: Arc<Status>) -> st
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(error) => {
-                tracing::debug!(%error, "probe server: accept failed");
+                // Out of file descriptors, most often: the probes then time out, and the restart
+                // they lead to is explained here (throttled: tried every 20 ms).
+                if let Some(held_back) = crate::logs::ACCEPT_FAILED.admit() {
+                    tracing::warn!(%error, held_back, "probe server: accept failed");
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }

@@ -127,8 +127,9 @@ pub static COMMIT_FAILED: Throttle = Throttle::new("offset commit failed: retrie
 pub static ORIGINAL_LOST: Throttle = Throttle::new(
     "a message a sink rejected is gone from the topic: dead-lettered without its bytes",
 );
+pub static ACCEPT_FAILED: Throttle = Throttle::new("probe server: accept failed");
 
-const THROTTLED: [&Throttle; 7] = [
+const THROTTLED: [&Throttle; 8] = [
     &INTERNAL_ERRORS,
     &SINK_PANICS,
     &REJECTED,
@@ -136,6 +137,7 @@ const THROTTLED: [&Throttle; 7] = [
     &PAUSE_FAILED,
     &COMMIT_FAILED,
     &ORIGINAL_LOST,
+    &ACCEPT_FAILED,
 ];
 
 /// Panics, throttled per place in the code: a bug that panics on every message is held back
