@@ -5,7 +5,9 @@
 ARG RUST_VERSION=1.95
 FROM rust:${RUST_VERSION}-bookworm AS chef
 # librdkafka is built from source (C toolchain, bundled with the crate) and links the system's
-# OpenSSL for Kafka TLS and SCRAM.
+# OpenSSL for Kafka TLS and SCRAM; zlib is built into it (rdkafka's `libz-static`): distroless's
+# cc images do not promise libz.so.1 (cc-debian13 has none), and without it the binary does not
+# start (tests/it/image.rs checks the binary's libraries against the runtime image's packages).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libssl-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*

@@ -19,6 +19,7 @@ mod end_to_end;
 mod fixtures;
 mod gcs_sink;
 mod group_membership;
+mod image;
 mod inspect_cli;
 mod intake_pause;
 mod kafka_acls;
