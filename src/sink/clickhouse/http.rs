@@ -231,10 +231,12 @@ impl Watch {
     }
 }
 
-/// Where the last status line in `window` starts: "HTTP/1.1 " at the start of the window, of
-/// the read after `carried` bytes of the one before, or of a line.
+/// Where the last status line in `window` starts: "HTTP/1.1 " — or "HTTP/1.0 ", as some load
+/// balancers' own error pages begin — at the start of the window, of the read after `carried`
+/// bytes of the one before, or of a line.
 fn status_line(window: &[u8], carried: usize) -> Option<usize> {
-    memchr::memmem::rfind_iter(window, b"HTTP/1.1 ")
+    memchr::memmem::rfind_iter(window, b"HTTP/1.")
+        .filter(|&at| matches!(window.get(at + 7..at + 9), Some([b'0' | b'1', b' '])))
         .find(|&at| at == 0 || at == carried || window[at - 1] == b'\n')
 }
 
@@ -481,6 +483,17 @@ mod tests {
                 "split at {split}"
             );
         }
+        // A load balancer's own page, in HTTP/1.0 (before, not seen: retried without end).
+        let mut old = Watch::default();
+        assert_eq!(
+            old.saw(
+                b"HTTP/1.0 413 Request Entity Too Large\r\nContent-Type: text/html\r\n\r\n<html>"
+            ),
+            Some(Spotted::Proxy(ProxyAnswer {
+                status: 413,
+                reason: "Request Entity Too Large".into()
+            }))
+        );
         let clickhouse = b"HTTP/1.1 400 Bad Request\r\nDate: Sat, 05 Dec 2026 22:49:00 GMT\r\nConnection: Keep-Alive\r\nContent-Type: text/plain; charset=UTF-8\r\nX-ClickHouse-Server-Display-Name: vm\r\nTransfer-Encoding: chunked\r\n\r\n";
         for split in [1, 60, 100, clickhouse.len()] {
             let mut watch = Watch::default();

@@ -114,11 +114,17 @@ impl ClickHouseArgs {
 const REJECTED_CODES: [u32; 14] = [6, 26, 27, 32, 33, 38, 41, 53, 69, 70, 72, 117, 131, 246];
 
 /// ClickHouse error codes no data can fix: the configuration is wrong. 16
-/// NO_SUCH_COLUMN_IN_TABLE, 36 BAD_ARGUMENTS, 43 ILLEGAL_TYPE_OF_ARGUMENT, 60 UNKNOWN_TABLE,
-/// 62 SYNTAX_ERROR, 81 UNKNOWN_DATABASE; a user that may not write: 164 READONLY, 291
-/// DATABASE_ACCESS_DENIED, 497 ACCESS_DENIED (the startup check only reads, so a read-only user
-/// passes it and is refused at the first INSERT); and the [`AUTHENTICATION_CODES`].
-const FATAL_CODES: [u32; 13] = [16, 36, 43, 60, 62, 81, 164, 291, 497, 192, 193, 194, 516];
+/// NO_SUCH_COLUMN_IN_TABLE, 36 BAD_ARGUMENTS, 43 ILLEGAL_TYPE_OF_ARGUMENT, 44 ILLEGAL_COLUMN (a
+/// column written to that became MATERIALIZED or ALIAS: its type still matches, so the schema
+/// check passes), 60 UNKNOWN_TABLE, 62 SYNTAX_ERROR, 81 UNKNOWN_DATABASE, 115 UNKNOWN_SETTING
+/// and 452 SETTING_CONSTRAINT_VIOLATION (a setting the service sends, refused by the server or
+/// the user's profile); a user that may not write: 164 READONLY, 291 DATABASE_ACCESS_DENIED, 497
+/// ACCESS_DENIED (the startup check only reads, so a read-only user passes it and is refused at
+/// the first INSERT); and the [`AUTHENTICATION_CODES`]. (44, 115 and 452 were retried without
+/// end.)
+const FATAL_CODES: [u32; 16] = [
+    16, 36, 43, 44, 60, 62, 81, 115, 452, 164, 291, 497, 192, 193, 194, 516,
+];
 
 /// Partitions one INSERT may touch. Rows are partitioned by `(retention_days,
 /// toMonday(timestamp))`; half the server's default limit leaves room for a server time zone
@@ -558,6 +564,18 @@ mod tests {
             ),
             (
                 "Code: 60. DB::Exception: Table default.x doesn't exist",
+                Retry::Fatal,
+            ),
+            (
+                "Code: 44. DB::Exception: Cannot insert column platform, because it is MATERIALIZED column. (ILLEGAL_COLUMN)",
+                Retry::Fatal,
+            ),
+            (
+                "Code: 115. DB::Exception: Unknown setting insert_distributed_sync. (UNKNOWN_SETTING)",
+                Retry::Fatal,
+            ),
+            (
+                "Code: 452. DB::Exception: Setting insert_distributed_sync should not be changed. (SETTING_CONSTRAINT_VIOLATION)",
                 Retry::Fatal,
             ),
             (
