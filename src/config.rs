@@ -242,6 +242,10 @@ const PINNED_PROPERTIES: &[(&str, &str)] = &[
         "transactional.id",
         "the producers are idempotent, not transactional: a transactional producer sends nothing before transactions are begun, which the service never does",
     ),
+    (
+        "allow.auto.create.topics",
+        "a destination topic that is missing (deleted, being recreated) is an outage the flush waits out; created by the producer's request on a broker that auto-creates topics, it would get the broker's defaults — one replica, where an acknowledged billing outcome or dead letter is lost with that broker",
+    ),
 ];
 const AUTO_COMMIT: &str = "offsets are committed by the service once a message's outputs are durable; librdkafka's own commits would commit messages still in the buffer, lost if the process dies";
 const IDEMPOTENT: &str = "records are acknowledged by every in-sync replica and written idempotently (acks=all, enable.idempotence=true): otherwise a leader's failover can lose a dead letter or billing outcome, or a retry count one twice";
@@ -1091,6 +1095,8 @@ pub fn producer_properties(
         ),
         ("message.timeout.ms", timeout.as_millis().to_string()),
         ("linger.ms", "5".into()),
+        // librdkafka's producers ask the broker to create a topic they do not find.
+        ("allow.auto.create.topics", "false".into()),
     ]
 }
 

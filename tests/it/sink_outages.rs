@@ -715,3 +715,38 @@ async fn a_token_refresh_the_metadata_server_never_answers_is_given_up_and_uploa
     assert_eq!(service.terminate(), Some(0));
     every_blob_in_gcs(&names.bucket, first_sent.iter().chain(&second_sent)).await;
 }
+
+/// A destination topic missing (deleted, or not yet recreated) on a broker that creates the
+/// topics clients ask for, as Apache Kafka does by default: the service's producers do not have
+/// it created. The delivery fails, and the flush rides it out as an outage until the topic is
+/// back as it was made. (librdkafka's producers ask for it by default: it came back with the
+/// broker's defaults — one replica, where an acknowledged billing outcome or dead letter is lost
+/// with that broker — and raced the operator recreating it properly.)
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
+async fn the_producers_do_not_have_a_missing_destination_topic_created() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use replay_ingest::kafka::producer::Producer;
+    let broker = secure_broker::SecureBroker::start_auto_creating_topics("admin", "admin-pw");
+    let base = broker.sasl_ssl_client("admin", "admin-pw");
+    let mut config = base.clone();
+    for (key, value) in
+        replay_ingest::config::producer_properties(1_000_000, Duration::from_secs(5))
+    {
+        config.set(key, value);
+    }
+    let producer: Producer = config.create().unwrap();
+    let topic = unique("outcomes");
+    let sent = producer
+        .send(rdkafka::producer::FutureRecord::<(), _>::to(&topic).payload(b"outcome"))
+        .await;
+    assert!(sent.is_err(), "delivered to a topic made for it: {sent:?}");
+    let metadata: BaseConsumer = base.create().unwrap();
+    let topics = metadata
+        .fetch_metadata(None, Duration::from_secs(10))
+        .unwrap();
+    assert!(
+        !topics.topics().iter().any(|t| t.name() == topic),
+        "the broker created {topic}"
+    );
+}

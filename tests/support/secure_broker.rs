@@ -37,6 +37,8 @@ struct Setup<'a> {
     relay: Option<&'a Relay>,
     /// ACLs enforced (Kafka's `StandardAuthorizer`), this user a super user.
     super_user: Option<&'a str>,
+    /// `auto.create.topics.enable=true`, Apache Kafka's default (off elsewhere in the tests).
+    auto_create_topics: bool,
 }
 
 impl SecureBroker {
@@ -67,6 +69,16 @@ impl SecureBroker {
         Self::start_with(Setup {
             users,
             super_user: Some(users[0].0),
+            ..Setup::default()
+        })
+    }
+
+    /// Starts the broker as [`SecureBroker::start`] does, creating a topic a client asks for
+    /// and does not find, as Apache Kafka does by default.
+    pub fn start_auto_creating_topics(user: &str, password: &str) -> SecureBroker {
+        Self::start_with(Setup {
+            users: &[(user, password)],
+            auto_create_topics: true,
             ..Setup::default()
         })
     }
@@ -116,13 +128,14 @@ impl SecureBroker {
              log.dirs={}\noffsets.topic.replication.factor=1\noffsets.topic.num.partitions=1\n\
              transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
              share.coordinator.state.topic.replication.factor=1\nshare.coordinator.state.topic.min.isr=1\n\
-             group.initial.rebalance.delay.ms=0\ngroup.min.session.timeout.ms=1000\nauto.create.topics.enable=false\n\
+             group.initial.rebalance.delay.ms=0\ngroup.min.session.timeout.ms=1000\nauto.create.topics.enable={}\n\
              group.consumer.min.session.timeout.ms=6000\ngroup.consumer.session.timeout.ms=10000\n\
              group.consumer.min.heartbeat.interval.ms=500\ngroup.consumer.heartbeat.interval.ms=1000\n\
              num.network.threads=2\nnum.io.threads=2\n",
             listeners.join(","),
             advertised.join(","),
-            dir.path().join("data").display()
+            dir.path().join("data").display(),
+            setup.auto_create_topics,
         );
         for listener in ["ssl", "mtls", "sasl_ssl"] {
             properties += &format!(
