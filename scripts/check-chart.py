@@ -272,9 +272,6 @@ def main():
     if listen != ["0.0.0.0:8080", "[::]:8080"]:
         fail(f"the probe listener follows http.bindAddress: {listen}")
     # Rendered, but refused by the service: the check would catch such values before a rollout.
-    session = {"config": {"SESSION_TIMEOUT_MS": "20000"}}
-    check_config(binary, render_docs(session), "a drain deadline as long as the session",
-                 refused="--drain-deadline-ms (20000) must be below --session-timeout-ms (20000)")
     check_config(binary, render_docs({"kafkaProperties": {"fetch.max.wait.ms": "100"}}), "a Kafka property librdkafka does not know",
                  refused='Kafka property "fetch.max.wait.ms" is not one librdkafka knows')
     print("the service accepts what the chart renders (replay-ingest check-config, the pod's environment), and refuses what it must")
@@ -377,6 +374,14 @@ def main():
          "secrets.gcsCredentials and serviceAccount.gcpServiceAccount are both set"),
         ({"serviceAccount": {"create": False, "name": "mine", "gcpServiceAccount": "a@b.iam.gserviceaccount.com"}},
          "serviceAccount.gcpServiceAccount needs serviceAccount.create"),
+        ({"extraEnv": [{"name": "REPLAY_INGEST_DRAIN_DEADLINE_MS", "value": "29000"}]},
+         "extraEnv REPLAY_INGEST_DRAIN_DEADLINE_MS: set config.DRAIN_DEADLINE_MS instead"),
+        ({"config": {"DRAIN_DEADLINE_MS": "20000", "SESSION_TIMEOUT_MS": "15000"}},
+         "config.DRAIN_DEADLINE_MS (20000) must be below config.SESSION_TIMEOUT_MS (15000)"),
+        ({"config": {"BLOB_SINK": "filesystem"}}, "config.BLOB_SINK filesystem needs config.BLOB_DIR"),
+        ({"image": {"tag": "1.2.3@sha256:" + "0" * 64}}, "image.tag holds a digest: set image.digest"),
+        ({"autoscaling": {"keda": {"enabled": True}}, "config": {"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SSL_CERTIFICATE_LOCATION": "/c.pem"}},
+         "autoscaling.keda with a client certificate"),
     ]
     for values, message in refusals:
         try:
@@ -392,6 +397,19 @@ def main():
     env = {e["name"]: e.get("value") for e in first_container(key_file).get("env", [])}
     if env.get("GOOGLE_APPLICATION_CREDENTIALS") != "/var/run/secrets/replay-ingest/gcs/key.json":
         fail(f"a GCS key file must be where GOOGLE_APPLICATION_CREDENTIALS says: {env}")
+    # Pulled by digest when one is given; the labels keep the tag. An umbrella chart's global
+    # values are accepted. The async runtime's threads follow the CPU request.
+    digest = "sha256:" + "a" * 64
+    pinned = render_docs({"image": {"tag": "1.2.3", "digest": digest}, "global": {"imageRegistry": "x"}})
+    container = first_container(pinned)
+    deployment = next(d for _, d in pinned if d["kind"] == "Deployment")
+    if container["image"] != f"ghcr.io/example/replay-ingest@{digest}" or deployment["metadata"]["labels"]["app.kubernetes.io/version"] != "1.2.3":
+        fail(f"image.digest: {container['image']}, labels {deployment['metadata']['labels']}")
+    for cpu, workers in [("2", "2"), ("500m", "2"), ("6", "6")]:
+        config = next(d for _, d in render_docs({"resources": {"requests": {"cpu": cpu}}}) if d["kind"] == "ConfigMap")
+        if config["data"].get("TOKIO_WORKER_THREADS") != workers:
+            fail(f"requests.cpu {cpu}: TOKIO_WORKER_THREADS {config['data'].get('TOKIO_WORKER_THREADS')}, expected {workers}")
+    print("image by digest, global values, async threads from the CPU request")
     # Paths to secrets are not secrets.
     for values in [{"config": {"CLICKHOUSE_PASSWORD_FILE": "/x"}}, {"config": {"KAFKA_SSL_KEY_LOCATION": "/x"}}]:
         helm.Chart.load(str(CHART)).render(values, name="x", namespace="y")

@@ -68,3 +68,15 @@ POD_NAME, set beside it).
 {{- $tags = append $tags "pod_name:$(POD_NAME)" }}
 {{- join "," $tags }}
 {{- end }}
+
+{{/* The CPU request (resources.requests.cpu: "2", 2, "1500m"), in whole cores rounded up. */}}
+{{- define "replay-ingest.requestedCores" -}}
+{{- $cpu := toString .Values.resources.requests.cpu -}}
+{{- $cores := 0.0 -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- $cores = divf (float64 (trimSuffix "m" $cpu)) 1000 -}}
+{{- else -}}
+{{- $cores = float64 $cpu -}}
+{{- end -}}
+{{- int (ceil $cores) -}}
+{{- end -}}
