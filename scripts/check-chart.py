@@ -375,7 +375,7 @@ def main():
         ({"serviceAccount": {"create": False, "name": "mine", "gcpServiceAccount": "a@b.iam.gserviceaccount.com"}},
          "serviceAccount.gcpServiceAccount needs serviceAccount.create"),
         ({"extraEnv": [{"name": "REPLAY_INGEST_DRAIN_DEADLINE_MS", "value": "29000"}]},
-         "extraEnv REPLAY_INGEST_DRAIN_DEADLINE_MS: set config.DRAIN_DEADLINE_MS instead"),
+         "extraEnv REPLAY_INGEST_DRAIN_DEADLINE_MS: set it through the chart's values (config.DRAIN_DEADLINE_MS"),
         ({"config": {"DRAIN_DEADLINE_MS": "20000", "SESSION_TIMEOUT_MS": "15000"}},
          "config.DRAIN_DEADLINE_MS (20000) must be below config.SESSION_TIMEOUT_MS (15000)"),
         ({"config": {"BLOB_SINK": "filesystem"}}, "config.BLOB_SINK filesystem needs config.BLOB_DIR"),

@@ -403,12 +403,27 @@ struct Poller {
     watermarks: Watermarks,
 }
 
-/// The high watermarks asked for while intake is paused: when last, and whether the asking
-/// thread still runs.
+/// The high watermarks asked for while intake is paused: when last, whether the asking thread
+/// still runs, and whether the polling thread has ended (the asking thread then asks no more).
 #[derive(Default)]
 struct Watermarks {
     asked_at: Option<Instant>,
     asking: Arc<AtomicBool>,
+    ended: Arc<AtomicBool>,
+}
+
+impl Drop for Watermarks {
+    /// The polling thread ends: the asking thread stops before its next question, and this waits
+    /// for it (one question's timeout at most). It holds the consumer only while it asks: the
+    /// pipeline closes the consumer as its last holder once the polling thread has ended (a
+    /// drop elsewhere, after it was closed, logs an error).
+    fn drop(&mut self) {
+        self.ended.store(true, Ordering::Release);
+        let until = Instant::now() + WATERMARK_TIMEOUT + POLL_INTERVAL;
+        while self.asking.load(Ordering::Acquire) && Instant::now() < until {
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 /// How often, while intake is paused, the brokers are asked for the assigned partitions' high
@@ -416,7 +431,7 @@ struct Watermarks {
 const ASK_WATERMARKS_EVERY: Duration = Duration::from_secs(5);
 
 /// How long one partition's answer is waited for; the first that does not come ends the round.
-const WATERMARK_TIMEOUT: Duration = Duration::from_secs(2);
+const WATERMARK_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Poller {
     fn run(mut self, stop: &AtomicBool) {
@@ -531,19 +546,37 @@ impl Poller {
             return;
         }
         self.watermarks.asked_at = Some(Instant::now());
-        let (consumer, asking) = (self.consumer.clone(), self.watermarks.asking.clone());
+        let (consumer, asking, ended) = (
+            Arc::downgrade(&self.consumer),
+            self.watermarks.asking.clone(),
+            self.watermarks.ended.clone(),
+        );
         let ask = move || {
-            if let Ok(assignment) = consumer.assignment() {
-                for assigned in assignment.elements() {
-                    let (topic, partition) = (assigned.topic(), assigned.partition());
-                    match consumer.fetch_watermarks(topic, partition, WATERMARK_TIMEOUT) {
-                        Ok((_, high)) => {
-                            consumer.context().asked_highs().insert(partition, high);
-                        }
-                        Err(error) => {
-                            debug!(%error, partition, "high watermark not known");
-                            break;
-                        }
+            let assigned: Vec<(String, i32)> = consumer
+                .upgrade()
+                .and_then(|consumer| consumer.assignment().ok())
+                .map(|assignment| {
+                    let elements = assignment.elements();
+                    elements
+                        .iter()
+                        .map(|a| (a.topic().to_owned(), a.partition()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            for (topic, partition) in assigned {
+                let Some(consumer) = consumer
+                    .upgrade()
+                    .filter(|_| !ended.load(Ordering::Acquire))
+                else {
+                    break;
+                };
+                match consumer.fetch_watermarks(&topic, partition, WATERMARK_TIMEOUT) {
+                    Ok((_, high)) => {
+                        consumer.context().asked_highs().insert(partition, high);
+                    }
+                    Err(error) => {
+                        debug!(%error, partition, "high watermark not known");
+                        break;
                     }
                 }
             }

@@ -26,18 +26,22 @@ pub fn answer_deadline(timeout: std::time::Duration) -> std::time::Duration {
 }
 
 /// librdkafka's own log lines, as events of target `librdkafka` (as rdkafka's default logs them,
-/// but for one level). librdkafka logs a connection it lost or could not make at `LOG_ERR`
-/// (`FAIL`, `ERROR`): a broker restart or a rolling upgrade wrote a burst of ERROR lines no one
-/// had to act on, as it reconnects by itself. They come at WARN. What retrying does not get past
+/// but for one kind). librdkafka logs a connection it lost or could not make at `LOG_ERR`, with
+/// the facility `FAIL`: a broker restart or a rolling upgrade wrote a burst of ERROR lines no one
+/// had to act on, as it reconnects by itself. Those come at WARN. What retrying does not get past
 /// (credentials or a certificate refused, a fatal error) reaches the clients' error callbacks
-/// too, which log it at ERROR ([`client_error`]).
+/// too, which log it at ERROR ([`client_error`]); librdkafka's other `LOG_ERR` lines (an assignor
+/// that fails, no usable produce request version) stay ERROR.
 pub fn log_line(level: rdkafka::config::RDKafkaLogLevel, facility: &str, line: &str) {
     use rdkafka::config::RDKafkaLogLevel as Level;
     match level {
-        Level::Emerg | Level::Alert | Level::Critical => {
+        Level::Error if facility == "FAIL" => {
+            tracing::warn!(target: "librdkafka", "librdkafka: {facility} {line}")
+        }
+        Level::Emerg | Level::Alert | Level::Critical | Level::Error => {
             tracing::error!(target: "librdkafka", "librdkafka: {facility} {line}")
         }
-        Level::Error | Level::Warning => {
+        Level::Warning => {
             tracing::warn!(target: "librdkafka", "librdkafka: {facility} {line}")
         }
         Level::Notice | Level::Info => {

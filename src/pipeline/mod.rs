@@ -883,6 +883,8 @@ impl Pipeline {
             .filter(|&(p, _)| !self.stale(p, generation))
             .collect();
         match result {
+            // Nothing sent: every position was of a partition lost meanwhile.
+            Ok(()) if positions.is_empty() => self.commit(),
             Ok(()) => {
                 self.status.record_commit(&positions);
                 self.commit();

@@ -364,15 +364,20 @@ impl GcsSink {
 }
 
 /// The slowest an upload may go before its deadline: each has `--sink-timeout-ms` plus the time
-/// its bytes take at this rate. With one deadline whatever the size, a batch of large objects on
-/// a link that carries them slower than that (32 uploads share it) timed out whole on every
-/// attempt and was retried for good, looking like an outage; a hung server is still given up on
-/// within the timeout for small objects, and within 90 s for the largest message (15 MB).
+/// its bytes take at this rate, three timeouts at most. With one deadline whatever the size, a
+/// batch of large objects on a link that carries them slower than that (32 uploads share it)
+/// timed out whole on every attempt and was retried for good, looking like an outage; a hung
+/// server is still given up on within the timeout for small objects, and within 87 s for the
+/// largest message by default (15 MB, a 30 s timeout).
 const SLOWEST_UPLOAD_BYTES_PER_SECOND: f64 = 256.0 * 1024.0;
 
-/// How long one upload of `bytes` may take.
+/// How long one upload of `bytes` may take: at most three timeouts, which the flush stall
+/// timeout must exceed (`config`: the longest a write may go without a request ending), or a
+/// large upload to a hung server would fail liveness before its own deadline.
 fn upload_deadline(timeout: std::time::Duration, bytes: usize) -> std::time::Duration {
-    timeout + std::time::Duration::from_secs_f64(bytes as f64 / SLOWEST_UPLOAD_BYTES_PER_SECOND)
+    let sized = timeout
+        + std::time::Duration::from_secs_f64(bytes as f64 / SLOWEST_UPLOAD_BYTES_PER_SECOND);
+    sized.min(timeout * 3)
 }
 
 /// Where the startup check writes; rewritten at every start.
@@ -442,6 +447,11 @@ mod tests {
             std::time::Duration::from_secs(90)
         );
         assert!(upload_deadline(timeout, 15_000_000) < std::time::Duration::from_secs(90));
+        assert_eq!(
+            upload_deadline(timeout, 1 << 30),
+            timeout * 3,
+            "within the flush stall's bound"
+        );
     }
 
     #[test]

@@ -399,11 +399,13 @@ async fn partitions_lost_during_the_shutdown_drain_are_given_up_not_flushed() {
         "the drain ended without waiting for the store:\n{}",
         log()
     );
+    // After the loss: the revoke of the first rebalance (the other member joining) may have
+    // drained with nothing pending before it.
+    let after_loss = log()
+        .split_once("partitions lost")
+        .map(|(_, after)| after.to_owned());
     assert!(
-        matches!(
-            (at("partitions lost"), at("drained pending=0")),
-            (Some(lost), Some(drained)) if lost < drained
-        ),
+        after_loss.is_some_and(|after| after.contains("drained pending=0")),
         "the drain ended once the loss left it nothing:\n{}",
         log()
     );

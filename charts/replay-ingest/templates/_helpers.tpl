@@ -69,9 +69,10 @@ POD_NAME, set beside it).
 {{- join "," $tags }}
 {{- end }}
 
-{{/* The CPU request (resources.requests.cpu: "2", 2, "1500m"), in whole cores rounded up. */}}
+{{/* The CPU request (resources.requests.cpu: "2", 2, "1500m"), in whole cores rounded up; 0
+     without one. */}}
 {{- define "replay-ingest.requestedCores" -}}
-{{- $cpu := toString .Values.resources.requests.cpu -}}
+{{- $cpu := toString (dig "requests" "cpu" "" (.Values.resources | default dict)) -}}
 {{- $cores := 0.0 -}}
 {{- if hasSuffix "m" $cpu -}}
 {{- $cores = divf (float64 (trimSuffix "m" $cpu)) 1000 -}}
