@@ -21,11 +21,18 @@ async fn create(config: &ClickHouseConfig) -> Result<ServerFeatures, clickhouse:
     let client = client(config).with_database("default");
     let version: String = client.query("SELECT version()").fetch_one().await?;
     let version = ServerVersion::parse(&version).unwrap_or(ServerVersion(0, 0));
-    let hash_uuid = client
+    // A server that cannot hash a UUID refuses the type (43); any other error (a connection
+    // reset, a timeout) is not an answer, and taken for one it made the table for good with
+    // `cityHash64(toString(replay_id))`, which is not snuba's schema.
+    let hash_uuid = match client
         .query("SELECT cityHash64(toUUID('00000000-0000-0000-0000-000000000000'))")
         .execute()
         .await
-        .is_ok();
+    {
+        Ok(()) => true,
+        Err(error) if super::error_code(&error.to_string()) == Some(43) => false,
+        Err(error) => return Err(error),
+    };
     let features = ServerFeatures { version, hash_uuid };
     client
         .query(&format!(

@@ -75,8 +75,11 @@ pub struct ClickHouseArgs {
     /// File holding the password (a mounted Kubernetes Secret); wins over the variable.
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE")]
     pub clickhouse_password_file: Option<PathBuf>,
-    /// Rows per INSERT; larger batches are split, between messages.
-    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_CHUNK_ROWS", value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000_000), default_value_t = 100_000)]
+    /// Rows per INSERT; larger batches are split, between messages. At most 1 000 000: the
+    /// server cuts an INSERT into blocks of `max_insert_block_size` rows (1 048 449 by default)
+    /// and stores each as it comes, so a larger one refused half way leaves its first blocks in
+    /// the table, and its retry writes them again.
+    #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_CHUNK_ROWS", value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000), default_value_t = 100_000)]
     pub clickhouse_chunk_rows: usize,
 }
 
