@@ -112,6 +112,11 @@ def check_wiring(values_name, docs):
         fail(f"pod template ({values_name}) lacks the recommended labels {missing}")
     data = by_kind["ConfigMap"][0]["data"]
     container = template["spec"]["containers"][0]
+    # The operator tools' Jobs read the ConfigMap; the pods carry the same settings themselves.
+    inline = {e["name"]: e.get("value") for e in container.get("env", [])}
+    differing = {k: (v, inline.get(k)) for k, v in data.items() if inline.get(k) != v}
+    if differing:
+        fail(f"({values_name}) the ConfigMap and the pod's settings differ: {differing}")
     port = container["ports"][0]["containerPort"]
     if data["REPLAY_INGEST_HTTP_LISTEN"] not in (f"0.0.0.0:{port}", f"[::]:{port}"):
         fail(f"({values_name}) the container port {port} and REPLAY_INGEST_HTTP_LISTEN={data['REPLAY_INGEST_HTTP_LISTEN']} differ")
@@ -139,10 +144,13 @@ def check_wiring(values_name, docs):
 
 def pod_env(docs):
     """The environment the container starts with, as Kubernetes builds it from the rendered
-    manifests: the ConfigMap's keys, then the container's own variables, `$(VAR)` expanded; the
-    values Kubernetes fills in at run time (the pod's name, the node's IP, its labels) stand in."""
-    data = next(d for _, d in docs if d["kind"] == "ConfigMap")["data"]
-    env = dict(data)
+    manifests: the container's own variables (the settings are in the pod spec, not read from
+    the ConfigMap), `$(VAR)` expanded; the values Kubernetes fills in at run time (the pod's
+    name, the node's IP, its labels) stand in."""
+    container = first_container(docs)
+    if "envFrom" in container:
+        fail(f"the pod reads its settings from elsewhere ({container['envFrom']}): an old pod restarting mid-rollout would take the new release's")
+    env = {}
     fields = {"metadata.name": "replay-ingest-7d9f-abcde", "status.hostIP": "10.0.0.1"}
     for variable in first_container(docs).get("env", []):
         if "value" in variable:

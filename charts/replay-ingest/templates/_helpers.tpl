@@ -81,3 +81,32 @@ POD_NAME, set beside it).
 {{- end -}}
 {{- int (ceil $cores) -}}
 {{- end -}}
+
+{{/* The service's settings, as `REPLAY_INGEST_*` variables (and the async runtime's threads),
+     one YAML map: rendered into the pod spec's `env` (each ReplicaSet keeps its own) and into
+     the ConfigMap the operator tools' Jobs read. */}}
+{{- define "replay-ingest.settings" -}}
+{{- range $key, $value := .Values.config }}
+REPLAY_INGEST_{{ $key }}: {{ $value | toString | quote }}
+{{- end }}
+REPLAY_INGEST_HTTP_LISTEN: {{ printf "%s:%d" (default "0.0.0.0" .Values.http.bindAddress) (int .Values.http.port) | quote }}
+{{- if not (hasKey .Values.config "PROCESSING_THREADS") }}
+{{- /* One processing thread per requested core. Left to the service, it takes one per core
+       of the node (the pod has no CPU limit), and each thread holds a decompression buffer:
+       the memory limit would not cover a large node. */}}
+REPLAY_INGEST_PROCESSING_THREADS: {{ max 1 (int (include "replay-ingest.requestedCores" .)) | quote }}
+{{- end }}
+{{- /* The async runtime (the sinks' requests, the probes) would take a thread per core of the
+       node too, each with an allocator arena the memory limit does not count: as many as the
+       requested cores, two at least (extraEnv TOKIO_WORKER_THREADS overrides it). */}}
+{{- $extra := list }}
+{{- range .Values.extraEnv }}
+{{- $extra = append $extra .name }}
+{{- end }}
+{{- if not (has "TOKIO_WORKER_THREADS" $extra) }}
+TOKIO_WORKER_THREADS: {{ max 2 (int (include "replay-ingest.requestedCores" .)) | quote }}
+{{- end }}
+{{- with .Values.kafkaProperties }}
+REPLAY_INGEST_KAFKA_PROPERTIES: {{ include "replay-ingest.kafkaProperties" $ | trim | quote }}
+{{- end }}
+{{- end -}}
