@@ -167,6 +167,18 @@ impl BlobStore for FilesystemBlobSink {
     }
 }
 
+/// What a directory entry is: what a symbolic link points to, or the link when it points
+/// nowhere; `None` when the entry is gone since the directory was read (a writer renamed its
+/// temporary file into place, a sweep or a `delete` removed it) — a listing beside the running
+/// service failed on it, and `delete` gave up on the replay.
+fn listed_metadata(path: &Path) -> io::Result<Option<fs::Metadata>> {
+    match fs::metadata(path).or_else(|_| fs::symlink_metadata(path)) {
+        Ok(meta) => Ok(Some(meta)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 impl FilesystemBlobSink {
     fn error(&self, key: &str, e: &io::Error) -> SinkError {
         SinkError::new(
@@ -193,9 +205,10 @@ impl FilesystemBlobSink {
         for entry in entries {
             let entry = entry.map_err(|e| self.error(prefix, &e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            let meta = fs::metadata(entry.path())
-                .or_else(|_| entry.metadata())
-                .map_err(|e| self.error(prefix, &e))?;
+            let Some(meta) = listed_metadata(&entry.path()).map_err(|e| self.error(prefix, &e))?
+            else {
+                continue;
+            };
             if meta.is_dir() {
                 listing.prefixes.push(format!("{prefix}{name}/"));
             } else {
@@ -233,6 +246,22 @@ pub fn build(dir: &Path) -> Result<(Built, Arc<dyn ObjectStore>), SinkError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An entry gone between the directory's read and its own (a temporary file renamed into
+    /// place, a blob swept) is left out of the listing, not an error; a link to nothing is the
+    /// link, and a link to a directory is a prefix.
+    #[test]
+    fn an_entry_gone_since_the_directory_was_read_is_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(listed_metadata(&dir.path().join("gone")).unwrap().is_none());
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+        let meta = listed_metadata(&dangling).unwrap().unwrap();
+        assert!(meta.file_type().is_symlink());
+        let linked = dir.path().join("linked");
+        std::os::unix::fs::symlink(dir.path(), &linked).unwrap();
+        assert!(listed_metadata(&linked).unwrap().unwrap().is_dir());
+    }
 
     /// Two writes of one key at once (a segment delivered twice, in two flushes) each have a
     /// temporary file of their own, and both end with the whole blob in place.
