@@ -706,6 +706,27 @@ mod tests {
         );
     }
 
+    /// A span's timestamps as the JS SDK writes them (`timeOrigin + performance.now()`, 17
+    /// significant digits) are read as Python reads them, correctly rounded: a parse one bit
+    /// off put one span in about 30 000 on the next millisecond.
+    #[test]
+    fn a_span_timestamp_of_seventeen_digits_is_read_as_python_reads_it() {
+        // int(float(s) * 1000), in Python.
+        for (start, ms) in [
+            ("1796176279.3209999", 1_796_176_279_320),
+            ("1728330908.9919999", 1_728_330_908_991),
+            ("1796223506.4819999", 1_796_223_506_481),
+        ] {
+            let text = format!(
+                r#"{{"tag":"performanceSpan","payload":{{"op":"resource.fetch","description":"https://a/","startTimestamp":{start},"endTimestamp":{start},"data":{{"method":"GET"}}}}}}"#
+            );
+            let data = super::super::dom::parse(&text, usize::MAX - 1).unwrap();
+            let (mut out, mut cut) = (Vec::new(), 0);
+            let built = build(&data, 1_700_000_000_000, &mut out, &mut cut);
+            assert_eq!(built.unwrap().unwrap().timestamp_ms, ms, "{start}");
+        }
+    }
+
     #[test]
     fn headers_past_their_caps_are_cut_and_counted() {
         let mut headers = serde_json::Map::new();
