@@ -234,7 +234,8 @@ impl TopicLimits {
         }
     }
 
-    async fn read(&self) -> Result<HashMap<String, usize>, KafkaError> {
+    /// Reads the limits once, saying nothing (what [`TopicLimits::refresh`] keeps and logs).
+    pub async fn read(&self) -> Result<HashMap<String, usize>, KafkaError> {
         let admin: AdminClient<Logged> =
             self.config.create_with_context(Logged("an admin client"))?;
         let topics: Vec<ResourceSpecifier> = self

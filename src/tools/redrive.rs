@@ -2,7 +2,10 @@
 //! sink that refused data, a bug since fixed). It reads the dead-letter topic as a consumer group
 //! of its own — from where that group last stopped, up to the end the topic had when the run
 //! started — and re-produces each chosen letter's original value and key (from the record, or
-//! from the blob store for one too large for its topic) to `--topic`, at a bounded rate. The
+//! from the blob store for one too large for its topic) to `--topic`, at a bounded rate, up to
+//! [`IN_FLIGHT_LETTERS`] at once; a letter is handled once it and every letter read before it
+//! are through. A letter over `--topic`'s `max.message.bytes` stops the run before it is sent.
+//! Letters gone from the topic since the group's last commit (its retention) are named. The
 //! letter's own headers (`reason`, `detail`, `original_*`, …) are left behind; the re-driven
 //! message carries one header, `redriven_from`, naming the letter (`topic/partition/offset`).
 //!
@@ -36,6 +39,7 @@ use crate::kafka::consumer::{close_within, commit_within};
 use crate::kafka::producer::Producer;
 use crate::kafka::{Logged, answer_deadline};
 use crate::recording::Reason;
+use crate::sink::publish::{DELIVERY_WINDOW_BYTES, RECORD_OVERHEAD_BYTES, TopicLimits};
 use crate::sink::store::BlobStore;
 
 /// The group of runs that choose every letter.
@@ -165,22 +169,41 @@ async fn redrive_with(
     timeout: Duration,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let producing = args
+    let mut producing = args
         .kafka
         .client_config(&producer_properties(64 << 20, timeout))?;
     // A mistyped --topic would be created by brokers that create topics on first use, and take
     // every letter, committed as re-driven.
     crate::sink::publish::check_topics(&producing, std::slice::from_ref(&args.topic), timeout)
         .map_err(|e| anyhow::anyhow!("--topic {}: {}; nothing re-driven", args.topic, e.message))?;
+    let limit = topic_limit(&producing, &args.topic, timeout).await;
+    if limit.is_none() {
+        writeln!(
+            out,
+            "the brokers did not give {}'s max.message.bytes (is DescribeConfigs allowed on it?): letters are sent unchecked, and one over it stops the run when the broker refuses it",
+            args.topic
+        )?;
+    }
+    if let Some(limit) = limit {
+        // Letters in flight together are batched: a batch over the topic's limit would be refused
+        // whole, every letter in it that fits alone with it.
+        producing.set("batch.size", limit.min(PRODUCER_BATCH_BYTES).to_string());
+    }
     let producer: Producer = producing.create().context("creating the Kafka producer")?;
-    let ends = start(consumer, &args.dlq_topic, timeout)?;
+    let (ends, expired) = start(consumer, &args.dlq_topic, timeout)?;
     let mut read = Read::default();
+    for gone in expired {
+        writeln!(out, "{gone}")?;
+        read.positions.insert(gone.partition, gone.to);
+        read.counts.failed.push(gone.to_string());
+    }
     let result = redrive_letters(
         args,
         Clients {
             consumer,
             producer: &producer,
             store,
+            limit,
         },
         &ends,
         &mut read,
@@ -262,6 +285,41 @@ const COMMIT_EVERY: Duration = Duration::from_secs(1);
 /// How much a run fetches ahead of the letter it handles, KiB.
 const READ_AHEAD_KIB: usize = 4 << 10;
 
+/// Most letters a run has read and not yet recorded: sent and waiting for their acknowledgement,
+/// or behind one that is (besides at most [`DELIVERY_WINDOW_BYTES`] of values sent). One at a
+/// time, each send waited out `linger.ms` and the brokers' acknowledgement: about 150 letters a
+/// second, whatever `--rate` said.
+const IN_FLIGHT_LETTERS: usize = 1000;
+
+/// librdkafka's default `batch.size`, lowered to the topic's `max.message.bytes` when that is less.
+const PRODUCER_BATCH_BYTES: usize = 1_000_000;
+
+/// Letters gone from a partition before this group read them: the group's committed offset is
+/// below the partition's first (the topic's retention, or a deletion of records, removed them).
+#[derive(Debug)]
+struct Expired {
+    topic: String,
+    partition: i32,
+    from: i64,
+    to: i64,
+}
+
+impl std::fmt::Display for Expired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Expired {
+            topic,
+            partition,
+            from,
+            to,
+        } = self;
+        write!(
+            f,
+            "{topic}/{partition}/{from}..{to}: {} letter(s) gone from the topic before this group read them (its retention, or records deleted): they cannot be re-driven",
+            to - from
+        )
+    }
+}
+
 /// What a run has read: the counts, and each partition's next offset to commit.
 #[derive(Default)]
 struct Read {
@@ -275,6 +333,31 @@ struct Read {
 }
 
 impl Read {
+    /// Records a letter whose turn has come (every letter read before it is recorded): its
+    /// position, to be committed, and, for one sent, that it was re-driven — or the error its
+    /// delivery failed with, which ends the run before it.
+    fn record(
+        &mut self,
+        handled: Handled,
+        args: &RedriveArgs,
+        out: &mut impl Write,
+    ) -> anyhow::Result<()> {
+        if let Some(sent) = handled.sent {
+            // A delivery that timed out may yet reach the topic; the letter is not committed, so
+            // the next run sends it again.
+            sent.delivered
+                .with_context(|| format!("re-producing {} to {}", sent.at, args.topic))?;
+            writeln!(
+                out,
+                "re-driven {} ({}, {} bytes)",
+                sent.at, sent.reason, sent.bytes
+            )?;
+            *self.counts.redriven.entry(sent.reason).or_default() += 1;
+        }
+        self.positions.insert(handled.partition, handled.offset + 1);
+        Ok(())
+    }
+
     /// The letter's original message — its `original_topic`, `_partition`, `_offset` and
     /// `_timestamp` (the timestamp tells apart two messages at one offset of a topic recreated,
     /// or of a log cut back) — when it says all four.
@@ -317,17 +400,175 @@ impl Read {
     }
 }
 
-/// The clients a run reads and writes with.
+/// The clients a run reads and writes with, and the largest record `--topic` takes (its
+/// `max.message.bytes`), when the brokers said.
 struct Clients<'a> {
     consumer: &'a BaseConsumer<Logged>,
     producer: &'a Producer,
     store: Option<&'a dyn BlobStore>,
+    limit: Option<usize>,
+}
+
+/// A letter read, in the order read.
+struct Handled {
+    partition: i32,
+    offset: i64,
+    sent: Option<Sent>,
+}
+
+/// A letter sent: where it is, why it was dead-lettered, its value's size, and how its delivery
+/// ended.
+struct Sent {
+    at: String,
+    reason: String,
+    bytes: usize,
+    delivered: Result<(), rdkafka::error::KafkaError>,
+}
+
+/// The letters read and not yet recorded, in the order read: sends under way (each a task of
+/// its own, so that the record reaches the producer's queue at once and its acknowledgement is
+/// taken while the run reads on), and letters handled already behind them, whose positions wait
+/// for theirs.
+#[derive(Default)]
+struct InFlight {
+    letters: std::collections::VecDeque<Pending>,
+    /// The values sent among them.
+    bytes: usize,
+}
+
+enum Pending {
+    Handled(Handled),
+    Sending(tokio::task::JoinHandle<Handled>),
+}
+
+impl InFlight {
+    /// A letter handled without a send (passed over, a copy, one that cannot be re-driven).
+    fn handled(&mut self, partition: i32, offset: i64) {
+        self.letters.push_back(Pending::Handled(Handled {
+            partition,
+            offset,
+            sent: None,
+        }));
+    }
+
+    /// Sends a letter's original to `topic`.
+    fn send(
+        &mut self,
+        producer: &Producer,
+        topic: &str,
+        (partition, offset): (i32, i64),
+        (at, reason): (String, String),
+        (value, key): (Vec<u8>, Option<Vec<u8>>),
+    ) {
+        let (producer, topic) = (producer.clone(), topic.to_owned());
+        self.bytes += value.len();
+        self.letters
+            .push_back(Pending::Sending(tokio::spawn(async move {
+                let headers = OwnedHeaders::new().insert(Header {
+                    key: "redriven_from",
+                    value: Some(at.as_str()),
+                });
+                let mut record = FutureRecord::to(&topic).payload(&value).headers(headers);
+                if let Some(key) = &key {
+                    record = record.key(key);
+                }
+                let delivered = producer.send(record).await.map(drop);
+                Handled {
+                    partition,
+                    offset,
+                    sent: Some(Sent {
+                        at,
+                        reason,
+                        bytes: value.len(),
+                        delivered,
+                    }),
+                }
+            })));
+    }
+
+    /// The oldest letter, once its turn has come: at once when it is done, else waited for
+    /// when `wait`; `None` when nothing is in flight, or the oldest is under way and not waited
+    /// for.
+    async fn oldest(&mut self, wait: bool) -> anyhow::Result<Option<Handled>> {
+        let handled = match self.letters.front_mut() {
+            None => return Ok(None),
+            Some(Pending::Handled(_)) => match self.letters.pop_front() {
+                Some(Pending::Handled(handled)) => handled,
+                _ => unreachable!("the front was a handled letter"),
+            },
+            Some(Pending::Sending(task)) => {
+                if !wait && !task.is_finished() {
+                    return Ok(None);
+                }
+                let handled = task.await.context("a send's task failed")?;
+                self.letters.pop_front();
+                handled
+            }
+        };
+        self.bytes -= handled.sent.as_ref().map_or(0, |s| s.bytes);
+        Ok(Some(handled))
+    }
+
+    /// Records, in the order read, every letter whose turn has come; while more than `keep`
+    /// letters (or [`DELIVERY_WINDOW_BYTES`] of values) are in flight, waits for the oldest. A
+    /// failed delivery ends the run there, once the letters sent after it are through (the error
+    /// says how many of them reached the topic: uncommitted, the next run sends them again).
+    async fn settle(
+        &mut self,
+        keep: usize,
+        read: &mut Read,
+        args: &RedriveArgs,
+        out: &mut impl Write,
+    ) -> anyhow::Result<()> {
+        loop {
+            let wait = self.letters.len() > keep || self.bytes > DELIVERY_WINDOW_BYTES;
+            let Some(handled) = self.oldest(wait).await? else {
+                return Ok(());
+            };
+            if let Err(error) = read.record(handled, args, out) {
+                let mut delivered = 0;
+                while let Some(later) = self.oldest(true).await? {
+                    delivered += u64::from(later.sent.is_some_and(|s| s.delivered.is_ok()));
+                }
+                return Err(match delivered {
+                    0 => error,
+                    n => error.context(format!(
+                        "{n} letter(s) read after it reached {} before the run stopped, uncommitted: the next run re-drives them again",
+                        args.topic
+                    )),
+                });
+            }
+        }
+    }
+}
+
+/// `topic`'s `max.message.bytes`, unless the brokers do not say (no `DescribeConfigs` on it):
+/// its letters are then sent unchecked, and the broker decides.
+async fn topic_limit(
+    config: &rdkafka::ClientConfig,
+    topic: &str,
+    timeout: Duration,
+) -> Option<usize> {
+    let limits = TopicLimits::new(config, vec![topic.to_owned()], timeout);
+    limits.read().await.ok()?.get(topic).copied()
+}
+
+/// A record's size on the broker, as its topic's `max.message.bytes` counts it: key, value,
+/// the `redriven_from` header (with its two lengths, 5 bytes at most each) and the framing.
+fn record_bytes(value: &[u8], key: Option<&[u8]>, at: &str) -> usize {
+    key.map_or(0, <[u8]>::len)
+        + value.len()
+        + "redriven_from".len()
+        + at.len()
+        + 2 * 5
+        + RECORD_OVERHEAD_BYTES
 }
 
 /// Reads the letters up to `ends` (each partition's end when the run started) and re-drives
 /// the chosen ones. A letter counts as handled — its position is recorded in `read` — once it
-/// is re-driven (delivered to `--topic`), passed over, or reported as one that cannot be; an
-/// error (the broker, a send) ends the run before the letter it happened on.
+/// is re-driven (delivered to `--topic`), passed over, or reported as one that cannot be, and
+/// every letter read before it is handled too; an error (the broker, a send) ends the run before
+/// the letter it happened on, once the sends under way are through.
 async fn redrive_letters(
     args: &RedriveArgs,
     clients: Clients<'_>,
@@ -335,16 +576,32 @@ async fn redrive_letters(
     read: &mut Read,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let timeout = Duration::from_millis(args.sink_timeout_ms);
+    let mut in_flight = InFlight::default();
+    let result = read_letters(args, &clients, ends, read, &mut in_flight, out).await;
+    // What was sent before the run stopped is recorded, to be committed, once it is through.
+    let settled = in_flight.settle(0, read, args, out).await;
+    result.and(settled)
+}
+
+/// [`redrive_letters`]' reading: each letter read is sent or handled, and recorded in its turn
+/// while at most [`IN_FLIGHT_LETTERS`] are in flight.
+async fn read_letters(
+    args: &RedriveArgs,
+    clients: &Clients<'_>,
+    ends: &BTreeMap<i32, i64>,
+    read: &mut Read,
+    in_flight: &mut InFlight,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
     let mut pacer = (Instant::now(), 0u32);
     let mut remaining = ends.clone();
-    let idle_deadline = Duration::from_secs(30).max(timeout);
+    let idle_deadline = Duration::from_secs(30).max(Duration::from_millis(args.sink_timeout_ms));
     let mut last_message = Instant::now();
+    // Letters re-driven or under way (in a dry run: that would be).
+    let mut started = 0u64;
     while !remaining.is_empty() {
-        if args
-            .limit
-            .is_some_and(|limit| read.counts.redriven.values().sum::<u64>() >= limit)
-        {
+        in_flight.settle(IN_FLIGHT_LETTERS, read, args, out).await?;
+        if args.limit.is_some_and(|limit| started >= limit) {
             break;
         }
         if read
@@ -356,6 +613,8 @@ async fn redrive_letters(
             // stopped re-drives again what it sent since the last that did.
             writeln!(out, "could not commit yet: {e:#}")?;
         }
+        // The sends under way run on the runtime's other threads, and on this one meanwhile.
+        tokio::task::yield_now().await;
         let Some(polled) = clients.consumer.poll(Duration::from_millis(200)) else {
             if last_message.elapsed() > idle_deadline {
                 bail!(
@@ -386,9 +645,11 @@ async fn redrive_letters(
         let origin = read.origin(&letter);
         if !chosen(args, &reason, &letter) {
             read.counts.passed_over += 1;
+            in_flight.handled(partition, offset);
         } else if origin.as_ref().is_some_and(|o| read.sent.contains(o)) {
             writeln!(out, "skipped {at}: a copy of a letter re-driven already")?;
             read.counts.copies += 1;
+            in_flight.handled(partition, offset);
         } else if args.dry_run {
             // What the letter says of itself; the blob store is not read.
             match unsendable(&letter) {
@@ -399,8 +660,10 @@ async fn redrive_letters(
                 None => {
                     *read.counts.redriven.entry(reason).or_default() += 1;
                     read.sent.extend(origin);
+                    started += 1;
                 }
             }
+            in_flight.handled(partition, offset);
         } else {
             // A read of the blob store that fails (an outage, a store not configured as the
             // letter's) stops the run here, before the letter is counted as handled: the next
@@ -410,35 +673,31 @@ async fn redrive_letters(
             })?;
             match original {
                 Ok((value, key)) => {
-                    pace(&mut pacer, args.rate).await;
-                    let headers = OwnedHeaders::new().insert(Header {
-                        key: "redriven_from",
-                        value: Some(at.as_str()),
-                    });
-                    let mut record = FutureRecord::to(&args.topic)
-                        .payload(&value)
-                        .headers(headers);
-                    if let Some(key) = &key {
-                        record = record.key(key);
+                    let size = record_bytes(&value, key.as_deref(), &at);
+                    if let Some(limit) = clients.limit.filter(|&limit| size > limit) {
+                        bail!(
+                            "{at}: {size} bytes with the broker's framing, over the max.message.bytes of {} ({limit}): stopping here, before sending it; raise the topic's limit and run again",
+                            args.topic
+                        );
                     }
-                    // A delivery that timed out may yet reach the topic; the letter is not
-                    // committed, so the next run sends it again.
-                    clients
-                        .producer
-                        .send(record)
-                        .await
-                        .with_context(|| format!("re-producing {at} to {}", args.topic))?;
-                    writeln!(out, "re-driven {at} ({reason}, {} bytes)", value.len())?;
-                    *read.counts.redriven.entry(reason).or_default() += 1;
+                    pace(&mut pacer, args.rate).await;
+                    in_flight.send(
+                        clients.producer,
+                        &args.topic,
+                        (partition, offset),
+                        (at, reason),
+                        (value, key),
+                    );
                     read.sent.extend(origin);
+                    started += 1;
                 }
                 Err(why) => {
                     writeln!(out, "cannot re-drive {at}: {why}")?;
                     read.counts.failed.push(format!("{at}: {why}"));
+                    in_flight.handled(partition, offset);
                 }
             }
         }
-        read.positions.insert(partition, offset + 1);
         if offset + 1 >= end {
             finish(&mut remaining, partition, clients.consumer, &args.dlq_topic)?;
         }
@@ -507,12 +766,13 @@ fn session_within_poll_interval(kafka: &crate::config::KafkaArgs) -> Vec<(&'stat
 }
 
 /// Assigns every partition from the group's committed offset (the start without one); returns
-/// the end of each partition that has anything left to read.
+/// the end of each partition that has anything left to read, and the letters gone from a
+/// partition since the group's commit.
 fn start(
     consumer: &BaseConsumer<Logged>,
     topic: &str,
     timeout: Duration,
-) -> anyhow::Result<BTreeMap<i32, i64>> {
+) -> anyhow::Result<(BTreeMap<i32, i64>, Vec<Expired>)> {
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
         .with_context(|| format!("reading the partitions of {topic}"))?;
@@ -532,11 +792,20 @@ fn start(
         .committed_offsets(wanted, timeout)
         .context("reading the group's committed offsets")?;
     let mut assignment = TopicPartitionList::new();
-    let mut ends = BTreeMap::new();
+    let (mut ends, mut expired) = (BTreeMap::new(), Vec::new());
     for &p in &partitions {
         let (low, high) = consumer.fetch_watermarks(topic, p, timeout)?;
         let from = match committed.find_partition(topic, p).map(|e| e.offset()) {
-            Some(Offset::Offset(o)) => o.max(low),
+            Some(Offset::Offset(o)) if o < low => {
+                expired.push(Expired {
+                    topic: topic.to_owned(),
+                    partition: p,
+                    from: o,
+                    to: low,
+                });
+                low
+            }
+            Some(Offset::Offset(o)) => o,
             _ => low,
         };
         if from < high {
@@ -545,7 +814,7 @@ fn start(
         }
     }
     consumer.assign(&assignment)?;
-    Ok(ends)
+    Ok((ends, expired))
 }
 
 fn header(letter: &BorrowedMessage<'_>, name: &str) -> Option<String> {
@@ -659,6 +928,67 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: RedriveArgs,
+    }
+
+    /// Letters are recorded in the order read, whatever order their sends end in: a failed
+    /// delivery ends the run at that letter, with the letters read after it neither recorded nor
+    /// counted, and the error says how many of them reached the topic anyway.
+    #[tokio::test]
+    async fn a_failed_delivery_stops_the_record_at_its_letter() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from(["x", "--topic", "recordings"]).unwrap();
+        let sent = |offset: i64, delivered: bool| {
+            Pending::Sending(tokio::spawn(async move {
+                Handled {
+                    partition: 0,
+                    offset,
+                    sent: Some(Sent {
+                        at: format!("dlq/0/{offset}"),
+                        reason: "rejected_by_sink".into(),
+                        bytes: 10,
+                        delivered: match delivered {
+                            true => Ok(()),
+                            false => Err(rdkafka::error::KafkaError::Canceled),
+                        },
+                    }),
+                }
+            }))
+        };
+        let handled = |offset| {
+            Pending::Handled(Handled {
+                partition: 0,
+                offset,
+                sent: None,
+            })
+        };
+        let mut in_flight = InFlight {
+            letters: [
+                sent(0, true),
+                handled(1),
+                sent(2, false),
+                sent(3, true),
+                handled(4),
+                sent(5, true),
+            ]
+            .into(),
+            bytes: 40,
+        };
+        let (mut read, mut out) = (Read::default(), Vec::new());
+        let error = in_flight
+            .settle(0, &mut read, &cli.args, &mut out)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            format!("{error:#}"),
+            "2 letter(s) read after it reached recordings before the run stopped, uncommitted: the next run re-drives them again: re-producing dlq/0/2 to recordings: KafkaError (Client dropped)"
+        );
+        assert_eq!(read.positions, [(0, 2)].into_iter().collect());
+        assert_eq!(read.counts.redriven["rejected_by_sink"], 1);
+        assert!(in_flight.letters.is_empty() && in_flight.bytes == 0);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "re-driven dlq/0/0 (rejected_by_sink, 10 bytes)\n"
+        );
     }
 
     /// librdkafka checks the poll interval against the session when the client is created: no

@@ -551,7 +551,12 @@ async fn a_run_that_stops_on_an_error_keeps_its_progress() {
     let flags = ["--blob-sink", "null", "--sink-timeout-ms", "5000"];
     let (ok, said) = redrive_in(&dlq, &topic, &group, &flags);
     assert!(!ok, "the third letter is over the topic's limit: {said}");
-    assert!(said.contains(&format!("re-producing {dlq}/0/2")), "{said}");
+    assert!(
+        said.contains(&format!(
+            "{dlq}/0/2: 50123 bytes with the broker's framing, over the max.message.bytes of {topic} (10000): stopping here, before sending it"
+        )),
+        "{said}"
+    );
     assert_eq!(
         committed(&group, &dlq, 1),
         [(0, 2)].into_iter().collect(),
@@ -567,6 +572,46 @@ async fn a_run_that_stops_on_an_error_keeps_its_progress() {
         .collect();
     lengths.sort();
     assert_eq!(lengths, [5, 6, 6, 50_000], "each letter once");
+}
+
+/// Letters the dead-letter topic's retention removed after the group's last commit are gone for
+/// good: the run names them (the partition and offsets), re-drives the rest, exits non-zero, and
+/// commits past them, so that the next run does not report them again.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn letters_gone_from_the_topic_since_the_last_run_are_named() {
+    let _stack = uses_stack().await;
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("redrive"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    letter(&dlq, 0, b"first").await;
+    let flags = ["--blob-sink", "null"];
+    let (ok, said) = redrive_in(&dlq, &topic, &group, &flags);
+    assert!(ok, "{said}");
+    for value in [&b"second"[..], b"third", b"fourth"] {
+        letter(&dlq, 0, value).await;
+    }
+    // Retention takes the second and third before the next run.
+    delete_records_before(&dlq, 0, 3).await;
+    let (ok, said) = redrive_in(&dlq, &topic, &group, &flags);
+    assert!(!ok, "letters were lost: {said}");
+    assert!(
+        said.contains(&format!(
+            "{dlq}/0/1..3: 2 letter(s) gone from the topic before this group read them"
+        )),
+        "{said}"
+    );
+    assert!(said.contains("1 letter(s) re-driven"), "{said}");
+    assert_eq!(committed(&group, &dlq, 1), [(0, 4)].into_iter().collect());
+    let (ok, said) = redrive_in(&dlq, &topic, &group, &flags);
+    assert!(ok, "reported once: {said}");
+    assert!(!said.contains("gone from the topic"), "{said}");
+    let mut values: Vec<Vec<u8>> = read_messages(&topic, 2, Duration::from_secs(15))
+        .into_iter()
+        .map(|m| m.value)
+        .collect();
+    values.sort();
+    assert_eq!(values, [b"first".to_vec(), b"fourth".to_vec()]);
 }
 
 /// A `--topic` that does not exist (a typo) is refused before anything is read: on brokers that
