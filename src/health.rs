@@ -151,6 +151,8 @@ pub struct Status {
     committed: Mutex<BTreeMap<i32, i64>>,
     /// Sinks whose last attempt failed, by name.
     outages: Mutex<BTreeMap<&'static str, Outage>>,
+    /// Writes failing right now (retrying), by sink, over every flush.
+    failing_writes: Mutex<BTreeMap<&'static str, usize>>,
     group: Mutex<Membership>,
     /// 0: the member's time out of its group does not fail liveness.
     group_stall_ms: AtomicU64,
@@ -448,6 +450,30 @@ impl Status {
         outage.failed_attempts += failed_attempts;
         outage.last_error = error.chars().take(512).collect();
         Duration::from_millis(now.saturating_sub(outage.since_ms))
+    }
+
+    /// How long `sink` has been failing, while it is (its last attempt failed).
+    pub fn sink_outage(&self, sink: &'static str) -> Option<Duration> {
+        lock(&self.outages)
+            .get(sink)
+            .map(|o| Duration::from_millis(now_ms().saturating_sub(o.since_ms)))
+    }
+
+    /// A write to `sink` started failing (`true`: it retries), or one that was ends (`false`).
+    pub fn write_failing(&self, sink: &'static str, failing: bool) {
+        let mut writes = lock(&self.failing_writes);
+        let count = writes.entry(sink).or_default();
+        *count = match failing {
+            true => *count + 1,
+            false => count.saturating_sub(1),
+        };
+    }
+
+    /// Whether any write to `sink` is failing, in any flush.
+    pub fn writes_failing(&self, sink: &'static str) -> bool {
+        lock(&self.failing_writes)
+            .get(sink)
+            .is_some_and(|&count| count > 0)
     }
 
     /// A sink attempt succeeded: its outage, if any, is over. Returns how long it lasted.

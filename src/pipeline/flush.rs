@@ -266,10 +266,12 @@ impl Failing {
     }
 }
 
-/// One write's place in [`Failing`], from its first failed attempt until it is dropped (however
-/// the write ends).
+/// One write's place in [`Failing`] (and among the writes [`Status`] counts as failing), from
+/// its first failed attempt — or its start, during an outage of its sink — until it is dropped
+/// (however the write ends).
 struct FailingWrite<'a> {
     failing: &'a Failing,
+    status: &'a Status,
     sink: &'static str,
     since: Option<Instant>,
 }
@@ -284,6 +286,7 @@ impl FailingWrite<'_> {
             let since = now.checked_sub(outage).unwrap_or(now);
             self.since = Some(since);
             self.failing.lock().push((self.sink, since));
+            self.status.write_failing(self.sink, true);
             self.failing.changed.notify_one();
         }
     }
@@ -296,6 +299,7 @@ impl Drop for FailingWrite<'_> {
             if let Some(at) = writes.iter().position(|&w| w == (self.sink, since)) {
                 writes.swap_remove(at);
             }
+            self.status.write_failing(self.sink, false);
         }
     }
 }
@@ -633,21 +637,31 @@ async fn write_with_retries(
     let first = attempt;
     let mut failing = FailingWrite {
         failing,
+        status,
         sink: sink.name(),
         since: None,
     };
+    // A write that starts while its sink is in an outage (a flush started while others retry,
+    // the rest of a write a revoke shrank) fails with them, from the outage's start: a drain
+    // waited out its first attempt — a whole request timeout, against a hung destination —
+    // before it could give up on an outage it already knew of.
+    if let Some(outage) = status.sink_outage(sink.name()) {
+        failing.failed(outage);
+    }
     // `attempts`: made in all, this call's and those before it.
-    let abandoned = |attempts: u32| {
+    let abandoned = |attempts: u32, failing: FailingWrite<'_>| {
+        drop(failing);
         warn!(
             sink = sink.name(),
             attempts,
             "every message this write holds is of partitions lost meanwhile: left to their next owner, not retried"
         );
-        // The outage its failed attempts showed is no longer measured: left standing, it would
-        // read as one (`/status`, `sink.outage_ms`) until the sink next writes — for the
-        // dead-letter path of refused messages, perhaps days. A write still failing elsewhere
-        // shows it again at its next attempt.
-        if attempts > 0 {
+        // The outage its failed attempts showed is no longer measured, unless another write to
+        // the sink is failing: left standing, it would read as one (`/status`,
+        // `sink.outage_ms`) until the sink next writes — for the dead-letter path of refused
+        // messages, perhaps days. Ended while other writes fail, it read as over (and as begun
+        // anew at their next failure) while the sink was still down.
+        if attempts > 0 && !status.writes_failing(sink.name()) {
             status.sink_recovered(sink.name());
             crate::metrics::sink_outage_over(sink.name());
         }
@@ -660,7 +674,7 @@ async fn write_with_retries(
     };
     loop {
         match standing() {
-            Standing::Gone => return abandoned(attempt - 1),
+            Standing::Gone => return abandoned(attempt - 1, failing),
             Standing::Held => {
                 tokio::time::sleep(HELD_RECHECK).await;
                 // Waiting by design, not a stall.
@@ -726,7 +740,7 @@ async fn write_with_retries(
             }
             // Out of attempts, but none of it is this member's to write any more.
             Err(error) if error.retry == Retry::Retryable && standing() == Standing::Gone => {
-                return abandoned(attempt);
+                return abandoned(attempt, failing);
             }
             // Recorded as the flush's failure where the flush ends.
             Err(error) => return Err(error),
@@ -974,6 +988,46 @@ mod tests {
     fn a_write_is_failing_from_its_first_failed_attempt_until_it_ends() {
         static SEEN: Mutex<Vec<Option<(&str, Instant)>>> = Mutex::new(Vec::new());
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+        let failing = Arc::new(Failing::new(Arc::default()));
+        let watching = Watching {
+            failing: failing.clone(),
+            seen: &SEEN,
+        };
+        let sinks = Sinks::new(vec![vec![
+            Box::new(watching),
+            flaky("blobs", 0, Retry::Retryable, &LOG),
+        ]]);
+        let (status, started) = (Status::default(), Instant::now());
+        run_failing(
+            entries(1),
+            &sinks,
+            &FAST,
+            &status,
+            owner(&|_| false),
+            &failing,
+        )
+        .unwrap();
+        let seen = SEEN.lock().unwrap().clone();
+        assert_eq!(seen[0], None, "not failing before an attempt failed");
+        let (sink, since) = seen[1].expect("failing after the first failed attempt");
+        assert!(sink == "rows" && since >= started, "{seen:?}");
+        assert_eq!(
+            seen[2],
+            Some(("rows", since)),
+            "since the first failure, not the last; the sibling that wrote at once never"
+        );
+        assert_eq!(failing.oldest(), None, "no longer once written");
+        assert!(!status.writes_failing("rows"));
+    }
+
+    /// A write that starts during its sink's outage (a flush started while another retries, the
+    /// rest of a write a revoke shrank) is failing from its start, since the outage began: a
+    /// drain waited out its first attempt — a request timeout against a hung destination —
+    /// before it could give up.
+    #[test]
+    fn a_write_started_during_an_outage_is_failing_since_the_outage_began() {
+        static SEEN: Mutex<Vec<Option<(&str, Instant)>>> = Mutex::new(Vec::new());
+        static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
         let changed = Arc::new(Notify::new());
         let failing = Arc::new(Failing::new(changed.clone()));
         let watching = Watching {
@@ -999,18 +1053,14 @@ mod tests {
         )
         .unwrap();
         let seen = SEEN.lock().unwrap().clone();
-        assert_eq!(seen[0], None, "not failing before an attempt failed");
-        let (sink, since) = seen[1].expect("failing after the first failed attempt");
+        let (sink, since) = seen[0].expect("failing before its first attempt");
         assert!(
             sink == "rows" && since + Duration::from_millis(40) <= started,
             "failing since the sink's outage began, before this flush: {seen:?}"
         );
-        assert_eq!(
-            seen[2],
-            Some(("rows", since)),
-            "since the first failure, not the last; the sibling that wrote at once never"
-        );
+        assert_eq!(seen[1..], [Some(("rows", since)), Some(("rows", since))]);
         assert_eq!(failing.oldest(), None, "no longer once written");
+        assert!(!status.writes_failing("rows"), "counted out once written");
         assert!(
             changed.notified().now_or_never().is_some(),
             "the drain was told"
@@ -1214,6 +1264,46 @@ mod tests {
         assert!(later.is_empty(), "nothing for the next stage: {later:?}");
         assert_eq!(report.given_up.len(), 4);
         assert_eq!(report.sinks[0].written, Written::default());
+    }
+
+    /// A write left because every message it holds is of a lost partition ends its sink's
+    /// outage only when no other write to the sink is failing: `/status` and `sink.outage_ms`
+    /// read the outage as over while another flush still retried through it, and the writes
+    /// started after it as failing only since its next failure.
+    #[test]
+    fn a_write_left_to_lost_partitions_ends_the_outage_only_when_no_other_write_fails() {
+        for other_failing in [false, true] {
+            let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let losing = Losing {
+                lose_at: 3,
+                failures: u32::MAX,
+                calls: AtomicU32::new(0),
+                lost: lost.clone(),
+                writes: Mutex::default(),
+            };
+            let sinks = Sinks::new(vec![vec![Box::new(losing)]]);
+            let status = Status::default();
+            // Another flush's write to the same sink, retrying.
+            status.write_failing("blobs", other_failing);
+            let policy = RetryPolicy {
+                max_attempts: 50,
+                ..FAST
+            };
+            let report = run_losing(
+                on_partitions_0_and_1().split_off(4),
+                &sinks,
+                &policy,
+                &status,
+                &|p| p == 1 && lost.load(Ordering::SeqCst),
+            );
+            assert_eq!(report.unwrap().given_up.len(), 4);
+            assert_eq!(
+                status.sink_outage("blobs").is_some(),
+                other_failing,
+                "another write failing: {other_failing}"
+            );
+            assert_eq!(status.writes_failing("blobs"), other_failing);
+        }
     }
 
     #[test]

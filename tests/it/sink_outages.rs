@@ -191,10 +191,7 @@ async fn probes_through_an_outage_and_a_shutdown_that_gives_up_on_it() {
         Some(1),
         "a drain that gives up exits 1"
     );
-    let exited_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
+    let exited_ms = now_ms();
     drop(hung);
     let logs = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -209,6 +206,78 @@ async fn probes_through_an_outage_and_a_shutdown_that_gives_up_on_it() {
         committed(&names.group, &names.topic, 2).is_empty(),
         "nothing committed of what was not written"
     );
+}
+
+/// A flush started while another retries through an outage fails with it from the outage's
+/// start: a shutdown right after it gives up on both at once. (Its first attempt against the
+/// hung store had to end — a whole `--sink-timeout-ms` — before the drain knew it was failing,
+/// so the drain waited out its deadline behind an outage it already knew of; so did a revoke's,
+/// behind the rest of a write a revoke had shrunk.)
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_flush_started_during_an_outage_does_not_hold_a_shutdown_until_its_first_attempt_ends() {
+    const DRAIN_MS: u64 = 4000;
+    let _stack = stops_stack().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let mut args = args(&names, &statsd, dir.path());
+    for (flag, value) in [
+        ("--sink-timeout-ms", "10000"),
+        ("--session-timeout-ms", "10000"),
+        ("--drain-deadline-ms", &DRAIN_MS.to_string()),
+    ] {
+        args = with_flag(args, flag, value);
+    }
+    args.extend(["--max-flushes-in-flight", "2"].map(String::from));
+    let log = dir.path().join("service.log");
+    let service = Service::start_logging_to(&args, &log);
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["assigned"] == true)
+    })
+    .await;
+
+    let hung = Hung::begin("gcs");
+    produce_fixtures(&names.topic, &small_fixtures(true), 5).await;
+    wait_for("the first flush failing", JOIN_AND_FLUSH, || {
+        service
+            .status()
+            .is_some_and(|s| s["outages"]["gcs"]["failed_attempts"].as_u64() >= Some(1))
+    })
+    .await;
+    produce_fixtures(&names.topic, &small_fixtures(true), 5).await;
+    wait_for("a second flush started", JOIN_AND_FLUSH, || {
+        service
+            .status()
+            .is_some_and(|s| s["flushes_in_flight"].as_u64() == Some(2))
+    })
+    .await;
+    // The outage has lasted a drain deadline; the second flush's first attempt, started in it,
+    // still waits on the hung store.
+    let since = service.status().unwrap()["outages"]["gcs"]["since_ms"]
+        .as_u64()
+        .unwrap();
+    wait_for("the outage a drain deadline long", JOIN_AND_FLUSH, || {
+        now_ms() >= since + DRAIN_MS + 500
+    })
+    .await;
+    service.signal_term();
+    assert_eq!(service.exit_within(Duration::from_secs(30)).await, Some(1));
+    drop(hung);
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logs.contains("drain gave up: every flush left had been failing for longer than the drain deadline (gcs failing for"),
+        "{logs}"
+    );
+    assert!(!logs.contains("drain did not finish within"), "{logs}");
+    assert!(committed(&names.group, &names.topic, 2).is_empty());
+}
+
+/// Now, in ms since the Unix epoch (as `/status` gives its instants).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 /// Produces `messages`, waits until the service has consumed them, then hangs the broker before
