@@ -15,6 +15,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use rand::RngExt;
 use serde::Deserialize;
 
 use super::gcs::{GcsConfig, GcsSink};
@@ -22,6 +23,12 @@ use super::store::{BlobStore, Listing, StoredObject};
 use super::{Retry, SinkError};
 
 const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com";
+
+/// Tries of one JSON API call that fails retryably but for a timeout ([`GcsStore::call`]).
+const CALL_TRIES: u32 = 3;
+
+/// The backoff before a call's second try (doubled before the third), jittered ±50 %.
+const CALL_BACKOFF: Duration = Duration::from_millis(250);
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -140,9 +147,41 @@ impl GcsStore {
         })
     }
 
-    /// One JSON API call; the status and the body. 408, 429 and 5xx are retryable, other 4xx
-    /// fatal (the caller treats the 404 it expects).
+    /// One JSON API call (every one is idempotent: a read, or a delete of one generation, which
+    /// answers 404 once done); the status and the body. 408, 429, 5xx and a connection that
+    /// fails are tried again, [`CALL_TRIES`] times in all with a short backoff, as Google's
+    /// client libraries do: over a privacy request's thousands of objects, a few such answers are
+    /// to be expected, and each failed a replay (three in a row stopped the run). A call that
+    /// times out is not: a store that hangs would hold each call for several timeouts. Then
+    /// retryable, other 4xx fatal (the caller treats the 404 it expects).
     async fn call(&self, method: Method, path: &str) -> Result<(StatusCode, Bytes), SinkError> {
+        let mut tries = 1;
+        loop {
+            let call = tokio::time::timeout(self.timeout, self.call_once(method.clone(), path));
+            match call.await {
+                Err(_) => {
+                    return Err(SinkError::new(
+                        "gcs",
+                        Retry::Retryable,
+                        format_args!("{path}: timed out after {:?}", self.timeout),
+                    ));
+                }
+                Ok(Err(error)) if error.retry == Retry::Retryable && tries < CALL_TRIES => {
+                    let pause = CALL_BACKOFF * 2u32.pow(tries - 1);
+                    let jitter = 0.5 + rand::rng().random::<f64>();
+                    tokio::time::sleep(pause.mul_f64(jitter)).await;
+                    tries += 1;
+                }
+                Ok(ended) => return ended,
+            }
+        }
+    }
+
+    async fn call_once(
+        &self,
+        method: Method,
+        path: &str,
+    ) -> Result<(StatusCode, Bytes), SinkError> {
         // The token too is fetched under the deadline: from the metadata server, its connection
         // has none of its own.
         let exchange = async {
@@ -180,15 +219,7 @@ impl GcsStore {
             sent.await
                 .map_err(|e| SinkError::new("gcs", Retry::Retryable, format_args!("{path}: {e}")))
         };
-        let (status, body) = tokio::time::timeout(self.timeout, exchange)
-            .await
-            .map_err(|_| {
-                SinkError::new(
-                    "gcs",
-                    Retry::Retryable,
-                    format_args!("{path}: timed out after {:?}", self.timeout),
-                )
-            })??;
+        let (status, body) = exchange.await?;
         match status.as_u16() {
             200..=299 | 404 => Ok((status, body)),
             code => {

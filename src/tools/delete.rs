@@ -279,9 +279,36 @@ impl Ready<'_> {
 /// privacy request's file.
 const REPLAYS_PER_MUTATION: usize = 100;
 
-/// Removals failed in a row past which the blob store is taken for down and no more are sent;
-/// the replays left are printed to run again.
+/// Requests of one kind (lookups, reads of a replay's time, archives, removals) failed in a
+/// row past which their destination is taken for down and no more of them are sent; the replays
+/// left are printed to run again. Each request to a destination that hangs waits out its
+/// timeout: over a privacy request's thousands of replays, hours with nothing said.
 const STORE_DOWN_AFTER: usize = 3;
+
+/// Failures in a row of one kind of request ([`STORE_DOWN_AFTER`]).
+#[derive(Default)]
+struct Streak(usize);
+
+impl Streak {
+    /// Counts how a request ended; says whether it failed.
+    fn count<T, E>(&mut self, result: &Result<T, E>) -> bool {
+        self.0 = match result {
+            Ok(_) => 0,
+            Err(_) => self.0 + 1,
+        };
+        result.is_err()
+    }
+
+    /// Why no more are sent, once [`STORE_DOWN_AFTER`] failed in a row.
+    fn down(&self, what: &str) -> Option<String> {
+        (self.0 >= STORE_DOWN_AFTER).then(|| {
+            format!(
+                "{what} was not tried: the last {} failed in a row, and no more were sent",
+                self.0
+            )
+        })
+    }
+}
 
 /// Runs the deletes, writing what it does to `out`.
 pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> {
@@ -392,20 +419,31 @@ async fn delete(
     // it takes up only the unfinished ones, each with the time its archive was stamped with.
     let mut again = Vec::new();
     let mut ready = Vec::new();
+    let (mut lookups, mut times) = (Streak::default(), Streak::default());
     for target in targets {
         let name = format!("replay {} (project {})", target.replay, target.project);
+        if let Some(why) = lookups
+            .down("its lookup")
+            .or_else(|| times.down("reading its time"))
+        {
+            left.push(format!("{name}: {why}; nothing of it removed"));
+            again.push(from_file_line(target, target.timestamp));
+            continue;
+        }
         // One replay's lookup failing (the store's listing, ClickHouse's count) stops none of the
         // others: it is named among what is left, and a run again takes it up.
         let found = match &retentions {
             Ok(retentions) => find(store, retentions, rows, &unnamed.owners, target).await,
             Err(e) => Err(anyhow::anyhow!("listing the store: {e}")),
         };
+        lookups.count(&found);
         let found = match found {
             Ok(found) => found,
             Err(e) => {
-                left.push(format!(
-                    "{name}: finding what it has ({e:#}); nothing of it removed"
-                ));
+                // Said at once too: the summary comes only at the end of the run.
+                let line = format!("{name}: finding what it has ({e:#}); nothing of it removed");
+                writeln!(out, "{line}")?;
+                left.push(line);
                 again.push(from_file_line(target, target.timestamp));
                 continue;
             }
@@ -432,12 +470,14 @@ async fn delete(
         }
         // A dry run goes as far as a run would before removing anything: it reads the time, and
         // fails where a run would. Without a rows sink there is no archive to stamp.
-        let time = match replay_time(store, rows, &found, target).await {
+        let time = replay_time(store, rows, &found, target).await;
+        times.count(&time);
+        let time = match time {
             Ok(time) => time.or(target.timestamp),
             Err(e) => {
-                left.push(format!(
-                    "{name}: reading its time ({e:#}); nothing of it removed"
-                ));
+                let line = format!("{name}: reading its time ({e:#}); nothing of it removed");
+                writeln!(out, "{line}")?;
+                left.push(line);
                 again.push(from_file_line(target, target.timestamp));
                 continue;
             }
@@ -482,7 +522,7 @@ async fn delete(
             timestamp: time.unwrap_or_else(now_seconds),
         });
     }
-    let (mut replays, mut removed, mut failing) = (0, 0, 0);
+    let (mut replays, mut removed, mut removals) = (0, 0, Streak::default());
     for (replay, rows_done) in ready.iter().zip(archive_rows(rows, &ready, timeout).await) {
         let (name, found) = (&replay.name, &replay.found);
         match rows_done {
@@ -500,27 +540,20 @@ async fn delete(
         let mut whole = true;
         if let Some(store) = store {
             for key in found.removal_order() {
-                if failing >= STORE_DOWN_AFTER {
-                    // Each request to a store that hangs waits out its timeout: hours, over a
-                    // privacy request's thousands of objects, with nothing said.
-                    left.push(format!(
-                        "{name}: its blobs were not all removed: the store failed {failing} requests in a row, and no more were sent"
-                    ));
+                if let Some(why) = removals.down("removing the rest of its blobs") {
+                    left.push(format!("{name}: its blobs were not all removed: {why}"));
                     whole = false;
                     break;
                 }
-                match store.delete(key).await {
+                let removal = store.delete(key).await;
+                removals.count(&removal);
+                match removal {
                     Ok(true) => {
-                        failing = 0;
                         removed += 1;
                         writeln!(out, "removed {}", store.location(key))?;
                     }
-                    Ok(false) => {
-                        failing = 0;
-                        writeln!(out, "already gone {}", store.location(key))?
-                    }
+                    Ok(false) => writeln!(out, "already gone {}", store.location(key))?,
                     Err(e) => {
-                        failing += 1;
                         whole = false;
                         writeln!(
                             out,
@@ -770,15 +803,21 @@ async fn archive_rows(
     timeout: Duration,
 ) -> Vec<anyhow::Result<Option<String>>> {
     let mut done = Vec::with_capacity(ready.len());
+    let mut failing = Streak::default();
     match rows {
         Rows::None => done.extend(ready.iter().map(|_| Ok(None))),
         Rows::Snuba { producer, topic } => {
             for replay in ready {
+                if let Some(why) = failing.down("publishing its archive") {
+                    done.push(Err(anyhow::anyhow!(why)));
+                    continue;
+                }
                 let message = replay.archive().message();
                 let sent = producer
                     .send(FutureRecord::<(), _>::to(topic).payload(&message))
                     .await
                     .with_context(|| format!("publishing the archive on {topic}"));
+                failing.count(&sent);
                 done.push(sent.map(|_| {
                     Some(format!(
                         "archive published on {topic}, stamped {}",
@@ -789,7 +828,13 @@ async fn archive_rows(
         }
         Rows::ClickHouse { config, aggregated } => {
             for batch in ready.chunks(REPLAYS_PER_MUTATION) {
-                match delete_rows(config, aggregated.found(), batch, timeout).await {
+                if let Some(why) = failing.down("deleting its rows") {
+                    done.extend(batch.iter().map(|_| Err(anyhow::anyhow!("{why}"))));
+                    continue;
+                }
+                let deleted = delete_rows(config, aggregated.found(), batch, timeout).await;
+                failing.count(&deleted);
+                match deleted {
                     Ok(each) => done.extend(each),
                     Err(e) => {
                         let e = format!("{e:#}");
@@ -1626,7 +1671,7 @@ mod tests {
         let expected: Vec<String> = replays.iter().map(|r| format!("42 {r}")).collect();
         assert_eq!(to_finish(&said), expected, "{said}");
         assert!(
-            error.contains("the store failed 3 requests in a row, and no more were sent"),
+            error.contains("removing the rest of its blobs was not tried: the last 3 failed in a row, and no more were sent"),
             "{error}"
         );
     }

@@ -415,6 +415,55 @@ async fn every_object_under_the_replays_prefixes_goes() {
     );
 }
 
+/// A store that answers 503 (or 429) now and then, as GCS does over thousands of requests: each
+/// call is tried again, and the run removes everything and exits 0 (each such answer failed the
+/// replay's lookup or removal, and three in a row stopped the run).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_store_that_answers_503_now_and_then_is_asked_again() {
+    use crate::support::proxy::{Action, Proxy};
+    use replay_ingest::sink::ObjectStore;
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let store = gcs_store(&names.bucket, 4).await;
+    let (project, replay) = (42, "b".repeat(32));
+    let ours: Vec<String> = (0..3)
+        .map(|s| format!("30/{project}/{replay}/{s}"))
+        .collect();
+    for key in &ours {
+        store.put(key, b"segment bytes").await.unwrap();
+    }
+    // The first request of every path, and every other one after it, answered 503.
+    let seen = std::sync::Mutex::new(std::collections::HashMap::<String, usize>::new());
+    let proxy = Proxy::start(&gcs_endpoint(), move |request| {
+        let mut seen = seen.lock().unwrap();
+        let count = seen.entry(request.path.to_owned()).or_default();
+        *count += 1;
+        match *count % 2 {
+            1 => Action::Answer {
+                status: 503,
+                headers: Vec::new(),
+                body: "Service Unavailable".into(),
+            },
+            _ => Action::Forward,
+        }
+    })
+    .await;
+    let flags = blobs_of(
+        gcs_flags_at(&names.bucket, &proxy.endpoint),
+        project,
+        &replay,
+    );
+    let (ok, said) = delete(&flags);
+    assert!(ok, "{said}");
+    assert!(said.contains("found 3 segment blob(s)"), "{said}");
+    assert!(
+        said.contains("1 replay(s) deleted, 3 object(s) removed"),
+        "{said}"
+    );
+    assert!(object_names(&names.bucket).is_empty(), "{said}");
+}
+
 /// In a bucket with Object Versioning every version of the replay's blobs goes — the copy a
 /// rewrite left (a segment delivered twice), and a blob whose live version an earlier delete
 /// removed, which is found too — not only the live one: a privacy delete left the recording in
@@ -922,6 +971,12 @@ async fn a_clickhouse_that_never_answers_fails_the_run_within_the_timeout() {
     })
     .await;
     let url = proxy.endpoint.clone();
+    // A privacy request's file: past three lookups failed in a row, the rest are not tried
+    // (each waited out its timeouts: a file of thousands ran for hours, saying nothing).
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("replays.txt");
+    let lines: String = (0..20).map(|i| format!("1 {i:032x}\n")).collect();
+    std::fs::write(&file, lines).unwrap();
     let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
         .arg("delete")
         .args([
@@ -933,10 +988,8 @@ async fn a_clickhouse_that_never_answers_fails_the_run_within_the_timeout() {
             &url,
             "--sink-timeout-ms",
             "1000",
-            "--project",
-            "1",
-            "--replay",
-            "0123456789abcdef0123456789abcdef",
+            "--from-file",
+            file.to_str().unwrap(),
         ])
         .env_remove("RUST_LOG")
         .stdout(std::process::Stdio::piped())
@@ -957,9 +1010,23 @@ async fn a_clickhouse_that_never_answers_fails_the_run_within_the_timeout() {
     .unwrap();
     let (waiting, out) = out;
     let said = String::from_utf8_lossy(&out.stderr);
+    let printed = String::from_utf8_lossy(&out.stdout);
     assert!(!waiting, "still waiting for ClickHouse after 60 s: {said}");
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("did not answer within 1s"), "{said}");
+    assert_eq!(
+        said.matches("its lookup was not tried: the last 3 failed in a row")
+            .count(),
+        17,
+        "{said}"
+    );
+    assert_eq!(
+        printed.matches("finding what it has (").count(),
+        3,
+        "each failed lookup is said as it happens: {printed}"
+    );
+    let asked = proxy.requests.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(asked < 20, "{asked} requests");
 }
 
 /// A retention directory of the filesystem store that is a symbolic link (to a volume of its
