@@ -1246,16 +1246,13 @@ mod tests {
     fn an_outage_lasts_from_its_first_failure_whichever_write_reports_it() {
         let s = Status::default();
         s.sink_request_failed("gcs", "503");
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(1000));
         let first = s.sink_failed("gcs", "503");
-        assert!(first >= Duration::from_millis(300), "{first:?}");
+        assert!(first >= Duration::from_millis(1000), "{first:?}");
         s.sink_recovered("gcs");
-        // Shorter than the first by a margin a loaded machine does not spend between two lines.
+        // Shorter than the first: a loaded machine does not spend a second between two lines.
         let second = s.sink_failed("gcs", "503");
-        assert!(
-            second < Duration::from_millis(250),
-            "a new outage: {second:?}"
-        );
+        assert!(second < first, "a new outage: {second:?}");
     }
 
     #[test]

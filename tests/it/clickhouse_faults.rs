@@ -496,12 +496,14 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
     );
 
     // The first member's revoke does not wait out its drain deadline for a flush that has been
-    // failing for longer than that already (the old code waited it out: 14 s and the join).
+    // failing for longer than that already (the old code waited it out: 14 s and the join). Its
+    // log says which way the drain ended; the joiner's own start (its checks, the rebalance) is
+    // not timed here: on a loaded machine it alone can take ten seconds.
     let (b, b_log) = member("b");
     let joined = std::time::Instant::now();
     wait_for(
-        "the joiner owns partitions while ClickHouse is down, before a drain deadline",
-        DRAIN_DEADLINE - Duration::from_secs(4),
+        "the joiner owns partitions while ClickHouse is down",
+        JOIN_AND_FLUSH,
         || b.owned() > 0,
     )
     .await;

@@ -365,6 +365,7 @@ async fn leaving_the_group_closes_a_consumer_another_handle_still_holds() {
     use replay_ingest::kafka::consumer::{close_within, leave_group};
     use std::sync::Arc;
     const SESSION: Duration = Duration::from_secs(45);
+    let _stack = uses_stack().await;
     let one = OnePartition::create("leave").await;
     let member = |group: &str| -> BaseConsumer {
         let consumer: BaseConsumer = kafka()

@@ -21,7 +21,14 @@ async fn every_fixture_lands_once_as_a_blob_or_on_the_dlq_and_offsets_commit_to_
     let (blobs, dead) = outcomes(&sent);
 
     let dir = tempfile::tempdir().unwrap();
-    let service = Service::start(&service_args(&topic, &dlq, &group, dir.path(), free_port()));
+    // A session a loaded machine does not miss: a rebalance would read messages again, and
+    // each is counted once here.
+    let args = with_flag(
+        service_args(&topic, &dlq, &group, dir.path(), free_port()),
+        "--session-timeout-ms",
+        "10000",
+    );
+    let service = Service::start(&args);
     let target = expected_commits(&report);
     wait_for(
         "every partition committed to its end",
@@ -68,7 +75,12 @@ async fn a_restarted_service_resumes_after_its_commits_without_skipping_or_repea
         .filter(|f| f.len() < 100_000)
         .collect();
     let dir = tempfile::tempdir().unwrap();
-    let args = service_args(&topic, &dlq, &group, dir.path(), free_port());
+    // A session a loaded machine does not miss: a rebalance would read messages again.
+    let args = with_flag(
+        service_args(&topic, &dlq, &group, dir.path(), free_port()),
+        "--session-timeout-ms",
+        "10000",
+    );
 
     let (first, first_sent) = produce_fixtures(&topic, &fixtures, 30).await;
     let service = Service::start(&args);
@@ -596,7 +608,8 @@ async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_f
     wait_for(
         "every message consumed and buffered",
         JOIN_AND_FLUSH,
-        || frozen.count("consumed") + other.count("consumed") == 24,
+        // At least: a rebalance on a loaded machine reads some again.
+        || frozen.count("consumed") + other.count("consumed") >= 24,
     )
     .await;
     let held = frozen.status().unwrap()["buffer_messages"]
@@ -612,14 +625,14 @@ async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_f
     wait_for(
         "the other member owning every partition and holding every message",
         JOIN_AND_FLUSH,
-        || other.owned() == 4 && other.count("consumed") == 24,
+        || other.owned() == 4 && other.count("consumed") >= 24,
     )
     .await;
     frozen.signal("-CONT");
     wait_for(
         "the resumed member finding its partitions lost",
         JOIN_AND_FLUSH,
-        || log().contains("partitions lost"),
+        || since_freeze().contains("partitions lost"),
     )
     .await;
     wait_for("the group committing to the end", JOIN_AND_FLUSH, || {

@@ -468,19 +468,13 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
         "the flood opened {} connections",
         held.len()
     );
+    let mut held_open = Probes::default();
     for _ in 0..20 {
-        assert_eq!(
-            service.probe("/health/live"),
-            Some(200),
-            "live within a second, the flood held open"
-        );
-        assert_eq!(
-            service.probe("/health/ready"),
-            Some(200),
-            "ready within a second, the flood held open"
-        );
+        service.probe_into(&mut held_open, "/health/live", "the flood held open");
+        service.probe_into(&mut held_open, "/health/ready", "the flood held open");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    held_open.assert_healthy();
     wait_for(
         "everything committed with the flood held open",
         JOIN_AND_FLUSH,
@@ -519,14 +513,10 @@ async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
     .await;
     let hung = Hung::begin("gcs");
     let started = std::time::Instant::now();
-    let mut outage_seen = None;
+    let (mut outage_seen, mut probes) = (None, Probes::default());
     while started.elapsed() < Duration::from_secs(20) {
-        assert_eq!(
-            service.probe("/health/live"),
-            Some(200),
-            "live {:?} into the hang",
-            started.elapsed()
-        );
+        let into = format!("{:?} into the hang", started.elapsed());
+        service.probe_into(&mut probes, "/health/live", &into);
         if outage_seen.is_none()
             && service
                 .status()
@@ -536,6 +526,7 @@ async fn a_blob_store_hung_past_the_stall_timeout_leaves_the_service_live() {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    probes.assert_healthy();
     let outage_seen = outage_seen.expect("the outage shows in /status");
     assert!(
         committed(&names.group, &names.topic, 2).is_empty(),
@@ -582,17 +573,15 @@ async fn a_slow_blob_store_outlasting_the_stall_timeout_in_one_attempt_leaves_th
     let service = uploading_one_at_a_time(args, "9000").await;
     let (report, sent) = produce_fixtures(&names.topic, &small_fixtures(true), 24).await;
     let target = expected_commits(&report);
-    let started = std::time::Instant::now();
+    let (started, mut probes) = (std::time::Instant::now(), Probes::default());
     while committed(&names.group, &names.topic, 2) != target {
         assert!(started.elapsed() < JOIN_AND_FLUSH, "the batch never landed");
         let uploads = proxy.delayed.load(std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(
-            service.probe("/health/live"),
-            Some(200),
-            "live with {uploads} uploads held"
-        );
+        let held = format!("{uploads} uploads held");
+        service.probe_into(&mut probes, "/health/live", &held);
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    probes.assert_healthy();
     assert_eq!(service.terminate(), Some(0));
     every_blob_in_gcs(&names.bucket, &sent).await;
     // Besides the batch's, the startup check's upload.

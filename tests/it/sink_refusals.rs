@@ -184,7 +184,7 @@ async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_l
     .await;
     assert_eq!(service.terminate(), Some(0));
 
-    let letters = read_messages(&names.dlq, 3, Duration::from_secs(10));
+    let letters = read_all(&names.dlq, 1);
     assert_eq!(letters.len(), 2, "each refused message dead-lettered once");
     for letter in &letters {
         assert_eq!(letter.headers["sink"], "clickhouse");
@@ -203,7 +203,7 @@ async fn messages_clickhouse_refuses_have_no_event_published_before_their_dead_l
     assert!(!with_rows.is_empty(), "some accepted message has rows");
     assert_eq!(stored, with_rows, "rows of the accepted messages only");
     // Exactly the accepted messages' outcomes: none of the refused ones went out.
-    let published = sorted_values(&names.outcomes, expected.len() + 2, Duration::from_secs(10));
+    let published = all_values(&names.outcomes, 1);
     expected.sort();
     assert_eq!(published, expected);
 }

@@ -276,9 +276,19 @@ pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<Receiv
     read_messages_on(&kafka(), topic, count, timeout)
 }
 
-/// The values (UTF-8) of up to `at_most` messages on `topic`, read until `timeout`, sorted.
-pub fn sorted_values(topic: &str, at_most: usize, timeout: Duration) -> Vec<String> {
-    let mut values: Vec<String> = read_messages(topic, at_most, timeout)
+/// Every message on `topic` (of `partitions`), as many as its high watermarks say: a copy too
+/// many is seen without waiting out a deadline for a message that should not be there (a fresh
+/// reader's join on a loaded machine could take that deadline, and the test saw too few).
+pub fn read_all(topic: &str, partitions: i32) -> Vec<Received> {
+    let on_topic = high_watermarks(topic, partitions).values().sum::<i64>() as usize;
+    let read = read_messages(topic, on_topic, Duration::from_secs(60));
+    assert_eq!(read.len(), on_topic, "every message on {topic} read back");
+    read
+}
+
+/// The values (UTF-8) of every message on `topic` ([`read_all`]), sorted.
+pub fn all_values(topic: &str, partitions: i32) -> Vec<String> {
+    let mut values: Vec<String> = read_all(topic, partitions)
         .into_iter()
         .map(|m| String::from_utf8(m.value).unwrap())
         .collect();

@@ -169,6 +169,28 @@ pub fn with_flag(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> 
     args
 }
 
+/// Probes asked of a service over a while ([`Service::probe_into`]).
+#[derive(Default)]
+pub struct Probes {
+    pub asked: usize,
+    pub unanswered: usize,
+    pub failed: Vec<String>,
+}
+
+impl Probes {
+    /// No probe answered other than 200, and most were answered: a kubelet fails a pod only
+    /// after several missed probes in a row, and one that stopped answering fails here.
+    pub fn assert_healthy(&self) {
+        assert!(self.failed.is_empty(), "{:?}", self.failed);
+        assert!(
+            self.unanswered * 2 < self.asked,
+            "{} of {} probes unanswered within a second",
+            self.unanswered,
+            self.asked
+        );
+    }
+}
+
 /// A process the test started, killed when the test ends, passed or failed.
 pub struct KilledWhenDropped(pub std::process::Child);
 
@@ -355,6 +377,17 @@ impl Service {
         }
     }
 
+    /// Probes `path` ([`Service::probe`]) into `probes`: an answer other than 200 is a failure;
+    /// none within the second is counted apart (the machine loaded by the chaos run beside).
+    pub fn probe_into(&self, probes: &mut Probes, path: &str, what: &str) {
+        probes.asked += 1;
+        match self.probe(path) {
+            Some(200) => {}
+            None => probes.unanswered += 1,
+            Some(code) => probes.failed.push(format!("{path} {code}: {what}")),
+        }
+    }
+
     /// `GET path` the way the kubelet probes: a new connection, one second to answer.
     pub fn probe(&self, path: &str) -> Option<u16> {
         use std::io::{Read, Write};
@@ -435,7 +468,19 @@ impl Service {
     /// SIGTERM, then the exit code.
     pub fn terminate(mut self) -> Option<i32> {
         self.signal_term();
-        let code = self.child.wait().ok()?.code();
+        // Far past any drain deadline a test sets: a service that hangs on SIGTERM fails its
+        // test, saying what it logged, instead of holding up every test after it.
+        let deadline = Instant::now() + TOOL_DEADLINE;
+        let code = loop {
+            match self.child.try_wait().ok()? {
+                Some(status) => break status.code(),
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                None => {
+                    self.tell_logs();
+                    panic!("the service did not exit within {TOOL_DEADLINE:?} of SIGTERM");
+                }
+            }
+        };
         self.tell_if_not_clean(code);
         code
     }
