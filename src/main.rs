@@ -404,20 +404,34 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
 /// Resolves on SIGTERM or SIGINT, whose handlers it installs when called (not when first polled).
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let terminate = signal(SignalKind::terminate()).ok();
-    let interrupt = signal(SignalKind::interrupt()).ok();
+    let mut terminate = signal(SignalKind::terminate()).ok();
+    let mut interrupt = signal(SignalKind::interrupt()).ok();
     async move {
         tokio::select! {
-            () = received(terminate) => {}
-            () = received(interrupt) => {}
+            () = received(&mut terminate) => {}
+            () = received(&mut interrupt) => {}
         }
+        // A second one (Ctrl-C again while the drain waits on an outage) is someone who will
+        // not wait: the process exits at once, without the rest of the drain. It was ignored,
+        // and the drain, the close and the last metrics took their whole time.
+        tokio::spawn(async move {
+            tokio::select! {
+                () = received(&mut terminate) => {}
+                () = received(&mut interrupt) => {}
+            }
+            error!(
+                "a second stop signal: exiting at once, without the rest of the drain; what was not committed is read again at the next start"
+            );
+            replay_ingest::logs::tell_held_back(true);
+            std::process::exit(1);
+        });
     }
 }
 
 /// The next signal `signal` delivers; never, if its handler could not be installed.
-async fn received(signal: Option<tokio::signal::unix::Signal>) {
+async fn received(signal: &mut Option<tokio::signal::unix::Signal>) {
     match signal {
-        Some(mut signal) => {
+        Some(signal) => {
             signal.recv().await;
         }
         None => std::future::pending().await,

@@ -325,12 +325,17 @@ pub async fn consume(
     // Closed with the consumer, off the runtime and within the same budget: dropping the last
     // handle closes the sinks' Kafka clients (each up to a second or more).
     let sinks = pipeline.sinks.clone();
+    let status = pipeline.status.clone();
     let result = pipeline
         .run(async {
             shutdown.await;
             let _ = shutdown_at.set(Instant::now());
         })
         .await;
+    // However it ended, the process is on its way out: not ready while it closes (a member
+    // stopping on an error — a flush failed for good, the brokers refused it — read as ready
+    // until it exited: to a node drain, and to the disruption budget, one more member up).
+    status.record_stopping();
     if result.is_err() {
         // Stopping without a drain that ended: flushes still under way write nothing more (a
         // sink's next attempt, a later stage), as for a revoke answered before its drain ended.

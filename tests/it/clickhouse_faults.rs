@@ -245,7 +245,7 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
         "--statsd-flush-interval-ms",
         "3000",
     );
-    let service = Service::start_logging_to(&args, &log);
+    let mut service = Service::start_logging_to(&args, &log);
     let (first, _) = produce_fixtures(&names.topic, &fixtures, 5).await;
     wait_for("first batch committed", JOIN_AND_FLUSH, || {
         service.committed() == expected_commits(&first)
@@ -262,6 +262,18 @@ async fn a_column_altered_while_running_stops_the_service_naming_it_without_comm
         .await
         .unwrap();
     produce_fixtures(&names.topic, &fixtures, 5).await;
+    // Not ready from the failed flush until the exit, which waits for the exporter's next send
+    // (seconds here). It read as ready until it exited.
+    let (started, mut readiness) = (std::time::Instant::now(), Vec::new());
+    while service.child.try_wait().unwrap().is_none() && started.elapsed() < JOIN_AND_FLUSH {
+        readiness.push(service.probe("/health/ready"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let unready = readiness.iter().position(|r| *r == Some(503));
+    assert!(
+        unready.is_some_and(|at| !readiness[at..].contains(&Some(200))),
+        "not ready once it stops: {readiness:?}"
+    );
     assert_eq!(
         service.exit_within(JOIN_AND_FLUSH).await,
         Some(1),

@@ -272,6 +272,49 @@ async fn a_flush_started_during_an_outage_does_not_hold_a_shutdown_until_its_fir
     assert!(committed(&names.group, &names.topic, 2).is_empty());
 }
 
+/// A second SIGTERM (or Ctrl-C) while the first one's drain waits on an outage exits at once,
+/// saying so, with nothing more committed. (It was ignored: the drain, the close and the last
+/// metrics interval took their whole time.)
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_second_stop_signal_during_the_drain_exits_at_once() {
+    const DRAIN: Duration = Duration::from_secs(20);
+    let _stack = stops_stack().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let mut args = args(&names, &statsd, dir.path());
+    for (flag, value) in [
+        ("--session-timeout-ms", "30000"),
+        ("--drain-deadline-ms", &DRAIN.as_millis().to_string()),
+    ] {
+        args = with_flag(args, flag, value);
+    }
+    let log = dir.path().join("service.log");
+    let service = Service::start_logging_to(&args, &log);
+    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
+        service.status().is_some_and(|s| s["assigned"] == true)
+    })
+    .await;
+    let hung = Hung::begin("gcs");
+    produce_fixtures(&names.topic, &small_fixtures(true), 5).await;
+    riding_out(&service, &names, "gcs", 5, &Default::default()).await;
+    service.signal_term();
+    wait_for("draining", Duration::from_secs(5), || {
+        service.status().is_some_and(|s| s["stopping"] == true)
+    })
+    .await;
+    service.signal_term();
+    // Far less than what the drain had left.
+    assert_eq!(service.exit_within(DRAIN / 2).await, Some(1));
+    drop(hung);
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logs.contains("a second stop signal: exiting at once"),
+        "{logs}"
+    );
+    assert!(committed(&names.group, &names.topic, 2).is_empty());
+}
+
 /// Now, in ms since the Unix epoch (as `/status` gives its instants).
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
