@@ -178,7 +178,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
+    // A panic on this thread (the pipeline's loop, a first startup check: a bug, which the
+    // panic hook logs) ends the run like an error: unwinding out of here dropped the runtime,
+    // whose blocking pool then waited without a bound for every task on it (a commit, an
+    // upload, a consumer's close), past the grace period, the probes already gone.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(async {
         match cli.command {
             Command::Consume(args) => run_consume(*args).await,
             Command::Migrate(args) => {
@@ -200,13 +205,18 @@ fn main() -> ExitCode {
             }
             Command::Inspect { .. } | Command::CheckConfig(_) => Ok(()),
         }
-    });
+    })
+    }));
     // Work still running now (a flush retrying against a sink that is down, a consumer close
     // stuck on an unreachable broker) must not hold up the exit: everything durable has been
     // committed already, and the drain deadline, which the chart's grace period counts on, is
     // spent.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     replay_ingest::logs::tell_held_back(true);
+    let Ok(result) = result else {
+        // As Rust's own exit code for a panic on the main thread.
+        return ExitCode::from(101);
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

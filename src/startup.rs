@@ -43,15 +43,34 @@ async fn try_check(
     check: &mut Check,
     deadline: Duration,
 ) -> Result<(), SinkError> {
-    tokio::time::timeout(deadline, check())
-        .await
-        .unwrap_or_else(|_| {
-            Err(SinkError::new(
-                what,
-                Retry::Retryable,
-                format_args!("no answer within {deadline:?}"),
-            ))
-        })
+    use futures::FutureExt;
+    use std::panic::AssertUnwindSafe;
+    // A check that panics (a bug) is a configuration error, which stops the service: in the
+    // background its task ended without a word, and the destination's writes waited for a gate
+    // that would never open, the pod live and ready.
+    let panicked = |panic: Box<dyn std::any::Any + Send>| {
+        SinkError::new(
+            what,
+            Retry::Fatal,
+            format_args!(
+                "the check panicked (a bug): {}",
+                crate::recording::panic_message(&*panic)
+            ),
+        )
+    };
+    let tried = match std::panic::catch_unwind(AssertUnwindSafe(&mut *check)) {
+        Ok(tried) => AssertUnwindSafe(tried).catch_unwind(),
+        Err(panic) => return Err(panicked(panic)),
+    };
+    match tokio::time::timeout(deadline, tried).await {
+        Ok(Ok(checked)) => checked,
+        Ok(Err(panic)) => Err(panicked(panic)),
+        Err(_) => Err(SinkError::new(
+            what,
+            Retry::Retryable,
+            format_args!("no answer within {deadline:?}"),
+        )),
+    }
 }
 
 /// Whether a destination's startup check has passed.
@@ -305,6 +324,41 @@ mod tests {
             }))
         });
         (tries, check)
+    }
+
+    /// A check that panics in the background (a bug) stops the service as a configuration
+    /// error does: the gate stayed closed for good, the pod live and ready, its writes waiting.
+    #[tokio::test(start_paused = true)]
+    async fn a_check_that_panics_in_the_background_fails_its_gate() {
+        let status = Arc::new(Status::default());
+        let tries = Arc::new(AtomicU32::new(0));
+        let counted = tries.clone();
+        let check: Check = Box::new(move || {
+            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Box::pin(std::future::ready(Err(SinkError::new(
+                    "gcs",
+                    Retry::Retryable,
+                    "connection refused",
+                ))));
+            }
+            Box::pin(async { panic!("a bug in the check") })
+        });
+        let gate = super::check("gcs", &status, check).await.unwrap();
+        let mut gates = Gates::default();
+        gates.push("the blob store", gate);
+        let failed = tokio::time::timeout(Duration::from_secs(60), gates.failure())
+            .await
+            .expect("the gate failed");
+        assert_eq!(failed.error.retry, Retry::Fatal);
+        assert!(
+            failed
+                .error
+                .message
+                .contains("the check panicked (a bug): a bug in the check"),
+            "{}",
+            failed.error
+        );
+        assert_eq!(tries.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test(start_paused = true)]
