@@ -984,29 +984,41 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_write_is_failing_from_its_first_failed_attempt_until_it_ends() {
-        static SEEN: Mutex<Vec<Option<(&str, Instant)>>> = Mutex::new(Vec::new());
-        static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
-        let failing = Arc::new(Failing::new(Arc::default()));
+    /// One message flushed through `Watching` (noting in `seen`) beside a sink that writes at
+    /// once (logging in `log`); what the flush was failing on, and the drain's notice.
+    fn flush_watched(
+        seen: &'static Mutex<Vec<Option<(&'static str, Instant)>>>,
+        log: &'static Mutex<Vec<&'static str>>,
+        status: &Status,
+    ) -> (Arc<Failing>, Arc<Notify>) {
+        let changed = Arc::new(Notify::new());
+        let failing = Arc::new(Failing::new(changed.clone()));
         let watching = Watching {
             failing: failing.clone(),
-            seen: &SEEN,
+            seen,
         };
         let sinks = Sinks::new(vec![vec![
             Box::new(watching),
-            flaky("blobs", 0, Retry::Retryable, &LOG),
+            flaky("blobs", 0, Retry::Retryable, log),
         ]]);
-        let (status, started) = (Status::default(), Instant::now());
         run_failing(
             entries(1),
             &sinks,
             &FAST,
-            &status,
+            status,
             owner(&|_| false),
             &failing,
         )
         .unwrap();
+        (failing, changed)
+    }
+
+    #[test]
+    fn a_write_is_failing_from_its_first_failed_attempt_until_it_ends() {
+        static SEEN: Mutex<Vec<Option<(&str, Instant)>>> = Mutex::new(Vec::new());
+        static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+        let (status, started) = (Status::default(), Instant::now());
+        let (failing, _) = flush_watched(&SEEN, &LOG, &status);
         let seen = SEEN.lock().unwrap().clone();
         assert_eq!(seen[0], None, "not failing before an attempt failed");
         let (sink, since) = seen[1].expect("failing after the first failed attempt");
@@ -1028,30 +1040,12 @@ mod tests {
     fn a_write_started_during_an_outage_is_failing_since_the_outage_began() {
         static SEEN: Mutex<Vec<Option<(&str, Instant)>>> = Mutex::new(Vec::new());
         static LOG: Mutex<Vec<&str>> = Mutex::new(Vec::new());
-        let changed = Arc::new(Notify::new());
-        let failing = Arc::new(Failing::new(changed.clone()));
-        let watching = Watching {
-            failing: failing.clone(),
-            seen: &SEEN,
-        };
-        let sinks = Sinks::new(vec![vec![
-            Box::new(watching),
-            flaky("blobs", 0, Retry::Retryable, &LOG),
-        ]]);
         // The sink has been failing for a while (in an earlier flush) when this one starts.
         let status = Status::default();
         status.sink_failed("rows", "down before");
         std::thread::sleep(Duration::from_millis(50));
         let started = Instant::now();
-        run_failing(
-            entries(1),
-            &sinks,
-            &FAST,
-            &status,
-            owner(&|_| false),
-            &failing,
-        )
-        .unwrap();
+        let (failing, changed) = flush_watched(&SEEN, &LOG, &status);
         let seen = SEEN.lock().unwrap().clone();
         let (sink, since) = seen[0].expect("failing before its first attempt");
         assert!(

@@ -56,12 +56,28 @@ async fn uploading_one_at_a_time(mut args: Vec<String>, stall_ms: &str) -> Servi
         ]
         .map(String::from),
     );
-    let service = Service::start(&args);
+    assigned(Service::start(&args)).await
+}
+
+/// `service`, once its partitions are assigned.
+async fn assigned(service: Service) -> Service {
+    wait_assigned(&service).await;
+    service
+}
+
+/// Until `service` has partitions assigned.
+async fn wait_assigned(service: &Service) {
     wait_for("partitions assigned", JOIN_AND_FLUSH, || {
         service.status().is_some_and(|s| s["assigned"] == true)
     })
     .await;
-    service
+}
+
+/// `args` with each of `flags` set to its value ([`with_flag`]).
+fn with_flags(args: Vec<String>, flags: &[(&str, &str)]) -> Vec<String> {
+    flags
+        .iter()
+        .fold(args, |args, (flag, value)| with_flag(args, flag, value))
 }
 
 /// Waits until the service has consumed `consumed` messages and failed `sink`'s writes at least
@@ -157,12 +173,8 @@ async fn probes_through_an_outage_and_a_shutdown_that_gives_up_on_it() {
     );
     let args = with_flag(args, "--drain-deadline-ms", &DRAIN.as_millis().to_string());
     let log = dir.path().join("service.log");
-    let service = Service::start_logging_to(&args, &log);
+    let service = assigned(Service::start_logging_to(&args, &log)).await;
     let probe = |path: &str| service.get(path).map(|(code, _)| code);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["assigned"] == true)
-    })
-    .await;
     assert_eq!(
         (probe("/health/live"), probe("/health/ready")),
         (Some(200), Some(200))
@@ -220,21 +232,17 @@ async fn a_flush_started_during_an_outage_does_not_hold_a_shutdown_until_its_fir
     let _stack = stops_stack().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let mut args = args(&names, &statsd, dir.path());
-    for (flag, value) in [
-        ("--sink-timeout-ms", "10000"),
-        ("--session-timeout-ms", "10000"),
-        ("--drain-deadline-ms", &DRAIN_MS.to_string()),
-    ] {
-        args = with_flag(args, flag, value);
-    }
+    let mut args = with_flags(
+        args(&names, &statsd, dir.path()),
+        &[
+            ("--sink-timeout-ms", "10000"),
+            ("--session-timeout-ms", "10000"),
+            ("--drain-deadline-ms", &DRAIN_MS.to_string()),
+        ],
+    );
     args.extend(["--max-flushes-in-flight", "2"].map(String::from));
     let log = dir.path().join("service.log");
-    let service = Service::start_logging_to(&args, &log);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["assigned"] == true)
-    })
-    .await;
+    let service = assigned(Service::start_logging_to(&args, &log)).await;
 
     let hung = Hung::begin("gcs");
     produce_fixtures(&names.topic, &small_fixtures(true), 5).await;
@@ -282,19 +290,15 @@ async fn a_second_stop_signal_during_the_drain_exits_at_once() {
     let _stack = stops_stack().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let mut args = args(&names, &statsd, dir.path());
-    for (flag, value) in [
-        ("--session-timeout-ms", "30000"),
-        ("--drain-deadline-ms", &DRAIN.as_millis().to_string()),
-    ] {
-        args = with_flag(args, flag, value);
-    }
+    let args = with_flags(
+        args(&names, &statsd, dir.path()),
+        &[
+            ("--session-timeout-ms", "30000"),
+            ("--drain-deadline-ms", &DRAIN.as_millis().to_string()),
+        ],
+    );
     let log = dir.path().join("service.log");
-    let service = Service::start_logging_to(&args, &log);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["assigned"] == true)
-    })
-    .await;
+    let service = assigned(Service::start_logging_to(&args, &log)).await;
     let hung = Hung::begin("gcs");
     produce_fixtures(&names.topic, &small_fixtures(true), 5).await;
     riding_out(&service, &names, "gcs", 5, &Default::default()).await;
@@ -333,10 +337,7 @@ async fn broker_hung_around_the_flush(
     messages: &[Vec<u8>],
     sink: &str,
 ) -> (crate::support::load::Produced, Vec<Sent>) {
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["assigned"] == true)
-    })
-    .await;
+    wait_assigned(service).await;
     let (report, sent) = produce_fixtures(&names.topic, messages, messages.len() as u64).await;
     wait_for("the messages consumed", JOIN_AND_FLUSH, || {
         service
@@ -477,10 +478,11 @@ async fn a_connection_flood_on_the_probe_port_takes_no_descriptor_the_sinks_need
     let _stack = uses_stack().await;
     let names = Names::create().await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let service = Service::start_with_fd_limits(&args(&names, &statsd, dir.path()), 1024, 1024);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["assigned"] == true)
-    })
+    let service = assigned(Service::start_with_fd_limits(
+        &args(&names, &statsd, dir.path()),
+        1024,
+        1024,
+    ))
     .await;
 
     let port = service.port;
@@ -661,11 +663,7 @@ async fn consumer_lag_is_the_high_watermark_minus_the_committed_offset() {
         ]
         .map(String::from),
     );
-    let service = Service::start(&args);
-    wait_for("partitions assigned", JOIN_AND_FLUSH, || {
-        service.status().is_some_and(|s| s["assigned"] == true)
-    })
-    .await;
+    let service = assigned(Service::start(&args)).await;
     let watermarks: BaseConsumer = kafka().create().unwrap();
     // Per partition: the last lag the service reported, and what the broker says.
     let compare = || {
