@@ -101,7 +101,10 @@ pub async fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut()
 
 /// A free TCP port on 127.0.0.1, never the same twice in this process, and below the kernel's
 /// ephemeral range: a port in that range can also go to an outgoing connection between the pick
-/// and the server's start (as `scripts/lib/isolated-stack.sh` explains).
+/// and the server's start (as `scripts/lib/isolated-stack.sh` explains). The chaos harness picks
+/// from the upper half of the range, every other test binary from the lower: the two run side by
+/// side, each knows only its own picks, and a port is bound seconds after it is picked (a broker's
+/// listeners, a relay).
 pub fn free_port() -> u16 {
     static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
@@ -109,9 +112,14 @@ pub fn free_port() -> u16 {
         .ok()
         .and_then(|range| range.split_whitespace().next()?.parse().ok())
         .unwrap_or(32768u16);
+    let middle = 10000 + low.saturating_sub(10000) / 2;
+    let picks = match env!("CARGO_CRATE_NAME") {
+        "chaos" => middle..low,
+        _ => 10000..middle,
+    };
     let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        let port = rand::random_range(10000..low);
+        let port = rand::random_range(picks.clone());
         if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             given.insert(port);
             return port;
