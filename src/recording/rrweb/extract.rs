@@ -73,8 +73,7 @@ pub fn extract_with(
             kind,
             timestamp.and_then(to_millis),
             data,
-        ) && !scan::too_deep(data)
-        {
+        ) {
             items.offer(at, ms, data);
         }
     }

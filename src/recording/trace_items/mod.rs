@@ -193,6 +193,12 @@ impl Collector {
         {
             return;
         }
+        // Nested past what the scanner reads (and past serde_json's recursion limit): counted,
+        // as Sentry's parser fails on it (it was left out without a count).
+        if crate::recording::scan::too_deep(data) {
+            self.counts.drop(Dropped::InvalidField, 1);
+            return;
+        }
         // An event serde_json refuses for lone surrogates only is read with them marked (Python
         // reads them); its item is left out only if an attribute holds one, where Sentry's
         // protobuf encoding fails.
@@ -397,6 +403,26 @@ mod tests {
         assert!(Rollout::new(1.01).is_none() && Rollout::new(-0.1).is_none());
         assert!(Rollout::new(f64::NAN).is_none());
         assert!(Collector::new(Rollout::OFF, "r", 0, 0).is_none());
+    }
+
+    /// A custom event nested past what the scanner reads is counted as dropped (it was left
+    /// out before it reached the collector, without a count).
+    #[test]
+    fn an_event_nested_too_deep_is_counted_as_dropped() {
+        use crate::recording::rrweb::{RowLimits, extract_with};
+        let mut collector = Collector::new(Rollout::ALL, &"a".repeat(32), 0, 1 << 20).unwrap();
+        let levels = crate::recording::scan::MAX_NESTING as usize + 1;
+        let events = format!(
+            r#"[{{"type":5,"timestamp":1700000000000,"data":{{"tag":"breadcrumb","payload":{{"category":"navigation","data":{}0{}}}}}}}]"#,
+            "[".repeat(levels),
+            "]".repeat(levels)
+        );
+        extract_with(&events, RowLimits::default(), Some(&mut collector)).unwrap();
+        assert!(collector.drafts.is_empty());
+        assert_eq!(
+            collector.counts.dropped().collect::<Vec<_>>(),
+            [(Dropped::InvalidField, 1)]
+        );
     }
 
     #[test]
