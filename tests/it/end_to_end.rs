@@ -396,13 +396,13 @@ async fn a_distribution_past_its_reservoir_is_sampled_with_a_rate_that_keeps_its
     let count = 3 * replay_ingest::metrics::HISTOGRAM_RESERVOIR as u64;
     let (report, _) = produce_fixtures(&names.topic, &small_fixtures(true), count).await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    // Every segment within one or two intervals, so that one holds more than the reservoir:
-    // 3 072 segments in 10 s (5 s asked for 205 a second through every real sink, which a
-    // loaded machine may not give). The exit waits for the next send.
+    // Every segment within one or two intervals. Not longer: one interval's datagrams come in
+    // one burst, and at 10 s a burst overflowed the test's receive buffer on a loaded machine
+    // (a distribution's lines went missing).
     let args = with_flag(
         names.args(statsd.port(), dir.path()),
         "--statsd-flush-interval-ms",
-        "10000",
+        "5000",
     );
     let service = Service::start(&args);
     wait_for("everything committed", JOIN_AND_FLUSH, || {
