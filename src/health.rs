@@ -205,6 +205,13 @@ pub struct Outage {
     pub last_error: String,
 }
 
+impl Outage {
+    /// How long it has lasted at `now` (Unix ms).
+    fn lasted(&self, now: u64) -> Duration {
+        Duration::from_millis(now.saturating_sub(self.since_ms))
+    }
+}
+
 /// What one sink did since start.
 #[derive(Debug, Default, Clone, Copy, Serialize)]
 pub struct SinkTotals {
@@ -449,14 +456,12 @@ impl Status {
         });
         outage.failed_attempts += failed_attempts;
         outage.last_error = error.chars().take(512).collect();
-        Duration::from_millis(now.saturating_sub(outage.since_ms))
+        outage.lasted(now)
     }
 
     /// How long `sink` has been failing, while it is (its last attempt failed).
     pub fn sink_outage(&self, sink: &'static str) -> Option<Duration> {
-        lock(&self.outages)
-            .get(sink)
-            .map(|o| Duration::from_millis(now_ms().saturating_sub(o.since_ms)))
+        lock(&self.outages).get(sink).map(|o| o.lasted(now_ms()))
     }
 
     /// A write to `sink` started failing (`true`: it retries), or one that was ends (`false`).
@@ -478,9 +483,7 @@ impl Status {
 
     /// A sink attempt succeeded: its outage, if any, is over. Returns how long it lasted.
     pub fn sink_recovered(&self, sink: &'static str) -> Option<Duration> {
-        lock(&self.outages)
-            .remove(sink)
-            .map(|o| Duration::from_millis(now_ms().saturating_sub(o.since_ms)))
+        lock(&self.outages).remove(sink).map(|o| o.lasted(now_ms()))
     }
 
     pub fn ready(&self) -> bool {

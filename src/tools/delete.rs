@@ -290,13 +290,12 @@ const STORE_DOWN_AFTER: usize = 3;
 struct Streak(usize);
 
 impl Streak {
-    /// Counts how a request ended; says whether it failed.
-    fn count<T, E>(&mut self, result: &Result<T, E>) -> bool {
+    /// Counts how a request ended.
+    fn count<T, E>(&mut self, result: &Result<T, E>) {
         self.0 = match result {
             Ok(_) => 0,
             Err(_) => self.0 + 1,
         };
-        result.is_err()
     }
 
     /// Why no more are sent, once [`STORE_DOWN_AFTER`] failed in a row.
