@@ -233,7 +233,11 @@ impl HeldStore {
     }
 
     /// `args` for the member to cut, with events on and blobs to this store: three messages a
-    /// flush, one flush at a time, nothing flushed on age, backoff up to 500 ms.
+    /// flush or more (the processing threads hand over messages in groups), one flush at a time,
+    /// backoff up to 500 ms. A buffer closes on age after 15 s: far longer than the first three
+    /// messages take to arrive, so the flush the test holds is one of three messages or more,
+    /// and short enough that the last one or two messages after the rejoin are flushed well
+    /// within [`JOIN_AND_FLUSH`] (at 120 s, the age raced the test's wait for the commit).
     fn cut_member_args(&self, net: &Partitioned, args: Vec<String>) -> Vec<String> {
         let mut args = net.with_events(with_flag(args, "--blob-sink", "gcs"));
         args.extend(
@@ -250,7 +254,7 @@ impl HeldStore {
             ]
             .map(String::from),
         );
-        with_flag(args, "--buffer-max-age-ms", "120000")
+        with_flag(args, "--buffer-max-age-ms", "15000")
     }
 
     /// The segment blobs written (besides the object the startup check writes under

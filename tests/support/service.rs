@@ -1,7 +1,7 @@
 //! The service under test, as its own process: its flags, start, probes, signals and exit.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -131,8 +131,25 @@ pub fn free_port() -> u16 {
 pub struct Service {
     pub child: Child,
     pub port: u16,
-    /// Where its logs go when the test names no place: the tail is shown if the test fails.
-    logs: Option<tempfile::NamedTempFile>,
+    /// The file its logs go to, if they go to one: the tail is shown if the test fails.
+    logs: Option<LogFile>,
+}
+
+/// A file a service's logs go to.
+enum LogFile {
+    /// One of its own, removed with the service.
+    Own(tempfile::NamedTempFile),
+    /// One the test named, which the test keeps.
+    Named(PathBuf),
+}
+
+impl LogFile {
+    fn path(&self) -> &Path {
+        match self {
+            LogFile::Own(file) => file.path(),
+            LogFile::Named(path) => path,
+        }
+    }
 }
 
 /// Parsed `consume` flags for running the pipeline in-process (local sinks, fast joins), plus
@@ -278,9 +295,11 @@ impl Service {
         Self::spawn_logging(args, None, configure)
     }
 
-    /// Starts the service with its logs written to `log`.
+    /// Starts the service with its logs written to `log`; their tail is shown if the test fails.
     pub fn start_logging_to(args: &[String], log: &Path) -> Service {
-        Self::start_with_logs(args, std::fs::File::create(log).unwrap().into())
+        let mut service = Self::start_with_logs(args, std::fs::File::create(log).unwrap().into());
+        service.logs = Some(LogFile::Named(log.to_owned()));
+        service
     }
 
     /// Starts the service with its logs (stderr) going to `logs`.
@@ -332,7 +351,7 @@ impl Service {
         } else {
             Self::spawn_with(args, file.reopen().unwrap().into(), fd_limits, configure)
         };
-        service.logs = Some(file);
+        service.logs = Some(LogFile::Own(file));
         service
     }
 
@@ -502,13 +521,13 @@ impl Service {
         }
     }
 
-    /// Its logs so far, when they go to a file of its own (it was not given a place for them).
+    /// Its logs so far, when they go to a file.
     pub fn log_text(&self) -> Option<String> {
         let bytes = std::fs::read(self.logs.as_ref()?.path()).unwrap_or_default();
         Some(String::from_utf8_lossy(&bytes).into_owned())
     }
 
-    /// The last [`LOG_TAIL_LINES`] lines of its logs kept in a file of its own, on stderr.
+    /// The last [`LOG_TAIL_LINES`] lines of its logs, when they go to a file, on stderr.
     fn tell_logs(&self) {
         let Some(text) = self.log_text() else {
             return;
