@@ -30,9 +30,8 @@ impl FilesystemBlobSink {
     fn write_one(&self, key: &str, bytes: &[u8]) -> io::Result<()> {
         let path = self.root.join(key);
         let dir = path.parent().unwrap_or(&self.root);
-        create_dirs_durably(&self.root, dir)?;
         let tmp = temp_name(&path);
-        let written = fs::File::create(&tmp).and_then(|mut file| {
+        let written = create_in(&self.root, dir, &tmp).and_then(|mut file| {
             file.write_all(bytes)?;
             file.sync_all()?;
             fs::rename(&tmp, &path)
@@ -42,6 +41,27 @@ impl FilesystemBlobSink {
         }
         written?;
         fs::File::open(dir)?.sync_all()
+    }
+}
+
+/// How many times a write makes its directory: once if it is new, again if a sweep removed it
+/// meanwhile.
+const DIRECTORY_TRIES: usize = 3;
+
+/// Creates the file `tmp` in `dir`, making `dir` (and what is missing above it) if it is not
+/// there — again if it went missing meanwhile: a sweep beside the service removes an empty
+/// directory it has emptied, and a new replay's directory is empty from its creation to its first
+/// file.
+fn create_in(root: &Path, dir: &Path, tmp: &Path) -> io::Result<fs::File> {
+    let mut made = 0;
+    loop {
+        match fs::File::create(tmp) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && made < DIRECTORY_TRIES => {
+                made += 1;
+                create_dirs_durably(root, dir)?;
+            }
+            created => return created,
+        }
     }
 }
 
@@ -261,6 +281,58 @@ mod tests {
         let linked = dir.path().join("linked");
         std::os::unix::fs::symlink(dir.path(), &linked).unwrap();
         assert!(listed_metadata(&linked).unwrap().unwrap().is_dir());
+    }
+
+    /// A sweep beside the service removes a new replay's directory between its creation and the
+    /// write's first file (it is empty then, as one the sweep emptied is): the write makes it
+    /// again and its blob is stored. Here a thread removes each new directory once, the moment
+    /// it can (it used to fail the write, whose retry waited out a backoff).
+    #[test]
+    fn a_directory_removed_between_its_creation_and_the_first_file_is_made_again() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        const WRITES: usize = 200;
+        let dir = tempfile::tempdir().unwrap();
+        let sink = FilesystemBlobSink::new(dir.path()).unwrap();
+        let replay = |i: usize| format!("30/1/{i:032x}");
+        let written = AtomicUsize::new(0);
+        let removed = std::thread::scope(|threads| {
+            let sweep = threads.spawn(|| {
+                let mut removed = 0;
+                for i in 0..WRITES {
+                    let path = dir.path().join(replay(i));
+                    while written.load(Ordering::SeqCst) <= i {
+                        if fs::remove_dir(&path).is_ok() {
+                            removed += 1;
+                            break;
+                        }
+                    }
+                }
+                removed
+            });
+            let mut failed = Vec::new();
+            for i in 0..WRITES {
+                if let Err(e) = sink.write_one(&format!("{}/0", replay(i)), b"zlib") {
+                    failed.push(e.to_string());
+                }
+                written.store(i + 1, Ordering::SeqCst);
+            }
+            assert!(
+                failed.is_empty(),
+                "{} writes failed: {failed:?}",
+                failed.len()
+            );
+            sweep.join().unwrap()
+        });
+        for i in 0..WRITES {
+            assert_eq!(
+                fs::read(dir.path().join(replay(i)).join("0")).unwrap(),
+                b"zlib"
+            );
+        }
+        assert!(
+            removed > 0,
+            "precondition: some directory was removed before its first file"
+        );
     }
 
     /// Two writes of one key at once (a segment delivered twice, in two flushes) each have a

@@ -1,7 +1,9 @@
 //! `replay-ingest sweep`: expiry for the filesystem blob store. A blob's key starts with the
 //! retention its replay was written with (`{retention_days}/{project}/{replay}/{segment}`); a
 //! blob older than that many days (by its modification time) is removed, and so is a replay's
-//! or project's directory once empty. Rows expire in ClickHouse by their TTL; without this, blobs
+//! or project's directory the sweep empties (one already empty only once unchanged for
+//! [`EMPTY_DIRECTORY_GRACE`]: a new replay's is empty until its first blob). A blob is read again
+//! right before its removal: one rewritten while the pace held the removal back is kept. Rows expire in ClickHouse by their TTL; without this, blobs
 //! on a filesystem store never do (one instance held 234 GiB, 3.96 million files past 90 days).
 //! On GCS, bucket lifecycle rules do the same (`docs/operations.md`).
 //!
@@ -162,6 +164,7 @@ pub fn sweep(
                 continue;
             };
             let project = project.path();
+            let mut project_emptied = false;
             for replay in entries(&project) {
                 let Some(replay) = summary.noted(replay) else {
                     continue;
@@ -170,6 +173,7 @@ pub fn sweep(
                     continue;
                 };
                 let replay = replay.path();
+                let mut emptied = false;
                 for file in entries(&replay) {
                     let Some(file) = summary.noted(file) else {
                         continue;
@@ -198,28 +202,36 @@ pub fn sweep(
                             continue;
                         }
                     }
+                    if !dry_run {
+                        pacer.wait();
+                        // Rewritten while the pace held the removal back (a segment delivered
+                        // again, a re-driven dead letter): the blob in place now is young.
+                        if !still_expired(&file, cutoff) {
+                            continue;
+                        }
+                    }
                     summary.expired += 1;
                     summary.expired_bytes += meta.len();
                     removed(&file);
                     if dry_run {
                         continue;
                     }
-                    pacer.wait();
                     match fs::remove_file(&file) {
                         Ok(()) => {
                             summary.removed += 1;
                             summary.bytes += meta.len();
+                            emptied = true;
                         }
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                         Err(e) => summary.error(format!("{}: {e}", file.display())),
                     }
                 }
-                if !dry_run {
-                    remove_if_empty(&replay, &mut summary);
+                if !dry_run && remove_if_empty(&replay, emptied, now, &mut summary) {
+                    project_emptied = true;
                 }
             }
             if !dry_run {
-                remove_if_empty(&project, &mut summary);
+                remove_if_empty(&project, project_emptied, now, &mut summary);
             }
         }
     }
@@ -312,11 +324,31 @@ fn entries(dir: &Path) -> impl Iterator<Item = Result<Entry, String>> {
         .chain(read.into_iter().flatten().map(typed))
 }
 
-fn remove_if_empty(dir: &Path, summary: &mut Summary) {
+/// How long an empty directory the sweep did not empty is left: a new replay's directory is
+/// empty from its creation to its first file.
+const EMPTY_DIRECTORY_GRACE: Duration = Duration::from_secs(3600);
+
+/// Removes `dir` if it is empty and this sweep `emptied` it, or it has been left unchanged for
+/// [`EMPTY_DIRECTORY_GRACE`] (one a sweep killed half-way emptied); whether it did.
+fn remove_if_empty(dir: &Path, emptied: bool, now: SystemTime, summary: &mut Summary) -> bool {
     let empty = fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none());
-    if empty && fs::remove_dir(dir).is_ok() {
+    let left = || {
+        fs::symlink_metadata(dir)
+            .and_then(|meta| meta.modified())
+            .is_ok_and(|modified| modified + EMPTY_DIRECTORY_GRACE <= now)
+    };
+    let removed = empty && (emptied || left()) && fs::remove_dir(dir).is_ok();
+    if removed {
         summary.directories += 1;
     }
+    removed
+}
+
+/// Whether `file` is still there and older than `cutoff`, read again by its path.
+fn still_expired(file: &Path, cutoff: SystemTime) -> bool {
+    fs::symlink_metadata(file)
+        .and_then(|meta| meta.modified())
+        .is_ok_and(|modified| modified < cutoff)
 }
 
 /// At most `per_second` removals in any second.
@@ -525,6 +557,70 @@ mod tests {
         assert_eq!(summary.errors.len(), 1, "{:?}", summary.errors);
         assert!(summary.errors[0].contains("not a directory"));
         assert!(!missing.exists(), "nothing created");
+    }
+
+    /// A new replay's directory, empty until its first blob, is not the sweep's to remove; one
+    /// left empty (by a sweep killed half-way) goes once it has been unchanged for an hour.
+    #[test]
+    fn an_empty_directory_the_sweep_did_not_empty_goes_only_after_an_hour() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (new, left) = (
+            root.join(format!("30/1/{A}")),
+            root.join(format!("30/2/{B}")),
+        );
+        fs::create_dir_all(&new).unwrap();
+        fs::create_dir_all(&left).unwrap();
+        let two_hours_ago = SystemTime::now() - 2 * EMPTY_DIRECTORY_GRACE;
+        fs::File::open(&left)
+            .unwrap()
+            .set_modified(two_hours_ago)
+            .unwrap();
+        let summary = sweep(root, SystemTime::now(), false, PACE, |_| {});
+        assert!(new.is_dir(), "the new replay's directory is kept");
+        assert!(
+            !root.join("30/2").exists(),
+            "the one left empty, and its project's"
+        );
+        assert_eq!(summary.directories, 2, "{summary}");
+    }
+
+    /// A blob rewritten while its removal waits for the pace (a segment delivered again, a
+    /// re-driven dead letter) is kept: the sweep reads it again before removing it. It used to
+    /// remove the new blob, whose offset was committed.
+    #[test]
+    fn a_blob_rewritten_while_its_removal_waits_for_the_pace_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let keys = [format!("30/1/{A}/0"), format!("30/1/{A}/1")];
+        for key in &keys {
+            blob(root, key, 40 * DAY);
+        }
+        let pace = SweepPace {
+            sweep_max_deletes_per_second: 1,
+        };
+        let (first, removed) = std::sync::mpsc::channel();
+        let summary = std::thread::scope(|threads| {
+            // The second removal waits out the rest of the second the first began; the other
+            // blob is rewritten in the middle of that wait.
+            let keys = &keys;
+            threads.spawn(move || {
+                let first: PathBuf = removed.recv().unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                let other = keys.iter().map(|k| root.join(k)).find(|p| *p != first);
+                fs::write(other.unwrap(), b"rewritten").unwrap();
+            });
+            let mut told = false;
+            sweep(root, SystemTime::now(), false, pace, |path| {
+                if !std::mem::replace(&mut told, true) {
+                    first.send(path.to_owned()).unwrap();
+                }
+            })
+        });
+        assert_eq!((summary.expired, summary.removed), (1, 1), "{summary}");
+        let kept: Vec<_> = keys.iter().filter(|k| root.join(k).exists()).collect();
+        assert_eq!(kept.len(), 1, "the rewritten blob is kept: {kept:?}");
+        assert_eq!(fs::read(root.join(kept[0])).unwrap(), b"rewritten");
     }
 
     #[test]
