@@ -1,6 +1,6 @@
 //! The `replay-ingest` command line: `consume` (the service), `migrate`, `inspect`.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -455,19 +455,29 @@ fn run_inspect(files: &[PathBuf], limits: &Limits, max_message_bytes: u64) -> Ex
     let _ = rayon::ThreadPoolBuilder::new()
         .stack_size(replay_ingest::recording::PROCESSING_STACK_BYTES)
         .build_global();
+    // A pipe or a device says it holds nothing: what is read is bounded, not only what a file
+    // says it holds.
     let read = |path: &PathBuf| {
         let name = path.display().to_string();
-        let size = std::fs::metadata(path)
-            .map_err(|e| format!("{name}: {e}"))?
-            .len();
-        if size > max_message_bytes {
-            return Err(format!(
+        let failed = |e: std::io::Error| format!("{name}: {e}");
+        let too_large = |size: String| {
+            format!(
                 "{name}: {size} bytes, larger than --max-message-bytes ({max_message_bytes}): no such message reaches the service"
-            ));
+            )
+        };
+        let file = std::fs::File::open(path).map_err(failed)?;
+        let size = file.metadata().map_err(failed)?.len();
+        if size > max_message_bytes {
+            return Err(too_large(size.to_string()));
         }
-        std::fs::read(path)
-            .map(|value| inspect::inspect(&name, value.into(), limits))
-            .map_err(|e| format!("{name}: {e}"))
+        let mut value = Vec::with_capacity(size as usize);
+        file.take(max_message_bytes + 1)
+            .read_to_end(&mut value)
+            .map_err(failed)?;
+        if value.len() as u64 > max_message_bytes {
+            return Err(too_large(format!("more than {max_message_bytes}")));
+        }
+        Ok(inspect::inspect(&name, value.into(), limits))
     };
     let mut stdout = std::io::stdout().lock();
     let mut unreadable = false;

@@ -70,6 +70,43 @@ fn a_file_larger_than_any_message_is_not_read_and_fails_the_command() {
     );
 }
 
+/// A pipe says it holds nothing: what is read from it is bounded all the same (it was read to
+/// its end, however much came).
+#[test]
+fn a_pipe_carrying_more_than_any_message_is_read_no_further_and_fails_the_command() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .args(["inspect", "--max-message-bytes", "2000", "/dev/stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // A writer that never ends: the command must stop reading on its own.
+    let writer = std::thread::spawn(move || {
+        let chunk = [0u8; 65536];
+        let mut sent = 0u64;
+        while stdin.write_all(&chunk).is_ok() && sent < 64 << 20 {
+            sent += chunk.len() as u64;
+        }
+        sent
+    });
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("/dev/stdin: more than 2000 bytes, larger than --max-message-bytes (2000)"),
+        "{stderr}"
+    );
+    assert!(
+        writer.join().unwrap() < 64 << 20,
+        "the command stopped reading"
+    );
+}
+
 #[test]
 fn many_files_print_in_argument_order_across_windows() {
     let files: Vec<String> =
