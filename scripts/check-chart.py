@@ -4,7 +4,8 @@
   with charts/replay-ingest/ci/all-on-values.yaml;
 - kubernetes-validate --strict: every rendered manifest against the Kubernetes schemas (KEDA's
   ScaledObject is a CRD without a bundled schema: checked for its required fields instead);
-- every `config` key must be a real REPLAY_INGEST_* variable of `replay-ingest consume`;
+- every `config` key must be a real REPLAY_INGEST_* variable of `replay-ingest consume`, and
+  values.schema.json admits exactly those (a misspelt key is refused, not ignored);
 - every metric the Datadog dashboard queries is in the metrics catalogue (src/metrics.rs);
 - the recommended labels on every object and on the pod template; the container port, the probes
   and REPLAY_INGEST_HTTP_LISTEN agree; Kafka properties render one per line; with SASL and KEDA, a
@@ -257,6 +258,12 @@ def main():
     binary = sys.argv[1]
     help_text = subprocess.run([binary, "consume", "--help"], capture_output=True, text=True, check=True).stdout
     known = {line.split("[env: ")[1].split("=")[0].rstrip("]") for line in help_text.splitlines() if "[env: " in line}
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    listed = {f"REPLAY_INGEST_{k}" for k in schema["properties"]["config"]["propertyNames"]["enum"]}
+    if listed != known:
+        fail(f"values.schema.json's config keys differ from `replay-ingest consume --help`: missing {sorted(known - listed)}, "
+             f"not read {sorted(listed - known)}")
+    print(f"values.schema.json: the {len(known)} config keys replay-ingest consume reads, and no other")
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     all_on = yaml.safe_load((CHART / "ci" / "all-on-values.yaml").read_text())
     for name, values in [("values.yaml", defaults), ("ci/all-on-values.yaml", all_on)]:
@@ -357,6 +364,8 @@ def main():
         ({"terminationGracePeriodSeconds": 10}, "must be at least config.DRAIN_DEADLINE_MS"),
         ({"terminationGracePeriodSeconds": 30, "config": {"DRAIN_DEADLINE_MS": "28900"}}, "plus 2 s to close the clients"),
         ({"config": {"HTTP_LISTEN": "0.0.0.0:1"}}, "set http.port instead"),
+        # A misspelt key (MAX_DECOMPRESSED_BYTES) would leave the default in force without a word.
+        ({"config": {"MAX_DECOMPRESSED_BYTE": "33554432"}}, "invalid propertyName 'MAX_DECOMPRESSED_BYTE'"),
         ({"config": {"STATSD_ADDRESS": ""}}, "config.STATSD_ADDRESS: set dogstatsd.mode"),
         ({"config": {"STATSD_TAGS": "region:eu"}, "dogstatsd": {"env": "prod"}}, "config.STATSD_TAGS: set dogstatsd.tags"),
         ({"config": {"CLICKHOUSE_PASSWORD": "x"}}, "config.CLICKHOUSE_PASSWORD: a secret goes in secrets."),
@@ -368,6 +377,9 @@ def main():
         ({"kafkaProperties": {"enable.auto.commit": True}}, "kafkaProperties.enable.auto.commit cannot be changed"),
         ({"kafkaProperties": {"acks": 1}}, "kafkaProperties.acks cannot be changed"),
         ({"kafkaProperties": {"sasl.oauthbearer.config": "x"}}, "kafkaProperties.sasl.oauthbearer.config: a secret goes in secrets."),
+        ({"kafkaProperties": {"sasl.oauthbearer.assertion.private.key.passphrase": "x"}},
+         "kafkaProperties.sasl.oauthbearer.assertion.private.key.passphrase: a secret goes in secrets."),
+        ({"kafkaProperties": {"group.instance.id": "$(POD_NAME)"}}, "kafkaProperties.group.instance.id: every pod would join with it"),
         ({"config": {"CLICKHOUSE_URL": "http://u:hunter2@ch:8123"}}, "config.CLICKHOUSE_URL: a URL with credentials in it"),
         ({"extraEnv": [{"name": "REPLAY_INGEST_CLICKHOUSE_PASSWORD", "value": "hunter2"}]},
          "extraEnv REPLAY_INGEST_CLICKHOUSE_PASSWORD: a secret's value goes in a Secret"),

@@ -181,6 +181,8 @@ fn is_secret_property(key: &str) -> bool {
     [
         "password",
         "secret",
+        "passphrase",
+        "private.key",
         "ssl.key.pem",
         "sasl.oauthbearer.config",
     ]
@@ -719,7 +721,7 @@ pub struct ConsumeArgs {
     /// Deadline of one sink request, ms: a GCS upload, a ClickHouse INSERT's sending (and as
     /// long for its answer), a Kafka delivery. Past it the attempt fails and is retried. An offset
     /// commit's answer is waited for twice as long and 5 s more, and so is a delivery's report.
-    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), default_value_t = 30_000)]
+    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(SINK_TIMEOUT_MS), default_value_t = 30_000)]
     pub sink_timeout_ms: u64,
     /// Liveness fails when a flush goes this long without any sink attempt ending (a wedged
     /// flush: the pod is restarted); a flush that keeps retrying is not wedged. Above three times
@@ -790,6 +792,27 @@ pub struct ConsumeArgs {
     pub limits: LimitArgs,
 }
 
+/// `--sink-timeout-ms`'s range, for every command that has it: 0 would be librdkafka's "never"
+/// for a delivery.
+pub const SINK_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 1..=3_600_000;
+
+/// Whether a request to `url` crosses the network unencrypted: `http://` to a host other than
+/// this one.
+fn sent_in_clear(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    !(host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()))
+}
+
 /// librdkafka's `max.poll.interval.ms` when none is given.
 const LIBRDKAFKA_MAX_POLL_INTERVAL_MS: u64 = 300_000;
 /// How long librdkafka keeps quiet about an error identical to the last one a broker had.
@@ -811,6 +834,68 @@ impl ConsumeArgs {
                 self.max_message_bytes,
                 self.sink_timeout(),
             ))
+    }
+
+    /// Settings that work but lose or expose something (a local run's copied into production,
+    /// a password sent in clear text) or that nothing reads: each is said at start.
+    pub fn risks(&self) -> Vec<&'static str> {
+        let mut risks = Vec::new();
+        let mut risk = |at: bool, what| {
+            if at {
+                risks.push(what)
+            }
+        };
+        risk(
+            self.blobs.blob_sink == BlobSinkKind::Null,
+            "--blob-sink null: recordings are thrown away, their offsets committed",
+        );
+        risk(
+            self.rows.rows_sink == RowsSinkKind::Null,
+            "--rows-sink null: no replay rows are written: replays are not listed",
+        );
+        risk(
+            self.events_sink == EventsSinkKind::Null,
+            "--events-sink null: no billing outcomes, first-replay events or issue occurrences are published: replays go unbilled",
+        );
+        let clickhouse = &self.rows.clickhouse;
+        risk(
+            self.rows.rows_sink == RowsSinkKind::Clickhouse
+                && (clickhouse.clickhouse_password.is_some()
+                    || clickhouse.clickhouse_password_file.is_some())
+                && sent_in_clear(&clickhouse.clickhouse_url),
+            "the ClickHouse password crosses the network in clear text (--clickhouse-url is http:// to another host): use https://",
+        );
+        risk(
+            self.rows.rows_sink != RowsSinkKind::Clickhouse && self.migrate_on_start,
+            "--migrate-on-start is ignored: rows do not go to ClickHouse",
+        );
+        let kafka = &self.kafka;
+        risk(
+            kafka.kafka_security_protocol == SecurityProtocol::SaslPlaintext
+                && kafka.kafka_sasl_mechanism == Some(SaslMechanism::Plain),
+            "the Kafka password crosses the network in clear text (SASL_PLAINTEXT with PLAIN): use SASL_SSL",
+        );
+        risk(
+            kafka.kafka_ssl_key_password_file.is_some() && kafka.kafka_ssl_key_location.is_none(),
+            "--kafka-ssl-key-password-file is ignored: no --kafka-ssl-key-location",
+        );
+        let properties = kafka.properties().unwrap_or_default();
+        let set = |key: &str, value: &str| {
+            properties
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .is_some_and(|(_, v)| v.eq_ignore_ascii_case(value))
+        };
+        risk(
+            set("enable.ssl.certificate.verification", "false"),
+            "the brokers' certificates are not verified (enable.ssl.certificate.verification=false)",
+        );
+        risk(
+            set("ssl.endpoint.identification.algorithm", "none"),
+            "the brokers' certificates are not checked against their host names (ssl.endpoint.identification.algorithm=none)",
+        );
+        risks
     }
 
     /// The most memory this configuration lets the service hold (docs/operations.md, "Memory"):
@@ -1127,6 +1212,76 @@ mod tests {
                 .contains("--gcs-bucket")
         );
         assert!(parse(&["--gcs-bucket", "replays"]).validate().is_ok());
+    }
+
+    #[test]
+    fn settings_that_lose_or_expose_something_are_said() {
+        let bucket = ["--gcs-bucket", "replays"];
+        assert!(parse(&bucket).risks().is_empty(), "the defaults");
+        let said = |extra: &[&str]| {
+            let args: Vec<&str> = bucket.iter().chain(extra).copied().collect();
+            parse(&args).risks().join("\n")
+        };
+        assert!(said(&["--events-sink", "null"]).contains("replays go unbilled"));
+        assert!(said(&["--blob-sink", "null"]).contains("recordings are thrown away"));
+        let password = ["--clickhouse-password-file", "/run/pw"];
+        for (url, clear) in [
+            ("http://clickhouse:8123", true),
+            ("http://10.0.0.7:8123/", true),
+            ("https://clickhouse:8443", false),
+            ("http://localhost:8123", false),
+            ("http://127.0.0.1:8123", false),
+            ("http://[::1]:8123", false),
+        ] {
+            let args = [&password[..], &["--clickhouse-url", url]].concat();
+            assert_eq!(
+                said(&args).contains("ClickHouse password crosses the network"),
+                clear,
+                "{url}"
+            );
+        }
+        assert!(
+            said(&["--clickhouse-url", "http://clickhouse:8123"]).is_empty(),
+            "no password"
+        );
+        let sasl = [
+            "--kafka-sasl-username",
+            "u",
+            "--kafka-sasl-password-file",
+            "/run/kafka",
+            "--kafka-sasl-mechanism",
+        ];
+        let plain = [
+            &sasl[..],
+            &["PLAIN", "--kafka-security-protocol", "SASL_PLAINTEXT"],
+        ]
+        .concat();
+        assert!(said(&plain).contains("Kafka password crosses the network"));
+        let scram = [
+            &sasl[..],
+            &[
+                "SCRAM-SHA-512",
+                "--kafka-security-protocol",
+                "SASL_PLAINTEXT",
+            ],
+        ]
+        .concat();
+        assert!(said(&scram).is_empty(), "SCRAM never sends the password");
+        assert!(
+            said(&[
+                "--kafka-property",
+                "enable.ssl.certificate.verification=false"
+            ])
+            .contains("not verified")
+        );
+        assert!(
+            said(&[
+                "--kafka-property",
+                "ssl.endpoint.identification.algorithm=none"
+            ])
+            .contains("host names")
+        );
+        assert!(said(&["--rows-sink", "snuba", "--migrate-on-start"]).contains("ignored"));
     }
 
     #[test]
@@ -1556,7 +1711,13 @@ mod tests {
                 "{err}"
             );
         }
-        assert!(refused("sasl.oauthbearer.config=principal=me").contains("holds a secret"));
+        for secret in [
+            "sasl.oauthbearer.config=principal=me",
+            "sasl.oauthbearer.assertion.private.key.passphrase=p",
+            "sasl.oauthbearer.assertion.private.key.pem=k",
+        ] {
+            assert!(refused(secret).contains("holds a secret"), "{secret}");
+        }
     }
 
     #[test]

@@ -357,6 +357,9 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
         Err(error) => warn!(%error, "could not raise the file descriptor limit"),
     }
     info!(listen = %args.http_listen, topic = %args.topic, group = %args.group_id, "starting");
+    for risk in args.risks() {
+        warn!("{risk}");
+    }
     let (bound_mib, limit_mib) = (
         args.memory_bound() >> 20,
         health::container_memory_limit().map(|limit| limit >> 20),

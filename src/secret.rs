@@ -21,14 +21,24 @@ impl Secret {
 
     /// A file's content wins over `value` (a mounted Kubernetes Secret is the preferred source);
     /// the trailing newline editors and `kubectl create secret --from-file` leave is dropped.
-    /// Errors name the file, never its content.
+    /// An empty file is an error (a Secret made from an unset variable: the server would refuse
+    /// the login without saying why). Errors name the file, never its content.
     pub fn from_file_or(
         file: Option<&Path>,
         value: Option<&Secret>,
     ) -> std::io::Result<Option<Secret>> {
         match file {
             Some(path) => match std::fs::read_to_string(path) {
-                Ok(text) => Ok(Some(Secret(text.trim_end_matches(['\n', '\r']).to_owned()))),
+                Ok(text) => match text.trim_end_matches(['\n', '\r']) {
+                    "" => Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "reading {}: the file is empty (a Secret made from an unset variable?)",
+                            path.display()
+                        ),
+                    )),
+                    value => Ok(Some(Secret(value.to_owned()))),
+                },
                 Err(e) => Err(std::io::Error::new(
                     e.kind(),
                     format!("reading {}: {e}", path.display()),
@@ -81,5 +91,11 @@ mod tests {
         assert_eq!(Secret::from_file_or(None, Some(&env)).unwrap(), Some(env));
         let missing = Secret::from_file_or(Some(&dir.path().join("absent")), None).unwrap_err();
         assert!(missing.to_string().contains("absent"), "{missing}");
+        std::fs::write(&file, "\n").unwrap();
+        let empty = Secret::from_file_or(Some(&file), None).unwrap_err();
+        assert!(
+            empty.to_string().contains("password: the file is empty"),
+            "{empty}"
+        );
     }
 }

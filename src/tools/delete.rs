@@ -88,7 +88,7 @@ pub struct DeleteArgs {
     )]
     pub clickhouse_aggregated_table: String,
     /// Longest one request (to the store, ClickHouse or the broker) may take, ms.
-    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(crate::config::SINK_TIMEOUT_MS), default_value_t = 30_000)]
     pub sink_timeout_ms: u64,
 }
 

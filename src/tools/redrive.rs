@@ -96,7 +96,7 @@ pub struct RedriveArgs {
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// Longest one request (the broker, the blob store) may take, ms.
-    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(long, env = "REPLAY_INGEST_SINK_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(crate::config::SINK_TIMEOUT_MS), default_value_t = 30_000)]
     pub sink_timeout_ms: u64,
 }
 
