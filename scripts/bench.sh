@@ -10,6 +10,8 @@
 # Usage: scripts/bench.sh [COUNT]     (messages per load run, default 3000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The build tools, python3-venv and the local stack's servers, for the steps below.
+scripts/setup.sh stack >/dev/null
 COUNT=${1:-3000}
 # The emulator on disk: its memory backend slows down as it fills (scripts/stack.sh).
 export REPLAY_INGEST_GCS_BACKEND=filesystem

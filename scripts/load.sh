@@ -37,6 +37,7 @@ pid=""
 # The service too, when the measurement stops half way (a stall): left running, it and perf
 # would outlive the stack.
 trap 'isolated_stack_down $? "$pid"' EXIT
+scripts/setup.sh stack >/dev/null
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
@@ -93,7 +94,12 @@ pid=$!
 # perf attaches to the threads that exist, so it starts once the service serves its status (the
 # pools are up by then).
 if [ -n "${LOAD_PERF:-}${LOAD_PERF_STAT:-}" ]; then
-  until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do sleep 0.05; done
+  started=$SECONDS
+  until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { echo "load: the service exited before serving its status" >&2; exit 1; }
+    [ $((SECONDS - started)) -lt 120 ] || { echo "load: the service did not serve its status within 120 s" >&2; exit 1; }
+    sleep 0.05
+  done
   if [ -n "${LOAD_PERF:-}" ]; then
     perf record -q -a ${LOAD_PERF_EVENTS:--F 999} -g -o "$LOAD_PERF" -- sh -c "while kill -0 $pid 2>/dev/null; do sleep 0.2; done" 2>/dev/null &
   else

@@ -22,6 +22,7 @@ STRATEGIES=("$@")
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh rebalance
 trap 'isolated_stack_down $?' EXIT
+scripts/setup.sh stack >/dev/null
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
@@ -33,15 +34,15 @@ for strategy in "${STRATEGIES[@]}"; do
   topic=rebalance-$strategy-$RANDOM$RANDOM
   "${CARGO_TARGET_DIR:-target}"/release/examples/topics --brokers "$REPLAY_INGEST_TEST_BROKERS" \
     "$topic:8:ingest-replay-recordings" "$topic-dlq:1"
-  python3 - "$strategy" "$topic" "$RATE" <<'PY'
-import atexit, json, os, signal, subprocess, sys, threading, time, urllib.request, glob, socket
+  # The members' status ports, from the range below the ephemeral ports (lib/isolated-stack.sh).
+  REBALANCE_PORTS=$(free_ports 3) python3 - "$strategy" "$topic" "$RATE" <<'PY'
+import atexit, json, os, signal, subprocess, sys, threading, time, urllib.request, glob
 
 strategy, topic, rate = sys.argv[1], sys.argv[2], int(sys.argv[3])
 brokers = os.environ["REPLAY_INGEST_TEST_BROKERS"]
 small = sorted(f for f in glob.glob("fixtures/segments/*.msgpack") if os.path.getsize(f) < 100_000)
 
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
+ports = [int(p) for p in os.environ["REBALANCE_PORTS"].split()]
 
 # The consumer protocol's assignor and timing are the broker's (group.consumer.* in
 # scripts/stack.sh); librdkafka refuses partition.assignment.strategy alongside it.
@@ -53,7 +54,7 @@ children = []
 atexit.register(lambda: [p.kill() for p in children if p.poll() is None])
 
 def member(name, group=topic):
-    port = free_port()
+    port = ports.pop()
     args = [os.environ["REBALANCE_BIN"], "consume", "--brokers", brokers, "--topic", topic,
             "--dlq-topic", topic + "-dlq", "--group-id", group, "--http-listen", f"127.0.0.1:{port}",
             "--blob-sink", "null", "--rows-sink", "null", "--events-sink", "null", "--statsd-address", "",
@@ -99,11 +100,17 @@ stop.set()
 producer.terminate()
 b.send_signal(signal.SIGTERM)
 observer.send_signal(signal.SIGTERM)
-a.wait(); b.wait(); observer.wait(); producer.wait()
+producer.wait()
+# A member that did not start, or did not drain cleanly, would show as no pause at all.
+exits = {name: p.wait() for name, p in [("A", a), ("B", b), ("observer", observer)]}
+if any(exits.values()):
+    sys.exit(f"rebalance-pause: a member exited non-zero {exits} (logs in {os.environ['REPLAY_INGEST_STACK_DIR']})")
 
 def longest_stall(series, start, end):
     """Longest time without a new consumed message between start and end."""
     points = [(t, c, p) for t, c, p in series if start <= t <= end]
+    if len(points) < 2:
+        sys.exit(f"rebalance-pause: fewer than two status samples in a {end - start:.0f} s window: no pause can be measured")
     longest, since, last = 0.0, None, None
     for t, consumed, partitions in points:
         if last is None or consumed > last:

@@ -14,6 +14,7 @@ source scripts/lib/debian.sh
 what=${1:-test}
 case "$what" in stack | test) ;; *) echo "usage: scripts/setup.sh [stack|test]" >&2; exit 2 ;; esac
 cache=${REPLAY_INGEST_CACHE:-$HOME/.cache/replay-ingest}
+ensure_build_tools
 
 packages=()
 # Kafka 4 needs Java 17 or later: an older default java gets 17 beside it (it becomes the default).

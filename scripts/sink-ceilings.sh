@@ -21,6 +21,7 @@ done
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh ceilings
 trap 'status=$?; rm -f "$results"; isolated_stack_down "$status"' EXIT
+scripts/setup.sh stack >/dev/null
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"

@@ -34,6 +34,7 @@ source scripts/lib/isolated-stack.sh soak
 export REPLAY_INGEST_GCS_BACKEND=filesystem
 pid=""
 trap 'isolated_stack_down $? "$pid"' EXIT
+scripts/setup.sh stack >/dev/null
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
@@ -117,7 +118,7 @@ while not ((s := status()) and s["ready"] and s["assigned"]):
     time.sleep(0.5)
 
 start = time.monotonic()
-rows, producer, phase, phase_end, phases = [], None, "idle", start, []
+rows, producers, phase, phase_end, phases = [], [], "idle", start, []
 cpu0, _, _, _ = proc()
 last = (start, cpu0, 0.0)
 while time.monotonic() - start < duration:
@@ -125,9 +126,10 @@ while time.monotonic() - start < duration:
     if now >= phase_end:
         if phase == "idle":
             phase, phase_end = "load", now + load_s
-            producer = subprocess.Popen([produce, "--brokers", os.environ["REPLAY_INGEST_TEST_BROKERS"], "--topic", topic,
-                                         "--rate", str(rate), "--count", str(rate * load_s), *fixtures],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # Its errors reach the soak's own output; its exit status is checked at the end.
+            producers.append(subprocess.Popen([produce, "--brokers", os.environ["REPLAY_INGEST_TEST_BROKERS"], "--topic", topic,
+                                               "--rate", str(rate), "--count", str(rate * load_s), *fixtures],
+                                              stdout=subprocess.DEVNULL))
         else:
             phase, phase_end = "idle", now + idle_s
         phases.append((now - start, phase))
@@ -140,8 +142,18 @@ while time.monotonic() - start < duration:
                  "consumed": s.get("consumed", 0), "flushed": s.get("flushed", 0)})
     last = (now, cpu, commits)
     time.sleep(sample_s)
-if producer:
-    producer.wait()
+# A soak whose load never came would plot flat lines and zero lag: a failed producer, or fewer
+# messages consumed than were produced, fails it.
+failed = [p.returncode for p in producers if p.wait() != 0]
+if failed:
+    sys.exit(f"soak: {len(failed)} of {len(producers)} load phases failed to produce (exit {failed})")
+produced = rate * load_s * len(producers)
+# (The last phase may have been cut by the end of the run: its tail is waited for.)
+deadline = time.monotonic() + 120
+while (consumed := (status() or {}).get("consumed", 0)) < produced and time.monotonic() < deadline:
+    time.sleep(1)
+if consumed < produced:
+    sys.exit(f"soak: {consumed} messages consumed of {produced} produced")
 
 docs = pathlib.Path(out)
 with open(docs / "soak.csv", "w") as out:
@@ -198,3 +210,9 @@ kept = previous[previous.index("\n## ") + 1:] if "\n## " in previous else ""
 (docs / "soak.md").write_text("\n".join(lines) + ("\n" + kept if kept else ""))
 print("\n".join(lines))
 PY
+# The service drains and exits 0, as a pod does at a rollout.
+kill -TERM "$pid"
+status=0
+wait "$pid" || status=$?
+pid=""
+[ "$status" -eq 0 ] || { echo "soak: the service exited $status when asked to stop (its log: $REPLAY_INGEST_STACK_DIR/service.log)" >&2; exit 1; }

@@ -9,6 +9,20 @@ apt_get() {
   "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 "$@"
 }
 
+# ensure_build_tools: what building the service needs besides Rust — a C compiler and make
+# (librdkafka, zlib and zstd are compiled from source), pkg-config and OpenSSL's headers (the
+# Kafka client's TLS links the system's OpenSSL) — installed from Debian when missing.
+ensure_build_tools() {
+  local missing=()
+  { command -v cc && command -v make; } >/dev/null || missing+=(build-essential)
+  command -v pkg-config >/dev/null || missing+=(pkg-config)
+  pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+  [ ${#missing[@]} -gt 0 ] || return 0
+  echo "setup: installing ${missing[*]} (Debian), to build the service"
+  apt_get update -qq >/dev/null || { echo "setup: apt-get update failed" >&2; return 1; }
+  apt_get install -y -qq "${missing[@]}" >/dev/null || { echo "setup: apt-get could not install ${missing[*]}" >&2; return 1; }
+}
+
 # java_major: the major version of the default java, 0 without one.
 java_major() {
   local major
