@@ -34,8 +34,10 @@ for strategy in "${STRATEGIES[@]}"; do
   topic=rebalance-$strategy-$RANDOM$RANDOM
   "${CARGO_TARGET_DIR:-target}"/release/examples/topics --brokers "$REPLAY_INGEST_TEST_BROKERS" \
     "$topic:8:ingest-replay-recordings" "$topic-dlq:1"
-  # The members' status ports, from the range below the ephemeral ports (lib/isolated-stack.sh).
-  REBALANCE_PORTS=$(free_ports 3) python3 - "$strategy" "$topic" "$RATE" <<'PY'
+  # The members' status ports, from the range below the ephemeral ports (lib/isolated-stack.sh);
+  # a statement of its own, so that its failure stops the script.
+  ports=$(free_ports 3)
+  REBALANCE_PORTS=$ports python3 - "$strategy" "$topic" "$RATE" <<'PY'
 import atexit, json, os, signal, subprocess, sys, threading, time, urllib.request, glob
 
 strategy, topic, rate = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -102,7 +104,7 @@ b.send_signal(signal.SIGTERM)
 observer.send_signal(signal.SIGTERM)
 producer.wait()
 # A member that did not start, or did not drain cleanly, would show as no pause at all.
-exits = {name: p.wait() for name, p in [("A", a), ("B", b), ("observer", observer)]}
+exits = {name: p.wait(timeout=60) for name, p in [("A", a), ("B", b), ("observer", observer)]}
 if any(exits.values()):
     sys.exit(f"rebalance-pause: a member exited non-zero {exits} (logs in {os.environ['REPLAY_INGEST_STACK_DIR']})")
 

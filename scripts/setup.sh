@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the demo and the tests need, in one place: the Debian packages in one apt-get
-# run (Java 17 and Maven for Apache Kafka, clickhouse-server, qemu-user for the aarch64 tests),
+# Installs what the demo and the tests need, in one place: the build tools when missing (their
+# own apt-get run: lib/debian.sh), then the Debian packages in one apt-get run (Java 17 and Maven for Apache Kafka, clickhouse-server, qemu-user for the aarch64 tests),
 # Apache Kafka's jars and fake-gcs-server (`scripts/stack.sh install`) and, for the tests, the
 # chart-check and chDB venvs and the Rust aarch64 target. Idempotent: what is there is left
 # alone, so a second run costs seconds. Installs go to $REPLAY_INGEST_CACHE

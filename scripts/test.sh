@@ -22,6 +22,12 @@ prepare() {
   scripts/stack.sh up
 }
 
+# What compiling needs comes first (the rest installs while it compiles), before anything is
+# made that the trap below would have to remove.
+# shellcheck source=scripts/lib/debian.sh
+source scripts/lib/debian.sh
+ensure_build_tools
+
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh test
 chaos_log=$(mktemp)
@@ -31,10 +37,6 @@ chaos=""
 chaos_stack=$(mktemp -d /tmp/replay-ingest-chaos.XXXXXX)
 export REPLAY_INGEST_CHAOS_STACK_DIR=$chaos_stack
 prepared=$(mktemp)
-# What compiling needs comes first (the rest installs while it compiles).
-# shellcheck source=scripts/lib/debian.sh
-source scripts/lib/debian.sh
-ensure_build_tools
 prepare >"$prepared" 2>&1 &
 preparing=$!
 # On the way out, an early failure (fmt, clippy) waits for the preparation instead of killing
@@ -90,7 +92,7 @@ chaos_bin=$(cargo test --locked --test chaos --no-run --message-format=json 2>/d
   python3 -c 'import json, sys; print(next(m["executable"] for m in map(json.loads, sys.stdin)
     if m.get("executable") and m["target"]["name"] == "chaos" and m["profile"]["test"]))')
 # Bounded as the tests beside it are: a harness that hangs fails its step, not the whole run.
-timeout 45m "$chaos_bin" --include-ignored >"$chaos_log" 2>&1 &
+timeout -k 30s 45m "$chaos_bin" --include-ignored >"$chaos_log" 2>&1 &
 chaos=$!
 # A test that hangs (libtest has no per-test deadline) fails this step at 45 min, which is three
 # times what the step takes on a loaded 2-core machine, instead of the whole run being stopped at

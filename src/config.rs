@@ -796,23 +796,6 @@ pub struct ConsumeArgs {
 /// for a delivery.
 pub const SINK_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 1..=3_600_000;
 
-/// Whether a request to `url` crosses the network unencrypted: `http://` to a host other than
-/// this one.
-fn sent_in_clear(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://") else {
-        return false;
-    };
-    let authority = rest.split('/').next().unwrap_or_default();
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => authority.split(':').next().unwrap_or_default(),
-    };
-    !(host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback()))
-}
-
 /// librdkafka's `max.poll.interval.ms` when none is given.
 const LIBRDKAFKA_MAX_POLL_INTERVAL_MS: u64 = 300_000;
 /// How long librdkafka keeps quiet about an error identical to the last one a broker had.
@@ -862,7 +845,7 @@ impl ConsumeArgs {
             self.rows.rows_sink == RowsSinkKind::Clickhouse
                 && (clickhouse.clickhouse_password.is_some()
                     || clickhouse.clickhouse_password_file.is_some())
-                && sent_in_clear(&clickhouse.clickhouse_url),
+                && crate::sink::sent_in_clear(&clickhouse.clickhouse_url),
             "the ClickHouse password crosses the network in clear text (--clickhouse-url is http:// to another host): use https://",
         );
         risk(
@@ -880,19 +863,20 @@ impl ConsumeArgs {
             "--kafka-ssl-key-password-file is ignored: no --kafka-ssl-key-location",
         );
         let properties = kafka.properties().unwrap_or_default();
-        let set = |key: &str, value: &str| {
+        // The last one given, as librdkafka reads it (a boolean's false: false, f or 0).
+        let set = |key: &str, values: &[&str]| {
             properties
                 .iter()
                 .rev()
                 .find(|(k, _)| k == key)
-                .is_some_and(|(_, v)| v.eq_ignore_ascii_case(value))
+                .is_some_and(|(_, v)| values.iter().any(|value| v.eq_ignore_ascii_case(value)))
         };
         risk(
-            set("enable.ssl.certificate.verification", "false"),
+            set("enable.ssl.certificate.verification", &["false", "f", "0"]),
             "the brokers' certificates are not verified (enable.ssl.certificate.verification=false)",
         );
         risk(
-            set("ssl.endpoint.identification.algorithm", "none"),
+            set("ssl.endpoint.identification.algorithm", &["none"]),
             "the brokers' certificates are not checked against their host names (ssl.endpoint.identification.algorithm=none)",
         );
         risks
@@ -1232,6 +1216,8 @@ mod tests {
             ("http://localhost:8123", false),
             ("http://127.0.0.1:8123", false),
             ("http://[::1]:8123", false),
+            ("http://[::ffff:127.0.0.1]:8123", false),
+            ("http://[fd00::7]:8123", true),
         ] {
             let args = [&password[..], &["--clickhouse-url", url]].concat();
             assert_eq!(
@@ -1267,12 +1253,19 @@ mod tests {
         ]
         .concat();
         assert!(said(&scram).is_empty(), "SCRAM never sends the password");
+        for off in ["false", "0", "F"] {
+            let property = format!("enable.ssl.certificate.verification={off}");
+            assert!(
+                said(&["--kafka-property", &property]).contains("not verified"),
+                "{off}"
+            );
+        }
         assert!(
             said(&[
                 "--kafka-property",
-                "enable.ssl.certificate.verification=false"
+                "enable.ssl.certificate.verification=true"
             ])
-            .contains("not verified")
+            .is_empty()
         );
         assert!(
             said(&[

@@ -474,7 +474,7 @@ fn run_inspect(files: &[PathBuf], limits: &Limits, max_message_bytes: u64) -> Ex
             return Err(too_large(size.to_string()));
         }
         let mut value = Vec::with_capacity(size as usize);
-        file.take(max_message_bytes + 1)
+        file.take(max_message_bytes.saturating_add(1))
             .read_to_end(&mut value)
             .map_err(failed)?;
         if value.len() as u64 > max_message_bytes {

@@ -31,11 +31,12 @@ impl FilesystemBlobSink {
         let path = self.root.join(key);
         let dir = path.parent().unwrap_or(&self.root);
         let tmp = temp_name(&path);
-        let written = create_in(&self.root, dir, &tmp).and_then(|mut file| {
-            file.write_all(bytes)?;
-            file.sync_all()?;
-            fs::rename(&tmp, &path)
-        });
+        let written =
+            create_in(&tmp, || create_dirs_durably(&self.root, dir)).and_then(|mut file| {
+                file.write_all(bytes)?;
+                file.sync_all()?;
+                fs::rename(&tmp, &path)
+            });
         if written.is_err() {
             let _ = fs::remove_file(&tmp);
         }
@@ -48,17 +49,20 @@ impl FilesystemBlobSink {
 /// meanwhile.
 const DIRECTORY_TRIES: usize = 3;
 
-/// Creates the file `tmp` in `dir`, making `dir` (and what is missing above it) if it is not
-/// there — again if it went missing meanwhile: a sweep beside the service removes an empty
-/// directory it has emptied, and a new replay's directory is empty from its creation to its first
-/// file.
-fn create_in(root: &Path, dir: &Path, tmp: &Path) -> io::Result<fs::File> {
+/// Creates the file `tmp`, making its directory (`make_dir`) if it is not there — again if it
+/// went missing meanwhile, or its parent did while it was being made: a sweep beside the service
+/// removes an empty directory it has emptied, and a new replay's directory (or a new project's)
+/// is empty from its creation to its first file.
+fn create_in(tmp: &Path, mut make_dir: impl FnMut() -> io::Result<()>) -> io::Result<fs::File> {
     let mut made = 0;
     loop {
         match fs::File::create(tmp) {
             Err(e) if e.kind() == io::ErrorKind::NotFound && made < DIRECTORY_TRIES => {
                 made += 1;
-                create_dirs_durably(root, dir)?;
+                match make_dir() {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound && made < DIRECTORY_TRIES => {}
+                    made_or_failed => made_or_failed?,
+                }
             }
             created => return created,
         }
@@ -283,10 +287,37 @@ mod tests {
         assert!(listed_metadata(&linked).unwrap().unwrap().is_dir());
     }
 
-    /// A sweep beside the service removes a new replay's directory between its creation and the
-    /// write's first file (it is empty then, as one the sweep emptied is): the write makes it
-    /// again and its blob is stored. Here a thread removes each new directory once, the moment
-    /// it can (it used to fail the write, whose retry waited out a backoff).
+    /// The two ways a sweep beside the service takes a write's directory from under it: the
+    /// project's directory removed while the replay's is being made in it (the making fails),
+    /// and the replay's removed after it is made, before the write's first file. Both are made
+    /// again and the file is created.
+    #[test]
+    fn a_directory_a_sweep_removes_while_the_write_makes_it_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let replay = dir.path().join("30/1/r");
+        let tmp = replay.join("0.tmp-1-1");
+        let mut calls = 0;
+        let created = create_in(&tmp, || {
+            calls += 1;
+            match calls {
+                1 => Err(io::ErrorKind::NotFound.into()),
+                2 => fs::create_dir_all(&replay).and_then(|()| fs::remove_dir(&replay)),
+                _ => fs::create_dir_all(&replay),
+            }
+        });
+        assert!(created.is_ok(), "{created:?}");
+        assert_eq!(calls, 3);
+        assert!(tmp.is_file());
+        // A directory that cannot be made is an error, not a loop.
+        let failed = create_in(&dir.path().join("gone/0"), || {
+            Err(io::ErrorKind::NotFound.into())
+        });
+        assert_eq!(failed.unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
+
+    /// The same through the writer, the sweep a thread that removes each new replay's directory
+    /// once, the moment it can: every blob is stored (the writes used to fail: 200 of 200 on this
+    /// machine's disk, whose fsync of the parent leaves the new directory empty a while).
     #[test]
     fn a_directory_removed_between_its_creation_and_the_first_file_is_made_again() {
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -329,10 +360,8 @@ mod tests {
                 b"zlib"
             );
         }
-        assert!(
-            removed > 0,
-            "precondition: some directory was removed before its first file"
-        );
+        // (None on a file system whose fsync returns at once: the test above stands alone then.)
+        eprintln!("{removed} directories removed before their first file");
     }
 
     /// Two writes of one key at once (a segment delivered twice, in two flushes) each have a

@@ -67,7 +67,7 @@ pub fn http_url(flag: &str, url: &str) -> Result<(), String> {
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"));
-    let authority = rest.map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
+    let authority = rest.map(authority);
     if authority.unwrap_or(url).contains('@') {
         return Err(format!(
             "{flag} holds credentials (user:password@): give them with the flags for them, and only the server's address here"
@@ -84,6 +84,29 @@ pub fn http_url(flag: &str, url: &str) -> Result<(), String> {
             "{flag} {url:?} is not an http:// or https:// URL with a host"
         )),
     }
+}
+
+/// The authority of a URL's part after its scheme: up to its path, query or fragment.
+fn authority(rest: &str) -> &str {
+    rest.split(['/', '?', '#']).next().unwrap_or_default()
+}
+
+/// Whether a request to `url` crosses the network unencrypted: `http://` to a host other than
+/// this one.
+pub fn sent_in_clear(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = authority(rest);
+    let host_port = authority.rsplit('@').next().unwrap_or_default();
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host_port.split(':').next().unwrap_or_default(),
+    };
+    !(host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback()))
 }
 
 /// A destination's health check: it exists and takes writes. A failure says whether a retry can

@@ -205,7 +205,9 @@ pub fn sweep(
                     if !dry_run {
                         pacer.wait();
                         // Rewritten while the pace held the removal back (a segment delivered
-                        // again, a re-driven dead letter): the blob in place now is young.
+                        // again, a re-driven dead letter): the blob in place now is young. (One
+                        // rewritten in the microseconds between this read and the removal is
+                        // not caught: only a segment written again past its own retention is.)
                         if !still_expired(&file, cutoff) {
                             continue;
                         }
