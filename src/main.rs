@@ -129,9 +129,56 @@ fn secret_on_the_command_line(matches: &ArgMatches) -> Option<(&'static str, &'s
     .map(|(_, flag, variable)| (flag, variable))
 }
 
+/// A refused command line: clap's message, and which variable gave the value when one did (the
+/// chart sets each `config.KEY` as `REPLAY_INGEST_KEY`, and a pod's operator knows it by that
+/// name, not by the flag's); one JSON line with `REPLAY_INGEST_LOG_FORMAT=json`, as the service's
+/// other errors are. Help and version go out as clap prints them.
+fn refused(error: clap::Error) -> ExitCode {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        error.exit();
+    }
+    let mut message = error.render().to_string().trim_end().to_owned();
+    if let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) {
+        let long = arg.split_whitespace().next().unwrap_or_default();
+        let command = Cli::command();
+        let variable = std::iter::once(&command)
+            .chain(command.get_subcommands())
+            .flat_map(|c| c.get_arguments())
+            .find(|a| a.get_long().is_some_and(|l| long == format!("--{l}")))
+            .and_then(|a| a.get_env())
+            .and_then(|env| env.to_str())
+            .filter(|env| std::env::var_os(env).is_some());
+        if let Some(variable) = variable {
+            let key = variable.trim_start_matches("REPLAY_INGEST_");
+            let first = message.find('\n').unwrap_or(message.len());
+            message.insert_str(
+                first,
+                &format!("\n  (the value came from {variable}: config.{key} in the chart)"),
+            );
+        }
+    }
+    let json = std::env::var("REPLAY_INGEST_LOG_FORMAT").is_ok_and(|f| f == "json");
+    if json {
+        logs::init(LogFormat::Json);
+        error!("{message}");
+    } else {
+        eprintln!("{message}");
+    }
+    ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2))
+}
+
 fn main() -> ExitCode {
     cap_malloc_arenas();
-    let matches = Cli::command().get_matches();
+    let matches = match Cli::command().try_get_matches() {
+        Ok(matches) => matches,
+        Err(error) => return refused(error),
+    };
     if let Some((flag, variable)) = secret_on_the_command_line(&matches) {
         eprintln!(
             "error: {flag} on the command line shows in `ps` and in the pod's spec: set {variable} (from a Secret) or {flag}-file instead"

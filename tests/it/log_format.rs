@@ -45,6 +45,39 @@ fn a_refused_configuration_is_one_json_error_line() {
     assert!(lines[0]["timestamp"].as_str().unwrap().ends_with('Z'));
 }
 
+/// A value clap refuses, from a variable (as the chart sets every `config` key): one JSON line
+/// too, naming the flag, the variable and the chart's key (it was clap's plain text, naming the
+/// flag only, in a stream of JSON lines).
+#[test]
+fn a_value_refused_by_the_parser_is_one_json_error_line_naming_its_variable() {
+    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .arg("consume")
+        .env("REPLAY_INGEST_LOG_FORMAT", "json")
+        .env("REPLAY_INGEST_BUFFER_MAX_AGE_MS", "5s")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let lines = lines(&out.stderr);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["level"], "ERROR");
+    let message = lines[0]["message"].as_str().unwrap();
+    for named in [
+        "invalid value '5s' for '--buffer-max-age-ms",
+        "REPLAY_INGEST_BUFFER_MAX_AGE_MS",
+        "config.BUFFER_MAX_AGE_MS",
+    ] {
+        assert!(message.contains(named), "{named}: {message}");
+    }
+    // Given as a flag, the variable is not named.
+    let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .args(["consume", "--buffer-max-age-ms", "5s"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stderr).unwrap();
+    assert!(text.starts_with("error: invalid value '5s'"), "{text}");
+    assert!(!text.contains("REPLAY_INGEST_"), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_running_service_logs_json_with_its_fields_at_the_top_level() {
