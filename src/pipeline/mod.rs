@@ -579,9 +579,8 @@ impl Pipeline {
                 if self.revocations.is_stale(record.partition, generation) {
                     continue;
                 }
-                let len = record.value.len();
-                values += len;
-                reserved += window::reservation(len);
+                values += record.value.len();
+                reserved += window::reservation(&record.value, &self.limits);
                 group.push((record, generation));
             }
             if intake.messages.is_empty() {

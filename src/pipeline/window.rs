@@ -24,6 +24,8 @@ use std::task::Poll;
 
 use futures::task::AtomicWaker;
 
+use crate::recording::{Limits, envelope, payload, trace_items};
+
 /// Messages being processed or waiting for an earlier one to finish (arrival order is kept).
 /// A wide window keeps every core busy behind one large segment at the head.
 pub const PROCESSING_WINDOW_MESSAGES: usize = 64;
@@ -37,11 +39,33 @@ pub const PROCESSING_WINDOW_MESSAGES: usize = 64;
 /// Performance). What small segments really hold is far less: peak RSS did not change.
 pub const PROCESSING_WINDOW_BYTES: usize = 128 * 1024 * 1024;
 
-/// What a message of `value_len` bytes reserves in the processing window: its value, plus what
-/// processing it may hold — a blob and replay event no larger than about the value, and the
-/// extractor's capped clicks, taps, lists and counts (about 1.1 MiB at most, whatever the input).
-pub fn reservation(value_len: usize) -> usize {
-    value_len.saturating_mul(3).saturating_add(2 * 1024 * 1024)
+/// What a message `value` reserves in the processing window, processed under `limits`: the
+/// value, plus what processing it may hold — a blob and replay event no larger than about the
+/// value, the extractor's capped clicks, taps, lists and counts (about 1.1 MiB at most, whatever
+/// the input) — and what may grow with what its body decodes to, told from its first bytes: a
+/// body stored re-encoded that may decode far past its size (zstd,
+/// [`payload::stored_beyond_size`]), and, with trace items on, their budget for as much input as
+/// the body may decode to ([`payload::decoded_bound`]). Reserved by size alone, a crafted
+/// megabyte of zstd decoding to 90 MiB reserved 5 MiB and held 68 in the window, and a 1.6 MB
+/// zlib message of interactions held 29 MB of trace items against 7 reserved: a few dozen such
+/// messages in flight held gigabytes against a bound of 725 MiB.
+pub fn reservation(value: &[u8], limits: &Limits) -> usize {
+    let cap = limits.max_decompressed_bytes;
+    let (stored_beyond, items) = envelope::payload(value).map_or((0, 0), |payload| {
+        let items = match limits.trace_items.is_off() {
+            true => 0,
+            false => trace_items::budget(payload::decoded_bound(payload, cap)),
+        };
+        (payload::stored_beyond_size(payload, cap), items)
+    });
+    sized(value.len())
+        .saturating_add(stored_beyond)
+        .saturating_add(items)
+}
+
+/// What a message of `len` bytes reserves whatever its body holds.
+fn sized(len: usize) -> usize {
+    len.saturating_mul(3).saturating_add(2 * 1024 * 1024)
 }
 
 /// A result's size in memory, which it holds in the window while it waits for an earlier one.
@@ -298,14 +322,11 @@ mod tests {
     #[tokio::test]
     async fn results_leave_in_arrival_order_and_a_later_one_done_first_holds_only_its_size() {
         let mut window = Window::new(1);
-        let (first, second) = (
-            window.push(1, reservation(10)),
-            window.push(1, reservation(20)),
-        );
-        assert_eq!(window.bytes, reservation(10) + reservation(20));
+        let (first, second) = (window.push(1, sized(10)), window.push(1, sized(20)));
+        assert_eq!(window.bytes, sized(10) + sized(20));
         second.send("second");
         assert!(matches!(window.next().await, Some(Progress::Freed)));
-        assert_eq!(window.bytes, reservation(10) + "second".len());
+        assert_eq!(window.bytes, sized(10) + "second".len());
         assert_eq!(window.messages, 2, "it still counts until it leaves");
         first.send("first");
         assert_eq!(ready(&mut window).await.unwrap(), "first");
@@ -320,19 +341,19 @@ mod tests {
         let mut window = Window::<&str>::new(1);
         let moved_at = window.moved_at_ms();
         assert_eq!(moved_at.load(Ordering::Relaxed), 0, "empty");
-        let head = window.push(1, reservation(10));
+        let head = window.push(1, sized(10));
         let entered = moved_at.load(Ordering::Relaxed);
         assert!(entered > 0, "the first message entered");
         // Behind a head that does not finish, the later groups finish and are collected once:
         // the window moved then. Then nothing more finishes: it stays put, as liveness reads it.
-        let behind = window.push(1, reservation(10));
+        let behind = window.push(1, sized(10));
         moved_at.store(1, Ordering::Relaxed);
         behind.send("done");
         assert!(matches!(window.next().await, Some(Progress::Freed)));
         let collected = moved_at.load(Ordering::Relaxed);
         assert!(collected >= entered, "moved when the later group finished");
         moved_at.store(1, Ordering::Relaxed);
-        let _more = window.push(1, reservation(10));
+        let _more = window.push(1, sized(10));
         assert_eq!(
             moved_at.load(Ordering::Relaxed),
             1,
@@ -349,10 +370,10 @@ mod tests {
     #[tokio::test]
     async fn behind_a_slow_head_finished_messages_make_room_for_more() {
         let mut window = Window::<&str>::new(1);
-        let _head = window.push(1, reservation(1_000_000));
+        let _head = window.push(1, sized(1_000_000));
         let mut later = Vec::new();
         while window.has_room() {
-            later.push(window.push(1, reservation(0)));
+            later.push(window.push(1, sized(0)));
         }
         let admitted = later.len();
         for tx in later {
@@ -365,7 +386,7 @@ mod tests {
             "the bytes bounded the window first"
         );
         while window.has_room() {
-            window.push(1, reservation(0)).send("done");
+            window.push(1, sized(0)).send("done");
             assert!(matches!(window.next().await, Some(Progress::Freed)));
         }
         assert_eq!(
@@ -379,11 +400,11 @@ mod tests {
         // Empty messages: the count bounds the window first.
         let mut empty = Window::<()>::new(1);
         while empty.has_room() {
-            let _ = empty.push(1, reservation(0));
+            let _ = empty.push(1, sized(0));
         }
         assert_eq!(empty.messages, PROCESSING_WINDOW_MESSAGES);
         // Messages of 256 KiB reserve 2.75 MiB each: the bytes bound the window first.
-        let each = reservation(256 << 10);
+        let each = sized(256 << 10);
         let mut small = Window::<()>::new(1);
         let mut senders = Vec::new();
         while small.has_room() {
@@ -397,7 +418,7 @@ mod tests {
         assert!(small.has_room(), "its share is back");
 
         let mut large = Window::<()>::new(1);
-        let _large = large.push(1, reservation(PROCESSING_WINDOW_BYTES / 3));
+        let _large = large.push(1, sized(PROCESSING_WINDOW_BYTES / 3));
         assert!(!large.has_room(), "one large message fills it");
     }
 
@@ -406,9 +427,9 @@ mod tests {
         let mut window = Window::<&str>::new(1);
         let mut admitted = (0, 0);
         while window.room_for(admitted.0, admitted.1) {
-            admitted = (admitted.0 + 1, admitted.1 + reservation(0));
+            admitted = (admitted.0 + 1, admitted.1 + sized(0));
         }
-        let fits = PROCESSING_WINDOW_MESSAGES.min(PROCESSING_WINDOW_BYTES.div_ceil(reservation(0)));
+        let fits = PROCESSING_WINDOW_MESSAGES.min(PROCESSING_WINDOW_BYTES.div_ceil(sized(0)));
         assert_eq!(
             admitted.0, fits,
             "a group is admitted as its messages one by one"
@@ -451,7 +472,7 @@ mod tests {
 
         let mut window = Window::<&str>::new(2);
         let mut groups = (0..4)
-            .map(|_| window.push(1, reservation(0)))
+            .map(|_| window.push(1, sized(0)))
             .collect::<Vec<_>>()
             .into_iter();
         assert!(poll_next(&mut window, &mut cx).is_pending());
@@ -462,7 +483,7 @@ mod tests {
         assert_eq!(ready(poll_next(&mut window, &mut cx)), Ok("first"));
         assert_eq!(
             window.bytes,
-            "second".len() + 2 * reservation(0),
+            "second".len() + 2 * sized(0),
             "both collected at the one wake: what the second holds, and the two running"
         );
         assert_eq!(ready(poll_next(&mut window, &mut cx)), Ok("second"));

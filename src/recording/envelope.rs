@@ -170,20 +170,39 @@ pub fn owner(value: &[u8]) -> Option<(u64, uuid::Uuid)> {
         #[serde(borrow)]
         replay_id: Option<&'a str>,
     }
-    if !value.first().is_some_and(|&marker| is_map_marker(marker)) {
-        return None;
-    }
-    // Read on a flush's thread, whose stack is the runtime's default: a value nested deeper
-    // than any message is (hostile) names no owner instead of recursing 1 024 levels.
-    let mut decoder = rmp_serde::Deserializer::from_read_ref(value);
-    decoder.set_max_depth(OWNER_MAX_DEPTH);
-    let owner = Owner::deserialize(&mut decoder).ok()?;
+    let owner: Owner<'_> = lenient(value)?;
     let replay = uuid::Uuid::try_parse(owner.replay_id?).ok()?;
     Some((owner.project_id?, replay))
 }
 
-/// Nesting `owner` reads through: a message's map holds scalars and byte strings.
-const OWNER_MAX_DEPTH: usize = 16;
+/// The `payload` field of `value` (`{"segment_id":N}\n<body>`), read leniently as [`owner`]
+/// reads its fields, before the message is processed: what the processing window reserves for
+/// it depends on its body's encoding. Copies nothing.
+pub fn payload(value: &[u8]) -> Option<&[u8]> {
+    #[derive(Deserialize)]
+    struct Payload<'a> {
+        #[serde(borrow, with = "serde_bytes", default)]
+        payload: Option<&'a [u8]>,
+    }
+    lenient::<Payload<'_>>(value)?.payload
+}
+
+/// Some fields of the msgpack map `value`, whatever the others hold; `None` when `value` is not
+/// a map or those fields are malformed.
+fn lenient<'a, T: Deserialize<'a>>(value: &'a [u8]) -> Option<T> {
+    if !value.first().is_some_and(|&marker| is_map_marker(marker)) {
+        return None;
+    }
+    // Read on a flush's thread (or the pipeline's), whose stack is the runtime's default: a
+    // value nested deeper than any message is (hostile) yields nothing instead of recursing
+    // 1 024 levels.
+    let mut decoder = rmp_serde::Deserializer::from_read_ref(value);
+    decoder.set_max_depth(LENIENT_MAX_DEPTH);
+    T::deserialize(&mut decoder).ok()
+}
+
+/// Nesting [`lenient`] reads through: a message's map holds scalars and byte strings.
+const LENIENT_MAX_DEPTH: usize = 16;
 
 /// A msgpack map's first byte (fixmap, map 16, map 32).
 fn is_map_marker(marker: u8) -> bool {

@@ -40,7 +40,7 @@ impl BodyEncoding {
     pub fn detect(body: &[u8]) -> Result<Self, InvalidRecording> {
         match body {
             [0x1f, 0x8b, ..] => Ok(BodyEncoding::Gzip),
-            [0x28, 0xb5, 0x2f, 0xfd, ..] => Ok(BodyEncoding::Zstd),
+            _ if body.starts_with(&ZSTD_MAGIC) => Ok(BodyEncoding::Zstd),
             [cmf, flg, ..] if zlib_header(*cmf, *flg) => Ok(BodyEncoding::Zlib),
             _ if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') => {
                 Ok(BodyEncoding::Raw)
@@ -53,6 +53,53 @@ impl BodyEncoding {
         }
     }
 }
+
+/// What the blob of a message whose payload is `payload` may hold beyond what the message's own
+/// size accounts for, with decoding capped at `cap`. A zstd body is stored re-encoded as zlib,
+/// which finds repeats only within 32 KiB where zstd finds them across its whole window (up to
+/// 128 MiB): a megabyte of zstd can store what it decodes to, up to the cap. That is what its
+/// first frame — the one decoded — declares (decoded into a buffer of that size, never past it),
+/// or `cap` when it declares nothing. 0 for the other bodies: a zlib body is stored as received,
+/// a raw one is smaller re-encoded, and gzip is DEFLATE as zlib is (within a few per cent of its
+/// own size re-encoded, for what SDKs send).
+pub fn stored_beyond_size(payload: &[u8], cap: usize) -> usize {
+    match body_of(payload) {
+        Some(body) if body.starts_with(&ZSTD_MAGIC) => decoded_bound(payload, cap),
+        _ => 0,
+    }
+}
+
+/// At most how many bytes `payload`'s body decodes to, decoding capped at `cap`, told from its
+/// first bytes without decoding it: what a zstd frame declares (its first frame, the one
+/// decoded: into a buffer of that size, never past it), DEFLATE's largest ratio for zlib and
+/// gzip, the body itself when raw; `cap` when nothing says.
+pub fn decoded_bound(payload: &[u8], cap: usize) -> usize {
+    let Some(body) = body_of(payload) else {
+        return 0;
+    };
+    let bound = match body {
+        _ if body.starts_with(&ZSTD_MAGIC) => match zstd::zstd_safe::get_frame_content_size(body) {
+            Ok(Some(size)) => usize::try_from(size).unwrap_or(usize::MAX),
+            _ => cap,
+        },
+        [0x1f, 0x8b, ..] => body.len().saturating_mul(DEFLATE_MAX_RATIO),
+        [cmf, flg, ..] if zlib_header(*cmf, *flg) => body.len().saturating_mul(DEFLATE_MAX_RATIO),
+        _ => body.len(),
+    };
+    bound.min(cap)
+}
+
+/// DEFLATE's largest expansion: a 258-byte match in at most two bits, plus block overhead.
+const DEFLATE_MAX_RATIO: usize = 1032;
+
+/// The body after the header line, if there is one.
+fn body_of(payload: &[u8]) -> Option<&[u8]> {
+    let newline = payload.iter().position(|&b| b == b'\n')?;
+    payload.get(newline + 1..)
+}
+
+/// A zstd frame's first bytes.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 /// Whether two bytes open a zlib stream (RFC 1950): DEFLATE with a window of at most 32 KiB, and
 /// a valid FCHECK. (A preset dictionary, FDICT, is refused when decoding, as zlib refuses it.)
@@ -389,7 +436,8 @@ fn zstd_whole(body: &[u8], cap: usize) -> Result<Vec<u8>, InvalidRecording> {
         // Not declared, or no frame header: the decoder says why.
         _ => zstd_frame(body, 0, cap, Output::Discard)?.1,
     };
-    zstd_frame(body, size, cap, Output::Keep).map(|(out, _)| out)
+    // Never past that size: the processing window reserved for it (`stored_beyond_size`).
+    zstd_frame(body, size, size, Output::Keep).map(|(out, _)| out)
 }
 
 /// [`read_capped`] over the first zstd frame of `body`, into a buffer of `capacity`.

@@ -11,6 +11,7 @@ use std::cell::Cell;
 use std::path::Path;
 
 use proptest::prelude::*;
+use replay_ingest::pipeline::window;
 use replay_ingest::recording::{self, IssueGates, Limits, Processed};
 
 struct Counting;
@@ -71,14 +72,18 @@ struct Measured {
     peak: usize,
 }
 
-fn measure(value: &[u8]) -> Measured {
-    // The configuration that holds the most: replay events kept to be republished, and every
-    // breadcrumb an EAP trace item.
-    let limits = Limits {
+/// The configuration that holds the most: replay events kept to be republished, and every
+/// breadcrumb an EAP trace item.
+fn measured_limits() -> Limits {
+    Limits {
         republish_replay_event: true,
         trace_items: replay_ingest::recording::Rollout::ALL,
         ..Limits::default()
-    };
+    }
+}
+
+fn measure(value: &[u8]) -> Measured {
+    let limits = measured_limits();
     // Once unmeasured: lazily initialised statics are not the segment's.
     drop(recording::process(value, &limits));
     // The message's own buffer exists before processing (the consumer's record), as in the
@@ -123,6 +128,12 @@ fn assert_bounded(name: &str, value: &[u8]) -> Box<Processed> {
         m.held,
         p.cost_bound(),
         p.input_bytes
+    );
+    // What the processing window reserved for it before it was processed covers what it holds.
+    let reserved = window::reservation(value, &measured_limits());
+    assert!(
+        estimate <= reserved,
+        "{name}: memory_bytes {estimate} > the {reserved} bytes reserved for it"
     );
     // The decompression buffer starts at most at 4 × the compressed size + 8 MiB (what a thread
     // retains anyway) and doubles up to at most twice the output.
@@ -356,6 +367,48 @@ fn a_decompression_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
 /// cap's size, whether its frame declares its size (refused before any decoding) or not (counted
 /// through a small chunk first): decoded straight into a growing buffer, it held up to twice the
 /// cap while the buffer doubled. (libzstd's own window is not counted here.)
+/// A zstd body whose repeats lie further apart than zlib's 32 KiB window: a 256 KiB string of
+/// random characters, forty times. Stored re-encoded as zlib, its blob is about forty times what
+/// the message weighs, and the processing window reserves for it what its frame declares it
+/// decodes to, or the cap when the frame declares nothing (it reserved by size alone, a
+/// fraction of what it held: a few dozen such messages in flight held gigabytes).
+#[test]
+fn a_zstd_body_of_far_repeats_is_reserved_for_what_it_decodes_to() {
+    use std::io::Write;
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let random: String = (0..256 << 10)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            char::from(b'a' + (state >> 59) as u8 % 26)
+        })
+        .collect();
+    let event = format!(
+        r#"{{"type":5,"timestamp":1700000000000,"data":{{"tag":"x","payload":"{random}"}}}}"#
+    );
+    let json = format!("[{}]", vec![event; 40].join(","));
+    for declared in [true, false] {
+        let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        encoder.include_contentsize(declared).unwrap();
+        if declared {
+            encoder
+                .set_pledged_src_size(Some(json.len() as u64))
+                .unwrap();
+        }
+        encoder.write_all(json.as_bytes()).unwrap();
+        let body = encoder.finish().unwrap();
+        let value = crate::support::hostile::message(r#"{"segment_id":0}"#, &body, None);
+        let processed = assert_bounded(&format!("far repeats, declared: {declared}"), &value);
+        assert!(
+            processed.memory_bytes() > 10 * value.len(),
+            "precondition: the blob is many times the message ({} bytes for {})",
+            processed.memory_bytes(),
+            value.len()
+        );
+    }
+}
+
 #[test]
 fn a_zstd_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
     use std::io::Write;

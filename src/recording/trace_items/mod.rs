@@ -160,6 +160,11 @@ pub struct Collector {
     counts: Counts,
 }
 
+/// The most a segment's items may hold, its decoded input being `input_bytes`.
+pub fn budget(input_bytes: usize) -> usize {
+    input_bytes / 4 + BUDGET_SLACK_BYTES
+}
+
 impl Collector {
     /// A collector for the segment, unless the rollout is off. `input_bytes` (the decoded input)
     /// sets the budget.
@@ -175,7 +180,7 @@ impl Collector {
             segment_id,
             attributes: Vec::new(),
             drafts: Vec::new(),
-            budget: input_bytes / 4 + BUDGET_SLACK_BYTES,
+            budget: budget(input_bytes),
             max_values: (input_bytes / 2 + TREE_SLACK_BYTES) / dom::BYTES_PER_VALUE,
             counts: Counts::default(),
         })
