@@ -36,7 +36,7 @@ pub const LIVENESS_STALE_AFTER: Duration = Duration::from_secs(30);
 /// Default for how long a flush may go without any sink attempt ending before liveness fails.
 pub const DEFAULT_FLUSH_STALL: Duration = Duration::from_secs(300);
 
-/// Messages in the processing window this long with none finishing fail liveness: a task on the
+/// Processing tasks running this long with none finishing fail liveness: a task on the
 /// processing pool hangs (a bug; every input's cost is bounded, `docs/cost-bound.md`, and the
 /// largest message takes well under a second). Nothing else shows it: the loop beats, no flush is
 /// in flight, and intake stops once the window is full.
@@ -410,20 +410,20 @@ impl Status {
         self.group_stall_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// How long a flush may go without a sink attempt ending before liveness fails.
-    /// Reads the processing window's last move from `moved_at` (ms since the Unix epoch; 0: the
-    /// window is empty), which the window keeps up to date.
+    /// Reads when processing last moved from `moved_at` (ms since the Unix epoch: a group
+    /// finished, or the first began with none running; 0: none runs), which the window keeps up
+    /// to date.
     pub fn watch_processing(&self, moved_at: Arc<AtomicU64>) {
         let _ = self.processing_moved_at.set(moved_at);
     }
 
-    /// How long messages have been in the processing window with none finishing (`None`: it is
-    /// empty).
+    /// How long processing tasks have been running with none finishing (`None`: none runs).
     fn processing_still(&self, now: u64) -> Option<u64> {
         let moved = self.processing_moved_at.get()?.load(Ordering::Relaxed);
         (moved > 0).then(|| now.saturating_sub(moved))
     }
 
+    /// How long a flush may go without a sink attempt ending before liveness fails.
     pub fn set_flush_stall(&self, stall: Duration) {
         self.flush_stall_ms
             .store(stall.as_millis().max(1) as u64, Ordering::Relaxed);

@@ -75,7 +75,7 @@ pub const POLLED_IN_TRANSIT_BYTES: usize = 32 * 1024 * 1024;
 
 /// Most consecutive messages processed as one task on the pool (one wake-up each way instead of
 /// one per message)...
-const PROCESS_GROUP_MESSAGES: usize = 8;
+pub const PROCESS_GROUP_MESSAGES: usize = 8;
 
 /// ...and a group takes no further message once its values reach this many bytes, so a large
 /// segment is a task of its own and the threads share the work.
@@ -317,7 +317,7 @@ pub async fn consume(
     };
     pipeline
         .status
-        .watch_processing(pipeline.processing.moved_at_ms());
+        .watch_processing(pipeline.processing.running_since_ms());
     // A shutdown is bounded by the drain deadline and `CLOSE_RESERVE` as a whole (the chart's
     // grace period counts on it): leaving the group gets what the drain left of its deadline and
     // the reserve.
@@ -476,7 +476,11 @@ impl Pipeline {
                 Some(committed) = self.commits.join_next() => {
                     self.committed(committed.map_err(|e| PipelineError::TaskDied(e.to_string()))?);
                 }
-                Some(progress) = self.processing.next() => {
+                // Results wait in the window while the buffer is full and no flush can start:
+                // taken in, a whole window of them went into the buffer past its share, and into
+                // the batch it became (each flush in flight held a window more than the bound
+                // counts).
+                Some(progress) = self.processing.next(), if !self.holds_results() => {
                     // A later group done first only gave room back: admitted below.
                     if let Progress::Ready(processed) = progress {
                         for processed in processed.map_err(|_| PipelineError::TaskDied("processing".into()))? {
@@ -592,9 +596,15 @@ impl Pipeline {
         }
     }
 
+    /// Whether finished results stay in the processing window: the buffer is full and no flush
+    /// can start to empty it (the window's own bound holds them meanwhile).
+    fn holds_results(&self) -> bool {
+        should_pause(self.buffer.is_full(), self.flushes.len(), self.max_flushes)
+    }
+
     /// Pauses intake when the buffer is full and no flush can start; resumes when one can.
     fn backpressure(&mut self) {
-        let full = should_pause(self.buffer.is_full(), self.flushes.len(), self.max_flushes);
+        let full = self.holds_results();
         let uncommitted = self.frontier.pending();
         let pause = full || uncommitted > self.uncommitted_bound;
         if pause == self.paused.is_some() {

@@ -94,6 +94,11 @@ struct Shared<T> {
     /// A finished group wakes the window only once this many or fewer are left unfinished.
     wake_at: usize,
     waker: AtomicWaker,
+    /// When a group last finished, or the first began with none running, in ms since the Unix
+    /// epoch; 0 while none runs. Liveness reads it: groups running and none finishing for long is
+    /// a processing task that hangs (`health`). Results done and waiting to be collected are not
+    /// running: the pipeline leaves them in the window while the buffer cannot take them.
+    running_since_ms: Arc<AtomicU64>,
 }
 
 /// Where a group's task sends its one result ([`Window::push`]). Dropped unsent (its task
@@ -112,12 +117,20 @@ impl<T> Completion<T> {
 
     fn finish(&self, result: Result<T, Died>) {
         let shared = &self.shared;
-        shared
+        let mut finished = shared
             .finished
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((self.seq, result));
+            .unwrap_or_else(PoisonError::into_inner);
+        finished.push((self.seq, result));
+        // Under the lock, as `push` counts: a group that begins meanwhile is never left unseen.
         let left = shared.unfinished.fetch_sub(1, Ordering::AcqRel) - 1;
+        let at = if left == 0 {
+            0
+        } else {
+            crate::health::now_ms()
+        };
+        shared.running_since_ms.store(at, Ordering::Relaxed);
+        drop(finished);
         if left <= shared.wake_at {
             shared.waker.wake();
         }
@@ -152,10 +165,6 @@ pub struct Window<T> {
     messages: usize,
     /// Reservations of the running groups plus what the finished ones hold.
     bytes: usize,
-    /// When the window last moved, in ms since the Unix epoch — a group finished, or the first
-    /// entered the empty window —, 0 while it is empty. Liveness reads it: messages in the window
-    /// and none finishing for long is a processing task that hangs (`health`).
-    moved_at_ms: Arc<AtomicU64>,
 }
 
 impl<T: Held> Window<T> {
@@ -167,28 +176,20 @@ impl<T: Held> Window<T> {
                 unfinished: AtomicUsize::new(0),
                 wake_at: threads.max(1),
                 waker: AtomicWaker::new(),
+                running_since_ms: Arc::default(),
             }),
             groups: VecDeque::new(),
             head: 0,
             uncollected: 0,
             messages: 0,
             bytes: 0,
-            moved_at_ms: Arc::default(),
         }
     }
 
-    /// When the window last moved (ms since the Unix epoch; 0: it is empty), kept up to date.
-    pub fn moved_at_ms(&self) -> Arc<AtomicU64> {
-        self.moved_at_ms.clone()
-    }
-
-    fn moved(&self) {
-        let at = if self.messages == 0 {
-            0
-        } else {
-            crate::health::now_ms()
-        };
-        self.moved_at_ms.store(at, Ordering::Relaxed);
+    /// When a group last finished, or the first began with none running (ms since the Unix
+    /// epoch; 0: none runs), kept up to date by the groups' tasks.
+    pub fn running_since_ms(&self) -> Arc<AtomicU64> {
+        self.shared.running_since_ms.clone()
     }
 
     /// Whether another message may enter.
@@ -206,12 +207,7 @@ impl<T: Held> Window<T> {
     /// `messages` enter together, holding `bytes` (the sum of their [`reservation`]s) until their
     /// one result is done. Send the result on the returned completion.
     pub fn push(&mut self, messages: usize, bytes: usize) -> Completion<T> {
-        if self.messages == 0 {
-            self.messages += messages;
-            self.moved();
-        } else {
-            self.messages += messages;
-        }
+        self.messages += messages;
         self.bytes += bytes;
         self.groups.push_back(Group {
             messages,
@@ -219,7 +215,18 @@ impl<T: Held> Window<T> {
             result: None,
         });
         self.uncollected += 1;
-        self.shared.unfinished.fetch_add(1, Ordering::AcqRel);
+        {
+            let _finishing = self
+                .shared
+                .finished
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if self.shared.unfinished.fetch_add(1, Ordering::AcqRel) == 0 {
+                self.shared
+                    .running_since_ms
+                    .store(crate::health::now_ms(), Ordering::Relaxed);
+            }
+        }
         Completion {
             shared: self.shared.clone(),
             seq: self.head + self.groups.len() as u64 - 1,
@@ -273,9 +280,6 @@ impl<T: Held> Window<T> {
             self.uncollected -= 1;
         }
         drop(finished);
-        if any {
-            self.moved();
-        }
         any
     }
 
@@ -286,9 +290,6 @@ impl<T: Held> Window<T> {
         self.head += 1;
         self.messages -= group.messages;
         self.bytes -= group.bytes;
-        if self.messages == 0 {
-            self.moved();
-        }
         group.result
     }
 }
@@ -337,9 +338,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_window_moves_when_a_group_finishes_and_not_while_a_head_hangs() {
+    async fn the_clock_moves_when_a_group_finishes_and_not_while_a_head_hangs() {
         let mut window = Window::<&str>::new(1);
-        let moved_at = window.moved_at_ms();
+        let moved_at = window.running_since_ms();
         assert_eq!(moved_at.load(Ordering::Relaxed), 0, "empty");
         let head = window.push(1, sized(10));
         let entered = moved_at.load(Ordering::Relaxed);
@@ -353,18 +354,23 @@ mod tests {
         let collected = moved_at.load(Ordering::Relaxed);
         assert!(collected >= entered, "moved when the later group finished");
         moved_at.store(1, Ordering::Relaxed);
-        let _more = window.push(1, sized(10));
+        let more = window.push(1, sized(10));
         assert_eq!(
             moved_at.load(Ordering::Relaxed),
             1,
             "entering a busy window is no move"
         );
         head.send("done");
+        assert!(moved_at.load(Ordering::Relaxed) > 1, "the head finished");
         assert!(matches!(
             window.next().await,
             Some(Progress::Ready(Ok("done")))
         ));
-        assert!(moved_at.load(Ordering::Relaxed) > 1, "the head finished");
+        // Every group done, none collected (the buffer cannot take them): nothing runs, nothing
+        // can hang. (It counted as in processing, and a long sink outage failed liveness.)
+        more.send("done");
+        assert_eq!(moved_at.load(Ordering::Relaxed), 0, "none running");
+        assert_eq!(window.messages, 2, "still in the window");
     }
 
     #[tokio::test]

@@ -113,9 +113,10 @@ async fn a_slow_sink_fills_the_next_buffer_then_pauses_intake_until_the_flush_co
         || committed(&names.group, &names.topic, 2) == target,
     )
     .await;
-    // A buffer (each batch is one) never grows past its limit plus the messages that were in the
-    // processing window when it filled: far below the backlog an unbounded buffer would take.
-    let bound = 8 + pipeline::window::PROCESSING_WINDOW_MESSAGES;
+    // A buffer (each batch is one) never grows past its limit plus the group of messages that
+    // filled it: results wait in the processing window while the buffer cannot flush (they went
+    // into it, a whole window of them: up to 8 + 64 messages a batch).
+    let bound = 8 + pipeline::PROCESS_GROUP_MESSAGES;
     let inserts = inserts.lock().unwrap().clone();
     let largest = inserts.iter().map(Vec::len).max().unwrap_or_default();
     assert!(
