@@ -894,9 +894,15 @@ impl ConsumeArgs {
             * (crate::sink::publish::DELIVERY_WINDOW_BYTES as u64 + self.max_message_bytes as u64)
             + READ_AHEAD;
         let threads = crate::pipeline::processing_threads(self.processing_threads) as u64;
+        // A message whose reservation exceeds the window's bytes enters only an empty window.
+        let window = crate::pipeline::window::largest_reservation(
+            self.max_message_bytes,
+            &self.processing_limits(),
+        )
+        .max(crate::pipeline::window::PROCESSING_WINDOW_BYTES);
         [
             self.buffer_max_bytes as u64,
-            crate::pipeline::window::PROCESSING_WINDOW_BYTES as u64,
+            window as u64,
             crate::pipeline::POLLED_IN_TRANSIT_BYTES as u64,
             threads.saturating_mul(self.limits.max_decompressed_bytes as u64),
             dead_letters,
@@ -1040,18 +1046,23 @@ impl ConsumeArgs {
         Duration::from_millis(self.drain_deadline_ms)
     }
 
+    /// The limits messages are processed under.
+    fn processing_limits(&self) -> Limits {
+        Limits {
+            trace_items: self.trace_items.trace_items_rollout,
+            ..self
+                .limits
+                .limits(self.rows.rows_sink == RowsSinkKind::Snuba)
+        }
+    }
+
     /// What the pipeline needs, from these flags (secret files are read here).
     pub fn pipeline_settings(&self) -> Result<crate::pipeline::Settings, ConfigError> {
         Ok(crate::pipeline::Settings {
             consumer: self.kafka.client_config(&self.consumer_properties())?,
             topic: self.topic.clone(),
             processing_threads: self.processing_threads,
-            limits: Limits {
-                trace_items: self.trace_items.trace_items_rollout,
-                ..self
-                    .limits
-                    .limits(self.rows.rows_sink == RowsSinkKind::Snuba)
-            },
+            limits: self.processing_limits(),
             buffer: self.buffer_limits(),
             max_flushes: self.max_flushes_in_flight,
             max_uncommitted: crate::pipeline::max_uncommitted(
@@ -1295,8 +1306,23 @@ mod tests {
         let bound = |threads: &str| {
             parse(&["--blob-sink", "null", "--processing-threads", threads]).memory_bound() >> 20
         };
-        assert_eq!(bound("2"), 725);
-        assert_eq!(bound("6"), 725 + 400);
+        // The window's part is the largest reservation one message can make (a 15 MB message
+        // whose zstd body may decode to the 100 MiB cap: 145 MiB), not its 128 MiB.
+        assert_eq!(bound("2"), 742);
+        assert_eq!(bound("6"), 742 + 400);
+        let items = parse(&[
+            "--blob-sink",
+            "null",
+            "--processing-threads",
+            "2",
+            "--trace-items-rollout",
+            "0.5",
+        ]);
+        assert_eq!(
+            items.memory_bound() >> 20,
+            742 + 25,
+            "and their trace items' budget"
+        );
     }
 
     #[test]

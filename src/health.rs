@@ -163,8 +163,8 @@ pub struct Status {
     credential_files: Mutex<Vec<(PathBuf, u64)>>,
     /// Why liveness failed when last asked (`None`: it passed), so that a change is logged once.
     liveness_failing: Mutex<Option<&'static str>>,
-    /// When the processing window last moved (ms since the Unix epoch; 0: empty), as the window
-    /// keeps it (`pipeline::window`).
+    /// When processing last moved (ms since the Unix epoch: a task finished, or the first began
+    /// with none running; 0: none runs), as the window keeps it (`pipeline::window`).
     processing_moved_at: std::sync::OnceLock<Arc<AtomicU64>>,
 }
 
@@ -236,8 +236,9 @@ pub struct Snapshot {
     pub buffer_messages: usize,
     pub buffer_bytes: usize,
     pub flushes_in_flight: usize,
-    /// How long messages have been in processing with none finishing (ms); absent while none is
-    /// being processed. Liveness fails at [`PROCESSING_STALL`].
+    /// How long processing tasks have been running with none finishing (ms); absent while none
+    /// runs (results done and waiting in the window do not count). Liveness fails at
+    /// [`PROCESSING_STALL`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processing_still_ms: Option<u64>,
     pub consumed: u64,

@@ -573,26 +573,37 @@ impl Pipeline {
                 return;
             };
             let (mut group, mut reserved, mut values) = (Vec::new(), 0, 0);
-            while group.len() < PROCESS_GROUP_MESSAGES
-                && values < PROCESS_GROUP_BYTES
-                && self.processing.room_for(group.len(), reserved)
-            {
-                let Some((record, generation)) = intake.messages.pop_front() else {
+            while group.len() < PROCESS_GROUP_MESSAGES && values < PROCESS_GROUP_BYTES {
+                let Some((record, generation)) = intake.messages.front() else {
                     break;
                 };
-                if self.revocations.is_stale(record.partition, generation) {
+                if self.revocations.is_stale(record.partition, *generation) {
+                    intake.messages.pop_front();
                     continue;
                 }
+                // A message enters only if its reservation fits, or alone into an empty window
+                // (one reservation can exceed the window's bytes: a zstd body's, up to the cap).
+                let reservation = window::reservation(&record.value, &self.limits);
+                let alone = group.is_empty() && self.processing.is_empty();
+                if !alone
+                    && !self
+                        .processing
+                        .fits(group.len() + 1, reserved + reservation)
+                {
+                    break;
+                }
                 values += record.value.len();
-                reserved += window::reservation(&record.value, &self.limits);
-                group.push((record, generation));
+                reserved += reservation;
+                group.extend(intake.messages.pop_front());
             }
             if intake.messages.is_empty() {
                 self.intake = None;
             }
-            if !group.is_empty() {
-                self.process(group, reserved);
+            if group.is_empty() {
+                // Nothing more fits until the window gives room back.
+                return;
             }
+            self.process(group, reserved);
         }
     }
 

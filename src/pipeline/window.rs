@@ -51,15 +51,31 @@ pub const PROCESSING_WINDOW_BYTES: usize = 128 * 1024 * 1024;
 /// messages in flight held gigabytes against a bound of 725 MiB.
 pub fn reservation(value: &[u8], limits: &Limits) -> usize {
     let cap = limits.max_decompressed_bytes;
-    let (stored_beyond, items) = envelope::payload(value).map_or((0, 0), |payload| {
-        let items = match limits.trace_items.is_off() {
-            true => 0,
-            false => trace_items::budget(payload::decoded_bound(payload, cap)),
-        };
-        (payload::stored_beyond_size(payload, cap), items)
-    });
-    sized(value.len())
-        .saturating_add(stored_beyond)
+    let items = |decoded| match limits.trace_items.is_off() {
+        true => 0,
+        false => trace_items::budget(decoded),
+    };
+    let grows = match envelope::payload(value) {
+        envelope::Field::Read(payload) => payload::stored_beyond_size(payload, cap)
+            .saturating_add(items(payload::decoded_bound(payload, cap))),
+        envelope::Field::Absent => 0,
+        // Processing reads it (deeper, or past a key too many for a quick look): the worst case.
+        envelope::Field::Unread => cap.saturating_add(items(cap)),
+    };
+    sized(value.len()).saturating_add(grows)
+}
+
+/// The largest reservation a message of at most `max_message_bytes` can make under `limits`:
+/// the window holds at most the larger of this and [`PROCESSING_WINDOW_BYTES`] (such a message
+/// enters only an empty window).
+pub fn largest_reservation(max_message_bytes: usize, limits: &Limits) -> usize {
+    let cap = limits.max_decompressed_bytes;
+    let items = match limits.trace_items.is_off() {
+        true => 0,
+        false => trace_items::budget(cap),
+    };
+    sized(max_message_bytes)
+        .saturating_add(cap)
         .saturating_add(items)
 }
 
@@ -202,6 +218,17 @@ impl<T: Held> Window<T> {
     pub fn room_for(&self, messages: usize, bytes: usize) -> bool {
         self.messages + messages < PROCESSING_WINDOW_MESSAGES
             && self.bytes + bytes < PROCESSING_WINDOW_BYTES
+    }
+
+    /// Whether `messages` more, reserving `bytes`, stay within the window's bounds.
+    pub fn fits(&self, messages: usize, bytes: usize) -> bool {
+        self.messages + messages <= PROCESSING_WINDOW_MESSAGES
+            && self.bytes + bytes <= PROCESSING_WINDOW_BYTES
+    }
+
+    /// Whether no message is in the window.
+    pub fn is_empty(&self) -> bool {
+        self.messages == 0
     }
 
     /// `messages` enter together, holding `bytes` (the sum of their [`reservation`]s) until their

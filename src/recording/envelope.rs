@@ -175,17 +175,45 @@ pub fn owner(value: &[u8]) -> Option<(u64, uuid::Uuid)> {
     Some((owner.project_id?, replay))
 }
 
+/// A field of a message, from a quick look before it is processed.
+pub enum Field<'a> {
+    Read(&'a [u8]),
+    /// Not there, or `value` is no map: processing refuses the message.
+    Absent,
+    /// Not read: the map has more keys than a quick look reads, or nesting deeper than it
+    /// follows. Processing may still accept it.
+    Unread,
+}
+
 /// The `payload` field of `value` (`{"segment_id":N}\n<body>`), read leniently as [`owner`]
 /// reads its fields, before the message is processed: what the processing window reserves for
-/// it depends on its body's encoding. Copies nothing.
-pub fn payload(value: &[u8]) -> Option<&[u8]> {
+/// it depends on its body's encoding. Copies nothing; reads at most [`QUICK_LOOK_KEYS`] keys.
+pub fn payload(value: &[u8]) -> Field<'_> {
     #[derive(Deserialize)]
     struct Payload<'a> {
         #[serde(borrow, with = "serde_bytes", default)]
         payload: Option<&'a [u8]>,
     }
-    lenient::<Payload<'_>>(value)?.payload
+    let keys = match value {
+        [marker @ 0x80..=0x8f, ..] => usize::from(marker & 0x0f),
+        [0xde, a, b, ..] => usize::from(u16::from_be_bytes([*a, *b])),
+        [0xdf, a, b, c, d, ..] => u32::from_be_bytes([*a, *b, *c, *d]) as usize,
+        _ => return Field::Absent,
+    };
+    if keys > QUICK_LOOK_KEYS {
+        return Field::Unread;
+    }
+    match lenient::<Payload<'_>>(value) {
+        Some(Payload {
+            payload: Some(payload),
+        }) => Field::Read(payload),
+        Some(Payload { payload: None }) => Field::Absent,
+        None => Field::Unread,
+    }
 }
+
+/// Keys a quick look reads: a message has about a dozen.
+const QUICK_LOOK_KEYS: usize = 64;
 
 /// Some fields of the msgpack map `value`, whatever the others hold; `None` when `value` is not
 /// a map or those fields are malformed.

@@ -436,8 +436,17 @@ fn zstd_whole(body: &[u8], cap: usize) -> Result<Vec<u8>, InvalidRecording> {
         // Not declared, or no frame header: the decoder says why.
         _ => zstd_frame(body, 0, cap, Output::Discard)?.1,
     };
-    // Never past that size: the processing window reserved for it (`stored_beyond_size`).
-    zstd_frame(body, size, size, Output::Keep).map(|(out, _)| out)
+    // Never past that size: the processing window reserved for it (`stored_beyond_size`). A
+    // frame that goes on is corrupt (libzstd would say so only at its end).
+    zstd_frame(body, size, size, Output::Keep)
+        .map(|(out, _)| out)
+        .map_err(|e| match e.reason {
+            Reason::TooLarge => InvalidRecording::new(
+                Reason::InvalidBody,
+                format_args!("zstd: the frame decodes past the {size} bytes it declares"),
+            ),
+            _ => e,
+        })
 }
 
 /// [`read_capped`] over the first zstd frame of `body`, into a buffer of `capacity`.

@@ -129,12 +129,24 @@ fn assert_bounded(name: &str, value: &[u8]) -> Box<Processed> {
         p.cost_bound(),
         p.input_bytes
     );
-    // What the processing window reserved for it before it was processed covers what it holds.
+    // What the processing window reserved for it before it was processed covers what it holds,
+    // with trace items on (their budget reserved) and off (the default: nothing for them).
     let reserved = window::reservation(value, &measured_limits());
     assert!(
         estimate <= reserved,
         "{name}: memory_bytes {estimate} > the {reserved} bytes reserved for it"
     );
+    let off = Limits {
+        republish_replay_event: true,
+        ..Limits::default()
+    };
+    if let Ok(without) = recording::process(value, &off) {
+        let (held, reserved) = (without.memory_bytes(), window::reservation(value, &off));
+        assert!(
+            held <= reserved,
+            "{name}, no trace items: memory_bytes {held} > the {reserved} bytes reserved for it"
+        );
+    }
     // The decompression buffer starts at most at 4 × the compressed size + 8 MiB (what a thread
     // retains anyway) and doubles up to at most twice the output.
     let peak_bound = 5 * value.len() + 3 * p.input_bytes + 8 * 1024 * 1024;
@@ -363,10 +375,6 @@ fn a_decompression_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
     );
 }
 
-/// A zstd bomb (200 MiB of spaces in a few KB) is refused holding at most one buffer of the
-/// cap's size, whether its frame declares its size (refused before any decoding) or not (counted
-/// through a small chunk first): decoded straight into a growing buffer, it held up to twice the
-/// cap while the buffer doubled. (libzstd's own window is not counted here.)
 /// A zstd body whose repeats lie further apart than zlib's 32 KiB window: a 256 KiB string of
 /// random characters, forty times. Stored re-encoded as zlib, its blob is about forty times what
 /// the message weighs, and the processing window reserves for it what its frame declares it
@@ -406,9 +414,36 @@ fn a_zstd_body_of_far_repeats_is_reserved_for_what_it_decodes_to() {
             processed.memory_bytes(),
             value.len()
         );
+        // An unknown key nested deeper than the window's quick look follows (the message still
+        // processes): it reserves the worst case, not the size alone (which it did).
+        let nested = with_nested_key(&value, 40);
+        assert!(recording::process(&nested, &Limits::default()).is_ok());
+        assert_bounded(
+            &format!("far repeats behind a nested key, declared: {declared}"),
+            &nested,
+        );
     }
 }
 
+/// `value` (a msgpack fixmap) with one more key, `x`, holding `depth` nested one-element arrays.
+fn with_nested_key(value: &[u8], depth: usize) -> Vec<u8> {
+    let (&marker, rest) = value.split_first().unwrap();
+    assert!(
+        (0x80..0x8f).contains(&marker),
+        "a fixmap with room for a key"
+    );
+    let mut nested = vec![marker + 1];
+    nested.extend_from_slice(rest);
+    nested.extend_from_slice(&[0xa1, b'x']);
+    nested.extend(std::iter::repeat_n(0x91, depth));
+    nested.push(0xc0);
+    nested
+}
+
+/// A zstd bomb (200 MiB of spaces in a few KB) is refused holding at most one buffer of the
+/// cap's size, whether its frame declares its size (refused before any decoding) or not (counted
+/// through a small chunk first): decoded straight into a growing buffer, it held up to twice the
+/// cap while the buffer doubled. (libzstd's own window is not counted here.)
 #[test]
 fn a_zstd_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
     use std::io::Write;
