@@ -51,16 +51,12 @@ pub const PROCESSING_WINDOW_BYTES: usize = 128 * 1024 * 1024;
 /// messages in flight held gigabytes against a bound of 725 MiB.
 pub fn reservation(value: &[u8], limits: &Limits) -> usize {
     let cap = limits.max_decompressed_bytes;
-    let items = |decoded| match limits.trace_items.is_off() {
-        true => 0,
-        false => trace_items::budget(decoded),
-    };
     let grows = match envelope::payload(value) {
         envelope::Field::Read(payload) => payload::stored_beyond_size(payload, cap)
-            .saturating_add(items(payload::decoded_bound(payload, cap))),
+            .saturating_add(items_budget(limits, payload::decoded_bound(payload, cap))),
         envelope::Field::Absent => 0,
         // Processing reads it (deeper, or past a key too many for a quick look): the worst case.
-        envelope::Field::Unread => cap.saturating_add(items(cap)),
+        envelope::Field::Unread => grows_at_most(limits),
     };
     sized(value.len()).saturating_add(grows)
 }
@@ -69,14 +65,22 @@ pub fn reservation(value: &[u8], limits: &Limits) -> usize {
 /// the window holds at most the larger of this and [`PROCESSING_WINDOW_BYTES`] (such a message
 /// enters only an empty window).
 pub fn largest_reservation(max_message_bytes: usize, limits: &Limits) -> usize {
+    sized(max_message_bytes).saturating_add(grows_at_most(limits))
+}
+
+/// The most a result can grow with what its body decodes to: a blob of the whole cap, and the
+/// trace items of as much input.
+fn grows_at_most(limits: &Limits) -> usize {
     let cap = limits.max_decompressed_bytes;
-    let items = match limits.trace_items.is_off() {
+    cap.saturating_add(items_budget(limits, cap))
+}
+
+/// The trace items' budget for `decoded` bytes of input, when they are on.
+fn items_budget(limits: &Limits, decoded: usize) -> usize {
+    match limits.trace_items.is_off() {
         true => 0,
-        false => trace_items::budget(cap),
-    };
-    sized(max_message_bytes)
-        .saturating_add(cap)
-        .saturating_add(items)
+        false => trace_items::budget(decoded),
+    }
 }
 
 /// What a message of `len` bytes reserves whatever its body holds.
