@@ -4,14 +4,15 @@
 //! zlib (`0x78`, RFC 1950, what the JS SDK sends), gzip (`1f 8b`), zstd (`28 b5 2f fd`), or raw
 //! JSON (`[`, optionally after whitespace). Every codec decompresses through a cap that fails with
 //! `too_large` rather than truncating, and a stream that ends early fails with `truncated_body`.
-//! zlib and gzip go through libdeflate into a per-thread [`Inflater`]; the streaming decoders
-//! (zlib-rs, zstd) decode zstd and give the verdict on whatever libdeflate refuses.
+//! zlib and gzip go through libdeflate into a per-thread [`Inflater`], and the streaming decoders
+//! (zlib-rs, flate2's gzip) give the verdict on whatever libdeflate refuses; libzstd decodes zstd.
 
 use std::borrow::Cow;
 use std::io::{self, Read};
 
 use flate2::{Decompress, FlushDecompress, Status};
 use serde::{Deserialize, Serialize};
+use zstd::zstd_safe::zstd_sys::ZSTD_ErrorCode;
 
 use super::error::{InvalidRecording, Reason};
 use super::{libdeflate, verify};
@@ -417,48 +418,126 @@ fn streaming(
             output,
         )
         .map(|(out, _)| out),
-        BodyEncoding::Zstd => match output {
-            Output::Keep => zstd_whole(payload.body, cap),
-            Output::Discard => zstd_frame(payload.body, 0, cap, output).map(|(out, _)| out),
-        },
+        BodyEncoding::Zstd => {
+            let mut decoder = zstd::zstd_safe::DCtx::create();
+            match output {
+                Output::Keep => zstd_whole(payload.body, cap, &mut decoder),
+                Output::Discard => zstd_count(payload.body, cap, &mut decoder).map(|_| Vec::new()),
+            }
+        }
         BodyEncoding::Raw => Ok(payload.body.to_vec()),
     }
 }
 
-/// A zstd frame decoded into one buffer of its size (libzstd's window besides): a frame that
-/// declares its size, as one-shot encoders write it, is refused past the cap before anything is
-/// decoded; one that does not (a streaming encoder's) is counted through a small chunk first.
-/// (Decoded straight into a growing buffer, a bomb held up to twice the cap while it doubled.)
-fn zstd_whole(body: &[u8], cap: usize) -> Result<Vec<u8>, InvalidRecording> {
+/// The largest window (history) libzstd may hold while counting a zstd frame that does not
+/// declare its size: 2^23 bytes, 8 MiB, what the format asks every decoder to support and what
+/// zstd's levels up to 19 use. A frame that asks for more (levels 20–22, `--long`) and does not
+/// declare its size is `invalid_body`; one that declares its size decodes in one pass into its
+/// output, which is its own history, whatever window it asks for.
+const ZSTD_WINDOW_LOG_MAX: u32 = 23;
+
+/// The most libzstd's decoder holds, its context included, while counting a frame through
+/// [`zstd_count`]: the largest window it admits, two blocks of 128 KiB and its tables, rounded
+/// up. The memory bound counts it per processing thread (`Config::memory_bound`).
+pub const ZSTD_DECODER_BYTES: usize = (1 << ZSTD_WINDOW_LOG_MAX) + (1 << 20);
+
+/// The first zstd frame of `body` decoded into one buffer of its size, in one pass (the output
+/// is the history, so libzstd holds no window beside it): a frame that declares its size, as
+/// one-shot encoders write it, is refused past the cap before anything is decoded; one that does
+/// not (a streaming encoder's) is counted through a small chunk first. (Decoded straight into a
+/// growing buffer, a bomb held up to twice the cap while it doubled; decoded by the streaming
+/// decoder, a frame held up to 128 MiB of window beside its output.)
+fn zstd_whole(
+    body: &[u8],
+    cap: usize,
+    decoder: &mut zstd::zstd_safe::DCtx<'_>,
+) -> Result<Vec<u8>, InvalidRecording> {
     let size = match zstd::zstd_safe::get_frame_content_size(body) {
         Ok(Some(size)) if size > cap as u64 => return Err(too_large(cap)),
         Ok(Some(size)) => size as usize,
         // Not declared, or no frame header: the decoder says why.
-        _ => zstd_frame(body, 0, cap, Output::Discard)?.1,
+        _ => zstd_count(body, cap, decoder)?,
     };
+    let frame = zstd::zstd_safe::find_frame_compressed_size(body).map_err(zstd_error)?;
+    let frame = body.get(..frame).unwrap_or(body);
     // Never past that size: the processing window reserved for it (`stored_beyond_size`). A
-    // frame that goes on is corrupt (libzstd would say so only at its end).
-    zstd_frame(body, size, size, Output::Keep)
-        .map(|(out, _)| out)
-        .map_err(|e| match e.reason {
-            Reason::TooLarge => InvalidRecording::new(
+    // frame that goes on is corrupt (libzstd says the output is too small).
+    let mut out = Vec::with_capacity(size);
+    decoder
+        .decompress(&mut out, frame)
+        .map_err(|code| match error_code(code) {
+            ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall => InvalidRecording::new(
                 Reason::InvalidBody,
                 format_args!("zstd: the frame decodes past the {size} bytes it declares"),
             ),
-            _ => e,
-        })
+            _ => zstd_error(code),
+        })?;
+    Ok(out)
 }
 
-/// [`read_capped`] over the first zstd frame of `body`, into a buffer of `capacity`.
-fn zstd_frame(
+/// How many bytes the first zstd frame of `body` decodes to, decoded through one small chunk
+/// with libzstd's window at most 2^[`ZSTD_WINDOW_LOG_MAX`]; `too_large` past `cap`.
+fn zstd_count(
     body: &[u8],
-    capacity: usize,
     cap: usize,
-    output: Output,
-) -> Result<(Vec<u8>, usize), InvalidRecording> {
-    let decoder = zstd::stream::read::Decoder::with_buffer(body)
-        .map_err(|e| InvalidRecording::new(Reason::InvalidBody, format_args!("zstd: {e}")))?;
-    read_capped(decoder.single_frame(), capacity, cap, output)
+    decoder: &mut zstd::zstd_safe::DCtx<'_>,
+) -> Result<usize, InvalidRecording> {
+    use zstd::zstd_safe::{DParameter, InBuffer, OutBuffer};
+    decoder
+        .set_parameter(DParameter::WindowLogMax(ZSTD_WINDOW_LOG_MAX))
+        .map_err(zstd_error)?;
+    let mut chunk = vec![0u8; DISCARD_CHUNK_BYTES];
+    let mut input = InBuffer::around(body);
+    let mut total = 0usize;
+    loop {
+        let mut output = OutBuffer::around(chunk.as_mut_slice());
+        let left = decoder
+            .decompress_stream(&mut output, &mut input)
+            .map_err(|code| match error_code(code) {
+                ZSTD_ErrorCode::ZSTD_error_frameParameter_windowTooLarge => InvalidRecording::new(
+                    Reason::InvalidBody,
+                    format_args!(
+                        "zstd: the frame does not declare its size and asks for a window over {} MiB",
+                        (1 << ZSTD_WINDOW_LOG_MAX) >> 20
+                    ),
+                ),
+                _ => zstd_error(code),
+            })?;
+        let written = output.pos();
+        total = total.saturating_add(written);
+        if total > cap {
+            return Err(too_large(cap));
+        }
+        if left == 0 {
+            return Ok(total);
+        }
+        // Nothing more to read and libzstd had room to write: the frame ends early.
+        if input.pos() == body.len() && written < chunk.len() {
+            return Err(InvalidRecording::new(
+                Reason::TruncatedBody,
+                "zstd: stream ends early",
+            ));
+        }
+    }
+}
+
+/// Which of libzstd's errors `code` is.
+fn error_code(code: usize) -> ZSTD_ErrorCode {
+    // SAFETY: a pure function of its argument, defined for any value.
+    unsafe { zstd::zstd_safe::zstd_sys::ZSTD_getErrorCode(code) }
+}
+
+/// libzstd's error `code` as the recording's: a frame cut short is `truncated_body`, anything
+/// else `invalid_body`, with libzstd's own words.
+fn zstd_error(code: usize) -> InvalidRecording {
+    let reason = match error_code(code) {
+        ZSTD_ErrorCode::ZSTD_error_srcSize_wrong => Reason::TruncatedBody,
+        _ => Reason::InvalidBody,
+    };
+    InvalidRecording::new(
+        reason,
+        format_args!("zstd: {}", zstd::zstd_safe::get_error_name(code)),
+    )
 }
 
 /// What a streaming decoder does with its output.
@@ -653,17 +732,97 @@ pub(crate) mod tests {
         let size = |body: &[u8]| zstd::zstd_safe::get_frame_content_size(body).ok().flatten();
         assert_eq!(size(&declared), Some(data.len() as u64));
         assert_eq!(size(&undeclared), None);
+        let decoder = &mut zstd::zstd_safe::DCtx::create();
         for body in [&declared, &undeclared] {
-            let decoded = zstd_whole(body, data.len()).unwrap();
+            let decoded = zstd_whole(body, data.len(), decoder).unwrap();
             assert_eq!(decoded, data);
             assert_eq!(
                 decoded.capacity(),
                 data.len(),
                 "one buffer of the output's size"
             );
-            let refused = zstd_whole(body, data.len() - 1).unwrap_err();
+            let refused = zstd_whole(body, data.len() - 1, decoder).unwrap_err();
             assert_eq!(refused.reason, Reason::TooLarge);
         }
+    }
+
+    /// 18 MiB whose second half repeats the first, 9 MiB back: zstd finds the repeat only with
+    /// a window over 8 MiB.
+    fn far_repeat() -> Vec<u8> {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let half: Vec<u8> = (0..9 << 20)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                b'a' + (state >> 59) as u8 % 26
+            })
+            .collect();
+        half.repeat(2)
+    }
+
+    /// `data` compressed with a window of 2^`window_log`, its size declared or not.
+    fn zstd_with_window(data: &[u8], window_log: u32, declared: bool) -> Vec<u8> {
+        let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+        encoder.window_log(window_log).unwrap();
+        encoder.long_distance_matching(true).unwrap();
+        encoder.include_contentsize(declared).unwrap();
+        if declared {
+            encoder
+                .set_pledged_src_size(Some(data.len() as u64))
+                .unwrap();
+        }
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    /// libzstd's window is bounded: a frame that declares its size decodes in one pass into
+    /// its output, holding no window whatever it asks for (the streaming decoder held up to
+    /// 128 MiB beside the output); one that does not is counted with a window of at most 8 MiB,
+    /// and refused when it asks for more.
+    #[test]
+    fn zstd_decoding_holds_no_window_or_at_most_8_mib_of_one() {
+        let data = far_repeat();
+        let large = zstd_with_window(&data, 27, true);
+        assert!(
+            large.len() < data.len() * 3 / 4,
+            "precondition: the repeat 9 MiB back was found ({} bytes)",
+            large.len()
+        );
+        let decoder = &mut zstd::zstd_safe::DCtx::create();
+        assert_eq!(zstd_whole(&large, 20 << 20, decoder).unwrap(), data);
+        assert!(
+            decoder.sizeof() < 1 << 20,
+            "libzstd held {} bytes decoding in one pass",
+            decoder.sizeof()
+        );
+
+        let undeclared = zstd_with_window(&data, ZSTD_WINDOW_LOG_MAX, false);
+        let decoder = &mut zstd::zstd_safe::DCtx::create();
+        assert_eq!(zstd_whole(&undeclared, 20 << 20, decoder).unwrap(), data);
+        assert!(
+            decoder.sizeof() > 1 << ZSTD_WINDOW_LOG_MAX,
+            "precondition: counting held the window ({} bytes)",
+            decoder.sizeof()
+        );
+        assert!(
+            decoder.sizeof() <= ZSTD_DECODER_BYTES,
+            "libzstd held {} bytes counting, over the {ZSTD_DECODER_BYTES} the bound counts",
+            decoder.sizeof()
+        );
+
+        let refused = zstd_with_window(&data[..1 << 20], ZSTD_WINDOW_LOG_MAX + 1, false);
+        let payload = Payload {
+            segment_id: 0,
+            encoding: BodyEncoding::Zstd,
+            body: &refused,
+        };
+        let error = decode(&payload, 20 << 20).map(|out| out.len()).unwrap_err();
+        assert_eq!(error.reason, Reason::InvalidBody);
+        assert_eq!(
+            error.detail,
+            "zstd: the frame does not declare its size and asks for a window over 8 MiB"
+        );
     }
 
     #[test]

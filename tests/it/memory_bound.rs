@@ -443,7 +443,8 @@ fn with_nested_key(value: &[u8], depth: usize) -> Vec<u8> {
 /// A zstd bomb (200 MiB of spaces in a few KB) is refused holding at most one buffer of the
 /// cap's size, whether its frame declares its size (refused before any decoding) or not (counted
 /// through a small chunk first): decoded straight into a growing buffer, it held up to twice the
-/// cap while the buffer doubled. (libzstd's own window is not counted here.)
+/// cap while the buffer doubled. (libzstd's decoder is not counted here: the unit test
+/// `zstd_decoding_holds_no_window_or_at_most_8_mib_of_one` bounds it.)
 #[test]
 fn a_zstd_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
     use std::io::Write;
