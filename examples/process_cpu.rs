@@ -17,6 +17,9 @@
 //! [`HELD_PAIRS`] pairs of runs, in alternating order. Prints the held/at-once ratio's median and
 //! quartiles, and page faults per message each way.
 //!
+//! Breadcrumbs become trace items at the service's rollout, `REPLAY_INGEST_TRACE_ITEMS_ROLLOUT`
+//! (off when unset).
+//!
 //! Usage: process_cpu COUNT FILE…
 //!        process_cpu --vs-libdeflate ROUNDS FILE…
 //!        process_cpu --held HOLD FILE…
@@ -56,7 +59,19 @@ fn main() {
                 .into()
         })
         .collect();
-    let (limits, mut inflater) = (Limits::default(), Inflater::default());
+    let limits = Limits {
+        trace_items: std::env::var("REPLAY_INGEST_TRACE_ITEMS_ROLLOUT")
+            .map(|share| {
+                share
+                    .parse()
+                    .ok()
+                    .and_then(recording::Rollout::new)
+                    .expect("REPLAY_INGEST_TRACE_ITEMS_ROLLOUT is a share from 0.0 to 1.0")
+            })
+            .unwrap_or(recording::Rollout::OFF),
+        ..Limits::default()
+    };
+    let mut inflater = Inflater::default();
     let mut process = |value: &bytes::Bytes, outputs: bool| {
         if let Ok(processed) = recording::process_with(value, &limits, &mut inflater) {
             if outputs {

@@ -18,6 +18,8 @@
 #   LOAD_BIN=FILE                      the service binary to measure (an A/B against another build)
 #   LOAD_LOG=FILE                      keeps the service's log (RUST_LOG applies)
 #   LOAD_STATSD=1                      sends metrics (to a UDP port nobody reads), as in production
+#   LOAD_TRACE_ITEMS=SHARE             breadcrumbs as EAP trace items at that rollout (0.0 … 1.0), to
+#                                      a topic of their own on the broker; the work counts them too
 #   LOAD_BROKER_IDLE=1                 once the backlog is produced, the broker runs as SCHED_IDLE: it
 #                                      gets only the CPU what is measured leaves, as on a node of its
 #                                      own (the bare consumer and the work are measured so too)
@@ -46,6 +48,11 @@ bin=${LOAD_BIN:-${CARGO_TARGET_DIR:-target}/release/replay-ingest}
 topic=load-$RANDOM$RANDOM
 topics=${CARGO_TARGET_DIR:-target}/release/examples/topics
 "$topics" --brokers "$REPLAY_INGEST_TEST_BROKERS" "$topic:4:ingest-replay-recordings" "$topic-dlq:1"
+if [ -n "${LOAD_TRACE_ITEMS:-}" ]; then
+  "$topics" --brokers "$REPLAY_INGEST_TEST_BROKERS" "$topic-items:1:snuba-items"
+  # Read by the service and by the work (examples/process_cpu) alike.
+  export REPLAY_INGEST_TRACE_ITEMS_ROLLOUT=$LOAD_TRACE_ITEMS REPLAY_INGEST_TRACE_ITEMS_TOPIC=$topic-items
+fi
 
 echo "producing $COUNT messages (${LOAD_FIXTURES:-recorded fixture mix}) to $topic"
 # shellcheck disable=SC2086
