@@ -20,9 +20,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::LazyLock;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::State;
@@ -110,8 +111,21 @@ fn fingerprint(file: &Path) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// Now, in ms since the Unix epoch.
+/// Now, in ms since the Unix epoch: the wall clock as read at the first call, advanced since by
+/// the monotonic clock. Every time the probes measure is a difference of two of these, so a step
+/// of the wall clock (NTP correcting it after boot, a VM resumed, someone's `date -s`) neither
+/// makes a fresh heartbeat look minutes old, failing liveness, nor a stalled one look fresh.
+/// `/status` shows them as times; they differ from the wall clock by the steps it took since the
+/// process started (its rate adjustments the monotonic clock follows too).
 pub(crate) fn now_ms() -> u64 {
+    static START: LazyLock<(Instant, u64)> = LazyLock::new(|| (Instant::now(), wall_ms()));
+    let (at, wall) = *START;
+    wall.saturating_add(u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The wall clock, in ms since the Unix epoch: for times that come from elsewhere
+/// (librdkafka's statistics), to be brought into [`now_ms`]'s frame.
+pub(crate) fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -868,6 +882,26 @@ pub fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The probes' clock reads as the wall clock (no step taken during the tests), advances with
+    /// time and never goes back.
+    #[test]
+    fn the_probes_clock_reads_as_the_wall_clock_and_never_goes_back() {
+        let first = now_ms();
+        assert!(
+            first.abs_diff(wall_ms()) < 1000,
+            "{first} against {}",
+            wall_ms()
+        );
+        let mut last = first;
+        for _ in 0..10_000 {
+            let now = now_ms();
+            assert!(now >= last, "{now} after {last}");
+            last = now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(now_ms() >= first + 20);
+    }
 
     /// The probe server on a port of its own, with a default status.
     async fn probe_server() -> std::net::SocketAddr {

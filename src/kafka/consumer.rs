@@ -240,10 +240,14 @@ impl ClientContext for IngestContext {
             self.status
                 .record_group(&group.state, &group.join_state, joined, brokers_up);
             // Timed by the statistics' own clock (whole seconds), when they carry it: they wait in
-            // librdkafka's queue while the polling thread runs a rebalance callback.
+            // librdkafka's queue while the polling thread runs a rebalance callback. That clock
+            // is the wall clock: what they waited, by it, is taken from the process's.
+            let now = crate::health::now_ms();
             let at = match statistics.time {
-                secs if secs > 0 => (secs as u64).saturating_mul(1000),
-                _ => crate::health::now_ms(),
+                secs if secs > 0 => now.saturating_sub(
+                    crate::health::wall_ms().saturating_sub((secs as u64).saturating_mul(1000)),
+                ),
+                _ => now,
             };
             self.ownership.record_coordinator(
                 group.state == "up",
