@@ -7,7 +7,10 @@
 //! its own: the ceiling at the service's flush size. Prints one JSON line: records, bytes,
 //! seconds, records per second.
 //!
-//! Usage: bare_produce BROKERS PREFIX COUNT BATCH FILE...
+//! With `--trace-items`, the records are the EAP trace items the fixtures make at rollout 1.0
+//! (every breadcrumb an item), without a key, to `PREFIX-items`: the trace-items sink's ceiling.
+//!
+//! Usage: bare_produce [--trace-items] BROKERS PREFIX COUNT BATCH FILE...
 
 use std::time::{Duration, Instant};
 
@@ -15,33 +18,56 @@ use futures::future::join_all;
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use replay_ingest::config::producer_properties;
-use replay_ingest::recording::{self, EventTopic, Limits};
+use replay_ingest::recording::{self, EventTopic, Limits, Rollout};
 use replay_ingest::sink::publish::DELIVERY_WINDOW_BYTES;
 
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let [_, brokers, prefix, count, batch, files @ ..] = args.as_slice() else {
-        eprintln!("usage: bare_produce BROKERS PREFIX COUNT BATCH FILE...");
+    let trace_items = args.get(1).is_some_and(|a| a == "--trace-items");
+    let args = args.get(usize::from(trace_items)..).unwrap_or_default();
+    let [_, brokers, prefix, count, batch, files @ ..] = args else {
+        eprintln!("usage: bare_produce [--trace-items] BROKERS PREFIX COUNT BATCH FILE...");
         std::process::exit(2);
     };
     let count: usize = count.parse().expect("COUNT is a number");
     let batch: usize = batch.parse().expect("BATCH is a number");
-    let records: Vec<(String, Option<String>, Vec<u8>)> = files
+    let limits = Limits {
+        trace_items: if trace_items {
+            Rollout::new(1.0).expect("a share")
+        } else {
+            Rollout::OFF
+        },
+        ..Limits::default()
+    };
+    let processed = files
         .iter()
-        .filter_map(|f| recording::process(&std::fs::read(f).ok()?, &Limits::default()).ok())
-        .flat_map(|p| p.events(&Default::default()))
-        .map(|event| {
-            let topic = match event.topic() {
-                EventTopic::Outcomes => format!("{prefix}-outcomes"),
-                EventTopic::Analytics => format!("{prefix}-analytics"),
-                EventTopic::Issues => format!("{prefix}-issues"),
-            };
-            let key = event.key();
-            (topic, key, event.into_json().expect("an event serialises"))
-        })
-        .collect();
-    assert!(!records.is_empty(), "no events among the files");
+        .filter_map(|f| recording::process(&std::fs::read(f).ok()?, &limits).ok());
+    let records: Vec<(String, Option<String>, Vec<u8>)> = if trace_items {
+        processed
+            .filter_map(|p| p.trace_items)
+            .flat_map(|items| {
+                items
+                    .iter()
+                    .map(|(_, bytes)| (format!("{prefix}-items"), None, bytes.to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    } else {
+        processed
+            .flat_map(|p| p.events(&Default::default()))
+            .map(|event| {
+                let topic = match event.topic() {
+                    EventTopic::Outcomes => format!("{prefix}-outcomes"),
+                    EventTopic::Analytics => format!("{prefix}-analytics"),
+                    EventTopic::Issues => format!("{prefix}-issues"),
+                };
+                let key = event.key();
+                (topic, key, event.into_json().expect("an event serialises"))
+            })
+            .collect()
+    };
+    assert!(!records.is_empty(), "no records among the files");
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", brokers);
     for (key, value) in producer_properties(15_000_000, Duration::from_secs(30)) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sinks at their limit, side by side. For each real destination: the service with only that sink
-# real and the others null (scripts/load.sh, LOAD_SINKS=gcs|clickhouse|events, a backlog of the
-# recorded mix), next to a bare client of the same destination — the service's client and
+# real and the others null (scripts/load.sh, LOAD_SINKS=gcs|clickhouse|events, or
+# LOAD_TRACE_ITEMS=1 for the EAP trace items, a backlog of the recorded mix), next to a bare client of the same destination — the service's client and
 # settings, the same data, nothing else (examples/bare_upload, bare_insert, bare_produce) — at
 # the service's batch size and in bulk. The emulator runs on its filesystem backend (the memory
 # one slows down as it fills). Prints a markdown section; scripts/bench.sh puts it in
@@ -10,27 +10,30 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COUNT=${1:-6000}
-results=$(mktemp)
+results=$(mktemp) items_results=$(mktemp)
 export REPLAY_INGEST_GCS_BACKEND=filesystem
 for sink in gcs clickhouse events; do
   echo "== ceilings: the service, $sink only" >&2
   LOAD_SINKS=$sink LOAD_JSON=$results bash scripts/load.sh "$COUNT" >/dev/null
 done
+echo "== ceilings: the service, trace items only (rollout 1.0)" >&2
+LOAD_TRACE_ITEMS=1 LOAD_JSON=$items_results bash scripts/load.sh "$COUNT" >/dev/null
 
 # The bare clients, on a stack of their own.
 # shellcheck source=scripts/lib/isolated-stack.sh
 source scripts/lib/isolated-stack.sh ceilings
-trap 'status=$?; rm -f "$results"; isolated_stack_down "$status"' EXIT
+trap 'status=$?; rm -f "$results" "$items_results"; isolated_stack_down "$status"' EXIT
 scripts/setup.sh stack >/dev/null
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 source "$REPLAY_INGEST_STACK_DIR/stack.env"
 cargo build --locked --release --quiet --example bare_upload --example bare_insert --example bare_produce --example topics
 echo "== ceilings: the bare clients" >&2
-python3 - "$results" "${CARGO_TARGET_DIR:-target}/release/examples" <<'PY'
+python3 - "$results" "${CARGO_TARGET_DIR:-target}/release/examples" "$items_results" <<'PY'
 import json, pathlib, random, subprocess, sys, urllib.request
 
 runs = {r["sinks"]: r for r in map(json.loads, open(sys.argv[1]))}
+runs["trace_items"] = json.loads(open(sys.argv[3]).readline())
 examples = pathlib.Path(sys.argv[2])
 fixtures = sorted(str(p) for p in pathlib.Path("fixtures/segments").glob("*.msgpack"))
 env = __import__("os").environ
@@ -80,6 +83,16 @@ per_write = round(runs["events"]["sink_items"]["events"] / runs["events"]["sink_
 same = bare("bare_produce", env["REPLAY_INGEST_TEST_BROKERS"], topics(), max(per_write * 50, 20000), per_write)["per_second"]
 bulk = bare("bare_produce", env["REPLAY_INGEST_TEST_BROKERS"], topics(), 200000, 0)["per_second"]
 row("Kafka event records (outcomes, analytics, occurrences)", "events", "records", same, bulk, "awaited in 8 MiB windows only")
+# EAP trace items: the same, the items the fixtures make at rollout 1.0 to a topic of their own.
+def items_topic():
+    prefix = fresh("ceiling-")
+    subprocess.run([str(examples / "topics"), "--brokers", env["REPLAY_INGEST_TEST_BROKERS"], f"{prefix}-items:1:snuba-items"],
+                   check=True, capture_output=True)
+    return prefix
+per_write = round(runs["trace_items"]["sink_items"]["trace_items"] / runs["trace_items"]["sink_writes"]["trace_items"])
+same = bare("bare_produce", "--trace-items", env["REPLAY_INGEST_TEST_BROKERS"], items_topic(), max(per_write * 50, 20000), per_write)["per_second"]
+bulk = bare("bare_produce", "--trace-items", env["REPLAY_INGEST_TEST_BROKERS"], items_topic(), 200000, 0)["per_second"]
+row("Kafka EAP trace items (rollout 1.0)", "trace_items", "items", same, bulk, "awaited in 8 MiB windows only")
 
 print("## Sinks at their limit\n")
 print("Made by `scripts/sink-ceilings.sh`. Each destination alone: the service with only that sink real (a backlog")
