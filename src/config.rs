@@ -884,8 +884,8 @@ impl ConsumeArgs {
 
     /// The most memory this configuration lets the service hold (docs/operations.md, "Memory"):
     /// the buffer's budget, librdkafka's prefetch, the processing window, the polled hand-over,
-    /// a decompression buffer per processing thread and libzstd's decoder beside it (its window
-    /// while it counts a frame that does not declare its size), and the messages a sink refused, read again
+    /// what a processing thread holds decoding a body (its output, and for zstd the thread's kept
+    /// buffer and libzstd's decoder beside it), and the messages a sink refused, read again
     /// to be dead-lettered (a window of them and the last one past it, twice: librdkafka holds a
     /// copy until delivery; and the read-ahead of the next); the process's own baseline (code,
     /// clients) comes on top.
@@ -905,10 +905,9 @@ impl ConsumeArgs {
             self.buffer_max_bytes as u64,
             window as u64,
             crate::pipeline::POLLED_IN_TRANSIT_BYTES as u64,
-            threads.saturating_mul(
-                (self.limits.max_decompressed_bytes + crate::recording::payload::ZSTD_DECODER_BYTES)
-                    as u64,
-            ),
+            threads.saturating_mul(crate::recording::payload::decoding_bytes(
+                self.limits.max_decompressed_bytes,
+            ) as u64),
             dead_letters,
             self.prefetch_kbytes.saturating_mul(1024),
         ]
@@ -1303,7 +1302,7 @@ mod tests {
 
     /// docs/operations.md's "Memory", from the flags: at the defaults with two processing
     /// threads, 256 MiB of buffer + 64 MiB of prefetch + 128 MiB window + 32 MiB hand-over + two
-    /// 100 MiB decompression buffers, each with 9 MiB of libzstd's decoder + dead letters: an
+    /// 100 MiB decompression buffers, each with 8 MiB kept and 1 MiB of libzstd beside it + dead letters: an
     /// 8 MiB window and a 15 MB message past it, twice (librdkafka's copy), and 1 MiB read-ahead.
     #[test]
     fn the_memory_bound_counts_every_budget_and_a_buffer_per_thread() {

@@ -418,13 +418,12 @@ fn streaming(
             output,
         )
         .map(|(out, _)| out),
-        BodyEncoding::Zstd => {
-            let mut decoder = zstd::zstd_safe::DCtx::create();
-            match output {
-                Output::Keep => zstd_whole(payload.body, cap, &mut decoder),
-                Output::Discard => zstd_count(payload.body, cap, &mut decoder).map(|_| Vec::new()),
+        BodyEncoding::Zstd => match output {
+            Output::Keep => zstd_whole(payload.body, cap),
+            Output::Discard => {
+                zstd_count(payload.body, cap, ZSTD_WINDOW_LOG_MAX).map(|_| Vec::new())
             }
-        }
+        },
         BodyEncoding::Raw => Ok(payload.body.to_vec()),
     }
 }
@@ -436,10 +435,32 @@ fn streaming(
 /// output, which is its own history, whatever window it asks for.
 const ZSTD_WINDOW_LOG_MAX: u32 = 23;
 
+/// libzstd's largest window exponent on a 64-bit target: what its streaming decoder is allowed
+/// when it only gives the verdict on a frame that declares its size (it then holds no more
+/// window than that size, which is within the cap).
+const ZSTD_ANY_WINDOW_LOG: u32 = 31;
+
 /// The most libzstd's decoder holds, its context included, while counting a frame through
-/// [`zstd_count`]: the largest window it admits, two blocks of 128 KiB and its tables, rounded
-/// up. The memory bound counts it per processing thread (`Config::memory_bound`).
-pub const ZSTD_DECODER_BYTES: usize = (1 << ZSTD_WINDOW_LOG_MAX) + (1 << 20);
+/// [`zstd_count`]: the largest window it admits, two blocks of 128 KiB, its input buffer and its
+/// tables, rounded up (8.5 MiB measured).
+pub const ZSTD_COUNTING_BYTES: usize = (1 << ZSTD_WINDOW_LOG_MAX) + (1 << 20);
+
+/// The most libzstd's context holds while decoding a frame in one pass (no window: about 100
+/// KiB measured), rounded up.
+pub const ZSTD_CONTEXT_BYTES: usize = 1 << 20;
+
+/// The most a processing thread holds decoding one body, decoding capped at `cap`: its output,
+/// up to the cap. A zstd body's output is a buffer of its own, beside the thread's kept inflate
+/// buffer (up to [`RETAINED_OUTPUT_BYTES`]) and libzstd's context; counting a zstd frame first,
+/// libzstd's window stands in for the output, and is freed before the output is allocated.
+/// (A zlib or gzip body's output is the kept buffer itself.) The memory bound counts it per
+/// processing thread (`Config::memory_bound`).
+pub fn decoding_bytes(cap: usize) -> usize {
+    RETAINED_OUTPUT_BYTES.saturating_add(
+        cap.saturating_add(ZSTD_CONTEXT_BYTES)
+            .max(ZSTD_COUNTING_BYTES),
+    )
+}
 
 /// The first zstd frame of `body` decoded into one buffer of its size, in one pass (the output
 /// is the history, so libzstd holds no window beside it): a frame that declares its size, as
@@ -447,44 +468,81 @@ pub const ZSTD_DECODER_BYTES: usize = (1 << ZSTD_WINDOW_LOG_MAX) + (1 << 20);
 /// not (a streaming encoder's) is counted through a small chunk first. (Decoded straight into a
 /// growing buffer, a bomb held up to twice the cap while it doubled; decoded by the streaming
 /// decoder, a frame held up to 128 MiB of window beside its output.)
-fn zstd_whole(
-    body: &[u8],
-    cap: usize,
-    decoder: &mut zstd::zstd_safe::DCtx<'_>,
-) -> Result<Vec<u8>, InvalidRecording> {
+fn zstd_whole(body: &[u8], cap: usize) -> Result<Vec<u8>, InvalidRecording> {
     let size = match zstd::zstd_safe::get_frame_content_size(body) {
         Ok(Some(size)) if size > cap as u64 => return Err(too_large(cap)),
         Ok(Some(size)) => size as usize,
-        // Not declared, or no frame header: the decoder says why.
-        _ => zstd_count(body, cap, decoder)?,
+        // Not declared, or no frame header: the decoder says why. Its window is freed before
+        // the output is allocated.
+        _ => zstd_count(body, cap, ZSTD_WINDOW_LOG_MAX)?,
     };
-    let frame = zstd::zstd_safe::find_frame_compressed_size(body).map_err(zstd_error)?;
-    let frame = body.get(..frame).unwrap_or(body);
-    // Never past that size: the processing window reserved for it (`stored_beyond_size`). A
-    // frame that goes on is corrupt (libzstd says the output is too small).
+    zstd_one_pass(body, size, cap, &mut zstd::zstd_safe::DCtx::create())
+}
+
+/// The first zstd frame of `body`, which decodes to `size` bytes, decoded in one pass by
+/// `decoder`. A frame that goes past `size` is corrupt (libzstd says the output is too small);
+/// any other failure gets the streaming decoder's verdict, which tells a frame cut short from a
+/// damaged one (the one-pass decoder, and the walk over the frame's blocks before it, call a
+/// block header damaged to claim more than the body holds "source size wrong", as they call a
+/// frame cut short).
+fn zstd_one_pass(
+    body: &[u8],
+    size: usize,
+    cap: usize,
+    decoder: &mut zstd::zstd_safe::DCtx<'_>,
+) -> Result<Vec<u8>, InvalidRecording> {
+    let failed = |code| {
+        zstd_count(body, cap, ZSTD_ANY_WINDOW_LOG)
+            .err()
+            .unwrap_or_else(|| {
+                InvalidRecording::new(
+                    Reason::InvalidBody,
+                    format_args!("zstd: {}", zstd::zstd_safe::get_error_name(code)),
+                )
+            })
+    };
+    let frame = match zstd::zstd_safe::find_frame_compressed_size(body) {
+        Ok(len) => body.get(..len).unwrap_or(body),
+        Err(code) => return Err(failed(code)),
+    };
+    // Never past that size: the processing window reserved for it (`stored_beyond_size`).
     let mut out = Vec::with_capacity(size);
-    decoder
-        .decompress(&mut out, frame)
-        .map_err(|code| match error_code(code) {
-            ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall => InvalidRecording::new(
+    match decoder.decompress(&mut out, frame) {
+        Ok(_) => Ok(out),
+        Err(code) if error_code(code) == ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall => {
+            Err(InvalidRecording::new(
                 Reason::InvalidBody,
                 format_args!("zstd: the frame decodes past the {size} bytes it declares"),
-            ),
-            _ => zstd_error(code),
-        })?;
-    Ok(out)
+            ))
+        }
+        Err(code) => {
+            drop(out);
+            Err(failed(code))
+        }
+    }
 }
 
 /// How many bytes the first zstd frame of `body` decodes to, decoded through one small chunk
-/// with libzstd's window at most 2^[`ZSTD_WINDOW_LOG_MAX`]; `too_large` past `cap`.
-fn zstd_count(
+/// with libzstd's window at most 2^`window_log_max`; `too_large` past `cap`.
+fn zstd_count(body: &[u8], cap: usize, window_log_max: u32) -> Result<usize, InvalidRecording> {
+    zstd_count_with(
+        body,
+        cap,
+        window_log_max,
+        &mut zstd::zstd_safe::DCtx::create(),
+    )
+}
+
+/// [`zstd_count`] with `decoder`.
+fn zstd_count_with(
     body: &[u8],
     cap: usize,
+    window_log_max: u32,
     decoder: &mut zstd::zstd_safe::DCtx<'_>,
 ) -> Result<usize, InvalidRecording> {
     use zstd::zstd_safe::{DParameter, InBuffer, OutBuffer};
     decoder
-        .set_parameter(DParameter::WindowLogMax(ZSTD_WINDOW_LOG_MAX))
+        .set_parameter(DParameter::WindowLogMax(window_log_max))
         .map_err(zstd_error)?;
     let mut chunk = vec![0u8; DISCARD_CHUNK_BYTES];
     let mut input = InBuffer::around(body);
@@ -497,8 +555,8 @@ fn zstd_count(
                 ZSTD_ErrorCode::ZSTD_error_frameParameter_windowTooLarge => InvalidRecording::new(
                     Reason::InvalidBody,
                     format_args!(
-                        "zstd: the frame does not declare its size and asks for a window over {} MiB",
-                        (1 << ZSTD_WINDOW_LOG_MAX) >> 20
+                        "zstd: the frame does not declare its size and asks for a window over {} MiB (or for one larger than libzstd decodes)",
+                        (1u64 << window_log_max) >> 20
                     ),
                 ),
                 _ => zstd_error(code),
@@ -732,16 +790,15 @@ pub(crate) mod tests {
         let size = |body: &[u8]| zstd::zstd_safe::get_frame_content_size(body).ok().flatten();
         assert_eq!(size(&declared), Some(data.len() as u64));
         assert_eq!(size(&undeclared), None);
-        let decoder = &mut zstd::zstd_safe::DCtx::create();
         for body in [&declared, &undeclared] {
-            let decoded = zstd_whole(body, data.len(), decoder).unwrap();
+            let decoded = zstd_whole(body, data.len()).unwrap();
             assert_eq!(decoded, data);
             assert_eq!(
                 decoded.capacity(),
                 data.len(),
                 "one buffer of the output's size"
             );
-            let refused = zstd_whole(body, data.len() - 1, decoder).unwrap_err();
+            let refused = zstd_whole(body, data.len() - 1).unwrap_err();
             assert_eq!(refused.reason, Reason::TooLarge);
         }
     }
@@ -776,53 +833,133 @@ pub(crate) mod tests {
         encoder.finish().unwrap()
     }
 
-    /// libzstd's window is bounded: a frame that declares its size decodes in one pass into
-    /// its output, holding no window whatever it asks for (the streaming decoder held up to
-    /// 128 MiB beside the output); one that does not is counted with a window of at most 8 MiB,
-    /// and refused when it asks for more.
+    /// `frame` (one that does not declare its size and has a window descriptor) rewritten to
+    /// declare `size` in a 4-byte field, its window unchanged: what no encoder that knows the
+    /// size writes (libzstd shrinks the window to the size), but a frame may.
+    fn declaring(frame: &[u8], size: u32) -> Vec<u8> {
+        let descriptor = frame[4];
+        assert_eq!(
+            descriptor & 0xe3,
+            0,
+            "no size, single segment or dictionary"
+        );
+        let mut out = frame[..4].to_vec();
+        out.push(descriptor | 0x80);
+        out.push(frame[5]);
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&frame[6..]);
+        out
+    }
+
+    /// libzstd's memory is bounded: a frame that declares its size decodes in one pass into its
+    /// output, its context holding no window whatever the frame asks for (the streaming decoder
+    /// held up to 128 MiB beside the output); one that does not is counted with a window of at
+    /// most 8 MiB, and refused when it asks for more.
     #[test]
     fn zstd_decoding_holds_no_window_or_at_most_8_mib_of_one() {
         let data = far_repeat();
-        let large = zstd_with_window(&data, 27, true);
+        let undeclared = zstd_with_window(&data, 27, false);
         assert!(
-            large.len() < data.len() * 3 / 4,
-            "precondition: the repeat 9 MiB back was found ({} bytes)",
-            large.len()
+            undeclared.len() < data.len() * 2 / 5,
+            "precondition: the repeat 9 MiB back was found ({} bytes for {})",
+            undeclared.len(),
+            data.len()
         );
+        // Declaring its size, the same frame asks for a window of 128 MiB.
+        let large = declaring(&undeclared, data.len() as u32);
         let decoder = &mut zstd::zstd_safe::DCtx::create();
-        assert_eq!(zstd_whole(&large, 20 << 20, decoder).unwrap(), data);
+        assert_eq!(
+            zstd_one_pass(&large, data.len(), 20 << 20, decoder).unwrap(),
+            data
+        );
         assert!(
-            decoder.sizeof() < 1 << 20,
+            decoder.sizeof() < ZSTD_CONTEXT_BYTES,
             "libzstd held {} bytes decoding in one pass",
             decoder.sizeof()
         );
+        assert_eq!(zstd_whole(&large, 20 << 20).unwrap(), data);
 
-        let undeclared = zstd_with_window(&data, ZSTD_WINDOW_LOG_MAX, false);
+        let within = zstd_with_window(&data, ZSTD_WINDOW_LOG_MAX, false);
         let decoder = &mut zstd::zstd_safe::DCtx::create();
-        assert_eq!(zstd_whole(&undeclared, 20 << 20, decoder).unwrap(), data);
+        assert_eq!(
+            zstd_count_with(&within, 20 << 20, ZSTD_WINDOW_LOG_MAX, decoder).unwrap(),
+            data.len()
+        );
         assert!(
             decoder.sizeof() > 1 << ZSTD_WINDOW_LOG_MAX,
             "precondition: counting held the window ({} bytes)",
             decoder.sizeof()
         );
         assert!(
-            decoder.sizeof() <= ZSTD_DECODER_BYTES,
-            "libzstd held {} bytes counting, over the {ZSTD_DECODER_BYTES} the bound counts",
+            decoder.sizeof() <= ZSTD_COUNTING_BYTES,
+            "libzstd held {} bytes counting, over the {ZSTD_COUNTING_BYTES} the bound counts",
             decoder.sizeof()
         );
+        assert_eq!(zstd_whole(&within, 20 << 20).unwrap(), data);
 
-        let refused = zstd_with_window(&data[..1 << 20], ZSTD_WINDOW_LOG_MAX + 1, false);
         let payload = Payload {
             segment_id: 0,
             encoding: BodyEncoding::Zstd,
-            body: &refused,
+            body: &undeclared,
         };
         let error = decode(&payload, 20 << 20).map(|out| out.len()).unwrap_err();
         assert_eq!(error.reason, Reason::InvalidBody);
-        assert_eq!(
-            error.detail,
-            "zstd: the frame does not declare its size and asks for a window over 8 MiB"
+        assert!(
+            error.detail.starts_with(
+                "zstd: the frame does not declare its size and asks for a window over 8 MiB"
+            ),
+            "{}",
+            error.detail
         );
+    }
+
+    /// A zstd frame cut short is `truncated_body` and a damaged one `invalid_body`, whether it
+    /// declares its size or not: a block header damaged to claim more than the body holds is
+    /// damage, not a cut (the walk over the frame's blocks calls both "source size wrong").
+    #[test]
+    fn zstd_frames_cut_short_are_truncated_and_damaged_ones_invalid() {
+        let data: Vec<u8> = (0..100_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let declared = zstd::bulk::compress(&data, 3).unwrap();
+        let undeclared = zstd_with_window(&data, 20, false);
+        for (name, body) in [("declared", &declared), ("undeclared", &undeclared)] {
+            let verdict = |body: &[u8]| {
+                let payload = Payload {
+                    segment_id: 0,
+                    encoding: BodyEncoding::Zstd,
+                    body,
+                };
+                decode(&payload, 10 << 20).map(|out| out.len()).unwrap_err()
+            };
+            assert_eq!(
+                verdict(&body[..body.len() / 2]).reason,
+                Reason::TruncatedBody,
+                "{name}"
+            );
+            // The first block's header follows the frame header (magic, descriptor, window
+            // descriptor unless single-segment, dictionary id, content size): a 3-byte
+            // little-endian field, its size in bits 3 and up. The largest size it can claim,
+            // past the body.
+            let descriptor = body[4];
+            let single_segment = descriptor & 0x20 != 0;
+            let size_field = match descriptor >> 6 {
+                0 => usize::from(single_segment),
+                flag => 1 << flag,
+            };
+            let dictionary = [0, 1, 2, 4][usize::from(descriptor & 3)];
+            let header = 5 + usize::from(!single_segment) + dictionary + size_field;
+            assert_eq!(header, if name == "declared" { 9 } else { 6 });
+            let mut damaged = body.clone();
+            damaged[header] |= 0xf8;
+            damaged[header + 1] = 0xff;
+            damaged[header + 2] = 0xff;
+            let error = verdict(&damaged);
+            assert_eq!(
+                error.reason,
+                Reason::InvalidBody,
+                "{name}: {}",
+                error.detail
+            );
+        }
     }
 
     #[test]
