@@ -420,9 +420,7 @@ fn streaming(
         .map(|(out, _)| out),
         BodyEncoding::Zstd => match output {
             Output::Keep => zstd_whole(payload.body, cap),
-            Output::Discard => {
-                zstd_count(payload.body, cap, ZSTD_WINDOW_LOG_MAX).map(|_| Vec::new())
-            }
+            Output::Discard => zstd_counted(payload.body, cap).map(|_| Vec::new()),
         },
         BodyEncoding::Raw => Ok(payload.body.to_vec()),
     }
@@ -436,8 +434,8 @@ fn streaming(
 const ZSTD_WINDOW_LOG_MAX: u32 = 23;
 
 /// libzstd's largest window exponent on a 64-bit target: what its streaming decoder is allowed
-/// when it only gives the verdict on a frame that declares its size (it then holds no more
-/// window than that size, which is within the cap).
+/// counting a frame that declares its size within the cap (for a verdict: it then holds no more
+/// window than that size).
 const ZSTD_ANY_WINDOW_LOG: u32 = 31;
 
 /// The most libzstd's decoder holds, its context included, while counting a frame through
@@ -479,6 +477,18 @@ fn zstd_whole(body: &[u8], cap: usize) -> Result<Vec<u8>, InvalidRecording> {
     zstd_one_pass(body, size, cap, &mut zstd::zstd_safe::DCtx::create())
 }
 
+/// How many bytes the first zstd frame of `body` decodes to, as [`zstd_whole`] would decode it,
+/// without keeping them: a frame that declares its size over the cap is `too_large` at once; one
+/// that declares it within the cap is counted with whatever window it asks for (libzstd then
+/// holds at most that size of it), one that does not with a window of at most 8 MiB.
+fn zstd_counted(body: &[u8], cap: usize) -> Result<usize, InvalidRecording> {
+    match zstd::zstd_safe::get_frame_content_size(body) {
+        Ok(Some(size)) if size > cap as u64 => Err(too_large(cap)),
+        Ok(Some(_)) => zstd_count(body, cap, ZSTD_ANY_WINDOW_LOG),
+        _ => zstd_count(body, cap, ZSTD_WINDOW_LOG_MAX),
+    }
+}
+
 /// The first zstd frame of `body`, which decodes to `size` bytes, decoded in one pass by
 /// `decoder`. A frame that goes past `size` is corrupt (libzstd says the output is too small);
 /// any other failure gets the streaming decoder's verdict, which tells a frame cut short from a
@@ -492,14 +502,12 @@ fn zstd_one_pass(
     decoder: &mut zstd::zstd_safe::DCtx<'_>,
 ) -> Result<Vec<u8>, InvalidRecording> {
     let failed = |code| {
-        zstd_count(body, cap, ZSTD_ANY_WINDOW_LOG)
-            .err()
-            .unwrap_or_else(|| {
-                InvalidRecording::new(
-                    Reason::InvalidBody,
-                    format_args!("zstd: {}", zstd::zstd_safe::get_error_name(code)),
-                )
-            })
+        zstd_counted(body, cap).err().unwrap_or_else(|| {
+            InvalidRecording::new(
+                Reason::InvalidBody,
+                format_args!("zstd: {}", zstd::zstd_safe::get_error_name(code)),
+            )
+        })
     };
     let frame = match zstd::zstd_safe::find_frame_compressed_size(body) {
         Ok(len) => body.get(..len).unwrap_or(body),
@@ -878,6 +886,8 @@ pub(crate) mod tests {
             decoder.sizeof()
         );
         assert_eq!(zstd_whole(&large, 20 << 20).unwrap(), data);
+        // Counted for a verdict, it is read as it is decoded: whatever window, within its size.
+        assert_eq!(zstd_counted(&large, 20 << 20).unwrap(), data.len());
 
         let within = zstd_with_window(&data, ZSTD_WINDOW_LOG_MAX, false);
         let decoder = &mut zstd::zstd_safe::DCtx::create();
