@@ -31,6 +31,7 @@ async fn main() {
         table: table.clone(),
         user: "default".into(),
         password: Secret::default(),
+        password_file: None,
         chunk_rows: chunk,
         timeout: Duration::from_secs(600),
     };

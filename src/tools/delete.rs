@@ -192,7 +192,7 @@ enum Rows {
     },
     /// The rows table, and the aggregation fed from it when there is one.
     ClickHouse {
-        config: ClickHouseConfig,
+        config: Box<ClickHouseConfig>,
         aggregated: Aggregated,
     },
     None,
@@ -349,7 +349,10 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
                 name: args.clickhouse_aggregated_table.clone(),
                 exists: tokio::sync::OnceCell::new(),
             };
-            Rows::ClickHouse { config, aggregated }
+            Rows::ClickHouse {
+                config: Box::new(config),
+                aggregated,
+            }
         }
         RowsSinkKind::Null => Rows::None,
     };

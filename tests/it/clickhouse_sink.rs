@@ -477,3 +477,90 @@ async fn rows_one_deadline_cannot_carry_go_as_several_inserts_that_each_fit() {
     }
     assert_same_rows(&read_back(&config).await, &expected_rows(&batch));
 }
+
+/// The file that makes `user` a user of the local server, in its `users.d` (read again by the
+/// server within seconds).
+fn user_file(user: &str) -> std::path::PathBuf {
+    crate::support::stack_dir().join(format!("clickhouse/users.d/{user}.xml"))
+}
+
+/// Removes a file when dropped, the test passing or not.
+struct Removed(std::path::PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Makes `user` a user of the local server whose password is `password`, or changes its
+/// password; returns once the server takes it.
+async fn user_with_password(user: &str, password: &str, table_config: &ClickHouseConfig) {
+    let file = user_file(user);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "<yandex><users><{user}><password>{password}</password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></{user}></users></yandex>"
+        ),
+    )
+    .unwrap();
+    let config = ClickHouseConfig {
+        user: user.to_owned(),
+        password: replay_ingest::secret::Secret::new(password),
+        ..table_config.clone()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while check_table(&config).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not take {user}'s new password within 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// Rotating the password the documented way — the Secret (the password file) first, then the
+/// server — needs no restart: the write the server refuses with the old password is retried,
+/// and the retry takes the new one from the file. While the file still holds the refused
+/// password, the refusal stays a configuration error, as at startup (before: every refusal was
+/// fatal, so each pod exited on its next write and restarted to read the file).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_password_rotated_secret_first_is_read_again_from_its_file_without_a_restart() {
+    let _stack = uses_stack().await;
+    let base = config(&crate::support::unique("replays").replace('-', "_"));
+    migrate(&base).await.unwrap();
+    let user = crate::support::unique("rotating").replace('-', "_");
+    let (old, new) = (format!("old-{user}"), format!("new-{user}"));
+    let _user = Removed(user_file(&user));
+    user_with_password(&user, &old, &base).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("clickhouse-password");
+    std::fs::write(&file, format!("{old}\n")).unwrap();
+    let sink = ClickHouseSink::new(&ClickHouseConfig {
+        user: user.clone(),
+        password: replay_ingest::secret::Secret::new(&old),
+        password_file: Some(file.clone()),
+        ..base.clone()
+    });
+    let batch = crate::support::fixture_batch();
+    crate::support::write_once(&sink, &batch).await.unwrap();
+
+    // The server first, the file not yet: refused, as a configuration error.
+    user_with_password(&user, &new, &base).await;
+    let refused = crate::support::write_once(&sink, &batch).await.unwrap_err();
+    assert_eq!(refused.retry, Retry::Fatal, "{refused}");
+
+    // Then the file: the next refusal reads it, and the retry writes with the new password.
+    std::fs::write(&file, format!("{new}\n")).unwrap();
+    let rotated = crate::support::write_once(&sink, &batch).await.unwrap_err();
+    assert_eq!(rotated.retry, Retry::Retryable, "{rotated}");
+    assert!(
+        rotated.message.contains("its file holds a new one") && !rotated.message.contains(&new),
+        "{rotated}"
+    );
+    let written = crate::support::write_once(&sink, &batch).await.unwrap();
+    assert!(written.items > 0);
+    assert_eq!(read_back(&base).await, expected_rows(&batch));
+}

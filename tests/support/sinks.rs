@@ -235,6 +235,7 @@ pub fn clickhouse_config(table: &str) -> replay_ingest::sink::clickhouse::ClickH
         table: table.into(),
         user: "default".into(),
         password: Default::default(),
+        password_file: None,
         chunk_rows: 1000,
         timeout: std::time::Duration::from_secs(30),
     }

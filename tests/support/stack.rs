@@ -22,11 +22,16 @@ pub async fn stops_stack() -> RwLockWriteGuard<'static, ()> {
     STACK.write().await
 }
 
+/// The stack's state directory (`scripts/stack.sh`): pid files, configuration, logs.
+pub fn stack_dir() -> std::path::PathBuf {
+    std::env::var("REPLAY_INGEST_STACK_DIR")
+        .unwrap_or_else(|_| "/tmp/replay-ingest-stack".into())
+        .into()
+}
+
 /// Sends `signal` to a stack service (`kafka`, `gcs`) by its pid file; whether it was delivered.
 pub fn signal_stack(service: &str, signal: &str) -> bool {
-    let dir = std::env::var("REPLAY_INGEST_STACK_DIR")
-        .unwrap_or_else(|_| "/tmp/replay-ingest-stack".into());
-    let Ok(pid) = std::fs::read_to_string(format!("{dir}/{service}.pid")) else {
+    let Ok(pid) = std::fs::read_to_string(stack_dir().join(format!("{service}.pid"))) else {
         return false;
     };
     std::process::Command::new("kill")

@@ -118,6 +118,7 @@ mod tests {
             table: "t".into(),
             user: "default".into(),
             password: Default::default(),
+            password_file: None,
             chunk_rows: 1,
             timeout: std::time::Duration::from_millis(300),
         };

@@ -72,7 +72,8 @@ pub struct ClickHouseArgs {
         hide_env_values = true
     )]
     pub clickhouse_password: Option<Secret>,
-    /// File holding the password (a mounted Kubernetes Secret); wins over the variable.
+    /// File holding the password (a mounted Kubernetes Secret); wins over the variable. Read
+    /// again when the server refuses the password: a new one is used without a restart.
     #[arg(long, env = "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE")]
     pub clickhouse_password_file: Option<PathBuf>,
     /// Rows per INSERT; larger batches are split, between messages. At most 1 000 000: the
@@ -102,6 +103,7 @@ impl ClickHouseArgs {
             table: self.clickhouse_table.clone(),
             user: self.clickhouse_user.clone(),
             password,
+            password_file: self.clickhouse_password_file.clone(),
             chunk_rows: self.clickhouse_chunk_rows,
             timeout,
         })
@@ -223,6 +225,19 @@ pub fn classify(error: &clickhouse::error::Error) -> Retry {
 /// REQUIRED_PASSWORD, 516 AUTHENTICATION_FAILED.
 const AUTHENTICATION_CODES: [u32; 4] = [192, 193, 194, 516];
 
+/// Whether `error` is the server refusing the credentials (in an error status, or in a `200`).
+fn refused_credentials(error: &clickhouse::error::Error) -> bool {
+    let message = match error {
+        clickhouse::error::Error::BadResponse(message) => message.as_str(),
+        clickhouse::error::Error::Network(cause) => match http::exception_in_200(cause.as_ref()) {
+            Some(exception) => exception.0.as_str(),
+            None => return false,
+        },
+        _ => return false,
+    };
+    error_code(message).is_some_and(|code| AUTHENTICATION_CODES.contains(&code))
+}
+
 /// A failed request before any data was written (the startup check, a migration), as an operator
 /// must read it: refused credentials and an untrusted certificate are configuration errors that
 /// name what to fix; a TLS handshake that fails otherwise says so; the rest is classified as
@@ -311,6 +326,9 @@ pub struct ClickHouseConfig {
     pub table: String,
     pub user: String,
     pub password: Secret,
+    /// Where `password` was read (a mounted Secret): read again when the server refuses it, so
+    /// that a rotation needs no restart.
+    pub password_file: Option<PathBuf>,
     /// Rows per INSERT; a batch with more rows is split, between messages.
     pub chunk_rows: usize,
     /// Each message's rows get this to be sent, an INSERT is ended once open half of it, and
@@ -335,19 +353,64 @@ pub fn client(config: &ClickHouseConfig) -> clickhouse::Client {
 }
 
 pub struct ClickHouseSink {
-    client: clickhouse::Client,
-    config: ClickHouseConfig,
+    /// The configuration and its client; both take a new password once the password file holds
+    /// one and the server refused the old ([`ClickHouseSink::rotated`]).
+    connection: std::sync::RwLock<Connection>,
+    table: String,
     chunk_rows: usize,
     timeout: std::time::Duration,
+}
+
+struct Connection {
+    config: ClickHouseConfig,
+    client: clickhouse::Client,
 }
 
 impl ClickHouseSink {
     pub fn new(config: &ClickHouseConfig) -> Self {
         ClickHouseSink {
-            client: client(config),
-            config: config.clone(),
+            connection: std::sync::RwLock::new(Connection {
+                config: config.clone(),
+                client: client(config),
+            }),
+            table: config.table.clone(),
             chunk_rows: config.chunk_rows.max(1),
             timeout: config.timeout,
+        }
+    }
+
+    /// The configuration and client to write with now.
+    fn connection(&self) -> (ClickHouseConfig, clickhouse::Client) {
+        let current = self
+            .connection
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (current.config.clone(), current.client.clone())
+    }
+
+    /// Whether the password file now holds another password than the one the server refused
+    /// (`refused`): the sink then writes with it. So rotating the password — the Secret first,
+    /// then the server — goes through without a restart: each pod's next write is refused, and
+    /// its retry uses the new password.
+    fn rotated(&self, refused: &Secret) -> bool {
+        let mut current = self
+            .connection
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.config.password.expose() != refused.expose() {
+            // Another write met the refusal first and took the new password already.
+            return true;
+        }
+        let Some(file) = current.config.password_file.clone() else {
+            return false;
+        };
+        match Secret::from_file_or(Some(&file), None) {
+            Ok(Some(password)) if password.expose() != refused.expose() => {
+                current.config.password = password;
+                current.client = client(&current.config);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -362,6 +425,7 @@ impl ClickHouseSink {
         batch: &[Entry],
         progress: &Progress<'_>,
     ) -> Result<u64, clickhouse::error::Error> {
+        let client = self.connection().1;
         let mut written = 0u64;
         let mut open: Option<clickhouse::insert::Insert<ReplayRow>> = None;
         let mut chunk = Chunk::default();
@@ -402,14 +466,11 @@ impl ClickHouseSink {
                 Some(open) => open,
                 None => {
                     chunk.opened = Some(now);
-                    let insert = within(
-                        deadline,
-                        self.client.insert::<ReplayRow>(&self.config.table),
-                    )
-                    .await?
-                    // Every send (those of `end` too: it sends the last rows before waiting)
-                    // and the answer; past either the request is aborted, not left running.
-                    .with_timeouts(Some(self.timeout), Some(self.timeout));
+                    let insert = within(deadline, client.insert::<ReplayRow>(&self.table))
+                        .await?
+                        // Every send (those of `end` too: it sends the last rows before waiting)
+                        // and the answer; past either the request is aborted, not left running.
+                        .with_timeouts(Some(self.timeout), Some(self.timeout));
                     open.insert(insert)
                 }
             };
@@ -484,6 +545,7 @@ impl ClickHouseSink {
         batch: &[Entry],
         progress: &Progress<'_>,
     ) -> Result<u64, SinkError> {
+        let config = self.connection().0;
         let error = match self.insert(batch, progress).await {
             Ok(rows) => return Ok(rows),
             Err(clickhouse::error::Error::TimedOut) => {
@@ -492,10 +554,21 @@ impl ClickHouseSink {
             }
             Err(error) => error,
         };
+        if refused_credentials(&error) && self.rotated(&config.password) {
+            tracing::warn!(user = %config.user, "ClickHouse refused the password, and its file holds a new one: writing with that from now on");
+            return Err(SinkError::new(
+                self.name(),
+                Retry::Retryable,
+                format!(
+                    "the password was refused and its file holds a new one, to retry with: {}",
+                    super::describe(&error)
+                ),
+            ));
+        }
         // The server refused the data: a table altered since startup explains it for
         // every batch, and no retry or dead letter would help.
         if let clickhouse::error::Error::BadResponse(_) = error {
-            let check = tokio::time::timeout(self.timeout, check_table(&self.config)).await;
+            let check = tokio::time::timeout(self.timeout, check_table(&config)).await;
             if let Ok(Err(mismatch)) = check
                 && mismatch.retry == Retry::Fatal
             {
@@ -515,7 +588,16 @@ impl ClickHouseSink {
 pub fn build(config: ClickHouseConfig, migrate: bool) -> Built {
     let sink = ClickHouseSink::new(&config);
     let check: Check = Box::new(move || {
-        let config = config.clone();
+        let mut config = config.clone();
+        // The password as its file holds it now: it may have been rotated while the check
+        // waited for the server (the sink takes the new one on its first refused write).
+        if let Some(Ok(Some(password))) = config
+            .password_file
+            .as_deref()
+            .map(|file| Secret::from_file_or(Some(file), None))
+        {
+            config.password = password;
+        }
         Box::pin(async move {
             if migrate {
                 let features = self::migrate(&config)
@@ -641,6 +723,7 @@ mod tests {
             table: "t".into(),
             user: "ingest".into(),
             password: Default::default(),
+            password_file: None,
             chunk_rows: 1,
             timeout: std::time::Duration::from_secs(1),
         };
