@@ -258,6 +258,16 @@ start_clickhouse() {
   port_open "$CLICKHOUSE_PORT" && die "127.0.0.1:$CLICKHOUSE_PORT is taken by something else"
   # Data on tmpfs: fast, and gone with the machine.
   local data=/dev/shm/replay-ingest-clickhouse-$CLICKHOUSE_PORT conf=$STATE/clickhouse
+  # A stack killed before its `down` (a SIGKILLed test run) leaves its data in memory: remove
+  # that of every other stack whose server is gone — its port closed and nothing in it written
+  # for six hours (a server stopped for a while by a test beside this one keeps its data).
+  local stale
+  for stale in /dev/shm/replay-ingest-clickhouse-*; do
+    if [ -d "$stale" ] && [ "$stale" != "$data" ] && ! port_open "${stale##*-}" &&
+      [ -z "$(find "$stale" -mmin -360 -print -quit 2>/dev/null)" ]; then
+      rm -rf "$stale"
+    fi
+  done
   mkdir -p "$data" "$conf"
   # Where `down` finds it: it may run with other ports in its environment than this start had.
   echo "$data" >"$STATE/clickhouse.data"
