@@ -478,28 +478,39 @@ async fn rows_one_deadline_cannot_carry_go_as_several_inserts_that_each_fit() {
     assert_same_rows(&read_back(&config).await, &expected_rows(&batch));
 }
 
-/// The file that makes `user` a user of the local server, in its `users.d` (read again by the
-/// server within seconds).
-fn user_file(user: &str) -> std::path::PathBuf {
-    crate::support::stack_dir().join(format!("clickhouse/users.d/{user}.xml"))
+/// The local server's `users.d` (read again by the server within seconds).
+fn users_d() -> std::path::PathBuf {
+    crate::support::stack_dir().join("clickhouse/users.d")
 }
 
-/// Removes a file when dropped, the test passing or not.
-struct Removed(std::path::PathBuf);
+/// A user of the local server, made by [`user_with_password`]: its files are removed when
+/// dropped, the test passing or not.
+struct User(String);
 
-impl Drop for Removed {
+impl Drop for User {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        for entry in std::fs::read_dir(users_d()).into_iter().flatten().flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{}-", self.0))
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
 
 /// Makes `user` a user of the local server whose password is `password`, or changes its
-/// password; returns once the server takes it.
-async fn user_with_password(user: &str, password: &str, table_config: &ClickHouseConfig) {
-    let file = user_file(user);
-    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+/// password; returns once the server takes it. Each password is a file of its own, the one
+/// before removed: a changed list of files is always read again, where a file rewritten within
+/// the second of the server's last reading (it compares times in whole seconds) may not be.
+async fn user_with_password(user: &User, password: &str, table_config: &ClickHouseConfig) {
+    std::fs::create_dir_all(users_d()).unwrap();
+    drop(User(user.0.clone()));
+    let user = &user.0;
     std::fs::write(
-        &file,
+        users_d().join(format!("{user}-{password}.xml")),
         format!(
             "<yandex><users><{user}><password>{password}</password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></{user}></users></yandex>"
         ),
@@ -531,15 +542,14 @@ async fn a_password_rotated_secret_first_is_read_again_from_its_file_without_a_r
     let _stack = uses_stack().await;
     let base = config(&crate::support::unique("replays").replace('-', "_"));
     migrate(&base).await.unwrap();
-    let user = crate::support::unique("rotating").replace('-', "_");
-    let (old, new) = (format!("old-{user}"), format!("new-{user}"));
-    let _user = Removed(user_file(&user));
+    let user = User(crate::support::unique("rotating").replace('-', "_"));
+    let (old, new) = (format!("old_{}", user.0), format!("new_{}", user.0));
     user_with_password(&user, &old, &base).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("clickhouse-password");
     std::fs::write(&file, format!("{old}\n")).unwrap();
     let sink = ClickHouseSink::new(&ClickHouseConfig {
-        user: user.clone(),
+        user: user.0.clone(),
         password: replay_ingest::secret::Secret::new(&old),
         password_file: Some(file.clone()),
         ..base.clone()

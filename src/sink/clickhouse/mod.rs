@@ -388,29 +388,30 @@ impl ClickHouseSink {
         (current.config.clone(), current.client.clone())
     }
 
-    /// Whether the password file now holds another password than the one the server refused
-    /// (`refused`): the sink then writes with it. So rotating the password — the Secret first,
-    /// then the server — goes through without a restart: each pod's next write is refused, and
-    /// its retry uses the new password.
-    fn rotated(&self, refused: &Secret) -> bool {
+    /// After the server refused the password `refused`: whether the password file now holds
+    /// another one, which the sink then writes with (`Ok(true)`), or why it could not be read
+    /// again. So rotating the password — the Secret first, then the server — goes through
+    /// without a restart: each pod's next write is refused, and its retry uses the new password.
+    fn rotated(&self, refused: &Secret) -> Result<bool, String> {
         let mut current = self
             .connection
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if current.config.password.expose() != refused.expose() {
             // Another write met the refusal first and took the new password already.
-            return true;
+            return Ok(true);
         }
         let Some(file) = current.config.password_file.clone() else {
-            return false;
+            return Ok(false);
         };
         match Secret::from_file_or(Some(&file), None) {
             Ok(Some(password)) if password.expose() != refused.expose() => {
                 current.config.password = password;
                 current.client = client(&current.config);
-                true
+                Ok(true)
             }
-            _ => false,
+            Ok(_) => Ok(false),
+            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -422,10 +423,10 @@ impl ClickHouseSink {
     /// written, so the batch never holds them all. Returns the number of rows.
     async fn insert(
         &self,
+        client: &clickhouse::Client,
         batch: &[Entry],
         progress: &Progress<'_>,
     ) -> Result<u64, clickhouse::error::Error> {
-        let client = self.connection().1;
         let mut written = 0u64;
         let mut open: Option<clickhouse::insert::Insert<ReplayRow>> = None;
         let mut chunk = Chunk::default();
@@ -545,8 +546,8 @@ impl ClickHouseSink {
         batch: &[Entry],
         progress: &Progress<'_>,
     ) -> Result<u64, SinkError> {
-        let config = self.connection().0;
-        let error = match self.insert(batch, progress).await {
+        let (config, client) = self.connection();
+        let error = match self.insert(&client, batch, progress).await {
             Ok(rows) => return Ok(rows),
             Err(clickhouse::error::Error::TimedOut) => {
                 let message = format!("an INSERT timed out after {:?}", self.timeout);
@@ -554,16 +555,31 @@ impl ClickHouseSink {
             }
             Err(error) => error,
         };
-        if refused_credentials(&error) && self.rotated(&config.password) {
-            tracing::warn!(user = %config.user, "ClickHouse refused the password, and its file holds a new one: writing with that from now on");
-            return Err(SinkError::new(
-                self.name(),
-                Retry::Retryable,
-                format!(
-                    "the password was refused and its file holds a new one, to retry with: {}",
-                    super::describe(&error)
-                ),
-            ));
+        if refused_credentials(&error) {
+            match self.rotated(&config.password) {
+                Ok(true) => {
+                    tracing::warn!(user = %config.user, "ClickHouse refused the password, and its file holds a new one: writing with that from now on");
+                    return Err(SinkError::new(
+                        self.name(),
+                        Retry::Retryable,
+                        format!(
+                            "the password was refused and its file holds a new one, to retry with: {}",
+                            super::describe(&error)
+                        ),
+                    ));
+                }
+                Ok(false) => {}
+                Err(unread) => {
+                    return Err(SinkError::new(
+                        self.name(),
+                        Retry::Fatal,
+                        format!(
+                            "the password was refused, and its file could not be read again ({unread}): {}",
+                            super::describe(&error)
+                        ),
+                    ));
+                }
+            }
         }
         // The server refused the data: a table altered since startup explains it for
         // every batch, and no retry or dead letter would help.
@@ -588,16 +604,7 @@ impl ClickHouseSink {
 pub fn build(config: ClickHouseConfig, migrate: bool) -> Built {
     let sink = ClickHouseSink::new(&config);
     let check: Check = Box::new(move || {
-        let mut config = config.clone();
-        // The password as its file holds it now: it may have been rotated while the check
-        // waited for the server (the sink takes the new one on its first refused write).
-        if let Some(Ok(Some(password))) = config
-            .password_file
-            .as_deref()
-            .map(|file| Secret::from_file_or(Some(file), None))
-        {
-            config.password = password;
-        }
+        let config = config.clone();
         Box::pin(async move {
             if migrate {
                 let features = self::migrate(&config)
