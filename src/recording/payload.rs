@@ -502,12 +502,9 @@ fn zstd_one_pass(
     decoder: &mut zstd::zstd_safe::DCtx<'_>,
 ) -> Result<Vec<u8>, InvalidRecording> {
     let failed = |code| {
-        zstd_counted(body, cap).err().unwrap_or_else(|| {
-            InvalidRecording::new(
-                Reason::InvalidBody,
-                format_args!("zstd: {}", zstd::zstd_safe::get_error_name(code)),
-            )
-        })
+        zstd_counted(body, cap)
+            .err()
+            .unwrap_or_else(|| zstd_failure(Reason::InvalidBody, code))
     };
     let frame = match zstd::zstd_safe::find_frame_compressed_size(body) {
         Ok(len) => body.get(..len).unwrap_or(body),
@@ -600,6 +597,11 @@ fn zstd_error(code: usize) -> InvalidRecording {
         ZSTD_ErrorCode::ZSTD_error_srcSize_wrong => Reason::TruncatedBody,
         _ => Reason::InvalidBody,
     };
+    zstd_failure(reason, code)
+}
+
+/// libzstd's error `code`, in its own words, as `reason`.
+fn zstd_failure(reason: Reason, code: usize) -> InvalidRecording {
     InvalidRecording::new(
         reason,
         format_args!("zstd: {}", zstd::zstd_safe::get_error_name(code)),

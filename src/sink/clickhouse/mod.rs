@@ -556,29 +556,24 @@ impl ClickHouseSink {
             Err(error) => error,
         };
         if refused_credentials(&error) {
-            match self.rotated(&config.password) {
+            let (retry, said) = match self.rotated(&config.password) {
+                Ok(false) => (None, String::new()),
                 Ok(true) => {
                     tracing::warn!(user = %config.user, "ClickHouse refused the password, and its file holds a new one: writing with that from now on");
-                    return Err(SinkError::new(
-                        self.name(),
-                        Retry::Retryable,
-                        format!(
-                            "the password was refused and its file holds a new one, to retry with: {}",
-                            super::describe(&error)
-                        ),
-                    ));
+                    let said =
+                        "the password was refused and its file holds a new one, to retry with";
+                    (Some(Retry::Retryable), said.to_owned())
                 }
-                Ok(false) => {}
-                Err(unread) => {
-                    return Err(SinkError::new(
-                        self.name(),
-                        Retry::Fatal,
-                        format!(
-                            "the password was refused, and its file could not be read again ({unread}): {}",
-                            super::describe(&error)
-                        ),
-                    ));
-                }
+                Err(unread) => (
+                    Some(Retry::Fatal),
+                    format!(
+                        "the password was refused, and its file could not be read again ({unread})"
+                    ),
+                ),
+            };
+            if let Some(retry) = retry {
+                let message = format!("{said}: {}", super::describe(&error));
+                return Err(SinkError::new(self.name(), retry, message));
             }
         }
         // The server refused the data: a table altered since startup explains it for
