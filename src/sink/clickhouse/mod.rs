@@ -391,7 +391,7 @@ impl ClickHouseSink {
     /// After the server refused the password `refused`: whether the password file now holds
     /// another one, which the sink then writes with (`Ok(true)`), or why it could not be read
     /// again. So rotating the password — the Secret first, then the server — goes through
-    /// without a restart: each pod's next write is refused, and its retry uses the new password.
+    /// without a restart: each pod's next write is refused, and goes on with the new password.
     fn rotated(&self, refused: &Secret) -> Result<bool, String> {
         let mut current = self
             .connection
@@ -546,36 +546,39 @@ impl ClickHouseSink {
         batch: &[Entry],
         progress: &Progress<'_>,
     ) -> Result<u64, SinkError> {
-        let (config, client) = self.connection();
-        let error = match self.insert(&client, batch, progress).await {
-            Ok(rows) => return Ok(rows),
-            Err(clickhouse::error::Error::TimedOut) => {
-                let message = format!("an INSERT timed out after {:?}", self.timeout);
-                return Err(SinkError::new(self.name(), Retry::Retryable, message));
+        let (mut config, mut client) = self.connection();
+        // A refused password is read again from its file once per write: the same write goes
+        // on with a new one (taking no flush attempt: `--flush-max-attempts 1` rides out a
+        // rotation too), and one refused as well is the configuration error it looks like.
+        let mut password_read_again = false;
+        let error = loop {
+            let error = match self.insert(&client, batch, progress).await {
+                Ok(rows) => return Ok(rows),
+                Err(clickhouse::error::Error::TimedOut) => {
+                    let message = format!("an INSERT timed out after {:?}", self.timeout);
+                    return Err(SinkError::new(self.name(), Retry::Retryable, message));
+                }
+                Err(error) => error,
+            };
+            if password_read_again || !refused_credentials(&error) {
+                break error;
             }
-            Err(error) => error,
-        };
-        if refused_credentials(&error) {
-            let (retry, said) = match self.rotated(&config.password) {
-                Ok(false) => (None, String::new()),
+            password_read_again = true;
+            match self.rotated(&config.password) {
+                Ok(false) => break error,
                 Ok(true) => {
                     tracing::warn!(user = %config.user, "ClickHouse refused the password, and its file holds a new one: writing with that from now on");
-                    let said =
-                        "the password was refused and its file holds a new one, to retry with";
-                    (Some(Retry::Retryable), said.to_owned())
+                    (config, client) = self.connection();
                 }
-                Err(unread) => (
-                    Some(Retry::Fatal),
-                    format!(
-                        "the password was refused, and its file could not be read again ({unread})"
-                    ),
-                ),
-            };
-            if let Some(retry) = retry {
-                let message = format!("{said}: {}", super::describe(&error));
-                return Err(SinkError::new(self.name(), retry, message));
+                Err(unread) => {
+                    let message = format!(
+                        "the password was refused, and its file could not be read again ({unread}): {}",
+                        super::describe(&error)
+                    );
+                    return Err(SinkError::new(self.name(), Retry::Fatal, message));
+                }
             }
-        }
+        };
         // The server refused the data: a table altered since startup explains it for
         // every batch, and no retry or dead letter would help.
         if let clickhouse::error::Error::BadResponse(_) = error {
