@@ -127,9 +127,12 @@ pub static COMMIT_FAILED: Throttle = Throttle::new("offset commit failed: retrie
 pub static ORIGINAL_LOST: Throttle = Throttle::new(
     "a message a sink rejected is gone from the topic: dead-lettered without its bytes",
 );
+pub static ORIGINAL_REPLACED: Throttle = Throttle::new(
+    "a message a sink rejected is no longer at its offset, another message is: dead-lettered without its bytes",
+);
 pub static ACCEPT_FAILED: Throttle = Throttle::new("probe server: accept failed");
 
-const THROTTLED: [&Throttle; 8] = [
+const THROTTLED: [&Throttle; 9] = [
     &INTERNAL_ERRORS,
     &SINK_PANICS,
     &REJECTED,
@@ -137,6 +140,7 @@ const THROTTLED: [&Throttle; 8] = [
     &PAUSE_FAILED,
     &COMMIT_FAILED,
     &ORIGINAL_LOST,
+    &ORIGINAL_REPLACED,
     &ACCEPT_FAILED,
 ];
 

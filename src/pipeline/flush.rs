@@ -582,6 +582,7 @@ async fn write_isolating(
                             partition,
                             offset,
                             error,
+                            original: crate::sink::Original::of(entry),
                         });
                     }
                     // Nothing in this part is the sink's to write, so no message can be blamed

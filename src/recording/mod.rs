@@ -98,6 +98,9 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Processed {
     pub ids: SegmentIds,
+    /// The Kafka message's value, in bytes: with the ids, what tells it apart from another
+    /// message found at its offset when it is read again (the sink module's `Original`).
+    pub message_bytes: usize,
     pub body_encoding: BodyEncoding,
     /// Body bytes as received.
     pub compressed_bytes: usize,
@@ -291,6 +294,7 @@ fn process_into(
     });
     Ok(Processed {
         ids,
+        message_bytes: value.len(),
         body_encoding: payload.encoding,
         compressed_bytes: payload.body.len(),
         uncompressed_bytes: json.len(),

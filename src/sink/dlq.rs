@@ -321,32 +321,44 @@ impl RejectedToDlq {
                 continue;
             }
             let detail = format!("{}: {}", r.error.sink, r.error.message);
-            // A message gone from the topic cannot be read however long the flush retries: its
-            // dead letter says where it was and why it was refused, without its bytes.
+            // A message gone from the topic cannot be read however long the flush retries, and
+            // one whose offset holds another message now is not that one's to give: its dead
+            // letter says where it was and why it was refused, without its bytes. Each is logged
+            // once per message, and again at each retry of the dead-letter write (a retention
+            // cut takes a run of them): throttled.
+            let lost = |why: String| {
+                let missing = Record {
+                    partition: r.partition,
+                    offset: r.offset,
+                    value: Default::default(),
+                    key: None,
+                    timestamp: None,
+                };
+                (
+                    missing,
+                    format!("{detail} (original bytes lost: {why})"),
+                    true,
+                )
+            };
             let (original, detail, lost) = match self.source.fetch(
                 r.partition,
                 r.offset,
                 self.timeout,
             ) {
-                Ok(original) => (original, detail, false),
+                Ok(read) => match r.original.as_ref().and_then(|o| o.replaced_by(&read.value)) {
+                    None => (read, detail.clone(), false),
+                    Some(other) => {
+                        if let Some(held_back) = crate::logs::ORIGINAL_REPLACED.admit() {
+                            error!(partition = r.partition, offset = r.offset, found = %other, held_back, "a message a sink rejected is no longer at its offset, another message is: dead-lettered without its bytes");
+                        }
+                        lost(format!("another message is at its offset now: {other}"))
+                    }
+                },
                 Err(gone @ RefetchError::Gone { .. }) => {
-                    // One per message, and again at each retry of the dead-letter write (a
-                    // retention cut takes a run of them): throttled.
                     if let Some(held_back) = crate::logs::ORIGINAL_LOST.admit() {
                         error!(partition = r.partition, offset = r.offset, %gone, held_back, "a message a sink rejected is gone from the topic: dead-lettered without its bytes");
                     }
-                    let missing = Record {
-                        partition: r.partition,
-                        offset: r.offset,
-                        value: Default::default(),
-                        key: None,
-                        timestamp: None,
-                    };
-                    (
-                        missing,
-                        format!("{detail} (original bytes lost: {gone})"),
-                        true,
-                    )
+                    lost(gone.to_string())
                 }
                 Err(e) => return Err(SinkError::from_error("rejected", Retry::Retryable, e)),
             };

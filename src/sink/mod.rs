@@ -347,6 +347,68 @@ pub struct Rejected {
     pub partition: i32,
     pub offset: i64,
     pub error: SinkError,
+    /// What it is known by when read again (`None`: an invalid message, whose bytes the entry
+    /// holds).
+    pub original: Option<Original>,
+}
+
+/// What a message a sink rejected is known by when it is read again to be dead-lettered. By then
+/// its offset may hold another message — a log cut back by an unclean leader election and
+/// written again, a topic deleted and created again under its name — whose bytes must not go to
+/// the dead-letter topic in its name: `redrive` would send that one a second time, and the
+/// rejected one would be missing without a word.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Original {
+    pub replay_id: String,
+    pub project_id: u64,
+    pub segment_id: u32,
+    pub bytes: usize,
+}
+
+impl Original {
+    pub fn of(entry: &Entry) -> Option<Original> {
+        match &entry.outcome {
+            Outcome::Valid(processed) => Some(Original {
+                replay_id: processed.ids.replay_id.clone(),
+                project_id: processed.ids.project_id,
+                segment_id: processed.ids.segment_id,
+                bytes: processed.message_bytes,
+            }),
+            Outcome::Invalid(_) => None,
+        }
+    }
+
+    /// Why `value`, read at the rejected message's offset, is another message; `None` when it
+    /// is the same (its length, project, replay and segment: a segment sent again by the edge
+    /// would be the same recording).
+    pub fn replaced_by(&self, value: &[u8]) -> Option<String> {
+        let read = crate::recording::envelope::decode(value).and_then(|envelope| {
+            crate::recording::payload::split(envelope.payload)
+                .map(|payload| (envelope, payload.segment_id))
+        });
+        let (envelope, segment_id) = match read {
+            Ok(read) => read,
+            Err(e) => return Some(format!("not a recording message ({})", e.detail)),
+        };
+        let found = (
+            envelope.project_id,
+            envelope.replay_id,
+            segment_id,
+            value.len(),
+        );
+        let rejected = (
+            self.project_id,
+            self.replay_id.as_str(),
+            self.segment_id,
+            self.bytes,
+        );
+        (found != rejected).then(|| {
+            format!(
+                "project {}, replay {}, segment {}, {} bytes, where the rejected message was project {}, replay {}, segment {}, {} bytes",
+                found.0, found.1, found.2, found.3, rejected.0, rejected.1, rejected.2, rejected.3
+            )
+        })
+    }
 }
 
 impl Rejected {
@@ -417,6 +479,52 @@ pub trait ObjectStore: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_read_again_is_told_apart_from_another_at_its_offset() {
+        use crate::recording::envelope::tests::TestMessage;
+        let message = |segment: u32, body: &str| {
+            TestMessage::new(format!("{{\"segment_id\":{segment}}}\n{body}").into_bytes())
+        };
+        let rejected = message(3, "[]").encode();
+        let processed = crate::recording::process(&rejected, &Default::default()).unwrap();
+        let entry = Entry {
+            partition: 0,
+            offset: 7,
+            outcome: Outcome::Valid(Box::new(processed)),
+        };
+        let original = Original::of(&entry).unwrap();
+        assert_eq!(original.replaced_by(&rejected), None, "the same message");
+        let other_replay = TestMessage {
+            replay_id: "0b2b4f7e0e8a4d4c9c3f0f6a1d2e3f40".into(),
+            ..message(3, "[]")
+        };
+        let other_project = TestMessage {
+            project_id: 43,
+            ..message(3, "[]")
+        };
+        for (other, found) in [
+            (
+                other_replay.encode(),
+                "replay 0b2b4f7e0e8a4d4c9c3f0f6a1d2e3f40",
+            ),
+            (other_project.encode(), "project 43,"),
+            (message(4, "[]").encode(), "segment 4,"),
+            (message(3, "[ ]").encode(), "segment 3, "),
+        ] {
+            let why = original.replaced_by(&other).expect(found);
+            assert!(
+                why.contains(found) && why.contains("where the rejected message was project 42"),
+                "{why}"
+            );
+        }
+        let not_a_recording = original.replaced_by(b"\x93\x01\x02\x03").unwrap();
+        assert!(
+            not_a_recording.starts_with("not a recording message"),
+            "{not_a_recording}"
+        );
+        assert_eq!(Original::of(&Entry::invalid_for_test(0, 7)), None);
+    }
 
     #[test]
     fn a_url_with_credentials_or_a_query_is_refused_without_repeating_them() {

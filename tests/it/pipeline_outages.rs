@@ -979,6 +979,99 @@ async fn reading_again_an_offset_the_log_skips_finds_it_gone() {
     }
 }
 
+/// A rejected message whose offset holds another message when it is read again — here its topic
+/// deleted and created again under the same name; in production also a log an unclean leader
+/// election cut back and wrote again — is dead-lettered without bytes, saying which message was
+/// found, not with that message's bytes in its name (`redrive` would have sent that one a second
+/// time, and the rejected one would be missing without a word).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_rejected_message_replaced_at_its_offset_is_not_dead_lettered_as_the_one_found() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
+    use replay_ingest::sink::{DeadLetters, Entry, Outcome, Progress, Rejected, Retry, SinkError};
+    let _stack = uses_stack().await;
+    let (topic, group, dlq) = topics(1).await;
+    let fixtures = small_fixtures(true);
+    let (rejected, other) = (&fixtures[0], &fixtures[1]);
+    let produce = |value: &[u8]| {
+        let producer: BaseProducer = kafka().create().unwrap();
+        producer
+            .send(BaseRecord::<(), _>::to(&topic).partition(0).payload(value))
+            .unwrap();
+        producer.flush(Duration::from_secs(10)).unwrap();
+    };
+    produce(rejected);
+    let timeout = Duration::from_secs(20);
+    let source = Refetcher::new(kafka(), &topic, &group).unwrap();
+    assert_eq!(source.fetch(0, 0, timeout).unwrap().value, rejected[..]);
+    let entry = Entry {
+        partition: 0,
+        offset: 0,
+        outcome: Outcome::Valid(Box::new(
+            replay_ingest::recording::process(rejected, &Default::default()).unwrap(),
+        )),
+    };
+    let refusal = Rejected {
+        partition: 0,
+        offset: 0,
+        error: SinkError::new("gcs", Retry::Rejected, "Invalid object"),
+        original: replay_ingest::sink::Original::of(&entry),
+    };
+
+    // The topic deleted (once the deletion is done, its name is free) and made again, another
+    // message at offset 0.
+    let admin: AdminClient<DefaultClientContext> = kafka().create().unwrap();
+    for deleted in admin
+        .delete_topics(&[&topic], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        deleted.unwrap();
+    }
+    let start = Instant::now();
+    while let Err(e) =
+        crate::support::topics::create_topic_as(&kafka(), &topic, 1, "ingest-replay-recordings")
+            .await
+    {
+        assert!(start.elapsed() < Duration::from_secs(60), "{e}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    produce(other);
+
+    let letters = RejectedToDlq {
+        dlq: DlqSink::new(kafka().create().unwrap(), &dlq, 1_000_000, None),
+        source,
+        source_topic: topic.clone(),
+        timeout,
+    };
+    let status = Status::default();
+    let progress = Progress::new("dlq", &status);
+    // As the flush would: a read the client fails while it learns of the new topic is retried.
+    let start = Instant::now();
+    while let Err(e) = letters
+        .dead_letter(std::slice::from_ref(&refusal), &progress)
+        .await
+    {
+        assert!(start.elapsed() < Duration::from_secs(60), "{e}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        progress.new_attempt();
+    }
+    let dead = read_messages(&dlq, 1, Duration::from_secs(30));
+    assert_eq!(dead.len(), 1);
+    let Received { value, headers, .. } = &dead[0];
+    assert!(value.is_empty(), "not the bytes of the message found");
+    assert_eq!(headers["original_lost"], "true");
+    let detail = &headers["detail"];
+    assert!(
+        detail.starts_with("gcs: Invalid object (original bytes lost: another message is at its offset now: project ")
+            && detail.contains("where the rejected message was project "),
+        "{detail}"
+    );
+}
+
 /// Reading a rejected message again is not failed by the client's trouble with some other
 /// broker — here a bootstrap address that refuses connections, reported during the reads and
 /// between them (a broker of the cluster restarting, in production). Each read lets go of its
