@@ -7,6 +7,10 @@
 - every `config` key must be a real REPLAY_INGEST_* variable of `replay-ingest consume`, and
   values.schema.json admits exactly those (a misspelt key is refused, not ignored);
 - every metric the Datadog dashboard queries is in the metrics catalogue (src/metrics.rs);
+- the Datadog monitors (dashboards/datadog-monitors.json): one for each alert of
+  docs/operations.md's Alerts table, on a metric its row names, each query well formed — a
+  catalogued metric, counters as counts or rates and gauges not, tags the metric carries, its
+  threshold the one the query compares with — and each runbook its message names exists;
 - the recommended labels on every object and on the pod template; the container port, the probes
   and REPLAY_INGEST_HTTP_LISTEN agree; Kafka properties render one per line; with SASL and KEDA, a
   TriggerAuthentication reads the same Secret the pods mount; NOTES.txt renders;
@@ -169,6 +173,64 @@ def pod_env(docs):
     return env
 
 
+# A Datadog metric monitor's query: `AGG(last_N):SPACE:METRIC{SCOPE} [by {TAGS}][.as_count()] OP N`.
+MONITOR_QUERY = re.compile(
+    r"^(?:change\()?(?:avg|max|min|sum)\(last_\d+[mh]\)(?:,last_\d+[mh]\))?:(?:avg|max|min|sum):"
+    r"(?P<metric>[a-z_.]+)\{(?P<scope>[^}]*)\}(?: by \{(?P<by>[a-z_,]+)\})?(?P<as>\.as_(?:count|rate)\(\))? "
+    r"(?P<op>>|>=|<|<=) (?P<threshold>\d+(?:\.\d+)?)$")
+
+# Tags every metric carries (src/metrics.rs and the chart's statsd tags), and what the
+# Kubernetes integration tags its own metrics with.
+COMMON_TAGS = {"service", "version", "env", "pod_name"}
+KUBE_METRICS = {"kubernetes_state.container.restarts": {"kube_container_name", "kube_namespace", "pod_name"}}
+
+
+def check_monitors():
+    """The monitors cover docs/operations.md's Alerts table, each query one Datadog would run."""
+    catalogue = {}
+    for name, kind, tags in re.findall(r"^//! \| `([a-z_.]+)` \| (counter|gauge|distribution) \|[^|]*\|([^|]*)\|",
+                                       (ROOT / "src" / "metrics.rs").read_text(), re.M):
+        catalogue[f"replay_ingest.{name}"] = (kind, set(re.findall(r"`([a-z_]+)`", tags)) | COMMON_TAGS)
+    for name, tags in KUBE_METRICS.items():
+        catalogue[name] = ("gauge", tags)
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    section = operations.split("### Alerts", 1)[1].split("\n## ", 1)[0]
+    alerts = {row[0]: set(re.findall(r"`([a-z_.]+)(?:\{|`)", row[1]))
+              for row in (line.strip("|").split("|") for line in section.splitlines() if line.startswith("| "))
+              for row in [[cell.strip() for cell in row]] if row[0] not in ("alert", "---")}
+    runbooks = {title.replace('"', "") for title in re.findall(r"^- \*\*(.+?)\*\*", operations.split("### Runbooks", 1)[1], re.M)}
+    monitors = json.loads((CHART / "dashboards" / "datadog-monitors.json").read_text())
+    covered = set()
+    for monitor in monitors:
+        name = monitor["name"]
+        query = MONITOR_QUERY.match(monitor["query"])
+        if monitor["type"] != "query alert" or not query:
+            fail(f"monitor {name!r}: not a metric query Datadog runs: {monitor['query']!r}")
+        metric, threshold = query["metric"], float(query["threshold"])
+        if metric not in catalogue:
+            fail(f"monitor {name!r}: {metric} is not a catalogued metric")
+        kind, tags = catalogue[metric]
+        if (kind == "counter") != bool(query["as"]):
+            fail(f"monitor {name!r}: a {kind} is queried {'with' if query['as'] else 'without'} .as_count()/.as_rate()")
+        used = {t.split(":")[0] for t in query["scope"].split(",") if t != "*"} | set(filter(None, (query["by"] or "").split(",")))
+        if used - tags:
+            fail(f"monitor {name!r}: {metric} carries no tag {sorted(used - tags)}")
+        if monitor["options"]["thresholds"]["critical"] != threshold:
+            fail(f"monitor {name!r}: its critical threshold is not the query's {threshold}")
+        for title in re.findall(r'runbook "([^"]+)"', monitor["message"]):
+            if not any(title in r for r in runbooks):
+                fail(f"monitor {name!r}: no runbook {title!r} in docs/operations.md")
+        alert = next((a for a in alerts if name.startswith(f"replay-ingest: {a}")), None)
+        if alert is None:
+            fail(f"monitor {name!r} is for no alert of docs/operations.md's table {sorted(alerts)}")
+        if alert != "pods restarting" and metric.removeprefix("replay_ingest.") not in alerts[alert]:
+            fail(f"monitor {name!r}: {metric} is not a signal of its alert ({sorted(alerts[alert])})")
+        covered.add(alert)
+    if covered != set(alerts):
+        fail(f"alerts of docs/operations.md without a monitor: {sorted(set(alerts) - covered)}")
+    print(f"monitors: {len(monitors)}, one for each of the {len(alerts)} alerts of docs/operations.md, on catalogued metrics")
+
+
 def check_config(binary, docs, values_name, refused=None):
     """`replay-ingest check-config` with the pod's environment: the service would start with what
     the chart renders (or, with `refused`, refuses it saying so) — values that render but that the
@@ -276,6 +338,7 @@ def main():
     if not queried or queried - catalogue:
         fail(f"dashboard queries metrics missing from src/metrics.rs: {sorted(queried - catalogue)}")
     print(f"dashboard: {len(dashboard['widgets'])} widgets over {len(queried)} catalogued metrics")
+    check_monitors()
     default_docs = check("default values", None)
     check_image(defaults, default_docs)
     docs = check("every option on", all_on)
