@@ -175,7 +175,7 @@ def pod_env(docs):
 
 # A Datadog metric monitor's query: `AGG(last_N):SPACE:METRIC{SCOPE} [by {TAGS}][.as_count()] OP N`.
 MONITOR_QUERY = re.compile(
-    r"^(?:change\()?(?:avg|max|min|sum)\(last_\d+[mh]\)(?:,last_\d+[mh]\))?:(?:avg|max|min|sum):"
+    r"^(?:change\((?:avg|max|min|sum)\(last_\d+[mh]\),last_\d+[mh]\)|(?:avg|max|min|sum)\(last_\d+[mh]\)):(?:avg|max|min|sum):"
     r"(?P<metric>[a-z_.]+)\{(?P<scope>[^}]*)\}(?: by \{(?P<by>[a-z_,]+)\})?(?P<as>\.as_(?:count|rate)\(\))? "
     r"(?P<op>>|>=|<|<=) (?P<threshold>\d+(?:\.\d+)?)$")
 
@@ -217,12 +217,18 @@ def check_monitors():
             fail(f"monitor {name!r}: {metric} carries no tag {sorted(used - tags)}")
         if monitor["options"]["thresholds"]["critical"] != threshold:
             fail(f"monitor {name!r}: its critical threshold is not the query's {threshold}")
+        by = set(filter(None, (query["by"] or "").split(",")))
+        named = set(re.findall(r"\{\{([a-z_]+)\.name\}\}", name + monitor["message"]))
+        if named - by:
+            fail(f"monitor {name!r}: {sorted(named - by)} in its text, not among the groups of its query ({sorted(by)})")
         for title in re.findall(r'runbook "([^"]+)"', monitor["message"]):
             if not any(title in r for r in runbooks):
                 fail(f"monitor {name!r}: no runbook {title!r} in docs/operations.md")
-        alert = next((a for a in alerts if name.startswith(f"replay-ingest: {a}")), None)
+        alert = next((a for a in alerts if re.fullmatch(rf"replay-ingest: {re.escape(a)}(?: \(.*\))?", name)), None)
         if alert is None:
             fail(f"monitor {name!r} is for no alert of docs/operations.md's table {sorted(alerts)}")
+        if alert in covered:
+            fail(f"two monitors for the alert {alert!r}")
         if alert != "pods restarting" and metric.removeprefix("replay_ingest.") not in alerts[alert]:
             fail(f"monitor {name!r}: {metric} is not a signal of its alert ({sorted(alerts[alert])})")
         covered.add(alert)

@@ -2,7 +2,8 @@
 //! `reason`, `detail`, `original_topic`, `original_partition`, `original_offset`,
 //! `original_timestamp`, and `sink` for a valid message a sink rejected (`rejected_by_sink`;
 //! `detail` then holds the sink's error; and `original_lost: true`, with no value, when the
-//! message was gone from its topic by the time it was read again). Written as part of the flush,
+//! message was gone from its topic by the time it was read again, or another message was at its
+//! offset). Written as part of the flush,
 //! so it is durable before the offset commits.
 //!
 //! A dead letter larger than the topic accepts is not dropped and does not stop the flush: its
@@ -345,7 +346,7 @@ impl RejectedToDlq {
                 r.offset,
                 self.timeout,
             ) {
-                Ok(read) => match r.original.as_ref().and_then(|o| o.replaced_by(&read.value)) {
+                Ok(read) => match r.original.replaced_by(&read.value) {
                     None => (read, detail.clone(), false),
                     Some(other) => {
                         if let Some(held_back) = crate::logs::ORIGINAL_REPLACED.admit() {

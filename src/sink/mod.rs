@@ -203,8 +203,9 @@ pub struct InvalidMessage {
     pub timestamp: Option<i64>,
     /// The sink that rejected a valid message (`rejected_by_sink`), for the dead-letter headers.
     pub rejected_by: Option<&'static str>,
-    /// The message was gone from its topic when read again to be dead-lettered: `value` is
-    /// empty, not the original (header `original_lost: true`; `redrive` refuses such letters).
+    /// A message a sink rejected was gone from its topic when read again to be dead-lettered,
+    /// or its offset held another message by then: `value` is empty, not the original (header
+    /// `original_lost: true`; `redrive` refuses such letters).
     pub original_lost: bool,
 }
 
@@ -347,9 +348,8 @@ pub struct Rejected {
     pub partition: i32,
     pub offset: i64,
     pub error: SinkError,
-    /// What it is known by when read again (`None`: an invalid message, whose bytes the entry
-    /// holds).
-    pub original: Option<Original>,
+    /// What it is known by when read again.
+    pub original: Original,
 }
 
 /// What a message a sink rejected is known by when it is read again to be dead-lettered. By then
@@ -359,22 +359,40 @@ pub struct Rejected {
 /// rejected one would be missing without a word.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Original {
-    pub replay_id: String,
-    pub project_id: u64,
-    pub segment_id: u32,
+    /// The value's length.
     pub bytes: usize,
+    /// Its project, replay and segment; `None` for a value that does not say them (an invalid
+    /// message a sink refused as a dead letter: only its length tells it apart).
+    pub segment: Option<(u64, String, u32)>,
 }
 
 impl Original {
-    pub fn of(entry: &Entry) -> Option<Original> {
+    pub fn of(entry: &Entry) -> Original {
         match &entry.outcome {
-            Outcome::Valid(processed) => Some(Original {
-                replay_id: processed.ids.replay_id.clone(),
-                project_id: processed.ids.project_id,
-                segment_id: processed.ids.segment_id,
+            Outcome::Valid(processed) => Original {
                 bytes: processed.message_bytes,
+                segment: Some((
+                    processed.ids.project_id,
+                    processed.ids.replay_id.clone(),
+                    processed.ids.segment_id,
+                )),
+            },
+            Outcome::Invalid(message) => Original::of_value(&message.value),
+        }
+    }
+
+    fn of_value(value: &[u8]) -> Original {
+        let envelope = crate::recording::envelope::decode(value).ok();
+        Original {
+            bytes: value.len(),
+            segment: envelope.and_then(|envelope| {
+                let payload = crate::recording::payload::split(envelope.payload).ok()?;
+                Some((
+                    envelope.project_id,
+                    envelope.replay_id.to_owned(),
+                    payload.segment_id,
+                ))
             }),
-            Outcome::Invalid(_) => None,
         }
     }
 
@@ -382,32 +400,21 @@ impl Original {
     /// is the same (its length, project, replay and segment: a segment sent again by the edge
     /// would be the same recording).
     pub fn replaced_by(&self, value: &[u8]) -> Option<String> {
-        let read = crate::recording::envelope::decode(value).and_then(|envelope| {
-            crate::recording::payload::split(envelope.payload)
-                .map(|payload| (envelope, payload.segment_id))
-        });
-        let (envelope, segment_id) = match read {
-            Ok(read) => read,
-            Err(e) => return Some(format!("not a recording message ({})", e.detail)),
-        };
-        let found = (
-            envelope.project_id,
-            envelope.replay_id,
-            segment_id,
-            value.len(),
-        );
-        let rejected = (
-            self.project_id,
-            self.replay_id.as_str(),
-            self.segment_id,
-            self.bytes,
-        );
-        (found != rejected).then(|| {
-            format!(
-                "project {}, replay {}, segment {}, {} bytes, where the rejected message was project {}, replay {}, segment {}, {} bytes",
-                found.0, found.1, found.2, found.3, rejected.0, rejected.1, rejected.2, rejected.3
-            )
-        })
+        let found = Original::of_value(value);
+        (found != *self).then(|| format!("{found}, where the rejected message was {self}"))
+    }
+}
+
+impl fmt::Display for Original {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.segment {
+            Some((project, replay, segment)) => write!(
+                f,
+                "project {project}, replay {replay}, segment {segment}, {} bytes",
+                self.bytes
+            ),
+            None => write!(f, "{} bytes, not a recording message", self.bytes),
+        }
     }
 }
 
@@ -493,8 +500,12 @@ mod tests {
             offset: 7,
             outcome: Outcome::Valid(Box::new(processed)),
         };
-        let original = Original::of(&entry).unwrap();
+        let original = Original::of(&entry);
         assert_eq!(original.replaced_by(&rejected), None, "the same message");
+        let was = format!(
+            "where the rejected message was project 42, replay 6aa0d45db9b94b989501ce3be4daf802, segment 3, {} bytes",
+            rejected.len()
+        );
         let other_replay = TestMessage {
             replay_id: "0b2b4f7e0e8a4d4c9c3f0f6a1d2e3f40".into(),
             ..message(3, "[]")
@@ -503,27 +514,36 @@ mod tests {
             project_id: 43,
             ..message(3, "[]")
         };
+        let longer = message(3, "[ ]").encode();
         for (other, found) in [
             (
                 other_replay.encode(),
-                "replay 0b2b4f7e0e8a4d4c9c3f0f6a1d2e3f40",
+                "replay 0b2b4f7e0e8a4d4c9c3f0f6a1d2e3f40,",
             ),
             (other_project.encode(), "project 43,"),
             (message(4, "[]").encode(), "segment 4,"),
-            (message(3, "[ ]").encode(), "segment 3, "),
+            (
+                longer.clone(),
+                &format!("segment 3, {} bytes, where", longer.len()),
+            ),
+            (
+                b"\x93\x01\x02\x03".to_vec(),
+                "4 bytes, not a recording message, where",
+            ),
         ] {
             let why = original.replaced_by(&other).expect(found);
-            assert!(
-                why.contains(found) && why.contains("where the rejected message was project 42"),
-                "{why}"
-            );
+            assert!(why.contains(found) && why.ends_with(&was), "{why}");
         }
-        let not_a_recording = original.replaced_by(b"\x93\x01\x02\x03").unwrap();
-        assert!(
-            not_a_recording.starts_with("not a recording message"),
-            "{not_a_recording}"
-        );
-        assert_eq!(Original::of(&Entry::invalid_for_test(0, 7)), None);
+        // A dead letter a sink refused: told apart by its length alone.
+        let letter = Entry::invalid_for_test(0, 7);
+        let Outcome::Invalid(message) = &letter.outcome else {
+            unreachable!()
+        };
+        let original = Original::of(&letter);
+        assert_eq!(original.replaced_by(&message.value), None);
+        let mut longer = message.value.clone();
+        longer.push(0);
+        assert!(original.replaced_by(&longer).is_some());
     }
 
     #[test]

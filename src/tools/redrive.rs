@@ -852,7 +852,7 @@ fn unsendable(letter: &BorrowedMessage<'_>) -> Option<&'static str> {
         return Some("not a dead letter (no reason header)");
     }
     header(letter, "original_lost").map(|_| {
-        "its original bytes were gone from the topic when it was dead-lettered (see its detail)"
+        "its original bytes were gone from the topic, or another message was at its offset, when it was dead-lettered (see its detail)"
     })
 }
 

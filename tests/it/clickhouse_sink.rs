@@ -532,9 +532,10 @@ async fn user_with_password(user: &User, password: &str, table_config: &ClickHou
 }
 
 /// Rotating the password the documented way — the Secret (the password file) first, then the
-/// server — needs no restart: the write the server refuses with the old password is retried,
-/// and the retry takes the new one from the file. While the file still holds the refused
-/// password, the refusal stays a configuration error, as at startup (before: every refusal was
+/// server — needs no restart: the write the server refuses with the old password reads the file
+/// again and goes on with the new one, within the same attempt. While the file still holds the
+/// refused password (or one the server refuses too), the refusal stays a configuration error, as
+/// at startup (before: every refusal was
 /// fatal, so each pod exited on its next write and restarted to read the file).
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
