@@ -7,6 +7,9 @@
 - every `config` key must be a real REPLAY_INGEST_* variable of `replay-ingest consume`, and
   values.schema.json admits exactly those (a misspelt key is refused, not ignored);
 - every metric the Datadog dashboard queries is in the metrics catalogue (src/metrics.rs);
+- the memory limit the chart gives a pod when `resources.limits.memory` is unset holds what the
+  service may hold (`check-config`'s bound, with room for the baseline) for 1 to 16 processing
+  threads, and one set is kept;
 - the Datadog monitors (dashboards/datadog-monitors.json): one for each alert of
   docs/operations.md's Alerts table, on a metric its row names, each query well formed — a
   catalogued metric, counters as counts or rates and gauges not, tags the metric carries, its
@@ -379,6 +382,15 @@ def main():
         if data.get("REPLAY_INGEST_PROCESSING_THREADS") != threads:
             fail(f"{values}: {threads} processing threads expected, got {data.get('REPLAY_INGEST_PROCESSING_THREADS')}")
     print("processing threads: one per requested core, or config.PROCESSING_THREADS")
+    # limits.memory, left unset, follows the processing threads: the bound the service computes
+    # for each count fits the limit the chart gives it, with room for the baseline; one set is kept.
+    for threads in range(1, 17):
+        check_config(binary, render_docs({"resources": {"requests": {"cpu": str(threads)}}}), f"{threads} requested cores")
+    check_config(binary, render_docs({"config": {"PROCESSING_THREADS": "6"}}), "config.PROCESSING_THREADS 6")
+    kept = first_container(render_docs({"resources": {"limits": {"memory": "3Gi"}}}))["resources"]
+    if kept != {"requests": {"cpu": "2", "memory": "768Mi"}, "limits": {"memory": "3Gi"}}:
+        fail(f"a limits.memory set must be kept as set: {kept}")
+    print("limits.memory: 1 to 16 processing threads each within the limit the chart gives them; one set is kept")
     # Helm reads YAML numbers as floats: 1048576 would print as 1.048576e+06, which librdkafka
     # reads as 1. KEDA reads the lag from the service's own brokers unless told otherwise.
     rendered = helm.Chart.load(str(CHART)).render(

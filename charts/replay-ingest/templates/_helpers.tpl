@@ -82,6 +82,30 @@ POD_NAME, set beside it).
 {{- int (ceil $cores) -}}
 {{- end -}}
 
+{{/* The processing threads the pods run: config.PROCESSING_THREADS, else one per requested
+     core. */}}
+{{- define "replay-ingest.processingThreads" -}}
+{{- if hasKey .Values.config "PROCESSING_THREADS" -}}
+{{- int .Values.config.PROCESSING_THREADS -}}
+{{- else -}}
+{{- max 1 (int (include "replay-ingest.requestedCores" .)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The container's resources as set, with limits.memory, when unset, following the
+     processing threads (values.yaml says why): 704Mi + 160Mi a thread, 1Gi at least. The
+     chart's test checks each thread count from 1 to 16 against the bound the service computes. */}}
+{{- define "replay-ingest.resources" -}}
+{{- $resources := deepCopy (.Values.resources | default dict) -}}
+{{- $limits := $resources.limits | default dict -}}
+{{- if not $limits.memory -}}
+{{- $threads := int (include "replay-ingest.processingThreads" .) -}}
+{{- $_ := set $limits "memory" (printf "%dMi" (max 1024 (add 704 (mul 160 $threads)))) -}}
+{{- $_ := set $resources "limits" $limits -}}
+{{- end -}}
+{{- toYaml $resources -}}
+{{- end -}}
+
 {{/* The service's settings, as `REPLAY_INGEST_*` variables (and the async runtime's threads),
      one YAML map: rendered into the pod spec's `env` (each ReplicaSet keeps its own) and into
      the ConfigMap the operator tools' Jobs read. */}}
@@ -94,7 +118,7 @@ REPLAY_INGEST_HTTP_LISTEN: {{ printf "%s:%d" (default "0.0.0.0" .Values.http.bin
 {{- /* One processing thread per requested core. Left to the service, it takes one per core
        of the node (the pod has no CPU limit), and each thread holds a decompression buffer:
        the memory limit would not cover a large node. */}}
-REPLAY_INGEST_PROCESSING_THREADS: {{ max 1 (int (include "replay-ingest.requestedCores" .)) | quote }}
+REPLAY_INGEST_PROCESSING_THREADS: {{ include "replay-ingest.processingThreads" . | quote }}
 {{- end }}
 {{- /* The async runtime (the sinks' requests, the probes) would take a thread per core of the
        node too, each with an allocator arena the memory limit does not count: as many as the
