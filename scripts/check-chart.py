@@ -480,6 +480,8 @@ def main():
         ({"config": {"DRAIN_DEADLINE_MS": "20000", "SESSION_TIMEOUT_MS": "15000"}},
          "config.DRAIN_DEADLINE_MS (20000) must be below config.SESSION_TIMEOUT_MS (15000)"),
         ({"config": {"BLOB_SINK": "filesystem"}}, "config.BLOB_SINK filesystem needs config.BLOB_DIR"),
+        # The service's 0 is a thread per core of the node, which the memory limit would not follow.
+        ({"config": {"PROCESSING_THREADS": "0"}}, "/config/PROCESSING_THREADS': '0' does not match pattern"),
         ({"image": {"tag": "1.2.3@sha256:" + "0" * 64}}, "image.tag holds a digest: set image.digest"),
         ({"autoscaling": {"keda": {"enabled": True}}, "config": {"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SSL_CERTIFICATE_LOCATION": "/c.pem"}},
          "autoscaling.keda with a client certificate"),
