@@ -13,7 +13,9 @@
 - the Datadog monitors (dashboards/datadog-monitors.json): one for each alert of
   docs/operations.md's Alerts table, on a metric its row names, each query well formed — a
   catalogued metric, counters as counts or rates and gauges not, tags the metric carries, its
-  threshold the one the query compares with — and each runbook its message names exists;
+  threshold the one the query compares with — and each runbook its message names exists; with
+  datadogMonitors on, each is rendered as a DatadogMonitor in the operator's spelling, with the
+  scope, handles and tags given;
 - the recommended labels on every object and on the pod template; the container port, the probes
   and REPLAY_INGEST_HTTP_LISTEN agree; Kafka properties render one per line; with SASL and KEDA, a
   TriggerAuthentication reads the same Secret the pods mount; NOTES.txt renders;
@@ -78,6 +80,9 @@ def check(values_name, values):
     with tempfile.TemporaryDirectory() as tmp:
         files = []
         for i, (path, doc) in enumerate(docs):
+            if doc["apiVersion"] == "datadoghq.com/v1alpha1":
+                # The Datadog Operator's CRD: no bundled schema (check_datadog_monitors checks them).
+                continue
             if doc["apiVersion"].startswith("keda.sh/"):
                 spec = doc["spec"]
                 if doc["kind"] == "ScaledObject" and not (spec["scaleTargetRef"]["name"] and spec["triggers"]):
@@ -240,6 +245,42 @@ def check_monitors():
     print(f"monitors: {len(monitors)}, one for each of the {len(alerts)} alerts of docs/operations.md, on catalogued metrics")
 
 
+# The DatadogMonitor fields (datadoghq.com/v1alpha1) the chart may set, and their options.
+MONITOR_SPEC = {"name", "type", "query", "message", "priority", "tags", "options"}
+MONITOR_OPTIONS = {"evaluationDelay", "includeTags", "newGroupDelay", "noDataTimeframe", "notifyNoData",
+                   "renotifyInterval", "requireFullWindow", "thresholds", "timeoutH"}
+
+
+def check_datadog_monitors():
+    """datadogMonitors renders each monitor of datadog-monitors.json as a DatadogMonitor, in the
+    operator's spelling, with the scope, the notification handles and the tags it is given."""
+    if any(d["kind"] == "DatadogMonitor" for _, d in render_docs({})):
+        fail("DatadogMonitors rendered without datadogMonitors.enabled")
+    monitors = json.loads((CHART / "dashboards" / "datadog-monitors.json").read_text())
+    settings = {"enabled": True, "scope": "env:prod,kube_namespace:replays", "notify": "@pagerduty-replays", "tags": ["team:replays"]}
+    rendered = [d for _, d in render_docs({"datadogMonitors": settings}) if d["kind"] == "DatadogMonitor"]
+    if len(rendered) != len(monitors):
+        fail(f"{len(rendered)} DatadogMonitors rendered for {len(monitors)} monitors")
+    names = [d["metadata"]["name"] for d in rendered]
+    if len(set(names)) != len(names) or not all(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", n) for n in names):
+        fail(f"DatadogMonitor names must be distinct DNS labels: {names}")
+    for monitor, doc in zip(monitors, rendered):
+        spec = doc["spec"]
+        camel = lambda key: re.sub(r"_([a-z])", lambda m: m[1].upper(), key)
+        expected = {
+            "name": monitor["name"], "type": monitor["type"], "priority": monitor["priority"],
+            "query": monitor["query"].replace("{*}", "{" + settings["scope"] + "}"),
+            "message": f"{monitor['message']} {settings['notify']}", "tags": monitor["tags"] + settings["tags"],
+            "options": {camel(k): ({camel(level): json.dumps(t) for level, t in v.items()} if k == "thresholds" else v)
+                        for k, v in monitor["options"].items()},
+        }
+        if set(spec) - MONITOR_SPEC or set(spec["options"]) - MONITOR_OPTIONS:
+            fail(f"DatadogMonitor {doc['metadata']['name']}: fields the operator does not take: {sorted((set(spec) - MONITOR_SPEC) | (set(spec['options']) - MONITOR_OPTIONS))}")
+        if spec != expected:
+            fail(f"DatadogMonitor {doc['metadata']['name']}: {spec} (expected {expected})")
+    print(f"DatadogMonitors: {len(rendered)}, as datadog-monitors.json says, with the scope, handles and tags given")
+
+
 def check_config(binary, docs, values_name, refused=None):
     """`replay-ingest check-config` with the pod's environment: the service would start with what
     the chart renders (or, with `refused`, refuses it saying so) — values that render but that the
@@ -348,6 +389,7 @@ def main():
         fail(f"dashboard queries metrics missing from src/metrics.rs: {sorted(queried - catalogue)}")
     print(f"dashboard: {len(dashboard['widgets'])} widgets over {len(queried)} catalogued metrics")
     check_monitors()
+    check_datadog_monitors()
     default_docs = check("default values", None)
     check_image(defaults, default_docs)
     docs = check("every option on", all_on)
@@ -480,6 +522,7 @@ def main():
         ({"config": {"DRAIN_DEADLINE_MS": "20000", "SESSION_TIMEOUT_MS": "15000"}},
          "config.DRAIN_DEADLINE_MS (20000) must be below config.SESSION_TIMEOUT_MS (15000)"),
         ({"config": {"BLOB_SINK": "filesystem"}}, "config.BLOB_SINK filesystem needs config.BLOB_DIR"),
+        ({"datadogMonitors": {"enabled": True}, "dogstatsd": {"mode": "off"}}, "datadogMonitors.enabled with dogstatsd.mode off"),
         # The service's 0 is a thread per core of the node, which the memory limit would not follow.
         ({"config": {"PROCESSING_THREADS": "0"}}, "/config/PROCESSING_THREADS': '0' does not match pattern"),
         ({"image": {"tag": "1.2.3@sha256:" + "0" * 64}}, "image.tag holds a digest: set image.digest"),
