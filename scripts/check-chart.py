@@ -269,7 +269,8 @@ def check_datadog_monitors():
         camel = lambda key: re.sub(r"_([a-z])", lambda m: m[1].upper(), key)
         expected = {
             "name": monitor["name"], "type": monitor["type"], "priority": monitor["priority"],
-            "query": monitor["query"].replace("{*}", "{" + settings["scope"] + "}"),
+            "query": monitor["query"].replace("{*}", "{" + settings["scope"] + "}")
+                     .replace("{kube_container_name:", "{kube_namespace:replays,kube_container_name:"),
             "message": f"{monitor['message']} {settings['notify']}", "tags": monitor["tags"] + settings["tags"],
             "options": {camel(k): ({camel(level): json.dumps(t) for level, t in v.items()} if k == "thresholds" else v)
                         for k, v in monitor["options"].items()},
