@@ -257,21 +257,29 @@ def check_datadog_monitors():
     if any(d["kind"] == "DatadogMonitor" for _, d in render_docs({})):
         fail("DatadogMonitors rendered without datadogMonitors.enabled")
     monitors = json.loads((CHART / "dashboards" / "datadog-monitors.json").read_text())
-    settings = {"enabled": True, "scope": "env:prod,kube_namespace:replays", "notify": "@pagerduty-replays", "tags": ["team:replays"]}
+    settings = {"enabled": True, "scope": "env:prod", "notify": "@pagerduty-replays", "tags": ["team:replays"]}
     rendered = [d for _, d in render_docs({"datadogMonitors": settings}) if d["kind"] == "DatadogMonitor"]
     if len(rendered) != len(monitors):
         fail(f"{len(rendered)} DatadogMonitors rendered for {len(monitors)} monitors")
     names = [d["metadata"]["name"] for d in rendered]
-    if len(set(names)) != len(names) or not all(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", n) for n in names):
-        fail(f"DatadogMonitor names must be distinct DNS labels: {names}")
+    if len(set(names)) != len(names) or not all(len(n) <= 253 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", n) for n in names):
+        fail(f"DatadogMonitor names must be distinct DNS subdomains: {names}")
     for monitor, doc in zip(monitors, rendered):
         spec = doc["spec"]
         camel = lambda key: re.sub(r"_([a-z])", lambda m: m[1].upper(), key)
+        # Every filter of the service's metrics starts with the scope, and is the file's without it;
+        # the Kubernetes integration's is the release's namespace.
+        filters = re.findall(r"(?:replay_ingest\.[a-z_.]+|kubernetes_state\.[a-z_.]+)\{([^}]*)\}", spec["query"])
+        if not filters or not all(f.split(",")[0] == ("kube_namespace:replays" if "kube_" in f else "env:prod") for f in filters):
+            fail(f"DatadogMonitor {doc['metadata']['name']}: a filter without the scope: {spec['query']}")
+        unscoped = re.sub(r"\{(?:env:prod|kube_namespace:replays)(?:,([^}]*))?\}", lambda m: "{" + (m[1] or "*") + "}", spec["query"])
+        if unscoped != monitor["query"]:
+            fail(f"DatadogMonitor {doc['metadata']['name']}: {spec['query']} is not {monitor['query']} with the scope")
         expected = {
-            "name": monitor["name"], "type": monitor["type"], "priority": monitor["priority"],
-            "query": monitor["query"].replace("{*}", "{" + settings["scope"] + "}")
-                     .replace("{kube_container_name:", "{kube_namespace:replays,kube_container_name:"),
-            "message": f"{monitor['message']} {settings['notify']}", "tags": monitor["tags"] + settings["tags"],
+            "name": f"{monitor['name']} [replays/replay-ingest]", "type": monitor["type"], "priority": monitor["priority"],
+            "query": spec["query"],
+            "message": f"{monitor['message']} {settings['notify']}",
+            "tags": monitor["tags"] + settings["tags"] + ["generated:kubernetes"],
             "options": {camel(k): ({camel(level): json.dumps(t) for level, t in v.items()} if k == "thresholds" else v)
                         for k, v in monitor["options"].items()},
         }
@@ -524,8 +532,10 @@ def main():
          "config.DRAIN_DEADLINE_MS (20000) must be below config.SESSION_TIMEOUT_MS (15000)"),
         ({"config": {"BLOB_SINK": "filesystem"}}, "config.BLOB_SINK filesystem needs config.BLOB_DIR"),
         ({"datadogMonitors": {"enabled": True}, "dogstatsd": {"mode": "off"}}, "datadogMonitors.enabled with dogstatsd.mode off"),
+        ({"datadogMonitors": {"enabled": True}}, "datadogMonitors.enabled needs datadogMonitors.scope (or dogstatsd.env)"),
         # The service's 0 is a thread per core of the node, which the memory limit would not follow.
         ({"config": {"PROCESSING_THREADS": "0"}}, "/config/PROCESSING_THREADS': '0' does not match pattern"),
+        ({"config": {"PROCESSING_THREADS": "1025"}}, "/config/PROCESSING_THREADS': '1025' does not match pattern"),
         ({"image": {"tag": "1.2.3@sha256:" + "0" * 64}}, "image.tag holds a digest: set image.digest"),
         ({"autoscaling": {"keda": {"enabled": True}}, "config": {"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SSL_CERTIFICATE_LOCATION": "/c.pem"}},
          "autoscaling.keda with a client certificate"),
