@@ -74,6 +74,7 @@ const MAX_POLL_INTERVAL: Duration = Duration::from_secs(20);
 const SCALE_OUT_WITHIN: Duration = Duration::from_secs(30);
 
 /// What one message must become.
+#[derive(Clone)]
 enum Fate {
     Valid {
         blob_key: String,
@@ -117,11 +118,79 @@ struct Produced {
     original: Original,
 }
 
-/// Produces `RATE` messages a second until `stop`, recording where each landed and its fate.
+/// A message whose delivery failed: it may or may not have landed (a record in flight when its
+/// timeout came may still be written), so where it is, if anywhere, is looked up by its key once
+/// production has stopped ([`find_undelivered`]).
+struct Undelivered {
+    fate: Fate,
+    original: Original,
+}
+
+/// Where the messages whose delivery failed landed, if anywhere: `topic`'s `partitions` read
+/// from their start to their end, by key (each message's key is its own). Every copy found is a
+/// message the members had to handle.
+fn find_undelivered(topic: &str, partitions: i32, undelivered: &[Undelivered]) -> Vec<Produced> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    if undelivered.is_empty() {
+        return Vec::new();
+    }
+    let consumer: BaseConsumer = kafka()
+        .set("group.id", unique("lookup"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("the lookup's consumer");
+    let (mut ends, mut assignment) = (BTreeMap::new(), TopicPartitionList::new());
+    for partition in 0..partitions {
+        let (_, end) = consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(30))
+            .expect("the partition's end");
+        if end > 0 {
+            ends.insert(partition, end);
+            assignment
+                .add_partition_offset(topic, partition, Offset::Beginning)
+                .unwrap();
+        }
+    }
+    consumer.assign(&assignment).expect("assign");
+    let by_key: BTreeMap<&[u8], &Undelivered> = undelivered
+        .iter()
+        .filter_map(|u| Some((u.original.key.as_deref()?, u)))
+        .collect();
+    let (mut found, deadline) = (Vec::new(), Instant::now() + Duration::from_secs(120));
+    while !ends.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{topic} not read to its end: {ends:?}"
+        );
+        let Some(Ok(message)) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        if let Some(u) = message.key().and_then(|key| by_key.get(key)) {
+            found.push(Produced {
+                partition: message.partition(),
+                offset: message.offset(),
+                fate: u.fate.clone(),
+                original: u.original.clone(),
+            });
+        }
+        if ends
+            .get(&message.partition())
+            .is_some_and(|&end| message.offset() + 1 >= end)
+        {
+            ends.remove(&message.partition());
+        }
+    }
+    found
+}
+
+/// Produces `RATE` messages a second until `stop`, recording where each landed and its fate, and
+/// the messages whose delivery failed.
 async fn produce(
     topic: String,
     stop: Arc<std::sync::atomic::AtomicBool>,
     out: Arc<Mutex<Vec<Produced>>>,
+    undelivered: Arc<Mutex<Vec<Undelivered>>>,
 ) {
     let fixtures = Arc::new(all_fixtures());
     let hostile: Arc<Vec<Vec<u8>>> = Arc::new(
@@ -133,8 +202,10 @@ async fn produce(
     let producer: FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("message.max.bytes", "16000000")
-        // A hung broker delays deliveries; it must not fail them.
-        .set("message.timeout.ms", "600000")
+        // A hung broker delays deliveries, and a restart can hold an idempotent producer's
+        // records until their timeout (librdkafka: a CI run waited 600 s for one after a
+        // SIGKILL restart): a delivery that fails is looked up on the topic instead.
+        .set("message.timeout.ms", "120000")
         // A send retried across a broker kill must not land twice: the copy whose delivery
         // report was lost sits at an offset this harness never recorded, and its dead letter (or
         // blob) would look like a message never produced (a CI run failed that way).
@@ -172,20 +243,21 @@ async fn produce(
             )
         });
         let deliveries = join_all(sends).await;
-        let landed = deliveries
-            .into_iter()
-            .zip(batch)
-            .map(|(delivery, (value, key, fate))| {
-                let delivery = delivery.map_err(|(e, _)| e).expect("produce");
-                let original = Original::new(Some(key), &value);
-                Produced {
+        for (delivery, (value, key, fate)) in deliveries.into_iter().zip(batch) {
+            let original = Original::new(Some(key), &value);
+            match delivery {
+                Ok(delivery) => out.lock().unwrap().push(Produced {
                     partition: delivery.partition,
                     offset: delivery.offset,
                     fate,
                     original,
-                }
-            });
-        out.lock().unwrap().extend(landed);
+                }),
+                Err(_) => undelivered
+                    .lock()
+                    .unwrap()
+                    .push(Undelivered { fate, original }),
+            }
+        }
         // Pace to RATE a second on average.
         let due = start + Duration::from_secs(i / RATE);
         tokio::time::sleep_until(due.into()).await;
@@ -715,8 +787,14 @@ async fn chaos(own: &OwnStack) {
     members[1].start(&args(1));
 
     let produced = Arc::new(Mutex::new(Vec::new()));
+    let undelivered = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let producer = tokio::spawn(produce(names.topic.clone(), stop.clone(), produced.clone()));
+    let producer = tokio::spawn(produce(
+        names.topic.clone(),
+        stop.clone(),
+        produced.clone(),
+        undelivered.clone(),
+    ));
 
     let mut counts: BTreeMap<&'static str, u32> = BTreeMap::new();
     let mut failures: Vec<String> = Vec::new();
@@ -953,7 +1031,11 @@ async fn chaos(own: &OwnStack) {
             member.start(&args(i));
         }
     }
-    let produced = std::mem::take(&mut *produced.lock().unwrap());
+    let mut produced = std::mem::take(&mut *produced.lock().unwrap());
+    let undelivered = std::mem::take(&mut *undelivered.lock().unwrap());
+    let found = tokio::task::block_in_place(|| find_undelivered(&names.topic, 4, &undelivered));
+    let landed_anyway = found.len();
+    produced.extend(found);
     let mut end: BTreeMap<i32, i64> = BTreeMap::new();
     for p in &produced {
         let next = end.entry(p.partition).or_default();
@@ -1046,7 +1128,8 @@ async fn chaos(own: &OwnStack) {
         .map(|(what, n)| format!("{n} {what}"))
         .collect();
     println!(
-        "chaos: {seconds} s of faults ({}), the {} group protocol; {} messages ({valid} valid, {} invalid); blobs missing {missing_blobs}, \
+        "chaos: {seconds} s of faults ({}), the {} group protocol; {} messages ({valid} valid, {} invalid; deliveries failed {}, \
+         {landed_anyway} of them on the topic all the same); blobs missing {missing_blobs}, \
          differing {wrong_blobs}; rows missing {missing_rows} of {}, unexpected {extra_rows}; billing outcomes missing \
          {missing_outcomes} of {}, unexpected {extra_outcomes} ({} published); dead letters missing \
          {missing_dead} of {}, unexpected {extra_dead}; commits at the end: {} (settled in {:.0} s); members exiting \
@@ -1059,6 +1142,7 @@ async fn chaos(own: &OwnStack) {
         },
         produced.len(),
         produced.len() - valid,
+        undelivered.len(),
         expected_rows.len(),
         expected_outcomes.len(),
         published.len(),
