@@ -327,41 +327,37 @@ impl RejectedToDlq {
             // letter says where it was and why it was refused, without its bytes. Each is logged
             // once per message, and again at each retry of the dead-letter write (a retention
             // cut takes a run of them): throttled.
-            let lost = |why: String| {
-                let missing = Record {
-                    partition: r.partition,
-                    offset: r.offset,
-                    value: Default::default(),
-                    key: None,
-                    timestamp: None,
-                };
-                (
-                    missing,
-                    format!("{detail} (original bytes lost: {why})"),
-                    true,
-                )
-            };
-            let (original, detail, lost) = match self.source.fetch(
-                r.partition,
-                r.offset,
-                self.timeout,
-            ) {
+            let lost_because = match self.source.fetch(r.partition, r.offset, self.timeout) {
                 Ok(read) => match r.original.replaced_by(&read.value) {
-                    None => (read, detail.clone(), false),
+                    None => Ok(read),
                     Some(other) => {
                         if let Some(held_back) = crate::logs::ORIGINAL_REPLACED.admit() {
                             error!(partition = r.partition, offset = r.offset, found = %other, held_back, "a message a sink rejected is no longer at its offset, another message is: dead-lettered without its bytes");
                         }
-                        lost(format!("another message is at its offset now: {other}"))
+                        Err(format!("another message is at its offset now: {other}"))
                     }
                 },
                 Err(gone @ RefetchError::Gone { .. }) => {
                     if let Some(held_back) = crate::logs::ORIGINAL_LOST.admit() {
                         error!(partition = r.partition, offset = r.offset, %gone, held_back, "a message a sink rejected is gone from the topic: dead-lettered without its bytes");
                     }
-                    lost(gone.to_string())
+                    Err(gone.to_string())
                 }
                 Err(e) => return Err(SinkError::from_error("rejected", Retry::Retryable, e)),
+            };
+            let (original, detail, lost) = match lost_because {
+                Ok(read) => (read, detail, false),
+                Err(why) => {
+                    let missing = Record {
+                        partition: r.partition,
+                        offset: r.offset,
+                        value: Default::default(),
+                        key: None,
+                        timestamp: None,
+                    };
+                    let detail = format!("{detail} (original bytes lost: {why})");
+                    (missing, detail, true)
+                }
             };
             progress.stepped();
             let message = InvalidMessage {
