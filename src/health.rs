@@ -9,9 +9,11 @@
 //!   process (read again by the restart) get the pod restarted; a flush that keeps retrying
 //!   through an outage, and a member cut off from every broker, do not.
 //! - `GET /health/ready`: 200 once the service is initialised (every sink checked, the consumer
-//!   subscribed) and until it starts shutting down. Holding no partition is not unready: members
-//!   beyond the partition count, and every member during a rebalance, are healthy, and a readiness
-//!   that dropped with them would stall rollouts behind the PodDisruptionBudget.
+//!   subscribed) and the member has joined its consumer group, and until it starts shutting down:
+//!   a rollout replaces the next old pod only once the new one is in the group, not while it is
+//!   still waiting for the group to take it in. Holding no partition is not unready: members
+//!   beyond the partition count, and every member during a later rebalance, are healthy, and a
+//!   readiness that dropped with them would stall rollouts behind the PodDisruptionBudget.
 //! - `GET /status`: JSON snapshot — partitions owned, buffer fill, flushes in flight, paused, counters, sinks in an
 //!   outage (since when, attempts, last error), the member's place in its group (librdkafka's
 //!   group and join states, since when it has been out of it), committed offsets per owned
@@ -139,6 +141,9 @@ pub(crate) fn wall_ms() -> u64 {
 pub struct Status {
     /// Sinks checked and the consumer subscribed.
     initialised: AtomicBool,
+    /// The member has been in its consumer group at least once: given an assignment (an empty
+    /// one too), or in the group by librdkafka's statistics.
+    joined: AtomicBool,
     /// Shutdown requested: draining for the last time.
     stopping: AtomicBool,
     /// Partitions this member owns (a copy: `kafka::ownership` is where they are kept).
@@ -242,6 +247,8 @@ pub struct Snapshot {
     pub ready: bool,
     pub live: bool,
     pub initialised: bool,
+    /// The member has joined its consumer group at least once (readiness waits for it).
+    pub joined: bool,
     pub stopping: bool,
     pub assigned: bool,
     pub partitions: BTreeSet<i32>,
@@ -502,19 +509,27 @@ impl Status {
     }
 
     pub fn ready(&self) -> bool {
-        self.initialised.load(Ordering::Relaxed) && !self.stopping.load(Ordering::Relaxed)
+        self.initialised.load(Ordering::Relaxed)
+            && self.joined.load(Ordering::Relaxed)
+            && !self.stopping.load(Ordering::Relaxed)
     }
 
     // What the pipeline and the consumer record: one call each, which updates what `/status`
     // shows and sends the event's metric.
 
-    /// Every sink checked and the consumer subscribed: ready, and, if the member has
+    /// Every sink checked and the consumer subscribed: ready once the member joins its group
+    /// ([`Status::record_joined`]), and, if the member has
     /// `statistics`, out of the group until they say it joined (without them `/status` says
-    /// nothing of the group rather than out of it since the start).
-    pub fn record_initialised(&self, statistics: bool) {
+    /// nothing of the group rather than out of it since the start). Without statistics, a member
+    /// of the `consumer_protocol` (KIP-848) left without a partition has nothing telling it joined
+    /// (librdkafka calls no callback for its empty assignment): it is ready from now, as it is
+    /// without waiting for the join.
+    pub fn record_initialised(&self, statistics: bool, consumer_protocol: bool) {
         self.initialised.store(true, Ordering::Relaxed);
         if statistics {
             lock(&self.group).out_since_ms.get_or_insert(now_ms());
+        } else if consumer_protocol {
+            self.joined.store(true, Ordering::Relaxed);
         }
     }
 
@@ -531,6 +546,7 @@ impl Status {
         group.join_state.push_str(join_state);
         group.brokers_up = brokers_up;
         let out_ms = if joined {
+            self.record_joined();
             group.connected_out_since_ms = None;
             if let Some(since) = group.out_since_ms.take()
                 && std::mem::take(&mut group.warned)
@@ -558,6 +574,15 @@ impl Status {
             out_ms
         };
         crate::metrics::out_of_group(out_ms);
+    }
+
+    /// The member joined its consumer group (an assignment callback, an empty assignment too, or
+    /// statistics saying it is in the group): ready from now on, through later rebalances and
+    /// outages, until shutdown. The first time is logged.
+    pub fn record_joined(&self) {
+        if !self.joined.swap(true, Ordering::Relaxed) {
+            tracing::info!("joined the consumer group: ready");
+        }
     }
 
     /// Shutdown requested: not ready from now on.
@@ -670,6 +695,7 @@ impl Status {
             ready: self.ready(),
             live: self.live(),
             initialised: self.initialised.load(Ordering::Relaxed),
+            joined: self.joined.load(Ordering::Relaxed),
             stopping: self.stopping.load(Ordering::Relaxed),
             assigned: !partitions.is_empty(),
             partitions,
@@ -1000,11 +1026,17 @@ mod tests {
     }
 
     #[test]
-    fn ready_from_initialisation_until_shutdown_whatever_the_assignment() {
+    fn ready_from_the_first_join_until_shutdown_whatever_the_assignment() {
         let s = Status::default();
         assert!(!s.ready(), "sinks not checked yet");
-        s.record_initialised(true);
+        s.record_initialised(true, false);
+        assert!(!s.ready(), "not in its group yet");
+        s.record_group("up", "wait-join", false, 1);
+        assert!(!s.ready(), "still joining");
+        s.record_joined();
         assert!(s.ready(), "an idle member (no partitions) is ready");
+        s.record_group("up", "wait-join", false, 1);
+        assert!(s.ready(), "a later rebalance is not unreadiness");
         s.record_draining(true);
         assert!(
             s.ready(),
@@ -1012,6 +1044,16 @@ mod tests {
         );
         s.record_stopping();
         assert!(!s.ready());
+        let by_statistics = Status::default();
+        by_statistics.record_initialised(true, false);
+        by_statistics.record_group("up", "steady", true, 1);
+        assert!(by_statistics.ready(), "the statistics say it joined");
+        let classic = Status::default();
+        classic.record_initialised(false, false);
+        assert!(!classic.ready(), "its assignment callback will say it");
+        let untold = Status::default();
+        untold.record_initialised(false, true);
+        assert!(untold.ready(), "nothing would say it joined");
     }
 
     #[test]
@@ -1019,12 +1061,12 @@ mod tests {
         let s = Status::default();
         s.beat();
         s.set_group_stall(Some(Duration::from_millis(1)));
-        s.record_initialised(false);
+        s.record_initialised(false, false);
         std::thread::sleep(Duration::from_millis(5));
         assert!(s.live());
         assert_eq!(s.snapshot().group.out_since_ms, None);
         let with = Status::default();
-        with.record_initialised(true);
+        with.record_initialised(true, false);
         assert!(
             with.snapshot().group.out_since_ms.is_some(),
             "until they say"
@@ -1043,7 +1085,7 @@ mod tests {
         let s = Status::default();
         s.beat();
         s.set_group_stall(Some(Duration::from_millis(50)));
-        s.record_initialised(true);
+        s.record_initialised(true, false);
         record(&s, false);
         std::thread::sleep(Duration::from_millis(60));
         let at = now_ms();

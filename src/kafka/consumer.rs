@@ -336,6 +336,8 @@ impl ConsumerContext for IngestContext {
             let ids = ids(partitions);
             // New partitions join intake's pause at their first message (`kafka::pause`).
             self.gained(&ids);
+            // Called for an empty assignment too: the member is in its group.
+            self.status.record_joined();
             let generation = self.ownership.generation();
             info!(partitions = ?ids, generation, "partitions assigned");
         }

@@ -263,10 +263,10 @@ pub async fn consume(
     let statistics = sends_statistics(&settings.consumer);
     if !statistics {
         warn!(
-            "statistics.interval.ms=0: consumer.lag, consumer.out_of_group_ms and /status `group` are not reported, the group stall does not fail liveness, and with the consumer group protocol flushes go on writing while the group coordinator is out of reach"
+            "statistics.interval.ms=0: consumer.lag, consumer.out_of_group_ms and /status `group` are not reported, the group stall does not fail liveness, and with the consumer group protocol flushes go on writing while the group coordinator is out of reach and readiness does not wait for the member to join its group"
         );
     }
-    status.record_initialised(statistics);
+    status.record_initialised(statistics, settings.consumer_protocol);
     let stop = Arc::new(AtomicBool::new(false));
     let (refusals_tx, refusals_rx) = mpsc::unbounded_channel();
     let poller = spawn_poller(

@@ -1,10 +1,11 @@
 //! The member's place in its consumer group, from librdkafka's statistics: `/status` `group`, the
 //! `consumer.out_of_group_ms` gauge, and liveness once the member has been out of its group past
-//! `--group-stall-timeout-ms` while it reaches a broker. On the real broker: idle members (more
-//! members than partitions) are in their group under both group protocols and stay live; a
+//! `--group-stall-timeout-ms` while it reaches a broker, and readiness, which waits for the
+//! member's first join. On the real broker: idle members (more members than partitions) are in
+//! their group under both group protocols, ready, and stay live, with statistics or without; a
 //! member its group keeps out (another member of the group uses an assignor it does not share)
-//! fails liveness and is live again once it joins; a member cut off from every broker by an
-//! outage longer than the stall stays live, and so does its rejoin afterwards.
+//! is never ready and fails liveness, and is live and ready once it joins; a member cut off from
+//! every broker by an outage longer than the stall stays live, and so does its rejoin afterwards.
 
 use std::time::{Duration, Instant};
 
@@ -104,12 +105,14 @@ async fn idle_member_stays_in_its_group(protocol: &[&str]) {
     let (first, first_statsd) = setup.member(protocol);
     let (second, second_statsd) = setup.member(protocol);
     wait_for(
-        "one member owning the partition, both in the group",
+        "one member owning the partition, both in the group and ready",
         JOIN_AND_FLUSH,
         || {
             first.owned() + second.owned() == 1
                 && in_group(&group(&first))
                 && in_group(&group(&second))
+                && first.probe("/health/ready") == Some(200)
+                && second.probe("/health/ready") == Some(200)
         },
     )
     .await;
@@ -167,6 +170,56 @@ async fn members_with_and_without_a_partition_are_in_their_group_and_stay_live()
 async fn with_the_consumer_group_protocol_an_idle_member_is_in_its_group_and_stays_live() {
     let _stack = uses_stack().await;
     idle_member_stays_in_its_group(&["--kafka-property", "group.protocol=consumer"]).await;
+}
+
+/// Readiness waits for the member's first join, which the assignment callback tells when the
+/// statistics that say it otherwise are off (`statistics.interval.ms=0`): with the classic
+/// protocol the member left without a partition is called with an empty assignment, and is ready
+/// as well as the one owning it. With the consumer protocol librdkafka calls nothing for an empty
+/// assignment (a first version waited for it, and the idle member never read ready): the member
+/// is ready once subscribed, as before readiness waited for the join.
+async fn without_statistics_both_members_are_ready_once_in_the_group(protocol: &[&str]) {
+    let setup = OnePartition::create("no-stats").await;
+    let flags: Vec<&str> = protocol
+        .iter()
+        .copied()
+        .chain(["--kafka-property", "statistics.interval.ms=0"])
+        .collect();
+    let (first, _) = setup.member(&flags);
+    let (second, _) = setup.member(&flags);
+    wait_for(
+        "one member owning the partition, both ready",
+        JOIN_AND_FLUSH,
+        || {
+            first.owned() + second.owned() == 1
+                && first.probe("/health/ready") == Some(200)
+                && second.probe("/health/ready") == Some(200)
+        },
+    )
+    .await;
+    for member in [&first, &second] {
+        assert_eq!(member.status().unwrap()["joined"], true);
+    }
+    assert_eq!(first.terminate(), Some(0));
+    assert_eq!(second.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn without_statistics_an_idle_member_is_ready_once_in_its_group() {
+    let _stack = uses_stack().await;
+    without_statistics_both_members_are_ready_once_in_the_group(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn without_statistics_an_idle_member_of_the_consumer_protocol_is_ready_once_in_its_group() {
+    let _stack = uses_stack().await;
+    without_statistics_both_members_are_ready_once_in_the_group(&[
+        "--kafka-property",
+        "group.protocol=consumer",
+    ])
+    .await;
 }
 
 /// The group is held by a member with another assignor (`range`; the service uses
@@ -227,10 +280,16 @@ async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_j
         out_for >= GROUP_STALL,
         "liveness failed {out_for:?} after the service went out of its group, before the stall"
     );
+    // Never in its group: never ready either, so a rollout would not go on replacing pods that
+    // are with one that is not (it read ready from its subscription before).
     let status = service.status().unwrap();
     assert_eq!(
-        (status["ready"].clone(), status["live"].clone()),
-        (json!(true), json!(false))
+        (
+            status["ready"].clone(),
+            status["joined"].clone(),
+            status["live"].clone()
+        ),
+        (json!(false), json!(false), json!(false))
     );
     assert!(
         out_of_group_ms(&statsd)
@@ -241,12 +300,13 @@ async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_j
 
     assert_eq!(other.terminate(), Some(0), "the range member leaves");
     wait_for(
-        "the service in its group, owning the partition, live",
+        "the service in its group, owning the partition, live and ready",
         JOIN_AND_FLUSH,
         || {
             service.owned() == 1
                 && in_group(&group(&service))
                 && service.probe("/health/live") == Some(200)
+                && service.probe("/health/ready") == Some(200)
         },
     )
     .await;

@@ -747,8 +747,8 @@ async fn a_shutdown_while_the_broker_is_down_exits_1_on_time_and_the_next_start_
 }
 
 /// More members than partitions: the one left without a partition is ready all the same, and the
-/// other stays ready through the rebalance its arrival causes (readiness is "initialised and not
-/// shutting down", so idle members and rebalances do not hold up a rollout under the
+/// other stays ready through the rebalance its arrival causes (readiness is "initialised, joined
+/// once and not shutting down", so idle members and rebalances do not hold up a rollout under the
 /// PodDisruptionBudget). `/status` lists the partitions each member owns.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
