@@ -1136,7 +1136,7 @@ impl ConsumeArgs {
             // in tests/it/dead_letters.rs). At 16 MiB, with a backlog, each response landed in
             // fresh pages: librdkafka's fetch thread took 0.43 page faults per small segment
             // (0.12 at 1 MiB), 1.6 µs of CPU (0.9), and peak RSS was 100 MiB higher, for no more
-            // throughput (docs/architecture.md, Performance).
+            // throughput (docs/performance.md).
             (
                 "max.partition.fetch.bytes",
                 self.fetch_max_bytes.min(1024 * 1024).to_string(),

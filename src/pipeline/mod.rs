@@ -1259,7 +1259,7 @@ fn threads_left(offsets: &[(i32, i64)], threads: Vec<usize>, left: &[Entry]) -> 
 /// mimalloc frees a block of another thread's heap by pushing it onto a list that the owner
 /// walks later, a cache miss on each side; freeing it in its own heap is a plain push. Freed on
 /// the flush's thread instead, small segments cost 1.5 µs more per message, a fifth of all that
-/// is not their processing (`docs/architecture.md`). A thread takes its share after the task in
+/// is not their processing (`docs/performance.md`). A thread takes its share after the task in
 /// hand and before further messages (rayon runs broadcasts before injected work).
 fn free_where_made<T: Send + 'static>(pool: &rayon::ThreadPool, made: Vec<T>, threads: Vec<usize>) {
     let count = pool.current_num_threads();

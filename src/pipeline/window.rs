@@ -35,8 +35,8 @@ pub const PROCESSING_WINDOW_MESSAGES: usize = 64;
 /// too, not only the inputs. Wide enough for [`PROCESSING_WINDOW_MESSAGES`] small segments (each
 /// reserves a little over 2 MiB): at 64 MiB the bytes admitted about 30, so the pipeline and the
 /// polling thread were woken every 16–18 messages, and each wake-up preempted a processing
-/// thread when every core was busy; at 128 MiB they sleep half as often (docs/architecture.md,
-/// Performance). What small segments really hold is far less: peak RSS did not change.
+/// thread when every core was busy; at 128 MiB they sleep half as often (docs/performance.md).
+/// What small segments really hold is far less: peak RSS did not change.
 pub const PROCESSING_WINDOW_BYTES: usize = 128 * 1024 * 1024;
 
 /// What a message `value` reserves in the processing window, processed under `limits`: the
