@@ -16,6 +16,9 @@
   threshold the one the query compares with — and each runbook its message names exists; with
   datadogMonitors on, each is rendered as a DatadogMonitor in the operator's spelling, with the
   scope, handles and tags given;
+- a tool's Job (toolJob) runs with the release's image, settings, Secrets, volumes, ServiceAccount
+  and security contexts, toolJob.env replacing variables of its names, its pod none of the
+  Deployment's, and `sweep` starts with the environment it renders;
 - the recommended labels on every object and on the pod template; the container port, the probes
   and REPLAY_INGEST_HTTP_LISTEN agree; Kafka properties render one per line; with SASL and KEDA, a
   TriggerAuthentication reads the same Secret the pods mount; NOTES.txt renders;
@@ -375,6 +378,96 @@ def check_image(defaults, docs):
     print(f"image: runs as {user[1]}:{user[2]}, exposes {exposed[1]}, as the chart expects")
 
 
+def check_tool_job(binary, all_on):
+    """A tool's Job (templates/tool-job.yaml) runs with what the release's pods run with — the
+    image, every setting and mounted Secret, extraEnv, the volumes, the ServiceAccount, the
+    security contexts, the node placement — toolJob.env replacing variables of its names; its pod
+    is none of the Deployment's (its selector, the budget's, the spread's); nothing renders
+    without args; and the tool starts with the rendered environment."""
+    if any(d["kind"] == "Job" for _, d in render_docs({})):
+        fail("a tool Job renders without toolJob.args")
+    ops = [{"name": "REPLAY_INGEST_KAFKA_SASL_USERNAME", "value": "replay-ingest-ops"},
+           {"name": "REPLAY_INGEST_KAFKA_SASL_PASSWORD_FILE", "value": "/var/run/secrets/ops/password"}]
+    tool_job = {"name": "redrive-rejected-by-sink-2026-12-05",
+                "args": ["redrive", "--group-id", "redrive-rejected-by-sink-2026-12-05", "--reason", "rejected_by_sink"],
+                "env": ops,
+                "extraVolumes": [{"name": "ops", "secret": {"secretName": "replay-ingest-ops-kafka"}}],
+                "extraVolumeMounts": [{"name": "ops", "mountPath": "/var/run/secrets/ops", "readOnly": True}]}
+    docs = check("a redrive Job", {**all_on, "toolJob": tool_job})
+    deployment = next(d for _, d in docs if d["kind"] == "Deployment")["spec"]["template"]
+    job = next(d for _, d in docs if d["kind"] == "Job")
+    pod, container = job["spec"]["template"]["spec"], job["spec"]["template"]["spec"]["containers"][0]
+    consumer = deployment["spec"]["containers"][0]
+    if job["metadata"]["name"] != "replay-ingest-redrive-rejected-by-sink-2026-12-05" or container["args"] != tool_job["args"]:
+        fail(f"the Job is named after the run and runs its args: {job['metadata']['name']}, {container['args']}")
+    if (pod["restartPolicy"], job["spec"]["backoffLimit"]) != ("Never", 0):
+        fail(f"a tool that fails is not run again by Kubernetes: {pod['restartPolicy']}, backoffLimit {job['spec']['backoffLimit']}")
+    for key in ("image", "imagePullPolicy", "securityContext", "terminationMessagePolicy"):
+        if container.get(key) != consumer.get(key):
+            fail(f"the tool's {key} differs from the consumer's: {container.get(key)} vs {consumer.get(key)}")
+    for key in ("serviceAccountName", "automountServiceAccountToken", "securityContext", "imagePullSecrets", "nodeSelector", "tolerations"):
+        if pod.get(key) != deployment["spec"].get(key):
+            fail(f"the tool pod's {key} differs from the consumers': {pod.get(key)} vs {deployment['spec'].get(key)}")
+    names = [e["name"] for e in container["env"]]
+    if len(names) != len(set(names)):
+        fail(f"a variable set twice in the tool's env (which one wins is Kubernetes'): {names}")
+    env = {e["name"]: e for e in container["env"]}
+    replaced = {e["name"]: e for e in ops}
+    # The consumer's own: its metrics' address and tags, and the pod fields they are made of.
+    own = lambda name: name.startswith(("DD_", "REPLAY_INGEST_STATSD_")) or name == "POD_NAME"
+    for variable in consumer["env"]:
+        name = variable["name"]
+        if not own(name) and env.get(name) != replaced.get(name, variable):
+            fail(f"the tool's {name} is {env.get(name)}, the consumers' {variable}")
+    if any(env.get(name) != variable for name, variable in replaced.items()):
+        fail(f"toolJob.env must be the tool's: {[env.get(n) for n in replaced]}")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    # The agent's socket is the consumer's too (its metrics).
+    for volume in [v for v in deployment["spec"]["volumes"] if v["name"] != "dsd-socket"] + tool_job["extraVolumes"]:
+        if volumes.get(volume["name"]) != volume:
+            fail(f"the tool pod lacks the volume {volume}")
+    for mount in [m for m in consumer["volumeMounts"] if m["name"] != "dsd-socket"] + tool_job["extraVolumeMounts"]:
+        if mounts.get(mount["name"]) != mount:
+            fail(f"the tool lacks the mount {mount}")
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    for name, selector in [("Deployment", next(d for _, d in docs if d["kind"] == "Deployment")["spec"]["selector"]["matchLabels"]),
+                           ("PodDisruptionBudget", next(d for _, d in docs if d["kind"] == "PodDisruptionBudget")["spec"]["selector"]["matchLabels"])]:
+        if all(labels.get(k) == v for k, v in selector.items()):
+            fail(f"the {name}'s selector takes the tool's pod for a consumer: {selector} ⊆ {labels}")
+    for refused, message in [
+        ({"name": "x", "args": ["consume"]}, 'toolJob.args: the first is the tool, delete, redrive or sweep, not "consume"'),
+        ({"args": ["redrive"]}, "toolJob.name: a name for this run"),
+        ({"name": "Redrive_1", "args": ["redrive"]}, "toolJob.name: a name for this run"),
+        ({"name": "x" * 60, "args": ["sweep"]}, "is longer than 63 characters"),
+    ]:
+        try:
+            helm.Chart.load(str(CHART)).render({"toolJob": refused}, name="replay-ingest", namespace="y")
+        except helm.HelmError as error:
+            if message not in str(error):
+                fail(f"toolJob {refused} was refused for another reason: {error}")
+        else:
+            fail(f"toolJob {refused} must not render")
+    # The tool starts with what the Job gives it: every setting of the release in its environment
+    # (those it does not read, ignored) and its args, here a sweep of a filesystem store on the
+    # release's volume.
+    with tempfile.TemporaryDirectory() as blobs:
+        values = {"config": {"BLOB_SINK": "filesystem", "BLOB_DIR": blobs},
+                  "extraVolumes": [{"name": "blobs", "persistentVolumeClaim": {"claimName": "replay-blobs"}}],
+                  "extraVolumeMounts": [{"name": "blobs", "mountPath": blobs}],
+                  "toolJob": {"name": "sweep-now", "args": ["sweep", "--dry-run", "--summary-only"]}}
+        swept = render_docs(values)
+        container = next(d for _, d in swept if d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]
+        if not any(m["mountPath"] == blobs for m in container["volumeMounts"]):
+            fail("the sweep Job must mount the store's volume")
+        env = {e["name"]: e["value"] for e in container["env"]}
+        result = subprocess.run([binary, *container["args"]], env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            fail(f"the sweep Job's tool refuses its rendered environment: {result.returncode} {result.stderr.strip()}")
+    print("tool Job: the release's image, settings, Secrets, volumes, ServiceAccount and security, toolJob.env last; "
+          "not a consumer to the Deployment or the budget; sweep runs with the rendered environment")
+
+
 def main():
     binary = sys.argv[1]
     help_text = subprocess.run([binary, "consume", "--help"], capture_output=True, text=True, check=True).stdout
@@ -404,6 +497,7 @@ def main():
     docs = check("every option on", all_on)
     hpa_docs = check("the HPA on", {"autoscaling": {"hpa": {"enabled": True}}, "http": {"port": 8080, "bindAddress": "[::]"}})
     check_pod_policy(defaults, default_docs, docs, hpa_docs)
+    check_tool_job(binary, all_on)
     for values_name, rendered_docs in [("default values", default_docs), ("every option on", docs), ("the HPA on", hpa_docs)]:
         check_config(binary, rendered_docs, values_name)
     listen = [pod_env(d)["REPLAY_INGEST_HTTP_LISTEN"] for d in (default_docs, hpa_docs)]

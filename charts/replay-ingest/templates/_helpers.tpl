@@ -134,3 +134,108 @@ TOKIO_WORKER_THREADS: {{ max 2 (int (include "replay-ingest.requestedCores" .)) 
 REPLAY_INGEST_KAFKA_PROPERTIES: {{ include "replay-ingest.kafkaProperties" $ | trim | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* The image, by digest when one is given. */}}
+{{- define "replay-ingest.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod's and the container's security context: the Deployment's and the tool Job's. */}}
+{{- define "replay-ingest.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "replay-ingest.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/* The mounted Secrets (secrets.*): the variables naming their files, the mounts and the
+     volumes. */}}
+{{- define "replay-ingest.secretEnv" -}}
+{{- with .Values.secrets.clickhousePassword.existingSecret }}
+- name: REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE
+  value: /var/run/secrets/replay-ingest/clickhouse/{{ $.Values.secrets.clickhousePassword.key }}
+{{- end }}
+{{- with .Values.secrets.gcsCredentials.existingSecret }}
+- name: GOOGLE_APPLICATION_CREDENTIALS
+  value: /var/run/secrets/replay-ingest/gcs/{{ $.Values.secrets.gcsCredentials.key }}
+{{- end }}
+{{- with .Values.secrets.kafkaSaslPassword.existingSecret }}
+- name: REPLAY_INGEST_KAFKA_SASL_PASSWORD_FILE
+  value: /var/run/secrets/replay-ingest/kafka-sasl/{{ $.Values.secrets.kafkaSaslPassword.key }}
+{{- end }}
+{{- with .Values.secrets.kafkaCa.existingSecret }}
+- name: REPLAY_INGEST_KAFKA_SSL_CA_LOCATION
+  value: /var/run/secrets/replay-ingest/kafka-ca/{{ $.Values.secrets.kafkaCa.key }}
+{{- end }}
+{{- end -}}
+
+{{- define "replay-ingest.secretVolumeMounts" -}}
+{{- if .Values.secrets.clickhousePassword.existingSecret }}
+- name: clickhouse-password
+  mountPath: /var/run/secrets/replay-ingest/clickhouse
+  readOnly: true
+{{- end }}
+{{- if .Values.secrets.gcsCredentials.existingSecret }}
+- name: gcs-credentials
+  mountPath: /var/run/secrets/replay-ingest/gcs
+  readOnly: true
+{{- end }}
+{{- if .Values.secrets.kafkaSaslPassword.existingSecret }}
+- name: kafka-sasl
+  mountPath: /var/run/secrets/replay-ingest/kafka-sasl
+  readOnly: true
+{{- end }}
+{{- if .Values.secrets.kafkaCa.existingSecret }}
+- name: kafka-ca
+  mountPath: /var/run/secrets/replay-ingest/kafka-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "replay-ingest.secretVolumes" -}}
+{{- with .Values.secrets.clickhousePassword.existingSecret }}
+- name: clickhouse-password
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- with .Values.secrets.gcsCredentials.existingSecret }}
+- name: gcs-credentials
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- with .Values.secrets.kafkaSaslPassword.existingSecret }}
+- name: kafka-sasl
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- with .Values.secrets.kafkaCa.existingSecret }}
+- name: kafka-ca
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* A tool Job's labels (templates/tool-job.yaml), given the chart's context and the tool: not
+     the Deployment's selector labels (name and instance together), so that its
+     PodDisruptionBudget, spread constraints and `kubectl get pods -l` never count a tool's pod
+     as a consumer. */}}
+{{- define "replay-ingest.toolLabels" -}}
+app.kubernetes.io/name: {{ include "replay-ingest.name" .context }}-tool
+app.kubernetes.io/instance: {{ .context.Release.Name }}
+app.kubernetes.io/component: tool
+app.kubernetes.io/part-of: {{ .context.Values.partOf | quote }}
+replay-ingest/tool: {{ .tool }}
+{{- end -}}
