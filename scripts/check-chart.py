@@ -128,7 +128,7 @@ def check_wiring(values_name, docs):
         fail(f"pod template ({values_name}) lacks the recommended labels {missing}")
     data = by_kind["ConfigMap"][0]["data"]
     container = template["spec"]["containers"][0]
-    # The operator tools' Jobs read the ConfigMap; the pods carry the same settings themselves.
+    # The ConfigMap is a copy of the settings (for kubectl, a hand-made Job); the pods carry them.
     inline = {e["name"]: e.get("value") for e in container.get("env", [])}
     differing = {k: (v, inline.get(k)) for k, v in data.items() if inline.get(k) != v}
     if differing:
@@ -392,7 +392,8 @@ def check_tool_job(binary, all_on):
                 "args": ["redrive", "--group-id", "redrive-rejected-by-sink-2026-12-05", "--reason", "rejected_by_sink"],
                 "env": ops,
                 "extraVolumes": [{"name": "ops", "secret": {"secretName": "replay-ingest-ops-kafka"}}],
-                "extraVolumeMounts": [{"name": "ops", "mountPath": "/var/run/secrets/ops", "readOnly": True}]}
+                "extraVolumeMounts": [{"name": "ops", "mountPath": "/var/run/secrets/ops", "readOnly": True}],
+                "ttlSecondsAfterFinished": 1209600, "podAnnotations": {"sidecar.istio.io/inject": "false"}}
     docs = check("a redrive Job", {**all_on, "toolJob": tool_job})
     deployment = next(d for _, d in docs if d["kind"] == "Deployment")["spec"]["template"]
     job = next(d for _, d in docs if d["kind"] == "Job")
@@ -402,10 +403,15 @@ def check_tool_job(binary, all_on):
         fail(f"the Job is named after the run and runs its args: {job['metadata']['name']}, {container['args']}")
     if (pod["restartPolicy"], job["spec"]["backoffLimit"]) != ("Never", 0):
         fail(f"a tool that fails is not run again by Kubernetes: {pod['restartPolicy']}, backoffLimit {job['spec']['backoffLimit']}")
+    # Helm reads numbers as floats: a week or two must not render as 1.2096e+06.
+    if repr(job["spec"]["ttlSecondsAfterFinished"]) != "1209600":
+        fail(f"ttlSecondsAfterFinished renders as {job['spec']['ttlSecondsAfterFinished']!r}")
+    if job["spec"]["template"]["metadata"].get("annotations") != tool_job["podAnnotations"]:
+        fail(f"the tool pod's annotations are toolJob.podAnnotations: {job['spec']['template']['metadata'].get('annotations')}")
     for key in ("image", "imagePullPolicy", "securityContext", "terminationMessagePolicy"):
         if container.get(key) != consumer.get(key):
             fail(f"the tool's {key} differs from the consumer's: {container.get(key)} vs {consumer.get(key)}")
-    for key in ("serviceAccountName", "automountServiceAccountToken", "securityContext", "imagePullSecrets", "nodeSelector", "tolerations"):
+    for key in ("serviceAccountName", "automountServiceAccountToken", "securityContext", "imagePullSecrets", "nodeSelector", "tolerations", "affinity"):
         if pod.get(key) != deployment["spec"].get(key):
             fail(f"the tool pod's {key} differs from the consumers': {pod.get(key)} vs {deployment['spec'].get(key)}")
     names = [e["name"] for e in container["env"]]
@@ -435,6 +441,13 @@ def check_tool_job(binary, all_on):
                            ("PodDisruptionBudget", next(d for _, d in docs if d["kind"] == "PodDisruptionBudget")["spec"]["selector"]["matchLabels"])]:
         if all(labels.get(k) == v for k, v in selector.items()):
             fail(f"the {name}'s selector takes the tool's pod for a consumer: {selector} ⊆ {labels}")
+    # A password given by name replaces the release's password file too (the file would win).
+    clickhouse = [{"name": "REPLAY_INGEST_CLICKHOUSE_USER", "value": "replay-deleter"},
+                  {"name": "REPLAY_INGEST_CLICKHOUSE_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "deleter", "key": "password"}}}]
+    deleting = render_docs({**all_on, "toolJob": {"name": "delete-1", "args": ["delete", "--project", "1", "--replay", "a" * 32], "env": clickhouse}})
+    env = {e["name"]: e for e in next(d for _, d in deleting if d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    if "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE" in env or any(env.get(e["name"]) != e for e in clickhouse):
+        fail(f"a password in toolJob.env must replace the release's password file: {sorted(env)}")
     for refused, message in [
         ({"name": "x", "args": ["consume"]}, 'toolJob.args: the first is the tool, delete, redrive or sweep, not "consume"'),
         ({"args": ["redrive"]}, "toolJob.name: a name for this run"),

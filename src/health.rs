@@ -534,10 +534,10 @@ impl Status {
     }
 
     /// librdkafka's statistics of the member's group: its `state` and `join_state`, whether they
-    /// say it is `joined`, and how many brokers it is connected to. Logs a member out of its
+    /// say it is `in_group` now, and how many brokers it is connected to. Logs a member out of its
     /// group for [`OUT_OF_GROUP_WARNING`] (once) and its return, and sends
     /// `consumer.out_of_group_ms`.
-    pub fn record_group(&self, state: &str, join_state: &str, joined: bool, brokers_up: usize) {
+    pub fn record_group(&self, state: &str, join_state: &str, in_group: bool, brokers_up: usize) {
         let now = now_ms();
         let mut group = lock(&self.group);
         group.state.clear();
@@ -545,7 +545,7 @@ impl Status {
         group.join_state.clear();
         group.join_state.push_str(join_state);
         group.brokers_up = brokers_up;
-        let out_ms = if joined {
+        let out_ms = if in_group {
             self.record_joined();
             group.connected_out_since_ms = None;
             if let Some(since) = group.out_since_ms.take()

@@ -107,8 +107,8 @@ POD_NAME, set beside it).
 {{- end -}}
 
 {{/* The service's settings, as `REPLAY_INGEST_*` variables (and the async runtime's threads),
-     one YAML map: rendered into the pod spec's `env` (each ReplicaSet keeps its own) and into
-     the ConfigMap the operator tools' Jobs read. */}}
+     one YAML map: rendered into the pod spec's `env` (each ReplicaSet keeps its own), into a
+     tool Job's (tool-job.yaml), and into the ConfigMap, a copy for kubectl and hand-made Jobs. */}}
 {{- define "replay-ingest.settings" -}}
 {{- range $key, $value := .Values.config }}
 REPLAY_INGEST_{{ $key }}: {{ $value | toString | quote }}
