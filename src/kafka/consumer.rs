@@ -18,7 +18,7 @@
 //! release the partitions.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
@@ -138,6 +138,9 @@ pub struct IngestContext {
     /// The consumer group protocol of KIP-848, where a member in its group may show the join
     /// state `init` (see [`in_group`]).
     consumer_protocol: bool,
+    /// The client this context is the consumer's of ([`IngestContext::serve`]), for its member
+    /// epoch; null until then.
+    client: AtomicPtr<rdsys::rd_kafka_t>,
     /// Partition → its high watermark as the brokers gave it while intake was paused
     /// ([`Poller::ask_watermarks`]); emptied when intake resumes (fetches carry it again).
     asked_highs: Mutex<HashMap<i32, i64>>,
@@ -161,7 +164,39 @@ impl IngestContext {
             status,
             intake: Mutex::default(),
             consumer_protocol,
+            client: AtomicPtr::new(std::ptr::null_mut()),
             asked_highs: Mutex::default(),
+        }
+    }
+
+    /// Tells the context the consumer it serves, once created: with the consumer group protocol
+    /// its statistics read the member epoch from it.
+    pub fn serve(consumer: &BaseConsumer<IngestContext>) {
+        consumer
+            .context()
+            .client
+            .store(consumer.client().native_ptr(), Ordering::Release);
+    }
+
+    /// The member epoch the group coordinator last gave this member (the consumer group
+    /// protocol's generation: 1 or more once a heartbeat was accepted, 0 while joining, -1 once
+    /// fenced or failed), or `None` before [`IngestContext::serve`].
+    fn member_epoch(&self) -> Option<i32> {
+        let client = self.client.load(Ordering::Acquire);
+        if client.is_null() {
+            return None;
+        }
+        // SAFETY: the consumer's own client, which lives as long as this context (the client
+        // owns it); librdkafka copies the group's metadata out of its own thread into a new
+        // object, destroyed here.
+        unsafe {
+            let metadata = rdsys::rd_kafka_consumer_group_metadata(client);
+            if metadata.is_null() {
+                return None;
+            }
+            let epoch = rdsys::rd_kafka_consumer_group_metadata_generation_id(metadata);
+            rdsys::rd_kafka_consumer_group_metadata_destroy(metadata);
+            Some(epoch)
         }
     }
 
@@ -236,7 +271,11 @@ impl ClientContext for IngestContext {
                 .values()
                 .filter(|b| b.state == "UP")
                 .count();
-            let joined = in_group(&group.state, &group.join_state, self.consumer_protocol);
+            // Read only where it decides: a consumer-protocol member in `init`.
+            let member_epoch = (self.consumer_protocol && group.join_state == "init")
+                .then(|| self.member_epoch())
+                .flatten();
+            let joined = in_group(&group.state, &group.join_state, member_epoch);
             self.status
                 .record_group(&group.state, &group.join_state, joined, brokers_up);
             // Timed by the statistics' own clock (whole seconds), when they carry it: they wait in
@@ -262,9 +301,13 @@ impl ClientContext for IngestContext {
 /// coordinator connected (`up`) and the member joined, its assignment taken (`steady`, an empty
 /// one too). With the consumer protocol of KIP-848 a member the broker gave no partition stays in
 /// `init`, heartbeating as a member (measured on Apache Kafka 4: an idle member showed `init` for
-/// as long as it ran), so `init` counts as in the group there; its other join states do not.
-fn in_group(state: &str, join_state: &str, consumer_protocol: bool) -> bool {
-    state == "up" && (join_state == "steady" || (consumer_protocol && join_state == "init"))
+/// as long as it ran) — and so does one whose heartbeats the coordinator refuses (a group id
+/// held by a classic group it cannot take over, say), retried without end: there `init` counts
+/// as in the group only with the `member_epoch` of an accepted heartbeat (`None` for the classic
+/// protocol, where `init` is before the first join).
+fn in_group(state: &str, join_state: &str, member_epoch: Option<i32>) -> bool {
+    state == "up"
+        && (join_state == "steady" || (join_state == "init" && member_epoch.is_some_and(|e| e > 0)))
 }
 
 /// What the group still has to read of a partition: the high watermark minus the committed
@@ -820,18 +863,21 @@ mod tests {
 
     #[test]
     fn in_the_group_once_joined_with_the_coordinator_connected() {
-        for consumer_protocol in [false, true] {
-            assert!(in_group("up", "steady", consumer_protocol));
+        for member_epoch in [None, Some(3)] {
+            assert!(in_group("up", "steady", member_epoch));
             for join_state in ["wait-join", "wait-sync", "wait-unassign-to-complete"] {
-                assert!(!in_group("up", join_state, consumer_protocol));
+                assert!(!in_group("up", join_state, member_epoch));
             }
-            assert!(!in_group("wait-coord", "steady", consumer_protocol));
-            assert!(!in_group("query-coord", "init", consumer_protocol));
+            assert!(!in_group("wait-coord", "steady", member_epoch));
+            assert!(!in_group("query-coord", "init", member_epoch));
         }
         // A classic member is in `init` before its first join; with the consumer protocol an
-        // idle member stays there.
-        assert!(!in_group("up", "init", false));
-        assert!(in_group("up", "init", true));
+        // idle member stays there, with an epoch the coordinator gave it — and one whose
+        // heartbeats are refused, without.
+        assert!(!in_group("up", "init", None));
+        assert!(in_group("up", "init", Some(1)));
+        assert!(!in_group("up", "init", Some(0)));
+        assert!(!in_group("up", "init", Some(-1)));
     }
 
     #[test]

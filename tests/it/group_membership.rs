@@ -19,8 +19,10 @@ use crate::support::*;
 /// waited it out (4–9 s measured) while the bootstrap connection was up, and liveness failed.
 const GROUP_STALL: Duration = Duration::from_secs(8);
 
-/// A one-partition topic, its dead-letter topic, a group id and a blob directory: one test's.
+/// A one-partition topic, its dead-letter topic, a group id and a blob directory: one test's, on
+/// the brokers it names.
 struct OnePartition {
+    brokers: String,
     topic: String,
     dlq: String,
     group: String,
@@ -29,11 +31,17 @@ struct OnePartition {
 
 impl OnePartition {
     async fn create(prefix: &str) -> OnePartition {
+        Self::create_on(&kafka(), prefix).await
+    }
+
+    /// [`OnePartition::create`] on the cluster `base` points at.
+    async fn create_on(base: &rdkafka::ClientConfig, prefix: &str) -> OnePartition {
         let (topic, dlq, group) = (unique(prefix), unique("dlq"), unique("group"));
-        create_topic(&topic, 1).await;
-        create_topic(&dlq, 1).await;
+        create_topic_on(base, &topic, 1).await;
+        create_topic_on(base, &dlq, 1).await;
         let dir = tempfile::tempdir().unwrap();
         OnePartition {
+            brokers: base.get("bootstrap.servers").unwrap().to_owned(),
             topic,
             dlq,
             group,
@@ -45,7 +53,7 @@ impl OnePartition {
     /// stall above, `extra` flags, and metrics to a port of its own (returned beside it).
     fn member(&self, extra: &[&str]) -> (Service, Statsd) {
         let statsd = Statsd::bind();
-        let mut args = with_flag(
+        let args = with_flag(
             service_args(
                 &self.topic,
                 &self.dlq,
@@ -56,6 +64,7 @@ impl OnePartition {
             "--statsd-address",
             &format!("127.0.0.1:{}", statsd.port()),
         );
+        let mut args = with_flag(args, "--brokers", &self.brokers);
         args.extend(
             [
                 "--statsd-flush-interval-ms",
@@ -316,6 +325,122 @@ async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_j
         "consumer.out_of_group_ms back to 0",
         Duration::from_secs(10),
         || out_of_group_ms(&statsd).last() == Some(&0.0),
+    )
+    .await;
+    assert_eq!(service.terminate(), Some(0));
+}
+
+/// A classic member of a group id, holding it while a thread polls it; it leaves its group when
+/// dropped.
+struct ClassicHolder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    polling: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ClassicHolder {
+    /// Joins `group` on `topic` through `config` with the classic protocol, and returns once it
+    /// owns a partition.
+    async fn join(config: &rdkafka::ClientConfig, group: &str, topic: &str) -> ClassicHolder {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = config
+            .clone()
+            .set("group.id", group)
+            .set("session.timeout.ms", "10000")
+            .create()
+            .expect("the classic member");
+        consumer.subscribe(&[topic]).expect("subscribe");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (owns_tx, owns) = std::sync::mpsc::channel();
+        let polling = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = consumer.poll(Duration::from_millis(100));
+                    if consumer.assignment().is_ok_and(|a| a.count() > 0) {
+                        let _ = owns_tx.send(());
+                    }
+                }
+            }
+        });
+        let started = Instant::now();
+        while owns.try_recv().is_err() {
+            assert!(
+                started.elapsed() < JOIN_AND_FLUSH,
+                "the classic member never joined"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ClassicHolder {
+            stop,
+            polling: Some(polling),
+        }
+    }
+}
+
+impl Drop for ClassicHolder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(polling) = self.polling.take() {
+            let _ = polling.join();
+        }
+    }
+}
+
+/// With the consumer group protocol (KIP-848) the join state does not tell a member kept out of
+/// its group from an idle one: both stay `init`. On a broker that does not let a consumer group
+/// take over a classic one (`group.consumer.migration.policy=disabled`; so does any broker for a
+/// classic group of another protocol type, or with a custom assignor), a classic member holding
+/// the group id gets the service's heartbeats refused without end: the service never had a
+/// member epoch, so it is out of its group, never ready, and fails liveness past the group stall
+/// (before, `init` with the coordinator connected counted as in the group: ready and live
+/// throughout, consuming nothing). Once the classic member leaves, it joins and is ready and
+/// live.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn with_the_consumer_protocol_a_member_kept_out_is_never_ready_and_fails_liveness() {
+    let _stack = uses_stack().await;
+    let broker = secure_broker::SecureBroker::start_without_group_migration("admin", "admin-pw");
+    let direct = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.address("PLAINTEXT"))
+        .clone();
+    let setup = OnePartition::create_on(&direct, "kept-out-848").await;
+    let holder = ClassicHolder::join(&direct, &setup.group, &setup.topic).await;
+    let (service, _statsd) = setup.member(&["--kafka-property", "group.protocol=consumer"]);
+    wait_for(
+        "the service out of its group, its coordinator connected",
+        JOIN_AND_FLUSH,
+        || {
+            let group = group(&service);
+            group["state"] == "up" && group["out_since_ms"].is_u64()
+        },
+    )
+    .await;
+    wait_for(
+        "liveness failing",
+        GROUP_STALL + Duration::from_secs(20),
+        || service.probe("/health/live") == Some(503),
+    )
+    .await;
+    let status = service.status().unwrap();
+    assert_eq!(
+        (
+            status["ready"].clone(),
+            status["joined"].clone(),
+            status["group"]["join_state"].clone()
+        ),
+        (json!(false), json!(false), json!("init"))
+    );
+
+    drop(holder);
+    wait_for(
+        "the service in its group, owning the partition, live and ready",
+        JOIN_AND_FLUSH,
+        || {
+            service.owned() == 1
+                && in_group(&group(&service))
+                && service.probe("/health/live") == Some(200)
+                && service.probe("/health/ready") == Some(200)
+        },
     )
     .await;
     assert_eq!(service.terminate(), Some(0));

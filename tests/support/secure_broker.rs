@@ -39,6 +39,10 @@ struct Setup<'a> {
     super_user: Option<&'a str>,
     /// `auto.create.topics.enable=true`, Apache Kafka's default (off elsewhere in the tests).
     auto_create_topics: bool,
+    /// `group.consumer.migration.policy=disabled`: a classic group with members is never taken
+    /// over by a member of the consumer group protocol (Apache Kafka's default is
+    /// `bidirectional`).
+    no_group_migration: bool,
 }
 
 impl SecureBroker {
@@ -79,6 +83,17 @@ impl SecureBroker {
         Self::start_with(Setup {
             users: &[(user, password)],
             auto_create_topics: true,
+            ..Setup::default()
+        })
+    }
+
+    /// Starts the broker as [`SecureBroker::start`] does, refusing a member of the consumer group
+    /// protocol (KIP-848) the group id of a classic group with members: its heartbeats are
+    /// answered `GROUP_ID_NOT_FOUND` for as long as the classic group has a member.
+    pub fn start_without_group_migration(user: &str, password: &str) -> SecureBroker {
+        Self::start_with(Setup {
+            users: &[(user, password)],
+            no_group_migration: true,
             ..Setup::default()
         })
     }
@@ -137,6 +152,9 @@ impl SecureBroker {
             dir.path().join("data").display(),
             setup.auto_create_topics,
         );
+        if setup.no_group_migration {
+            properties += "group.consumer.migration.policy=disabled\n";
+        }
         for listener in ["ssl", "mtls", "sasl_ssl"] {
             properties += &format!(
                 "listener.name.{listener}.ssl.keystore.type=PEM\nlistener.name.{listener}.ssl.keystore.location={}\n",
