@@ -138,7 +138,7 @@ pub struct IngestContext {
     /// The consumer group protocol of KIP-848, where a member in its group may show the join
     /// state `init` (see [`in_group`]).
     consumer_protocol: bool,
-    /// The client this context is the consumer's of ([`IngestContext::serve`]), for its member
+    /// The client this context is the consumer's of ([`IngestContext::attach`]), for its member
     /// epoch; null until then.
     client: AtomicPtr<rdsys::rd_kafka_t>,
     /// Partition → its high watermark as the brokers gave it while intake was paused
@@ -171,7 +171,7 @@ impl IngestContext {
 
     /// Tells the context the consumer it serves, once created: with the consumer group protocol
     /// its statistics read the member epoch from it.
-    pub fn serve(consumer: &BaseConsumer<IngestContext>) {
+    pub fn attach(consumer: &BaseConsumer<IngestContext>) {
         consumer
             .context()
             .client
@@ -180,7 +180,7 @@ impl IngestContext {
 
     /// The member epoch the group coordinator last gave this member (the consumer group
     /// protocol's generation: 1 or more once a heartbeat was accepted, 0 while joining, -1 once
-    /// fenced or failed), or `None` before [`IngestContext::serve`].
+    /// fenced or failed), or `None` before [`IngestContext::attach`].
     fn member_epoch(&self) -> Option<i32> {
         let client = self.client.load(Ordering::Acquire);
         if client.is_null() {

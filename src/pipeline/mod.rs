@@ -259,7 +259,7 @@ pub async fn consume(
         settings.hold_writes_after,
     );
     let consumer: Arc<IngestConsumer> = Arc::new(settings.consumer.create_with_context(context)?);
-    IngestContext::serve(&consumer);
+    IngestContext::attach(&consumer);
     consumer.subscribe(&[&settings.topic])?;
     let statistics = sends_statistics(&settings.consumer);
     if !statistics {
