@@ -141,6 +141,8 @@ pub struct IngestContext {
     /// The client this context is the consumer's of ([`IngestContext::attach`]), for its member
     /// epoch; null until then.
     client: AtomicPtr<rdsys::rd_kafka_t>,
+    /// The consumer is being closed: its member epoch is no longer read.
+    closing: AtomicBool,
     /// Partition → its high watermark as the brokers gave it while intake was paused
     /// ([`Poller::ask_watermarks`]); emptied when intake resumes (fetches carry it again).
     asked_highs: Mutex<HashMap<i32, i64>>,
@@ -165,6 +167,7 @@ impl IngestContext {
             intake: Mutex::default(),
             consumer_protocol,
             client: AtomicPtr::new(std::ptr::null_mut()),
+            closing: AtomicBool::new(false),
             asked_highs: Mutex::default(),
         }
     }
@@ -178,17 +181,25 @@ impl IngestContext {
             .store(consumer.client().native_ptr(), Ordering::Release);
     }
 
+    /// The consumer is about to be closed: from now on its member epoch is not read.
+    pub fn closing(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
     /// The member epoch the group coordinator last gave this member (the consumer group
-    /// protocol's generation: 1 or more once a heartbeat was accepted, 0 while joining, -1 once
-    /// fenced or failed), or `None` before [`IngestContext::attach`].
+    /// protocol's generation: 1 or more once a heartbeat was accepted, 0 while joining and again
+    /// once fenced or rejoining, -1 before the first heartbeat), or `None` before
+    /// [`IngestContext::attach`] and once [`IngestContext::closing`].
     fn member_epoch(&self) -> Option<i32> {
         let client = self.client.load(Ordering::Acquire);
-        if client.is_null() {
+        if client.is_null() || self.closing.load(Ordering::Acquire) {
             return None;
         }
         // SAFETY: the consumer's own client, which lives as long as this context (the client
-        // owns it); librdkafka copies the group's metadata out of its own thread into a new
-        // object, destroyed here.
+        // owns it). The call waits for librdkafka's main thread to copy the group's metadata
+        // into a new object (destroyed here): answered at once, with no broker involved, while
+        // the group handler runs — not once it has terminated, which the close brings about and
+        // `closing` keeps this from racing.
         unsafe {
             let metadata = rdsys::rd_kafka_consumer_group_metadata(client);
             if metadata.is_null() {
@@ -271,10 +282,12 @@ impl ClientContext for IngestContext {
                 .values()
                 .filter(|b| b.state == "UP")
                 .count();
-            // Read only where it decides: a consumer-protocol member in `init`.
-            let member_epoch = (self.consumer_protocol && group.join_state == "init")
-                .then(|| self.member_epoch())
-                .flatten();
+            // Read only where it decides: a consumer-protocol member in `init`, its coordinator
+            // connected.
+            let member_epoch =
+                (self.consumer_protocol && group.state == "up" && group.join_state == "init")
+                    .then(|| self.member_epoch())
+                    .flatten();
             let joined = in_group(&group.state, &group.join_state, member_epoch);
             self.status
                 .record_group(&group.state, &group.join_state, joined, brokers_up);

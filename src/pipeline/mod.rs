@@ -356,6 +356,9 @@ pub async fn consume(
     // broker; if it is unreachable, do not outlive the budget. Closed here whoever else holds
     // it: a commit still waiting for its answer holds the consumer too, and the last handle's
     // drop would close it on that commit's thread, after this returned and past the budget.
+    // The statistics that come while it closes read no member epoch (a request to librdkafka's
+    // group handler that one terminating meanwhile would never answer).
+    consumer.context().closing();
     let closed = close_within(close_budget, move || {
         let _ = poller.join();
         // Alone, the drop closes it (a close before would make the drop's own fail, and
