@@ -107,24 +107,34 @@ fn out_of_group_ms(statsd: &Statsd) -> Vec<f64> {
         .unwrap_or_default()
 }
 
-/// Two members on a one-partition topic: once the group settled, both are in it — the one
-/// without a partition too — and both stay live for longer than the group stall.
-async fn idle_member_stays_in_its_group(protocol: &[&str]) {
-    let setup = OnePartition::create("idle").await;
-    let (first, first_statsd) = setup.member(protocol);
-    let (second, second_statsd) = setup.member(protocol);
+/// Two members of `setup`'s group with `flags`, once one owns the partition and both are ready
+/// (and, with `statistics`, in their group by them).
+async fn two_members_settled(
+    setup: &OnePartition,
+    flags: &[&str],
+    statistics: bool,
+) -> [(Service, Statsd); 2] {
+    let members = [setup.member(flags), setup.member(flags)];
     wait_for(
         "one member owning the partition, both in the group and ready",
         JOIN_AND_FLUSH,
         || {
-            first.owned() + second.owned() == 1
-                && in_group(&group(&first))
-                && in_group(&group(&second))
-                && first.probe("/health/ready") == Some(200)
-                && second.probe("/health/ready") == Some(200)
+            members.iter().map(|(m, _)| m.owned()).sum::<usize>() == 1
+                && members.iter().all(|(m, _)| {
+                    (!statistics || in_group(&group(m))) && m.probe("/health/ready") == Some(200)
+                })
         },
     )
     .await;
+    members
+}
+
+/// Two members on a one-partition topic: once the group settled, both are in it — the one
+/// without a partition too — and both stay live for longer than the group stall.
+async fn idle_member_stays_in_its_group(protocol: &[&str]) {
+    let setup = OnePartition::create("idle").await;
+    let [(first, first_statsd), (second, second_statsd)] =
+        two_members_settled(&setup, protocol, true).await;
 
     // A member saying it is not live (503) or out of its group fails the test; a probe or a
     // `/status` it did not answer within the second (the machine loaded) is counted apart.
@@ -194,18 +204,7 @@ async fn without_statistics_both_members_are_ready_once_in_the_group(protocol: &
         .copied()
         .chain(["--kafka-property", "statistics.interval.ms=0"])
         .collect();
-    let (first, _) = setup.member(&flags);
-    let (second, _) = setup.member(&flags);
-    wait_for(
-        "one member owning the partition, both ready",
-        JOIN_AND_FLUSH,
-        || {
-            first.owned() + second.owned() == 1
-                && first.probe("/health/ready") == Some(200)
-                && second.probe("/health/ready") == Some(200)
-        },
-    )
-    .await;
+    let [(first, _), (second, _)] = two_members_settled(&setup, &flags, false).await;
     for member in [&first, &second] {
         assert_eq!(member.status().unwrap()["joined"], true);
     }
