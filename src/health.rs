@@ -522,8 +522,8 @@ impl Status {
     /// `statistics`, out of the group until they say it joined (without them `/status` says
     /// nothing of the group rather than out of it since the start). Without statistics, a member
     /// of the `consumer_protocol` (KIP-848) left without a partition has nothing telling it joined
-    /// (librdkafka calls no callback for its empty assignment): it is ready from now, as it is
-    /// without waiting for the join.
+    /// (librdkafka calls no callback for its empty assignment): it is ready from now, without
+    /// waiting for a join nothing would report.
     pub fn record_initialised(&self, statistics: bool, consumer_protocol: bool) {
         self.initialised.store(true, Ordering::Relaxed);
         if statistics {
