@@ -18,7 +18,8 @@
   scope, handles and tags given;
 - a tool's Job (toolJob) runs with the release's image, settings, Secrets, volumes, ServiceAccount
   and security contexts, toolJob.env replacing variables of its names, its pod none of the
-  Deployment's, and `sweep` starts with the environment it renders;
+  Deployment's, and `sweep` runs with the environment it renders, `redrive` too on the local
+  broker when one runs (REPLAY_INGEST_TEST_BROKERS, as the test command sets it);
 - the recommended labels on every object and on the pod template; the container port, the probes
   and REPLAY_INGEST_HTTP_LISTEN agree; Kafka properties render one per line; with SASL and KEDA, a
   TriggerAuthentication reads the same Secret the pods mount; NOTES.txt renders;
@@ -33,11 +34,13 @@ Usage: python3 scripts/check-chart.py BINARY   (run by scripts/test.sh inside it
 """
 
 import json
+import os
 import pathlib
 import re
 import subprocess
 import sys
 import tempfile
+import time
 
 import helm_python as helm
 import yaml
@@ -477,8 +480,24 @@ def check_tool_job(binary, all_on):
         result = subprocess.run([binary, *container["args"]], env=env, capture_output=True, text=True)
         if result.returncode != 0:
             fail(f"the sweep Job's tool refuses its rendered environment: {result.returncode} {result.stderr.strip()}")
+        ran = "sweep"
+        # And `redrive` on the local broker, when one runs (the test command starts it first):
+        # every Kafka setting the release renders, read by the tool, on topics of this check's own.
+        brokers = os.environ.get("REPLAY_INGEST_TEST_BROKERS")
+        if brokers:
+            run = f"chart-job-{os.getpid()}-{int(time.time())}"
+            topics = pathlib.Path(binary).parent / "examples" / "topics"
+            subprocess.run([str(topics), "--brokers", brokers, f"{run}:1", f"{run}-dlq:1"], check=True, capture_output=True)
+            values = {**values, "config": {**values["config"], "KAFKA_BROKERS": brokers, "TOPIC": run, "DLQ_TOPIC": f"{run}-dlq"},
+                      "toolJob": {"name": "redrive-check", "args": ["redrive", "--dry-run", "--group-id", run]}}
+            job = next(d for _, d in render_docs(values) if d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]
+            env = {e["name"]: e["value"] for e in job["env"]}
+            result = subprocess.run([binary, *job["args"]], env=env, capture_output=True, text=True, timeout=120)
+            if result.returncode != 0:
+                fail(f"the redrive Job's tool fails with its rendered environment: {result.returncode} {result.stderr.strip()}")
+            ran += " and redrive (on the local broker)"
     print("tool Job: the release's image, settings, Secrets, volumes, ServiceAccount and security, toolJob.env last; "
-          "not a consumer to the Deployment or the budget; sweep runs with the rendered environment")
+          f"not a consumer to the Deployment or the budget; {ran} run with the rendered environment")
 
 
 def main():
