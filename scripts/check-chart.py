@@ -487,6 +487,8 @@ def check_tool_job(binary, all_on):
         if brokers:
             run = f"chart-job-{os.getpid()}-{int(time.time())}"
             topics = pathlib.Path(binary).parent / "examples" / "topics"
+            if not topics.exists():
+                fail(f"{topics} is missing: `cargo build --example topics` (scripts/test.sh builds it)")
             subprocess.run([str(topics), "--brokers", brokers, f"{run}:1", f"{run}-dlq:1"], check=True, capture_output=True)
             values = {**values, "config": {**values["config"], "KAFKA_BROKERS": brokers, "TOPIC": run, "DLQ_TOPIC": f"{run}-dlq"},
                       "toolJob": {"name": "redrive-check", "args": ["redrive", "--dry-run", "--group-id", run]}}
