@@ -330,6 +330,12 @@ def first_container(docs):
     return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
+def tool_container(docs):
+    """The container of the tool Job among `docs`."""
+    job = next(d for _, d in docs if d["kind"] == "Job")
+    return job["spec"]["template"]["spec"]["containers"][0]
+
+
 def render_docs(values):
     return list(documents(helm.Chart.load(str(CHART)).render(values, name="replay-ingest", namespace="replays")))
 
@@ -448,7 +454,7 @@ def check_tool_job(binary, all_on):
     clickhouse = [{"name": "REPLAY_INGEST_CLICKHOUSE_USER", "value": "replay-deleter"},
                   {"name": "REPLAY_INGEST_CLICKHOUSE_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "deleter", "key": "password"}}}]
     deleting = render_docs({**all_on, "toolJob": {"name": "delete-1", "args": ["delete", "--project", "1", "--replay", "a" * 32], "env": clickhouse}})
-    env = {e["name"]: e for e in next(d for _, d in deleting if d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e for e in tool_container(deleting)["env"]}
     if "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE" in env or any(env.get(e["name"]) != e for e in clickhouse):
         fail(f"a password in toolJob.env must replace the release's password file: {sorted(env)}")
     for refused, message in [
@@ -473,7 +479,7 @@ def check_tool_job(binary, all_on):
                   "extraVolumeMounts": [{"name": "blobs", "mountPath": blobs}],
                   "toolJob": {"name": "sweep-now", "args": ["sweep", "--dry-run", "--summary-only"]}}
         swept = render_docs(values)
-        container = next(d for _, d in swept if d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]
+        container = tool_container(swept)
         if not any(m["mountPath"] == blobs for m in container["volumeMounts"]):
             fail("the sweep Job must mount the store's volume")
         env = {e["name"]: e["value"] for e in container["env"]}
@@ -492,7 +498,7 @@ def check_tool_job(binary, all_on):
             subprocess.run([str(topics), "--brokers", brokers, f"{run}:1", f"{run}-dlq:1"], check=True, capture_output=True)
             values = {**values, "config": {**values["config"], "KAFKA_BROKERS": brokers, "TOPIC": run, "DLQ_TOPIC": f"{run}-dlq"},
                       "toolJob": {"name": "redrive-check", "args": ["redrive", "--dry-run", "--group-id", run]}}
-            job = next(d for _, d in render_docs(values) if d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]
+            job = tool_container(render_docs(values))
             env = {e["name"]: e["value"] for e in job["env"]}
             result = subprocess.run([binary, *job["args"]], env=env, capture_output=True, text=True, timeout=120)
             if result.returncode != 0:
