@@ -22,13 +22,22 @@ pub use crate::sink::events::EventsArgs;
 pub use crate::sink::gcs::GcsArgs;
 pub use crate::sink::trace_items::TraceItemsArgs;
 
+/// The largest segment body decompressed: by `consume`, and by `delete` reading a replay's time
+/// back from its blobs (the same variable, so a tool Job reads what its release wrote).
+#[derive(Args, Debug, Clone, Copy)]
+pub struct DecompressionArgs {
+    /// Largest decompressed segment body, in bytes. `consume` rejects larger bodies as
+    /// `too_large` (never truncated), which bounds the memory one message can take while it is
+    /// processed; `delete` reads no replay time from a larger blob.
+    #[arg(long, env = "REPLAY_INGEST_MAX_DECOMPRESSED_BYTES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=17_179_869_184), default_value_t = DEFAULT_MAX_DECOMPRESSED_BYTES)]
+    pub max_decompressed_bytes: usize,
+}
+
 /// Per-message processing limits.
 #[derive(Args, Debug, Clone, Copy)]
 pub struct LimitArgs {
-    /// Largest decompressed segment body, in bytes. Larger bodies are rejected as `too_large`
-    /// (never truncated). Bounds the memory one message can take while it is processed.
-    #[arg(long, env = "REPLAY_INGEST_MAX_DECOMPRESSED_BYTES", value_parser = RangedU64ValueParser::<usize>::new().range(1..=17_179_869_184), default_value_t = DEFAULT_MAX_DECOMPRESSED_BYTES)]
-    pub max_decompressed_bytes: usize,
+    #[command(flatten)]
+    pub decompression: DecompressionArgs,
     /// Most click rows written per segment; further clicks are counted but not stored.
     #[arg(long, env = "REPLAY_INGEST_MAX_CLICKS_PER_SEGMENT", default_value_t = RowLimits::default().max_clicks)]
     pub max_clicks_per_segment: usize,
@@ -42,7 +51,7 @@ impl LimitArgs {
     /// (`TraceItemsArgs` sets their rollout).
     pub fn limits(&self, republish_replay_event: bool) -> Limits {
         Limits {
-            max_decompressed_bytes: self.max_decompressed_bytes,
+            max_decompressed_bytes: self.decompression.max_decompressed_bytes,
             rows: RowLimits {
                 max_clicks: self.max_clicks_per_segment,
                 max_taps: self.max_taps_per_segment,
@@ -906,7 +915,7 @@ impl ConsumeArgs {
             window as u64,
             crate::pipeline::POLLED_IN_TRANSIT_BYTES as u64,
             threads.saturating_mul(crate::recording::payload::decoding_bytes(
-                self.limits.max_decompressed_bytes,
+                self.limits.decompression.max_decompressed_bytes,
             ) as u64),
             dead_letters,
             self.prefetch_kbytes.saturating_mul(1024),

@@ -39,7 +39,8 @@ use clap::Args;
 use rdkafka::producer::FutureRecord;
 
 use crate::config::{
-    BlobArgs, BlobSinkKind, KafkaArgs, RowsArgs, RowsSinkKind, producer_properties,
+    BlobArgs, BlobSinkKind, DecompressionArgs, KafkaArgs, RowsArgs, RowsSinkKind,
+    producer_properties,
 };
 use crate::kafka::producer::Producer;
 use crate::recording::archive::Archive;
@@ -77,6 +78,9 @@ pub struct DeleteArgs {
     pub rows: RowsArgs,
     #[command(flatten)]
     pub kafka: KafkaArgs,
+    // For reading a replay's time back from its blobs.
+    #[command(flatten)]
+    pub decompression: DecompressionArgs,
     /// With `--rows-sink clickhouse`: the table snuba's materialized view `replays_aggregation_mv`
     /// feeds from the rows table (one row per replay and hour, holding the replay's user, email
     /// and IP address), in the same database. Its rows of the replay are deleted too, when the
@@ -178,8 +182,15 @@ pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
             timestamp,
         });
     }
-    // Stable: the first time given for a replay named twice is kept.
-    targets.sort_by(|a, b| (a.project, &a.replay).cmp(&(b.project, &b.replay)));
+    // Stable: of a replay named twice, the first line with a time is kept (a file and the lines
+    // a run printed to finish it, run together: the file's line has none).
+    targets.sort_by(|a, b| {
+        (a.project, &a.replay, a.timestamp.is_none()).cmp(&(
+            b.project,
+            &b.replay,
+            b.timestamp.is_none(),
+        ))
+    });
     targets.dedup_by(|b, a| (a.project, &a.replay) == (b.project, &b.replay));
     Ok(targets)
 }
@@ -203,8 +214,11 @@ enum Rows {
 struct Found {
     /// Every object under the replay's prefix in each retention prefix.
     blobs: Vec<String>,
-    /// Its earliest segment blob (the lowest segment id), to read the replay's time from.
-    first_segment: Option<(u32, String)>,
+    /// Its segment blobs by segment id, lowest first: the replay's time is read from the first
+    /// that holds one.
+    segments: Vec<(u32, String)>,
+    /// The segment blob its time was read from, once read.
+    timed_by: Option<String>,
     /// The longest retention prefix its blobs are under: the archive that hides the rows (through
     /// snuba) must outlive every one of them.
     retention: Option<u16>,
@@ -219,14 +233,15 @@ struct Found {
 
 impl Found {
     /// The objects to remove, in the order they go: the dead-letter copies first and the
-    /// earliest segment blob last, so that a run stopped half way leaves that blob for the next
-    /// to read the replay's time from (with snuba, a replay without it and without a time given
-    /// is left alone, its copies — whole messages, user data included — with it).
+    /// segment blob the replay's time was read from (else its earliest) last, so that a run
+    /// stopped half way leaves that blob for the next to read the same time from (with snuba, a
+    /// replay without one and without a time given is left alone, its copies — whole messages,
+    /// user data included — with it).
     fn removal_order(&self) -> impl Iterator<Item = &String> {
         let first = self
-            .first_segment
+            .timed_by
             .as_ref()
-            .map(|(_, key)| key)
+            .or(self.segments.first().map(|(_, key)| key))
             .filter(|key| self.blobs.contains(key));
         self.dead_letters
             .iter()
@@ -251,6 +266,8 @@ struct Ready<'t> {
     /// The replay's time, read or given; `None`: neither, and the archive is stamped now.
     time: Option<f64>,
     timestamp: f64,
+    /// The archive's retention: the longest its blobs are under, else [`archive_retention`].
+    retention: u16,
 }
 
 /// A replay's line in `--from-file` (`PROJECT REPLAY [TIME]`), for a run again: with the time its
@@ -267,7 +284,7 @@ impl Ready<'_> {
         Archive {
             project_id: self.target.project,
             replay_id: &self.target.replay,
-            retention_days: self.found.retention.unwrap_or(90),
+            retention_days: self.retention,
             timestamp: self.timestamp,
             now: now_seconds() as u64,
         }
@@ -365,6 +382,7 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
         &rows,
         args.dry_run,
         timeout,
+        args.decompression.max_decompressed_bytes,
         out,
     )
     .await
@@ -377,6 +395,7 @@ async fn delete(
     rows: &Rows,
     dry_run: bool,
     timeout: Duration,
+    max_decompressed_bytes: usize,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     // A privacy request's record says whether the deleted blobs are gone at once.
@@ -393,7 +412,10 @@ async fn delete(
     }
     let mut left = Vec::new();
     // Copies from before keys named their owner, read once for all the replays. One that cannot
-    // be read may be any replay's: named among what is left (the run exits 1), the rest go on.
+    // be read may be any replay's: named among what is left (the run exits 1), the rest go on,
+    // and every replay is printed to run again (below), those finished with their time: through
+    // snuba a replay finished has nothing left to read it from, and the run again, once the
+    // copies can be read, needs it for each replay that owns one.
     let unnamed = match store {
         Some(store) => unnamed_copies(store).await.unwrap_or_else(|e| {
             left.push(format!(
@@ -410,6 +432,10 @@ async fn delete(
             "{location}: a dead-letter copy of the older layout could not be read ({e}): whose it is is unknown"
         ));
     }
+    let unnamed_searched = left.is_empty();
+    // The replays finished, as `--from-file` lines, for a run again when the older layout was
+    // not wholly searched.
+    let mut finished = Vec::new();
     // Listed once for all the replays (a file of a thousand listed the store's top a thousand
     // times); failing, it fails each replay's lookup.
     let retentions = match store {
@@ -439,7 +465,7 @@ async fn delete(
             Err(e) => Err(anyhow::anyhow!("listing the store: {e}")),
         };
         lookups.count(&found);
-        let found = match found {
+        let mut found = match found {
             Ok(found) => found,
             Err(e) => {
                 // Said at once too: the summary comes only at the end of the run.
@@ -468,11 +494,12 @@ async fn delete(
         // segment dead-lettered, or a run stopped after the blobs), so the archive goes anyway.
         if found.is_empty() && !matches!(rows, Rows::Snuba { .. }) {
             writeln!(out, "{name}: nothing to delete")?;
+            finished.push(from_file_line(target, target.timestamp));
             continue;
         }
         // A dry run goes as far as a run would before removing anything: it reads the time, and
         // fails where a run would. Without a rows sink there is no archive to stamp.
-        let time = replay_time(store, rows, &found, target).await;
+        let time = replay_time(store, rows, &mut found, target, max_decompressed_bytes).await;
         times.count(&time);
         let time = match time {
             Ok(time) => time.or(target.timestamp),
@@ -486,7 +513,8 @@ async fn delete(
         };
         if time.is_none() && matches!(rows, Rows::Snuba { .. }) {
             left.push(format!(
-                "{name}: no segment blob left to read its time from, and no time given: its rows were not archived (an archive stamped now would not hide it from a query over its own days); run again with its start, from Sentry: --replay-timestamp, or a third word on its --from-file line (a run that removed its blobs published its archive first, and printed that time)"
+                "{name}: {}, and no time given: its rows were not archived (an archive stamped now would not hide it from a query over its own days); run again with its start, from Sentry: --replay-timestamp, or a third word on its --from-file line (a run that removed its blobs published its archive first, and printed that time)",
+                no_blob_time(&found)
             ));
             again.push(from_file_line(target, None));
             continue;
@@ -516,12 +544,16 @@ async fn delete(
             }
             continue;
         }
+        let retention = found
+            .retention
+            .unwrap_or_else(|| archive_retention(retentions.as_deref().unwrap_or_default()));
         ready.push(Ready {
             name,
             target,
             found,
             time,
             timestamp: time.unwrap_or_else(now_seconds),
+            retention,
         });
     }
     let (mut replays, mut removed, mut removals) = (0, 0, Streak::default());
@@ -570,9 +602,13 @@ async fn delete(
         }
         if whole {
             replays += 1;
+            finished.push(from_file_line(replay.target, replay.time));
         } else {
             again.push(from_file_line(replay.target, replay.time));
         }
+    }
+    if !unnamed_searched {
+        again.extend(finished);
     }
     writeln!(
         out,
@@ -633,17 +669,13 @@ async fn find(
             for object in store::walk(store, &replay).await? {
                 found.retention = found.retention.max(Some(*retention));
                 let segment = object.key.rsplit('/').next().and_then(|s| s.parse().ok());
-                if let Some(segment) = segment
-                    && found
-                        .first_segment
-                        .as_ref()
-                        .is_none_or(|(s, _)| segment < *s)
-                {
-                    found.first_segment = Some((segment, object.key.clone()));
+                if let Some(segment) = segment {
+                    found.segments.push((segment, object.key.clone()));
                 }
                 found.blobs.push(object.key);
             }
         }
+        found.segments.sort();
         let named = dlq::copies_prefix(target.project, &target.replay);
         found.dead_letters = store::walk(store, &named)
             .await?
@@ -736,19 +768,24 @@ async fn unnamed_copies(store: &dyn BlobStore) -> Result<Unnamed, SinkError> {
     Ok(unnamed)
 }
 
-/// The replay's time, in seconds: the first event of its earliest segment blob, else (with
-/// ClickHouse) its earliest live row; `None` when neither is there.
+/// The replay's time, in seconds: the first event of its earliest segment blob that holds one
+/// (noted in `found`), else (with ClickHouse) its earliest live row; `None` when neither is
+/// there.
 async fn replay_time(
     store: Option<&dyn BlobStore>,
     rows: &Rows,
-    found: &Found,
+    found: &mut Found,
     target: &Target,
+    max_decompressed_bytes: usize,
 ) -> anyhow::Result<Option<f64>> {
     if matches!(rows, Rows::None) {
         return Ok(None);
     }
-    match blob_time(store, found).await {
-        Ok(Some(time)) => return Ok(Some(time)),
+    match blob_time(store, found, max_decompressed_bytes).await {
+        Ok(Some((time, key))) => {
+            found.timed_by = Some(key);
+            return Ok(Some(time));
+        }
         Ok(None) => {}
         // A blob that cannot be read is the next run's to read, unless a time was given.
         Err(e) if target.timestamp.is_none() => return Err(e),
@@ -771,27 +808,67 @@ async fn replay_time(
     }
 }
 
-/// The time of the replay's first event, from its earliest segment blob: `None` when there is
-/// none, or it holds no time (not a recording, gone since it was listed). A store that fails the
-/// read is an error: the time must not fall back to another source (now, at worst) for a blob
-/// the next run reads.
-async fn blob_time(store: Option<&dyn BlobStore>, found: &Found) -> anyhow::Result<Option<f64>> {
-    let (Some((_, key)), Some(store)) = (found.first_segment.as_ref(), store) else {
+/// Segment blobs read for the replay's time before it is taken for having none: the earliest
+/// may hold none (gone since it was listed, not a recording, a body over the limit), and a later
+/// one of the same replay is minutes from its start, on the same day but at midnight.
+const TIME_READS: usize = 8;
+
+/// The time of the replay's first event and the blob it was read from: the earliest of its first
+/// [`TIME_READS`] segment blobs that holds one; `None` when none does. A store that fails a read
+/// is an error: the time must not fall back to a later blob or another source (now, at worst)
+/// while the next run may read the earlier one.
+async fn blob_time(
+    store: Option<&dyn BlobStore>,
+    found: &Found,
+    max_decompressed_bytes: usize,
+) -> anyhow::Result<Option<(f64, String)>> {
+    let Some(store) = store else {
         return Ok(None);
     };
-    let Some(stored) = store
-        .read(key)
-        .await
-        .map_err(|e| anyhow::anyhow!("reading {}: {}", store.location(key), e.message))?
-    else {
-        return Ok(None);
-    };
-    let first = blob::rrweb_json(&stored, crate::recording::DEFAULT_MAX_DECOMPRESSED_BYTES)
-        .ok()
-        .and_then(|json| rrweb::extract(&json, rrweb::RowLimits::default()).ok())
-        .and_then(|extracted| extracted.first_timestamp_ms);
-    Ok(first.map(|ms| ms as f64 / 1000.0))
+    for (_, key) in found.segments.iter().take(TIME_READS) {
+        let Some(stored) = store
+            .read(key)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading {}: {}", store.location(key), e.message))?
+        else {
+            continue;
+        };
+        let first = blob::rrweb_json(&stored, max_decompressed_bytes)
+            .ok()
+            .and_then(|json| rrweb::extract(&json, rrweb::RowLimits::default()).ok())
+            .and_then(|extracted| extracted.first_timestamp_ms);
+        if let Some(ms) = first {
+            return Ok(Some((ms as f64 / 1000.0, key.clone())));
+        }
+    }
+    Ok(None)
 }
+
+/// Why no time was read from the replay's segment blobs, for the line that asks for one.
+fn no_blob_time(found: &Found) -> String {
+    match found.segments.len() {
+        0 => "no segment blob left to read its time from".to_owned(),
+        n => format!(
+            "none of its first {} segment blob(s) of {n} holds a recording with a time",
+            n.min(TIME_READS)
+        ),
+    }
+}
+
+/// The retention of an archive when none of the replay's blobs is left to say it: the longest
+/// of the store's retention prefixes, and at least Sentry's own (90, whatever the replay's), so
+/// that the archive outlives rows of any retention the deployment writes.
+fn archive_retention(retentions: &[(String, u16)]) -> u16 {
+    retentions
+        .iter()
+        .map(|(_, retention)| *retention)
+        .max()
+        .unwrap_or(0)
+        .max(SENTRY_ARCHIVE_RETENTION)
+}
+
+/// The retention Sentry's delete gives every archive.
+const SENTRY_ARCHIVE_RETENTION: u16 = 90;
 
 /// A row not archived: what a delete removes. Snuba's older processor wrote NULL, not 0, for
 /// such rows; `= 0` alone would leave them.
@@ -1197,6 +1274,18 @@ mod tests {
         assert_eq!(found.blobs.len(), 3);
     }
 
+    /// With no blob of the replay left to say its retention, its archive takes the longest of the
+    /// store's, and never less than Sentry's 90 days.
+    #[test]
+    fn an_archive_without_blobs_outlives_every_retention_stored() {
+        let prefixes = |retentions: &[u16]| -> Vec<(String, u16)> {
+            retentions.iter().map(|r| (format!("{r}/"), *r)).collect()
+        };
+        assert_eq!(archive_retention(&prefixes(&[])), 90);
+        assert_eq!(archive_retention(&prefixes(&[30])), 90);
+        assert_eq!(archive_retention(&prefixes(&[30, 365, 90])), 365);
+    }
+
     /// ClickHouse unreachable: each replay's lookup fails, each is named among what is left, and
     /// the run goes on to the next and prints its summary (the first failure ended the run).
     #[test]
@@ -1309,7 +1398,9 @@ mod tests {
             "42 834f314caae54030a1b0dc52b202f24a 2026-11-30T12:00:00Z\n\
              7 9b9fa3d5-07ff-4d74-a2b0-a9ba0a7ab1b2 1796040000.5 # a note\n\
              7 9b9fa3d507ff4d74a2b0a9ba0a7ab1b2 1\n\
-             8 c5d8bb1a6f8e4cd5a6a4f0a55c9e05f3\n",
+             8 c5d8bb1a6f8e4cd5a6a4f0a55c9e05f3\n\
+             9 d5d8bb1a6f8e4cd5a6a4f0a55c9e05f3\n\
+             9 d5d8bb1a6f8e4cd5a6a4f0a55c9e05f3 1702848000\n",
         )
         .unwrap();
         let from_file = parse(&["--from-file", file.to_str().unwrap()]).unwrap();
@@ -1323,9 +1414,11 @@ mod tests {
             [
                 (7, Some(1_796_040_000.5)),
                 (8, None),
+                (9, Some(1_702_848_000.0)),
                 (42, Some(1_796_040_000.0))
             ],
-            "each line's own time; the first for a replay named twice"
+            "each line's own time; the first for a replay named twice, a line with one over a \
+             line without (a request's file and the lines a run printed to finish it)"
         );
         for (time, said) in [
             ("yesterday", "\"yesterday\": not an RFC 3339 time in UTC"),
@@ -1533,6 +1626,7 @@ mod tests {
             rows,
             false,
             Duration::from_secs(5),
+            crate::recording::DEFAULT_MAX_DECOMPRESSED_BYTES,
             &mut out,
         )
         .await
@@ -1591,6 +1685,11 @@ mod tests {
         );
         assert!(!dir.path().join(format!("dlq/42/{ours}/t/0/500")).exists());
         assert!(!dir.path().join("dlq/t/0/17").exists());
+        assert_eq!(
+            to_finish(&said),
+            [format!("42 {ours}")],
+            "the copy not read may be the replay's: it is printed to run again, finished or not"
+        );
     }
 
     /// A zlib-packed recording whose first event is at 1702848658.25 s.
@@ -1680,19 +1779,23 @@ mod tests {
 
     /// Through snuba, the lines carry the time each archive was stamped with, read or given,
     /// and none where there was none; a blob whose read fails leaves its replay for the next run
-    /// (its time is not taken from elsewhere, nor the archive stamped now). The archives are not
-    /// published here: the broker is unreachable.
+    /// (its time is not taken from elsewhere, nor the archive stamped now); one whose earliest
+    /// segment is no recording has its time read from the next (it was taken for having none).
+    /// The archives are not published here: the broker is unreachable.
     #[tokio::test]
     async fn through_snuba_the_lines_carry_the_archives_times() {
         let dir = tempfile::tempdir().unwrap();
         let (timed, untimed, unread) = ("a".repeat(32), "b".repeat(32), "d".repeat(32));
         // Unreadable too, but its time is given.
         let given = "e".repeat(32);
+        let later = "f".repeat(32);
         write_files(
             dir.path(),
             &[
                 (&format!("90/42/{timed}/0"), segment_at_1702848658_25()),
                 (&format!("90/42/{untimed}/0"), b"not a recording".to_vec()),
+                (&format!("90/42/{later}/0"), b"not a recording".to_vec()),
+                (&format!("90/42/{later}/1"), segment_at_1702848658_25()),
                 (&format!("90/42/{unread}/0"), segment_at_1702848658_25()),
                 (&format!("90/42/{given}/0"), segment_at_1702848658_25()),
             ],
@@ -1713,6 +1816,7 @@ mod tests {
             target(&untimed),
             target(&unread),
             timed_by_hand,
+            target(&later),
         ];
         let (said, error) = failing(&named, &store, &rows).await;
         assert!(
@@ -1726,8 +1830,15 @@ mod tests {
                 format!("42 {unread}"),
                 format!("42 {timed} 1702848658.25"),
                 format!("42 {given} 1702848000"),
+                format!("42 {later} 1702848658.25"),
             ],
             "{said}"
+        );
+        assert!(
+            error.contains(&format!(
+                "replay {untimed} (project 42): none of its first 1 segment blob(s) of 1 holds a recording with a time, and no time given"
+            )),
+            "{error}"
         );
         assert!(
             error.contains(&format!(

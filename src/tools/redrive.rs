@@ -195,7 +195,9 @@ async fn redrive_with(
     for gone in expired {
         writeln!(out, "{gone}")?;
         read.positions.insert(gone.partition, gone.to);
-        read.counts.failed.push(gone.to_string());
+        read.counts
+            .failed
+            .push_letters(gone.letters(), gone.to_string());
     }
     let result = redrive_letters(
         args,
@@ -256,9 +258,14 @@ const FAILED_KEPT: usize = 100;
 
 impl Failed {
     fn push(&mut self, letter: String) {
-        self.count += 1;
+        self.push_letters(1, letter);
+    }
+
+    /// `letters` that failed together, named by one `line` (a range gone from the topic).
+    fn push_letters(&mut self, letters: u64, line: String) {
+        self.count += letters;
         if self.kept.len() < FAILED_KEPT {
-            self.kept.push(letter);
+            self.kept.push(line);
         }
     }
 
@@ -304,6 +311,12 @@ struct Expired {
     to: i64,
 }
 
+impl Expired {
+    fn letters(&self) -> u64 {
+        u64::try_from(self.to - self.from).unwrap_or(0)
+    }
+}
+
 impl std::fmt::Display for Expired {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let Expired {
@@ -315,7 +328,7 @@ impl std::fmt::Display for Expired {
         write!(
             f,
             "{topic}/{partition}/{from}..{to}: {} letter(s) gone from the topic before this group read them (its retention, or records deleted): they cannot be re-driven",
-            to - from
+            self.letters()
         )
     }
 }

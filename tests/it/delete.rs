@@ -1048,3 +1048,187 @@ fn a_retention_directory_linked_elsewhere_is_followed_as_the_writer_follows_it()
     assert!(said.contains("found 1 segment blob(s)"), "{said}");
     assert!(!blob.exists(), "{said}");
 }
+
+/// Through snuba, the runbook's second run finishes a replay whose older-layout dead-letter copy
+/// (`dlq/{topic}/…`, whose owner only its value says) could not be read the first time: the
+/// first run removes the replay's blobs, archives it at the time read from the earliest segment
+/// blob that holds one (segment 0 here is not a recording) and prints it among the lines to run
+/// again, with that time; the second run, on the request's file and those lines together, finds
+/// only the copy, removes it and archives the replay at the same time. Before, a finished
+/// replay was in no line, and the file's own line, without a time, was kept over a printed one:
+/// the second run stopped for want of a time and the copy — a whole message of the user's —
+/// stayed. And a time is read from a later segment when the earliest holds none (the replay was
+/// taken for having no blob).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn with_snuba_an_unreadable_older_copy_is_removed_by_the_run_again_with_the_printed_times() {
+    use crate::support::proxy::{Action, Proxy};
+    use replay_ingest::sink::ObjectStore;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let replay_events = unique("replay-events");
+    create_topic(&replay_events, 1).await;
+    let store = gcs_store(&names.bucket, 4).await;
+    let value = fixture("console-1.msgpack");
+    let processed = recording::process(&value, &Limits::default()).unwrap();
+    let ids = processed.ids;
+    let segment = |n| recording::blob::key(ids.retention_days, ids.project_id, &ids.replay_id, n);
+    let (first, second) = (segment(0), segment(1));
+    store.put(&first, b"not a recording").await.unwrap();
+    store.put(&second, &processed.blob.bytes).await.unwrap();
+    let copy = "dlq/ingest-replay-recordings/0/5";
+    store.put(copy, &value).await.unwrap();
+
+    // Reads of the copy answered 500 until the store is mended.
+    let broken = Arc::new(AtomicBool::new(true));
+    let proxy = {
+        let broken = broken.clone();
+        Proxy::start(&gcs_endpoint(), move |request| {
+            if broken.load(Ordering::SeqCst)
+                && request.path.contains("alt=media")
+                && request.path.contains("ingest-replay-recordings")
+            {
+                Action::Answer {
+                    status: 500,
+                    headers: Vec::new(),
+                    body: "Internal Error".into(),
+                }
+            } else {
+                Action::Forward
+            }
+        })
+        .await
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let request = format!("{} {}\n", ids.project_id, ids.replay_id);
+    let from_file = |name: &str, text: &str| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        let mut flags = gcs_flags_at(&names.bucket, &proxy.endpoint);
+        flags.extend(
+            [
+                "--rows-sink",
+                "snuba",
+                "--replay-events-topic",
+                &replay_events,
+                "--from-file",
+                file.to_str().unwrap(),
+            ]
+            .map(String::from),
+        );
+        flags
+    };
+
+    let (ok, said) = delete(&from_file("request.txt", &request));
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains(&format!(
+            "{copy}: a dead-letter copy of the older layout could not be read"
+        )),
+        "{said}"
+    );
+    let stamped: String = said
+        .lines()
+        .find_map(|line| {
+            line.split_once("archive published on ")?
+                .1
+                .split_once("stamped ")
+        })
+        .unwrap_or_else(|| panic!("the archive is published: {said}"))
+        .1
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let time: f64 = stamped.parse().unwrap();
+    assert!(
+        (1.6e9..1.8e9).contains(&time),
+        "the time is the recording's (2023), read from segment 1, not now: {said}"
+    );
+    let again: Vec<&str> = said
+        .lines()
+        .filter(|line| line.starts_with(&format!("{} {}", ids.project_id, ids.replay_id)))
+        .collect();
+    assert_eq!(
+        again,
+        [format!("{} {} {stamped}", ids.project_id, ids.replay_id)],
+        "the finished replay is printed to run again, with its time: {said}"
+    );
+    let gcs = gcs_client().await;
+    for key in [&first, &second] {
+        assert!(
+            try_read_object(&gcs, &names.bucket, key).await.is_err(),
+            "{key}"
+        );
+    }
+    assert!(try_read_object(&gcs, &names.bucket, copy).await.is_ok());
+
+    broken.store(false, Ordering::SeqCst);
+    // The request's file and the printed lines, run together (`cat F F2`).
+    let (ok, said) = delete(&from_file("again.txt", &format!("{request}{}\n", again[0])));
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("found 0 segment blob(s), 1 dead-letter copy object(s)"),
+        "{said}"
+    );
+    assert!(said.contains(&format!("stamped {stamped}")), "{said}");
+    assert!(
+        said.contains("1 replay(s) deleted, 1 object(s) removed"),
+        "{said}"
+    );
+    assert!(try_read_object(&gcs, &names.bucket, copy).await.is_err());
+    assert_eq!(
+        read_messages(&replay_events, 2, Duration::from_secs(20)).len(),
+        2
+    );
+}
+
+/// Through snuba, a replay with no blob left is archived for the longest retention the store
+/// holds (here 365 days, another replay's), not Sentry's fixed 90: its rows, kept for the
+/// project's retention, would be listed again once a shorter-lived archive expired.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn with_snuba_a_replay_without_blobs_is_archived_for_the_longest_retention_stored() {
+    use replay_ingest::sink::ObjectStore;
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let replay_events = unique("replay-events");
+    create_topic(&replay_events, 1).await;
+    let store = gcs_store(&names.bucket, 4).await;
+    store
+        .put(
+            "365/7/ffffffffffffffffffffffffffffffff/0",
+            b"another replay's",
+        )
+        .await
+        .unwrap();
+    store
+        .put(
+            "30/7/eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee/0",
+            b"another replay's",
+        )
+        .await
+        .unwrap();
+    let through_snuba = [
+        "--rows-sink",
+        "snuba",
+        "--replay-events-topic",
+        &replay_events,
+        "--replay-timestamp",
+        "1702848000",
+    ];
+    let replay = "0123456789abcdef0123456789abcdef";
+    let (ok, said) = delete(&deleting(gcs_flags(&names), &through_snuba, 42, replay));
+    assert!(ok, "{said}");
+    let archives = read_messages(&replay_events, 1, Duration::from_secs(20));
+    assert_eq!(archives.len(), 1, "{said}");
+    let schema = sentry_kafka_schemas::get_schema("ingest-replay-events", None).unwrap();
+    let message = schema.validate_json(&archives[0].value).unwrap();
+    assert_eq!(message["retention_days"], 365);
+    assert_eq!(
+        object_names(&names.bucket).len(),
+        2,
+        "the other replays stay"
+    );
+}

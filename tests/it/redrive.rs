@@ -601,7 +601,14 @@ async fn letters_gone_from_the_topic_since_the_last_run_are_named() {
         )),
         "{said}"
     );
-    assert!(said.contains("1 letter(s) re-driven"), "{said}");
+    assert!(
+        said.contains("1 letter(s) re-driven, 0 passed over, 2 failed"),
+        "each letter gone counts: {said}"
+    );
+    assert!(
+        said.contains("2 letter(s) could not be re-driven"),
+        "{said}"
+    );
     assert_eq!(committed(&group, &dlq, 1), [(0, 4)].into_iter().collect());
     let (ok, said) = redrive_in(&dlq, &topic, &group, &flags);
     assert!(ok, "reported once: {said}");
