@@ -59,16 +59,22 @@ impl Ownership {
     /// `partitions` are being revoked, or were `lost`: a new generation starts. Returns it, and
     /// what is owned now.
     pub fn revoke(&self, partitions: &[i32], lost: bool) -> (u64, BTreeSet<i32>) {
+        let (generation, owned) = {
+            let mut owned = self.owned_mut();
+            let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+            for &partition in partitions {
+                owned.partitions.remove(&partition);
+            }
+            if lost {
+                self.lose(&mut owned, partitions, generation);
+            }
+            (generation, owned.partitions.clone())
+        };
+        // The coordinator's answer releases held writes only once the loss it brought is
+        // recorded: a held write that finds itself released reads its partitions again
+        // (`pipeline::flush`), and must not find them still its own.
         self.coordinator_mut().answered();
-        let mut owned = self.owned_mut();
-        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
-        for &partition in partitions {
-            owned.partitions.remove(&partition);
-        }
-        if lost {
-            self.lose(&mut owned, partitions, generation);
-        }
-        (generation, owned.partitions.clone())
+        (generation, owned)
     }
 
     /// The revoke of `partitions` in `generation` was answered with some of what was polled of

@@ -30,10 +30,13 @@
 //! A partition the member loses while the flush runs (the group gave it to another member, which
 //! reads it again from the last commit) is written no further: its messages are left out of the
 //! stages still to run, and a write stops before its next attempt (a retry through an outage, a
-//! half of a batch a sink refused) once everything it writes is of such partitions. The flush
-//! reports them as given up, and their offsets are not completed. What an attempt under way
-//! writes stays (blobs and rows are idempotent); billing outcomes and occurrences, in the last
-//! stage, go out beside the new owner's only for a loss during an attempt of their own write.
+//! half of a batch a sink refused) once everything it writes is of such partitions — or, within
+//! [`GONE_RECHECK`], during an attempt: the request under way is cut, so that a flush of nothing
+//! of its own does not hold its slot until a hung destination's timeout. The flush reports them
+//! as given up, and their offsets are not completed. What an attempt wrote before the loss stays
+//! (blobs and rows are idempotent); billing outcomes and occurrences, in the last stage, go out
+//! beside the new owner's only for a loss during an attempt of their own write (a delivery
+//! already handed to librdkafka is sent even when its attempt is cut).
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
@@ -192,7 +195,20 @@ pub struct Owner<'a> {
 
 impl Owner<'_> {
     /// Where a write stands before an attempt, from the partitions of the messages it holds.
-    fn standing(&self, partitions: impl IntoIterator<Item = i32>) -> Standing {
+    fn standing(&self, partitions: impl Iterator<Item = i32> + Clone) -> Standing {
+        match self.losses(partitions.clone()) {
+            Some(lost) => lost,
+            None if (self.held)() => Standing::Held,
+            // Released: the coordinator's answer that released the writes records the losses it
+            // brought first (`Ownership::revoke`), so a second look sees them. Read before the
+            // release, they were not there yet, and the write went on with partitions the
+            // broker had given away.
+            None => self.losses(partitions).unwrap_or(Standing::Owned),
+        }
+    }
+
+    /// `Gone` or `Shrunk` when some of `partitions` were lost; `None` when none was.
+    fn losses(&self, partitions: impl Iterator<Item = i32>) -> Option<Standing> {
         let (mut ours, mut lost) = (false, false);
         for partition in partitions {
             match (self.lost)(partition) {
@@ -201,10 +217,9 @@ impl Owner<'_> {
             }
         }
         match (ours, lost) {
-            (false, true) => Standing::Gone,
-            (true, true) => Standing::Shrunk,
-            _ if (self.held)() => Standing::Held,
-            _ => Standing::Owned,
+            (false, true) => Some(Standing::Gone),
+            (true, true) => Some(Standing::Shrunk),
+            _ => None,
         }
     }
 }
@@ -618,8 +633,21 @@ async fn write_isolating(
     ))
 }
 
-/// `Done` also when, before an attempt or once attempts run out, `standing` says every message
-/// the write holds is of partitions lost since the flush began: nothing of it is this member's to
+/// How often a write under way asks whether every message it holds was lost meanwhile.
+const GONE_RECHECK: Duration = Duration::from_millis(250);
+
+/// Ends once `standing` says every message the write holds is of partitions lost meanwhile.
+async fn until_gone(standing: &dyn Fn() -> Standing) {
+    loop {
+        tokio::time::sleep(GONE_RECHECK).await;
+        if standing() == Standing::Gone {
+            return;
+        }
+    }
+}
+
+/// `Done` also when, before an attempt, while one is under way (it is cut) or once attempts run
+/// out, `standing` says every message the write holds is of partitions lost since the flush began: nothing of it is this member's to
 /// write any more (the report says nothing written, and the flush gives those messages up).
 /// `Shrunk` when, before an attempt, it says some of them are. While it says writes are held,
 /// no attempt is made. Attempts are counted from `attempt` (a write going on after it shrank).
@@ -696,7 +724,16 @@ async fn write_with_retries(
         progress.new_attempt();
         let write = std::panic::catch_unwind(AssertUnwindSafe(|| sink.write(batch, progress)));
         let result = match write {
-            Ok(write) => AssertUnwindSafe(write).catch_unwind().await,
+            // A request under way once every message it holds is lost is cut (the future
+            // dropped: the upload or INSERT aborted, a delivery left to librdkafka): the flush
+            // holds its slot until it ends, and a request to a hung destination lasts up to its
+            // timeout — a revoke's or a shutdown's drain waited that long behind it, the next
+            // owner's messages buffered and no slot free to flush them.
+            Ok(write) => tokio::select! {
+                biased;
+                result = AssertUnwindSafe(write).catch_unwind() => result,
+                () = until_gone(standing) => return abandoned(attempt, failing),
+            },
             Err(panic) => Err(panic),
         }
         .unwrap_or_else(|panic| {
@@ -1230,6 +1267,91 @@ mod tests {
         assert_eq!(sink.calls.load(Ordering::SeqCst), 0, "never written");
         assert_eq!(report.unwrap().given_up.len(), 8);
         assert_eq!(holds.load(Ordering::SeqCst), 3, "held until the loss");
+    }
+
+    /// The coordinator's answer that releases held writes may also take the partitions away
+    /// (KIP-848: the member was fenced meanwhile). Between a write's look at its partitions and
+    /// its look at the hold, the answer records the loss and releases the hold: the write is
+    /// given up, not made (it went on with the partitions the broker had given away).
+    #[test]
+    fn a_write_released_by_the_answer_that_took_its_partitions_is_not_made() {
+        let sink = Arc::new(Losing {
+            lose_at: 0,
+            failures: 0,
+            calls: AtomicU32::new(0),
+            lost: Arc::default(),
+            writes: Mutex::default(),
+        });
+        let sinks = Sinks::new(vec![vec![Box::new(sink.clone())]]);
+        let answered = std::sync::atomic::AtomicBool::new(false);
+        let lost = |_| answered.load(Ordering::SeqCst);
+        // Asked after the partitions were read: the answer comes in between, loss first.
+        let held = || {
+            answered.store(true, Ordering::SeqCst);
+            false
+        };
+        let owner = Owner {
+            lost: &lost,
+            held: &held,
+        };
+        let failing = Failing::new(Arc::default());
+        let report = run_failing(
+            on_partitions_0_and_1(),
+            &sinks,
+            &FAST,
+            &Status::default(),
+            owner,
+            &failing,
+        );
+        assert_eq!(sink.calls.load(Ordering::SeqCst), 0, "never written");
+        assert_eq!(report.unwrap().given_up.len(), 8);
+    }
+
+    /// Never answers, as a destination that hangs until the request's timeout.
+    struct Hung {
+        started: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Sink for Hung {
+        fn name(&self) -> &'static str {
+            "blobs"
+        }
+        fn writes_for(&self, _: &Entry) -> bool {
+            true
+        }
+        fn write<'a>(&'a self, _: &'a [Entry], _: &'a Progress) -> Writing<'a> {
+            self.started.store(true, Ordering::SeqCst);
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// A request under way when every message the write holds is lost is cut, and the flush
+    /// ends, its messages given up: it held its slot until the request's timeout (up to 90 s for
+    /// a large upload), and a drain waited behind it with the next owner's messages buffered.
+    /// Here the request never ends: without the cut the flush never would (the test's guard
+    /// fails it after a minute).
+    #[test]
+    fn a_request_under_way_is_cut_once_every_message_it_holds_is_lost() {
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sinks = Sinks::new(vec![vec![Box::new(Hung {
+            started: started.clone(),
+        })]]);
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let lost = |_| started.load(Ordering::SeqCst);
+            let report = run_losing(
+                on_partitions_0_and_1(),
+                &sinks,
+                &FAST,
+                &Status::default(),
+                &lost,
+            );
+            let _ = done.send(report.map(|r| r.given_up.len()));
+        });
+        let given_up = ended
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the flush ended");
+        assert_eq!(given_up.unwrap(), 8);
     }
 
     /// Offsets 0..4 of partition 0 and 10..14 of partition 1.

@@ -1103,8 +1103,9 @@ impl Pipeline {
             }
             // Nothing left of this member's: the flushes under way hold only messages of
             // partitions lost meanwhile, their next owner's. Each stops before its next attempt,
-            // which a hung request or a backoff can put off past the deadline, and waiting for it
-            // — or giving up on it as failing — ended the drain in an error with nothing held.
+            // or cuts its request under way, but a backoff or a recheck is still a wait, and
+            // waiting for it — or giving up on it as failing — ended the drain in an error with
+            // nothing held.
             if self.buffer.is_empty() && self.frontier.pending() == 0 {
                 break;
             }

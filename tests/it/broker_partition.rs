@@ -479,6 +479,82 @@ async fn a_flush_held_by_an_outage_when_the_partitions_are_lost_stops_and_the_me
     both_carried_on(cut, other, &log());
 }
 
+/// A member whose flush waits on an upload the store never answers (the request would last
+/// until its 60 s timeout) is cut off from the broker past its 6 s session: once it finds its
+/// partitions lost the request is cut and the flush ends, freeing the member's only flush slot.
+/// With the network back it rejoins, takes in the next messages, and a shutdown drains them
+/// within its 5 s deadline: exit 0; every segment is stored once and every message billed
+/// once. Before, the flush held the slot until the request's timeout: the member's new messages
+/// waited in the buffer with no slot to flush them, and the shutdown's drain waited out its
+/// deadline behind a write of partitions the member no longer owned, and exited 1.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack and Apache Kafka's jars: scripts/test.sh starts them and runs every test"]
+async fn a_request_hung_when_the_partitions_are_lost_is_cut_and_frees_the_flush_slot() {
+    let run = HeldRun::start(Duration::from_secs(6), &["--sink-timeout-ms", "60000"]).await;
+    let (net, store, dirs, cut, other) = (run.net, run.store, run.dirs, run.cut, run.other);
+    let log = || std::fs::read_to_string(&run.cut_log).unwrap_or_default();
+
+    store.hang();
+    let (_, mut sent) = net.produce(0, 24).await;
+    wait_for("a flush waiting on the store", JOIN_AND_FLUSH, || {
+        cut.count("flushes_in_flight") == 1
+    })
+    .await;
+    net.relay.cut();
+    wait_for(
+        "the cut member finding its partitions lost",
+        JOIN_AND_FLUSH,
+        || log().contains("partitions lost"),
+    )
+    .await;
+    // New requests are answered; the one under way stays unanswered until its client gives up.
+    store.hold(false);
+    net.relay.restore();
+    wait_for("the cut member rejoining", JOIN_AND_FLUSH, || {
+        cut.owned() > 0
+    })
+    .await;
+    let (_, more) = net.produce(24, 24).await;
+    sent.extend(more);
+    // Its own messages taken in: waiting in its buffer, or flushed and committed already.
+    let end = high_watermarks_on(&net.direct, &net.topic, 4);
+    wait_for(
+        "the cut member taking in its messages",
+        JOIN_AND_FLUSH,
+        || {
+            let owned: Vec<i64> = cut.status().map_or_else(Vec::new, |s| {
+                s["partitions"]
+                    .as_array()
+                    .map_or_else(Vec::new, |a| a.iter().filter_map(|p| p.as_i64()).collect())
+            });
+            let committed = net.committed();
+            cut.count("buffer_messages") > 0
+                || (!owned.is_empty()
+                    && owned
+                        .iter()
+                        .all(|&p| committed.get(&(p as i32)) == end.get(&(p as i32))))
+        },
+    )
+    .await;
+    assert_eq!(
+        cut.terminate(),
+        Some(0),
+        "the drain flushed the member's own messages within its deadline:\n{}",
+        log()
+    );
+    assert!(
+        log().contains("left to their next owner, not retried"),
+        "the hung request was cut:\n{}",
+        log()
+    );
+    wait_for("the group committing to the end", JOIN_AND_FLUSH, || {
+        net.committed() == end
+    })
+    .await;
+    stored_and_billed_once(&net, &store, &dirs, &sent);
+    assert_eq!(other.terminate(), Some(0));
+}
+
 /// Every segment of `sent` stored by exactly one member (the cut one's under `store`, the
 /// other's under `dirs[1]`), every message billed exactly once.
 fn stored_and_billed_once(
