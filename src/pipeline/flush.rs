@@ -358,6 +358,11 @@ async fn flush_stages(
             lost,
             &mut report.given_up,
         );
+        // Every message given up, its partition lost: a later stage would still make its
+        // requests — the event sinks read their topics' limits from the brokers — for nothing.
+        if batch.entries.is_empty() && !report.given_up.is_empty() {
+            break;
+        }
         let entries: &[Entry] = batch;
         // The first write of the stage to fail for good ends the others: the flush fails, and a
         // sibling retrying through an outage would hold that error (a configuration stop) back
@@ -732,7 +737,9 @@ async fn write_with_retries(
             Ok(write) => tokio::select! {
                 biased;
                 result = AssertUnwindSafe(write).catch_unwind() => result,
-                () = until_gone(standing) => return abandoned(attempt, failing),
+                // The attempt cut is not counted as failed: a first one ends no outage its
+                // requests opened while another write still waits on the sink.
+                () = until_gone(standing) => return abandoned(attempt - 1, failing),
             },
             Err(panic) => Err(panic),
         }
@@ -1381,6 +1388,7 @@ mod tests {
         assert!(later.is_empty(), "nothing for the next stage: {later:?}");
         assert_eq!(report.given_up.len(), 4);
         assert_eq!(report.sinks[0].written, Written::default());
+        assert_eq!(report.sinks.len(), 1, "the next stage is not run at all");
     }
 
     /// A write left because every message it holds is of a lost partition ends its sink's

@@ -128,7 +128,7 @@ pub struct Target {
     pub timestamp: Option<f64>,
 }
 
-/// The replays named on the command line or in `--from-file`, each once (with the first time
+/// The replays named on the command line or in `--from-file`, each once (with the last time
 /// given for it).
 pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
     let named: Vec<(String, String, Option<f64>)> = match (&args.from_file, args.project) {
@@ -166,7 +166,8 @@ pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
         }
     };
     let mut targets = Vec::with_capacity(named.len());
-    for (project, replay, timestamp) in named {
+    // Last line first: of a replay named twice, the last time given counts (below).
+    for (project, replay, timestamp) in named.into_iter().rev() {
         let project = project
             .parse()
             .with_context(|| format!("project {project:?} is not a number"))?;
@@ -182,8 +183,10 @@ pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
             timestamp,
         });
     }
-    // Stable: of a replay named twice, the first line with a time is kept (a file and the lines
-    // a run printed to finish it, run together: the file's line has none).
+    // Stable: of a replay named twice, the last line with a time is kept, and a line without
+    // one never over it (a request's file and the lines a run printed to finish it, run
+    // together: the printed line has the time the first archive was stamped with, which may be
+    // the one read from a blob rather than the file's).
     targets.sort_by(|a, b| {
         (a.project, &a.replay, a.timestamp.is_none()).cmp(&(
             b.project,
@@ -1412,12 +1415,12 @@ mod tests {
         assert_eq!(
             times,
             [
-                (7, Some(1_796_040_000.5)),
+                (7, Some(1.0)),
                 (8, None),
                 (9, Some(1_702_848_000.0)),
                 (42, Some(1_796_040_000.0))
             ],
-            "each line's own time; the first for a replay named twice, a line with one over a \
+            "each line's own time; the last for a replay named twice, a line with one over a \
              line without (a request's file and the lines a run printed to finish it)"
         );
         for (time, said) in [

@@ -251,6 +251,8 @@ async fn redrive_with(
 pub struct Failed {
     pub count: u64,
     pub kept: Vec<String>,
+    /// The letters the kept lines name (a range gone from the topic names many).
+    pub named: u64,
 }
 
 /// How many letters that could not be re-driven a run names.
@@ -266,12 +268,13 @@ impl Failed {
         self.count += letters;
         if self.kept.len() < FAILED_KEPT {
             self.kept.push(line);
+            self.named += letters;
         }
     }
 
     /// What the run ends with when any failed.
     fn error(&self) -> Option<anyhow::Error> {
-        let more = match self.count - self.kept.len() as u64 {
+        let more = match self.count - self.named {
             0 => String::new(),
             n => format!("\n  … and {n} more"),
         };
@@ -778,6 +781,41 @@ fn session_within_poll_interval(kafka: &crate::config::KafkaArgs) -> Vec<(&'stat
     }
 }
 
+/// How long a run waits before asking a moving group coordinator again.
+const COORDINATOR_RETRY: Duration = Duration::from_millis(200);
+
+/// The group's committed offsets of `wanted`, within `timeout`. A coordinator that is loading
+/// the group's offsets or has just moved (a broker started or restarted, the offsets topic's
+/// leader changing) answers with an error librdkafka gives back at once, not retried: asked
+/// again until the timeout. The run failed on it (seen right after a broker started).
+fn committed_within(
+    consumer: &BaseConsumer<Logged>,
+    wanted: &TopicPartitionList,
+    timeout: Duration,
+) -> rdkafka::error::KafkaResult<TopicPartitionList> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.committed_offsets(wanted.clone(), left) {
+            Err(e) if coordinator_moving(&e) && Instant::now() + COORDINATOR_RETRY < deadline => {
+                std::thread::sleep(COORDINATOR_RETRY);
+            }
+            answered => return answered,
+        }
+    }
+}
+
+/// Whether `error` says the group's coordinator is elsewhere or not ready yet: passing.
+fn coordinator_moving(error: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode::{
+        CoordinatorLoadInProgress, CoordinatorNotAvailable, NotCoordinator,
+    };
+    matches!(
+        error.rdkafka_error_code(),
+        Some(NotCoordinator | CoordinatorLoadInProgress | CoordinatorNotAvailable)
+    )
+}
+
 /// Assigns every partition from the group's committed offset (the start without one); returns
 /// the end of each partition that has anything left to read, and the letters gone from a
 /// partition since the group's commit.
@@ -801,8 +839,7 @@ fn start(
     for &p in &partitions {
         wanted.add_partition(topic, p);
     }
-    let committed = consumer
-        .committed_offsets(wanted, timeout)
+    let committed = committed_within(consumer, &wanted, timeout)
         .context("reading the group's committed offsets")?;
     let mut assignment = TopicPartitionList::new();
     let (mut ends, mut expired) = (BTreeMap::new(), Vec::new());
@@ -1045,5 +1082,42 @@ mod tests {
             "{error}"
         );
         assert!(error.len() < 8 << 10, "{} bytes", error.len());
+    }
+
+    /// A coordinator loading the group's offsets or just moved is asked again; a refusal is not.
+    #[test]
+    fn only_a_moving_coordinator_is_asked_again() {
+        use rdkafka::error::KafkaError;
+        use rdkafka::types::RDKafkaErrorCode;
+        for moving in [
+            RDKafkaErrorCode::NotCoordinator,
+            RDKafkaErrorCode::CoordinatorLoadInProgress,
+            RDKafkaErrorCode::CoordinatorNotAvailable,
+        ] {
+            assert!(
+                coordinator_moving(&KafkaError::MetadataFetch(moving)),
+                "{moving:?}"
+            );
+        }
+        for settled in [
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+            RDKafkaErrorCode::OperationTimedOut,
+        ] {
+            assert!(!coordinator_moving(&KafkaError::MetadataFetch(settled)));
+        }
+    }
+
+    /// A range of letters gone from the topic is one line and counts each letter: the error
+    /// names no more letters than there are.
+    #[test]
+    fn a_range_of_letters_gone_counts_each_and_is_named_once() {
+        let mut failed = Failed::default();
+        failed.push_letters(2, "dlq/0/1..3: 2 letter(s) gone".into());
+        failed.push("dlq/0/5: not a dead letter".into());
+        let error = failed.error().unwrap().to_string();
+        assert_eq!(
+            error,
+            "3 letter(s) could not be re-driven:\n  dlq/0/1..3: 2 letter(s) gone\n  dlq/0/5: not a dead letter"
+        );
     }
 }

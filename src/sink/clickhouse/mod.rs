@@ -489,7 +489,10 @@ impl ClickHouseSink {
 
     /// Ends `insert` and marks `chunk`'s messages stored. The server's answer gets the sink's
     /// timeout from here (the client's own: past it the request is aborted, not left running
-    /// in the background), its rows having been sent within theirs.
+    /// in the background), its rows having been sent within theirs. The wait runs in a task of
+    /// its own, which that timeout ends: a write cut while it waits (its partitions lost,
+    /// `pipeline::flush`) drops only the task's handle. Dropped itself, the ended INSERT keeps
+    /// its request running with no timeout, until a hung server answers.
     async fn end(
         &self,
         insert: clickhouse::insert::Insert<ReplayRow>,
@@ -497,7 +500,9 @@ impl ClickHouseSink {
         progress: &Progress<'_>,
     ) -> Result<(), clickhouse::error::Error> {
         progress.stepped();
-        insert.end().await?;
+        tokio::spawn(insert.end())
+            .await
+            .map_err(|e| clickhouse::error::Error::Custom(format!("ending the INSERT: {e}")))??;
         chunk.messages.iter().for_each(|&m| progress.stored(m));
         Ok(())
     }
