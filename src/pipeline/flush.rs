@@ -32,7 +32,8 @@
 //! stages still to run, and a write stops before its next attempt (a retry through an outage, a
 //! half of a batch a sink refused) once everything it writes is of such partitions — or, within
 //! [`GONE_RECHECK`], during an attempt: the request under way is cut, so that a flush of nothing
-//! of its own does not hold its slot until a hung destination's timeout. The flush reports them
+//! of its own does not hold its slot until a hung destination's timeout (a request that blocks
+//! its thread — a filesystem write, a refused message read again from the topic — ends first). The flush reports them
 //! as given up, and their offsets are not completed. What an attempt wrote before the loss stays
 //! (blobs and rows are idempotent); billing outcomes and occurrences, in the last stage, go out
 //! beside the new owner's only for a loss during an attempt of their own write (a delivery
