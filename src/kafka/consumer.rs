@@ -141,7 +141,8 @@ pub struct IngestContext {
     /// The client this context is the consumer's of ([`IngestContext::attach`]), for its member
     /// epoch; null until then.
     client: AtomicPtr<rdsys::rd_kafka_t>,
-    /// The consumer is being closed: its member epoch is no longer read.
+    /// The consumer is being closed: its member epoch is no longer read, and a revoke is not
+    /// sent to the pipeline, which has stopped.
     closing: AtomicBool,
     /// Partition → its high watermark as the brokers gave it while intake was paused
     /// ([`Poller::ask_watermarks`]); emptied when intake resumes (fetches carry it again).
@@ -181,7 +182,8 @@ impl IngestContext {
             .store(consumer.client().native_ptr(), Ordering::Release);
     }
 
-    /// The consumer is about to be closed: from now on its member epoch is not read.
+    /// The consumer is about to be closed, the pipeline stopped: from now on its member epoch is
+    /// not read, and the revoke of its partitions on close drains nothing.
     pub fn closing(&self) {
         self.closing.store(true, Ordering::Release);
     }
@@ -261,6 +263,12 @@ impl ClientContext for IngestContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        // A refusal of the member reaches the polling thread too, which stops the service on it
+        // with an ERROR naming the fix: logged here as retried by the client, it contradicted
+        // that line.
+        if refusal(&error).is_some() {
+            return;
+        }
         super::client_error("the consumer", &error, reason);
     }
 
@@ -348,6 +356,16 @@ impl ConsumerContext for IngestContext {
             let ids = ids(partitions);
             let lost = consumer.assignment_lost();
             let generation = self.given_up(&ids, lost);
+            if self.closing.load(Ordering::Acquire) {
+                // librdkafka revokes what the member owns as the consumer closes. The pipeline
+                // has stopped — its drain ended, or it stopped on an error and gave everything
+                // up — so nothing answers a revoke: sent, it waited for nothing and warned on
+                // every clean shutdown that the drain had not answered, which reads as a sink
+                // outage. Given up here too, as for a drain that did not answer.
+                info!(partitions = ?ids, generation, "partitions released as the consumer closes");
+                self.ownership.abandon(&ids, generation);
+                return;
+            }
             if lost {
                 warn!(partitions = ?ids, generation, "partitions lost (the session or poll interval expired): their buffered messages are left to the new owner, not flushed");
             } else {

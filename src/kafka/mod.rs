@@ -53,11 +53,24 @@ pub fn log_line(level: rdkafka::config::RDKafkaLogLevel, facility: &str, line: &
 
 /// An error librdkafka reports to a client's error callback, from `client` (`the consumer`, `a
 /// producer`, …). A broker restarting, moving or unreachable: it retries by itself, WARN. A
-/// refusal of the credentials, recorded for liveness ([`refusal`]), or the client's fatal error
-/// (it does nothing more): ERROR. Returns whether it was one of those.
+/// refusal of the credentials, recorded for liveness ([`refusal`]), an ACL the brokers refuse
+/// (the member stops on a group's or its topic's; a re-reading consumer, sharing the group,
+/// meets it too), or the client's fatal error (it does nothing more): ERROR. Returns whether it
+/// was one of those.
 pub fn client_error(client: &str, error: &rdkafka::error::KafkaError, reason: &str) -> bool {
+    use rdkafka::types::RDKafkaErrorCode::{
+        ClusterAuthorizationFailed, Fatal, GroupAuthorizationFailed, TopicAuthorizationFailed,
+    };
     let refused = refusal::record(error, reason)
-        || error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal);
+        || matches!(
+            error.rdkafka_error_code(),
+            Some(
+                Fatal
+                    | GroupAuthorizationFailed
+                    | TopicAuthorizationFailed
+                    | ClusterAuthorizationFailed
+            )
+        );
     if refused {
         tracing::error!(%error, reason, "librdkafka ({client}): retrying does not get past this");
     } else {

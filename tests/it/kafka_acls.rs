@@ -338,6 +338,12 @@ async fn without_one_of_the_documented_acls_the_service_names_it() {
             "{user}: names what is missing\n{log}"
         );
         assert!(!log.contains("missing on the cluster"), "{user}\n{log}");
+        assert!(
+            !log.lines()
+                .any(|line| line.contains("retried by the client")
+                    && line.to_lowercase().contains("authorization")),
+            "{user}: the refusal it stops on is not said to be retried\n{log}"
+        );
     }
 
     let user = "no-describe-configs";
