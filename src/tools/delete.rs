@@ -451,6 +451,8 @@ async fn delete(
     let mut again = Vec::new();
     let mut ready = Vec::new();
     let (mut lookups, mut times) = (Streak::default(), Streak::default());
+    // The archive's retention for a replay with no blob left to say it.
+    let no_blob_retention = archive_retention(retentions.as_deref().unwrap_or_default());
     for target in targets {
         let name = format!("replay {} (project {})", target.replay, target.project);
         if let Some(why) = lookups
@@ -547,9 +549,7 @@ async fn delete(
             }
             continue;
         }
-        let retention = found
-            .retention
-            .unwrap_or_else(|| archive_retention(retentions.as_deref().unwrap_or_default()));
+        let retention = found.retention.unwrap_or(no_blob_retention);
         ready.push(Ready {
             name,
             target,

@@ -307,17 +307,7 @@ async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_j
     );
 
     assert_eq!(other.terminate(), Some(0), "the range member leaves");
-    wait_for(
-        "the service in its group, owning the partition, live and ready",
-        JOIN_AND_FLUSH,
-        || {
-            service.owned() == 1
-                && in_group(&group(&service))
-                && service.probe("/health/live") == Some(200)
-                && service.probe("/health/ready") == Some(200)
-        },
-    )
-    .await;
+    owning_its_partition_live_and_ready(&service).await;
     // What was sent while the service was out.
     statsd.read_now();
     wait_for(
@@ -431,17 +421,7 @@ async fn with_the_consumer_protocol_a_member_kept_out_is_never_ready_and_fails_l
     );
 
     drop(holder);
-    wait_for(
-        "the service in its group, owning the partition, live and ready",
-        JOIN_AND_FLUSH,
-        || {
-            service.owned() == 1
-                && in_group(&group(&service))
-                && service.probe("/health/live") == Some(200)
-                && service.probe("/health/ready") == Some(200)
-        },
-    )
-    .await;
+    owning_its_partition_live_and_ready(&service).await;
     assert_eq!(service.terminate(), Some(0));
 }
 
@@ -593,4 +573,19 @@ async fn leaving_the_group_closes_a_consumer_another_handle_still_holds() {
         started.elapsed()
     );
     drop((first, held));
+}
+
+/// Waits for `service` to be in its group, owning the partition, live and ready.
+async fn owning_its_partition_live_and_ready(service: &Service) {
+    wait_for(
+        "the service in its group, owning the partition, live and ready",
+        JOIN_AND_FLUSH,
+        || {
+            service.owned() == 1
+                && in_group(&group(service))
+                && service.probe("/health/live") == Some(200)
+                && service.probe("/health/ready") == Some(200)
+        },
+    )
+    .await;
 }
