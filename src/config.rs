@@ -983,18 +983,24 @@ impl ConsumeArgs {
         }
         // The longest a write goes without an attempt ending: a Kafka record waits for room in
         // the producer's queue up to `message.timeout.ms` (the sink timeout unless set), then for
-        // its report up to twice that and 5 s more (a broker that stopped answering mid-request).
-        // A ClickHouse write waits less: for the answer and then the table's check, twice the
-        // sink timeout.
+        // its report up to twice that and 5 s more (a broker that stopped answering mid-request);
+        // a large upload to GCS up to three sink timeouts, whatever `message.timeout.ms` is (a
+        // lower one set beside a longer sink timeout let liveness restart pods mid-upload). A
+        // ClickHouse write waits less: for the answer and then the table's check, twice the sink
+        // timeout.
         let message_timeout = self
             .kafka
             .property_ms("message.timeout.ms")?
             .map_or(self.sink_timeout(), Duration::from_millis);
-        let quietest = message_timeout + crate::kafka::answer_deadline(message_timeout);
-        if Duration::from_millis(self.flush_stall_timeout_ms) <= quietest {
+        let delivery = message_timeout + crate::kafka::answer_deadline(message_timeout);
+        let upload = self.sink_timeout() * crate::sink::gcs::LONGEST_UPLOAD_TIMEOUTS;
+        if Duration::from_millis(self.flush_stall_timeout_ms) <= delivery.max(upload) {
             return Err(format!(
-                "--flush-stall-timeout-ms ({}) must exceed three times --sink-timeout-ms ({}; or message.timeout.ms, when set) and 5 s more: a Kafka delivery may wait that long, for room in the producer's queue and for a broker that stopped answering mid-request, and a flush waiting on it is not stalled",
-                self.flush_stall_timeout_ms, self.sink_timeout_ms
+                "--flush-stall-timeout-ms ({}) must exceed {} ms: three times message.timeout.ms ({} ms; --sink-timeout-ms unless set) and 5 s more, the longest a Kafka delivery may wait, for room in the producer's queue and for a broker that stopped answering mid-request; and three times --sink-timeout-ms ({}), the longest a large upload may take. A flush waiting on either is not stalled",
+                self.flush_stall_timeout_ms,
+                delivery.max(upload).as_millis(),
+                message_timeout.as_millis(),
+                self.sink_timeout_ms
             ));
         }
         if self.flush_initial_backoff_ms > self.flush_max_backoff_ms {
@@ -1820,8 +1826,27 @@ mod tests {
             ])
         };
         let err = stall("8000").unwrap_err().to_string();
-        assert!(err.contains("three times --sink-timeout-ms"), "{err}");
+        assert!(err.contains("must exceed 8000 ms"), "{err}");
         assert!(stall("8001").is_ok());
+        // A lower message.timeout.ms does not shorten the longest upload: three sink timeouts.
+        let upload = |stall: &str| {
+            parse(&[
+                "--blob-sink",
+                "null",
+                "--sink-timeout-ms",
+                "4000",
+                "--flush-stall-timeout-ms",
+                stall,
+                "--flush-max-backoff-ms",
+                "200",
+                "--kafka-property",
+                "message.timeout.ms=100",
+            ])
+            .validate()
+        };
+        let err = upload("6000").unwrap_err().to_string();
+        assert!(err.contains("must exceed 12000 ms"), "{err}");
+        assert!(upload("12001").is_ok());
         let longer = [
             "--flush-stall-timeout-ms",
             "8001",

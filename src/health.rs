@@ -9,9 +9,13 @@
 //!   process (read again by the restart) get the pod restarted; a flush that keeps retrying
 //!   through an outage, and a member cut off from every broker, do not.
 //! - `GET /health/ready`: 200 once the service is initialised (every sink checked, the consumer
-//!   subscribed) and the member has joined its consumer group, and until it starts shutting down:
-//!   a rollout replaces the next old pod only once the new one is in the group, not while it is
-//!   still waiting for the group to take it in. Holding no partition is not unready: members
+//!   subscribed), every destination's startup check has passed once, and the member has joined
+//!   its consumer group, and until it starts shutting down: a rollout replaces the next old pod
+//!   only once the new one is in the group, not while it is still waiting for the group to take
+//!   it in, and stops at the first pod that cannot reach a destination (a mistyped address, a
+//!   network policy: each pod consumed and wrote nothing, ready, and the rollout took the whole
+//!   fleet there). A destination that stops answering later is an outage ridden out, not
+//!   unreadiness. Holding no partition is not unready: members
 //!   beyond the partition count, and every member during a later rebalance, are healthy, and a
 //!   readiness that dropped with them would stall rollouts behind the PodDisruptionBudget.
 //! - `GET /status`: JSON snapshot — partitions owned, buffer fill, flushes in flight, paused, counters, sinks in an
@@ -141,6 +145,8 @@ pub(crate) fn wall_ms() -> u64 {
 pub struct Status {
     /// Sinks checked and the consumer subscribed.
     initialised: AtomicBool,
+    /// Destinations whose startup check has not passed yet (it goes on in the background).
+    unchecked: Mutex<BTreeSet<&'static str>>,
     /// The member has been in its consumer group at least once: given an assignment (an empty
     /// one too), or in the group by librdkafka's statistics.
     joined: AtomicBool,
@@ -247,6 +253,8 @@ pub struct Snapshot {
     pub ready: bool,
     pub live: bool,
     pub initialised: bool,
+    /// Destinations whose startup check has not passed yet (readiness waits for them).
+    pub unchecked: BTreeSet<&'static str>,
     /// The member has joined its consumer group at least once (readiness waits for it).
     pub joined: bool,
     pub stopping: bool,
@@ -510,12 +518,24 @@ impl Status {
 
     pub fn ready(&self) -> bool {
         self.initialised.load(Ordering::Relaxed)
+            && lock(&self.unchecked).is_empty()
             && self.joined.load(Ordering::Relaxed)
             && !self.stopping.load(Ordering::Relaxed)
     }
 
     // What the pipeline and the consumer record: one call each, which updates what `/status`
     // shows and sends the event's metric.
+
+    /// `destination`'s startup check did not pass at start and goes on in the background
+    /// (`checked` false: the member is not ready until it passes), or it passed since (`true`).
+    pub fn record_startup_check(&self, destination: &'static str, checked: bool) {
+        let mut unchecked = lock(&self.unchecked);
+        if checked {
+            unchecked.remove(destination);
+        } else {
+            unchecked.insert(destination);
+        }
+    }
 
     /// Every sink checked and the consumer subscribed: ready once the member joins its group
     /// ([`Status::record_joined`]), and, if the member has
@@ -695,6 +715,7 @@ impl Status {
             ready: self.ready(),
             live: self.live(),
             initialised: self.initialised.load(Ordering::Relaxed),
+            unchecked: lock(&self.unchecked).clone(),
             joined: self.joined.load(Ordering::Relaxed),
             stopping: self.stopping.load(Ordering::Relaxed),
             assigned: !partitions.is_empty(),
@@ -1023,6 +1044,27 @@ mod tests {
         s.record_partitions(BTreeSet::from([1, 3]));
         s.record_commit(&[(0, 12), (1, 21)]);
         assert_eq!(s.snapshot().committed, BTreeMap::from([(1, 21)]));
+    }
+
+    #[test]
+    fn not_ready_until_every_startup_check_passed_and_ready_through_a_later_outage() {
+        let s = Status::default();
+        s.record_startup_check("clickhouse", false);
+        s.record_startup_check("gcs", false);
+        s.record_initialised(false, false);
+        s.record_joined();
+        assert!(!s.ready(), "two destinations not reached yet");
+        assert_eq!(
+            s.report()["unchecked"],
+            serde_json::json!(["clickhouse", "gcs"])
+        );
+        s.record_startup_check("gcs", true);
+        assert!(!s.ready(), "ClickHouse not reached yet");
+        s.record_startup_check("clickhouse", true);
+        assert!(s.ready());
+        assert_eq!(s.report()["unchecked"], serde_json::json!([]));
+        s.sink_failed("clickhouse", "answered 503");
+        assert!(s.ready(), "an outage after the checks is ridden out, ready");
     }
 
     #[test]

@@ -166,7 +166,8 @@ pub async fn check(
         Ok(()) => Ok(Gate::new(State::Passed)),
         Err(error) if error.retry == Retry::Retryable => {
             crate::metrics::sink_outage(what, status.sink_failed(what, &error.message));
-            warn!(check = what, %error, "startup check: not reachable yet; joining the group anyway, writes there wait for it");
+            status.record_startup_check(what, false);
+            warn!(check = what, %error, "startup check: not reachable yet; joining the group anyway (not ready), writes there wait for it");
             let gate = Gate::new(State::Waiting(error.message));
             tokio::spawn(keep_checking(what, status.clone(), check, gate.clone()));
             Ok(gate)
@@ -183,6 +184,7 @@ async fn keep_checking(what: &'static str, status: Arc<Status>, mut check: Check
             Ok(()) => {
                 crate::metrics::sink_outage_over(what);
                 let waited = status.sink_recovered(what).unwrap_or_default();
+                status.record_startup_check(what, true);
                 info!(
                     check = what,
                     waited_ms = waited.as_millis() as u64,

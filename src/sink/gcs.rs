@@ -172,7 +172,7 @@ impl GcsSink {
                     "gcs",
                     Retry::Fatal,
                     format_args!(
-                        "creating the GCS client: no answer within {:?}; with credentials from the metadata server (GKE Workload Identity) it asks the metadata server for the universe domain: is the metadata server answering?",
+                        "creating the GCS client: not done within {:?}",
                         config.timeout
                     ),
                 ));
@@ -331,25 +331,30 @@ impl GcsSink {
     }
 }
 
-/// The attempt's error: the one that says most among the uploads (`Err(None)`: an upload not
-/// started, the attempt having given up).
+/// The attempt's error: the one that says most among the uploads that failed, with the count of
+/// those not started (`Err(None)`: the attempt gave up once the server looked down, which only
+/// failed uploads make it do). Those finish last: kept as the error, they hid the failures' cause
+/// (a timeout, a 503, no token from the metadata server) from the log line and `/status` on
+/// every attempt of a batch larger than `--gcs-upload-concurrency`.
 fn first_error(results: Vec<Result<(), Option<SinkError>>>) -> Option<SinkError> {
     let mut kept = None;
+    let mut not_started = 0usize;
     for result in results {
         match result {
             Ok(()) => {}
             Err(Some(error)) => keep_telling(&mut kept, error),
-            Err(None) => {
-                let gave_up = SinkError::new(
-                    "gcs",
-                    Retry::Retryable,
-                    "uploads not started: the server looks down",
-                );
-                keep_telling(&mut kept, gave_up);
-            }
+            Err(None) => not_started += 1,
         }
     }
-    kept
+    kept.map(|mut error| {
+        if not_started > 0 {
+            error.message = format!(
+                "{}; {not_started} uploads not started: the server looks down",
+                error.message
+            );
+        }
+        error
+    })
 }
 
 impl GcsSink {
@@ -371,13 +376,16 @@ impl GcsSink {
 /// largest message by default (15 MB, a 30 s timeout).
 const SLOWEST_UPLOAD_BYTES_PER_SECOND: f64 = 256.0 * 1024.0;
 
-/// How long one upload of `bytes` may take: at most three timeouts, which the flush stall
-/// timeout must exceed (`config`: the longest a write may go without a request ending), or a
-/// large upload to a hung server would fail liveness before its own deadline.
+/// The longest an upload may take, in timeouts: the flush stall timeout must exceed it (`config`:
+/// the longest a write may go without a request ending), or a large upload to a hung server
+/// would fail liveness before its own deadline.
+pub const LONGEST_UPLOAD_TIMEOUTS: u32 = 3;
+
+/// How long one upload of `bytes` may take: [`LONGEST_UPLOAD_TIMEOUTS`] at most.
 fn upload_deadline(timeout: std::time::Duration, bytes: usize) -> std::time::Duration {
     let sized = timeout
         + std::time::Duration::from_secs_f64(bytes as f64 / SLOWEST_UPLOAD_BYTES_PER_SECOND);
-    sized.min(timeout * 3)
+    sized.min(timeout * LONGEST_UPLOAD_TIMEOUTS)
 }
 
 /// Where the startup check writes; rewritten at every start.
@@ -452,6 +460,36 @@ mod tests {
             timeout * 3,
             "within the flush stall's bound"
         );
+    }
+
+    #[test]
+    fn an_attempt_that_gave_up_tells_why_its_uploads_failed_and_how_many_it_did_not_start() {
+        let failed = |retry, message: &str| Err(Some(SinkError::new("gcs", retry, message)));
+        let error = first_error(vec![
+            Ok(()),
+            failed(Retry::Retryable, "timed out after 30s"),
+            Err(None),
+            failed(Retry::Retryable, "answered 503"),
+            Err(None),
+        ])
+        .unwrap();
+        assert_eq!(error.retry, Retry::Retryable);
+        assert!(
+            error.message.contains("answered 503")
+                && error
+                    .message
+                    .ends_with("; 2 uploads not started: the server looks down"),
+            "{error}"
+        );
+        let refused = first_error(vec![
+            failed(Retry::Fatal, "403 Forbidden"),
+            failed(Retry::Retryable, "timed out after 30s"),
+            Err(None),
+        ])
+        .unwrap();
+        assert_eq!(refused.retry, Retry::Fatal, "{refused}");
+        assert!(refused.message.contains("403 Forbidden"), "{refused}");
+        assert!(first_error(vec![Ok(()), Ok(())]).is_none());
     }
 
     #[test]

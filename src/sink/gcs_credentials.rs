@@ -11,7 +11,7 @@
 //! uploads waiting; and not sooner, so that a metadata server slower than the deadline still
 //! gets to answer the fetch under way.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use google_cloud_auth::credentials::{
@@ -35,6 +35,7 @@ pub fn application_default(deadline: Duration) -> Result<Credentials, SinkError>
         current: RwLock::new(Built::new(first)),
         build: Arc::new(move || Builder::default().build().map_err(|e| e.to_string())),
         deadline,
+        universe_domain: OnceLock::new(),
     }))
 }
 
@@ -44,6 +45,8 @@ struct WithDeadline {
     current: RwLock<Built>,
     build: Build,
     deadline: Duration,
+    /// The universe domain, once asked (the client asks once per inner client it builds).
+    universe_domain: OnceLock<Option<String>>,
 }
 
 /// Credentials, and when they were built.
@@ -130,8 +133,27 @@ impl CredentialsProvider for WithDeadline {
         }
     }
 
+    /// Asked once, as the client is built. The metadata server's answer, or none within the
+    /// deadline: the client then takes the default (`googleapis.com`), as google-cloud-auth
+    /// itself does when the metadata server fails. A metadata server that accepted and never
+    /// answered stopped the start after the sink timeout, and every restart met it again, in a
+    /// crash loop (its backoff growing to minutes) past the metadata server's return; now its
+    /// tokens are waited for as any destination that does not answer at start is.
     async fn universe_domain(&self) -> Option<String> {
-        self.current().0.universe_domain().await
+        if let Some(known) = self.universe_domain.get() {
+            return known.clone();
+        }
+        let (current, _) = self.current();
+        let domain = tokio::time::timeout(self.deadline, current.universe_domain())
+            .await
+            .unwrap_or_else(|_| {
+                warn!(
+                    deadline_ms = self.deadline.as_millis() as u64,
+                    "no universe domain from the metadata server within the deadline: the GCS client takes googleapis.com"
+                );
+                None
+            });
+        self.universe_domain.get_or_init(|| domain).clone()
     }
 }
 
@@ -158,8 +180,35 @@ mod tests {
         }
 
         async fn universe_domain(&self) -> Option<String> {
-            None
+            if self.hangs {
+                std::future::pending::<()>().await;
+            }
+            Some("example.com".to_owned())
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_universe_domain_that_does_not_come_is_the_default_after_the_deadline() {
+        let with = |hangs| WithDeadline {
+            current: RwLock::new(Built::new(Credentials::from(Fake { hangs }))),
+            build: Arc::new(|| Err("not built again".to_owned())),
+            deadline: Duration::from_secs(5),
+            universe_domain: OnceLock::new(),
+        };
+        let started = tokio::time::Instant::now();
+        let hung = with(true);
+        assert_eq!(hung.universe_domain().await, None);
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(hung.universe_domain().await, None);
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_secs(5),
+            "asked again (the client builds two inner clients): not waited for again"
+        );
+        assert_eq!(
+            with(false).universe_domain().await.as_deref(),
+            Some("example.com")
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -173,6 +222,7 @@ mod tests {
                 Ok(Credentials::from(Fake { hangs: false }))
             }),
             deadline: Duration::from_secs(5),
+            universe_domain: OnceLock::new(),
         };
         let started = tokio::time::Instant::now();
         let error = credentials

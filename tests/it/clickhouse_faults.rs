@@ -341,6 +341,8 @@ async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joi
     );
     // A sink that does not answer keeps no member out of its group (scaling out during an
     // outage): it joins and consumes; the writes there wait for the check, nothing commits.
+    // It is not ready until the check passes: a rollout stops at the first pod that cannot
+    // reach a destination (a mistyped address) instead of taking the whole fleet there.
     let fixtures = small_fixtures(true);
     let (sent, _) = produce_fixtures(&names.topic, &fixtures, 5).await;
     wait_for(
@@ -349,10 +351,20 @@ async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joi
         || {
             service
                 .status()
-                .is_some_and(|s| s["ready"] == true && s["consumed"] == 5)
+                .is_some_and(|s| s["joined"] == true && s["consumed"] == 5)
         },
     )
     .await;
+    let status = service.status().unwrap();
+    assert_eq!(
+        (&status["ready"], &status["unchecked"]),
+        (
+            &serde_json::json!(false),
+            &serde_json::json!(["clickhouse"])
+        ),
+        "{status}"
+    );
+    assert_eq!(service.probe("/health/ready"), Some(503));
     assert!(
         committed(&names.group, &names.topic, 2).is_empty(),
         "nothing committed before ClickHouse answers"
@@ -366,6 +378,11 @@ async fn clickhouse_down_at_startup_is_shown_and_waited_for_while_the_member_joi
     )
     .await;
     assert_eq!(service.status().unwrap()["outages"], serde_json::json!({}));
+    assert_eq!(
+        service.probe("/health/ready"),
+        Some(200),
+        "ready once checked"
+    );
     // The gauge showed the wait and is back at 0: the startup check that passed cleared the
     // outage in /status before the first write succeeded, and the gauge, which the exporter
     // keeps sending, held the wait's length for good.

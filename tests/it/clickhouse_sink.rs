@@ -404,6 +404,62 @@ async fn a_retry_sends_only_the_inserts_the_server_did_not_take() {
     assert_same_rows(&read_back(&config).await, &expected_rows(&batch));
 }
 
+/// A server that takes over half the timeout to answer each INSERT (under load, throttling
+/// parts) gets the write in as many INSERTs as one that answers at once. Each INSERT was opened
+/// and timed from before the answer to the one it followed, so it was "open half the timeout"
+/// at its second message and ended: one INSERT per message, each waiting the slow answer, more
+/// parts for a server already slow with them.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_server_slow_to_answer_gets_inserts_as_large_as_a_fast_one() {
+    let _stack = uses_stack().await;
+    use crate::support::proxy::{Action, Proxy};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+    let batch = crate::support::fixture_batch();
+    let total_rows = crate::support::rows_of(&batch).len();
+    let config = ClickHouseConfig {
+        // Two or three INSERTs for the batch.
+        chunk_rows: total_rows / 2,
+        timeout: Duration::from_secs(2),
+        ..config(&crate::support::unique("replays").replace('-', "_"))
+    };
+    migrate(&config).await.unwrap();
+    let inserts = Arc::new(AtomicUsize::new(0));
+    let slow = Arc::new(AtomicBool::new(false));
+    let (counted, slowed) = (inserts.clone(), slow.clone());
+    let proxy = Proxy::start(&crate::support::clickhouse_url(), move |seen| {
+        if !seen.path.contains("INSERT") {
+            return Action::Forward;
+        }
+        counted.fetch_add(1, Ordering::SeqCst);
+        if slowed.load(Ordering::SeqCst) {
+            Action::Delay(Duration::from_millis(1300))
+        } else {
+            Action::Forward
+        }
+    })
+    .await;
+    let sink = ClickHouseSink::new(&ClickHouseConfig {
+        url: proxy.endpoint.clone(),
+        ..config.clone()
+    });
+    let sink: &dyn replay_ingest::sink::Sink = &sink;
+    let status = replay_ingest::health::Status::default();
+    let write = || async {
+        let progress = replay_ingest::sink::Progress::new("clickhouse", &status);
+        let before = inserts.load(Ordering::SeqCst);
+        sink.write(&batch, &progress).await.unwrap();
+        inserts.load(Ordering::SeqCst) - before
+    };
+    let fast = write().await;
+    assert!(fast >= 2, "{fast} INSERTs: the batch should need several");
+    slow.store(true, Ordering::SeqCst);
+    assert_eq!(write().await, fast, "INSERTs of a server slow to answer");
+    assert_same_rows(&read_back(&config).await, &expected_rows(&batch));
+}
+
 /// Rows a write cannot send within one timeout — here a long environment, repeated on every
 /// click and tap row of its segment (a producer that bypasses Relay; a slow link does the same
 /// to ordinary rows) — go as several INSERTs, each ended once it has been open half the timeout,

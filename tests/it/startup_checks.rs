@@ -279,12 +279,13 @@ async fn a_topic_found_missing_once_the_brokers_answer_stops_the_service() {
 
 /// With credentials from the metadata server (GKE Workload Identity), building the GCS client
 /// asks it for the universe domain over a connection without a deadline. A metadata server that
-/// accepts and never answers hung the start for good, after the last check that beat: the
-/// liveness probe then restarted the pod into the same hang, no line naming GCS. Now the service
-/// stops within the sink timeout, naming the metadata server.
+/// accepts and never answers hung the start for good (the liveness probe restarting the pod into
+/// the same hang), then, bounded, stopped it: a crash loop whose backoff outlasted the metadata
+/// server's return. Now the pod starts, live and consuming, not ready, the metadata server named;
+/// once it answers, the GCS check passes, the pod turns ready and everything commits.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
-async fn a_metadata_server_that_never_answers_stops_the_service_naming_it() {
+async fn a_metadata_server_that_does_not_answer_at_start_is_waited_for_unready() {
     let _stack = uses_stack().await;
     let names = Names::create().await;
     let metadata = metadata::MetadataServer::start(true).await;
@@ -296,13 +297,38 @@ async fn a_metadata_server_that_never_answers_stops_the_service_naming_it() {
         metadata.credentials_for(command);
         command.stderr(std::fs::File::create(&log).unwrap());
     });
-    let exit = service.exit_within(Duration::from_secs(60)).await;
+    let (sent, _) = produce_fixtures(&names.topic, &small_fixtures(true), 3).await;
+    wait_for(
+        "consuming, waiting for the metadata server",
+        Duration::from_secs(60),
+        || {
+            service
+                .status()
+                .is_some_and(|s| s["consumed"] == 3 && s["unchecked"] == serde_json::json!(["gcs"]))
+        },
+    )
+    .await;
+    let status = service.status().unwrap();
+    assert_eq!(
+        (&status["ready"], &status["live"]),
+        (&false.into(), &true.into())
+    );
+    assert!(committed(&names.group, &names.topic, 2).is_empty());
     let said = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(exit, Some(1), "{said}");
     assert!(
-        said.contains("creating the GCS client: no answer within 2s")
-            && said.contains("metadata server"),
+        said.contains("no universe domain from the metadata server")
+            && said.contains("no access token within 1s (the metadata server does not answer?)"),
         "{said}"
     );
-    assert!(!said.contains("partitions assigned"), "{said}");
+
+    metadata.hang(false);
+    wait_for("ready once a token comes", Duration::from_secs(60), || {
+        service.probe("/health/ready") == Some(200)
+    })
+    .await;
+    wait_for("everything committed", Duration::from_secs(60), || {
+        committed(&names.group, &names.topic, 2) == expected_commits(&sent)
+    })
+    .await;
+    assert_eq!(service.terminate(), Some(0));
 }

@@ -455,10 +455,15 @@ impl ClickHouseSink {
                 continue;
             }
             let partitions: HashSet<(u16, u32)> = rows.iter().map(partition_of).collect();
-            let now = Instant::now();
+            let mut now = Instant::now();
             if chunk.is_full_for(rows.len(), &partitions, limits, now) {
                 if let Some(full) = open.take() {
                     self.end(full, &chunk, progress).await?;
+                    // The next INSERT opens after the answer, however long it took: opened and
+                    // timed from before it, each INSERT of a server answering in over half the
+                    // timeout was ended after one message, and that message sent its rows in
+                    // what was left of its timeout.
+                    now = Instant::now();
                 }
                 chunk = Chunk::default();
             }
