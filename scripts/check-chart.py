@@ -462,6 +462,8 @@ def check_tool_job(binary, all_on):
         ({"args": ["redrive"]}, "toolJob.name: a name for this run"),
         ({"name": "Redrive_1", "args": ["redrive"]}, "toolJob.name: a name for this run"),
         ({"name": "x" * 60, "args": ["sweep"]}, "is longer than 63 characters"),
+        ({"name": "x", "args": ["redrive"], "env": [{"name": "REPLAY_INGEST_KAFKA_SASL_PASSWORD", "value": "hunter2"}]},
+         "toolJob.env REPLAY_INGEST_KAFKA_SASL_PASSWORD: a secret's value goes in a Secret"),
     ]:
         try:
             helm.Chart.load(str(CHART)).render({"toolJob": refused}, name="replay-ingest", namespace="y")

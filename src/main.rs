@@ -71,7 +71,9 @@ enum Command {
     /// does before it connects to anything, then exit: 0 when it would start, 1 naming what it
     /// refuses. For deployments (the chart's values, rendered) before a rollout.
     CheckConfig(Box<ConsumeArgs>),
-    /// Create or migrate the ClickHouse table for the server's version, then exit.
+    /// Create the ClickHouse table for the server's version if it does not exist, check that the
+    /// table (new or not) has every column the service writes, of its type, then exit: 1 naming
+    /// the columns that differ. An existing table is never altered.
     Migrate(ClickHouseArgs),
     /// Print, one JSON line per file, what the service extracts from raw Kafka message values
     /// (msgpack), with the default event settings. Invalid messages are reported with their
@@ -242,6 +244,9 @@ fn main() -> ExitCode {
                     .await
                     .map_err(|e| clickhouse::setup_error(&e, &config))
                     .context("migrating ClickHouse")?;
+                // `CREATE … IF NOT EXISTS` leaves an older table as it is: said "ready" here, it
+                // was refused by the service's own check at its start.
+                clickhouse::check_table(&config).await?;
                 info!(?features, database = %config.database, table = %config.table, "ClickHouse table ready");
                 Ok(())
             }

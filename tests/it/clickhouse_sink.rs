@@ -213,11 +213,20 @@ async fn the_startup_check_names_a_missing_table_missing_columns_and_wrong_types
         .unwrap();
     let lacking = check_table(&config).await.unwrap_err();
     assert_eq!(lacking.retry, Retry::Fatal);
+    let differs = "does not match the rows: column urls is String, expected Array(String); column tap_view_id is missing";
+    assert!(lacking.message.ends_with(differs), "{lacking}");
+    // `migrate` leaves an existing table as it is, and says how it differs (it said "ready").
+    let migrated = std::process::Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+        .args(["migrate", "--clickhouse-url", &config.url])
+        .args(["--clickhouse-database", &config.database])
+        .args(["--clickhouse-table", &config.table])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&migrated.stderr);
     assert!(
-        lacking.message.ends_with(
-            "does not match the rows: column urls is String, expected Array(String); column tap_view_id is missing"
-        ),
-        "{lacking}"
+        migrated.status.code() == Some(1) && said.contains(differs) && !said.contains("ready"),
+        "{:?}: {said}",
+        migrated.status
     );
 
     // Nothing listening: the server is down, which is waited out, not a configuration error.
