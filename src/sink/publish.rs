@@ -1,7 +1,8 @@
 //! Publishing JSON records to Kafka for the sinks that write to topics (`events`, `snuba`):
 //! records are sent as they are built and awaited in windows of [`DELIVERY_WINDOW_BYTES`], so a
-//! large batch never holds all its values at once; the write returns only once every delivery
-//! is acknowledged, and the failure that says most (a refused record or message before a
+//! large batch never holds all its values at once; the write returns once every delivery is
+//! acknowledged, or after a window whose delivery failed for a reason a retry may get past (the
+//! rest is not sent), and the failure that says most (a refused record or message before a
 //! timeout) is its error. A record an earlier attempt delivered is
 //! not sent again (each names its [`Piece`]). Also what every Kafka destination shares: how a
 //! producer error is classified, the startup check that its topics exist, and the largest record
@@ -55,72 +56,105 @@ impl Publisher {
         records: impl IntoIterator<Item = Result<Record<'a>, SinkError>>,
         progress: &Progress<'_>,
     ) -> Result<Written, SinkError> {
-        let mut written = Written::default();
-        let mut window = Vec::new();
-        let mut window_bytes = 0;
-        let mut failure = None;
-        for record in records {
-            let Record {
-                piece,
-                topic,
-                key,
-                value,
-            } = match record {
-                Ok(record) => record,
-                Err(refused) => {
-                    keep_telling(&mut failure, refused);
-                    continue;
-                }
-            };
-            written.items += 1;
-            written.bytes += value.len() as u64;
-            if progress.is_stored(piece) {
-                continue;
-            }
-            window_bytes += value.len();
-            let producer = &self.producer;
-            window.push(async move {
+        let producer = &self.producer;
+        in_windows(
+            self.sink,
+            records,
+            progress,
+            |topic, key, value| async move {
                 let record = FutureRecord::<String, _>::to(topic).payload(&value);
                 let record = match &key {
                     Some(key) => record.key(key),
                     None => record,
                 };
-                (piece, producer.send(record).await)
-            });
-            if window_bytes >= DELIVERY_WINDOW_BYTES {
-                self.deliver(std::mem::take(&mut window), progress, &mut failure)
-                    .await;
-                window_bytes = 0;
-            }
-        }
-        self.deliver(window, progress, &mut failure).await;
-        match failure {
-            Some(error) => Err(error),
-            None => Ok(written),
-        }
+                producer.send(record).await.map(drop)
+            },
+        )
+        .await
     }
+}
 
-    /// Waits for every delivery, marking each one acknowledged; keeps the failure that says most
-    /// (a refused record before a timeout) in `failure`.
-    async fn deliver<F, T>(
-        &self,
-        deliveries: Vec<F>,
-        progress: &Progress<'_>,
-        failure: &mut Option<SinkError>,
-    ) where
-        F: std::future::Future<Output = (Piece, Result<T, KafkaError>)>,
-    {
-        for (piece, delivery) in join_all(deliveries).await {
-            match delivery {
-                Ok(_) => progress.stored(piece),
-                Err(e) => {
-                    let error = SinkError::from_error(self.sink, classify_producer_error(&e), e);
-                    progress.failed(&error);
-                    keep_telling(failure, error);
-                }
+/// [`Publisher::publish`] with `send` for the producer: records sent as they come, awaited a
+/// window of [`DELIVERY_WINDOW_BYTES`] at a time. A window with a delivery that failed for a
+/// reason a retry may get past (a timeout, the broker gone) ends the sending, as
+/// [`DlqSink`](super::dlq::DlqSink)'s does: the next window would wait as long for the same
+/// answer, and a batch of trace items many windows long kept one attempt going for that many
+/// delivery timeouts, the outage unreported until it ended. A refused record does not: the others
+/// go on.
+async fn in_windows<'a, S, F>(
+    sink: &'static str,
+    records: impl IntoIterator<Item = Result<Record<'a>, SinkError>>,
+    progress: &Progress<'_>,
+    send: S,
+) -> Result<Written, SinkError>
+where
+    S: Fn(&'a str, Option<String>, Vec<u8>) -> F,
+    F: std::future::Future<Output = Result<(), KafkaError>>,
+{
+    let mut written = Written::default();
+    let mut window = Vec::new();
+    let mut window_bytes = 0;
+    let mut failure = None;
+    for record in records {
+        let Record {
+            piece,
+            topic,
+            key,
+            value,
+        } = match record {
+            Ok(record) => record,
+            Err(refused) => {
+                keep_telling(&mut failure, refused);
+                continue;
+            }
+        };
+        written.items += 1;
+        written.bytes += value.len() as u64;
+        if progress.is_stored(piece) {
+            continue;
+        }
+        window_bytes += value.len();
+        let delivery = send(topic, key, value);
+        window.push(async move { (piece, delivery.await) });
+        if window_bytes >= DELIVERY_WINDOW_BYTES {
+            window_bytes = 0;
+            if !deliver(sink, std::mem::take(&mut window), progress, &mut failure).await {
+                return Err(failure.expect("a failed delivery is kept"));
             }
         }
     }
+    deliver(sink, window, progress, &mut failure).await;
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(written),
+    }
+}
+
+/// Waits for every delivery, marking each one acknowledged; keeps the failure that says most
+/// (a refused record before a timeout) in `failure`. Whether none failed for a reason a retry
+/// may get past.
+async fn deliver<F>(
+    sink: &'static str,
+    deliveries: Vec<F>,
+    progress: &Progress<'_>,
+    failure: &mut Option<SinkError>,
+) -> bool
+where
+    F: std::future::Future<Output = (Piece, Result<(), KafkaError>)>,
+{
+    let mut go_on = true;
+    for (piece, delivery) in join_all(deliveries).await {
+        match delivery {
+            Ok(()) => progress.stored(piece),
+            Err(e) => {
+                let error = SinkError::from_error(sink, classify_producer_error(&e), e);
+                progress.failed(&error);
+                go_on &= error.retry != Retry::Retryable;
+                keep_telling(failure, error);
+            }
+        }
+    }
+    go_on
 }
 
 /// What a record alone in its batch adds to its key and value on the broker, at most: the batch's
@@ -482,6 +516,61 @@ pub fn check_topics(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Six records of half a window each, the fourth refused before sending when `refused`, and
+    /// every delivery failing with `code`: how many were sent, and the write's error.
+    async fn sent_with(code: Option<RDKafkaErrorCode>, refused: bool) -> (usize, Option<Retry>) {
+        let status = crate::health::Status::default();
+        let progress = Progress::new("events", &status);
+        let records = (0..6).map(|offset| {
+            if refused && offset == 3 {
+                return Err(SinkError::new("events", Retry::Rejected, "not built"));
+            }
+            Ok(Record {
+                piece: Piece {
+                    partition: 0,
+                    offset,
+                    index: 0,
+                },
+                topic: "t",
+                key: None,
+                value: vec![0; DELIVERY_WINDOW_BYTES / 2],
+            })
+        });
+        let sent = AtomicUsize::new(0);
+        let written = in_windows("events", records, &progress, |_, _, _| {
+            sent.fetch_add(1, Ordering::SeqCst);
+            async move {
+                match code {
+                    Some(code) => Err(KafkaError::MessageProduction(code)),
+                    None => Ok(()),
+                }
+            }
+        })
+        .await;
+        (sent.into_inner(), written.err().map(|e| e.retry))
+    }
+
+    #[tokio::test]
+    async fn a_window_that_timed_out_ends_the_sending_and_a_refused_record_does_not() {
+        assert_eq!(sent_with(None, false).await, (6, None));
+        assert_eq!(
+            sent_with(Some(RDKafkaErrorCode::MessageTimedOut), false).await,
+            (2, Some(Retry::Retryable)),
+            "the first window timed out: the others are not sent"
+        );
+        assert_eq!(
+            sent_with(Some(RDKafkaErrorCode::MessageSizeTooLarge), false).await,
+            (6, Some(Retry::Rejected)),
+            "records refused on delivery: the others are still sent"
+        );
+        assert_eq!(
+            sent_with(None, true).await,
+            (5, Some(Retry::Rejected)),
+            "a record refused before sending: the others are sent"
+        );
+    }
 
     #[test]
     fn a_record_is_over_its_topics_limit_with_the_brokers_framing_and_unchecked_without_a_limit() {
