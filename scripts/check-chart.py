@@ -257,6 +257,12 @@ MONITOR_OPTIONS = {"evaluationDelay", "includeTags", "newGroupDelay", "noDataTim
                    "renotifyInterval", "requireFullWindow", "thresholds", "timeoutH"}
 
 
+def unscoped(query):
+    """A rendered monitor's query without the scope the chart put first in each filter (`env:prod`,
+    or the release's namespace for the Kubernetes integration's metrics)."""
+    return re.sub(r"\{(?:env:prod|kube_namespace:replays)(?:,([^}]*))?\}", lambda m: "{" + (m[1] or "*") + "}", query)
+
+
 def check_datadog_monitors():
     """datadogMonitors renders each monitor of datadog-monitors.json as a DatadogMonitor, in the
     operator's spelling, with the scope, the notification handles and the tags it is given."""
@@ -278,8 +284,7 @@ def check_datadog_monitors():
         filters = re.findall(r"(?:replay_ingest\.[a-z_.]+|kubernetes_state\.[a-z_.]+)\{([^}]*)\}", spec["query"])
         if not filters or not all(f.split(",")[0] == ("kube_namespace:replays" if "kube_" in f else "env:prod") for f in filters):
             fail(f"DatadogMonitor {doc['metadata']['name']}: a filter without the scope: {spec['query']}")
-        unscoped = re.sub(r"\{(?:env:prod|kube_namespace:replays)(?:,([^}]*))?\}", lambda m: "{" + (m[1] or "*") + "}", spec["query"])
-        if unscoped != monitor["query"]:
+        if unscoped(spec["query"]) != monitor["query"]:
             fail(f"DatadogMonitor {doc['metadata']['name']}: {spec['query']} is not {monitor['query']} with the scope")
         expected = {
             "name": f"{monitor['name']} [replays/replay-ingest]", "type": monitor["type"], "priority": monitor["priority"],
@@ -293,7 +298,17 @@ def check_datadog_monitors():
             fail(f"DatadogMonitor {doc['metadata']['name']}: fields the operator does not take: {sorted((set(spec) - MONITOR_SPEC) | (set(spec['options']) - MONITOR_OPTIONS))}")
         if spec != expected:
             fail(f"DatadogMonitor {doc['metadata']['name']}: {spec} (expected {expected})")
-    print(f"DatadogMonitors: {len(rendered)}, as datadog-monitors.json says, with the scope, handles and tags given")
+    # Another metric prefix (Sentry's own, or none) is the one the monitors watch: with the
+    # default's names written in, every monitor would watch names no pod sends.
+    for prefix, named in [("sentry", "sentry."), ("", "")]:
+        values = {"datadogMonitors": settings, "config": {"STATSD_PREFIX": prefix}}
+        prefixed = [d for _, d in render_docs(values) if d["kind"] == "DatadogMonitor"]
+        for monitor, doc in zip(monitors, prefixed):
+            spec = doc["spec"]
+            expected = monitor["query"].replace("replay_ingest.", named)
+            if unscoped(spec["query"]) != expected or "replay_ingest." in spec["message"]:
+                fail(f"DatadogMonitor {doc['metadata']['name']} with STATSD_PREFIX {prefix!r}: {spec['query']} (expected {expected} with the scope)")
+    print(f"DatadogMonitors: {len(rendered)}, as datadog-monitors.json says, with the scope, handles and tags given, and the metric prefix set")
 
 
 def check_config(binary, docs, values_name, refused=None):

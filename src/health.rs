@@ -176,6 +176,8 @@ pub struct Status {
     committed: Mutex<BTreeMap<i32, i64>>,
     /// Sinks whose last attempt failed, by name.
     outages: Mutex<BTreeMap<&'static str, Outage>>,
+    /// Sinks whose outage `sink.outage_ms` last showed ([`Status::measure_outages`]).
+    outages_measured: Mutex<BTreeSet<&'static str>>,
     /// Writes failing right now (retrying), by sink, over every flush.
     failing_writes: Mutex<BTreeMap<&'static str, usize>>,
     group: Mutex<Membership>,
@@ -489,6 +491,27 @@ impl Status {
         outage.lasted(now)
     }
 
+    /// Sends `sink.outage_ms` for every sink in an outage (its length so far), and 0 for those
+    /// whose outage ended since the last call: the gauge is what `/status` `outages` shows, from
+    /// the first failed request on. Set when an attempt ended, it moved once per attempt — 0, then
+    /// a timeout and a backoff later about 40 s, then 80 s — against a hung destination, and an
+    /// attempt ending on a refusal left it at its last value.
+    pub fn measure_outages(&self) {
+        let now = now_ms();
+        let current: BTreeMap<&'static str, Duration> = lock(&self.outages)
+            .iter()
+            .map(|(&sink, outage)| (sink, outage.lasted(now)))
+            .collect();
+        let mut measured = lock(&self.outages_measured);
+        for &ended in measured.iter().filter(|s| !current.contains_key(*s)) {
+            crate::metrics::sink_outage(ended, Duration::ZERO);
+        }
+        for (&sink, &lasted) in &current {
+            crate::metrics::sink_outage(sink, lasted);
+        }
+        *measured = current.into_keys().collect();
+    }
+
     /// How long `sink` has been failing, while it is (its last attempt failed).
     pub fn sink_outage(&self, sink: &'static str) -> Option<Duration> {
         lock(&self.outages).get(sink).map(|o| o.lasted(now_ms()))
@@ -556,7 +579,7 @@ impl Status {
     /// librdkafka's statistics of the member's group: its `state` and `join_state`, whether they
     /// say it is `in_group` now, and how many brokers it is connected to. Logs a member out of its
     /// group for [`OUT_OF_GROUP_WARNING`] (once) and its return, and sends
-    /// `consumer.out_of_group_ms`.
+    /// `consumer.out_of_group_ms` and `consumer.out_of_group_connected_ms`.
     pub fn record_group(&self, state: &str, join_state: &str, in_group: bool, brokers_up: usize) {
         let now = now_ms();
         let mut group = lock(&self.group);
@@ -565,7 +588,7 @@ impl Status {
         group.join_state.clear();
         group.join_state.push_str(join_state);
         group.brokers_up = brokers_up;
-        let out_ms = if in_group {
+        let (out_ms, connected_out_ms) = if in_group {
             self.record_joined();
             group.connected_out_since_ms = None;
             if let Some(since) = group.out_since_ms.take()
@@ -576,7 +599,7 @@ impl Status {
                     "the member is back in its consumer group"
                 );
             }
-            0
+            (0, 0)
         } else {
             group.connected_out_since_ms =
                 (brokers_up > 0).then(|| group.connected_out_since_ms.unwrap_or(now));
@@ -591,9 +614,10 @@ impl Status {
                     "the member has been out of its consumer group for a minute: it consumes nothing meanwhile (/status `group`)"
                 );
             }
-            out_ms
+            let connected = group.connected_out_since_ms.map(|s| now.saturating_sub(s));
+            (out_ms, connected.unwrap_or(0))
         };
-        crate::metrics::out_of_group(out_ms);
+        crate::metrics::out_of_group(out_ms, connected_out_ms);
     }
 
     /// The member joined its consumer group (an assignment callback, an empty assignment too, or
@@ -815,6 +839,15 @@ impl Connections {
 /// [`MAX_PROBE_CONNECTIONS`] connections are held (the oldest closed first), a request's headers
 /// must arrive within [`HEADER_READ_TIMEOUT`], a connection lives at most
 /// [`MAX_CONNECTION_LIFETIME`], and a failed accept (out of descriptors) is waited out.
+/// [`Status::measure_outages`] every second, for good.
+pub async fn measure_outages(status: Arc<Status>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        every.tick().await;
+        status.measure_outages();
+    }
+}
+
 pub async fn serve(listener: tokio::net::TcpListener, status: Arc<Status>) -> std::io::Result<()> {
     let app = router(status);
     let connections = Arc::new(Mutex::new(Connections::default()));
@@ -929,6 +962,45 @@ pub fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sink.outage_ms` by sink after `measure` (on this thread's recorder).
+    fn outage_gauges(measure: impl FnOnce()) -> BTreeMap<String, f64> {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        metrics::with_local_recorder(&recorder, measure);
+        let snapshot = recorder.snapshotter().snapshot().into_vec();
+        snapshot
+            .into_iter()
+            .filter_map(|(key, _, _, value)| match value {
+                DebugValue::Gauge(v) if key.key().name() == crate::metrics::SINK_OUTAGE_MS => {
+                    let sink = key.key().labels().next()?.value().to_owned();
+                    Some((sink, v.into_inner()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_outage_gauge_is_what_status_shows_from_the_first_failed_request_and_0_once_over() {
+        let s = Status::default();
+        s.sink_request_failed("gcs", "timed out");
+        let gauges = outage_gauges(|| s.measure_outages());
+        assert!(
+            gauges.keys().eq(["gcs"]),
+            "an attempt still under way: {gauges:?}"
+        );
+        s.sink_recovered("gcs");
+        s.sink_failed("clickhouse", "answered 503");
+        let gauges = outage_gauges(|| s.measure_outages());
+        assert_eq!(gauges.get("gcs"), Some(&0.0), "over: {gauges:?}");
+        assert!(gauges.contains_key("clickhouse"), "{gauges:?}");
+        let gauges = outage_gauges(|| s.measure_outages());
+        assert!(
+            gauges.keys().eq(["clickhouse"]),
+            "0 sent once for an outage over: {gauges:?}"
+        );
+    }
 
     /// The probes' clock reads as the wall clock (no step taken during the tests), advances with
     /// time and never goes back.

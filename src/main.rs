@@ -430,6 +430,7 @@ async fn serve(args: &ConsumeArgs) -> anyhow::Result<()> {
         );
     }
     tokio::spawn(health::serve(listener, status.clone()));
+    tokio::spawn(health::measure_outages(status.clone()));
     if args.sweep_interval_s > 0 {
         let interval = std::time::Duration::from_secs(args.sweep_interval_s);
         spawn_sweeper(args.blobs.blob_dir.clone(), interval, args.sweep_pace);

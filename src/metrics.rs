@@ -24,23 +24,24 @@
 //! | `flush.bytes` | counter | bytes | `sink` | what a sink wrote |
 //! | `flush.retries` | counter | attempts | `sink` | failed attempts that were retried, counted as each fails |
 //! | `flush.errors` | counter | batches | `sink` | flushes that failed for good (the service stops) |
-//! | `sink.outage_ms` | gauge | ms | `sink` | how long the sink has been failing, from its outage's first failure (as `/status` `since_ms`), whichever flush it began in — or its startup check, at each try while it fails; 0 once a write or the check succeeds |
+//! | `sink.outage_ms` | gauge | ms | `sink` | how long the sink has been failing, from its outage's first failed request (as `/status` `since_ms`), whichever flush it began in — or its startup check; set every second from `/status` `outages`, 0 once the outage ends (a write or the check succeeds) |
 //! | `commits` | counter | commits | | offset commits |
 //! | `commits.failed` | counter | commits | | offset commits the broker refused or did not answer (each is tried again a second later); while they fail, `consumer.lag` grows though the sinks keep up |
 //! | `consumer.paused_ms` | counter | ms | | time intake was paused by backpressure, counted every second while it lasts |
 //! | `consumer.rebalances` | counter | rebalances | | partition revocations: drained, or lost (given up at once) |
 //! | `consumer.out_of_group_ms` | gauge | ms | | how long the member has been out of its consumer group (not joined with its assignment taken: a rebalance, a lost coordinator), from librdkafka's statistics; 0 while in it |
+//! | `consumer.out_of_group_connected_ms` | gauge | ms | | the same, counted only while the member reaches a broker (what liveness's group stall counts): a member kept out of its group, not one cut off by a Kafka outage; 0 while in it, and from 0 again when no broker answers |
 //! | `consumer.lag` | gauge | messages | `partition` | high watermark − committed offset, from librdkafka statistics (while intake is paused, which stops fetches and so their high watermarks, the brokers are asked for it every 5 s), for owned partitions; 0 once given away |
 //! | `trace_items.built` | counter | items | `category` | EAP trace items built while processing (`--trace-items-rollout`); `flush.items{sink:trace_items}` counts them delivered |
-//! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large`, `too_many_values` (data with more values than are read, item or not) while processing; `over_topic_limit` when written (an item over the topic's `max.message.bytes`, counted at each attempt) |
+//! | `trace_items.dropped` | counter | items | `reason` | sampled events left without an item: `invalid_field`, `invalid_trace_id`, `over_budget`, `too_large`, `too_many_values` (data with more values than are read, item or not) while processing; `over_topic_limit` when written (an item over the topic's `max.message.bytes`, counted once per write, whatever its attempts) |
 //! | `sweep.removed` | counter | blobs | | blobs past their retention removed by the periodic sweep (`--sweep-interval-s`) |
 //! | `sweep.bytes` | counter | bytes | | their bytes |
 //! | `sweep.errors` | counter | errors | | what a periodic sweep could not read or remove (a blob kept past its retention, a retention directory that is a link, a `--blob-dir` above the store), or a sweep that did not finish; the WARN line names them |
 //! | `sweep.duration_ms` | distribution | ms | | how long each periodic sweep took (removals paced to `--sweep-max-deletes-per-second`) |
 //! | `trace_items.headers_cut` | counter | headers | | request/response headers left out of an item or cut, past `MAX_HEADERS` / `MAX_HEADER_BYTES` |
 //!
-//! Sentry's own ingest metrics, under the same names (and the same prefix), so dashboards built
-//! for Sentry's consumer keep working:
+//! Sentry's own ingest metrics, under the same names (and the service's prefix: with
+//! `--statsd-prefix sentry`, Sentry's own, dashboards built for Sentry's consumer keep working):
 //!
 //! | name | type | unit | tags | meaning |
 //! |---|---|---|---|---|
@@ -99,6 +100,10 @@ pub enum InstallError {
     Tag(String),
     #[error("DogStatsD exporter: {0}")]
     Exporter(#[from] metrics_exporter_dogstatsd::BuildError),
+    #[error(
+        "--statsd-address {0}: only IPv6 addresses, and the DogStatsD exporter sends UDP from an IPv4 socket, so no metric would arrive; on an IPv6 single-stack cluster use the agent's Unix socket (the chart's dogstatsd.mode: socket)"
+    )]
+    Ipv6Only(String),
 }
 
 /// Datadog's unified service tags: `service` and `version` always, `env` when set. Each is taken
@@ -137,8 +142,29 @@ pub fn check(settings: &Settings<'_>) -> Result<(), InstallError> {
     labels(settings.tags)?;
     if !settings.address.is_empty() {
         DogStatsDBuilder::default().with_remote_address(settings.address)?;
+        udp_reachable(settings.address)?;
     }
     Ok(())
+}
+
+/// A UDP address (no scheme, or `udp://`) must resolve to an IPv4 address: the exporter binds
+/// its socket to `0.0.0.0` and would fail every send to an IPv6 one, logging an error per flush
+/// interval (the chart's `hostIP` mode on an IPv6 single-stack cluster). A name resolving to
+/// both (`localhost`) is sent to over IPv4.
+fn udp_reachable(address: &str) -> Result<(), InstallError> {
+    use std::net::ToSocketAddrs;
+    let udp = match address.split_once("://") {
+        None => address,
+        Some(("udp", udp)) => udp,
+        Some(_) => return Ok(()),
+    };
+    let ipv6_only = udp
+        .to_socket_addrs()
+        .is_ok_and(|mut resolved| !resolved.any(|a| a.is_ipv4()));
+    match ipv6_only {
+        true => Err(InstallError::Ipv6Only(address.to_owned())),
+        false => Ok(()),
+    }
 }
 
 /// Installs the DogStatsD exporter as the global recorder. Every metric carries the unified
@@ -155,6 +181,7 @@ pub fn install(settings: &Settings<'_>) -> Result<Exporter, InstallError> {
             labels.insert(0, metrics::Label::new(key, value));
         }
     }
+    udp_reachable(settings.address)?;
     DogStatsDBuilder::default()
         .with_remote_address(settings.address)?
         .set_global_prefix(settings.prefix)
@@ -198,6 +225,7 @@ pub const COMMITS_FAILED: &str = "commits.failed";
 pub const CONSUMER_PAUSED_MS: &str = "consumer.paused_ms";
 pub const CONSUMER_REBALANCES: &str = "consumer.rebalances";
 pub const CONSUMER_OUT_OF_GROUP_MS: &str = "consumer.out_of_group_ms";
+pub const CONSUMER_OUT_OF_GROUP_CONNECTED_MS: &str = "consumer.out_of_group_connected_ms";
 pub const CONSUMER_LAG: &str = "consumer.lag";
 pub const SWEEP_REMOVED: &str = "sweep.removed";
 pub const SWEEP_BYTES: &str = "sweep.bytes";
@@ -389,25 +417,17 @@ pub fn flushed(
     }
 }
 
-/// An attempt of a sink's write failed and is retried; the sink has been failing for
-/// `failing_for` (its outage's length, whichever flush it began in). Counted as it happens, so that a rate alert fires during an outage.
-pub fn retrying(sink: &'static str, failing_for: Duration) {
+/// An attempt of a sink's write failed and is retried. Counted as it happens, so that a rate alert
+/// fires during an outage.
+pub fn retrying(sink: &'static str) {
     counter!(FLUSH_RETRIES, "sink" => sink).increment(1);
-    sink_outage(sink, failing_for);
 }
 
-/// The sink has been failing for `failing_for`: a write's attempt, or its startup check (an idle
-/// member whose destination is down at start makes no write, and its outage went unmeasured).
+/// The sink has been failing for `failing_for` (0: it is not), as `/status` shows it
+/// ([`Status::measure_outages`](crate::health::Status::measure_outages)): a write's, or its
+/// startup check's (an idle member whose destination is down at start makes no write).
 pub fn sink_outage(sink: &'static str, failing_for: Duration) {
     gauge!(SINK_OUTAGE_MS, "sink" => sink).set(failing_for.as_millis() as f64);
-}
-
-/// A sink's write succeeded, or the one that failed was left (its messages' partitions lost): no
-/// outage measured. Set on every success, not only on the one that ends an outage `/status`
-/// shows: a startup check that passed clears that first, and the gauge, which the exporter keeps
-/// sending, would hold the outage's last length for good.
-pub fn sink_outage_over(sink: &'static str) {
-    gauge!(SINK_OUTAGE_MS, "sink" => sink).set(0.0);
 }
 
 pub fn flush_failed(sink: &'static str) {
@@ -444,8 +464,11 @@ pub fn sweep_failed() {
     counter!(SWEEP_ERRORS).increment(1);
 }
 
-pub fn out_of_group(ms: u64) {
+/// How long the member has been out of its group (`ms`), and how long of that while it reached a
+/// broker (`connected_ms`).
+pub fn out_of_group(ms: u64, connected_ms: u64) {
     gauge!(CONSUMER_OUT_OF_GROUP_MS).set(ms as f64);
+    gauge!(CONSUMER_OUT_OF_GROUP_CONNECTED_MS).set(connected_ms as f64);
 }
 
 pub fn lag(partition: i32, lag: i64) {
@@ -457,6 +480,32 @@ mod tests {
     use super::*;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     use std::collections::BTreeMap;
+
+    #[test]
+    fn a_udp_address_with_only_ipv6_addresses_is_refused_naming_the_socket_mode() {
+        let settings = |address| Settings {
+            address,
+            prefix: "replay_ingest",
+            tags: &[],
+            flush_interval: Duration::from_secs(1),
+        };
+        for address in ["[::1]:8125", "udp://[fd00::1]:8125", "fd00::1:8125"] {
+            let refused = check(&settings(address)).unwrap_err().to_string();
+            assert!(
+                refused.contains("dogstatsd.mode: socket"),
+                "{address}: {refused}"
+            );
+        }
+        for address in [
+            "127.0.0.1:8125",
+            "udp://127.0.0.1:8125",
+            "localhost:8125",
+            "unixgram:///var/run/datadog/dsd.socket",
+            "",
+        ] {
+            check(&settings(address)).unwrap_or_else(|e| panic!("{address}: {e}"));
+        }
+    }
 
     /// Each metric of a snapshot by name and labels (`name|key:value`): a counter's value, or
     /// a histogram's values.

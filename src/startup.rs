@@ -165,7 +165,7 @@ pub async fn check(
     match try_check(what, &mut check, FIRST_TRY_DEADLINE).await {
         Ok(()) => Ok(Gate::new(State::Passed)),
         Err(error) if error.retry == Retry::Retryable => {
-            crate::metrics::sink_outage(what, status.sink_failed(what, &error.message));
+            status.sink_failed(what, &error.message);
             status.record_startup_check(what, false);
             warn!(check = what, %error, "startup check: not reachable yet; joining the group anyway (not ready), writes there wait for it");
             let gate = Gate::new(State::Waiting(error.message));
@@ -182,7 +182,6 @@ async fn keep_checking(what: &'static str, status: Arc<Status>, mut check: Check
         tokio::time::sleep(backoff).await;
         match try_check(what, &mut check, TRY_DEADLINE).await {
             Ok(()) => {
-                crate::metrics::sink_outage_over(what);
                 let waited = status.sink_recovered(what).unwrap_or_default();
                 status.record_startup_check(what, true);
                 info!(
@@ -194,7 +193,7 @@ async fn keep_checking(what: &'static str, status: Arc<Status>, mut check: Check
                 return;
             }
             Err(error) if error.retry == Retry::Retryable => {
-                crate::metrics::sink_outage(what, status.sink_failed(what, &error.message));
+                status.sink_failed(what, &error.message);
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 warn!(check = what, %error, retry_in_ms = backoff.as_millis() as u64, "startup check: not reachable yet");
                 gate.set(State::Waiting(error.message));

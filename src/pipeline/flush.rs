@@ -338,7 +338,6 @@ pub fn flush(
         .block_on(flush_stages(batch, sinks, policy, status, owner, failing))
         .inspect_err(|error| {
             status.sink_failed(error.sink, &error.message);
-            crate::metrics::flush_failed(error.sink);
         })
 }
 
@@ -698,7 +697,6 @@ async fn write_with_retries(
         // anew at their next failure) while the sink was still down.
         if attempts > 0 && !status.writes_failing(sink.name()) {
             status.sink_recovered(sink.name());
-            crate::metrics::sink_outage_over(sink.name());
         }
         Ok(Wrote::Done(SinkReport {
             sink: sink.name(),
@@ -754,7 +752,6 @@ async fn write_with_retries(
         status.flush_progress();
         match result {
             Ok(written) => {
-                crate::metrics::sink_outage_over(sink.name());
                 if let Some(lasted) = status.sink_recovered(sink.name()) {
                     // Good news: INFO, closing the WARNs of the attempts that failed.
                     info!(
@@ -776,7 +773,7 @@ async fn write_with_retries(
             {
                 let failing_for = status.sink_failed(sink.name(), &error.message);
                 failing.failed(failing_for);
-                crate::metrics::retrying(sink.name(), failing_for);
+                crate::metrics::retrying(sink.name());
                 let pause = policy.backoff(attempt, rand::rng().random::<f64>());
                 warn!(sink = sink.name(), attempt, backoff_ms = pause.as_millis() as u64, %error, "sink write failed; retrying");
                 tokio::time::sleep(pause).await;

@@ -839,7 +839,13 @@ impl Pipeline {
                 return Ok(());
             }
         }
-        let report = flushed.result.map_err(PipelineError::Flush)?;
+        // Counted here, where it stops the service: a flush of partitions given away meanwhile
+        // fails for good without (above), and counted in the flush it paged for an exit that
+        // did not come.
+        let report = flushed
+            .result
+            .inspect_err(|error| crate::metrics::flush_failed(error.sink))
+            .map_err(PipelineError::Flush)?;
         debug!(messages = flushed.offsets.len(), reason = flushed.reason.as_str(), sinks = ?report.sinks, "flush done");
         self.status.record_flushed(
             offsets.len() as u64,

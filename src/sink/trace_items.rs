@@ -76,7 +76,13 @@ impl Sink for TraceItemsSink {
             });
             let fitting = records.filter(|record| match over_limit(&limits, record) {
                 Some(_) => {
-                    crate::metrics::trace_item_over_topic_limit();
+                    // Counted once: marked as done, the item is not counted again by a retry of
+                    // the write, nor by the halves of a batch split to find a refused message
+                    // (which share `progress`). It was, at every attempt through an outage.
+                    if !progress.is_stored(record.piece) {
+                        progress.stored(record.piece);
+                        crate::metrics::trace_item_over_topic_limit();
+                    }
                     false
                 }
                 None => true,

@@ -100,11 +100,18 @@ fn in_group(group: &serde_json::Value) -> bool {
 
 /// The values `consumer.out_of_group_ms` had in what `statsd` received.
 fn out_of_group_ms(statsd: &Statsd) -> Vec<f64> {
-    statsd
-        .read_now()
-        .values
-        .remove("replay_ingest.consumer.out_of_group_ms")
-        .unwrap_or_default()
+    out_of_group(statsd).0
+}
+
+/// The values `consumer.out_of_group_ms` and `consumer.out_of_group_connected_ms` had in what
+/// `statsd` received.
+fn out_of_group(statsd: &Statsd) -> (Vec<f64>, Vec<f64>) {
+    let mut values = statsd.read_now().values;
+    let mut gauge = |name: &str| values.remove(name).unwrap_or_default();
+    (
+        gauge("replay_ingest.consumer.out_of_group_ms"),
+        gauge("replay_ingest.consumer.out_of_group_connected_ms"),
+    )
 }
 
 /// Two members of `setup`'s group with `flags`, once one owns the partition and both are ready
@@ -299,11 +306,12 @@ async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_j
         ),
         (json!(false), json!(false), json!(false))
     );
+    let (out, connected) = out_of_group(&statsd);
     assert!(
-        out_of_group_ms(&statsd)
+        [out, connected].iter().all(|values| values
             .iter()
-            .any(|&ms| ms >= GROUP_STALL.as_millis() as f64),
-        "consumer.out_of_group_ms shows the time out"
+            .any(|&ms| ms >= GROUP_STALL.as_millis() as f64)),
+        "consumer.out_of_group_ms and consumer.out_of_group_connected_ms show the time out"
     );
 
     assert_eq!(other.terminate(), Some(0), "the range member leaves");
@@ -433,11 +441,12 @@ async fn with_the_consumer_protocol_a_member_kept_out_is_never_ready_and_fails_l
 async fn a_member_cut_off_from_every_broker_past_the_group_stall_stays_live() {
     let _stack = stops_stack().await;
     let setup = OnePartition::create("outage").await;
-    let (service, _statsd) = setup.member(&[]);
+    let (service, statsd) = setup.member(&[]);
     wait_for("the service in its group", JOIN_AND_FLUSH, || {
         service.owned() == 1 && in_group(&group(&service))
     })
     .await;
+    statsd.read_now();
 
     // The service saying it is not live (503) fails the test; a probe it did not answer within
     // the second (the machine loaded: CI runs the chaos harness beside this) is counted apart.
@@ -460,6 +469,16 @@ async fn a_member_cut_off_from_every_broker_past_the_group_stall_stays_live() {
     assert!(
         unreachable,
         "/status never showed the member without a broker"
+    );
+    // Out of its group all along, but never while it reached a broker: the alert that pages for a
+    // member kept out of its group stays quiet through a Kafka outage.
+    let (out, connected) = out_of_group(&statsd);
+    assert!(
+        out.iter().any(|&ms| ms >= GROUP_STALL.as_millis() as f64)
+            && connected
+                .iter()
+                .all(|&ms| ms < GROUP_STALL.as_millis() as f64),
+        "out of its group {out:?}, of that while a broker answered {connected:?}"
     );
     wait_for("the service back in its group", JOIN_AND_FLUSH, || {
         probe();
