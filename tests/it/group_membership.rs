@@ -306,12 +306,14 @@ async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_j
         ),
         (json!(false), json!(false), json!(false))
     );
+    // Connected to a broker all along: the connected gauge counts the time out too, from the
+    // first statistics that found a broker connected (one interval, 500 ms here, after the first).
     let (out, connected) = out_of_group(&statsd);
+    let longest = |values: &[f64]| values.iter().copied().fold(0.0, f64::max);
     assert!(
-        [out, connected].iter().all(|values| values
-            .iter()
-            .any(|&ms| ms >= GROUP_STALL.as_millis() as f64)),
-        "consumer.out_of_group_ms and consumer.out_of_group_connected_ms show the time out"
+        longest(&out) >= GROUP_STALL.as_millis() as f64
+            && longest(&connected) >= longest(&out) - 1000.0,
+        "consumer.out_of_group_ms {out:?} shows the time out, and consumer.out_of_group_connected_ms {connected:?} with it"
     );
 
     assert_eq!(other.terminate(), Some(0), "the range member leaves");
