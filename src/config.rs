@@ -984,7 +984,8 @@ impl ConsumeArgs {
         // The longest a write goes without an attempt ending: a Kafka record waits for room in
         // the producer's queue up to `message.timeout.ms` (the sink timeout unless set), then for
         // its report up to twice that and 5 s more (a broker that stopped answering mid-request);
-        // a large upload to GCS up to three sink timeouts, whatever `message.timeout.ms` is (a
+        // a large upload to GCS (blobs, and dead letters too large for their topic) up to three
+        // sink timeouts, whatever `message.timeout.ms` is (a
         // lower one set beside a longer sink timeout let liveness restart pods mid-upload). A
         // ClickHouse write waits less: for the answer and then the table's check, twice the sink
         // timeout.
@@ -993,10 +994,13 @@ impl ConsumeArgs {
             .property_ms("message.timeout.ms")?
             .map_or(self.sink_timeout(), Duration::from_millis);
         let delivery = message_timeout + crate::kafka::answer_deadline(message_timeout);
-        let upload = self.sink_timeout() * crate::sink::gcs::LONGEST_UPLOAD_TIMEOUTS;
+        let upload = match self.blobs.blob_sink {
+            BlobSinkKind::Gcs => self.sink_timeout() * crate::sink::gcs::LONGEST_UPLOAD_TIMEOUTS,
+            BlobSinkKind::Filesystem | BlobSinkKind::Null => Duration::ZERO,
+        };
         if Duration::from_millis(self.flush_stall_timeout_ms) <= delivery.max(upload) {
             return Err(format!(
-                "--flush-stall-timeout-ms ({}) must exceed {} ms: three times message.timeout.ms ({} ms; --sink-timeout-ms unless set) and 5 s more, the longest a Kafka delivery may wait, for room in the producer's queue and for a broker that stopped answering mid-request; and three times --sink-timeout-ms ({}), the longest a large upload may take. A flush waiting on either is not stalled",
+                "--flush-stall-timeout-ms ({}) must exceed {} ms: three times message.timeout.ms ({} ms; --sink-timeout-ms unless set) and 5 s more, the longest a Kafka delivery may wait, for room in the producer's queue and for a broker that stopped answering mid-request; and, with blobs on GCS, three times --sink-timeout-ms ({}), the longest a large upload may take. A flush waiting on either is not stalled",
                 self.flush_stall_timeout_ms,
                 delivery.max(upload).as_millis(),
                 message_timeout.as_millis(),
@@ -1828,11 +1832,14 @@ mod tests {
         let err = stall("8000").unwrap_err().to_string();
         assert!(err.contains("must exceed 8000 ms"), "{err}");
         assert!(stall("8001").is_ok());
-        // A lower message.timeout.ms does not shorten the longest upload: three sink timeouts.
-        let upload = |stall: &str| {
+        // A lower message.timeout.ms does not shorten the longest upload: three sink timeouts
+        // (with uploads: blobs to GCS).
+        let upload = |blobs: &str, stall: &str| {
             parse(&[
                 "--blob-sink",
-                "null",
+                blobs,
+                "--gcs-bucket",
+                "b",
                 "--sink-timeout-ms",
                 "4000",
                 "--flush-stall-timeout-ms",
@@ -1844,9 +1851,10 @@ mod tests {
             ])
             .validate()
         };
-        let err = upload("6000").unwrap_err().to_string();
+        let err = upload("gcs", "6000").unwrap_err().to_string();
         assert!(err.contains("must exceed 12000 ms"), "{err}");
-        assert!(upload("12001").is_ok());
+        assert!(upload("gcs", "12001").is_ok());
+        assert!(upload("null", "6000").is_ok(), "no upload to outlast");
         let longer = [
             "--flush-stall-timeout-ms",
             "8001",

@@ -834,20 +834,22 @@ impl Connections {
     }
 }
 
-/// Serves the endpoints on `listener` until the process exits. Nothing a client does can take
-/// file descriptors from the sinks or keep the probes from answering: at most
-/// [`MAX_PROBE_CONNECTIONS`] connections are held (the oldest closed first), a request's headers
-/// must arrive within [`HEADER_READ_TIMEOUT`], a connection lives at most
-/// [`MAX_CONNECTION_LIFETIME`], and a failed accept (out of descriptors) is waited out.
-/// [`Status::measure_outages`] every second, for good.
+/// [`Status::measure_outages`] every second, for good (a tick missed under load is skipped, not
+/// made up by a burst that reads the same state).
 pub async fn measure_outages(status: Arc<Status>) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         every.tick().await;
         status.measure_outages();
     }
 }
 
+/// Serves the endpoints on `listener` until the process exits. Nothing a client does can take
+/// file descriptors from the sinks or keep the probes from answering: at most
+/// [`MAX_PROBE_CONNECTIONS`] connections are held (the oldest closed first), a request's headers
+/// must arrive within [`HEADER_READ_TIMEOUT`], a connection lives at most
+/// [`MAX_CONNECTION_LIFETIME`], and a failed accept (out of descriptors) is waited out.
 pub async fn serve(listener: tokio::net::TcpListener, status: Arc<Status>) -> std::io::Result<()> {
     let app = router(status);
     let connections = Arc::new(Mutex::new(Connections::default()));

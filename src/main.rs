@@ -246,7 +246,7 @@ fn main() -> ExitCode {
                     .context("migrating ClickHouse")?;
                 // `CREATE … IF NOT EXISTS` leaves an older table as it is: said "ready" here, it
                 // was refused by the service's own check at its start.
-                clickhouse::check_table(&config).await?;
+                clickhouse::check_columns(&config).await?;
                 info!(?features, database = %config.database, table = %config.table, "ClickHouse table ready");
                 Ok(())
             }

@@ -158,9 +158,10 @@ fn udp_reachable(address: &str) -> Result<(), InstallError> {
         Some(("udp", udp)) => udp,
         Some(_) => return Ok(()),
     };
-    let ipv6_only = udp
-        .to_socket_addrs()
-        .is_ok_and(|mut resolved| !resolved.any(|a| a.is_ipv4()));
+    let ipv6_only = udp.to_socket_addrs().is_ok_and(|resolved| {
+        let resolved: Vec<_> = resolved.collect();
+        !resolved.is_empty() && !resolved.iter().any(|a| a.is_ipv4())
+    });
     match ipv6_only {
         true => Err(InstallError::Ipv6Only(address.to_owned())),
         false => Ok(()),
@@ -182,9 +183,12 @@ pub fn install(settings: &Settings<'_>) -> Result<Exporter, InstallError> {
         }
     }
     udp_reachable(settings.address)?;
-    DogStatsDBuilder::default()
-        .with_remote_address(settings.address)?
-        .set_global_prefix(settings.prefix)
+    let mut builder = DogStatsDBuilder::default().with_remote_address(settings.address)?;
+    // An empty prefix is none: given to the exporter, every name went out as `.name`.
+    if !settings.prefix.is_empty() {
+        builder = builder.set_global_prefix(settings.prefix);
+    }
+    builder
         .with_global_labels(labels)
         .with_flush_interval(settings.flush_interval)
         .with_telemetry(false)

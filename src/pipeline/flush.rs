@@ -334,11 +334,7 @@ pub fn flush(
     owner: Owner,
     failing: &Failing,
 ) -> Result<FlushReport, SinkError> {
-    runtime
-        .block_on(flush_stages(batch, sinks, policy, status, owner, failing))
-        .inspect_err(|error| {
-            status.sink_failed(error.sink, &error.message);
-        })
+    runtime.block_on(flush_stages(batch, sinks, policy, status, owner, failing))
 }
 
 async fn flush_stages(
@@ -690,12 +686,13 @@ async fn write_with_retries(
             attempts,
             "every message this write holds is of partitions lost meanwhile: left to their next owner, not retried"
         );
-        // The outage its failed attempts showed is no longer measured, unless another write to
-        // the sink is failing: left standing, it would read as one (`/status`,
-        // `sink.outage_ms`) until the sink next writes — for the dead-letter path of refused
-        // messages, perhaps days. Ended while other writes fail, it read as over (and as begun
-        // anew at their next failure) while the sink was still down.
-        if attempts > 0 && !status.writes_failing(sink.name()) {
+        // The outage its failed attempts (or the failed requests of the attempt cut) showed is
+        // no longer measured, unless another write to the sink is failing: left standing, it
+        // would read as one (`/status`, `sink.outage_ms`, which pages past a minute) until the
+        // sink next writes — for the dead-letter path of refused messages, perhaps days. Ended
+        // while other writes fail, it read as over (and as begun anew at their next failure)
+        // while the sink was still down.
+        if !status.writes_failing(sink.name()) {
             status.sink_recovered(sink.name());
         }
         Ok(Wrote::Done(SinkReport {

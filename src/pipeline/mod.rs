@@ -839,12 +839,16 @@ impl Pipeline {
                 return Ok(());
             }
         }
-        // Counted here, where it stops the service: a flush of partitions given away meanwhile
-        // fails for good without (above), and counted in the flush it paged for an exit that
-        // did not come.
+        // Counted and shown in `/status` here, where it stops the service: a flush of partitions
+        // given away meanwhile fails for good without (above), and counted in the flush it paged
+        // for an exit that did not come, its outage shown (and `sink.outage_ms` sent) until the
+        // sink next wrote.
         let report = flushed
             .result
-            .inspect_err(|error| crate::metrics::flush_failed(error.sink))
+            .inspect_err(|error| {
+                self.status.sink_failed(error.sink, &error.message);
+                crate::metrics::flush_failed(error.sink);
+            })
             .map_err(PipelineError::Flush)?;
         debug!(messages = flushed.offsets.len(), reason = flushed.reason.as_str(), sinks = ?report.sinks, "flush done");
         self.status.record_flushed(

@@ -346,14 +346,17 @@ fn first_error(results: Vec<Result<(), Option<SinkError>>>) -> Option<SinkError>
             Err(None) => not_started += 1,
         }
     }
-    kept.map(|mut error| {
-        if not_started > 0 {
-            error.message = format!(
-                "{}; {not_started} uploads not started: the server looks down",
-                error.message
-            );
+    if not_started == 0 {
+        return kept;
+    }
+    let gave_up = format!("{not_started} uploads not started: the server looks down");
+    Some(match kept {
+        Some(mut error) => {
+            error.message = format!("{}; {gave_up}", error.message);
+            error
         }
-        error
+        // Not without a failure in the same attempt today; never `Ok` with blobs unwritten.
+        None => SinkError::new("gcs", Retry::Retryable, gave_up),
     })
 }
 
@@ -490,6 +493,8 @@ mod tests {
         assert_eq!(refused.retry, Retry::Fatal, "{refused}");
         assert!(refused.message.contains("403 Forbidden"), "{refused}");
         assert!(first_error(vec![Ok(()), Ok(())]).is_none());
+        let none_started = first_error(vec![Ok(()), Err(None)]).unwrap();
+        assert_eq!(none_started.retry, Retry::Retryable, "{none_started}");
     }
 
     #[test]

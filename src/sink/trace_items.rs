@@ -38,6 +38,10 @@ fn rollout(text: &str) -> Result<Rollout, String> {
         .ok_or_else(|| format!("{text:?} is not a share from 0.0 to 1.0"))
 }
 
+/// Set in a [`Piece`]'s index, it marks the item of that index counted as left out (over the
+/// topic's limit). A segment's items are numbered from 0, far below it.
+const LEFT_OUT: u32 = 1 << 31;
+
 pub struct TraceItemsSink {
     publisher: Publisher,
     topic: String,
@@ -76,11 +80,17 @@ impl Sink for TraceItemsSink {
             });
             let fitting = records.filter(|record| match over_limit(&limits, record) {
                 Some(_) => {
-                    // Counted once: marked as done, the item is not counted again by a retry of
-                    // the write, nor by the halves of a batch split to find a refused message
-                    // (which share `progress`). It was, at every attempt through an outage.
-                    if !progress.is_stored(record.piece) {
-                        progress.stored(record.piece);
+                    // Counted once: marked, the item is not counted again by a retry of the
+                    // write, nor by the halves of a batch split to find a refused message (which
+                    // share `progress`). It was, at every attempt through an outage. Marked apart
+                    // from the item itself, which a retry after the topic's limit was raised
+                    // still sends.
+                    let counted = Piece {
+                        index: record.piece.index | LEFT_OUT,
+                        ..record.piece
+                    };
+                    if !progress.is_stored(counted) {
+                        progress.stored(counted);
                         crate::metrics::trace_item_over_topic_limit();
                     }
                     false

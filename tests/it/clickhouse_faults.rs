@@ -94,6 +94,21 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
         },
     )
     .await;
+    // The outage's length is sent while it lasts, from /status, once a second.
+    let outage_ms = |m: &Metrics| {
+        m.values
+            .get("replay_ingest.sink.outage_ms|sink:clickhouse")
+            .is_some_and(|values| values.iter().any(|&ms| ms > 0.0))
+    };
+    wait_for(
+        "sink.outage_ms sent during the outage",
+        Duration::from_secs(10),
+        || {
+            read.push(statsd.read_now());
+            read.last().is_some_and(outage_ms)
+        },
+    )
+    .await;
     assert_eq!(service.status().unwrap()["paused"], true, "still paused");
     drop(outage);
 
@@ -135,15 +150,6 @@ async fn a_clickhouse_outage_is_ridden_out_without_committing_past_it() {
         paused > 0.0,
         "consumer.paused_ms counts the pause: {}",
         metrics.text
-    );
-    let outage_ms = metrics
-        .values
-        .get("replay_ingest.sink.outage_ms|sink:clickhouse")
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        outage_ms.iter().any(|&ms| ms > 0.0),
-        "sink.outage_ms shows the outage: {outage_ms:?}"
     );
     assert!(
         !metrics

@@ -431,7 +431,7 @@ async fn a_server_slow_to_answer_gets_inserts_as_large_as_a_fast_one() {
     let config = ClickHouseConfig {
         // Two or three INSERTs for the batch.
         chunk_rows: total_rows / 2,
-        timeout: Duration::from_secs(2),
+        timeout: Duration::from_secs(4),
         ..config(&crate::support::unique("replays").replace('-', "_"))
     };
     migrate(&config).await.unwrap();
@@ -444,7 +444,7 @@ async fn a_server_slow_to_answer_gets_inserts_as_large_as_a_fast_one() {
         }
         counted.fetch_add(1, Ordering::SeqCst);
         if slowed.load(Ordering::SeqCst) {
-            Action::Delay(Duration::from_millis(1300))
+            Action::Delay(Duration::from_millis(2200))
         } else {
             Action::Forward
         }

@@ -307,12 +307,13 @@ async fn a_member_its_group_keeps_out_fails_liveness_and_is_live_again_once_it_j
         (json!(false), json!(false), json!(false))
     );
     // Connected to a broker all along: the connected gauge counts the time out too, from the
-    // first statistics that found a broker connected (one interval, 500 ms here, after the first).
+    // first statistics that found a broker connected (an interval, 500 ms here, after the first;
+    // on a loaded machine, a few).
     let (out, connected) = out_of_group(&statsd);
     let longest = |values: &[f64]| values.iter().copied().fold(0.0, f64::max);
     assert!(
         longest(&out) >= GROUP_STALL.as_millis() as f64
-            && longest(&connected) >= longest(&out) - 1000.0,
+            && longest(&connected) >= longest(&out) - 2500.0,
         "consumer.out_of_group_ms {out:?} shows the time out, and consumer.out_of_group_connected_ms {connected:?} with it"
     );
 

@@ -112,6 +112,36 @@ async fn with_every_destination_in_place_the_checks_pass_having_written_the_prob
     assert_eq!(service.terminate(), Some(0));
 }
 
+/// `--statsd-prefix ""` sends the metrics' names bare, as the chart's monitors then watch them
+/// (the exporter, given the empty prefix, sent `.consumer.lag`, `.sink.outage_ms`, …).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn an_empty_metric_prefix_sends_bare_names() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let statsd = Statsd::bind();
+    let mut args = names.args(statsd.port(), dir.path());
+    args.extend(["--statsd-prefix".to_owned(), String::new()]);
+    let service = Service::start(&args);
+    wait_for("ready", Duration::from_secs(60), || {
+        service.status().is_some_and(|s| s["ready"] == true)
+    })
+    .await;
+    let mut seen = std::collections::BTreeSet::new();
+    wait_for("the group's gauge sent", Duration::from_secs(30), || {
+        seen.extend(statsd.read_now().seen);
+        seen.contains("consumer.out_of_group_ms")
+    })
+    .await;
+    assert!(
+        seen.iter()
+            .all(|name| !name.starts_with('.') && !name.starts_with("replay_ingest")),
+        "{seen:?}"
+    );
+    assert_eq!(service.terminate(), Some(0));
+}
+
 /// Refused ClickHouse credentials are a configuration error: the service exits at once with one
 /// line that names the flags to fix and does not show the password (before: waited on for ever
 /// as "not reachable yet"). The same for `migrate`.

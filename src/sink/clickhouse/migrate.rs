@@ -56,27 +56,7 @@ async fn create(config: &ClickHouseConfig) -> Result<ServerFeatures, clickhouse:
 /// A server that cannot be reached is a transient error; a missing or mismatched table is fatal,
 /// and so are settings of the user that acknowledge INSERTs before their rows are stored.
 pub async fn check_table(config: &ClickHouseConfig) -> Result<(), SinkError> {
-    let found: Vec<(String, String)> = client(config)
-        .query("SELECT name, type FROM system.columns WHERE database = ? AND table = ?")
-        .bind(&config.database)
-        .bind(&config.table)
-        .fetch_all()
-        .await
-        .map_err(|e| setup_error(&e, config))?;
-    let table = format!("{}.{}", config.database, config.table);
-    if found.is_empty() {
-        let message = format!(
-            "table {table} does not exist: create it with `replay-ingest migrate` or --migrate-on-start"
-        );
-        return Err(SinkError::new("clickhouse", Retry::Fatal, message));
-    }
-    schema_problems(&found).map_err(|problems| {
-        SinkError::new(
-            "clickhouse",
-            Retry::Fatal,
-            format_args!("table {table} does not match the rows: {problems}"),
-        )
-    })?;
+    check_columns(config).await?;
     // Servers before 21.11 have neither setting: no rows.
     let settings: Vec<(String, String)> = client(config)
         .query("SELECT name, value FROM system.settings WHERE name IN ('async_insert', 'wait_for_async_insert')")
@@ -91,6 +71,44 @@ pub async fn check_table(config: &ClickHouseConfig) -> Result<(), SinkError> {
         return Err(SinkError::new("clickhouse", Retry::Fatal, message));
     }
     Ok(())
+}
+
+/// The table's part of [`check_table`]: it exists, and every column the rows carry has their
+/// type. All `migrate` checks after creating it: it runs as a user of its own (DDL), whose
+/// profile is not the service's.
+pub async fn check_columns(config: &ClickHouseConfig) -> Result<(), SinkError> {
+    let found: Vec<(String, String)> = client(config)
+        .query("SELECT name, type FROM system.columns WHERE database = ? AND table = ?")
+        .bind(&config.database)
+        .bind(&config.table)
+        .fetch_all()
+        .await
+        .map_err(|e| match &e {
+            // The client names the database in every request: one missing is refused before the
+            // query runs, as UNKNOWN_DATABASE, which said nothing of how to make it.
+            clickhouse::error::Error::BadResponse(m) if super::error_code(m) == Some(81) => {
+                let message = format!(
+                    "database {} does not exist: create it and the table with `replay-ingest migrate` or --migrate-on-start",
+                    config.database
+                );
+                SinkError::new("clickhouse", Retry::Fatal, message)
+            }
+            _ => setup_error(&e, config),
+        })?;
+    let table = format!("{}.{}", config.database, config.table);
+    if found.is_empty() {
+        let message = format!(
+            "table {table} does not exist: create it with `replay-ingest migrate` or --migrate-on-start"
+        );
+        return Err(SinkError::new("clickhouse", Retry::Fatal, message));
+    }
+    schema_problems(&found).map_err(|problems| {
+        SinkError::new(
+            "clickhouse",
+            Retry::Fatal,
+            format_args!("table {table} does not match the rows: {problems}"),
+        )
+    })
 }
 
 /// Whether the user's `settings` (`async_insert` and `wait_for_async_insert`, as

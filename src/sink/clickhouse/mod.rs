@@ -37,7 +37,7 @@ use super::progress::Piece;
 use super::{Built, Check, Entry, Outcome, Progress, Retry, Sink, SinkError, Writing, Written};
 use crate::recording::{KafkaPosition, ReplayRow};
 use crate::secret::Secret;
-pub use migrate::{check_table, migrate};
+pub use migrate::{check_columns, check_table, migrate};
 pub use schema::*;
 
 /// ClickHouse.
