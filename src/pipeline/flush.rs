@@ -1339,21 +1339,26 @@ mod tests {
             started: started.clone(),
         })]]);
         let (done, ended) = std::sync::mpsc::channel();
+        // A request of the attempt cut failed (its sink's outage opened, as a failed upload
+        // opens it): the outage ends with the write, no other write failing. Left open by a cut
+        // first attempt, `sink.outage_ms` paged "sink down" until the sink next wrote.
+        let status = Arc::new(Status::default());
+        status.sink_request_failed("blobs", "timed out");
+        let flushed = status.clone();
         std::thread::spawn(move || {
             let lost = |_| started.load(Ordering::SeqCst);
-            let report = run_losing(
-                on_partitions_0_and_1(),
-                &sinks,
-                &FAST,
-                &Status::default(),
-                &lost,
-            );
+            let report = run_losing(on_partitions_0_and_1(), &sinks, &FAST, &flushed, &lost);
             let _ = done.send(report.map(|r| r.given_up.len()));
         });
         let given_up = ended
             .recv_timeout(Duration::from_secs(60))
             .expect("the flush ended");
         assert_eq!(given_up.unwrap(), 8);
+        assert_eq!(
+            status.sink_outage("blobs"),
+            None,
+            "the outage ended with it"
+        );
     }
 
     /// Offsets 0..4 of partition 0 and 10..14 of partition 1.
