@@ -428,7 +428,7 @@ pub fn retrying(sink: &'static str) {
 }
 
 /// The sink has been failing for `failing_for` (0: it is not), as `/status` shows it
-/// ([`Status::measure_outages`](crate::health::Status::measure_outages)): a write's, or its
+/// (`health::Status::measure_outages`): a write's, or its
 /// startup check's (an idle member whose destination is down at start makes no write).
 pub fn sink_outage(sink: &'static str, failing_for: Duration) {
     gauge!(SINK_OUTAGE_MS, "sink" => sink).set(failing_for.as_millis() as f64);
