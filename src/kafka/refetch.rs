@@ -140,7 +140,7 @@ fn read(
 
 /// Whether `error` is the client's report about a connection to some broker, rather than about
 /// the partition read.
-fn about_a_broker(error: &KafkaError) -> bool {
+pub(crate) fn about_a_broker(error: &KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode::{
         AllBrokersDown, BrokerTransportFailure, NetworkException, Resolve,
     };

@@ -37,6 +37,7 @@ use super::instant;
 use crate::config::{BlobArgs, KafkaArgs, producer_properties};
 use crate::kafka::consumer::{close_within, commit_within};
 use crate::kafka::producer::Producer;
+use crate::kafka::refetch::about_a_broker;
 use crate::kafka::{Logged, answer_deadline};
 use crate::recording::Reason;
 use crate::sink::publish::{DELIVERY_WINDOW_BYTES, RECORD_OVERHEAD_BYTES, TopicLimits};
@@ -358,20 +359,24 @@ impl Read {
         args: &RedriveArgs,
         out: &mut impl Write,
     ) -> anyhow::Result<()> {
-        if let Some(sent) = handled.sent {
-            // A delivery that timed out may yet reach the topic; the letter is not committed, so
-            // the next run sends it again.
-            sent.delivered
-                .with_context(|| format!("re-producing {} to {}", sent.at, args.topic))?;
-            writeln!(
-                out,
-                "re-driven {} ({}, {} bytes)",
-                sent.at, sent.reason, sent.bytes
-            )?;
-            *self.counts.redriven.entry(sent.reason).or_default() += 1;
-        }
+        let Some(sent) = handled.sent else {
+            self.positions.insert(handled.partition, handled.offset + 1);
+            return Ok(());
+        };
+        // A delivery that timed out may yet reach the topic; the letter is not committed, so
+        // the next run sends it again.
+        sent.delivered
+            .with_context(|| format!("re-producing {} to {}", sent.at, args.topic))?;
+        // Recorded before it is reported: a report that cannot be written (the terminal gone)
+        // still leaves the letter committed when the run ends.
         self.positions.insert(handled.partition, handled.offset + 1);
-        Ok(())
+        let reported = writeln!(
+            out,
+            "re-driven {} ({}, {} bytes)",
+            sent.at, sent.reason, sent.bytes
+        );
+        *self.counts.redriven.entry(sent.reason).or_default() += 1;
+        Ok(reported?)
     }
 
     /// The letter's original message — its `original_topic`, `_partition`, `_offset` and
@@ -640,8 +645,17 @@ async fn read_letters(
             }
             continue;
         };
+        let letter = match polled {
+            Ok(letter) => letter,
+            // A broker restarting, or not answering: the client connects again, and the idle
+            // deadline above bounds a broker that does not come back.
+            Err(e) if about_a_broker(&e) => {
+                writeln!(out, "waiting for the broker: {e}")?;
+                continue;
+            }
+            Err(e) => return Err(e).context("reading the dead-letter topic"),
+        };
         last_message = Instant::now();
-        let letter = polled.context("reading the dead-letter topic")?;
         let (partition, offset) = (letter.partition(), letter.offset());
         let Some(&end) = ends.get(&partition) else {
             continue;

@@ -724,8 +724,9 @@ struct Relayed {
 }
 
 impl Relayed {
-    /// 30 letters (`letter-00` …), each with a reason, on a dead-letter topic of their own.
-    async fn start() -> Relayed {
+    /// 30 letters (`letter-00` …, padded with spaces to `letter_bytes`), each with a reason, on
+    /// a dead-letter topic of their own.
+    async fn start(letter_bytes: usize) -> Relayed {
         use crate::support::relay::Relay;
         use crate::support::secure_broker::SecureBroker;
         use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -747,7 +748,11 @@ impl Relayed {
                 key: "reason",
                 value: Some("rejected_by_sink"),
             });
-            let value = format!("letter-{i:02}");
+            let mut value = format!("letter-{i:02}");
+            value.extend(std::iter::repeat_n(
+                ' ',
+                letter_bytes.saturating_sub(value.len()),
+            ));
             let record = FutureRecord::<(), str>::to(&dlq)
                 .payload(&value)
                 .headers(headers);
@@ -836,7 +841,7 @@ impl Relayed {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn a_run_cut_off_from_the_broker_stops_and_the_next_goes_on_from_its_last_commit() {
-    let relayed = Relayed::start().await;
+    let relayed = Relayed::start(0).await;
     let letters = relayed.letters;
     let mut first = relayed.run();
     relayed.five_in(&mut first).await;
@@ -884,11 +889,13 @@ async fn a_run_cut_off_from_the_broker_stops_and_the_next_goes_on_from_its_last_
 
 /// The broker killed mid-run and started again, as a rolling restart does, the run reaching it
 /// straight (no relay: its connections are refused while the broker is down): the run waits for
-/// it, and re-drives and commits every letter, each at least once.
+/// it, and re-drives and commits every letter, each at least once. The letters (9 MB) are more
+/// than the run reads ahead, so it reads on after the restart, where the client's reports of
+/// the refused connections come first (a run stopped at the first of them).
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn a_run_rides_out_a_broker_restart() {
-    let mut relayed = Relayed::start().await;
+    let mut relayed = Relayed::start(300_000).await;
     let mut run = relayed.run_with(&relayed.broker.address("PLAINTEXT"), "30000");
     relayed.five_in(&mut run).await;
     relayed.broker.kill();
@@ -912,7 +919,7 @@ async fn a_run_rides_out_a_broker_restart() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn a_run_whose_broker_stops_answering_exits_saying_why() {
-    let relayed = Relayed::start().await;
+    let relayed = Relayed::start(0).await;
     let mut run = relayed.run();
     relayed.five_in(&mut run).await;
     relayed.relay.hang();
