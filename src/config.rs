@@ -15,7 +15,7 @@ use rdkafka::producer::BaseProducer;
 use crate::kafka::consumer::STATISTICS_INTERVAL;
 use crate::pipeline::buffer::BufferLimits;
 use crate::pipeline::flush::RetryPolicy;
-use crate::recording::{DEFAULT_MAX_DECOMPRESSED_BYTES, Limits, RowLimits};
+use crate::recording::{DEFAULT_MAX_DECOMPRESSED_BYTES, Limits, MAX_ROWS_PER_SEGMENT, RowLimits};
 use crate::secret::Secret;
 pub use crate::sink::clickhouse::ClickHouseArgs;
 pub use crate::sink::events::EventsArgs;
@@ -38,11 +38,12 @@ pub struct DecompressionArgs {
 pub struct LimitArgs {
     #[command(flatten)]
     pub decompression: DecompressionArgs,
-    /// Most click rows written per segment; further clicks are counted but not stored.
-    #[arg(long, env = "REPLAY_INGEST_MAX_CLICKS_PER_SEGMENT", default_value_t = RowLimits::default().max_clicks)]
+    /// Most click rows written per segment (at most 100); further clicks are counted but not
+    /// stored.
+    #[arg(long, env = "REPLAY_INGEST_MAX_CLICKS_PER_SEGMENT", value_parser = RangedU64ValueParser::<usize>::new().range(0..=MAX_ROWS_PER_SEGMENT as u64), default_value_t = RowLimits::default().max_clicks)]
     pub max_clicks_per_segment: usize,
-    /// Most tap rows written per segment.
-    #[arg(long, env = "REPLAY_INGEST_MAX_TAPS_PER_SEGMENT", default_value_t = RowLimits::default().max_taps)]
+    /// Most tap rows written per segment (at most 100).
+    #[arg(long, env = "REPLAY_INGEST_MAX_TAPS_PER_SEGMENT", value_parser = RangedU64ValueParser::<usize>::new().range(0..=MAX_ROWS_PER_SEGMENT as u64), default_value_t = RowLimits::default().max_taps)]
     pub max_taps_per_segment: usize,
 }
 
@@ -1518,6 +1519,8 @@ mod tests {
             ("--max-flushes-in-flight", "0"),
             ("--flush-initial-backoff-ms", "0"),
             ("--flush-max-backoff-ms", "0"),
+            ("--max-clicks-per-segment", "101"),
+            ("--max-taps-per-segment", "100000"),
         ] {
             let error = Cli::try_parse_from(["x", flag, value])
                 .err()

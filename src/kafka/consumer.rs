@@ -529,12 +529,12 @@ impl Poller {
                 Duration::ZERO
             };
             if self.poll(timeout) {
-                let mut bytes = self.held.back().map_or(0, |(r, _)| r.value.len());
+                let mut bytes = self.held.back().map_or(0, |(r, _)| r.bytes());
                 while self.held.len() < POLL_BATCH_MESSAGES
                     && bytes < POLL_BATCH_BYTES
                     && self.poll(Duration::ZERO)
                 {
-                    bytes += self.held.back().map_or(0, |(r, _)| r.value.len());
+                    bytes += self.held.back().map_or(0, |(r, _)| r.bytes());
                 }
             }
         }
@@ -588,7 +588,7 @@ impl Poller {
                     break;
                 }
                 count += 1;
-                bytes += record.value.len();
+                bytes += record.bytes();
             }
             match self.handoff.reserve(
                 count,

@@ -18,6 +18,12 @@ pub struct Record {
 }
 
 impl Record {
+    /// The bytes it holds: its value and its key (any size a producer gives it: a record of an
+    /// empty value and a 10 MB key is 10 MB to hold).
+    pub fn bytes(&self) -> usize {
+        self.value.len() + self.key.as_ref().map_or(0, Vec::len)
+    }
+
     pub fn copy_of(message: &BorrowedMessage<'_>) -> Self {
         Record {
             partition: message.partition(),

@@ -75,7 +75,7 @@ pub const POLLED_IN_TRANSIT_BYTES: usize = 32 * 1024 * 1024;
 
 /// Most consecutive messages processed as one task on the pool (one wake-up each way instead of
 /// one per message)...
-pub const PROCESS_GROUP_MESSAGES: usize = 8;
+const PROCESS_GROUP_MESSAGES: usize = 8;
 
 /// ...and a group takes no further message once its values reach this many bytes, so a large
 /// segment is a task of its own and the threads share the work.
@@ -300,6 +300,7 @@ pub async fn consume(
         limits: settings.limits,
         intake: None,
         processing: Window::new(threads),
+        waiting: VecDeque::new(),
         uncommitted_bound: settings.max_uncommitted,
         buffer: Buffer::new(settings.buffer),
         frontier: Frontier::default(),
@@ -394,6 +395,10 @@ struct Pipeline {
     intake: Option<Intake>,
     /// Messages being processed, in arrival order, with their window reservations.
     processing: Window<Vec<ProcessedEntry>>,
+    /// The rest of a group's results, out of the window, when the buffer filled part-way through
+    /// them and no flush could start: taken before anything else, and nothing enters the window
+    /// meanwhile (it holds what they held in it).
+    waiting: VecDeque<ProcessedEntry>,
     buffer: Buffer,
     frontier: Frontier,
     flushes: JoinSet<Flushed>,
@@ -484,14 +489,10 @@ impl Pipeline {
                 // taken in, a whole window of them went into the buffer past its share, and into
                 // the batch it became (each flush in flight held a window more than the bound
                 // counts).
-                Some(progress) = self.processing.next(), if !self.holds_results() => {
+                Some(progress) = self.processing.next(), if self.waiting.is_empty() && !self.holds_results() => {
                     // A later group done first only gave room back: admitted below.
                     if let Progress::Ready(processed) = progress {
-                        for processed in processed.map_err(|_| PipelineError::TaskDied("processing".into()))? {
-                            self.buffered(processed)?;
-                            // A buffer closes at its limit, message by message.
-                            self.start_flushes(Instant::now());
-                        }
+                        self.waiting.extend(processed.map_err(|_| PipelineError::TaskDied("processing".into()))?);
                     }
                 }
                 // Read whether or not intake is paused: the polling thread gone (a panic in a
@@ -514,10 +515,28 @@ impl Pipeline {
                     crate::logs::tell_held_back(false);
                 }
             }
+            self.take_waiting()?;
             self.start_flushes(Instant::now());
             self.backpressure();
             self.admit();
         }
+    }
+
+    /// Moves waiting results into the buffer, one by one, while it can take them: a buffer
+    /// closes at its limit, and a flush starts; once it is full with no flush able to start, the
+    /// rest wait (a group's results taken in whole went into the buffer past its share: 8
+    /// results of zstd bodies each decoding to 15 MiB, 120 MiB past it).
+    fn take_waiting(&mut self) -> Result<(), PipelineError> {
+        // A buffer left full when the last flush ended closes first.
+        self.start_flushes(Instant::now());
+        while !self.holds_results() {
+            let Some(processed) = self.waiting.pop_front() else {
+                return Ok(());
+            };
+            self.buffered(processed)?;
+            self.start_flushes(Instant::now());
+        }
+        Ok(())
     }
 
     /// The last drain, within `deadline` (given up at once behind flushes all failing for a whole
@@ -565,7 +584,7 @@ impl Pipeline {
     }
 
     fn admits(&self) -> bool {
-        self.paused.is_none() && self.processing.has_room()
+        self.paused.is_none() && self.waiting.is_empty() && self.processing.has_room()
     }
 
     /// Moves polled messages into the processing window while it has room, consecutive small
@@ -587,7 +606,8 @@ impl Pipeline {
                 }
                 // A message enters only if its reservation fits, or alone into an empty window
                 // (one reservation can exceed the window's bytes: a zstd body's, up to the cap).
-                let reservation = window::reservation(&record.value, &self.limits);
+                let reservation = window::reservation(&record.value, &self.limits)
+                    .saturating_add(record.bytes() - record.value.len());
                 let alone = group.is_empty() && self.processing.is_empty();
                 if !alone
                     && !self
@@ -596,7 +616,7 @@ impl Pipeline {
                 {
                     break;
                 }
-                values += record.value.len();
+                values += record.bytes();
                 reserved += reservation;
                 group.extend(intake.messages.pop_front());
             }
@@ -1088,6 +1108,9 @@ impl Pipeline {
     /// durable but not committed (`Uncommitted`), or what is left has been failing for `patience`
     /// (`FailingLong`).
     async fn drain_inner(&mut self, patience: Duration) -> Result<Drained, PipelineError> {
+        while let Some(processed) = self.waiting.pop_front() {
+            self.buffered(processed)?;
+        }
         while let Some(progress) = self.processing.next().await {
             if let Progress::Ready(processed) = progress {
                 for processed in
@@ -1326,16 +1349,19 @@ fn to_entry(record: Record, limits: &Limits, topic: &str) -> (Entry, usize) {
                 // A bug, not bad input: someone must look. The message is kept on the DLQ.
                 // Throttled: a bug that fails every message would write a line for each.
                 if let Some(held_back) = crate::logs::INTERNAL_ERRORS.admit() {
-                    let replay_id = recording::envelope::decode(&record.value)
-                        .map(|e| e.replay_id)
-                        .unwrap_or("unknown");
+                    // Read leniently, outside the guard the panic was caught by: not the decoder
+                    // that may have panicked.
+                    let replay_id = recording::envelope::owner(&record.value).map_or_else(
+                        || "unknown".to_owned(),
+                        |(_, replay)| replay.simple().to_string(),
+                    );
                     error!(partition, offset, replay_id, detail = %error.detail, held_back, "processing failed: message dead-lettered as internal_error");
                 }
             } else {
                 // Expected bad input: counted and dead-lettered; DEBUG so a burst cannot flood the logs.
                 debug!(partition, offset, reason = error.reason.as_str(), detail = %error.detail, "invalid message: to the dead-letter topic");
             }
-            let bytes = record.value.len();
+            let bytes = record.bytes();
             let invalid = InvalidMessage {
                 error,
                 value: Vec::from(record.value),
@@ -1446,6 +1472,23 @@ mod tests {
         );
         assert_eq!(max_uncommitted(200_000, 4), 2_000_000);
         assert_eq!(max_uncommitted(usize::MAX, 4), usize::MAX, "no overflow");
+    }
+
+    /// A record's key is held with it, dead-lettered: counted (a producer writing straight to
+    /// the topic can send an empty value under a key of megabytes, counted as nothing).
+    #[test]
+    fn an_invalid_message_counts_its_key() {
+        let record = Record {
+            partition: 0,
+            offset: 1,
+            value: bytes::Bytes::new(),
+            key: Some(vec![b'k'; 1 << 20]),
+            timestamp: None,
+        };
+        assert_eq!(record.bytes(), 1 << 20);
+        let (entry, bytes) = to_entry(record, &Limits::default(), "topic");
+        assert!(matches!(entry.outcome, Outcome::Invalid(_)));
+        assert!(bytes >= 1 << 20, "{bytes} bytes counted");
     }
 
     #[test]

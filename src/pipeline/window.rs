@@ -43,16 +43,20 @@ pub const PROCESSING_WINDOW_BYTES: usize = 128 * 1024 * 1024;
 /// value, plus what processing it may hold — a blob and replay event no larger than about the
 /// value, the extractor's capped clicks, taps, lists and counts (about 1.1 MiB at most, whatever
 /// the input) — and what may grow with what its body decodes to, told from its first bytes: a
-/// body stored re-encoded that may decode far past its size (zstd,
+/// body stored re-encoded that may decode far past its size (zstd, gzip, any body with a video:
 /// [`payload::stored_beyond_size`]), and, with trace items on, their budget for as much input as
 /// the body may decode to ([`payload::decoded_bound`]). Reserved by size alone, a crafted
 /// megabyte of zstd decoding to 90 MiB reserved 5 MiB and held 68 in the window, and a 1.6 MB
-/// zlib message of interactions held 29 MB of trace items against 7 reserved: a few dozen such
-/// messages in flight held gigabytes against a bound of 725 MiB.
+/// zlib message of interactions held 29 MB of trace items against 7 reserved, and a 0.6 MB gzip
+/// body of far repeats held a 90 MiB blob against 4 reserved: a few dozen such messages in
+/// flight held gigabytes against a bound of 725 MiB.
 pub fn reservation(value: &[u8], limits: &Limits) -> usize {
     let cap = limits.max_decompressed_bytes;
     let grows = match envelope::payload(value) {
-        envelope::Field::Read(payload) => payload::stored_beyond_size(payload, cap)
+        envelope::Field::Read {
+            payload,
+            with_video,
+        } => payload::stored_beyond_size(payload, with_video, cap)
             .saturating_add(items_budget(limits, payload::decoded_bound(payload, cap))),
         envelope::Field::Absent => 0,
         // Processing reads it (deeper, or past a key too many for a quick look): the worst case.

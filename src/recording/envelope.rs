@@ -175,9 +175,11 @@ pub fn owner(value: &[u8]) -> Option<(u64, uuid::Uuid)> {
     Some((owner.project_id?, replay))
 }
 
-/// A field of a message, from a quick look before it is processed.
+/// A message's `payload` field, from a quick look before it is processed.
 pub enum Field<'a> {
-    Read(&'a [u8]),
+    /// The payload, and whether the message carries a video (non-empty `replay_video`: the blob
+    /// then packs both, re-encoded).
+    Read { payload: &'a [u8], with_video: bool },
     /// Not there, or `value` is no map: processing refuses the message.
     Absent,
     /// Not read: the map has more keys than a quick look reads, or nesting deeper than it
@@ -185,14 +187,17 @@ pub enum Field<'a> {
     Unread,
 }
 
-/// The `payload` field of `value` (`{"segment_id":N}\n<body>`), read leniently as [`owner`]
-/// reads its fields, before the message is processed: what the processing window reserves for
-/// it depends on its body's encoding. Copies nothing; reads at most [`QUICK_LOOK_KEYS`] keys.
+/// The `payload` field of `value` (`{"segment_id":N}\n<body>`), and whether a video comes with
+/// it, read leniently as [`owner`] reads its fields, before the message is processed: what the
+/// processing window reserves for it depends on its body's encoding, and on how its blob is
+/// built. Copies nothing; reads at most [`QUICK_LOOK_KEYS`] keys.
 pub fn payload(value: &[u8]) -> Field<'_> {
     #[derive(Deserialize)]
     struct Payload<'a> {
         #[serde(borrow, with = "serde_bytes", default)]
         payload: Option<&'a [u8]>,
+        #[serde(borrow, with = "serde_bytes", default)]
+        replay_video: Option<&'a [u8]>,
     }
     let keys = match value {
         [marker @ 0x80..=0x8f, ..] => usize::from(marker & 0x0f),
@@ -206,8 +211,12 @@ pub fn payload(value: &[u8]) -> Field<'_> {
     match lenient::<Payload<'_>>(value) {
         Some(Payload {
             payload: Some(payload),
-        }) => Field::Read(payload),
-        Some(Payload { payload: None }) => Field::Absent,
+            replay_video,
+        }) => Field::Read {
+            payload,
+            with_video: replay_video.is_some_and(|video| !video.is_empty()),
+        },
+        Some(Payload { payload: None, .. }) => Field::Absent,
         None => Field::Unread,
     }
 }

@@ -50,7 +50,7 @@ pub use occurrence::{IssueGates, ProjectFilter};
 pub use payload::{BodyEncoding, Inflater};
 pub use replay_event::ReplayEvent;
 pub use rows::{KafkaPosition, ReplayRow};
-pub use rrweb::{Extracted, RowLimits};
+pub use rrweb::{Extracted, MAX_ROWS_PER_SEGMENT, RowLimits};
 pub use trace_items::{Rollout, TraceItems};
 
 /// Default cap on a decompressed segment body (docs/formats.md, "The payload").

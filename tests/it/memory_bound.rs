@@ -72,12 +72,16 @@ struct Measured {
     peak: usize,
 }
 
-/// The configuration that holds the most: replay events kept to be republished, and every
-/// breadcrumb an EAP trace item.
+/// The configuration that holds the most: replay events kept to be republished, every
+/// breadcrumb an EAP trace item, and as many click and tap rows as may be configured.
 fn measured_limits() -> Limits {
     Limits {
         republish_replay_event: true,
         trace_items: replay_ingest::recording::Rollout::ALL,
+        rows: recording::RowLimits {
+            max_clicks: recording::MAX_ROWS_PER_SEGMENT,
+            max_taps: recording::MAX_ROWS_PER_SEGMENT,
+        },
         ..Limits::default()
     }
 }
@@ -218,13 +222,21 @@ fn check_hostile_outcome(name: &str, p: &Processed) {
             );
         }
         "href-x-clicks" => {
-            assert_eq!((x.clicks.len(), p.rows(Default::default()).len()), (20, 21));
+            let most = recording::MAX_ROWS_PER_SEGMENT;
+            assert_eq!(
+                (x.clicks.len(), p.rows(Default::default()).len()),
+                (most, most + 1)
+            );
             assert!(x.clicks.iter().all(|c| c.url.is_empty()));
             assert_eq!(
                 p.events(&IssueGates::default()).len(),
                 2,
                 "no rage-click issue without the click's own url"
             );
+        }
+        "many-long-clicks-and-taps" => {
+            let most = recording::MAX_ROWS_PER_SEGMENT;
+            assert_eq!((x.clicks.len(), x.taps.len()), (most, most));
         }
         "long-click-fields" => {
             let c = &x.clicks[0];
@@ -256,7 +268,8 @@ fn check_hostile_outcome(name: &str, p: &Processed) {
             assert_eq!((listed + x.dropped_items, x.truncated_values), (10_000, 0));
         }
         "many-interactions" => {
-            assert_eq!((x.clicks.len(), x.taps.len()), (20, 20));
+            let most = recording::MAX_ROWS_PER_SEGMENT;
+            assert_eq!((x.clicks.len(), x.taps.len()), (most, most));
             assert!(x.dropped_items > 0);
             assert!(
                 x.navigations.len() <= 1000
@@ -289,6 +302,12 @@ fn check_hostile_outcome(name: &str, p: &Processed) {
             assert!(x.truncated_values >= 4 * 70);
         }
         "zlib-padding" => assert!(p.blob.bytes.len() < 64, "the padding is not stored"),
+        // Reserved by the message's size alone, 2.4 MB against a blob of 7.8.
+        "far-repeats-gzip" | "far-repeats-zlib-with-video" => assert!(
+            p.blob.bytes.len() > 5 << 20,
+            "stored re-encoded, the blob is megabytes: {}",
+            p.blob.bytes.len()
+        ),
         other => panic!("no expectations for hostile message {other}"),
     }
 }
@@ -383,19 +402,7 @@ fn a_decompression_bomb_holds_at_most_one_output_buffer_of_the_caps_size() {
 #[test]
 fn a_zstd_body_of_far_repeats_is_reserved_for_what_it_decodes_to() {
     use std::io::Write;
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let random: String = (0..256 << 10)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1);
-            char::from(b'a' + (state >> 59) as u8 % 26)
-        })
-        .collect();
-    let event = format!(
-        r#"{{"type":5,"timestamp":1700000000000,"data":{{"tag":"x","payload":"{random}"}}}}"#
-    );
-    let json = format!("[{}]", vec![event; 40].join(","));
+    let json = crate::support::hostile::far_repeats(256 << 10, 40);
     for declared in [true, false] {
         let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
         encoder.include_contentsize(declared).unwrap();

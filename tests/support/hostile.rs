@@ -37,6 +37,8 @@ struct Message<'a> {
     payload: &'a [u8],
     #[serde(with = "serde_bytes")]
     replay_event: Option<&'a [u8]>,
+    #[serde(with = "serde_bytes", skip_serializing_if = "Option::is_none")]
+    replay_video: Option<&'a [u8]>,
     relay_snuba_publish_disabled: bool,
 }
 
@@ -54,9 +56,23 @@ pub fn message(segment_header: &str, body: &[u8], replay_event: Option<&[u8]>) -
     )
 }
 
+/// A message value around a body and a video (as mobile SDKs send), without a replay event.
+fn with_video(segment_header: &str, body: &[u8], video: &[u8]) -> Vec<u8> {
+    let payload = [segment_header.as_bytes(), b"\n", body].concat();
+    rmp_serde::to_vec_named(&Message {
+        replay_video: Some(video),
+        ..message_of(&payload, None)
+    })
+    .unwrap()
+}
+
 /// A valid message value around an arbitrary payload (header line included).
 pub fn value(payload: &[u8], replay_event: Option<&[u8]>) -> Vec<u8> {
-    rmp_serde::to_vec_named(&Message {
+    rmp_serde::to_vec_named(&message_of(payload, replay_event)).unwrap()
+}
+
+fn message_of<'a>(payload: &'a [u8], replay_event: Option<&'a [u8]>) -> Message<'a> {
+    Message {
         kind: "replay_recording_not_chunked",
         replay_id: REPLAY_ID,
         org_id: 1,
@@ -65,9 +81,9 @@ pub fn value(payload: &[u8], replay_event: Option<&[u8]>) -> Vec<u8> {
         retention_days: 30,
         payload,
         replay_event,
+        replay_video: None,
         relay_snuba_publish_disabled: true,
-    })
-    .unwrap()
+    }
 }
 
 fn events(events: impl IntoIterator<Item = String>) -> Vec<u8> {
@@ -163,6 +179,46 @@ pub fn all() -> Vec<Hostile> {
     write(
         "long-click-fields",
         message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
+
+    // 300 rage clicks and 300 taps, every field 16 KiB (past its cap) and each url its own: rows
+    // up to the largest click and tap limits accepted, every field at its cap.
+    let long = "x".repeat(16 << 10);
+    let class = vec!["c".repeat(1 << 10); 16].join(" ");
+    let tap = format!(r#","message":"{long}","data":{{"view.class":"{long}","view.id":"{long}"}}"#);
+    let body = events((0..300).flat_map(|i| {
+        [
+            rage_click(i, &long, &class, &long, &format!("https://e/{i}/{long}")),
+            breadcrumb("ui.tap", &tap),
+        ]
+    }));
+    write(
+        "many-long-clicks-and-taps",
+        message(header, &zlib(&body), Some(replay_event)),
+        None,
+    );
+
+    // Repeats 32 600 bytes apart: within DEFLATE's 32 KiB window, which libdeflate searches
+    // whole, and past the 32 506 bytes zlib-rs's level 6 looks back. Stored re-encoded — a gzip
+    // body, and a zlib body sent with a video (packed with it) — the blob is 13 MB of random
+    // letters for a message of 0.1 MB.
+    let json = far_repeats(32_600, 400);
+    let mut compressor = libdeflater::Compressor::new(libdeflater::CompressionLvl::best());
+    let mut encoded = |gzip: bool| {
+        let mut body = vec![0; compressor.zlib_compress_bound(json.len()) + 32];
+        let len = match gzip {
+            true => compressor.gzip_compress(json.as_bytes(), &mut body),
+            false => compressor.zlib_compress(json.as_bytes(), &mut body),
+        };
+        body.truncate(len.unwrap());
+        body
+    };
+    let (gzip, zlib_body) = (encoded(true), encoded(false));
+    write("far-repeats-gzip", message(header, &gzip, None), None);
+    write(
+        "far-repeats-zlib-with-video",
+        with_video(header, &zlib_body, b"\x00"),
         None,
     );
 
@@ -399,6 +455,24 @@ pub fn with_field(value: &[u8], name: &str, sent: rmpv::Value) -> Vec<u8> {
     let mut out = Vec::new();
     rmpv::encode::write_value(&mut out, &rmpv::Value::Map(map)).unwrap();
     out
+}
+
+/// A JSON array of `count` events, each with its comma `unit` bytes long and the same random
+/// letters.
+pub fn far_repeats(unit: usize, count: usize) -> String {
+    let event = |random: &str| {
+        format!(r#"{{"type":5,"timestamp":{TS},"data":{{"tag":"x","payload":"{random}"}}}}"#)
+    };
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let random: String = (0..unit - event("").len() - 1)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            char::from(b'a' + (state >> 59) as u8 % 26)
+        })
+        .collect();
+    format!("[{}]", vec![event(&random); count].join(","))
 }
 
 fn adler32(data: &[u8]) -> u32 {

@@ -54,6 +54,12 @@ pub const MAX_KEY_BYTES: usize = 128;
 /// Appended to a value cut by one of this module's caps (Sentry's own column limits cut silently).
 pub const TRUNCATION_MARKER: &str = "…";
 
+/// The largest `RowLimits` accepted (`--max-clicks-per-segment`, `--max-taps-per-segment`): what
+/// the processing window's fixed part of a message's reservation (2 MiB) was measured to cover,
+/// every field of every row at its cap (`tests/it/memory_bound.rs`). Unbounded, 100 000 clicks
+/// held tens of MiB for a message that reserved 4.
+pub const MAX_ROWS_PER_SEGMENT: usize = 100;
+
 /// Per-segment caps on the rows produced (docs/formats.md, "What a segment yields").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowLimits {
