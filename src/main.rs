@@ -94,8 +94,9 @@ enum Command {
         max_message_bytes: u64,
     },
     /// Delete replays — every blob of them, any oversized dead-letter copy of their messages, and
-    /// their rows (an archive as Sentry writes one; with ClickHouse, the rows deleted too). Safe to
-    /// run again after a crash; a second run is a no-op. Exits non-zero naming what is left.
+    /// their rows (an archive as Sentry writes one, which hides them; with ClickHouse, the rows
+    /// deleted too). Safe to run again after a crash: a second run finds nothing left to delete
+    /// (through snuba it publishes the archive again). Exits non-zero naming what is left.
     Delete(Box<replay_ingest::tools::delete::DeleteArgs>),
     /// Remove the filesystem blob store's blobs older than the retention their key carries
     /// (`{retention_days}/…`), and the directories that leaves empty; prints a summary. Exits
@@ -103,7 +104,8 @@ enum Command {
     Sweep(replay_ingest::tools::sweep::SweepArgs),
     /// Put dead letters back on the input topic (their original value and key), filtered by
     /// reason and time, at a bounded rate; as a consumer group of its own, so a second run goes on
-    /// where the first stopped. Prints counts by reason.
+    /// where the first stopped. Prints counts by reason. Exits 1 stopped with letters left (the
+    /// next run goes on), 3 having gone through every letter when some can never be re-driven.
     Redrive(Box<replay_ingest::tools::redrive::RedriveArgs>),
 }
 
@@ -273,7 +275,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{}", said_once(&e));
-            ExitCode::FAILURE
+            match e.downcast_ref::<replay_ingest::tools::LeftForGood>() {
+                Some(_) => ExitCode::from(replay_ingest::tools::EXIT_LEFT_FOR_GOOD),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }

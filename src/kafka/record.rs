@@ -4,7 +4,11 @@
 //! `OwnedMessage` also copies the topic's name and the headers into allocations of their own).
 
 use bytes::Bytes;
-use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+
+/// The header `redrive` puts on each message it re-produces, naming the letter
+/// (`topic/partition/offset`).
+pub const REDRIVEN_FROM: &str = "redriven_from";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -15,6 +19,9 @@ pub struct Record {
     pub key: Option<Vec<u8>>,
     /// The record's timestamp (creation or log-append time), in ms since the epoch.
     pub timestamp: Option<i64>,
+    /// Its `redriven_from` header: the dead letter `redrive` put it back from. A message that
+    /// fails again carries it on to its new dead letter.
+    pub redriven_from: Option<Box<str>>,
 }
 
 impl Record {
@@ -31,6 +38,11 @@ impl Record {
             value: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
             key: message.key().map(<[u8]>::to_vec),
             timestamp: message.timestamp().to_millis(),
+            redriven_from: message
+                .headers()
+                .and_then(|headers| headers.iter().find(|h| h.key == REDRIVEN_FROM))
+                .and_then(|h| h.value)
+                .map(|value| String::from_utf8_lossy(value).into()),
         }
     }
 }

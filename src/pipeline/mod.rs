@@ -1370,6 +1370,7 @@ fn to_entry(record: Record, limits: &Limits, topic: &str) -> (Entry, usize) {
                 timestamp: record.timestamp,
                 rejected_by: None,
                 original_lost: false,
+                redriven_from: record.redriven_from,
             };
             (
                 Entry {
@@ -1484,6 +1485,7 @@ mod tests {
             value: bytes::Bytes::new(),
             key: Some(vec![b'k'; 1 << 20]),
             timestamp: None,
+            redriven_from: None,
         };
         assert_eq!(record.bytes(), 1 << 20);
         let (entry, bytes) = to_entry(record, &Limits::default(), "topic");

@@ -3,7 +3,8 @@
 //! `original_timestamp`, and `sink` for a valid message a sink rejected (`rejected_by_sink`;
 //! `detail` then holds the sink's error; and `original_lost: true`, with no value, when the
 //! message was gone from its topic by the time it was read again, or another message was at its
-//! offset). Written as part of the flush,
+//! offset); and `redriven_from` for a message `redrive` put back, which failed again. Written as
+//! part of the flush,
 //! so it is durable before the offset commits.
 //!
 //! A dead letter larger than the topic accepts is not dropped and does not stop the flush: its
@@ -30,7 +31,7 @@ use super::{
     Rejected, Retry, Sink, SinkError, Writing, Written,
 };
 use crate::kafka::producer::{DeliveryFuture, Producer, Undelivered};
-use crate::kafka::record::Record;
+use crate::kafka::record::{REDRIVEN_FROM, Record};
 use crate::kafka::refetch::{RefetchError, Refetcher};
 use crate::recording::InvalidRecording;
 
@@ -268,6 +269,13 @@ fn headers(entry: &Entry, message: &InvalidMessage) -> OwnedHeaders {
         }),
         None => headers,
     };
+    let headers = match &message.redriven_from {
+        Some(letter) => headers.insert(Header {
+            key: REDRIVEN_FROM,
+            value: Some(&**letter),
+        }),
+        None => headers,
+    };
     if message.original_lost {
         headers.insert(Header {
             key: "original_lost",
@@ -354,6 +362,7 @@ impl RejectedToDlq {
                         value: Default::default(),
                         key: None,
                         timestamp: None,
+                        redriven_from: None,
                     };
                     let detail = format!("{detail} (original bytes lost: {why})");
                     (missing, detail, true)
@@ -368,6 +377,7 @@ impl RejectedToDlq {
                 timestamp: original.timestamp,
                 rejected_by: Some(r.error.sink),
                 original_lost: lost,
+                redriven_from: original.redriven_from,
             };
             held += message.value.len();
             entries.push(Entry {
@@ -561,6 +571,7 @@ mod tests {
                     timestamp: None,
                     rejected_by: None,
                     original_lost: false,
+                    redriven_from: None,
                 })),
             })
             .collect::<Vec<_>>();

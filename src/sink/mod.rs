@@ -180,6 +180,7 @@ impl Entry {
                 timestamp: None,
                 rejected_by: None,
                 original_lost: false,
+                redriven_from: None,
             })),
         }
     }
@@ -207,6 +208,9 @@ pub struct InvalidMessage {
     /// or its offset held another message by then: `value` is empty, not the original (header
     /// `original_lost: true`; `redrive` refuses such letters).
     pub original_lost: bool,
+    /// The dead letter the message was re-driven from, if it was (its `redriven_from` header,
+    /// carried on to the new letter).
+    pub redriven_from: Option<Box<str>>,
 }
 
 /// What one flush writes. Sinks write slices of it (`&[Entry]`): the flush hands a sink part of

@@ -401,7 +401,14 @@ async fn delete(
     max_decompressed_bytes: usize,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    // A privacy request's record says whether the deleted blobs are gone at once.
+    // A privacy request's record says whether the deleted blobs are gone at once, and, through
+    // snuba, that the rows are hidden, not erased.
+    if let Rows::Snuba { .. } = rows {
+        writeln!(
+            out,
+            "note: through snuba the rows are archived, not erased: the replay is hidden from queries, and its rows (user, email and IP address among them, in replays_local and replays_aggregated_local) stay until their TTL; to erase them, run delete with --rows-sink clickhouse --clickhouse-table replays_local against each shard of snuba's ClickHouse"
+        )?;
+    }
     if let Some(store) = store {
         match store.kept_after_delete().await {
             Ok(Some(kept)) => writeln!(out, "note: {kept}")?,

@@ -17,6 +17,17 @@ use crate::sink::filesystem::FilesystemBlobSink;
 use crate::sink::gcs_json::GcsStore;
 use crate::sink::store::BlobStore;
 
+/// What a run ends with when it went through everything it was given and some of it can never
+/// be done, a run again no more than this one (a dead letter whose original is gone): exit
+/// status [`EXIT_LEFT_FOR_GOOD`], told apart from 1, a run stopped with work left that a run
+/// again goes on with (a store or a broker down).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct LeftForGood(pub String);
+
+/// The exit status of a run that ends with [`LeftForGood`].
+pub const EXIT_LEFT_FOR_GOOD: u8 = 3;
+
 /// An instant given on the command line, in RFC 3339, in UTC: ending in `Z` or `+00:00`. The
 /// parser reads every time as UTC — one without a zone, and one whose other offset follows a
 /// fraction of a second (`…00.000+02:00`, Python's `isoformat()`), hours off without a word — so

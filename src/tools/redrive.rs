@@ -37,6 +37,7 @@ use super::instant;
 use crate::config::{BlobArgs, KafkaArgs, producer_properties};
 use crate::kafka::consumer::{close_within, commit_within};
 use crate::kafka::producer::Producer;
+use crate::kafka::record::REDRIVEN_FROM;
 use crate::kafka::refetch::about_a_broker;
 use crate::kafka::{Logged, answer_deadline};
 use crate::recording::Reason;
@@ -82,6 +83,10 @@ pub struct RedriveArgs {
     /// Only letters dead-lettered before this instant (RFC 3339).
     #[arg(long, value_parser = instant)]
     pub until: Option<SystemTime>,
+    /// Pass over the letters of messages that were re-driven already and failed again (they
+    /// carry `redriven_from`): a run after a second fix takes them without it.
+    #[arg(long)]
+    pub skip_redriven: bool,
     /// Re-drive at most this many letters (the rest stay for the next run).
     #[arg(long)]
     pub limit: Option<u64>,
@@ -280,11 +285,12 @@ impl Failed {
             n => format!("\n  … and {n} more"),
         };
         (self.count > 0).then(|| {
-            anyhow::anyhow!(
+            super::LeftForGood(format!(
                 "{} letter(s) could not be re-driven:\n  {}{more}",
                 self.count,
                 self.kept.join("\n  ")
-            )
+            ))
+            .into()
         })
     }
 }
@@ -486,7 +492,7 @@ impl InFlight {
         self.letters
             .push_back(Pending::Sending(tokio::spawn(async move {
                 let headers = OwnedHeaders::new().insert(Header {
-                    key: "redriven_from",
+                    key: REDRIVEN_FROM,
                     value: Some(at.as_str()),
                 });
                 let mut record = FutureRecord::to(&topic).payload(&value).headers(headers);
@@ -579,7 +585,7 @@ async fn topic_limit(
 fn record_bytes(value: &[u8], key: Option<&[u8]>, at: &str) -> usize {
     key.map_or(0, <[u8]>::len)
         + value.len()
-        + "redriven_from".len()
+        + REDRIVEN_FROM.len()
         + at.len()
         + 2 * 5
         + RECORD_OVERHEAD_BYTES
@@ -892,6 +898,9 @@ fn header(letter: &BorrowedMessage<'_>, name: &str) -> Option<String> {
 /// Whether the filters take the letter.
 fn chosen(args: &RedriveArgs, reason: &str, letter: &BorrowedMessage<'_>) -> bool {
     if !args.reasons.is_empty() && !args.reasons.iter().any(|r| r == reason) {
+        return false;
+    }
+    if args.skip_redriven && header(letter, REDRIVEN_FROM).is_some() {
         return false;
     }
     if let Some(topic) = &args.original_topic

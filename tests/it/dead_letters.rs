@@ -144,6 +144,7 @@ fn invalid(offset: i64, value: Vec<u8>, topic: &str) -> Entry {
             timestamp: None,
             rejected_by: None,
             original_lost: false,
+            redriven_from: None,
         })),
     }
 }

@@ -814,6 +814,11 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
     let (ok, said) = delete(&[flags.clone(), at.to_vec()].concat());
     assert!(ok, "{said}");
     assert!(said.contains("archive published"), "{said}");
+    // A privacy request's record says what an archive leaves.
+    assert!(
+        said.contains("note: through snuba the rows are archived, not erased"),
+        "{said}"
+    );
     assert!(said.contains("stamped 1702848658"), "{said}");
     assert!(!said.contains("to finish"), "{said}");
     let archives = read_messages(&replay_events, 1, Duration::from_secs(20));

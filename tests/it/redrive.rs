@@ -22,6 +22,12 @@ fn redrive(args: &[&str]) -> (bool, String) {
 
 /// `redrive` of the letters on `dlq` back to `topic` as `group`, with `more` flags.
 fn redrive_in(dlq: &str, topic: &str, group: &str, more: &[&str]) -> (bool, String) {
+    let (code, said) = redrive_for_status(dlq, topic, group, more);
+    (code == Some(0), said)
+}
+
+/// [`redrive_in`], for its exit status.
+fn redrive_for_status(dlq: &str, topic: &str, group: &str, more: &[&str]) -> (Option<i32>, String) {
     let brokers = brokers();
     let flags = [
         "--brokers",
@@ -33,7 +39,7 @@ fn redrive_in(dlq: &str, topic: &str, group: &str, more: &[&str]) -> (bool, Stri
         "--group-id",
         group,
     ];
-    redrive(&[&flags[..], more].concat())
+    run_tool_for_status("redrive", [&flags[..], more].concat())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -132,6 +138,58 @@ async fn messages_a_sink_refused_are_ingested_once_re_driven_after_the_fix() {
     assert!(
         said.contains("0 letter(s) re-driven"),
         "the group goes on where it stopped: {said}"
+    );
+}
+
+/// A message re-driven that fails again is dead-lettered carrying `redriven_from`, naming the
+/// letter it was re-driven from (its new letter had lost it, and was re-driven by every run with
+/// nothing to tell it apart); `--skip-redriven` passes such letters over.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_message_that_fails_again_after_a_re_drive_says_so_on_its_new_letter() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let (report, _) = produce_values(
+        &names.topic,
+        vec![(b"not a segment".to_vec(), b"key".to_vec())],
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let statsd = Statsd::bind();
+    let service = Service::start(&names.args(statsd.port(), dir.path()));
+    wait_for(
+        "the message dead-lettered and committed",
+        JOIN_AND_FLUSH,
+        || service.committed() == expected_commits(&report),
+    )
+    .await;
+    let group = unique("redrive");
+    let run = |more: &[&str]| {
+        let flags = [&["--blob-sink", "null"][..], more].concat();
+        redrive_in(&names.dlq, &names.topic, &group, &flags)
+    };
+    let (ok, said) = run(&[]);
+    assert!(ok, "{said}");
+    assert!(said.contains("1 letter(s) re-driven"), "{said}");
+
+    let letters = read_messages(&names.dlq, 2, Duration::from_secs(30));
+    assert_eq!(letters.len(), 2, "dead-lettered again");
+    assert!(!letters[0].headers.contains_key("redriven_from"));
+    // The dead-letter topic has one partition: the first letter is at its offset 0.
+    assert_eq!(
+        letters[1].headers.get("redriven_from").map(String::as_str),
+        Some(format!("{}/0/0", names.dlq).as_str()),
+        "{:?}",
+        letters[1].headers
+    );
+    assert_eq!(letters[1].value, b"not a segment");
+    assert_eq!(service.terminate(), Some(0));
+
+    let (ok, said) = run(&["--skip-redriven"]);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("0 letter(s) re-driven, 1 passed over"),
+        "{said}"
     );
 }
 
@@ -369,7 +427,8 @@ fn bad_arguments_are_refused_with_a_clear_error() {
 
 /// A letter whose original was gone from the topic when it was dead-lettered (no value, header
 /// `original_lost`) is reported and not sent: re-driven, it would be an empty message. A dry run
-/// says the same (it used to count the letter as one it would re-drive).
+/// says the same (it used to count the letter as one it would re-drive). Both exit 3, not 1: a
+/// run again would not re-drive it either (1 is a run stopped with letters left).
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_letter_whose_original_was_lost_is_reported_not_sent() {
@@ -404,19 +463,20 @@ async fn a_letter_whose_original_was_lost_is_reported_not_sent() {
         )
         .await
         .unwrap();
-    let (ok, dry) = redrive_in(
+    let (code, dry) = redrive_for_status(
         &dlq,
         &topic,
         &unique("redrive"),
         &["--blob-sink", "null", "--dry-run"],
     );
-    assert!(!ok, "{dry}");
+    assert_eq!(code, Some(3), "{dry}");
     assert!(
         dry.contains("0 letter(s) would be re-driven, 0 passed over, 1 failed"),
         "{dry}"
     );
-    let (ok, said) = redrive_in(&dlq, &topic, &unique("redrive"), &["--blob-sink", "null"]);
-    assert!(!ok, "{said}");
+    let (code, said) =
+        redrive_for_status(&dlq, &topic, &unique("redrive"), &["--blob-sink", "null"]);
+    assert_eq!(code, Some(3), "{said}");
     assert!(
         said.contains("cannot re-drive") && said.contains("original bytes were gone"),
         "{said}"

@@ -13,6 +13,15 @@ pub fn run_tool<S: AsRef<std::ffi::OsStr>>(
     subcommand: &str,
     args: impl IntoIterator<Item = S>,
 ) -> (bool, String) {
+    let (code, said) = run_tool_for_status(subcommand, args);
+    (code == Some(0), said)
+}
+
+/// A tool's run, as [`run_tool`]: its exit status and what it printed.
+pub fn run_tool_for_status<S: AsRef<std::ffi::OsStr>>(
+    subcommand: &str,
+    args: impl IntoIterator<Item = S>,
+) -> (Option<i32>, String) {
     let out = output_within(
         Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
             .arg(subcommand)
@@ -23,7 +32,7 @@ pub fn run_tool<S: AsRef<std::ffi::OsStr>>(
             .spawn()
             .unwrap(),
     );
-    (out.status.success(), said(&out))
+    (out.status.code(), said(&out))
 }
 
 /// How long a tool a test runs may take before the test kills it: far past what a run that ends
