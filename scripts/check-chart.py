@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import helm_python as helm
 import yaml
@@ -308,7 +309,12 @@ def check_datadog_monitors():
             expected = monitor["query"].replace("replay_ingest.", named)
             if unscoped(spec["query"]) != expected or "replay_ingest." in spec["message"]:
                 fail(f"DatadogMonitor {doc['metadata']['name']} with STATSD_PREFIX {prefix!r}: {spec['query']} (expected {expected} with the scope)")
-    print(f"DatadogMonitors: {len(rendered)}, as datadog-monitors.json says, with the scope, handles and tags given, and the metric prefix set")
+    # Two clusters in one organisation: the Kubernetes integration's filter names the cluster.
+    clustered = [d["spec"]["query"] for _, d in render_docs({"datadogMonitors": {**settings, "clusterName": "prod-eu"}})
+                 if d["kind"] == "DatadogMonitor" and "kubernetes_state." in d["spec"]["query"]]
+    if not clustered or not all("{kube_cluster_name:prod-eu,kube_namespace:replays," in q for q in clustered):
+        fail(f"with datadogMonitors.clusterName, the Kubernetes integration's filters name the cluster: {clustered}")
+    print(f"DatadogMonitors: {len(rendered)}, as datadog-monitors.json says, with the scope, handles and tags given, the metric prefix set, and the cluster named")
 
 
 def check_config(binary, docs, values_name, refused=None):
@@ -402,6 +408,41 @@ def check_image(defaults, docs):
     print(f"image: runs as {user[1]}:{user[2]}, exposes {exposed[1]}, as the chart expects")
 
 
+def check_rollout_values():
+    """priorityClassName and the rollout strategy reach the Deployment when given, and are
+    Kubernetes' defaults when not."""
+    strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    given = check("a priority class and a strategy", {"priorityClassName": "replays-high", "strategy": strategy})
+    deployment = next(d for _, d in given if d["kind"] == "Deployment")["spec"]
+    if deployment.get("strategy") != strategy or deployment["template"]["spec"].get("priorityClassName") != "replays-high":
+        fail(f"priorityClassName and strategy must reach the Deployment: {deployment.get('strategy')}")
+    default = next(d for _, d in render_docs({}) if d["kind"] == "Deployment")["spec"]
+    if "strategy" in default or "priorityClassName" in default["template"]["spec"]:
+        fail("without priorityClassName and strategy, the Deployment sets neither")
+
+
+def check_notes():
+    """NOTES.txt warns of a missing password only when nothing gives one: a password from a
+    Secret of the operator's own through extraEnv is one (a working install was told it would
+    refuse to start), and ClickHouse's only when rows go to ClickHouse."""
+    def notes(values):
+        rendered = helm.Chart.load(str(CHART)).render(values, name="replay-ingest", namespace="replays", is_install=True)
+        return next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
+    from_secret = lambda name: {"name": name, "valueFrom": {"secretKeyRef": {"name": "own", "key": "password"}}}
+    no_password, refuses = "ClickHouse is used without a password", "the pods will refuse to start"
+    sasl = {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "KAFKA_SASL_USERNAME": "u"}
+    for values, says, must in [
+        ({}, no_password, True),
+        ({"config": {"ROWS_SINK": "snuba"}}, no_password, False),
+        ({"extraEnv": [from_secret("REPLAY_INGEST_CLICKHOUSE_PASSWORD")]}, no_password, False),
+        ({"config": sasl}, refuses, True),
+        ({"config": sasl, "extraEnv": [from_secret("REPLAY_INGEST_KAFKA_SASL_PASSWORD")]}, refuses, False),
+    ]:
+        if (says in notes(values)) != must:
+            fail(f"NOTES.txt with {values}: {'missing' if must else 'wrongly says'} {says!r}")
+    print("NOTES.txt: a missing password noted only when neither a Secret nor extraEnv gives one")
+
+
 def check_tool_job(binary, all_on):
     """A tool's Job (templates/tool-job.yaml) runs with what the release's pods run with — the
     image, every setting and mounted Secret, extraEnv, the volumes, the ServiceAccount, the
@@ -473,7 +514,7 @@ def check_tool_job(binary, all_on):
     if "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE" in env or any(env.get(e["name"]) != e for e in clickhouse):
         fail(f"a password in toolJob.env must replace the release's password file: {sorted(env)}")
     for refused, message in [
-        ({"name": "x", "args": ["consume"]}, 'toolJob.args: the first is the tool, delete, redrive or sweep, not "consume"'),
+        ({"name": "x", "args": ["consume"]}, 'toolJob.args: the first is the tool, delete, redrive, sweep or migrate, not "consume"'),
         ({"args": ["redrive"]}, "toolJob.name: a name for this run"),
         ({"name": "Redrive_1", "args": ["redrive"]}, "toolJob.name: a name for this run"),
         ({"name": "x" * 60, "args": ["sweep"]}, "is longer than 63 characters"),
@@ -521,6 +562,27 @@ def check_tool_job(binary, all_on):
             if result.returncode != 0:
                 fail(f"the redrive Job's tool fails with its rendered environment: {result.returncode} {result.stderr.strip()}")
             ran += " and redrive (on the local broker)"
+        # And `migrate`, the table created before a first install, with a DDL user of its own (here
+        # the server's default), on the local ClickHouse when one runs, in a database of its own.
+        clickhouse = os.environ.get("REPLAY_INGEST_TEST_CLICKHOUSE_URL")
+        if clickhouse:
+            database = f"chart_job_{os.getpid()}"
+            ddl = [{"name": "REPLAY_INGEST_CLICKHOUSE_URL", "value": clickhouse},
+                   {"name": "REPLAY_INGEST_CLICKHOUSE_DATABASE", "value": database},
+                   {"name": "REPLAY_INGEST_CLICKHOUSE_USER", "value": "default"}]
+            values = {"config": {"ROWS_SINK": "clickhouse"}, "secrets": {"clickhousePassword": {"existingSecret": "ch"}},
+                      "toolJob": {"name": "migrate-first-install", "args": ["migrate"], "env": ddl}}
+            job = tool_container(render_docs(values))
+            env = {e["name"]: e["value"] for e in job["env"] if "value" in e}
+            if "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE" in env:
+                fail("the migrate Job's user in toolJob.env must replace the release's password file")
+            try:
+                result = subprocess.run([binary, *job["args"]], env=env, capture_output=True, text=True, timeout=120)
+                if result.returncode != 0:
+                    fail(f"the migrate Job fails with its rendered environment: {result.returncode} {result.stderr.strip()}")
+            finally:
+                urllib.request.urlopen(urllib.request.Request(clickhouse, data=f"DROP DATABASE IF EXISTS {database}".encode()), timeout=30)
+            ran += " and migrate (on the local ClickHouse)"
     print("tool Job: the release's image, settings, Secrets, volumes, ServiceAccount and security, toolJob.env last; "
           f"not a consumer to the Deployment or the budget; {ran} run with the rendered environment")
 
@@ -555,6 +617,8 @@ def main():
     hpa_docs = check("the HPA on", {"autoscaling": {"hpa": {"enabled": True}}, "http": {"port": 8080, "bindAddress": "[::]"}})
     check_pod_policy(defaults, default_docs, docs, hpa_docs)
     check_tool_job(binary, all_on)
+    check_notes()
+    check_rollout_values()
     for values_name, rendered_docs in [("default values", default_docs), ("every option on", docs), ("the HPA on", hpa_docs)]:
         check_config(binary, rendered_docs, values_name)
     listen = [pod_env(d)["REPLAY_INGEST_HTTP_LISTEN"] for d in (default_docs, hpa_docs)]
