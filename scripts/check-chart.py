@@ -437,6 +437,8 @@ def check_notes():
         ({"extraEnv": [from_secret("REPLAY_INGEST_CLICKHOUSE_PASSWORD")]}, no_password, False),
         ({"config": sasl}, refuses, True),
         ({"config": sasl, "extraEnv": [from_secret("REPLAY_INGEST_KAFKA_SASL_PASSWORD")]}, refuses, False),
+        ({"config": {**sasl, "KAFKA_SASL_PASSWORD_FILE": "/var/run/secrets/own/password"}}, refuses, False),
+        ({"config": {"CLICKHOUSE_PASSWORD_FILE": "/var/run/secrets/own/password"}}, no_password, False),
     ]:
         if (says in notes(values)) != must:
             fail(f"NOTES.txt with {values}: {'missing' if must else 'wrongly says'} {says!r}")
@@ -565,17 +567,21 @@ def check_tool_job(binary, all_on):
         # And `migrate`, the table created before a first install, with a DDL user of its own (here
         # the server's default), on the local ClickHouse when one runs, in a database of its own.
         clickhouse = os.environ.get("REPLAY_INGEST_TEST_CLICKHOUSE_URL")
+        database = f"chart_job_{os.getpid()}"
+        ddl = [{"name": "REPLAY_INGEST_CLICKHOUSE_URL", "value": clickhouse or "http://127.0.0.1:1"},
+               {"name": "REPLAY_INGEST_CLICKHOUSE_DATABASE", "value": database},
+               {"name": "REPLAY_INGEST_CLICKHOUSE_USER", "value": "default"}]
+        values = {"config": {"ROWS_SINK": "clickhouse"}, "secrets": {"clickhousePassword": {"existingSecret": "ch"}},
+                  "toolJob": {"name": "migrate-first-install", "args": ["migrate"], "env": ddl}}
+        migrate_docs = render_docs(values)
+        pod = next(d for _, d in migrate_docs if d["kind"] == "Job")["spec"]["template"]["spec"]
+        if pod["serviceAccountName"] != "default":
+            fail(f"the migrate Job runs before a first install, when the release's ServiceAccount does not exist: {pod['serviceAccountName']}")
+        job = tool_container(migrate_docs)
+        env = {e["name"]: e["value"] for e in job["env"] if "value" in e}
+        if "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE" in env:
+            fail("the migrate Job's user in toolJob.env must replace the release's password file")
         if clickhouse:
-            database = f"chart_job_{os.getpid()}"
-            ddl = [{"name": "REPLAY_INGEST_CLICKHOUSE_URL", "value": clickhouse},
-                   {"name": "REPLAY_INGEST_CLICKHOUSE_DATABASE", "value": database},
-                   {"name": "REPLAY_INGEST_CLICKHOUSE_USER", "value": "default"}]
-            values = {"config": {"ROWS_SINK": "clickhouse"}, "secrets": {"clickhousePassword": {"existingSecret": "ch"}},
-                      "toolJob": {"name": "migrate-first-install", "args": ["migrate"], "env": ddl}}
-            job = tool_container(render_docs(values))
-            env = {e["name"]: e["value"] for e in job["env"] if "value" in e}
-            if "REPLAY_INGEST_CLICKHOUSE_PASSWORD_FILE" in env:
-                fail("the migrate Job's user in toolJob.env must replace the release's password file")
             try:
                 result = subprocess.run([binary, *job["args"]], env=env, capture_output=True, text=True, timeout=120)
                 if result.returncode != 0:

@@ -105,7 +105,8 @@ enum Command {
     /// Put dead letters back on the input topic (their original value and key), filtered by
     /// reason and time, at a bounded rate; as a consumer group of its own, so a second run goes on
     /// where the first stopped. Prints counts by reason. Exits 1 stopped with letters left (the
-    /// next run goes on), 3 having gone through every letter when some can never be re-driven.
+    /// next run goes on), 3 having gone through its letters (all, or its --limit) when some can
+    /// never be re-driven.
     Redrive(Box<replay_ingest::tools::redrive::RedriveArgs>),
 }
 

@@ -10,6 +10,12 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 /// (`topic/partition/offset`).
 pub const REDRIVEN_FROM: &str = "redriven_from";
 
+/// The longest `redriven_from` kept: a topic's name (249 bytes at most) and two numbers. One
+/// longer, or not UTF-8, is not redrive's (a producer writing straight to the topic): carried
+/// on to a dead letter, a header of megabytes made the letter too large for its topic, a fatal
+/// refusal at every start.
+const REDRIVEN_FROM_MAX_BYTES: usize = 300;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub partition: i32,
@@ -25,10 +31,12 @@ pub struct Record {
 }
 
 impl Record {
-    /// The bytes it holds: its value and its key (any size a producer gives it: a record of an
-    /// empty value and a 10 MB key is 10 MB to hold).
+    /// The bytes it holds: its value, its key (any size a producer gives it: a record of an
+    /// empty value and a 10 MB key is 10 MB to hold) and the letter it was re-driven from.
     pub fn bytes(&self) -> usize {
-        self.value.len() + self.key.as_ref().map_or(0, Vec::len)
+        self.value.len()
+            + self.key.as_ref().map_or(0, Vec::len)
+            + self.redriven_from.as_ref().map_or(0, |from| from.len())
     }
 
     pub fn copy_of(message: &BorrowedMessage<'_>) -> Self {
@@ -38,11 +46,37 @@ impl Record {
             value: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
             key: message.key().map(<[u8]>::to_vec),
             timestamp: message.timestamp().to_millis(),
-            redriven_from: message
-                .headers()
-                .and_then(|headers| headers.iter().find(|h| h.key == REDRIVEN_FROM))
-                .and_then(|h| h.value)
-                .map(|value| String::from_utf8_lossy(value).into()),
+            redriven_from: redriven_from(
+                message
+                    .headers()
+                    .and_then(|headers| headers.iter().find(|h| h.key == REDRIVEN_FROM))
+                    .and_then(|h| h.value),
+            ),
         }
+    }
+}
+
+/// The letter a record's `redriven_from` header names, if it is one redrive wrote: at most
+/// [`REDRIVEN_FROM_MAX_BYTES`] of UTF-8.
+fn redriven_from(header: Option<&[u8]>) -> Option<Box<str>> {
+    header
+        .filter(|value| value.len() <= REDRIVEN_FROM_MAX_BYTES)
+        .and_then(|value| std::str::from_utf8(value).ok())
+        .map(Box::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_redriven_from_redrive_could_have_written_is_kept() {
+        assert_eq!(
+            redriven_from(Some(b"dlq/3/1234")).as_deref(),
+            Some("dlq/3/1234")
+        );
+        assert_eq!(redriven_from(None), None);
+        assert_eq!(redriven_from(Some(&[b'x'; 2 << 20])), None, "2 MiB");
+        assert_eq!(redriven_from(Some(b"\xff\xfe")), None, "not UTF-8");
     }
 }

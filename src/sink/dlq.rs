@@ -379,7 +379,7 @@ impl RejectedToDlq {
                 original_lost: lost,
                 redriven_from: original.redriven_from,
             };
-            held += message.value.len();
+            held += message.bytes();
             entries.push(Entry {
                 partition: r.partition,
                 offset: r.offset,
@@ -443,7 +443,7 @@ impl DlqSink {
                     Ok(delivery) => {
                         deliveries.push(delivery);
                         sent.push((entry, message));
-                        bytes += message.value.len();
+                        bytes += message.bytes();
                     }
                     Err(e) => {
                         keep_telling(&mut failure, e);

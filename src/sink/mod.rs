@@ -213,6 +213,16 @@ pub struct InvalidMessage {
     pub redriven_from: Option<Box<str>>,
 }
 
+impl InvalidMessage {
+    /// What it holds of the original record, as [`Record::bytes`](crate::kafka::record) counts
+    /// it: the value, the key and the letter it was re-driven from.
+    pub fn bytes(&self) -> usize {
+        self.value.len()
+            + self.key.as_ref().map_or(0, Vec::len)
+            + self.redriven_from.as_ref().map_or(0, |from| from.len())
+    }
+}
+
 /// What one flush writes. Sinks write slices of it (`&[Entry]`): the flush hands a sink part of
 /// a batch when it looks for the messages that sink rejects.
 #[derive(Debug, Default)]

@@ -84,7 +84,8 @@ pub struct RedriveArgs {
     #[arg(long, value_parser = instant)]
     pub until: Option<SystemTime>,
     /// Pass over the letters of messages that were re-driven already and failed again (they
-    /// carry `redriven_from`): a run after a second fix takes them without it.
+    /// carry `redriven_from`), committing past them for the group (as any choice: a group of
+    /// its own).
     #[arg(long)]
     pub skip_redriven: bool,
     /// Re-drive at most this many letters (the rest stay for the next run).
@@ -142,28 +143,64 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     let chooses = !args.reasons.is_empty()
         || args.original_topic.is_some()
         || args.since.is_some()
-        || args.until.is_some();
+        || args.until.is_some()
+        || args.skip_redriven;
     if chooses && args.group_id.is_none() && !args.dry_run {
         // A run commits the letters it passes over: one choosing `internal_error` on the default
         // group, then one choosing `rejected_by_sink`, found none of the latter's older letters
         // (committed by the first run), said "0 re-driven" and exited 0, while they waited on the
         // topic for its retention.
         bail!(
-            "a run that chooses letters (--reason, --original-topic, --since, --until) commits those it passes over for its group: name a --group-id of its own for this choice (e.g. redrive-internal-error-2026-12-05), so that runs choosing other letters still find theirs"
+            "a run that chooses letters (--reason, --original-topic, --since, --until, --skip-redriven) commits those it passes over for its group: name a --group-id of its own for this choice (e.g. redrive-internal-error-2026-12-05), so that runs choosing other letters still find theirs"
         );
     }
     let timeout = Duration::from_millis(args.sink_timeout_ms);
     let store = super::blob_store(&args.blobs, timeout).await?;
     let consumer = reader(args, timeout)?;
-    let ran = redrive_with(args, &consumer, store.as_deref(), timeout, out).await;
+    let mut reports = Reports { out, lost: None };
+    let ran = redrive_with(args, &consumer, store.as_deref(), timeout, &mut reports).await;
     // A run cut off from the brokers ends (its error says so) instead of hanging in the close.
     if !close_within(timeout, move || drop(consumer)).await {
         writeln!(
-            out,
+            reports,
             "closing the Kafka consumer did not finish within {timeout:?}; exiting anyway (what was committed stands)"
         )?;
     }
-    ran
+    match reports.lost {
+        None => ran,
+        Some(lost) => ran.and(Err(anyhow::anyhow!(
+            "the run's output could not be written ({lost}): it went on, and committed what it handled"
+        ))),
+    }
+}
+
+/// Where a run reports, which an output gone does not stop: a `kubectl exec` session dropped
+/// mid-run breaks stdout, and a report that could not be written stopped the run there, with
+/// the letters delivered after the last one recorded (up to a thousand) left uncommitted, to be
+/// sent again by the next run. The first error is kept, and nothing more is written.
+struct Reports<W> {
+    out: W,
+    lost: Option<std::io::Error>,
+}
+
+impl<W: Write> Write for Reports<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.lost.is_none()
+            && let Err(e) = self.out.write_all(buf)
+        {
+            self.lost = Some(e);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.lost.is_none()
+            && let Err(e) = self.out.flush()
+        {
+            self.lost = Some(e);
+        }
+        Ok(())
+    }
 }
 
 /// The run, once its consumer is made: checks `--topic`, re-drives and commits, and says what it
@@ -1003,6 +1040,62 @@ mod tests {
         args: RedriveArgs,
     }
 
+    /// A letter at `offset` of partition 0 whose send is under way, to end `delivered` or not.
+    fn sent(offset: i64, delivered: bool) -> Pending {
+        Pending::Sending(tokio::spawn(async move {
+            Handled {
+                partition: 0,
+                offset,
+                sent: Some(Sent {
+                    at: format!("dlq/0/{offset}"),
+                    reason: "rejected_by_sink".into(),
+                    bytes: 10,
+                    delivered: match delivered {
+                        true => Ok(()),
+                        false => Err(rdkafka::error::KafkaError::Canceled),
+                    },
+                }),
+            }
+        }))
+    }
+
+    /// An output that breaks mid-run (a `kubectl exec` session dropped) stops nothing: every
+    /// letter delivered is recorded, to be committed (the first report that failed stopped the
+    /// run there, the thousand delivered after it uncommitted), and the error is kept for the end.
+    #[tokio::test]
+    async fn an_output_gone_mid_run_still_records_every_letter_delivered() {
+        use clap::Parser;
+        struct Gone;
+        impl Write for Gone {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let cli = Cli::try_parse_from(["x", "--topic", "recordings"]).unwrap();
+        let mut in_flight = InFlight {
+            letters: (0..5).map(|offset| sent(offset, true)).collect(),
+            bytes: 50,
+        };
+        let mut read = Read::default();
+        let mut out = Reports {
+            out: Gone,
+            lost: None,
+        };
+        in_flight
+            .settle(0, &mut read, &cli.args, &mut out)
+            .await
+            .unwrap();
+        assert_eq!(read.positions, [(0, 5)].into_iter().collect());
+        assert_eq!(read.counts.redriven["rejected_by_sink"], 5);
+        assert_eq!(
+            out.lost.map(|e| e.kind()),
+            Some(std::io::ErrorKind::BrokenPipe)
+        );
+    }
+
     /// Letters are recorded in the order read, whatever order their sends end in: a failed
     /// delivery ends the run at that letter, with the letters read after it neither recorded nor
     /// counted, and the error says how many of them reached the topic anyway.
@@ -1010,23 +1103,6 @@ mod tests {
     async fn a_failed_delivery_stops_the_record_at_its_letter() {
         use clap::Parser;
         let cli = Cli::try_parse_from(["x", "--topic", "recordings"]).unwrap();
-        let sent = |offset: i64, delivered: bool| {
-            Pending::Sending(tokio::spawn(async move {
-                Handled {
-                    partition: 0,
-                    offset,
-                    sent: Some(Sent {
-                        at: format!("dlq/0/{offset}"),
-                        reason: "rejected_by_sink".into(),
-                        bytes: 10,
-                        delivered: match delivered {
-                            true => Ok(()),
-                            false => Err(rdkafka::error::KafkaError::Canceled),
-                        },
-                    }),
-                }
-            }))
-        };
         let handled = |offset| {
             Pending::Handled(Handled {
                 partition: 0,

@@ -418,6 +418,7 @@ fn bad_arguments_are_refused_with_a_clear_error() {
         &["--original-topic", "t"],
         &["--since", "2026-12-01T00:00:00Z"],
         &["--until", "2026-12-01T00:00:00Z"],
+        &["--skip-redriven"],
     ] {
         let (ok, said) = redrive(&[choice, &["--blob-sink", "null"]].concat());
         assert!(!ok, "{choice:?}");
