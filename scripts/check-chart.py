@@ -408,6 +408,18 @@ def check_image(defaults, docs):
     print(f"image: runs as {user[1]}:{user[2]}, exposes {exposed[1]}, as the chart expects")
 
 
+def check_secret_volumes(docs):
+    """Each mounted Secret brings only the key the service reads, at mode 0440 (the pod's group,
+    not others): a Secret shared with other keys mounted them all, world-readable."""
+    volumes = [v for v in next(d for _, d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    if not volumes:
+        fail("no Secret volume rendered with every secret set")
+    for volume in volumes:
+        secret = volume["secret"]
+        if secret.get("defaultMode") != 0o440 or len(secret.get("items", [])) != 1:
+            fail(f"the Secret volume {volume['name']} must mount its one key at 0440: {secret}")
+
+
 def check_rollout_values():
     """priorityClassName and the rollout strategy reach the Deployment when given, and are
     Kubernetes' defaults when not."""
@@ -518,6 +530,8 @@ def check_tool_job(binary, all_on):
     for refused, message in [
         ({"name": "x", "args": ["consume"]}, 'toolJob.args: the first is the tool, delete, redrive, sweep or migrate, not "consume"'),
         ({"args": ["redrive"]}, "toolJob.name: a name for this run"),
+        ({"name": "m", "args": ["migrate", "--clickhouse-password", "x"]}, "toolJob.args: a secret's value in the args"),
+        ({"name": "r", "args": ["redrive", "--kafka-property", "sasl.password=x"]}, "toolJob.args: a secret's value in the args"),
         ({"name": "Redrive_1", "args": ["redrive"]}, "toolJob.name: a name for this run"),
         ({"name": "x" * 60, "args": ["sweep"]}, "is longer than 63 characters"),
         ({"name": "x", "args": ["redrive"], "env": [{"name": "REPLAY_INGEST_KAFKA_SASL_PASSWORD", "value": "hunter2"}]},
@@ -625,6 +639,7 @@ def main():
     check_tool_job(binary, all_on)
     check_notes()
     check_rollout_values()
+    check_secret_volumes(docs)
     for values_name, rendered_docs in [("default values", default_docs), ("every option on", docs), ("the HPA on", hpa_docs)]:
         check_config(binary, rendered_docs, values_name)
     listen = [pod_env(d)["REPLAY_INGEST_HTTP_LISTEN"] for d in (default_docs, hpa_docs)]
@@ -734,6 +749,7 @@ def main():
          "kafkaProperties.sasl.oauthbearer.assertion.private.key.passphrase: a secret goes in secrets."),
         ({"kafkaProperties": {"group.instance.id": "$(POD_NAME)"}}, "kafkaProperties.group.instance.id: every pod would join with it"),
         ({"config": {"CLICKHOUSE_URL": "http://u:hunter2@ch:8123"}}, "config.CLICKHOUSE_URL: a URL with credentials in it"),
+        ({"config": {"CLICKHOUSE_URL": "http://u:hunt/er2@ch:8123"}}, "config.CLICKHOUSE_URL: a URL with credentials in it"),
         ({"extraEnv": [{"name": "REPLAY_INGEST_CLICKHOUSE_PASSWORD", "value": "hunter2"}]},
          "extraEnv REPLAY_INGEST_CLICKHOUSE_PASSWORD: a secret's value goes in a Secret"),
         ({"secrets": {"kafkaCa": {"existingSecret": "ca"}}}, "secrets.kafkaCa is set but config.KAFKA_SECURITY_PROTOCOL is PLAINTEXT"),

@@ -210,6 +210,11 @@ fn main() -> ExitCode {
                     "the configuration is valid: consume would start with it, and hold up to {} MiB besides its baseline (memory_bound_bytes={bound})",
                     bound >> 20
                 );
+                // What consume warns of at its start, seen before a rollout too (a password
+                // sent in the clear passed this check silently).
+                for risk in args.risks() {
+                    println!("warning: {risk}");
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

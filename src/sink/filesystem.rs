@@ -45,6 +45,12 @@ impl FilesystemBlobSink {
     }
 }
 
+/// A blob's permissions (before the umask): recordings and dead-letter copies hold user data,
+/// readable by the service's user and group, not by every user of a shared volume (the umask
+/// alone left them 0644, and directories 0755).
+const BLOB_MODE: u32 = 0o640;
+const DIRECTORY_MODE: u32 = 0o750;
+
 /// How many times a write makes its directory: once if it is new, again if a sweep removed it
 /// meanwhile.
 const DIRECTORY_TRIES: usize = 3;
@@ -54,9 +60,16 @@ const DIRECTORY_TRIES: usize = 3;
 /// removes an empty directory it has emptied, and a new replay's directory (or a new project's)
 /// is empty from its creation to its first file.
 fn create_in(tmp: &Path, mut make_dir: impl FnMut() -> io::Result<()>) -> io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut made = 0;
     loop {
-        match fs::File::create(tmp) {
+        let created = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(BLOB_MODE)
+            .open(tmp);
+        match created {
             Err(e) if e.kind() == io::ErrorKind::NotFound && made < DIRECTORY_TRIES => {
                 made += 1;
                 match make_dir() {
@@ -79,7 +92,8 @@ fn create_dirs_durably(root: &Path, dir: &Path) -> io::Result<()> {
     }
     let parent = dir.parent().unwrap_or(root);
     create_dirs_durably(root, parent)?;
-    match fs::create_dir(dir) {
+    use std::os::unix::fs::DirBuilderExt;
+    match fs::DirBuilder::new().mode(DIRECTORY_MODE).create(dir) {
         Ok(()) => fs::File::open(parent)?.sync_all(),
         // Made meanwhile by another write of the same replay.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
@@ -404,6 +418,23 @@ mod tests {
         assert_eq!(left, ["0"], "no temporary file left");
         sink.write_one("90/2/b/0", b"blob").unwrap();
         assert_eq!(std::fs::read(dir.path().join("90/2/b/0")).unwrap(), b"blob");
+    }
+
+    /// Blobs and the directories made for them are not readable by others (the umask alone,
+    /// 022 here as on most systems, left them 0644 and 0755).
+    #[test]
+    fn blobs_and_their_directories_are_closed_to_others() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let sink = FilesystemBlobSink::new(dir.path()).unwrap();
+        sink.write_one("30/1/a/0", b"blob").unwrap();
+        for path in ["30", "30/1", "30/1/a", "30/1/a/0"] {
+            let mode = std::fs::metadata(dir.path().join(path))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o007, 0, "{path}: {mode:o}");
+        }
     }
 
     #[tokio::test]

@@ -248,7 +248,7 @@ impl GcsSink {
             ),
             Ok(Err(e)) if matches!(e.http_status_code(), Some(401 | 403)) => {
                 let message = format!(
-                    "permission denied ({}): the credentials (Workload Identity, GOOGLE_APPLICATION_CREDENTIALS, --gcs-anonymous) may not write to --gcs-bucket {} (overwriting an object, as every rewrite does, needs storage.objects.delete too: roles/storage.objectUser): {}",
+                    "permission denied ({}): the credentials (Workload Identity, GOOGLE_APPLICATION_CREDENTIALS, --gcs-anonymous) may not write to --gcs-bucket {} (overwriting an object, as every rewrite does, needs storage.objects.delete too: roles/storage.objectUser; a service-account key disabled since the start is refused too, and the restart reads its file again): {}",
                     e.http_status_code().unwrap_or_default(),
                     self.name,
                     super::describe(&e)

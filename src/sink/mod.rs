@@ -67,8 +67,9 @@ pub fn http_url(flag: &str, url: &str) -> Result<(), String> {
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"));
-    let authority = rest.map(authority);
-    if authority.unwrap_or(url).contains('@') {
+    // Anywhere, not only before the first `/`: a password holding one (`user:ab/cd@host`, as
+    // generated ones do) passed, and the URL, unparsable, was then printed whole in the error.
+    if url.contains('@') {
         return Err(format!(
             "{flag} holds credentials (user:password@): give them with the flags for them, and only the server's address here"
         ));
@@ -567,6 +568,8 @@ mod tests {
             "https://user@ch.example:8443/",
             "default:s3cret@clickhouse:8123",
             "http://clickhouse:8123/?user=x@y&password=s3cret",
+            "http://default:s3cret/x@clickhouse:8123",
+            "http:///default:s3cret@clickhouse",
         ] {
             let refused = http_url("--clickhouse-url", url).unwrap_err();
             assert!(

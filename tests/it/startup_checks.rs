@@ -362,3 +362,29 @@ async fn a_metadata_server_that_does_not_answer_at_start_is_waited_for_unready()
     .await;
     assert_eq!(service.terminate(), Some(0));
 }
+
+/// `check-config` says what `consume` warns of at its start: a password it would send in the
+/// clear passed the pre-rollout check without a word.
+#[test]
+fn check_config_warns_of_a_password_sent_in_the_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "s3cret").unwrap();
+    let (code, said) = run_tool_for_status(
+        "check-config",
+        [
+            "--gcs-bucket",
+            "replays",
+            "--clickhouse-url",
+            "http://clickhouse.example:8123",
+            "--clickhouse-password-file",
+            password.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("warning: the ClickHouse password crosses the network in clear text"),
+        "{said}"
+    );
+    assert!(!said.contains("s3cret"), "{said}");
+}

@@ -206,25 +206,18 @@ capabilities:
 {{- end -}}
 
 {{- define "replay-ingest.secretVolumes" -}}
-{{- with .Values.secrets.clickhousePassword.existingSecret }}
-- name: clickhouse-password
+{{- range $name, $secret := dict "clickhouse-password" .Values.secrets.clickhousePassword "gcs-credentials" .Values.secrets.gcsCredentials "kafka-sasl" .Values.secrets.kafkaSaslPassword "kafka-ca" .Values.secrets.kafkaCa }}
+{{- with $secret.existingSecret }}
+- name: {{ $name }}
   secret:
     secretName: {{ . }}
+    # Only the key the service reads (a shared Secret's other keys stay out of the pod), readable
+    # by the pod's group (its fsGroup), not by others.
+    items:
+      - key: {{ $secret.key }}
+        path: {{ $secret.key }}
+    defaultMode: 288  # 0440
 {{- end }}
-{{- with .Values.secrets.gcsCredentials.existingSecret }}
-- name: gcs-credentials
-  secret:
-    secretName: {{ . }}
-{{- end }}
-{{- with .Values.secrets.kafkaSaslPassword.existingSecret }}
-- name: kafka-sasl
-  secret:
-    secretName: {{ . }}
-{{- end }}
-{{- with .Values.secrets.kafkaCa.existingSecret }}
-- name: kafka-ca
-  secret:
-    secretName: {{ . }}
 {{- end }}
 {{- end -}}
 
