@@ -2,7 +2,8 @@
 # Demo, end to end on local infrastructure: starts the local Kafka broker (Apache Kafka), ClickHouse and
 # the GCS emulator; runs the service with every real sink; publishes every recorded real-SDK
 # segment and every hostile/unusual synthetic message; waits until all offsets are committed;
-# shuts the service down (SIGTERM drain) and reports what landed where — then stops everything.
+# shuts the service down (SIGTERM drain) and reports what landed where, and the metrics a
+# DogStatsD listener received — then stops everything.
 # Usage: scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,8 +12,11 @@ cd "$(dirname "$0")/.."
 source scripts/lib/isolated-stack.sh demo
 work=$(mktemp -d /tmp/replay-ingest-demo-data.XXXXXX)
 pid=""
+statsd=""
 cleanup() {
-  isolated_stack_down $? "$pid"
+  local status=$?
+  [ -z "$statsd" ] || kill "$statsd" 2>/dev/null || true
+  isolated_stack_down $status "$pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -33,11 +37,28 @@ produce=${CARGO_TARGET_DIR:-target}/release/examples/produce
 python3 -c "import urllib.request as u; u.urlopen(u.Request('$REPLAY_INGEST_TEST_GCS_ENDPOINT/storage/v1/b?project=demo', data=b'{\"name\":\"replays\"}', headers={'content-type': 'application/json'}), timeout=10)"
 
 port=$(free_port)
+# DogStatsD's side: a listener on a UDP port of its own that keeps each metric's name and how
+# many datagrams came, reported after the drain.
+statsd_port=$(free_port)
+python3 - "$statsd_port" "$work/statsd.json" <<'PY' &
+import json, socket, sys
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind(("127.0.0.1", int(sys.argv[1])))
+datagrams, names = 0, set()
+while True:
+    data = sock.recv(65536)
+    datagrams += 1
+    names.update(line.split(b":", 1)[0].decode(errors="replace") for line in data.splitlines() if line)
+    with open(sys.argv[2] + ".tmp", "w") as f:
+        json.dump({"datagrams": datagrams, "names": sorted(names)}, f)
+    __import__("os").replace(sys.argv[2] + ".tmp", sys.argv[2])
+PY
+statsd=$!
 echo "== starting the service (status on http://127.0.0.1:$port/status)"
 "$bin" consume --brokers "$REPLAY_INGEST_TEST_BROKERS" \
   --blob-sink gcs --gcs-bucket replays --gcs-endpoint "$REPLAY_INGEST_TEST_GCS_ENDPOINT" --gcs-anonymous \
   --rows-sink clickhouse --clickhouse-url "$REPLAY_INGEST_TEST_CLICKHOUSE_URL" --migrate-on-start \
-  --events-sink kafka --trace-items-rollout 1.0 --statsd-address "" --http-listen "127.0.0.1:$port" \
+  --events-sink kafka --trace-items-rollout 1.0 --statsd-address "127.0.0.1:$statsd_port" --http-listen "127.0.0.1:$port" \
   --session-timeout-ms 6000 --drain-deadline-ms 5000 --buffer-max-age-ms 1000 2>"$work/service.log" &
 pid=$!
 
@@ -116,3 +137,13 @@ if [ "$status" -ne 0 ]; then
   exit 1
 fi
 echo "service exited 0 after a clean drain"
+python3 - "$work/statsd.json" <<'PY'
+import json, sys
+try:
+    with open(sys.argv[1]) as f:
+        m = json.load(f)
+except OSError:
+    sys.exit("no metric reached the DogStatsD listener")
+shown = [n for n in m["names"] if n.endswith(("messages.consumed", "flush.duration_ms", "consumer.lag", "sink.outage_ms"))]
+print(f"metrics: {m['datagrams']} DogStatsD datagrams, {len(m['names'])} metrics, e.g. {', '.join(shown) or ', '.join(m['names'][:4])}")
+PY

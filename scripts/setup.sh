@@ -40,16 +40,28 @@ fi
 scripts/stack.sh install
 [ "$what" = test ] || exit 0
 
-venv=$cache/chart-venv
-if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' 2>/dev/null; then
-  echo "setup: helm-python-sdk, kubernetes-validate (chart check)"
+# A venv of the cache with `packages` at the versions scripts/python-constraints.txt pins: made
+# again whenever the pins (or Python) change — an import that works says nothing of versions,
+# and a venv made before a pin kept whatever was newest then, unlike a fresh machine's.
+pinned_venv() {
+  local venv=$1 check=$2 what=$3
+  shift 3
+  local stamp
+  stamp=$({ cat scripts/python-constraints.txt; python3 --version; } | sha256sum | cut -c1-16)
+  if [ "$(cat "$venv/.pinned" 2>/dev/null)" = "$stamp" ] && "$venv/bin/python" -c "$check" 2>/dev/null; then
+    return 0
+  fi
+  echo "setup: $what"
+  rm -rf "$venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary :all: -c scripts/python-constraints.txt helm-python-sdk kubernetes-validate
-fi
-chdb_venv=$cache/chdb-venv
-if ! "$chdb_venv/bin/python" -c 'import chdb' 2>/dev/null; then
-  echo "setup: chDB (ClickHouse 26.9 in-process) for the production schema test"
-  python3 -m venv "$chdb_venv"
-  "$chdb_venv/bin/pip" install --quiet --disable-pip-version-check --only-binary :all: -c scripts/python-constraints.txt chdb
-fi
-bash scripts/test-aarch64.sh --prepare
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary :all: -c scripts/python-constraints.txt "$@"
+  echo "$stamp" >"$venv/.pinned"
+}
+pinned_venv "$cache/chart-venv" 'import helm_python, kubernetes_validate' \
+  "helm-python-sdk, kubernetes-validate (chart check)" helm-python-sdk kubernetes-validate
+pinned_venv "$cache/chdb-venv" 'import chdb' \
+  "chDB (ClickHouse 26.9 in-process) for the production schema test" chdb
+# A failure here (a download cut short) is not the run's: the aarch64 step at the end of the
+# test command prepares again, and fails then if it must.
+REPLAY_INGEST_REQUIRE_ALL= bash scripts/test-aarch64.sh --prepare ||
+  echo "setup: the aarch64 tools could not be prepared now; the aarch64 step tries again" >&2

