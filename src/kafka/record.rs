@@ -34,9 +34,11 @@ impl Record {
     /// The bytes it holds: its value, its key (any size a producer gives it: a record of an
     /// empty value and a 10 MB key is 10 MB to hold) and the letter it was re-driven from.
     pub fn bytes(&self) -> usize {
-        self.value.len()
-            + self.key.as_ref().map_or(0, Vec::len)
-            + self.redriven_from.as_ref().map_or(0, |from| from.len())
+        held_bytes(
+            &self.value,
+            self.key.as_deref(),
+            self.redriven_from.as_deref(),
+        )
     }
 
     pub fn copy_of(message: &BorrowedMessage<'_>) -> Self {
@@ -54,6 +56,11 @@ impl Record {
             ),
         }
     }
+}
+
+/// What a record's parts hold, wherever they are kept (a record, a dead letter made of it).
+pub fn held_bytes(value: &[u8], key: Option<&[u8]>, redriven_from: Option<&str>) -> usize {
+    value.len() + key.map_or(0, <[u8]>::len) + redriven_from.map_or(0, str::len)
 }
 
 /// The letter a record's `redriven_from` header names, if it is one redrive wrote: at most

@@ -515,8 +515,8 @@ impl Pipeline {
                     crate::logs::tell_held_back(false);
                 }
             }
+            // Starts a flush too, when the buffer is ready for one.
             self.take_waiting()?;
-            self.start_flushes(Instant::now());
             self.backpressure();
             self.admit();
         }

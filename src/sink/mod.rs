@@ -215,12 +215,13 @@ pub struct InvalidMessage {
 }
 
 impl InvalidMessage {
-    /// What it holds of the original record, as [`Record::bytes`](crate::kafka::record) counts
-    /// it: the value, the key and the letter it was re-driven from.
+    /// What it holds of the original record, counted as the record counts it.
     pub fn bytes(&self) -> usize {
-        self.value.len()
-            + self.key.as_ref().map_or(0, Vec::len)
-            + self.redriven_from.as_ref().map_or(0, |from| from.len())
+        crate::kafka::record::held_bytes(
+            &self.value,
+            self.key.as_deref(),
+            self.redriven_from.as_deref(),
+        )
     }
 }
 

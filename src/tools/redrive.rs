@@ -402,24 +402,21 @@ impl Read {
         args: &RedriveArgs,
         out: &mut impl Write,
     ) -> anyhow::Result<()> {
-        let Some(sent) = handled.sent else {
-            self.positions.insert(handled.partition, handled.offset + 1);
-            return Ok(());
-        };
-        // A delivery that timed out may yet reach the topic; the letter is not committed, so
-        // the next run sends it again.
-        sent.delivered
-            .with_context(|| format!("re-producing {} to {}", sent.at, args.topic))?;
-        // Recorded before it is reported: a report that cannot be written (the terminal gone)
-        // still leaves the letter committed when the run ends.
+        if let Some(sent) = handled.sent {
+            // A delivery that timed out may yet reach the topic; the letter is not committed, so
+            // the next run sends it again.
+            sent.delivered
+                .with_context(|| format!("re-producing {} to {}", sent.at, args.topic))?;
+            // A run's output does not fail (`Reports`): an output gone stops nothing here.
+            writeln!(
+                out,
+                "re-driven {} ({}, {} bytes)",
+                sent.at, sent.reason, sent.bytes
+            )?;
+            *self.counts.redriven.entry(sent.reason).or_default() += 1;
+        }
         self.positions.insert(handled.partition, handled.offset + 1);
-        let reported = writeln!(
-            out,
-            "re-driven {} ({}, {} bytes)",
-            sent.at, sent.reason, sent.bytes
-        );
-        *self.counts.redriven.entry(sent.reason).or_default() += 1;
-        Ok(reported?)
+        Ok(())
     }
 
     /// The letter's original message — its `original_topic`, `_partition`, `_offset` and
