@@ -553,13 +553,12 @@ impl Poller {
                 true
             }
             Some(Err(KafkaError::PartitionEOF(_))) | None => false,
+            // Logged already: librdkafka's event reaches the context's error callback before it
+            // comes back from the poll.
             Some(Err(error)) => {
-                match refusal(&error).or_else(|| fatal(&self.consumer)) {
-                    // The pipeline stops on it; this thread is stopped with it.
-                    Some(refused) => {
-                        let _ = self.refusals.send(refused);
-                    }
-                    None => warn!(%error, "consumer error"),
+                // The pipeline stops on a refusal; this thread is stopped with it.
+                if let Some(refused) = refusal(&error).or_else(|| fatal(&self.consumer)) {
+                    let _ = self.refusals.send(refused);
                 }
                 false
             }

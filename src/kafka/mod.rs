@@ -3,7 +3,7 @@
 //! out of reach),
 //! the bound on messages in transit to the pipeline, the records it hands over, re-reading single
 //! messages, the producer every sink and tool publishes with, refusals of the credentials, and
-//! the levels librdkafka's own lines are logged at.
+//! the levels librdkafka's own lines are logged at, and how often its errors are.
 
 pub mod consumer;
 pub mod coordinator;
@@ -14,6 +14,7 @@ pub mod producer;
 pub mod record;
 pub mod refetch;
 pub mod refusal;
+pub mod repeats;
 
 /// How long to wait for what librdkafka should answer within `timeout` (the request and delivery
 /// timeout it was given) before taking the brokers for gone: twice that, and 5 s more, as
@@ -55,9 +56,10 @@ pub fn log_line(level: rdkafka::config::RDKafkaLogLevel, facility: &str, line: &
 /// producer`, …). A broker restarting, moving or unreachable: it retries by itself, WARN. A
 /// refusal of the credentials, recorded for liveness ([`refusal`]), an ACL the brokers refuse
 /// (the member stops on a group's or its topic's; a re-reading consumer, sharing the group,
-/// meets it too), or the client's fatal error (it does nothing more): ERROR. Returns whether it
-/// was one of those.
-pub fn client_error(client: &str, error: &rdkafka::error::KafkaError, reason: &str) -> bool {
+/// meets it too), or the client's fatal error (it does nothing more): ERROR. The same error of
+/// the same client is logged once in [`repeats::REPEAT_WINDOW`]; the line after says how many
+/// came meanwhile (`repeated`).
+pub fn client_error(client: &str, error: &rdkafka::error::KafkaError, reason: &str) {
     use rdkafka::types::RDKafkaErrorCode::{
         ClusterAuthorizationFailed, Fatal, GroupAuthorizationFailed, TopicAuthorizationFailed,
     };
@@ -71,12 +73,17 @@ pub fn client_error(client: &str, error: &rdkafka::error::KafkaError, reason: &s
                     | ClusterAuthorizationFailed
             )
         );
+    let code = error
+        .rdkafka_error_code()
+        .map_or_else(|| error.to_string(), |code| format!("{code:?}"));
+    let Some(repeated) = repeats::admit(repeats::kind(client, &code, reason)) else {
+        return;
+    };
     if refused {
-        tracing::error!(%error, reason, "librdkafka ({client}): retrying does not get past this");
+        tracing::error!(%error, reason, repeated, "librdkafka ({client}): retrying does not get past this");
     } else {
-        tracing::warn!(%error, reason, "librdkafka ({client}): retried by the client");
+        tracing::warn!(%error, reason, repeated, "librdkafka ({client}): retried by the client");
     }
-    refused
 }
 
 /// The context of a client that needs nothing but librdkafka's lines and errors logged at the

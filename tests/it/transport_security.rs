@@ -14,16 +14,17 @@
 //! - ClickHouse over `https://`: trusted through `SSL_CERT_FILE`, refused without it;
 //! - secrets given in the environment never show in `--help` or in errors.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::support::secure_broker::SecureBroker;
 use crate::support::tls::TestCa;
 use crate::support::*;
 use rdkafka::ClientConfig;
+use replay_ingest::kafka::repeats::REPEAT_WINDOW;
 
 const USER: &str = "replay";
 const PASSWORD: &str = "s3cr3t-sasl-password";
@@ -309,6 +310,31 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
         .filter(|l| level_of(l) == Some("ERROR"))
         .collect();
     assert!(errors.is_empty(), "no ERROR line: {errors:#?}");
+    // Each of the clients' errors once (librdkafka reported one every 100 ms from each client
+    // while the brokers were down, and the polling thread logged the consumer's a second time):
+    // a kind again only past the window.
+    let mut last: BTreeMap<String, SystemTime> = BTreeMap::new();
+    for line in log.lines() {
+        let Some(at) = line.find("librdkafka (") else {
+            continue;
+        };
+        if !line.contains("): retried by the client") {
+            continue;
+        }
+        let time = humantime::parse_rfc3339(line.split_whitespace().next().unwrap()).unwrap();
+        let kind: String = line[at..]
+            .replace(" repeated=", "")
+            .chars()
+            .filter(|c| !c.is_ascii_digit())
+            .collect();
+        if let Some(before) = last.insert(kind, time) {
+            assert!(
+                time.duration_since(before).unwrap() >= REPEAT_WINDOW,
+                "logged again within the window:\n{line}\n{log}"
+            );
+        }
+    }
+    assert!(!last.is_empty(), "the clients' errors are logged:\n{log}");
 }
 
 /// The level of a line of the service's text log (`<time> <LEVEL> <target>: …`).
