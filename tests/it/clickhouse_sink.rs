@@ -354,6 +354,62 @@ async fn an_error_a_proxy_answers_itself_is_classified_by_its_status() {
     }
 }
 
+/// A proxy that refuses an INSERT's body past its limit while the sink is still sending it
+/// (nginx's `client_max_body_size` on a chunked body: it answers 413 once the limit is passed and
+/// reads no more) is heard: the write is refused data, which the flush halves until each part
+/// fits (one message's rows go through). The answer came while the body was being sent, which the
+/// clickhouse crate reports as a closed channel, not as the answer: the write was taken for a
+/// network outage and retried whole, without end.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_body_a_proxy_refuses_while_it_is_sent_is_refused_data_not_an_outage() {
+    let _stack = uses_stack().await;
+    use crate::support::proxy::Proxy;
+    use replay_ingest::sink::{Entry, Outcome};
+    let config = config(&crate::support::unique("replays").replace('-', "_"));
+    migrate(&config).await.unwrap();
+    // Bodies are LZ4-compressed, and these repeat themselves: a low limit.
+    const LIMIT: usize = 1024;
+    let proxy = Proxy::start_with_body_limit(&crate::support::clickhouse_url(), LIMIT, 413).await;
+    let sink = ClickHouseSink::new(&ClickHouseConfig {
+        url: proxy.endpoint.clone(),
+        chunk_rows: 1_000_000,
+        ..config.clone()
+    });
+    // The fixtures' messages many times over: an INSERT of several of the crate's 256 KiB
+    // chunks (before compression), the first sent before the proxy answers and the next meeting
+    // the closed channel.
+    let fixtures = crate::support::fixture_batch();
+    let entries: Vec<Entry> = (0..100)
+        .flat_map(|round| {
+            fixtures.iter().map(move |entry| Entry {
+                partition: entry.partition,
+                offset: round * 1_000 + entry.offset,
+                outcome: match &entry.outcome {
+                    Outcome::Valid(p) => Outcome::Valid(p.clone()),
+                    other => panic!("a valid fixture: {other:?}"),
+                },
+            })
+        })
+        .collect();
+    let batch = Batch { entries };
+    let bytes: usize = crate::support::rows_of(&batch)
+        .iter()
+        .map(|row| serde_json::to_vec(row).unwrap().len())
+        .sum();
+    assert!(bytes > 4 * 256 * 1024, "{bytes} bytes of rows, as JSON");
+    let error = crate::support::write_once(&sink, &batch).await.unwrap_err();
+    assert_eq!(error.retry, Retry::Rejected, "{error}");
+    assert!(
+        error.message.contains("answered 413 ") && error.message.contains("by a proxy"),
+        "{error}"
+    );
+    assert!(proxy.answered.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    crate::support::write_once(&sink, &batch[..1])
+        .await
+        .unwrap();
+}
+
 /// A write cut into many INSERTs (one per message here: `chunk_rows` 1) whose fifth INSERT fails:
 /// the retry sends the INSERTs the server did not take — the fifth and those after it — not the
 /// whole batch again. With one deadline for all of a write's INSERTs and nothing kept between

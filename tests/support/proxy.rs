@@ -6,6 +6,9 @@
 //! client meets its own deadline and gives up or tries again, as against the real server; once
 //! the gate opens, what it still holds is decided again and, most often, forwarded, as a hung
 //! server that resumes serves what it took). The requests it saw are counted per decision.
+//! With a body limit ([`Proxy::start_with_body_limit`]) it answers a request whose body passes
+//! the limit as soon as it does, reading no more of it, as nginx does past
+//! `client_max_body_size` on a chunked body: the client is still sending when the answer comes.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -118,6 +121,26 @@ impl Proxy {
         upstream: &str,
         decide: impl Fn(&Seen) -> Action + Send + Sync + 'static,
     ) -> Proxy {
+        Self::listen(upstream, Arc::new(decide), None).await
+    }
+
+    /// Forwards to `upstream` requests whose body is at most `limit` bytes; answers any other with
+    /// `status` (an HTML page, no `X-ClickHouse-…` header) once `limit` bytes of it are read, the
+    /// rest unread and the connection closed.
+    pub async fn start_with_body_limit(upstream: &str, limit: usize, status: u16) -> Proxy {
+        Self::listen(
+            upstream,
+            Arc::new(|_: &Seen| Action::Forward),
+            Some((limit, status)),
+        )
+        .await
+    }
+
+    async fn listen(
+        upstream: &str,
+        decide: Arc<Decide>,
+        body_limit: Option<(usize, u16)>,
+    ) -> Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy = Proxy {
             endpoint: format!("http://{}", listener.local_addr().unwrap()),
@@ -130,7 +153,8 @@ impl Proxy {
         let shared = Shared {
             upstream: upstream.trim_end_matches('/').to_owned(),
             client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
-            decide: Arc::new(decide),
+            decide,
+            body_limit,
             requests: proxy.requests.clone(),
             delayed: proxy.delayed.clone(),
             answered: proxy.answered.clone(),
@@ -163,16 +187,34 @@ struct Shared {
     answered: Arc<AtomicUsize>,
     held: Arc<AtomicUsize>,
     paths: Arc<Mutex<Vec<String>>>,
+    /// A body longer than this is answered with the status as soon as it passes it.
+    body_limit: Option<(usize, u16)>,
 }
 
 impl Shared {
     async fn handle(self, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-        let (mut parts, body) = request.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
+        let (mut parts, mut body) = request.into_parts();
+        let mut read = Vec::new();
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                read.extend_from_slice(&data);
+            }
+            if let Some((limit, status)) = self.body_limit
+                && read.len() > limit
+            {
+                self.requests.fetch_add(1, Ordering::SeqCst);
+                self.answered.fetch_add(1, Ordering::SeqCst);
+                let page =
+                    format!("<html><head><title>{status}</title></head><body>nginx</body></html>");
+                return Ok(Response::builder()
+                    .status(status)
+                    .header("Content-Type", "text/html")
+                    .header("Connection", "close")
+                    .body(Full::new(Bytes::from(page)))
+                    .unwrap());
+            }
+        }
+        let body = Bytes::from(read);
         let path = parts
             .uri
             .path_and_query()

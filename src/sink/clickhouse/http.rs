@@ -15,10 +15,19 @@
 //! `200`, looks for `Code: N` followed by `DB::Exception` (both formats ClickHouse has used),
 //! keeping the last few bytes of each read so a split pattern is found too. Answers to INSERTs
 //! are empty; the service's SELECTs read only system tables.
+//!
+//! An answer that comes while the request's body is still being sent (a proxy's 413 past its
+//! body limit, as soon as the limit is passed) closes the body under the clickhouse crate, which
+//! reports the closed channel and drops the answer: taken for a network outage, the INSERT was
+//! retried whole, without end. So each INSERT carries a [`query_id`] that the watch reads in
+//! what is written, and what it finds is kept by that id for the INSERT to ask ([`heard`]).
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use hyper::Uri;
@@ -55,6 +64,47 @@ impl Spotted {
             Spotted::Proxy(answer) => std::io::Error::other(answer),
         }
     }
+}
+
+/// A `query_id` for one request (ClickHouse's `system.query_log` records it too): this process's
+/// random prefix, which no body can know to imitate, and a count.
+pub fn query_id() -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    format!("{}-{}", prefix(), COUNT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn prefix() -> &'static str {
+    static PREFIX: OnceLock<String> = OnceLock::new();
+    PREFIX.get_or_init(|| format!("replay-ingest-{}", uuid::Uuid::new_v4().simple()))
+}
+
+/// What precedes the count of a [`query_id`] in a request's URL.
+fn marker() -> &'static [u8] {
+    static MARKER: OnceLock<String> = OnceLock::new();
+    MARKER
+        .get_or_init(|| format!("query_id={}-", prefix()))
+        .as_bytes()
+}
+
+/// Answers the watch found, by the `query_id` of the request they failed, the latest last.
+static HEARD: Mutex<VecDeque<(String, Spotted)>> = Mutex::new(VecDeque::new());
+/// Most answers kept for their requests to ask: one per INSERT in flight is enough.
+const MOST_HEARD: usize = 64;
+
+fn record(query_id: String, spotted: Spotted) {
+    let mut heard = HEARD.lock().unwrap_or_else(PoisonError::into_inner);
+    if heard.len() == MOST_HEARD {
+        heard.pop_front();
+    }
+    heard.push_back((query_id, spotted));
+}
+
+/// The answer the watch found to the request `query_id` (as the error it failed the request
+/// with), if it found one. Asked once: the answer is forgotten.
+pub fn heard(query_id: &str) -> Option<std::io::Error> {
+    let mut heard = HEARD.lock().unwrap_or_else(PoisonError::into_inner);
+    let at = heard.iter().position(|(id, _)| id == query_id)?;
+    heard.remove(at).map(|(_, spotted)| spotted.into_io())
 }
 
 /// An `https://` URL with no trust roots to check the server's certificate against.
@@ -167,6 +217,10 @@ impl<S> WatchedStream<S> {
 /// What the watch has seen on one connection.
 #[derive(Default)]
 struct Watch {
+    /// The `query_id` of the request last written (one at a time: HTTP/1.1, no pipelining).
+    request: Option<String>,
+    /// The end of what was last written.
+    written: Vec<u8>,
     /// The last status line was `200`.
     ok: bool,
     /// The end of the previous read.
@@ -176,6 +230,25 @@ struct Watch {
 }
 
 impl Watch {
+    /// Looks at `wrote` (bytes written) for a request's `query_id` of this process's.
+    fn wrote(&mut self, wrote: &[u8]) {
+        let marker = marker();
+        let mut window = std::mem::take(&mut self.written);
+        window.extend_from_slice(wrote);
+        if let Some(at) = memchr::memmem::rfind(&window, marker) {
+            let id = &window[at + 9..];
+            let end = id
+                .iter()
+                .position(|b| !(b.is_ascii_alphanumeric() || *b == b'-'));
+            if let Some(end) = end {
+                self.request = Some(String::from_utf8_lossy(&id[..end]).into_owned());
+            }
+        }
+        // Enough to find a marker and its count split between writes.
+        let keep = window.len().saturating_sub(marker.len() + 24);
+        self.written = window.split_off(keep);
+    }
+
     /// Looks at `read` (the bytes one read returned); an exception in a `200` answer, or an
     /// error status without ClickHouse's headers, is returned.
     fn saw(&mut self, read: &[u8]) -> Option<Spotted> {
@@ -279,6 +352,9 @@ impl<S: Read + Unpin> Read for WatchedStream<S> {
             Poll::Ready(Ok(())) => {
                 let filled = read.filled();
                 if let Some(spotted) = this.watch.saw(filled) {
+                    if let Some(request) = this.watch.request.take() {
+                        record(request, spotted.clone());
+                    }
                     return Poll::Ready(Err(spotted.into_io()));
                 }
                 buf.put_slice(filled);
@@ -295,7 +371,10 @@ impl<S: Write + Unpin> Write for WatchedStream<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let this = &mut *self;
+        let written = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        this.watch.wrote(&buf[..written]);
+        Poll::Ready(Ok(written))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -315,7 +394,18 @@ impl<S: Write + Unpin> Write for WatchedStream<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        let mut left = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
+        let written = left;
+        for buf in bufs {
+            let part = left.min(buf.len());
+            this.watch.wrote(&buf[..part]);
+            left -= part;
+            if left == 0 {
+                break;
+            }
+        }
+        Poll::Ready(Ok(written))
     }
 }
 
@@ -401,6 +491,62 @@ mod tests {
         let accepted = tokio::time::timeout(Duration::from_secs(5), listener.accept()).await;
         assert!(matches!(accepted, Ok(Ok(_))), "http:// connects");
         asked.abort();
+    }
+
+    /// The request's `query_id` is read whatever the writes (split anywhere, as hyper writes the
+    /// head and the body's chunks), the last request's once another follows on the connection,
+    /// and only an id of this process's: a body cannot pass for another request.
+    #[test]
+    fn the_request_written_is_known_by_its_query_id_whatever_the_writes() {
+        let id = query_id();
+        let head = format!(
+            "POST /?database=d&query_id={id}&wait_end_of_query=1 HTTP/1.1\r\nhost: x\r\n\r\n"
+        );
+        for split in [1, 10, 20, 30, 45, 60, head.len()] {
+            let mut watch = Watch::default();
+            let (first, second) = head.as_bytes().split_at(split.min(head.len()));
+            watch.wrote(first);
+            watch.wrote(second);
+            watch.wrote(b"4000\r\n rows... query_id=replay-ingest-0000-7& ...");
+            assert_eq!(
+                watch.request.as_deref(),
+                Some(id.as_str()),
+                "split at {split}"
+            );
+        }
+        let next = query_id();
+        let mut watch = Watch::default();
+        watch.wrote(head.as_bytes());
+        watch.wrote(format!("POST /?query_id={next} HTTP/1.1\r\n").as_bytes());
+        assert_eq!(watch.request, Some(next));
+    }
+
+    /// An answer found is kept for its request, asked once; the oldest go past the bound.
+    #[test]
+    fn an_answer_heard_is_kept_for_its_request_once() {
+        let answer = || {
+            Spotted::Proxy(ProxyAnswer {
+                status: 413,
+                reason: "Request Entity Too Large".into(),
+            })
+        };
+        let first = query_id();
+        record(first.clone(), answer());
+        for _ in 0..MOST_HEARD - 1 {
+            record(query_id(), answer());
+        }
+        let heard = heard(&first).expect("kept");
+        assert!(
+            proxy_answer(&heard).is_some_and(|a| a.status == 413),
+            "{heard}"
+        );
+        assert!(super::heard(&first).is_none(), "asked once");
+        let oldest = query_id();
+        record(oldest.clone(), answer());
+        for _ in 0..MOST_HEARD {
+            record(query_id(), answer());
+        }
+        assert!(super::heard(&oldest).is_none(), "past the bound");
     }
 
     #[test]

@@ -428,7 +428,7 @@ impl ClickHouseSink {
         progress: &Progress<'_>,
     ) -> Result<u64, clickhouse::error::Error> {
         let mut written = 0u64;
-        let mut open: Option<clickhouse::insert::Insert<ReplayRow>> = None;
+        let mut open: Option<Open> = None;
         let mut chunk = Chunk::default();
         // An INSERT open half the timeout ends before the next message, so that none outlasts
         // what one message is allowed by more than that.
@@ -468,20 +468,24 @@ impl ClickHouseSink {
                 chunk = Chunk::default();
             }
             let deadline = now + self.timeout;
-            let insert = match &mut open {
+            let Open { insert, query_id } = match &mut open {
                 Some(open) => open,
                 None => {
                     chunk.opened = Some(now);
+                    let query_id = http::query_id();
                     let insert = within(deadline, client.insert::<ReplayRow>(&self.table))
                         .await?
                         // Every send (those of `end` too: it sends the last rows before waiting)
                         // and the answer; past either the request is aborted, not left running.
-                        .with_timeouts(Some(self.timeout), Some(self.timeout));
-                    open.insert(insert)
+                        .with_timeouts(Some(self.timeout), Some(self.timeout))
+                        .with_setting("query_id", query_id.clone());
+                    open.insert(Open { insert, query_id })
                 }
             };
             for row in &rows {
-                within(deadline, insert.write(row)).await?;
+                within(deadline, insert.write(row))
+                    .await
+                    .map_err(|e| answered(e, query_id))?;
             }
             chunk.add(rows.len(), partitions, message);
             written += rows.len() as u64;
@@ -500,16 +504,36 @@ impl ClickHouseSink {
     /// its request running with no timeout, until a hung server answers.
     async fn end(
         &self,
-        insert: clickhouse::insert::Insert<ReplayRow>,
+        Open { insert, query_id }: Open,
         chunk: &Chunk,
         progress: &Progress<'_>,
     ) -> Result<(), clickhouse::error::Error> {
         progress.stepped();
         tokio::spawn(insert.end())
             .await
-            .map_err(|e| clickhouse::error::Error::Custom(format!("ending the INSERT: {e}")))??;
+            .map_err(|e| clickhouse::error::Error::Custom(format!("ending the INSERT: {e}")))?
+            .map_err(|e| answered(e, &query_id))?;
         chunk.messages.iter().for_each(|&m| progress.stored(m));
         Ok(())
+    }
+}
+
+/// An INSERT open for more rows, and its `query_id`.
+struct Open {
+    insert: clickhouse::insert::Insert<ReplayRow>,
+    query_id: String,
+}
+
+/// `error`, or, for a network error, the answer the connection's watch found to the INSERT
+/// `query_id` if it found one: an answer that came while the rows were being sent (a proxy's 413
+/// past its body limit) reaches the crate as the body's channel closing, with the answer
+/// dropped ([`http::heard`]).
+fn answered(error: clickhouse::error::Error, query_id: &str) -> clickhouse::error::Error {
+    match error {
+        clickhouse::error::Error::Network(_) => http::heard(query_id).map_or(error, |heard| {
+            clickhouse::error::Error::Network(Box::new(heard))
+        }),
+        other => other,
     }
 }
 
