@@ -495,7 +495,8 @@ async fn dead_letter(
                 failing,
                 attempt,
             )
-            .await?
+            .await
+            .map_err(nowhere_to_keep)?
         };
         match wrote {
             Wrote::Done(report) => {
@@ -514,6 +515,21 @@ async fn dead_letter(
             }
         }
     }
+}
+
+/// A dead letter the dead-letter path itself refused (GCS refusing the copy of one too large for
+/// the topic) or panicked on has nowhere else to go: the flush stops, saying so, as on a
+/// dead-letter path it may not write to. (Halving is for a sink's refusals, which the
+/// dead-letter path takes; it has no path of its own.)
+fn nowhere_to_keep(mut error: SinkError) -> SinkError {
+    if matches!(error.retry, Retry::Rejected | Retry::Panicked) {
+        error.retry = Retry::Fatal;
+        error.message = format!(
+            "the dead-letter path refused a dead letter, and there is nowhere else to keep it: {}",
+            error.message
+        );
+    }
+    error
 }
 
 /// The dead-letter path's name as a sink (`/status`, metrics, logs).
@@ -1648,12 +1664,13 @@ mod tests {
         assert_eq!(*later.accepted.lock().unwrap(), [0, 2]);
     }
 
-    /// Fails every dead letter fatally (a dead-letter topic the service may not write to).
-    struct Unwritable;
+    /// Fails every dead letter, fatally (a dead-letter topic the service may not write to) or
+    /// as it says.
+    struct Unwritable(Retry);
 
     impl DeadLetters for Unwritable {
         fn dead_letter<'a>(&'a self, _: &'a [Rejected], _: &'a Progress) -> Writing<'a> {
-            Box::pin(async { Err(SinkError::new("dlq", Retry::Fatal, "not authorized")) })
+            Box::pin(async { Err(SinkError::new("dlq", self.0, "not authorized")) })
         }
     }
 
@@ -1789,9 +1806,21 @@ mod tests {
                 vec![flaky("events", 0, Retry::Retryable, &LOG)],
             ]
         };
-        let sinks = Sinks::dead_lettering(stages(), Box::new(Unwritable));
+        let sinks = Sinks::dead_lettering(stages(), Box::new(Unwritable(Retry::Fatal)));
         let error = run(entries(3), &sinks, &FAST, &Status::default()).unwrap_err();
         assert_eq!((error.sink, error.retry), ("dlq", Retry::Fatal));
+        // A dead letter the path refuses or panics on: fatal too, saying there is nowhere else
+        // (a refusal reached the pipeline as a sink's, with the sink's message alone).
+        for retry in [Retry::Rejected, Retry::Panicked] {
+            let sinks = Sinks::dead_lettering(stages(), Box::new(Unwritable(retry)));
+            let error = run(entries(3), &sinks, &FAST, &Status::default()).unwrap_err();
+            assert_eq!(
+                (error.sink, error.retry),
+                ("dlq", Retry::Fatal),
+                "{retry:?}"
+            );
+            assert!(error.message.contains("nowhere else to keep it"), "{error}");
+        }
         let error = run(entries(3), &Sinks::new(stages()), &FAST, &Status::default()).unwrap_err();
         assert_eq!(error.retry, Retry::Fatal);
         assert!(

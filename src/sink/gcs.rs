@@ -91,15 +91,28 @@ fn cleartext_off_host(endpoint: &str) -> bool {
 
 /// Retry classification: 408, 429 and 5xx, timeouts and transport trouble are retried; 400 and
 /// 413 (this object refused) are rejections; other 4xx (permissions, missing bucket) are fatal,
-/// and so are credentials that give no access token for good (`credentials_refused`).
+/// and so are credentials that give no access token for good (`credentials_refused`). An object
+/// stored with other checksums than the bytes sent (corrupted on the way) is written again.
 pub fn classify(error: &google_cloud_storage::Error) -> Retry {
     match error.http_status_code() {
         Some(408 | 429) | Some(500..=599) => Retry::Retryable,
         Some(400 | 413) => Retry::Rejected,
         Some(400..=499) => Retry::Fatal,
+        _ if corrupted(error) => Retry::Retryable,
         _ if error.is_serialization() || credentials_refused(error) => Retry::Fatal,
         _ => Retry::Retryable,
     }
+}
+
+/// The upload's answer names checksums other than those of the bytes sent: the object was
+/// corrupted on the way. The crate reports it as an error reading the answer, which is fatal
+/// otherwise (an answer that is not GCS's); a rewrite stores the right bytes, as the commit
+/// waits for.
+fn corrupted(error: &google_cloud_storage::Error) -> bool {
+    use google_cloud_storage::error::WriteError;
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<WriteError>())
+        .is_some_and(|write| matches!(write, WriteError::ChecksumMismatch { .. }))
 }
 
 /// No request was sent: the credentials could not give an access token, and google-cloud-auth
@@ -427,6 +440,20 @@ pub async fn build(config: &GcsConfig) -> Result<(Built, Arc<dyn ObjectStore>), 
 mod tests {
     use super::*;
     use google_cloud_gax::error::CredentialsError;
+
+    /// A checksum mismatch is retried (it stopped the service); an answer the crate cannot read
+    /// otherwise stays fatal.
+    #[test]
+    fn an_object_stored_with_other_checksums_is_written_again() {
+        use google_cloud_storage::error::{ChecksumMismatch, WriteError};
+        let mismatch = google_cloud_storage::Error::ser(WriteError::ChecksumMismatch {
+            mismatch: ChecksumMismatch::Crc32c { got: 1, want: 2 },
+            object: Box::default(),
+        });
+        assert_eq!(classify(&mismatch), Retry::Retryable);
+        let unreadable = google_cloud_storage::Error::ser(std::io::Error::other("not json"));
+        assert_eq!(classify(&unreadable), Retry::Fatal);
+    }
 
     #[test]
     fn real_credentials_go_to_another_host_over_https_only() {

@@ -6,10 +6,11 @@
 //!   header or the `(version …)` ending that the crate recognises: the request fails with
 //!   [`ExceptionIn200`], which [`super::clickhouse::classify`] classifies by its code like any
 //!   other ClickHouse error;
-//! - an error status (4xx, 5xx) with no `X-ClickHouse-…` header, which every ClickHouse answer
-//!   carries (18.16 included): the proxy's own answer (nginx's 413 past its body limit, an auth
-//!   proxy's 401), whose body has no ClickHouse code and whose status the crate drops. The
-//!   request fails with [`ProxyAnswer`], classified by its status.
+//! - an error status (4xx, 5xx) or a redirect (3xx) with no `X-ClickHouse-…` header, which every
+//!   ClickHouse answer carries (18.16 included): the proxy's own answer (nginx's 413 past its
+//!   body limit, an auth proxy's 401, an ingress redirecting `http://` to `https://`), whose body
+//!   has no ClickHouse code and whose status the crate drops. The request fails with
+//!   [`ProxyAnswer`], classified by its status (a redirect: configuration, naming where to).
 //!
 //! The watch reads the bytes hyper reads: it notes each status line and, while the status is
 //! `200`, looks for `Code: N` followed by `DB::Exception` (both formats ClickHouse has used),
@@ -264,7 +265,7 @@ impl Watch {
         {
             self.ok = code == b"200";
             answer = &window[at..];
-            self.head = (code[0] == b'4' || code[0] == b'5').then(|| answer.to_vec());
+            self.head = matches!(code[0], b'3' | b'4' | b'5').then(|| answer.to_vec());
         } else if let Some(head) = &mut self.head {
             head.extend_from_slice(read);
         }
@@ -299,7 +300,22 @@ impl Watch {
         let line = String::from_utf8_lossy(line);
         let mut words = line.splitn(3, ' ').skip(1);
         let status = words.next()?.parse().ok()?;
-        let reason = words.next().unwrap_or_default().chars().take(64).collect();
+        let mut reason: String = words.next().unwrap_or_default().chars().take(64).collect();
+        // Where a redirect points, without its query (it may quote the request's).
+        let location = head
+            .split(|b| *b == b'\n')
+            .find(|line| line.len() > 9 && line[..9].eq_ignore_ascii_case(b"location:"))
+            .map(|line| String::from_utf8_lossy(&line[9..]).trim().to_owned());
+        if let Some(location) = location {
+            let to: String = location
+                .split('?')
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .take(256)
+                .collect();
+            reason = format!("{reason}, to {to}: is --clickhouse-url that address?");
+        }
         Some(ProxyAnswer { status, reason })
     }
 }
@@ -671,5 +687,18 @@ mod tests {
             .into_io(),
         ));
         assert_eq!(super::super::classify(&error), crate::sink::Retry::Rejected);
+        // An ingress redirecting to https: configuration, naming where (not its query); before,
+        // the crate's "301 Moved Permanently" without a code was retried as an outage.
+        let redirect = b"HTTP/1.1 301 Moved Permanently\r\nLocation: https://ch.example/?query=INSERT\r\nContent-Length: 0\r\n\r\n";
+        let Some(Spotted::Proxy(answer)) = Watch::default().saw(redirect) else {
+            panic!("a redirect is the proxy's answer");
+        };
+        assert_eq!(answer.status, 301);
+        assert_eq!(
+            answer.reason,
+            "Moved Permanently, to https://ch.example/: is --clickhouse-url that address?"
+        );
+        let error = clickhouse::error::Error::Network(Box::new(Spotted::Proxy(answer).into_io()));
+        assert_eq!(super::super::classify(&error), crate::sink::Retry::Fatal);
     }
 }
