@@ -10,8 +10,16 @@
 //! (the old one's task is stopped with it). Once per set of credentials, whatever the number of
 //! uploads waiting; and not sooner, so that a metadata server slower than the deadline still
 //! gets to answer the fetch under way.
+//!
+//! A refusal (an error google-cloud-auth says retrying will not help: a 4xx from the metadata
+//! server or the token endpoint, a token it cannot read) stops the cache for good: it refreshes
+//! no more and hands out that error. One refresh answered so during a blip (a node's metadata
+//! server restarting, an IAM hiccup) stopped every pod on the node, and a restart meeting the
+//! same blip stopped again. So refused credentials are built again, at most once a deadline, and
+//! the refusal is retried for [`REFUSED_FOR`]; only a refusal that lasts is taken as final (the
+//! sink stops on it: a revoked key, a removed Workload Identity binding).
 
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use google_cloud_auth::credentials::{
@@ -23,6 +31,9 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Retry, SinkError};
+
+/// How long refused credentials are built again and retried before the refusal is final.
+pub const REFUSED_FOR: Duration = Duration::from_secs(60);
 
 /// Application-default credentials, each token fetch within `deadline` (shorter than the
 /// request that waits for it, so that the credentials are built again before that request
@@ -36,6 +47,7 @@ pub fn application_default(deadline: Duration) -> Result<Credentials, SinkError>
         build: Arc::new(move || Builder::default().build().map_err(|e| e.to_string())),
         deadline,
         universe_domain: OnceLock::new(),
+        refused_since: Mutex::default(),
     }))
 }
 
@@ -47,6 +59,8 @@ struct WithDeadline {
     deadline: Duration,
     /// The universe domain, once asked (the client asks once per inner client it builds).
     universe_domain: OnceLock<Option<String>>,
+    /// Since when every fetch has been refused, if the last one was.
+    refused_since: Mutex<Option<Instant>>,
 }
 
 /// Credentials, and when they were built.
@@ -82,14 +96,14 @@ impl WithDeadline {
         (current.credentials.clone(), current.at)
     }
 
-    /// Builds the credentials again if they are still those built `at` and old enough; whether
-    /// it did.
-    fn rebuild(&self, at: Instant) -> bool {
+    /// Builds the credentials again if they are still those built `at` and at least `age` old;
+    /// whether it did.
+    fn rebuild(&self, at: Instant, age: Duration) -> bool {
         let mut current = self
             .current
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if current.at != at || at.elapsed() < 4 * self.deadline {
+        if current.at != at || at.elapsed() < age {
             return false;
         }
         match (self.build)() {
@@ -107,6 +121,34 @@ impl WithDeadline {
     }
 }
 
+impl WithDeadline {
+    fn refused_since(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.refused_since
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The credentials built `at` were refused (`error`): built again, and the refusal retried
+    /// (a transient error), until refusals have lasted [`REFUSED_FOR`]; then `error` itself.
+    fn refused(&self, at: Instant, error: CredentialsError) -> CredentialsError {
+        let since = *self.refused_since().get_or_insert_with(Instant::now);
+        if since.elapsed() >= REFUSED_FOR {
+            return error;
+        }
+        if self.rebuild(at, self.deadline) {
+            warn!(%error, "GCS credentials refused: built again, and retried for up to a minute before the refusal is taken as final");
+        }
+        CredentialsError::new(
+            true,
+            format!(
+                "credentials refused for {:?} so far (retried, built again, for up to {REFUSED_FOR:?})",
+                since.elapsed()
+            ),
+            error,
+        )
+    }
+}
+
 impl CredentialsProvider for WithDeadline {
     async fn headers(
         &self,
@@ -114,9 +156,13 @@ impl CredentialsProvider for WithDeadline {
     ) -> Result<CacheableResource<HeaderMap>, CredentialsError> {
         let (current, at) = self.current();
         match tokio::time::timeout(self.deadline, current.headers(extensions)).await {
-            Ok(headers) => headers,
+            Ok(Err(error)) if !error.is_transient() => Err(self.refused(at, error)),
+            Ok(headers) => {
+                *self.refused_since() = None;
+                headers
+            }
             Err(_) => {
-                if self.rebuild(at) {
+                if self.rebuild(at, 4 * self.deadline) {
                     warn!(
                         deadline_ms = self.deadline.as_millis() as u64,
                         "no GCS access token within the deadline (is the metadata server answering?): the credentials are built again"
@@ -194,6 +240,7 @@ mod tests {
             build: Arc::new(|| Err("not built again".to_owned())),
             deadline: Duration::from_secs(5),
             universe_domain: OnceLock::new(),
+            refused_since: Mutex::default(),
         };
         let started = tokio::time::Instant::now();
         let hung = with(true);
@@ -223,6 +270,7 @@ mod tests {
             }),
             deadline: Duration::from_secs(5),
             universe_domain: OnceLock::new(),
+            refused_since: Mutex::default(),
         };
         let started = tokio::time::Instant::now();
         let error = credentials
@@ -247,5 +295,87 @@ mod tests {
             "the credentials built again answer"
         );
         assert_eq!(builds.load(Ordering::SeqCst), 1, "not built again after");
+    }
+
+    /// Credentials google-cloud-auth's cache has stopped on: every fetch refused.
+    #[derive(Debug)]
+    struct Refused;
+
+    impl CredentialsProvider for Refused {
+        async fn headers(
+            &self,
+            _: Extensions,
+        ) -> Result<CacheableResource<HeaderMap>, CredentialsError> {
+            Err(CredentialsError::from_msg(
+                false,
+                "metadata server answered 404",
+            ))
+        }
+
+        async fn universe_domain(&self) -> Option<String> {
+            None
+        }
+    }
+
+    fn refused_then(fresh: fn() -> Credentials, builds: &Arc<AtomicUsize>) -> WithDeadline {
+        let counted = builds.clone();
+        WithDeadline {
+            current: RwLock::new(Built::new(Credentials::from(Refused))),
+            build: Arc::new(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok(fresh())
+            }),
+            deadline: Duration::from_secs(5),
+            universe_domain: OnceLock::new(),
+            refused_since: Mutex::default(),
+        }
+    }
+
+    /// A refusal during a blip: retried (transient) and the credentials built again, whose
+    /// token comes; before, the refusal was final at once and the service stopped.
+    #[tokio::test(start_paused = true)]
+    async fn refused_credentials_are_built_again_and_retried_before_the_refusal_is_final() {
+        let builds = Arc::new(AtomicUsize::new(0));
+        let credentials = refused_then(|| Credentials::from(Fake { hangs: false }), &builds);
+        let error = credentials.headers(Extensions::new()).await.unwrap_err();
+        assert!(error.is_transient(), "{error}");
+        assert_eq!(
+            builds.load(Ordering::SeqCst),
+            0,
+            "too young to be built again"
+        );
+        tokio::time::advance(Duration::from_secs(6)).await;
+        let error = credentials.headers(Extensions::new()).await.unwrap_err();
+        assert!(error.is_transient(), "{error}");
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+        assert!(credentials.headers(Extensions::new()).await.is_ok());
+        assert!(
+            credentials.refused_since().is_none(),
+            "the refusals are over"
+        );
+    }
+
+    /// A refusal that lasts (a revoked key): final once it has lasted `REFUSED_FOR`, however
+    /// often the credentials are built again.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_that_lasts_is_final() {
+        let builds = Arc::new(AtomicUsize::new(0));
+        let credentials = refused_then(|| Credentials::from(Refused), &builds);
+        let mut transient = 0;
+        loop {
+            let error = credentials.headers(Extensions::new()).await.unwrap_err();
+            if !error.is_transient() {
+                break;
+            }
+            transient += 1;
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert_eq!(
+            transient,
+            REFUSED_FOR.as_secs(),
+            "one a second until the last"
+        );
+        let built = builds.load(Ordering::SeqCst);
+        assert!((10..=12).contains(&built), "once a deadline: {built}");
     }
 }
