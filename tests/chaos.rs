@@ -91,18 +91,6 @@ enum Fate {
     Invalid(&'static str),
 }
 
-/// A row as ClickHouse deduplicates it: project, day, replay id, event hash.
-type RowKey = (u64, u32, uuid::Uuid, uuid::Uuid);
-
-fn row_key(row: &recording::ReplayRow) -> RowKey {
-    (
-        row.project_id,
-        row.timestamp / 86_400,
-        row.replay_id,
-        row.event_hash,
-    )
-}
-
 /// `rows` as the core builds them for a message at `partition` and `offset`.
 fn at_position(
     rows: &[recording::ReplayRow],
@@ -1185,17 +1173,9 @@ async fn chaos(own: &OwnStack) {
         .iter()
         .map(|p| ((p.partition, p.offset), p.original.clone()))
         .collect();
-    let stored_rows = clickhouse_rows(&names.table).await;
-    let stored_keys: BTreeSet<RowKey> = stored_rows.iter().map(row_key).collect();
     // A stored row is one the core built for a message with its key, column for column.
-    let wrong_rows = stored_rows
-        .iter()
-        .filter(|row| {
-            expected_rows
-                .get(&row_key(row))
-                .is_some_and(|e| !e.contains(row))
-        })
-        .count();
+    let (missing_rows, extra_rows, wrong_rows) =
+        row_differences(&expected_rows, &clickhouse_rows(&names.table).await);
     let letters = read_messages(&names.dlq, expected_dead.len(), Duration::from_secs(60));
     let (pointers, wrong_pointers) = wrong_pointed_objects(&gcs, &letters, &originals).await;
     let dead: BTreeSet<(i32, i64, String)> = check_dead_letters(letters, &names.topic, &originals)
@@ -1213,14 +1193,6 @@ async fn chaos(own: &OwnStack) {
         .collect();
     let missing_outcomes = expected_outcomes.difference(&billed).count();
     let extra_outcomes = billed.difference(&expected_outcomes).count();
-    let missing_rows = expected_rows
-        .keys()
-        .filter(|key| !stored_keys.contains(key))
-        .count();
-    let extra_rows = stored_keys
-        .iter()
-        .filter(|key| !expected_rows.contains_key(key))
-        .count();
     let missing_dead = expected_dead.difference(&dead).count();
     let extra_dead = dead.difference(&expected_dead).count();
     // Every fault cleared: each member leaves cleanly, its drain making everything durable.

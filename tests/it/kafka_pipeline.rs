@@ -255,8 +255,10 @@ fn last_offsets(reports: &[crate::support::load::Produced]) -> BTreeMap<i32, i64
 /// kill -9 while a flush is under way, four times, under steady production, with every real
 /// sink: blobs to the GCS emulator behind a proxy that holds each upload 300 ms, so that a flush
 /// lasts long enough to be seen in flight (`/status`) and killed there. After a clean restart
-/// every segment's blob is in the bucket byte for byte and nothing else is, every invalid message
-/// reached the dead-letter topic, and the group committed to the end.
+/// every segment's blob is in the bucket byte for byte and nothing else is, its rows are in
+/// ClickHouse column for column and no others are, every billing outcome was published (some
+/// twice: a kill between a flush and its commit) and no other, every invalid message reached the
+/// dead-letter topic, and the group committed to the end.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
@@ -334,7 +336,7 @@ async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
         .iter()
         .filter(|s| matches!(s.expected, Expected::Blob { .. }))
         .collect();
-    every_blob_in_gcs(&names.bucket, valid).await;
+    every_blob_in_gcs(&names.bucket, valid.iter().copied()).await;
     let unexpected: Vec<String> = names
         .blobs()
         .into_iter()
@@ -344,6 +346,24 @@ async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
         unexpected.is_empty(),
         "only produced segments: {unexpected:?}"
     );
+    let stored = clickhouse_rows(&names.table).await;
+    assert!(!stored.is_empty());
+    assert_eq!(
+        row_differences(&expected_rows(&expected), &stored),
+        (0, 0, 0),
+        "every segment's rows, column for column, and no others (missing, unexpected, differing)"
+    );
+    let billing: BTreeSet<String> = valid
+        .iter()
+        .flat_map(|s| events_of(&s.value, "outcome"))
+        .collect();
+    assert!(!billing.is_empty());
+    let published: BTreeSet<String> =
+        read_messages(&names.outcomes, billing.len(), Duration::from_secs(30))
+            .into_iter()
+            .map(|m| String::from_utf8(m.value).unwrap())
+            .collect();
+    assert_eq!(published, billing, "every billing outcome, and no other");
     let got: BTreeSet<_> = read_dlq(
         &names.dlq,
         &names.topic,

@@ -79,6 +79,19 @@ async fn a_few_refused_messages_alone_in_their_batch_are_dead_lettered_and_the_s
         assert_eq!(letter.headers["sink"], "gcs");
         assert!(sent.iter().any(|s| s.value == letter.value), "the original");
     }
+    // Each of the three once (the same one three times passed the checks above).
+    let at = |partition: &str, offset: &str| (partition.parse().unwrap(), offset.parse().unwrap());
+    let letters: BTreeSet<(i32, i64)> = letters
+        .iter()
+        .map(|l| {
+            at(
+                &l.headers["original_partition"],
+                &l.headers["original_offset"],
+            )
+        })
+        .collect();
+    let produced: BTreeSet<(i32, i64)> = sent.iter().map(|s| (s.partition, s.offset)).collect();
+    assert_eq!(letters, produced);
     // Still consuming: a message GCS takes is written and committed (one with rows).
     let with_rows = small_fixtures(true)
         .into_iter()

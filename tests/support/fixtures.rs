@@ -273,3 +273,61 @@ pub fn events_of(value: &[u8], kind: &str) -> Vec<String> {
     .map(|e| String::from_utf8(e.into_json().unwrap()).unwrap())
     .collect()
 }
+
+/// A row as ClickHouse deduplicates it: project, day, replay id, event hash.
+pub type RowKey = (u64, u32, uuid::Uuid, uuid::Uuid);
+
+pub fn row_key(row: &ReplayRow) -> RowKey {
+    (
+        row.project_id,
+        row.timestamp / 86_400,
+        row.replay_id,
+        row.event_hash,
+    )
+}
+
+/// Every row the valid messages of `sent` make at their positions, by key (ClickHouse keeps one
+/// of the rows sharing a key: two clicks on one node in one second, a message produced twice).
+pub fn expected_rows(sent: &[Sent]) -> BTreeMap<RowKey, Vec<ReplayRow>> {
+    let mut expected: BTreeMap<RowKey, Vec<ReplayRow>> = BTreeMap::new();
+    for s in sent {
+        let Ok(processed) = recording::process(&s.value, &Limits::default()) else {
+            continue;
+        };
+        let at = KafkaPosition {
+            partition: s.partition,
+            offset: s.offset,
+        };
+        for row in processed.rows(at) {
+            expected.entry(row_key(&row)).or_default().push(row);
+        }
+    }
+    expected
+}
+
+/// Of `expected` rows by key, against those `stored`: how many keys have no row, how many stored
+/// keys were not expected, and how many stored rows are none of those expected for their key
+/// (column for column).
+pub fn row_differences(
+    expected: &BTreeMap<RowKey, Vec<ReplayRow>>,
+    stored: &[ReplayRow],
+) -> (usize, usize, usize) {
+    let stored_keys: BTreeSet<RowKey> = stored.iter().map(row_key).collect();
+    let missing = expected
+        .keys()
+        .filter(|key| !stored_keys.contains(key))
+        .count();
+    let extra = stored_keys
+        .iter()
+        .filter(|key| !expected.contains_key(key))
+        .count();
+    let differing = stored
+        .iter()
+        .filter(|row| {
+            expected
+                .get(&row_key(row))
+                .is_some_and(|e| !e.contains(row))
+        })
+        .count();
+    (missing, extra, differing)
+}

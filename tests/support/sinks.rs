@@ -59,25 +59,56 @@ pub fn delete_live_object(bucket: &str, key: &str) {
     emulator_request("DELETE", &format!("/storage/v1/b/{bucket}/o/{key}"), "");
 }
 
-/// The names of the objects in `bucket` (at most a page: 1 000).
+/// The names of the objects in `bucket`.
 pub fn object_names(bucket: &str) -> std::collections::BTreeSet<String> {
     listed_names(&format!("/storage/v1/b/{bucket}/o")).collect()
 }
 
 /// The name of every version of every object in `bucket`, noncurrent ones included, once per
-/// version (at most a page: 1 000).
+/// version.
 pub fn object_versions(bucket: &str) -> Vec<String> {
     listed_names(&format!("/storage/v1/b/{bucket}/o?versions=true")).collect()
 }
 
+/// `value` as it may stand in a URL's query: bytes other than letters, digits, `-._~` and `/`
+/// percent-encoded.
+fn query_escaped(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Every name the listing at `path` gives, page after page (a page is at most 1 000: a bucket
+/// past it was checked in part).
 fn listed_names(path: &str) -> impl Iterator<Item = String> {
-    let response = emulator_request("GET", path, "");
-    let (_, body) = response.split_once("\r\n\r\n").unwrap();
-    let listed: serde_json::Value = serde_json::from_str(body).unwrap();
-    let items = listed["items"].as_array().cloned().unwrap_or_default();
-    items
-        .into_iter()
-        .map(|item| item["name"].as_str().unwrap().to_owned())
+    let mut names = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let separator = if path.contains('?') { '&' } else { '?' };
+        let page = match &token {
+            Some(token) => format!("{path}{separator}pageToken={}", query_escaped(token)),
+            None => path.to_owned(),
+        };
+        let response = emulator_request("GET", &page, "");
+        let (_, body) = response.split_once("\r\n\r\n").unwrap();
+        let listed: serde_json::Value = serde_json::from_str(body).unwrap();
+        let items = listed["items"].as_array().cloned().unwrap_or_default();
+        names.extend(
+            items
+                .into_iter()
+                .map(|item| item["name"].as_str().unwrap().to_owned()),
+        );
+        match listed["nextPageToken"].as_str() {
+            Some(next) if !next.is_empty() => token = Some(next.to_owned()),
+            _ => return names.into_iter(),
+        }
+    }
 }
 
 pub async fn read_object(bucket: &str, key: &str) -> Vec<u8> {
