@@ -263,6 +263,20 @@ fn last_offsets(reports: &[crate::support::load::Produced]) -> BTreeMap<i32, i64
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
     let _stack = uses_stack().await;
+    killed_mid_flush_again_and_again(&[]).await;
+}
+
+/// The same with the consumer group protocol of KIP-848: each restart joins a group whose
+/// killed member the broker still counts until its session ends.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn with_the_consumer_group_protocol_killing_the_service_mid_flush_loses_nothing() {
+    let _stack = uses_stack().await;
+    killed_mid_flush_again_and_again(&["--kafka-property", "group.protocol=consumer"]).await;
+}
+
+/// Four kills mid-flush and a clean restart, `protocol` the extra flags of every start.
+async fn killed_mid_flush_again_and_again(protocol: &[&str]) {
     let names = Names::with_partitions(3).await;
     let proxy = proxy::Proxy::start(&gcs_endpoint(), |seen| {
         if blob_upload(seen.path) {
@@ -273,11 +287,12 @@ async fn killing_the_service_mid_flush_again_and_again_loses_nothing() {
     })
     .await;
     let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
-    let args = with_flag(
+    let mut args = with_flag(
         names.args(statsd.port(), dir.path()),
         "--gcs-endpoint",
         &proxy.endpoint,
     );
+    args.extend(protocol.iter().map(|s| s.to_string()));
 
     // Producing goes on in the background until every kill round is over, so that each round
     // has messages to flush (a round that found nothing left would wait for a flush forever).
@@ -618,6 +633,22 @@ async fn members_join_and_leave_under_load(protocol: &[&str]) {
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_flushing_them() {
     let _stack = uses_stack().await;
+    frozen_past_its_session(&[]).await;
+}
+
+/// The same with the consumer group protocol of KIP-848: the broker's session (10 s here, not
+/// the member's `--session-timeout-ms`) fences the frozen member, which learns of it at its first
+/// heartbeat once resumed.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn with_the_consumer_group_protocol_a_member_frozen_past_its_session_gives_up_its_partitions()
+{
+    let _stack = uses_stack().await;
+    frozen_past_its_session(&["--kafka-property", "group.protocol=consumer"]).await;
+}
+
+/// A member frozen past its session and resumed, `protocol` the extra flags of both members.
+async fn frozen_past_its_session(protocol: &[&str]) {
     let (topic, dlq, group) = (unique("frozen"), unique("dlq"), unique("group"));
     create_topic(&topic, 4).await;
     create_topic(&dlq, 1).await;
@@ -633,7 +664,8 @@ async fn a_member_frozen_past_its_session_gives_up_its_lost_partitions_without_f
             "--session-timeout-ms",
             "6000",
         );
-        let args = with_flag(args, "--drain-deadline-ms", "4000");
+        let mut args = with_flag(args, "--drain-deadline-ms", "4000");
+        args.extend(protocol.iter().map(|s| s.to_string()));
         Service::start_logging_to(&with_flag(args, "--buffer-max-age-ms", "120000"), log)
     };
     let frozen_log = logs.path().join("frozen.log");
