@@ -487,7 +487,8 @@ async fn a_server_slow_to_answer_gets_inserts_as_large_as_a_fast_one() {
     let config = ClickHouseConfig {
         // Two or three INSERTs for the batch.
         chunk_rows: total_rows / 2,
-        timeout: Duration::from_secs(4),
+        // Half of it is what the answer below takes past; the rest is room for a loaded server.
+        timeout: Duration::from_secs(8),
         ..config(&crate::support::unique("replays").replace('-', "_"))
     };
     migrate(&config).await.unwrap();
@@ -500,7 +501,7 @@ async fn a_server_slow_to_answer_gets_inserts_as_large_as_a_fast_one() {
         }
         counted.fetch_add(1, Ordering::SeqCst);
         if slowed.load(Ordering::SeqCst) {
-            Action::Delay(Duration::from_millis(2200))
+            Action::Delay(Duration::from_millis(4400))
         } else {
             Action::Forward
         }
