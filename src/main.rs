@@ -92,6 +92,10 @@ enum Command {
             default_value_t = 15_000_000
         )]
         max_message_bytes: u64,
+        /// Threads that process the files (0 = one per CPU), as `consume`'s: run in a pod, the
+        /// deployment's, not one per core of the node.
+        #[arg(long, env = "REPLAY_INGEST_PROCESSING_THREADS", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1024), default_value_t = 0)]
+        processing_threads: usize,
     },
     /// Delete replays — every blob of them, any oversized dead-letter copy of their messages, and
     /// their rows (an archive as Sentry writes one, which hides them; with ClickHouse, the rows
@@ -195,9 +199,11 @@ fn main() -> ExitCode {
         files,
         limits,
         max_message_bytes,
+        processing_threads,
     } = &cli.command
     {
-        return run_inspect(files, &limits.limits(false), *max_message_bytes);
+        let threads = replay_ingest::pipeline::processing_threads(*processing_threads);
+        return run_inspect(files, &limits.limits(false), *max_message_bytes, threads);
     }
     if let Command::CheckConfig(args) = &cli.command {
         let checked = args.validate().map_err(anyhow::Error::from).and_then(|()| {
@@ -515,11 +521,17 @@ async fn received(signal: &mut Option<tokio::signal::unix::Signal>) {
     }
 }
 
-fn run_inspect(files: &[PathBuf], limits: &Limits, max_message_bytes: u64) -> ExitCode {
+fn run_inspect(
+    files: &[PathBuf],
+    limits: &Limits,
+    max_message_bytes: u64,
+    threads: usize,
+) -> ExitCode {
     // Files are processed in parallel, a few per thread at a time (memory: a window of messages,
     // however many files); lines are printed in argument order. Processing threads get the stack
     // processing needs (the global pool is configured once, here).
     let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
         .stack_size(replay_ingest::recording::PROCESSING_STACK_BYTES)
         .build_global();
     // A pipe or a device says it holds nothing: what is read is bounded, not only what a file

@@ -143,6 +143,29 @@ fn no_files_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// Its threads are the deployment's: `REPLAY_INGEST_PROCESSING_THREADS`, which a pod's `kubectl
+/// exec` inherits, is read (and checked as `consume` checks it). Without it, `inspect` in a pod
+/// ran a thread per core of the node, each decoding a file, in the service's memory limit.
+#[test]
+fn processing_threads_are_read_from_the_environment_as_consumes_are() {
+    let run = |threads: &str| {
+        Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
+            .args(["inspect", "fixtures/segments/large-dom-0.msgpack"])
+            .env("REPLAY_INGEST_PROCESSING_THREADS", threads)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap()
+    };
+    let one = run("1");
+    assert!(one.status.success(), "{one:?}");
+    let refused = run("5000");
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--processing-threads"),
+        "{refused:?}"
+    );
+}
+
 #[test]
 fn limits_can_be_set_from_the_environment() {
     let out = Command::new(env!("CARGO_BIN_EXE_replay-ingest"))
