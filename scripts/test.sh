@@ -32,10 +32,10 @@ ensure_build_tools
 source scripts/lib/isolated-stack.sh test
 chaos_log=$(mktemp)
 chaos=""
-# The chaos harness's own stack lives here, so that this script can stop it when the harness is
-# stopped half way (a SIGTERM skips the harness's own clean-up).
+# The chaos harness's own stacks live here, one directory per run (classic, consumer), so that
+# this script can stop them when the harness is stopped half way (a SIGTERM skips the harness's
+# own clean-up), and a failed run's logs are not mixed with the next run's.
 chaos_stack=$(mktemp -d /tmp/replay-ingest-chaos.XXXXXX)
-export REPLAY_INGEST_CHAOS_STACK_DIR=$chaos_stack
 prepared=$(mktemp)
 prepare >"$prepared" 2>&1 &
 preparing=$!
@@ -48,7 +48,9 @@ trap 'status=$?
   [ -z "$chaos" ] || { kill "$chaos" 2>/dev/null || true; wait "$chaos" 2>/dev/null || true; }
   [ -z "$preparing" ] || wait "$preparing" 2>/dev/null || true
   isolated_stack_down "$status"
-  REPLAY_INGEST_STACK_DIR=$chaos_stack scripts/stack.sh down >/dev/null 2>&1 || true
+  for run in classic consumer; do
+    REPLAY_INGEST_STACK_DIR=$chaos_stack/$run scripts/stack.sh down >/dev/null 2>&1 || true
+  done
   rm -rf "$chaos_log" "$prepared"
   if [ "$status" -ne 0 ] && [ -n "$(ls -A "$chaos_stack" 2>/dev/null)" ]; then
     echo "the chaos harness stack logs are kept in $chaos_stack" >&2
@@ -97,9 +99,10 @@ chaos_bin=$(cargo test --locked --test chaos --no-run --message-format=json 2>/d
 # beside them are: a harness that hangs fails its step, not the whole run (timeout signals its
 # whole process group, both runs included).
 timeout -k 30s 45m bash -c 'status=0
-  "$0" --include-ignored --nocapture || status=$?
-  CHAOS_GROUP_PROTOCOL=consumer "$0" --include-ignored --nocapture || status=$?
-  exit "$status"' "$chaos_bin" >"$chaos_log" 2>&1 &
+  REPLAY_INGEST_CHAOS_STACK_DIR=$1/classic "$0" --include-ignored --nocapture || status=$?
+  REPLAY_INGEST_CHAOS_STACK_DIR=$1/consumer CHAOS_GROUP_PROTOCOL=consumer \
+    "$0" --include-ignored --nocapture || status=$?
+  exit "$status"' "$chaos_bin" "$chaos_stack" >"$chaos_log" 2>&1 &
 chaos=$!
 # A test that hangs (libtest has no per-test deadline) fails this step at 45 min, which is three
 # times what the step takes on a loaded 2-core machine, instead of the whole run being stopped at

@@ -49,6 +49,9 @@ pub fn init(format: LogFormat) {
 pub struct Throttle {
     /// The line's message, to say what was held back.
     what: &'static str,
+    /// Lines written in each window, and the window's length.
+    burst: u32,
+    length: Duration,
     window: Mutex<Window>,
 }
 
@@ -63,8 +66,15 @@ impl Throttle {
     const WINDOW: Duration = Duration::from_secs(60);
 
     pub const fn new(what: &'static str) -> Throttle {
+        Throttle::with(what, Self::BURST, Self::WINDOW)
+    }
+
+    /// `burst` lines in each window of `length`.
+    pub const fn with(what: &'static str, burst: u32, length: Duration) -> Throttle {
         Throttle {
             what,
+            burst,
+            length,
             window: Mutex::new(Window {
                 started: None,
                 written: 0,
@@ -83,12 +93,12 @@ impl Throttle {
         let mut window = self.window();
         if window
             .started
-            .is_none_or(|started| now.duration_since(started) >= Self::WINDOW)
+            .is_none_or(|started| now.duration_since(started) >= self.length)
         {
             window.started = Some(now);
             window.written = 0;
         }
-        if window.written >= Self::BURST {
+        if window.written >= self.burst {
             window.held_back += 1;
             return None;
         }
@@ -101,7 +111,7 @@ impl Throttle {
     fn untold(&self, now: Option<Instant>) -> Option<u64> {
         let mut window = self.window();
         let over = match (now, window.started) {
-            (Some(now), Some(started)) => now.duration_since(started) >= Self::WINDOW,
+            (Some(now), Some(started)) => now.duration_since(started) >= self.length,
             _ => true,
         };
         (over && window.held_back > 0).then(|| std::mem::take(&mut window.held_back))
@@ -144,25 +154,63 @@ const THROTTLED: [&Throttle; 9] = [
     &ACCEPT_FAILED,
 ];
 
+/// Lines of many kinds, each kind throttled on its own, its throttle made as its first line
+/// comes: at most `most` kinds; past them, a line of a new kind is not throttled.
+pub struct Kinds {
+    burst: u32,
+    length: Duration,
+    most: usize,
+    kinds: Mutex<Vec<(String, &'static Throttle)>>,
+}
+
+impl Kinds {
+    pub const fn new(burst: u32, length: Duration, most: usize) -> Kinds {
+        Kinds {
+            burst,
+            length,
+            most,
+            kinds: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// As [`Throttle::admit`], for a line of `kind`.
+    pub fn admit(&self, kind: &str) -> Option<u64> {
+        let mut kinds = self.kinds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, throttle)) = kinds.iter().find(|(known, _)| known == kind) {
+            return throttle.admit();
+        }
+        if kinds.len() >= self.most {
+            return Some(0);
+        }
+        // Leaked: at most `most`, each a few words, for the life of the process.
+        let throttle: &'static Throttle =
+            Box::leak(Box::new(Throttle::with("", self.burst, self.length)));
+        kinds.push((kind.to_owned(), throttle));
+        throttle.admit()
+    }
+
+    /// Each kind's lines held back ([`Throttle::untold`]). Counted under the lock, for the caller
+    /// to log after it: a write that fails and panics would come back to [`PANICS`].
+    fn untold(&self, now: Option<Instant>) -> Vec<(String, u64)> {
+        self.kinds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|(kind, throttle)| Some((kind.clone(), throttle.untold(now)?)))
+            .collect()
+    }
+}
+
 /// Panics, throttled per place in the code: a bug that panics on every message is held back
 /// after its first lines, while a panic elsewhere — the one that stops the service — is still
-/// written. Past [`MAX_PANIC_PLACES`] places, panics are not throttled.
-static PANIC_PLACES: Mutex<Vec<(String, &'static Throttle)>> = Mutex::new(Vec::new());
-const MAX_PANIC_PLACES: usize = 32;
+/// written.
+static PANICS: Kinds = Kinds::new(Throttle::BURST, Throttle::WINDOW, 32);
 
-fn admit_panic(location: &str) -> Option<u64> {
-    let mut places = PANIC_PLACES.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, throttle)) = places.iter().find(|(place, _)| place == location) {
-        return throttle.admit();
-    }
-    if places.len() >= MAX_PANIC_PLACES {
-        return Some(0);
-    }
-    // Leaked: at most `MAX_PANIC_PLACES`, each a few words, for the life of the process.
-    let throttle: &'static Throttle = Box::leak(Box::new(Throttle::new("panicked")));
-    places.push((location.to_owned(), throttle));
-    throttle.admit()
-}
+/// librdkafka's errors, one line per kind (a client, an error, a reason) in 30 s: it reports one
+/// on every reconnect that fails — every 100 ms from each client at first while the brokers are
+/// down, 250 lines in a 5 s restart — which buried the lines an operator needs (the kafka
+/// module's `client_error` admits them).
+pub static CLIENT_ERRORS: Kinds = Kinds::new(1, Duration::from_secs(30), 256);
 
 /// Says, one line each, how many lines of each throttled kind were held back in a minute that
 /// has passed without another like them; with `ending`, all held back so far (the process is
@@ -178,16 +226,15 @@ pub fn tell_held_back(ending: bool) {
             );
         }
     }
-    // Counted under the lock, logged after it: a write that fails and panics would come back
-    // to `admit_panic` on this thread.
-    let untold: Vec<(String, u64)> = PANIC_PLACES
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .filter_map(|(location, throttle)| Some((location.clone(), throttle.untold(now)?)))
-        .collect();
-    for (location, held_back) in untold {
+    for (location, held_back) in PANICS.untold(now) {
         error!(target: "panic", location, held_back, "{held_back} more panics here were held back");
+    }
+    for (kind, held_back) in CLIENT_ERRORS.untold(now) {
+        tracing::warn!(
+            kind,
+            held_back,
+            "{held_back} more librdkafka errors like this were held back"
+        );
     }
 }
 
@@ -197,7 +244,7 @@ fn log_panic(info: &std::panic::PanicHookInfo) {
     let location = info.location().map_or_else(String::new, |l| {
         format!("{}:{}:{}", l.file(), l.line(), l.column())
     });
-    let Some(held_back) = admit_panic(&location) else {
+    let Some(held_back) = PANICS.admit(&location) else {
         return;
     };
     let message = crate::recording::panic_message(info.payload());
@@ -279,16 +326,31 @@ mod tests {
         assert_eq!(throttle.untold(None), Some(2), "at exit, whenever");
     }
 
+    /// Each kind is throttled on its own; past `most` kinds, a new one is not throttled at all;
+    /// what was held back is told, by kind.
+    #[test]
+    fn kinds_are_throttled_each_on_its_own_and_bounded() {
+        let kinds = Kinds::new(1, Duration::from_secs(30), 2);
+        assert_eq!(kinds.admit("a"), Some(0));
+        assert_eq!(kinds.admit("a"), None);
+        assert_eq!(kinds.admit("a"), None);
+        assert_eq!(kinds.admit("b"), Some(0));
+        assert_eq!(kinds.admit("c"), Some(0));
+        assert_eq!(kinds.admit("c"), Some(0), "past the bound: not throttled");
+        assert_eq!(kinds.untold(None), vec![("a".to_owned(), 2)]);
+        assert_eq!(kinds.untold(None), vec![], "told once");
+    }
+
     /// A bug panicking on every message is held back after its first lines; a panic elsewhere
     /// (the one that stops the service) is still written.
     #[test]
     fn panics_are_throttled_per_place() {
         let (flood, other) = ("src/a.rs:1:1", "src/b.rs:2:2");
         for _ in 0..Throttle::BURST {
-            assert_eq!(admit_panic(flood), Some(0));
+            assert_eq!(PANICS.admit(flood), Some(0));
         }
-        assert_eq!(admit_panic(flood), None);
-        assert_eq!(admit_panic(other), Some(0));
+        assert_eq!(PANICS.admit(flood), None);
+        assert_eq!(PANICS.admit(other), Some(0));
     }
 
     #[test]

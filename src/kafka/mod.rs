@@ -14,7 +14,6 @@ pub mod producer;
 pub mod record;
 pub mod refetch;
 pub mod refusal;
-pub mod repeats;
 
 /// How long to wait for what librdkafka should answer within `timeout` (the request and delivery
 /// timeout it was given) before taking the brokers for gone: twice that, and 5 s more, as
@@ -56,9 +55,9 @@ pub fn log_line(level: rdkafka::config::RDKafkaLogLevel, facility: &str, line: &
 /// producer`, …). A broker restarting, moving or unreachable: it retries by itself, WARN. A
 /// refusal of the credentials, recorded for liveness ([`refusal`]), an ACL the brokers refuse
 /// (the member stops on a group's or its topic's; a re-reading consumer, sharing the group,
-/// meets it too), or the client's fatal error (it does nothing more): ERROR. The same error of
-/// the same client is logged once in [`repeats::REPEAT_WINDOW`]; the line after says how many
-/// came meanwhile (`repeated`).
+/// meets it too), or the client's fatal error (it does nothing more): ERROR. Each kind (its
+/// `kind` field) is logged once in 30 s ([`crate::logs::CLIENT_ERRORS`]); the next line of it,
+/// or one of its own once the 30 s are over, says how many were held back.
 pub fn client_error(client: &str, error: &rdkafka::error::KafkaError, reason: &str) {
     use rdkafka::types::RDKafkaErrorCode::{
         ClusterAuthorizationFailed, Fatal, GroupAuthorizationFailed, TopicAuthorizationFailed,
@@ -73,17 +72,31 @@ pub fn client_error(client: &str, error: &rdkafka::error::KafkaError, reason: &s
                     | ClusterAuthorizationFailed
             )
         );
-    let code = error
-        .rdkafka_error_code()
-        .map_or_else(|| error.to_string(), |code| format!("{code:?}"));
-    let Some(repeated) = repeats::admit(repeats::kind(client, &code, reason)) else {
+    let kind = error_kind(client, error, reason);
+    let Some(held_back) = crate::logs::CLIENT_ERRORS.admit(&kind) else {
         return;
     };
     if refused {
-        tracing::error!(%error, reason, repeated, "librdkafka ({client}): retrying does not get past this");
+        tracing::error!(%error, reason, kind, held_back, "librdkafka ({client}): retrying does not get past this");
     } else {
-        tracing::warn!(%error, reason, repeated, "librdkafka ({client}): retried by the client");
+        tracing::warn!(%error, reason, kind, held_back, "librdkafka ({client}): retried by the client");
     }
+}
+
+/// The kind of an error `client` reports: the client, the error's code and its reason without
+/// what changes from one report of the same trouble to the next (librdkafka's "(after 0ms in
+/// state CONNECT, 3 identical error(s) suppressed)", the count in "2/2 brokers are down"). The
+/// broker a reason names stays: a second broker failing is a kind of its own.
+fn error_kind(client: &str, error: &rdkafka::error::KafkaError, reason: &str) -> String {
+    let code = error
+        .rdkafka_error_code()
+        .map_or_else(|| error.to_string(), |code| format!("{code:?}"));
+    let reason = reason.split(" (after ").next().unwrap_or(reason);
+    let reason = match reason.ends_with(" brokers are down") {
+        true => "brokers are down",
+        false => reason,
+    };
+    format!("librdkafka ({client}): {code}: {reason}")
 }
 
 /// The context of a client that needs nothing but librdkafka's lines and errors logged at the
@@ -102,3 +115,44 @@ impl rdkafka::ClientContext for Logged {
 }
 
 impl rdkafka::consumer::ConsumerContext for Logged {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    /// Reports of one trouble are one kind, whatever librdkafka counts in them; another broker,
+    /// client or error is another kind.
+    #[test]
+    fn an_errors_kind_leaves_out_what_changes_between_reports_of_one_trouble() {
+        let down = KafkaError::Global(RDKafkaErrorCode::AllBrokersDown);
+        assert_eq!(
+            error_kind("the consumer", &down, "0/2 brokers are down"),
+            error_kind("the consumer", &down, "2/2 brokers are down")
+        );
+        let refused = KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure);
+        let kind = |reason| error_kind("a producer", &refused, reason);
+        assert_eq!(
+            kind(
+                "b1:9092/1: Connect to ipv4#10.0.0.1:9092 failed: Connection refused (after 0ms in state CONNECT)"
+            ),
+            kind(
+                "b1:9092/1: Connect to ipv4#10.0.0.1:9092 failed: Connection refused (after 12ms in state CONNECT, 3 identical error(s) suppressed)"
+            )
+        );
+        assert_ne!(
+            kind("b1:9092/1: Connect to ipv4#10.0.0.1:9092 failed: Connection refused"),
+            kind("b2:9092/2: Connect to ipv4#10.0.0.2:9092 failed: Connection refused"),
+            "another broker"
+        );
+        assert_ne!(
+            error_kind("the consumer", &refused, "x"),
+            error_kind("a producer", &refused, "x")
+        );
+        assert_ne!(
+            error_kind("a producer", &down, "x"),
+            error_kind("a producer", &refused, "x")
+        );
+    }
+}

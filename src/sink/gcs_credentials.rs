@@ -157,9 +157,12 @@ impl CredentialsProvider for WithDeadline {
         let (current, at) = self.current();
         match tokio::time::timeout(self.deadline, current.headers(extensions)).await {
             Ok(Err(error)) if !error.is_transient() => Err(self.refused(at, error)),
-            Ok(headers) => {
+            // A refusal's clock runs on through transient failures (a revoked key beside a
+            // flaky metadata server is still final a minute on); a token ends it.
+            Ok(Err(error)) => Err(error),
+            Ok(Ok(headers)) => {
                 *self.refused_since() = None;
-                headers
+                Ok(headers)
             }
             Err(_) => {
                 if self.rebuild(at, 4 * self.deadline) {
@@ -353,6 +356,46 @@ mod tests {
             credentials.refused_since().is_none(),
             "the refusals are over"
         );
+    }
+
+    /// Credentials refused and failing transiently in turn (a revoked key, a flaky metadata
+    /// server).
+    #[derive(Debug, Default)]
+    struct Flaky(AtomicUsize);
+
+    impl CredentialsProvider for Flaky {
+        async fn headers(
+            &self,
+            _: Extensions,
+        ) -> Result<CacheableResource<HeaderMap>, CredentialsError> {
+            let transient = self.0.fetch_add(1, Ordering::SeqCst) % 2 == 1;
+            Err(CredentialsError::from_msg(
+                transient,
+                "refused, or not answering",
+            ))
+        }
+
+        async fn universe_domain(&self) -> Option<String> {
+            None
+        }
+    }
+
+    /// A refusal that lasts through transient failures is final all the same: they do not start
+    /// its minute again (each did, and the refusal was retried for ever).
+    #[tokio::test(start_paused = true)]
+    async fn transient_failures_between_refusals_do_not_start_the_minute_again() {
+        let builds = Arc::new(AtomicUsize::new(0));
+        let credentials = refused_then(|| Credentials::from(Flaky::default()), &builds);
+        let started = Instant::now();
+        loop {
+            let error = credentials.headers(Extensions::new()).await.unwrap_err();
+            if !error.is_transient() {
+                break;
+            }
+            assert!(started.elapsed() < 2 * REFUSED_FOR, "never final");
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert!(started.elapsed() >= REFUSED_FOR);
     }
 
     /// A refusal that lasts (a revoked key): final once it has lasted `REFUSED_FOR`, however

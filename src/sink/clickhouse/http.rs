@@ -232,22 +232,31 @@ struct Watch {
 
 impl Watch {
     /// Looks at `wrote` (bytes written) for a request's `query_id` of this process's.
+    /// Searched in place (a write can be a whole chunk of an INSERT's rows), and where it meets
+    /// the end of the write before, for a marker and its count split between the two.
     fn wrote(&mut self, wrote: &[u8]) {
         let marker = marker();
-        let mut window = std::mem::take(&mut self.written);
-        window.extend_from_slice(wrote);
-        if let Some(at) = memchr::memmem::rfind(&window, marker) {
-            let id = &window[at + 9..];
+        let keep = marker.len() + 24;
+        let mut seam = std::mem::take(&mut self.written);
+        seam.extend_from_slice(&wrote[..wrote.len().min(keep)]);
+        let id = |bytes: &[u8]| {
+            let at = memchr::memmem::rfind(bytes, marker)?;
+            let id = &bytes[at + 9..];
             let end = id
                 .iter()
-                .position(|b| !(b.is_ascii_alphanumeric() || *b == b'-'));
-            if let Some(end) = end {
-                self.request = Some(String::from_utf8_lossy(&id[..end]).into_owned());
-            }
+                .position(|b| !(b.is_ascii_alphanumeric() || *b == b'-'))?;
+            Some(String::from_utf8_lossy(&id[..end]).into_owned())
+        };
+        if let Some(request) = id(wrote).or_else(|| id(&seam)) {
+            self.request = Some(request);
         }
-        // Enough to find a marker and its count split between writes.
-        let keep = window.len().saturating_sub(marker.len() + 24);
-        self.written = window.split_off(keep);
+        // The end of what was written, for the next write's seam.
+        self.written = if wrote.len() >= keep {
+            wrote[wrote.len() - keep..].to_vec()
+        } else {
+            let from = seam.len().saturating_sub(keep);
+            seam.split_off(from)
+        };
     }
 
     /// Looks at `read` (the bytes one read returned); an exception in a `200` answer, or an
