@@ -334,6 +334,87 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
     assert!(!last.is_empty(), "the clients' errors are logged:\n{log}");
 }
 
+/// Real rebalances over SASL_SSL with SCRAM-SHA-512 (the password from a mounted file), under
+/// production: a second member joins (the first's revoke drains and commits through the secured
+/// listener), then the first is killed with SIGKILL, and the second takes its partitions once its
+/// session ends. Every message of the three batches (before the join, between, after the kill) is
+/// stored or dead-lettered, the group commits to the end of every partition, the survivor's
+/// SIGTERM drains and exits 0, and no line holds the password. (The rebalance and kill tests ran
+/// on the plaintext listener only.)
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
+async fn over_sasl_ssl_a_member_joining_and_one_killed_under_load_lose_nothing() {
+    let broker = SecureBroker::start(USER, PASSWORD);
+    let base = admin(&broker);
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
+    create_topic_on(&base, &topic, 4).await;
+    create_topic_on(&base, &dlq, 1).await;
+    let files = [small_fixtures(true), small_fixtures(false)].concat();
+    let batch = |n| batch_of(&files, n);
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("kafka-password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
+    let blob_dir = dir.path().join("blobs");
+    let flags = broker.sasl_ssl_flags(USER, &password_file);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    // Each member its own probe port, both in one group, with a session the kill outlasts soon.
+    let member = |name: &str| {
+        let args = service_args(&broker, "SASL_SSL", &topic, &dlq, &blob_dir, &flags);
+        let args = with_flag(args, "--group-id", &group);
+        let args = with_flag(args, "--session-timeout-ms", "6000");
+        let log = dir.path().join(format!("{name}.log"));
+        (Service::start_logging_to(&args, &log), log)
+    };
+
+    let (first, first_log) = member("first");
+    let (_, mut sent) = produce_values_with(&producer_on(&base), &topic, batch(0)).await;
+    let stored = |sent: &[Sent]| outcomes(sent).0;
+    let now = stored(&sent);
+    wait_for("the first batch's blobs", Duration::from_secs(60), || {
+        blobs_under(&blob_dir) == now
+    })
+    .await;
+    let (second, second_log) = member("second");
+    both_own_partitions(&first, &second).await;
+    let (_, between) = produce_values_with(&producer_on(&base), &topic, batch(1)).await;
+    sent.extend(between);
+    let now = stored(&sent);
+    wait_for("the second batch's blobs", Duration::from_secs(60), || {
+        blobs_under(&blob_dir) == now
+    })
+    .await;
+    first.kill9();
+    let (_, after) = produce_values_with(&producer_on(&base), &topic, batch(2)).await;
+    sent.extend(after);
+    wait_for(
+        "the survivor owning every partition",
+        Duration::from_secs(60),
+        || second.owned() == 4,
+    )
+    .await;
+
+    let (blobs, dead) = outcomes(&sent);
+    wait_for("every blob of the three batches", Duration::from_secs(120), || {
+        blobs_under(&blob_dir) == blobs
+    })
+    .await;
+    let end = high_watermarks_on(&base, &topic, 4);
+    assert_eq!(end.values().sum::<i64>(), sent.len() as i64);
+    wait_for("the group commits to the end", Duration::from_secs(60), || {
+        committed_on(&base, &group, &topic, 4) == end
+    })
+    .await;
+    // Dead letters are at least once: a flush the kill interrupted sends its letters again.
+    let letters = read_messages_on(&base, &dlq, dead.len(), Duration::from_secs(30));
+    let letters = check_dead_letters(letters, &topic, &originals(&sent));
+    assert_eq!(letters.into_iter().collect::<BTreeSet<_>>(), dead);
+    assert_eq!(second.terminate(), Some(0));
+    for log in [first_log, second_log] {
+        let log = std::fs::read_to_string(&log).unwrap();
+        assert!(!log.contains(PASSWORD), "the password is never logged:\n{log}");
+    }
+}
+
 /// The level of a line of the service's text log (`<time> <LEVEL> <target>: …`).
 fn level_of(line: &str) -> Option<&str> {
     line.split_whitespace().nth(1)
