@@ -832,7 +832,10 @@ async fn a_member_cut_off_for_less_than_its_session_commits_once_the_network_ret
     let owned = cut.status().unwrap()["partitions"].clone();
     let owned: Vec<i32> = serde_json::from_value(owned).unwrap();
     assert!(!owned.is_empty());
-    for p in owned.into_iter().filter(|p| end.get(p).is_some_and(|&e| e > 0)) {
+    for p in owned
+        .into_iter()
+        .filter(|p| end.get(p).is_some_and(|&e| e > 0))
+    {
         assert!(
             committed.get(&p).copied().unwrap_or(0) < end[&p],
             "partition {p} of the cut member waits for the network: {committed:?} of {end:?}"

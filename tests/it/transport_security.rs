@@ -315,7 +315,10 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
     // second of room.
     let mut last: BTreeMap<&str, SystemTime> = BTreeMap::new();
     // (Not the lines saying how many were held back: at exit they come whenever.)
-    for line in log.lines().filter(|l| l.contains("): retried by the client")) {
+    for line in log
+        .lines()
+        .filter(|l| l.contains("): retried by the client"))
+    {
         let Some(kind) = line
             .split_once(" kind=\"")
             .and_then(|(_, rest)| rest.split_once("\" held_back="))
@@ -394,15 +397,19 @@ async fn over_sasl_ssl_a_member_joining_and_one_killed_under_load_lose_nothing()
     .await;
 
     let (blobs, dead) = outcomes(&sent);
-    wait_for("every blob of the three batches", Duration::from_secs(120), || {
-        blobs_under(&blob_dir) == blobs
-    })
+    wait_for(
+        "every blob of the three batches",
+        Duration::from_secs(120),
+        || blobs_under(&blob_dir) == blobs,
+    )
     .await;
     let end = high_watermarks_on(&base, &topic, 4);
     assert_eq!(end.values().sum::<i64>(), sent.len() as i64);
-    wait_for("the group commits to the end", Duration::from_secs(60), || {
-        committed_on(&base, &group, &topic, 4) == end
-    })
+    wait_for(
+        "the group commits to the end",
+        Duration::from_secs(60),
+        || committed_on(&base, &group, &topic, 4) == end,
+    )
     .await;
     // Dead letters are at least once: a flush the kill interrupted sends its letters again.
     let letters = read_messages_on(&base, &dlq, dead.len(), Duration::from_secs(30));
@@ -411,7 +418,10 @@ async fn over_sasl_ssl_a_member_joining_and_one_killed_under_load_lose_nothing()
     assert_eq!(second.terminate(), Some(0));
     for log in [first_log, second_log] {
         let log = std::fs::read_to_string(&log).unwrap();
-        assert!(!log.contains(PASSWORD), "the password is never logged:\n{log}");
+        assert!(
+            !log.contains(PASSWORD),
+            "the password is never logged:\n{log}"
+        );
     }
 }
 
