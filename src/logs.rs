@@ -117,6 +117,15 @@ impl Throttle {
         (over && window.held_back > 0).then(|| std::mem::take(&mut window.held_back))
     }
 
+    /// Its window is over and it holds nothing back: forgetting it loses nothing.
+    fn quiet(&self, now: Instant) -> bool {
+        let window = self.window();
+        window.held_back == 0
+            && window
+                .started
+                .is_none_or(|started| now.duration_since(started) >= self.length)
+    }
+
     fn window(&self) -> std::sync::MutexGuard<'_, Window> {
         self.window.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -155,12 +164,14 @@ const THROTTLED: [&Throttle; 9] = [
 ];
 
 /// Lines of many kinds, each kind throttled on its own, its throttle made as its first line
-/// comes: at most `most` kinds; past them, a line of a new kind is not throttled.
+/// comes: at most `most` kinds at once. A kind quiet for a window, with nothing held back, makes
+/// room for a new one; past `most` kinds none of which is quiet, a line of a new kind is not
+/// throttled.
 pub struct Kinds {
     burst: u32,
     length: Duration,
     most: usize,
-    kinds: Mutex<Vec<(String, &'static Throttle)>>,
+    kinds: Mutex<Vec<(String, Throttle)>>,
 }
 
 impl Kinds {
@@ -175,18 +186,24 @@ impl Kinds {
 
     /// As [`Throttle::admit`], for a line of `kind`.
     pub fn admit(&self, kind: &str) -> Option<u64> {
+        self.admit_at(kind, Instant::now())
+    }
+
+    fn admit_at(&self, kind: &str, now: Instant) -> Option<u64> {
         let mut kinds = self.kinds.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, throttle)) = kinds.iter().find(|(known, _)| known == kind) {
-            return throttle.admit();
+            return throttle.admit_at(now);
+        }
+        if kinds.len() >= self.most {
+            kinds.retain(|(_, throttle)| !throttle.quiet(now));
         }
         if kinds.len() >= self.most {
             return Some(0);
         }
-        // Leaked: at most `most`, each a few words, for the life of the process.
-        let throttle: &'static Throttle =
-            Box::leak(Box::new(Throttle::with("", self.burst, self.length)));
+        let throttle = Throttle::with("", self.burst, self.length);
+        let admitted = throttle.admit_at(now);
         kinds.push((kind.to_owned(), throttle));
-        throttle.admit()
+        admitted
     }
 
     /// Each kind's lines held back ([`Throttle::untold`]). Counted under the lock, for the caller
@@ -339,6 +356,24 @@ mod tests {
         assert_eq!(kinds.admit("c"), Some(0), "past the bound: not throttled");
         assert_eq!(kinds.untold(None), vec![("a".to_owned(), 2)]);
         assert_eq!(kinds.untold(None), vec![], "told once");
+    }
+
+    /// A kind quiet for a window, nothing held back, makes room: however many kinds come over
+    /// the process's life (a reason naming a new address after each broker restart), new ones
+    /// are throttled. One with lines held back keeps its place until they are told.
+    #[test]
+    fn quiet_kinds_make_room_for_new_ones() {
+        let kinds = Kinds::new(1, Duration::from_secs(30), 2);
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        assert_eq!(kinds.admit_at("a", at(0)), Some(0));
+        assert_eq!(kinds.admit_at("b", at(0)), Some(0));
+        assert_eq!(kinds.admit_at("b", at(1)), None, "b holds one back");
+        assert_eq!(kinds.admit_at("c", at(10)), Some(0));
+        assert_eq!(kinds.admit_at("c", at(10)), Some(0), "none quiet yet");
+        assert_eq!(kinds.admit_at("c", at(30)), Some(0), "a makes room");
+        assert_eq!(kinds.admit_at("c", at(31)), None, "c is throttled");
+        assert_eq!(kinds.untold(Some(at(31))), vec![("b".to_owned(), 1)]);
     }
 
     /// A bug panicking on every message is held back after its first lines; a panic elsewhere

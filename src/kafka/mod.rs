@@ -84,19 +84,23 @@ pub fn client_error(client: &str, error: &rdkafka::error::KafkaError, reason: &s
 }
 
 /// The kind of an error `client` reports: the client, the error's code and its reason without
-/// what changes from one report of the same trouble to the next (librdkafka's "(after 0ms in
-/// state CONNECT, 3 identical error(s) suppressed)", the count in "2/2 brokers are down"). The
-/// broker a reason names stays: a second broker failing is a kind of its own.
+/// what changes from one report of the same trouble to the next — librdkafka's asides in
+/// brackets ("(after 0ms in state CONNECT, 3 identical error(s) suppressed)", "(average rtt
+/// 501.231ms)") and every number after the broker the reason starts with (the count in "2/2
+/// brokers are down" or "3 request(s) timed out", the address a broker's name resolved to). The
+/// broker stays: a second broker failing is a kind of its own.
 fn error_kind(client: &str, error: &rdkafka::error::KafkaError, reason: &str) -> String {
     let code = error
         .rdkafka_error_code()
         .map_or_else(|| error.to_string(), |code| format!("{code:?}"));
-    let reason = reason.split(" (after ").next().unwrap_or(reason);
-    let reason = match reason.ends_with(" brokers are down") {
-        true => "brokers are down",
-        false => reason,
+    let reason = reason.split(" (").next().unwrap_or(reason);
+    // "b-1.kafka:9092/1: …", "GroupCoordinator: …"; none in "2/2 brokers are down".
+    let (broker, rest) = match reason.split_once(": ") {
+        Some((broker, rest)) if !broker.contains(' ') => (format!("{broker}: "), rest),
+        _ => (String::new(), reason),
     };
-    format!("librdkafka ({client}): {code}: {reason}")
+    let rest: String = rest.chars().filter(|c| !c.is_ascii_digit()).collect();
+    format!("librdkafka ({client}): {code}: {broker}{rest}")
 }
 
 /// The context of a client that needs nothing but librdkafka's lines and errors logged at the
@@ -133,6 +137,19 @@ mod tests {
         );
         let refused = KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure);
         let kind = |reason| error_kind("a producer", &refused, reason);
+        assert_eq!(
+            kind(
+                "b1:9092/1: 3 request(s) timed out: disconnect (average rtt 501.231ms) (after 30001ms in state UP)"
+            ),
+            kind(
+                "b1:9092/1: 17 request(s) timed out: disconnect (average rtt 12.5ms) (after 30004ms in state UP)"
+            )
+        );
+        assert_eq!(
+            kind("b1:9092/1: Connect to ipv4#10.0.0.1:9092 failed: Connection refused"),
+            kind("b1:9092/1: Connect to ipv4#10.0.7.9:9092 failed: Connection refused"),
+            "the address the broker's name resolved to"
+        );
         assert_eq!(
             kind(
                 "b1:9092/1: Connect to ipv4#10.0.0.1:9092 failed: Connection refused (after 0ms in state CONNECT)"

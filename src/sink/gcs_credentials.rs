@@ -47,7 +47,7 @@ pub fn application_default(deadline: Duration) -> Result<Credentials, SinkError>
         build: Arc::new(move || Builder::default().build().map_err(|e| e.to_string())),
         deadline,
         universe_domain: OnceLock::new(),
-        refused_since: Mutex::default(),
+        refusals: Mutex::default(),
     }))
 }
 
@@ -59,8 +59,16 @@ struct WithDeadline {
     deadline: Duration,
     /// The universe domain, once asked (the client asks once per inner client it builds).
     universe_domain: OnceLock<Option<String>>,
-    /// Since when every fetch has been refused, if the last one was.
-    refused_since: Mutex<Option<Instant>>,
+    /// The refusals of the fetches since the last token, if any: since when, and the last.
+    refusals: Mutex<Option<Refusals>>,
+}
+
+/// A run of refusals: the first and the last. Only a token ends it; a refusal more than
+/// [`REFUSED_FOR`] after the last starts a new one (a blip, transient failures, a blip again).
+#[derive(Clone, Copy)]
+struct Refusals {
+    since: Instant,
+    last: Instant,
 }
 
 /// Credentials, and when they were built.
@@ -122,17 +130,32 @@ impl WithDeadline {
 }
 
 impl WithDeadline {
-    fn refused_since(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
-        self.refused_since
+    fn refusals(&self) -> std::sync::MutexGuard<'_, Option<Refusals>> {
+        self.refusals
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The credentials built `at` were refused (`error`): built again, and the refusal retried
-    /// (a transient error), until refusals have lasted [`REFUSED_FOR`]; then `error` itself.
+    /// (a transient error), until a run of refusals, none more than [`REFUSED_FOR`] after the
+    /// one before, has lasted [`REFUSED_FOR`]; then `error` itself.
     fn refused(&self, at: Instant, error: CredentialsError) -> CredentialsError {
-        let since = *self.refused_since().get_or_insert_with(Instant::now);
-        if since.elapsed() >= REFUSED_FOR {
+        let now = Instant::now();
+        let since = {
+            let mut refusals = self.refusals();
+            let run = match *refusals {
+                Some(run) if now.duration_since(run.last) <= REFUSED_FOR => {
+                    Refusals { last: now, ..run }
+                }
+                _ => Refusals {
+                    since: now,
+                    last: now,
+                },
+            };
+            *refusals = Some(run);
+            run.since
+        };
+        if now.duration_since(since) >= REFUSED_FOR {
             return error;
         }
         if self.rebuild(at, self.deadline) {
@@ -161,7 +184,7 @@ impl CredentialsProvider for WithDeadline {
             // flaky metadata server is still final a minute on); a token ends it.
             Ok(Err(error)) => Err(error),
             Ok(Ok(headers)) => {
-                *self.refused_since() = None;
+                *self.refusals() = None;
                 Ok(headers)
             }
             Err(_) => {
@@ -243,7 +266,7 @@ mod tests {
             build: Arc::new(|| Err("not built again".to_owned())),
             deadline: Duration::from_secs(5),
             universe_domain: OnceLock::new(),
-            refused_since: Mutex::default(),
+            refusals: Mutex::default(),
         };
         let started = tokio::time::Instant::now();
         let hung = with(true);
@@ -273,7 +296,7 @@ mod tests {
             }),
             deadline: Duration::from_secs(5),
             universe_domain: OnceLock::new(),
-            refused_since: Mutex::default(),
+            refusals: Mutex::default(),
         };
         let started = tokio::time::Instant::now();
         let error = credentials
@@ -330,7 +353,7 @@ mod tests {
             }),
             deadline: Duration::from_secs(5),
             universe_domain: OnceLock::new(),
-            refused_since: Mutex::default(),
+            refusals: Mutex::default(),
         }
     }
 
@@ -352,10 +375,7 @@ mod tests {
         assert!(error.is_transient(), "{error}");
         assert_eq!(builds.load(Ordering::SeqCst), 1);
         assert!(credentials.headers(Extensions::new()).await.is_ok());
-        assert!(
-            credentials.refused_since().is_none(),
-            "the refusals are over"
-        );
+        assert!(credentials.refusals().is_none(), "the refusals are over");
     }
 
     /// Credentials refused and failing transiently in turn (a revoked key, a flaky metadata
@@ -396,6 +416,24 @@ mod tests {
             tokio::time::advance(Duration::from_secs(1)).await;
         }
         assert!(started.elapsed() >= REFUSED_FOR);
+    }
+
+    /// A refusal, minutes of timeouts (a metadata server restarting), and a refusal again as it
+    /// comes back: a new run, retried, not final at once (the first refusal's clock had run on).
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_long_after_the_last_starts_a_new_run() {
+        let builds = Arc::new(AtomicUsize::new(0));
+        let credentials = refused_then(|| Credentials::from(Refused), &builds);
+        assert!(
+            credentials
+                .headers(Extensions::new())
+                .await
+                .unwrap_err()
+                .is_transient()
+        );
+        tokio::time::advance(REFUSED_FOR * 3).await;
+        let error = credentials.headers(Extensions::new()).await.unwrap_err();
+        assert!(error.is_transient(), "{error}");
     }
 
     /// A refusal that lasts (a revoked key): final once it has lasted `REFUSED_FOR`, however
