@@ -266,25 +266,7 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
     let (_, after) = produce_values_with(&producer_on(&base), &topic, batch(2)).await;
     sent.extend(after);
 
-    let (blobs, dead) = outcomes(&sent);
-    wait_for(
-        "every blob of the three batches",
-        Duration::from_secs(120),
-        || blobs_under(&blob_dir) == blobs,
-    )
-    .await;
-    let end = high_watermarks_on(&base, &topic, 2);
-    assert_eq!(end.values().sum::<i64>(), sent.len() as i64);
-    wait_for(
-        "the group commits to the end",
-        Duration::from_secs(60),
-        || committed_on(&base, &group, &topic, 2) == end,
-    )
-    .await;
-    // Dead letters are at least once: one the kill interrupted may be there twice.
-    let letters = read_messages_on(&base, &dlq, dead.len(), Duration::from_secs(30));
-    let letters = check_dead_letters(letters, &topic, &originals(&sent));
-    assert_eq!(letters.into_iter().collect::<BTreeSet<_>>(), dead);
+    everything_landed(&base, &sent, (&topic, 2), &dlq, &group, &blob_dir).await;
     // The restart's cut connections and handshakes are no refusal of the credentials.
     let status = service.status().unwrap();
     assert!(status["kafka_refused"].is_null(), "{status}");
@@ -396,25 +378,7 @@ async fn over_sasl_ssl_a_member_joining_and_one_killed_under_load_lose_nothing()
     )
     .await;
 
-    let (blobs, dead) = outcomes(&sent);
-    wait_for(
-        "every blob of the three batches",
-        Duration::from_secs(120),
-        || blobs_under(&blob_dir) == blobs,
-    )
-    .await;
-    let end = high_watermarks_on(&base, &topic, 4);
-    assert_eq!(end.values().sum::<i64>(), sent.len() as i64);
-    wait_for(
-        "the group commits to the end",
-        Duration::from_secs(60),
-        || committed_on(&base, &group, &topic, 4) == end,
-    )
-    .await;
-    // Dead letters are at least once: a flush the kill interrupted sends its letters again.
-    let letters = read_messages_on(&base, &dlq, dead.len(), Duration::from_secs(30));
-    let letters = check_dead_letters(letters, &topic, &originals(&sent));
-    assert_eq!(letters.into_iter().collect::<BTreeSet<_>>(), dead);
+    everything_landed(&base, &sent, (&topic, 4), &dlq, &group, &blob_dir).await;
     assert_eq!(second.terminate(), Some(0));
     for log in [first_log, second_log] {
         let log = std::fs::read_to_string(&log).unwrap();
@@ -423,6 +387,35 @@ async fn over_sasl_ssl_a_member_joining_and_one_killed_under_load_lose_nothing()
             "the password is never logged:\n{log}"
         );
     }
+}
+
+/// Every message of `sent` (on `topic`, of so many partitions) stored in `blob_dir` or on `dlq`,
+/// and `group` committed to the end of every partition. Dead letters are at least once: one a
+/// kill interrupted may be there twice.
+async fn everything_landed(
+    base: &ClientConfig,
+    sent: &[Sent],
+    (topic, partitions): (&str, i32),
+    dlq: &str,
+    group: &str,
+    blob_dir: &Path,
+) {
+    let (blobs, dead) = outcomes(sent);
+    wait_for("every blob", Duration::from_secs(120), || {
+        blobs_under(blob_dir) == blobs
+    })
+    .await;
+    let end = high_watermarks_on(base, topic, partitions);
+    assert_eq!(end.values().sum::<i64>(), sent.len() as i64);
+    wait_for(
+        "the group commits to the end",
+        Duration::from_secs(60),
+        || committed_on(base, group, topic, partitions) == end,
+    )
+    .await;
+    let letters = read_messages_on(base, dlq, dead.len(), Duration::from_secs(30));
+    let letters = check_dead_letters(letters, topic, &originals(sent));
+    assert_eq!(letters.into_iter().collect::<BTreeSet<_>>(), dead);
 }
 
 /// The level of a line of the service's text log (`<time> <LEVEL> <target>: …`).
