@@ -220,17 +220,9 @@ async fn over_sasl_every_mechanism_authenticates_with_the_mounted_password_and_n
 #[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothing() {
     let mut broker = SecureBroker::start(USER, PASSWORD);
-    let base = admin(&broker);
-    let (topic, dlq) = (unique("rec"), unique("dlq"));
-    create_topic_on(&base, &topic, 2).await;
-    create_topic_on(&base, &dlq, 1).await;
-    let files = [small_fixtures(true), small_fixtures(false)].concat();
+    let (base, topic, dlq) = (admin(&broker), unique("rec"), unique("dlq"));
+    let (files, dir, password_file, blob_dir) = under_load(&base, &topic, 2, &dlq).await;
     let batch = |n| batch_of(&files, n);
-
-    let dir = tempfile::tempdir().unwrap();
-    let password_file = dir.path().join("kafka-password");
-    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
-    let blob_dir = dir.path().join("blobs");
     let args = service_args(
         &broker,
         "SASL_SSL",
@@ -330,16 +322,10 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
 #[ignore = "needs Apache Kafka's jars: scripts/test.sh fetches them and runs every test"]
 async fn over_sasl_ssl_a_member_joining_and_one_killed_under_load_lose_nothing() {
     let broker = SecureBroker::start(USER, PASSWORD);
-    let base = admin(&broker);
-    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
-    create_topic_on(&base, &topic, 4).await;
-    create_topic_on(&base, &dlq, 1).await;
-    let files = [small_fixtures(true), small_fixtures(false)].concat();
+    let (base, topic, dlq) = (admin(&broker), unique("rec"), unique("dlq"));
+    let group = unique("group");
+    let (files, dir, password_file, blob_dir) = under_load(&base, &topic, 4, &dlq).await;
     let batch = |n| batch_of(&files, n);
-    let dir = tempfile::tempdir().unwrap();
-    let password_file = dir.path().join("kafka-password");
-    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
-    let blob_dir = dir.path().join("blobs");
     let flags = broker.sasl_ssl_flags(USER, &password_file);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     // Each member its own probe port, both in one group, with a session the kill outlasts soon.
@@ -387,6 +373,30 @@ async fn over_sasl_ssl_a_member_joining_and_one_killed_under_load_lose_nothing()
             "the password is never logged:\n{log}"
         );
     }
+}
+
+/// What a test under load over SASL_SSL starts from: `topic` with so many partitions and `dlq`
+/// made, the fixtures (valid and invalid) it produces, a directory holding the password's mounted
+/// file and the blob directory.
+async fn under_load(
+    base: &ClientConfig,
+    topic: &str,
+    partitions: i32,
+    dlq: &str,
+) -> (
+    Vec<Vec<u8>>,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    create_topic_on(base, topic, partitions).await;
+    create_topic_on(base, dlq, 1).await;
+    let files = [small_fixtures(true), small_fixtures(false)].concat();
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("kafka-password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
+    let blob_dir = dir.path().join("blobs");
+    (files, dir, password_file, blob_dir)
 }
 
 /// Every message of `sent` (on `topic`, of so many partitions) stored in `blob_dir` or on `dlq`,
