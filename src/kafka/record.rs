@@ -3,12 +3,21 @@
 //! copying the body again (`recording::blob`), and nothing else is copied per message (rdkafka's
 //! `OwnedMessage` also copies the topic's name and the headers into allocations of their own).
 
+use std::ffi::CStr;
+
 use bytes::Bytes;
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::bindings as rd;
+use rdkafka::message::{BorrowedMessage, Message};
 
 /// The header `redrive` puts on each message it re-produces, naming the letter
-/// (`topic/partition/offset`).
-pub const REDRIVEN_FROM: &str = "redriven_from";
+/// (`topic/partition/offset`), as [`header`] looks it up.
+pub const REDRIVEN_FROM_HEADER: &CStr = c"redriven_from";
+
+/// [`REDRIVEN_FROM_HEADER`], as a header is written.
+pub const REDRIVEN_FROM: &str = match REDRIVEN_FROM_HEADER.to_str() {
+    Ok(name) => name,
+    Err(_) => panic!("a header name this crate writes is UTF-8"),
+};
 
 /// The longest `redriven_from` kept: a topic's name (249 bytes at most) and two numbers. One
 /// longer, or not UTF-8, is not redrive's (a producer writing straight to the topic): carried
@@ -48,13 +57,32 @@ impl Record {
             value: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
             key: message.key().map(<[u8]>::to_vec),
             timestamp: message.timestamp().to_millis(),
-            redriven_from: redriven_from(
-                message
-                    .headers()
-                    .and_then(|headers| headers.iter().find(|h| h.key == REDRIVEN_FROM))
-                    .and_then(|h| h.value),
-            ),
+            redriven_from: redriven_from(header(message, REDRIVEN_FROM_HEADER)),
         }
+    }
+}
+
+/// The value of `message`'s first header named `name` (`None` for a header without a value).
+/// Looked up by librdkafka, by name: rust-rdkafka's `Headers::iter` and `get` panic on a name
+/// that is not UTF-8, which any producer may write (a header's name is bytes on the wire, kept
+/// as such by the brokers) — the polling thread died on the message, and every member that took
+/// its partition after it.
+pub fn header<'m>(message: &'m BorrowedMessage<'_>, name: &CStr) -> Option<&'m [u8]> {
+    let mut headers = std::ptr::null_mut();
+    let (mut value, mut size) = (std::ptr::null(), 0);
+    // SAFETY: the message is librdkafka's and lives for 'm; its headers, and the value librdkafka
+    // points to in them, are the message's own and live as long (the message is borrowed, so
+    // nothing detaches them meanwhile). `name` is a C string.
+    unsafe {
+        if rd::rd_kafka_message_headers(message.ptr(), &mut headers)
+            != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            || rd::rd_kafka_header_get(headers, 0, name.as_ptr(), &mut value, &mut size)
+                != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            || value.is_null()
+        {
+            return None;
+        }
+        Some(std::slice::from_raw_parts(value.cast::<u8>(), size))
     }
 }
 

@@ -23,13 +23,15 @@
 //! next run starts with it.
 
 use std::collections::BTreeMap;
+use std::ffi::CStr;
 use std::io::Write;
+use std::ops::Range;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -37,7 +39,7 @@ use super::instant;
 use crate::config::{BlobArgs, KafkaArgs, producer_properties};
 use crate::kafka::consumer::{close_within, commit_within};
 use crate::kafka::producer::Producer;
-use crate::kafka::record::REDRIVEN_FROM;
+use crate::kafka::record::{REDRIVEN_FROM, REDRIVEN_FROM_HEADER};
 use crate::kafka::refetch::about_a_broker;
 use crate::kafka::{Logged, answer_deadline};
 use crate::recording::Reason;
@@ -233,14 +235,11 @@ async fn redrive_with(
         producing.set("batch.size", limit.min(PRODUCER_BATCH_BYTES).to_string());
     }
     let producer: Producer = producing.create().context("creating the Kafka producer")?;
-    let (ends, expired) = start(consumer, &args.dlq_topic, timeout)?;
+    let (unread, expired) = start(consumer, &args.dlq_topic, timeout)?;
     let mut read = Read::default();
     for gone in expired {
-        writeln!(out, "{gone}")?;
         read.positions.insert(gone.partition, gone.to);
-        read.counts
-            .failed
-            .push_letters(gone.letters(), gone.to_string());
+        read.name_gone(gone, out)?;
     }
     let result = redrive_letters(
         args,
@@ -250,7 +249,7 @@ async fn redrive_with(
             store,
             limit,
         },
-        &ends,
+        &unread,
         &mut read,
         out,
     )
@@ -348,8 +347,13 @@ const IN_FLIGHT_LETTERS: usize = 1000;
 /// librdkafka's default `batch.size`, lowered to the topic's `max.message.bytes` when that is less.
 const PRODUCER_BATCH_BYTES: usize = 1_000_000;
 
+/// Each partition's letters a run reads: from the group's position to the partition's end when
+/// the run started.
+type Unread = BTreeMap<i32, Range<i64>>;
+
 /// Letters gone from a partition before this group read them: the group's committed offset is
-/// below the partition's first (the topic's retention, or a deletion of records, removed them).
+/// below the partition's first, or the partition's first passed the letters a run was about to
+/// read (the topic's retention, or a deletion of records, removed them).
 #[derive(Debug)]
 struct Expired {
     topic: String,
@@ -419,15 +423,24 @@ impl Read {
         Ok(())
     }
 
+    /// Names letters gone from the topic before the run read them, counted as failed.
+    fn name_gone(&mut self, gone: Expired, out: &mut impl Write) -> anyhow::Result<()> {
+        writeln!(out, "{gone}")?;
+        self.counts
+            .failed
+            .push_letters(gone.letters(), gone.to_string());
+        Ok(())
+    }
+
     /// The letter's original message — its `original_topic`, `_partition`, `_offset` and
     /// `_timestamp` (the timestamp tells apart two messages at one offset of a topic recreated,
     /// or of a log cut back) — when it says all four.
     fn origin(&mut self, letter: &BorrowedMessage<'_>) -> Option<(usize, i32, i64, i64)> {
-        let topic = header(letter, "original_topic")?;
-        let partition = header(letter, "original_partition")?.parse().ok()?;
-        let offset = header(letter, "original_offset")?.parse().ok()?;
+        let topic = header(letter, c"original_topic")?;
+        let partition = header(letter, c"original_partition")?.parse().ok()?;
+        let offset = header(letter, c"original_offset")?.parse().ok()?;
         // Empty for a message the broker gave no timestamp.
-        let timestamp = match header(letter, "original_timestamp")? {
+        let timestamp = match header(letter, c"original_timestamp")? {
             t if t.is_empty() => -1,
             t => t.parse().ok()?,
         };
@@ -625,38 +638,42 @@ fn record_bytes(value: &[u8], key: Option<&[u8]>, at: &str) -> usize {
         + RECORD_OVERHEAD_BYTES
 }
 
-/// Reads the letters up to `ends` (each partition's end when the run started) and re-drives
-/// the chosen ones. A letter counts as handled — its position is recorded in `read` — once it
+/// Reads the `unread` letters (each partition's, from the group's position up to the end it had
+/// when the run started) and re-drives the chosen ones. A letter counts as handled — its position is recorded in `read` — once it
 /// is re-driven (delivered to `--topic`), passed over, or reported as one that cannot be, and
 /// every letter read before it is handled too; an error (the broker, a send) ends the run before
 /// the letter it happened on, once the sends under way are through.
 async fn redrive_letters(
     args: &RedriveArgs,
     clients: Clients<'_>,
-    ends: &BTreeMap<i32, i64>,
+    unread: &Unread,
     read: &mut Read,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let mut in_flight = InFlight::default();
-    let result = read_letters(args, &clients, ends, read, &mut in_flight, out).await;
+    let result = read_letters(args, &clients, unread, read, &mut in_flight, out).await;
     // What was sent before the run stopped is recorded, to be committed, once it is through.
     let settled = in_flight.settle(0, read, args, out).await;
     result.and(settled)
 }
 
 /// [`redrive_letters`]' reading: each letter read is sent or handled, and recorded in its turn
-/// while at most [`IN_FLIGHT_LETTERS`] are in flight.
+/// while at most [`IN_FLIGHT_LETTERS`] are in flight. Letters the topic's retention removes
+/// while the run reads (librdkafka then goes on from the partition's new start, saying nothing to
+/// the reader) are named and counted as failed, as those gone before the run started are.
 async fn read_letters(
     args: &RedriveArgs,
     clients: &Clients<'_>,
-    ends: &BTreeMap<i32, i64>,
+    unread: &Unread,
     read: &mut Read,
     in_flight: &mut InFlight,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let mut pacer = (Instant::now(), 0u32);
-    let mut remaining = ends.clone();
-    let idle_deadline = Duration::from_secs(30).max(Duration::from_millis(args.sink_timeout_ms));
+    // Each partition's next letter, while it has letters left to read.
+    let mut remaining: BTreeMap<i32, i64> = unread.iter().map(|(&p, r)| (p, r.start)).collect();
+    let timeout = Duration::from_millis(args.sink_timeout_ms);
+    let idle_deadline = Duration::from_secs(30).max(timeout);
     let mut last_message = Instant::now();
     // Letters re-driven or under way (in a dry run: that would be).
     let mut started = 0u64;
@@ -678,10 +695,24 @@ async fn read_letters(
         tokio::task::yield_now().await;
         let Some(polled) = clients.consumer.poll(Duration::from_millis(200)) else {
             if last_message.elapsed() > idle_deadline {
-                bail!(
-                    "no message from {} for {idle_deadline:?} before its end",
-                    args.dlq_topic
-                );
+                // Retention may have taken every letter a partition had left.
+                in_flight.settle(0, read, args, out).await?;
+                for (partition, next) in remaining.clone() {
+                    let end = unread[&partition].end;
+                    if let Some(gone) =
+                        gone_from_topic(clients, args, partition, next..end, timeout)?
+                    {
+                        read.name_gone(gone, out)?;
+                        read.positions.insert(partition, end);
+                        finish(&mut remaining, partition, clients.consumer, &args.dlq_topic)?;
+                    }
+                }
+                if !remaining.is_empty() {
+                    bail!(
+                        "no message from {} for {idle_deadline:?} before its end",
+                        args.dlq_topic
+                    );
+                }
             }
             continue;
         };
@@ -697,18 +728,34 @@ async fn read_letters(
         };
         last_message = Instant::now();
         let (partition, offset) = (letter.partition(), letter.offset());
-        let Some(&end) = ends.get(&partition) else {
+        let Some(&next) = remaining.get(&partition) else {
             continue;
         };
+        let end = unread[&partition].end;
+        // Offsets the partition skipped: letters retention removed before they were read, or
+        // none (a compacted topic, a transaction's markers).
+        let gone = match offset > next {
+            true => gone_from_topic(clients, args, partition, next..offset.min(end), timeout)?,
+            false => None,
+        };
+        if let Some(gone) = gone {
+            read.name_gone(gone, out)?;
+        }
+        remaining.insert(partition, offset + 1);
         if offset >= end {
             // Past the end the partition had when the run started (the letters of what this
             // run re-drives, if they fail again, among them): the next run's. Reached without
-            // its last letter (retention removed it meanwhile), the partition is done too.
+            // its last letters (retention removed them meanwhile, named above), the partition
+            // is done too, and committed to its end once what is in flight is through.
+            if offset > next {
+                in_flight.settle(0, read, args, out).await?;
+                read.positions.insert(partition, end);
+            }
             finish(&mut remaining, partition, clients.consumer, &args.dlq_topic)?;
             continue;
         }
         let at = format!("{}/{partition}/{offset}", args.dlq_topic);
-        let reason = header(&letter, "reason").unwrap_or_default();
+        let reason = header(&letter, c"reason").unwrap_or_default();
         // A message is dead-lettered again when its batch is flushed again (the flush failed
         // later, the process was killed before the commit): its letters name the same original,
         // and only the first is re-driven.
@@ -773,6 +820,28 @@ async fn read_letters(
         }
     }
     Ok(())
+}
+
+/// The letters of `skipped` gone from `partition` before the run read them: those below the
+/// partition's first offset now (its retention, or records deleted).
+fn gone_from_topic(
+    clients: &Clients<'_>,
+    args: &RedriveArgs,
+    partition: i32,
+    skipped: Range<i64>,
+    timeout: Duration,
+) -> anyhow::Result<Option<Expired>> {
+    let (first, _) = clients
+        .consumer
+        .fetch_watermarks(&args.dlq_topic, partition, timeout)
+        .with_context(|| format!("reading where {}/{partition} starts now", args.dlq_topic))?;
+    let to = first.min(skipped.end);
+    Ok((to > skipped.start).then(|| Expired {
+        topic: args.dlq_topic.clone(),
+        partition,
+        from: skipped.start,
+        to,
+    }))
 }
 
 /// Done with `partition`: nothing more is fetched from it.
@@ -871,13 +940,13 @@ fn coordinator_moving(error: &rdkafka::error::KafkaError) -> bool {
 }
 
 /// Assigns every partition from the group's committed offset (the start without one); returns
-/// the end of each partition that has anything left to read, and the letters gone from a
-/// partition since the group's commit.
+/// the letters to read of each partition that has any left (from there to its end now), and the
+/// letters gone from a partition since the group's commit.
 fn start(
     consumer: &BaseConsumer<Logged>,
     topic: &str,
     timeout: Duration,
-) -> anyhow::Result<(BTreeMap<i32, i64>, Vec<Expired>)> {
+) -> anyhow::Result<(Unread, Vec<Expired>)> {
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
         .with_context(|| format!("reading the partitions of {topic}"))?;
@@ -896,7 +965,7 @@ fn start(
     let committed = committed_within(consumer, &wanted, timeout)
         .context("reading the group's committed offsets")?;
     let mut assignment = TopicPartitionList::new();
-    let (mut ends, mut expired) = (BTreeMap::new(), Vec::new());
+    let (mut unread, mut expired) = (BTreeMap::new(), Vec::new());
     for &p in &partitions {
         let (low, high) = consumer.fetch_watermarks(topic, p, timeout)?;
         let from = match committed.find_partition(topic, p).map(|e| e.offset()) {
@@ -914,19 +983,15 @@ fn start(
         };
         if from < high {
             assignment.add_partition_offset(topic, p, Offset::Offset(from))?;
-            ends.insert(p, high);
+            unread.insert(p, from..high);
         }
     }
     consumer.assign(&assignment)?;
-    Ok((ends, expired))
+    Ok((unread, expired))
 }
 
-fn header(letter: &BorrowedMessage<'_>, name: &str) -> Option<String> {
-    letter
-        .headers()?
-        .iter()
-        .find(|h| h.key == name)
-        .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+fn header(letter: &BorrowedMessage<'_>, name: &CStr) -> Option<String> {
+    crate::kafka::record::header(letter, name).map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 /// Whether the filters take the letter.
@@ -934,11 +999,11 @@ fn chosen(args: &RedriveArgs, reason: &str, letter: &BorrowedMessage<'_>) -> boo
     if !args.reasons.is_empty() && !args.reasons.iter().any(|r| r == reason) {
         return false;
     }
-    if args.skip_redriven && header(letter, REDRIVEN_FROM).is_some() {
+    if args.skip_redriven && header(letter, REDRIVEN_FROM_HEADER).is_some() {
         return false;
     }
     if let Some(topic) = &args.original_topic
-        && header(letter, "original_topic").as_ref() != Some(topic)
+        && header(letter, c"original_topic").as_ref() != Some(topic)
     {
         return false;
     }
@@ -955,10 +1020,10 @@ fn chosen(args: &RedriveArgs, reason: &str, letter: &BorrowedMessage<'_>) -> boo
 
 /// Why `letter` cannot be re-driven whatever the store holds, if it cannot.
 fn unsendable(letter: &BorrowedMessage<'_>) -> Option<&'static str> {
-    if header(letter, "reason").is_none() {
+    if header(letter, c"reason").is_none() {
         return Some("not a dead letter (no reason header)");
     }
-    header(letter, "original_lost").map(|_| {
+    header(letter, c"original_lost").map(|_| {
         "its original bytes were gone from the topic, or another message was at its offset, when it was dead-lettered (see its detail)"
     })
 }
@@ -993,14 +1058,14 @@ async fn original(
             .with_context(|| format!("reading {location}"))?;
         anyhow::Ok(found.ok_or_else(|| format!("{location} is gone from the blob store")))
     };
-    let value = match header(letter, "payload_location") {
+    let value = match header(letter, c"payload_location") {
         Some(location) => match stored(location).await? {
             Ok(value) => value,
             Err(gone) => return Ok(Err(gone)),
         },
         None => letter.payload().unwrap_or_default().to_vec(),
     };
-    let key = match header(letter, "key_location") {
+    let key = match header(letter, c"key_location") {
         Some(location) => match stored(location).await? {
             Ok(key) => Some(key),
             Err(gone) => return Ok(Err(gone)),

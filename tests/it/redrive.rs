@@ -193,6 +193,73 @@ async fn a_message_that_fails_again_after_a_re_drive_says_so_on_its_new_letter()
     );
 }
 
+/// Header names are bytes on the wire, and any producer may write names that are not UTF-8:
+/// rust-rdkafka's header iterator panics on one, and the service's polling thread died on such
+/// a message — at every start, and in every member that took its partition. Now the service reads
+/// past it (a `redriven_from` after it still carried on to the dead letter), and so does `redrive`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn header_names_that_are_not_utf8_are_read_past() {
+    use rdkafka::producer::FutureRecord;
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let fixtures = small_fixtures(true);
+    let redriven_from = format!("{}/0/41", names.dlq);
+    let headers = || {
+        raw_headers(&[
+            (b"\xff\xfe-name", b"any"),
+            (b"redriven_from", redriven_from.as_bytes()),
+        ])
+    };
+    for value in [&fixtures[0][..], b"not a segment"] {
+        producer()
+            .send(
+                FutureRecord::<[u8], [u8]>::to(&names.topic)
+                    .key(b"key")
+                    .payload(value)
+                    .headers(headers()),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let statsd = Statsd::bind();
+    let service = Service::start(&names.args(statsd.port(), dir.path()));
+    wait_for("both messages committed", JOIN_AND_FLUSH, || {
+        service.committed().values().sum::<i64>() == 2
+    })
+    .await;
+    let letters = read_messages(&names.dlq, 1, Duration::from_secs(30));
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].value, b"not a segment");
+    assert_eq!(
+        letters[0].headers.get("redriven_from"),
+        Some(&redriven_from),
+        "the header after the one not UTF-8 is read: {:?}",
+        letters[0].headers
+    );
+    assert_eq!(service.terminate(), Some(0));
+
+    // A letter with such a header, beside the service's.
+    producer()
+        .send(
+            FutureRecord::<(), [u8]>::to(&names.dlq)
+                .payload(b"second")
+                .headers(raw_headers(&[
+                    (b"\xc3(", b"any"),
+                    (b"reason", b"rejected_by_sink"),
+                ])),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let group = unique("redrive");
+    let (ok, said) = redrive_in(&names.dlq, &names.topic, &group, &["--blob-sink", "null"]);
+    assert!(ok, "{said}");
+    assert!(said.contains("2 letter(s) re-driven"), "{said}");
+}
+
 /// Before, the events of such a message were sent one by one: its billing outcome was published,
 /// its occurrence refused, the message dead-lettered — and its re-drive published the outcome a
 /// second time.
@@ -769,6 +836,112 @@ async fn letters_that_arrive_during_a_run_are_left_for_the_next() {
         said.contains(&format!("re-driven {dlq}/0/1")) && said.contains("1 letter(s) re-driven"),
         "the next run takes it: {said}"
     );
+}
+
+/// Retention that removes letters while a run reads them (the group behind it, the run starting
+/// in the oldest segment, the next the broker deletes): the run reads on from the partition's new
+/// start, names the letters it never read as gone and counts them as failed, exit 3 — every
+/// letter is re-driven or named, none passed over in silence (they were: "0 failed", exit 0).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn letters_retention_removes_during_a_run_are_named() {
+    let _stack = uses_stack().await;
+    let (redriven, gone) = retention_during_a_run(RETAINED_LETTERS - 2).await;
+    assert!(redriven >= 3, "the two left are re-driven too");
+    assert!(gone > 0, "the letters removed while the run read are named");
+}
+
+/// The same, retention taking every letter the partition had left: nothing comes after them to
+/// show the gap, and the run, once it has waited for its idle deadline, names them.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn letters_retention_removes_to_the_end_during_a_run_are_named() {
+    let _stack = uses_stack().await;
+    let (_, gone) = retention_during_a_run(RETAINED_LETTERS).await;
+    assert!(gone > 0, "the letters removed while the run read are named");
+}
+
+/// Letters on a dead-letter topic of their own: a small one, then the rest of 800 KB each.
+const RETAINED_LETTERS: i64 = 16;
+
+/// A run re-driving [`RETAINED_LETTERS`] one a second; once it has re-driven the first, the
+/// records before `delete_before` are deleted, as retention does. Checks that every letter was
+/// re-driven or named as gone, the run exits 3 and the group is committed to the end; returns
+/// how many were re-driven and how many named as gone.
+async fn retention_during_a_run(delete_before: i64) -> (i64, i64) {
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("redrive"));
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    letter(&dlq, 0, b"early").await;
+    // Far more than the run reads ahead (4 MiB): most are on the broker only when deleted.
+    for i in 1..RETAINED_LETTERS {
+        letter(&dlq, 0, &vec![b'a' + i as u8; 800_000]).await;
+    }
+    let watcher: rdkafka::consumer::BaseConsumer = kafka()
+        .set("group.id", unique("watcher"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut start = rdkafka::TopicPartitionList::new();
+    start
+        .add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    rdkafka::consumer::Consumer::assign(&watcher, &start).unwrap();
+    let run = {
+        let (dlq, topic, group) = (dlq.clone(), topic.clone(), group.clone());
+        // One letter a second: the run lasts longer than its read-ahead.
+        tokio::task::spawn_blocking(move || {
+            redrive_for_status(
+                &dlq,
+                &topic,
+                &group,
+                &["--blob-sink", "null", "--rate", "1"],
+            )
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        use rdkafka::Message;
+        assert!(std::time::Instant::now() < deadline, "the run re-drives");
+        if let Some(Ok(m)) = watcher.poll(Duration::from_millis(100))
+            && m.payload() == Some(b"early".as_slice())
+        {
+            break;
+        }
+    }
+    delete_records_before(&dlq, 0, delete_before).await;
+    assert!(!run.is_finished(), "the records went while the run read");
+    let (code, said) = run.await.unwrap();
+    assert_eq!(code, Some(3), "letters were lost: {said}");
+    let redriven = said.lines().filter(|l| l.starts_with("re-driven ")).count() as i64;
+    let gone: i64 = said
+        .lines()
+        .filter(|l| l.starts_with(&format!("{dlq}/0/")) && l.contains("gone from the topic"))
+        .filter_map(|l| {
+            l.split(": ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<i64>()
+                .ok()
+        })
+        .sum();
+    assert_eq!(
+        redriven + gone,
+        RETAINED_LETTERS,
+        "every letter is re-driven or named as gone: {said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "{redriven} letter(s) re-driven, 0 passed over, {gone} failed"
+        )) && said.contains(&format!("{gone} letter(s) could not be re-driven")),
+        "{said}"
+    );
+    assert_eq!(
+        committed(&group, &dlq, 1),
+        [(0, RETAINED_LETTERS)].into_iter().collect()
+    );
+    (redriven, gone)
 }
 
 /// Dead letters on a broker of its own reached through a relay, and `redrive` runs through it.

@@ -24,6 +24,32 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", &load::random_replay_id()[..12])
 }
 
+/// Headers as any producer may write them: names of any bytes, not only UTF-8 (rust-rdkafka's
+/// `Header` takes a `&str`), added through librdkafka.
+pub fn raw_headers(headers: &[(&[u8], &[u8])]) -> rdkafka::message::OwnedHeaders {
+    use rdkafka::bindings as rd;
+    let owned = rdkafka::message::OwnedHeaders::new();
+    // `as_borrowed` is librdkafka's headers behind a reference: the pointer back to them.
+    let native = std::ptr::from_ref(owned.as_borrowed())
+        .cast::<rd::rd_kafka_headers_t>()
+        .cast_mut();
+    for (name, value) in headers {
+        // SAFETY: `native` is the headers `owned` holds, alive until it drops; librdkafka copies
+        // the name and the value.
+        let error = unsafe {
+            rd::rd_kafka_header_add(
+                native,
+                name.as_ptr().cast(),
+                name.len() as isize,
+                value.as_ptr().cast(),
+                value.len() as isize,
+            )
+        };
+        assert_eq!(error, rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+    }
+    owned
+}
+
 /// A client configuration for the local stack's broker.
 pub fn kafka() -> ClientConfig {
     ClientConfig::new()
