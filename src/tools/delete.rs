@@ -449,7 +449,15 @@ async fn delete(
     // Listed once for all the replays (a file of a thousand listed the store's top a thousand
     // times); failing, it fails each replay's lookup.
     let retentions = match store {
-        Some(store) => retention_prefixes(store).await.map_err(|e| e.message),
+        Some(store) => match super::Top::of(store).await {
+            Ok(top) => match top.foreign(store) {
+                Some(why) => bail!(
+                    "{why} Nothing done (if every blob the store held has expired, --blob-sink null deletes the rest)"
+                ),
+                None => Ok(top.retentions),
+            },
+            Err(e) => Err(e.message),
+        },
         None => Ok(Vec::new()),
     };
     // The replays not wholly deleted, as `--from-file` lines: a run again through snuba finds
@@ -647,20 +655,6 @@ async fn delete(
         );
     }
     Ok(())
-}
-
-/// The store's retention prefixes (`{retention}/`), each with its retention.
-async fn retention_prefixes(store: &dyn BlobStore) -> Result<Vec<(String, u16)>, SinkError> {
-    Ok(store
-        .list("")
-        .await?
-        .prefixes
-        .into_iter()
-        .filter_map(|prefix| {
-            let retention = prefix.trim_end_matches('/').parse::<u16>().ok()?;
-            Some((prefix, retention))
-        })
-        .collect())
 }
 
 /// The replay's segment blobs (under each of the store's `retentions`), its dead-letter copies
@@ -1270,7 +1264,7 @@ mod tests {
             replay: replay.into(),
             timestamp: None,
         };
-        let retentions = retention_prefixes(&store).await.unwrap();
+        let retentions = crate::tools::Top::of(&store).await.unwrap().retentions;
         let found = find(
             Some(&store),
             &retentions,
@@ -1301,6 +1295,10 @@ mod tests {
     #[test]
     fn a_replay_whose_lookup_fails_is_named_and_the_others_go_on() {
         let dir = tempfile::tempdir().unwrap();
+        // Another replay's blob: the service's store.
+        let other = dir.path().join("90/42/ffffffffffffffffffffffffffffffff");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join("0"), b"another replay's").unwrap();
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", closed.local_addr().unwrap());
         drop(closed);
@@ -1536,7 +1534,7 @@ mod tests {
         let store = crate::sink::filesystem::FilesystemBlobSink::new(dir.path()).unwrap();
         let unnamed = unnamed_copies(&store).await.unwrap();
         assert!(unnamed.unreadable.is_empty());
-        let retentions = retention_prefixes(&store).await.unwrap();
+        let retentions = crate::tools::Top::of(&store).await.unwrap().retentions;
         let copies = |replay: &str| {
             let (store, retentions, owners) = (&store, &retentions, &unnamed.owners);
             let target = target(replay);

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{BlobArgs, BlobSinkKind};
+use crate::sink::SinkError;
 use crate::sink::filesystem::FilesystemBlobSink;
 use crate::sink::gcs_json::GcsStore;
 use crate::sink::store::BlobStore;
@@ -61,6 +62,45 @@ pub async fn blob_store(
         BlobSinkKind::Filesystem => Some(Arc::new(FilesystemBlobSink::new(&blobs.blob_dir)?)),
         BlobSinkKind::Null => None,
     })
+}
+
+/// What the top of a blob store holds of what the service writes there: its retention prefixes
+/// (`90/`), each with its retention, and whether dead-letter copies (`dlq/`) are there.
+pub struct Top {
+    pub retentions: Vec<(String, u16)>,
+    pub copies: bool,
+}
+
+impl Top {
+    pub async fn of(store: &dyn BlobStore) -> Result<Top, SinkError> {
+        let mut top = Top {
+            retentions: Vec::new(),
+            copies: false,
+        };
+        for prefix in store.list("").await?.prefixes {
+            let name = prefix.trim_end_matches('/');
+            if let Ok(retention) = name.parse::<u16>() {
+                top.retentions.push((prefix, retention));
+            } else if crate::sink::dlq::is_copy_key(&prefix) {
+                top.copies = true;
+            }
+        }
+        Ok(top)
+    }
+
+    /// Why a store with nothing of the service's at its top is not taken for the service's: a
+    /// volume not mounted in its place (an empty directory, a pod's own emptyDir), the store's
+    /// parent directory or another bucket. A tool would take everything it looks for there for
+    /// gone: `delete` reporting a replay deleted with its blobs left, `redrive` skipping the
+    /// letters kept there and committing past them.
+    pub fn foreign(&self, store: &dyn BlobStore) -> Option<String> {
+        (self.retentions.is_empty() && !self.copies).then(|| {
+            format!(
+                "{} holds neither retention prefixes (90/, …) nor dead-letter copies (dlq/) at its top: is it the store the service writes to (a volume not mounted there, its parent directory, another bucket)?",
+                store.location("")
+            )
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1048,6 +1048,15 @@ async fn original(
         // A header naming `file:///root/../etc/…` would have the tool read a file outside the
         // store and produce it onto the input topic.
         if !crate::sink::dlq::is_copy_key(key) {
+            if key.contains("/dlq/") && !key.split('/').any(|part| part == "..") {
+                // The service's `dlq/` below the store's top: the store configured is a
+                // directory above the service's, and every copy would be taken for gone.
+                bail!(
+                    "{location}: its dlq/ is in {}, not at the top of {}: give the store the service writes to",
+                    store.location(key.split("/dlq/").next().unwrap_or(key)),
+                    store.location("")
+                );
+            }
             return Ok(Err(format!(
                 "{location} is not where dead-letter copies are kept (dlq/)"
             )));
@@ -1056,6 +1065,16 @@ async fn original(
             .read(key)
             .await
             .with_context(|| format!("reading {location}"))?;
+        if found.is_none()
+            && let Some(why) = super::Top::of(store)
+                .await
+                .with_context(|| format!("{location} is not there; listing the store"))?
+                .foreign(store)
+        {
+            bail!(
+                "{location} is not there: {why} (if every copy the store held has expired, pass these letters over with --since and a --group-id of its own)"
+            );
+        }
         anyhow::Ok(found.ok_or_else(|| format!("{location} is gone from the blob store")))
     };
     let value = match header(letter, c"payload_location") {

@@ -782,11 +782,17 @@ fn a_temporary_file_a_crashed_write_left_goes_with_the_replay() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
+    use replay_ingest::sink::ObjectStore;
     let _stack = uses_stack().await;
     let names = Names::create().await;
     let replay_events = unique("replay-events");
     create_topic(&replay_events, 1).await;
     let replay = "0123456789abcdef0123456789abcdef";
+    // The store holds nothing of this replay; without anything of the service's at its top it
+    // would be refused as not the service's store (below).
+    let other = "90/7/ffffffffffffffffffffffffffffffff/0";
+    let store = gcs_store(&names.bucket, 4).await;
+    store.put(other, b"another replay's").await.unwrap();
     let through_snuba = [
         "--rows-sink",
         "snuba",
@@ -846,6 +852,24 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
     assert_eq!(archives.len(), 2, "{said}");
     let message = schema.validate_json(&archives[1].value).unwrap();
     assert_eq!(message["payload"]["timestamp"], 1_702_848_000.0);
+
+    // A store with nothing of the service's at its top — another bucket, a volume not mounted —
+    // is refused before anything is done: every replay would be archived, its blobs left.
+    let elsewhere = Names::create().await;
+    let flags = deleting(gcs_flags(&elsewhere), &through_snuba, 42, replay);
+    let (ok, said) = delete(&[flags.clone(), at.to_vec()].concat());
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains(&format!(
+            "gs://{}/ holds neither retention prefixes (90/, …) nor dead-letter copies (dlq/) at its top",
+            elsewhere.bucket
+        )) && said.contains("Nothing done"),
+        "{said}"
+    );
+    assert_eq!(
+        high_watermarks(&replay_events, 1),
+        [(0, 2)].into_iter().collect()
+    );
 }
 
 /// Through snuba, a dry run of a replay with no blob to read its time from and none given

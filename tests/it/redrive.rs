@@ -355,9 +355,13 @@ async fn a_dead_letter_kept_in_the_blob_store_goes_back_byte_for_byte() {
     let oversized: Vec<u8> = (0..5000).map(|i| (i % 7) as u8 + 0xc1).collect();
     let key = test_key(0);
     let (report, _) = produce_values(&topic, vec![(oversized.clone(), key.clone())]).await;
-    let dir = tempfile::tempdir().unwrap();
+    let outer = tempfile::tempdir().unwrap();
+    // The store the service writes to, in a directory of its own: a run pointed at the directory
+    // above is refused.
+    let dir = outer.path().join("blobs");
+    std::fs::create_dir(&dir).unwrap();
     let args = with_flag(
-        service_args(&topic, &dlq, &group, dir.path(), free_port()),
+        service_args(&topic, &dlq, &group, &dir, free_port()),
         "--buffer-max-age-ms",
         "200",
     );
@@ -372,7 +376,7 @@ async fn a_dead_letter_kept_in_the_blob_store_goes_back_byte_for_byte() {
     .await;
     assert_eq!(service.terminate(), Some(0));
 
-    let blob_dir = dir.path().to_str().unwrap();
+    let blob_dir = dir.to_str().unwrap();
     // Each run a group of its own: each reads the topic from its start.
     let afresh = |more: &[&str]| {
         let flags = [
@@ -388,6 +392,36 @@ async fn a_dead_letter_kept_in_the_blob_store_goes_back_byte_for_byte() {
         none.contains("0 letter(s) re-driven, 1 passed over"),
         "{none}"
     );
+
+    // Pointed at the wrong directory — the store's parent, an empty volume — the run stops at
+    // the letter, uncommitted, saying so; it took every copy for gone and committed past it.
+    let group = unique("redrive");
+    let wrong = |store: &std::path::Path, says: &str| {
+        let flags = [
+            "--blob-sink",
+            "filesystem",
+            "--blob-dir",
+            store.to_str().unwrap(),
+        ];
+        let (code, said) = redrive_for_status(&dlq, &topic, &group, &flags);
+        assert_eq!(code, Some(1), "{said}");
+        assert!(
+            said.contains(says) && said.contains("stopping here"),
+            "{said}"
+        );
+        assert!(committed(&group, &dlq, 1).is_empty(), "nothing committed");
+    };
+    wrong(outer.path(), "its dlq/ is in");
+    // An empty volume mounted where the store was.
+    let aside = outer.path().join("aside");
+    std::fs::rename(&dir, &aside).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    wrong(
+        &dir,
+        "holds neither retention prefixes (90/, …) nor dead-letter copies",
+    );
+    std::fs::remove_dir(&dir).unwrap();
+    std::fs::rename(&aside, &dir).unwrap();
 
     let (ok, said) = afresh(&[]);
     assert!(ok, "{said}");
@@ -409,13 +443,13 @@ async fn a_dead_letter_kept_in_the_blob_store_goes_back_byte_for_byte() {
         said.contains("--blob-sink is null") && said.contains("the next run starts with it"),
         "{said}"
     );
-    let stored: Vec<String> = files_under(dir.path())
+    let stored: Vec<String> = files_under(&dir)
         .into_iter()
         .filter(|f| f.starts_with("dlq/"))
         .collect();
     assert!(!stored.is_empty());
     for file in &stored {
-        let path = dir.path().join(file);
+        let path = dir.join(file);
         std::fs::rename(&path, path.with_extension("aside")).unwrap();
         std::fs::create_dir(&path).unwrap();
     }
@@ -428,7 +462,7 @@ async fn a_dead_letter_kept_in_the_blob_store_goes_back_byte_for_byte() {
         "not the letter's fault: {said}"
     );
     for file in &stored {
-        let path = dir.path().join(file);
+        let path = dir.join(file);
         std::fs::remove_dir(&path).unwrap();
         std::fs::rename(path.with_extension("aside"), &path).unwrap();
     }
@@ -437,11 +471,8 @@ async fn a_dead_letter_kept_in_the_blob_store_goes_back_byte_for_byte() {
     assert!(said.contains("1 letter(s) re-driven"), "{said}");
 
     // Its stored value gone: reported, and the run fails.
-    for file in files_under(dir.path())
-        .iter()
-        .filter(|f| f.starts_with("dlq/"))
-    {
-        std::fs::remove_file(dir.path().join(file)).unwrap();
+    for file in files_under(&dir).iter().filter(|f| f.starts_with("dlq/")) {
+        std::fs::remove_file(dir.join(file)).unwrap();
     }
     let (ok, said) = afresh(&[]);
     assert!(!ok);
