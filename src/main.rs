@@ -100,7 +100,9 @@ enum Command {
     /// Delete replays — every blob of them, any oversized dead-letter copy of their messages, and
     /// their rows (an archive as Sentry writes one, which hides them; with ClickHouse, the rows
     /// deleted too). Safe to run again after a crash: a second run finds nothing left to delete
-    /// (through snuba it publishes the archive again). Exits non-zero naming what is left.
+    /// (through snuba it publishes the archive again, given the replay's time: the first run
+    /// printed it). Exits 1 naming what is left, with the lines to run again on; 3 when only
+    /// the time of a replay, given, can finish it.
     Delete(Box<replay_ingest::tools::delete::DeleteArgs>),
     /// Remove the filesystem blob store's blobs older than the retention their key carries
     /// (`{retention_days}/…`), and the directories that leaves empty; prints a summary. Exits

@@ -128,13 +128,33 @@ pub struct Target {
     pub timestamp: Option<f64>,
 }
 
+/// The replay `replay` (32 hex characters or a UUID) of `project`, as named.
+fn target(project: &str, replay: &str, timestamp: Option<f64>) -> anyhow::Result<Target> {
+    let project = project
+        .parse()
+        .with_context(|| format!("project {project:?} is not a number"))?;
+    let replay = uuid::Uuid::try_parse(replay)
+        .with_context(|| {
+            format!("replay {replay:?} is not a replay id (32 hex characters or a UUID)")
+        })?
+        .simple()
+        .to_string();
+    Ok(Target {
+        project,
+        replay,
+        timestamp,
+    })
+}
+
 /// The replays named on the command line or in `--from-file`, each once (with the last time
 /// given for it).
 pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
-    let named: Vec<(String, String, Option<f64>)> = match (&args.from_file, args.project) {
+    let named: Vec<Target> = match (&args.from_file, args.project) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading --from-file {}", path.display()))?;
+            // A file saved by an editor that marks UTF-8 at its start.
+            let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
             let mut named = Vec::new();
             for (n, line) in text.lines().enumerate() {
                 let line = line.split('#').next().unwrap_or("").trim();
@@ -152,37 +172,21 @@ pub fn targets(args: &DeleteArgs) -> anyhow::Result<Vec<Target>> {
                     .map(seconds_since_epoch)
                     .transpose()
                     .map_err(|e| anyhow::anyhow!("{}: the replay's time: {e}", at()))?;
-                named.push((project.to_owned(), replay.to_owned(), time));
+                named.push(target(project, replay, time).with_context(at)?);
             }
             named
         }
         (None, Some(project)) => args
             .replays
             .iter()
-            .map(|r| (project.to_string(), r.clone(), args.replay_timestamp))
-            .collect(),
+            .map(|r| target(&project.to_string(), r, args.replay_timestamp))
+            .collect::<anyhow::Result<_>>()?,
         (None, None) => {
             bail!("name the replays: --project P --replay R [--replay R …], or --from-file")
         }
     };
-    let mut targets = Vec::with_capacity(named.len());
     // Last line first: of a replay named twice, the last time given counts (below).
-    for (project, replay, timestamp) in named.into_iter().rev() {
-        let project = project
-            .parse()
-            .with_context(|| format!("project {project:?} is not a number"))?;
-        let replay = uuid::Uuid::try_parse(&replay)
-            .with_context(|| {
-                format!("replay {replay:?} is not a replay id (32 hex characters or a UUID)")
-            })?
-            .simple()
-            .to_string();
-        targets.push(Target {
-            project,
-            replay,
-            timestamp,
-        });
-    }
+    let mut targets: Vec<Target> = named.into_iter().rev().collect();
     // Stable: of a replay named twice, the last line with a time is kept, and a line without
     // one never over it (a request's file and the lines a run printed to finish it, run
     // together: the printed line has the time the first archive was stamped with, which may be
@@ -379,16 +383,18 @@ pub async fn run(args: &DeleteArgs, out: &mut impl Write) -> anyhow::Result<()> 
     if args.blobs.blob_sink == BlobSinkKind::Null && matches!(rows, Rows::None) {
         bail!("nothing to delete from: --blob-sink null and --rows-sink null");
     }
-    delete(
+    let mut reports = super::Reports::new(out);
+    let ran = delete(
         &targets,
         store.as_deref(),
         &rows,
         args.dry_run,
         timeout,
         args.decompression.max_decompressed_bytes,
-        out,
+        &mut reports,
     )
-    .await
+    .await;
+    reports.ended(ran, "went through every replay")
 }
 
 /// Deletes `targets` from `store` and `rows`, writing what it does to `out`.
@@ -421,6 +427,8 @@ async fn delete(
         }
     }
     let mut left = Vec::new();
+    // Of `left`, the replays left because no time was given for their archive.
+    let mut untimed = 0;
     // Copies from before keys named their owner, read once for all the replays. One that cannot
     // be read may be any replay's: named among what is left (the run exits 1), the rest go on,
     // and every replay is printed to run again (below), those finished with their time: through
@@ -532,6 +540,7 @@ async fn delete(
             }
         };
         if time.is_none() && matches!(rows, Rows::Snuba { .. }) {
+            untimed += 1;
             left.push(format!(
                 "{name}: {}, and no time given: its rows were not archived (an archive stamped now would not hide it from a query over its own days); run again with its start, from Sentry: --replay-timestamp, or a third word on its --from-file line (a run that removed its blobs published its archive first, and printed that time)",
                 no_blob_time(&found)
@@ -649,10 +658,16 @@ async fn delete(
         }
     }
     if !left.is_empty() {
-        bail!(
+        let message = format!(
             "not everything could be removed; left:\n  {}",
             left.join("\n  ")
         );
+        // Only their time, given, finishes these: a script that runs again on exit 1 would
+        // run for ever.
+        if untimed == left.len() {
+            return Err(super::LeftForGood(message).into());
+        }
+        bail!(message);
     }
     Ok(())
 }
@@ -1365,6 +1380,61 @@ mod tests {
         assert!(!missing.exists(), "not created");
     }
 
+    /// A `kubectl exec` session dropped mid-run breaks the run's output: the run goes through
+    /// every replay all the same (it stopped at its next line, half done), and ends saying the
+    /// output was lost.
+    #[test]
+    fn an_output_gone_mid_run_stops_nothing() {
+        struct Gone;
+        impl Write for Gone {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let replays = [
+            "834f314caae54030a1b0dc52b202f24a",
+            "0123456789abcdef0123456789abcdef",
+        ];
+        for replay in replays {
+            let blobs = dir.path().join(format!("90/42/{replay}"));
+            std::fs::create_dir_all(&blobs).unwrap();
+            std::fs::write(blobs.join("0"), b"a segment").unwrap();
+        }
+        let args = parse(&[
+            "--blob-sink",
+            "filesystem",
+            "--blob-dir",
+            dir.path().to_str().unwrap(),
+            "--rows-sink",
+            "null",
+            "--project",
+            "42",
+            "--replay",
+            replays[0],
+            "--replay",
+            replays[1],
+        ])
+        .unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let error = runtime.block_on(run(&args, &mut Gone)).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("the run's output could not be written"),
+            "{error:#}"
+        );
+        for replay in replays {
+            assert!(
+                !dir.path().join(format!("90/42/{replay}")).exists(),
+                "{replay} deleted"
+            );
+        }
+    }
+
     #[test]
     fn replays_are_named_by_project_and_id_in_either_form() {
         let args = parse(&[
@@ -1451,6 +1521,32 @@ mod tests {
                 error.contains(&format!(":1: the replay's time: {said}")),
                 "{error}"
             );
+        }
+        // A file whose editor marked UTF-8 at its start reads as any other; a bad line of a
+        // long file is named by its number.
+        std::fs::write(
+            &file,
+            "\u{feff}42 834f314caae54030a1b0dc52b202f24a\n7 9b9fa3d507ff4d74a2b0a9ba0a7ab1b2\n",
+        )
+        .unwrap();
+        assert_eq!(targets(&from_file).unwrap().len(), 2);
+        for (line, said) in [
+            (
+                "42x 834f314caae54030a1b0dc52b202f24a",
+                "project \"42x\" is not a number",
+            ),
+            (
+                "42 834f314caae5",
+                "replay \"834f314caae5\" is not a replay id",
+            ),
+        ] {
+            std::fs::write(
+                &file,
+                format!("7 9b9fa3d507ff4d74a2b0a9ba0a7ab1b2\n{line}\n"),
+            )
+            .unwrap();
+            let error = format!("{:#}", targets(&from_file).unwrap_err());
+            assert!(error.contains(&format!("replays.txt:2: {said}")), "{error}");
         }
     }
 

@@ -9,6 +9,7 @@ pub mod delete;
 pub mod redrive;
 pub mod sweep;
 
+use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,51 @@ pub async fn blob_store(
         BlobSinkKind::Filesystem => Some(Arc::new(FilesystemBlobSink::new(&blobs.blob_dir)?)),
         BlobSinkKind::Null => None,
     })
+}
+
+/// Where a tool reports, which an output gone does not stop: a `kubectl exec` session dropped
+/// mid-run breaks stdout, and a report that could not be written stopped the run there, half
+/// done. The first error is kept, nothing more is written, and the run's end says so.
+struct Reports<W> {
+    out: W,
+    lost: Option<std::io::Error>,
+}
+
+impl<W: Write> Reports<W> {
+    fn new(out: W) -> Self {
+        Reports { out, lost: None }
+    }
+
+    /// What the run `ran` ends with: its own error, and that its output was lost, if it was
+    /// (`went_on`: what the run did all the same).
+    fn ended(self, ran: anyhow::Result<()>, went_on: &str) -> anyhow::Result<()> {
+        match self.lost {
+            None => ran,
+            Some(lost) => ran.and(Err(anyhow::anyhow!(
+                "the run's output could not be written ({lost}): it went on, and {went_on}"
+            ))),
+        }
+    }
+}
+
+impl<W: Write> Write for Reports<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.lost.is_none()
+            && let Err(e) = self.out.write_all(buf)
+        {
+            self.lost = Some(e);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.lost.is_none()
+            && let Err(e) = self.out.flush()
+        {
+            self.lost = Some(e);
+        }
+        Ok(())
+    }
 }
 
 /// What the top of a blob store holds of what the service writes there: its retention prefixes

@@ -68,8 +68,8 @@ pub struct RedriveArgs {
     pub topic: String,
     /// The consumer group this run reads as: a second run of the same group goes on where the
     /// first stopped. Default: `replay-ingest-redrive`, for runs that choose every letter; a run
-    /// that chooses (`--reason`, `--original-topic`, `--since`, `--until`) needs one named, as
-    /// it commits the letters it passes over too.
+    /// that chooses (`--reason`, `--original-topic`, `--since`, `--until`, `--skip-redriven`)
+    /// needs one named, as it commits the letters it passes over too.
     #[arg(long)]
     pub group_id: Option<String>,
     /// Only letters of this reason (e.g. `rejected_by_sink`); repeat for several. Default: all.
@@ -159,7 +159,9 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
     let timeout = Duration::from_millis(args.sink_timeout_ms);
     let store = super::blob_store(&args.blobs, timeout).await?;
     let consumer = reader(args, timeout)?;
-    let mut reports = Reports { out, lost: None };
+    // A report that could not be written stopped the run there, with the letters delivered
+    // after the last one recorded (up to a thousand) left uncommitted.
+    let mut reports = super::Reports::new(out);
     let ran = redrive_with(args, &consumer, store.as_deref(), timeout, &mut reports).await;
     // A run cut off from the brokers ends (its error says so) instead of hanging in the close.
     if !close_within(timeout, move || drop(consumer)).await {
@@ -168,41 +170,7 @@ pub async fn run(args: &RedriveArgs, out: &mut impl Write) -> anyhow::Result<()>
             "closing the Kafka consumer did not finish within {timeout:?}; exiting anyway (what was committed stands)"
         )?;
     }
-    match reports.lost {
-        None => ran,
-        Some(lost) => ran.and(Err(anyhow::anyhow!(
-            "the run's output could not be written ({lost}): it went on, and committed what it handled"
-        ))),
-    }
-}
-
-/// Where a run reports, which an output gone does not stop: a `kubectl exec` session dropped
-/// mid-run breaks stdout, and a report that could not be written stopped the run there, with
-/// the letters delivered after the last one recorded (up to a thousand) left uncommitted, to be
-/// sent again by the next run. The first error is kept, and nothing more is written.
-struct Reports<W> {
-    out: W,
-    lost: Option<std::io::Error>,
-}
-
-impl<W: Write> Write for Reports<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.lost.is_none()
-            && let Err(e) = self.out.write_all(buf)
-        {
-            self.lost = Some(e);
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        if self.lost.is_none()
-            && let Err(e) = self.out.flush()
-        {
-            self.lost = Some(e);
-        }
-        Ok(())
-    }
+    reports.ended(ran, "committed what it handled")
 }
 
 /// The run, once its consumer is made: checks `--topic`, re-drives and commits, and says what it
@@ -1161,10 +1129,7 @@ mod tests {
             bytes: 50,
         };
         let mut read = Read::default();
-        let mut out = Reports {
-            out: Gone,
-            lost: None,
-        };
+        let mut out = crate::tools::Reports::new(Gone);
         in_flight
             .settle(0, &mut read, &cli.args, &mut out)
             .await
