@@ -677,7 +677,19 @@ def main():
     kept = first_container(render_docs({"resources": {"limits": {"memory": "3Gi"}}}))["resources"]
     if kept != {"requests": {"cpu": "2", "memory": "768Mi"}, "limits": {"memory": "3Gi"}}:
         fail(f"a limits.memory set must be kept as set: {kept}")
-    print("limits.memory: 1 to 16 processing threads each within the limit the chart gives them; one set is kept")
+    # Settings that raise what a pod holds beyond what the threads say need the limit set: the
+    # limit derived from the threads (1Gi for two) left a pod with a 1 GiB buffer (a 1.5 GiB
+    # bound) to be OOM-killed under a backlog, and again after each restart.
+    big_buffer = {"config": {"BUFFER_MAX_BYTES": "1073741824"}}
+    try:
+        helm.Chart.load(str(CHART)).render(big_buffer, name="x", namespace="y")
+    except helm.HelmError as error:
+        if "config.BUFFER_MAX_BYTES is raised past 268435456 and resources.limits.memory is not set" not in str(error):
+            fail(f"a raised buffer without a memory limit was refused for another reason: {error}")
+    else:
+        fail("a raised buffer without a memory limit must not render")
+    check_config(binary, render_docs({**big_buffer, "resources": {"limits": {"memory": "2Gi"}}}), "a 1 GiB buffer within a 2Gi limit")
+    print("limits.memory: 1 to 16 processing threads each within the limit the chart gives them; one set is kept; settings that raise the bound need one set")
     # Helm reads YAML numbers as floats: 1048576 would print as 1.048576e+06, which librdkafka
     # reads as 1. KEDA reads the lag from the service's own brokers unless told otherwise.
     rendered = helm.Chart.load(str(CHART)).render(
@@ -799,6 +811,16 @@ def main():
     deployment = next(d for _, d in pinned if d["kind"] == "Deployment")
     if container["image"] != f"ghcr.io/example/replay-ingest@{digest}" or deployment["metadata"]["labels"]["app.kubernetes.io/version"] != "1.2.3":
         fail(f"image.digest: {container['image']}, labels {deployment['metadata']['labels']}")
+    # A tag no label may hold as it is (a semver build's "+", longer than 63 characters) keeps
+    # the image as tagged and labels that the API server takes: it refused every object.
+    long_tag = "1.2.3+g1a2b3c-" + "x" * 60
+    tagged = render_docs({"image": {"tag": long_tag}, "dogstatsd": {"env": "prod"}})
+    deployment = next(d for _, d in tagged if d["kind"] == "Deployment")
+    versions = [deployment["metadata"]["labels"]["app.kubernetes.io/version"],
+                deployment["spec"]["template"]["metadata"]["labels"]["tags.datadoghq.com/version"]]
+    if first_container(tagged)["image"] != f"ghcr.io/example/replay-ingest:{long_tag}" or any(
+            not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", v) for v in versions):
+        fail(f"a tag with a + and 75 characters: image {first_container(tagged)['image']}, labels {versions}")
     for cpu, workers in [("2", "2"), ("500m", "2"), ("6", "6")]:
         config = next(d for _, d in render_docs({"resources": {"requests": {"cpu": cpu}}}) if d["kind"] == "ConfigMap")
         if config["data"].get("TOKIO_WORKER_THREADS") != workers:

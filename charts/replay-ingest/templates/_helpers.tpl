@@ -10,15 +10,24 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The version, as a label's value: the image's tag (or the app's version) with what a label
+     may not hold (a semver build's `+`, over 63 characters, an end that is not a letter or digit)
+     replaced or cut — the API server refused every object of the release for it. */}}
+{{- define "replay-ingest.versionLabel" -}}
+{{- $version := .Values.image.tag | default .Chart.AppVersion | toString -}}
+{{- $version = regexReplaceAll "[^-A-Za-z0-9_.]" $version "_" | trunc 63 -}}
+{{- regexReplaceAll "^[^A-Za-z0-9]+|[^A-Za-z0-9]+$" $version "" -}}
+{{- end -}}
+
 {{/* The recommended labels (kubernetes.io/docs/concepts/overview/working-with-objects/common-labels),
 on every object and on the pod template. */}}
 {{- define "replay-ingest.labels" -}}
 {{ include "replay-ingest.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ include "replay-ingest.versionLabel" . | quote }}
 app.kubernetes.io/component: consumer
 app.kubernetes.io/part-of: {{ .Values.partOf | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{- define "replay-ingest.selectorLabels" -}}
@@ -99,6 +108,14 @@ POD_NAME, set beside it).
 {{- $resources := deepCopy (.Values.resources | default dict) -}}
 {{- $limits := $resources.limits | default dict -}}
 {{- if not $limits.memory -}}
+{{- /* The settings the derived limit assumes at most (the service's defaults, values.yaml's
+       for the first two): one raised past them raises the bound beyond what it counts. */ -}}
+{{- $assumed := dict "BUFFER_MAX_BYTES" 268435456 "PREFETCH_KBYTES" 65536 "MAX_DECOMPRESSED_BYTES" 104857600 "MAX_MESSAGE_BYTES" 15000000 -}}
+{{- range $key, $most := $assumed -}}
+{{- if and (hasKey $.Values.config $key) (gt (int64 (index $.Values.config $key)) (int64 $most)) -}}
+{{- fail (printf "config.%s is raised past %d and resources.limits.memory is not set: the limit the chart derives counts the processing threads only, with the other settings at most at their defaults; set resources.limits.memory to at least the memory_bound_bytes `replay-ingest check-config` prints with these settings, divided by 0.85 (the service warns at start past 85 percent)" $key (int64 $most)) -}}
+{{- end -}}
+{{- end -}}
 {{- $threads := int (include "replay-ingest.processingThreads" .) -}}
 {{- $_ := set $limits "memory" (printf "%dMi" (max 1024 (add 704 (mul 160 $threads)))) -}}
 {{- $_ := set $resources "limits" $limits -}}
