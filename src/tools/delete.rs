@@ -459,9 +459,13 @@ async fn delete(
     let retentions = match store {
         Some(store) => match super::Top::of(store).await {
             Ok(top) => match top.foreign(store) {
-                Some(why) => bail!(
-                    "{why} Nothing done (if every blob the store held has expired, --blob-sink null deletes the rest)"
-                ),
+                // A run again does no better: left for someone to look (exit 3).
+                Some(why) => {
+                    return Err(super::LeftForGood(format!(
+                        "{why} Nothing done; if it is the service's store and holds nothing of the replays, --blob-sink null deletes the rest"
+                    ))
+                    .into());
+                }
                 None => Ok(top.retentions),
             },
             Err(e) => Err(e.message),

@@ -83,9 +83,16 @@ impl<W: Write> Reports<W> {
     fn ended(self, ran: anyhow::Result<()>, went_on: &str) -> anyhow::Result<()> {
         match self.lost {
             None => ran,
-            Some(lost) => ran.and(Err(anyhow::anyhow!(
-                "the run's output could not be written ({lost}): it went on, and {went_on}"
-            ))),
+            Some(lost) => {
+                let lost = format!(
+                    "the run's output could not be written ({lost}): it went on, and {went_on}"
+                );
+                // The run's own error keeps its kind (exit 3 for what it left for good).
+                Err(match ran {
+                    Ok(()) => anyhow::anyhow!(lost),
+                    Err(e) => e.context(lost),
+                })
+            }
         }
     }
 }
@@ -111,24 +118,30 @@ impl<W: Write> Write for Reports<W> {
 }
 
 /// What the top of a blob store holds of what the service writes there: its retention prefixes
-/// (`90/`), each with its retention, and whether dead-letter copies (`dlq/`) are there.
+/// (`90/`), each with its retention, and whether dead-letter copies (`dlq/`) are there; and how
+/// many other entries.
 pub struct Top {
     pub retentions: Vec<(String, u16)>,
     pub copies: bool,
+    others: usize,
 }
 
 impl Top {
     pub async fn of(store: &dyn BlobStore) -> Result<Top, SinkError> {
+        let listing = store.list("").await?;
         let mut top = Top {
             retentions: Vec::new(),
             copies: false,
+            others: listing.objects.len(),
         };
-        for prefix in store.list("").await?.prefixes {
+        for prefix in listing.prefixes {
             let name = prefix.trim_end_matches('/');
             if let Ok(retention) = name.parse::<u16>() {
                 top.retentions.push((prefix, retention));
             } else if crate::sink::dlq::is_copy_key(&prefix) {
                 top.copies = true;
+            } else {
+                top.others += 1;
             }
         }
         Ok(top)
@@ -138,13 +151,21 @@ impl Top {
     /// volume not mounted in its place (an empty directory, a pod's own emptyDir), the store's
     /// parent directory or another bucket. A tool would take everything it looks for there for
     /// gone: `delete` reporting a replay deleted with its blobs left, `redrive` skipping the
-    /// letters kept there and committing past them.
+    /// letters kept there and committing past them. (An empty store may be the service's, every
+    /// blob of it deleted or expired: the error says what to do then.)
     pub fn foreign(&self, store: &dyn BlobStore) -> Option<String> {
-        (self.retentions.is_empty() && !self.copies).then(|| {
-            format!(
-                "{} holds neither retention prefixes (90/, …) nor dead-letter copies (dlq/) at its top: is it the store the service writes to (a volume not mounted there, its parent directory, another bucket)?",
-                store.location("")
-            )
+        if !self.retentions.is_empty() || self.copies {
+            return None;
+        }
+        let location = store.location("");
+        Some(match self.others {
+            0 => format!(
+                "{location} is empty: is it the store the service writes to (not an empty volume mounted in its place, a new bucket), every blob of it deleted or expired?"
+            ),
+            n => format!(
+                "{location} holds {n} entr{} at its top but neither retention prefixes (90/, …) nor dead-letter copies (dlq/): is it the store the service writes to (not its parent directory, another bucket)?",
+                if n == 1 { "y" } else { "ies" }
+            ),
         })
     }
 }

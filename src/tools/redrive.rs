@@ -216,6 +216,7 @@ async fn redrive_with(
             producer: &producer,
             store,
             limit,
+            foreign: tokio::sync::OnceCell::new(),
         },
         &unread,
         &mut read,
@@ -449,6 +450,9 @@ struct Clients<'a> {
     producer: &'a Producer,
     store: Option<&'a dyn BlobStore>,
     limit: Option<usize>,
+    /// Why the store is not the service's, if it is not: looked at once, at the first copy
+    /// missing from it.
+    foreign: tokio::sync::OnceCell<Option<String>>,
 }
 
 /// A letter read, in the order read.
@@ -663,12 +667,15 @@ async fn read_letters(
         tokio::task::yield_now().await;
         let Some(polled) = clients.consumer.poll(Duration::from_millis(200)) else {
             if last_message.elapsed() > idle_deadline {
-                // Retention may have taken every letter a partition had left.
+                // Retention may have taken every letter a partition had left: its first offset
+                // is at its end. (Below it, the letters from there are still to come, and the
+                // gap before them is named when the first arrives.)
                 in_flight.settle(0, read, args, out).await?;
                 for (partition, next) in remaining.clone() {
                     let end = unread[&partition].end;
                     if let Some(gone) =
                         gone_from_topic(clients, args, partition, next..end, timeout)?
+                            .filter(|gone| gone.to == end)
                     {
                         read.name_gone(gone, out)?;
                         read.positions.insert(partition, end);
@@ -753,7 +760,7 @@ async fn read_letters(
             // A read of the blob store that fails (an outage, a store not configured as the
             // letter's) stops the run here, before the letter is counted as handled: the next
             // run reads it again. Only what is wrong with the letter itself passes it.
-            let original = original(clients.store, &letter).await.with_context(|| {
+            let original = original(clients, &letter).await.with_context(|| {
                 format!("reading the original of {at}: stopping here; the next run starts with it")
             })?;
             match original {
@@ -1003,9 +1010,10 @@ fn unsendable(letter: &BorrowedMessage<'_>) -> Option<&'static str> {
 /// `Err`: the store could not be read (down, or not the one the letter points to), which a later
 /// run may get past.
 async fn original(
-    store: Option<&dyn BlobStore>,
+    clients: &Clients<'_>,
     letter: &BorrowedMessage<'_>,
 ) -> anyhow::Result<Result<(Vec<u8>, Option<Vec<u8>>), String>> {
+    let store = clients.store;
     if let Some(why) = unsendable(letter) {
         return Ok(Err(why.into()));
     }
@@ -1033,14 +1041,23 @@ async fn original(
             .read(key)
             .await
             .with_context(|| format!("reading {location}"))?;
-        if found.is_none()
-            && let Some(why) = super::Top::of(store)
-                .await
-                .with_context(|| format!("{location} is not there; listing the store"))?
-                .foreign(store)
-        {
+        let foreign = match found {
+            Some(_) => &None,
+            None => {
+                clients
+                    .foreign
+                    .get_or_try_init(|| async {
+                        let top = super::Top::of(store).await.with_context(|| {
+                            format!("{location} is not there; listing the store")
+                        })?;
+                        anyhow::Ok(top.foreign(store))
+                    })
+                    .await?
+            }
+        };
+        if let Some(why) = foreign {
             bail!(
-                "{location} is not there: {why} (if every copy the store held has expired, pass these letters over with --since and a --group-id of its own)"
+                "{location} is not there: {why} (if it is the service's and every copy it held has expired, the letters kept there cannot be re-driven: --since with a --group-id of its own passes over them, and over every older letter)"
             );
         }
         anyhow::Ok(found.ok_or_else(|| format!("{location} is gone from the blob store")))

@@ -855,15 +855,34 @@ async fn with_snuba_a_replay_without_blobs_is_archived_at_the_time_given() {
 
     // A store with nothing of the service's at its top — another bucket, a volume not mounted —
     // is refused before anything is done: every replay would be archived, its blobs left.
+    // A run again does no better (exit 3).
     let elsewhere = Names::create().await;
-    let flags = deleting(gcs_flags(&elsewhere), &through_snuba, 42, replay);
-    let (ok, said) = delete(&[flags.clone(), at.to_vec()].concat());
-    assert!(!ok, "{said}");
+    let flags = [
+        deleting(gcs_flags(&elsewhere), &through_snuba, 42, replay),
+        at.to_vec(),
+    ]
+    .concat();
+    let (code, said) = run_tool_for_status("delete", &flags);
+    assert_eq!(code, Some(3), "{said}");
     assert!(
         said.contains(&format!(
-            "gs://{}/ holds neither retention prefixes (90/, …) nor dead-letter copies (dlq/) at its top",
+            "gs://{}/ is empty: is it the store the service writes to",
             elsewhere.bucket
         )) && said.contains("Nothing done"),
+        "{said}"
+    );
+    gcs_store(&elsewhere.bucket, 4)
+        .await
+        .put("backups/2026-12-01.tar", b"something else's")
+        .await
+        .unwrap();
+    let (code, said) = run_tool_for_status("delete", &flags);
+    assert_eq!(code, Some(3), "{said}");
+    assert!(
+        said.contains(&format!(
+            "gs://{}/ holds 1 entry at its top but neither retention prefixes (90/, …) nor dead-letter copies (dlq/)",
+            elsewhere.bucket
+        )),
         "{said}"
     );
     assert_eq!(
