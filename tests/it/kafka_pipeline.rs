@@ -960,3 +960,89 @@ async fn a_far_future_received_among_valid_messages_is_dead_lettered_and_no_memb
     );
     assert_eq!((first.terminate(), second.terminate()), (Some(0), Some(0)));
 }
+
+/// Partitions added to the consumed topic while two members consume it (an operator scaling
+/// out): the members take them in, read them from their start — nothing produced to them before
+/// they were assigned is skipped (`auto.offset.reset=earliest`) — store every segment once and
+/// commit every partition to its end.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn partitions_added_while_running_are_read_from_their_start() {
+    let _stack = uses_stack().await;
+    partitions_added_while_running(&[]).await;
+}
+
+/// The same with the consumer group protocol of KIP-848, where the broker assigns them.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn with_the_consumer_group_protocol_partitions_added_while_running_are_read() {
+    let _stack = uses_stack().await;
+    partitions_added_while_running(&["--kafka-property", "group.protocol=consumer"]).await;
+}
+
+async fn partitions_added_while_running(protocol: &[&str]) {
+    let (topic, dlq, group) = (unique("rec"), unique("dlq"), unique("group"));
+    create_topic(&topic, 2).await;
+    create_topic(&dlq, 1).await;
+    let files = small_fixtures(true);
+    let copies = |from: u64| -> Vec<(Vec<u8>, Vec<u8>)> {
+        (from..from + 16)
+            .map(|i| (load::fixture_copy(&files, i), test_key(i)))
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let member = |name: &str| {
+        let mut args = with_flag(
+            service_args(&topic, &dlq, &group, dir.path(), free_port()),
+            "--session-timeout-ms",
+            "10000",
+        );
+        args.extend(protocol.iter().map(|a| a.to_string()));
+        Service::start_logging_to(&args, &logs.path().join(format!("{name}.log")))
+    };
+    let members = [member("a"), member("b")];
+    let (_, mut sent) = produce_values(&topic, copies(0)).await;
+    wait_for("the first messages committed", JOIN_AND_FLUSH, || {
+        committed(&group, &topic, 2).values().sum::<i64>() == 16
+    })
+    .await;
+
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        kafka().create().unwrap();
+    let added = admin
+        .create_partitions(
+            &[rdkafka::admin::NewPartitions::new(&topic, 4)],
+            &rdkafka::admin::AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    for result in added {
+        result.unwrap();
+    }
+    // A producer made now knows four partitions: the keys spread over them.
+    let (_, more) = produce_values_with(&producer(), &topic, copies(16)).await;
+    assert!(
+        more.iter().any(|s| s.partition >= 2),
+        "some of them on the new partitions: {:?}",
+        more.iter().map(|s| s.partition).collect::<Vec<_>>()
+    );
+    sent.extend(more);
+    let end = high_watermarks(&topic, 4);
+    wait_for(
+        "every partition, the new ones too, committed to its end",
+        JOIN_AND_FLUSH,
+        || committed(&group, &topic, 4) == end,
+    )
+    .await;
+    assert_eq!(
+        blobs_under(dir.path()),
+        outcomes(&sent).0,
+        "every segment stored"
+    );
+    for (member, name) in members.into_iter().zip(["a", "b"]) {
+        assert_eq!(member.terminate(), Some(0), "member {name}");
+        let log = std::fs::read_to_string(logs.path().join(format!("{name}.log"))).unwrap();
+        assert!(!log.contains("offsets went back"), "member {name}:\n{log}");
+    }
+}

@@ -23,6 +23,7 @@ mod image;
 mod inspect_cli;
 mod intake_pause;
 mod kafka_acls;
+mod kafka_cluster;
 mod kafka_pipeline;
 mod log_format;
 mod memory_bound;

@@ -274,13 +274,13 @@ async fn over_sasl_ssl_a_broker_killed_and_started_again_mid_stream_loses_nothin
     let warned = log
         .lines()
         .filter(|l| {
-            level_of(l) == Some("WARN") && l.split_whitespace().nth(2) != Some("replay_ingest:")
+            log_level(l) == Some("WARN") && l.split_whitespace().nth(2) != Some("replay_ingest:")
         })
         .count();
     assert!(warned > 0, "the restart is in the log:\n{log}");
     let errors: Vec<&str> = log
         .lines()
-        .filter(|l| level_of(l) == Some("ERROR"))
+        .filter(|l| log_level(l) == Some("ERROR"))
         .collect();
     assert!(errors.is_empty(), "no ERROR line: {errors:#?}");
     // Each kind of the clients' errors once in 30 s (librdkafka reported one every 100 ms from
@@ -397,40 +397,6 @@ async fn under_load(
     std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
     let blob_dir = dir.path().join("blobs");
     (files, dir, password_file, blob_dir)
-}
-
-/// Every message of `sent` (on `topic`, of so many partitions) stored in `blob_dir` or on `dlq`,
-/// and `group` committed to the end of every partition. Dead letters are at least once: one a
-/// kill interrupted may be there twice.
-async fn everything_landed(
-    base: &ClientConfig,
-    sent: &[Sent],
-    (topic, partitions): (&str, i32),
-    dlq: &str,
-    group: &str,
-    blob_dir: &Path,
-) {
-    let (blobs, dead) = outcomes(sent);
-    wait_for("every blob", Duration::from_secs(120), || {
-        blobs_under(blob_dir) == blobs
-    })
-    .await;
-    let end = high_watermarks_on(base, topic, partitions);
-    assert_eq!(end.values().sum::<i64>(), sent.len() as i64);
-    wait_for(
-        "the group commits to the end",
-        Duration::from_secs(60),
-        || committed_on(base, group, topic, partitions) == end,
-    )
-    .await;
-    let letters = read_messages_on(base, dlq, dead.len(), Duration::from_secs(30));
-    let letters = check_dead_letters(letters, topic, &originals(sent));
-    assert_eq!(letters.into_iter().collect::<BTreeSet<_>>(), dead);
-}
-
-/// The level of a line of the service's text log (`<time> <LEVEL> <target>: …`).
-fn level_of(line: &str) -> Option<&str> {
-    line.split_whitespace().nth(1)
 }
 
 /// The SASL password rotated under a running service (the broker takes only the new one after a

@@ -80,7 +80,7 @@ pub async fn create_topic(name: &str, partitions: i32) {
 }
 
 /// The Sentry topic a test's topic stands for, by the prefix `unique` gave its name.
-fn stands_for(name: &str) -> &'static str {
+pub fn stands_for(name: &str) -> &'static str {
     match name.rsplit_once('-').map_or(name, |(prefix, _)| prefix) {
         "rec" => "ingest-replay-recordings",
         "replay-events" => "ingest-replay-events",
@@ -108,15 +108,21 @@ pub async fn set_topic_limit(topic: &str, bytes: usize) {
 
 /// `set_topic_limit` on the cluster `base` points at.
 pub async fn set_topic_limit_on(base: &ClientConfig, topic: &str, bytes: usize) {
+    set_topic_config_on(base, topic, "max.message.bytes", &bytes.to_string()).await
+}
+
+/// Sets `topic`'s `key` to `value` while the cluster runs, as an operator would, and waits until
+/// the brokers report it. The request replaces the topic's whole configuration, so it carries
+/// the Sentry settings `create_topic` gave it.
+pub async fn set_topic_config_on(base: &ClientConfig, topic: &str, key: &str, value: &str) {
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
         base.create().unwrap();
-    let bytes = bytes.to_string();
     let mut config =
         rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(topic));
     for (key, value) in topics::sentry_topic_config(stands_for(topic)) {
         config = config.set(key, value);
     }
-    config = config.set("max.message.bytes", &bytes);
+    config = config.set(key, value);
     let altered = admin
         .alter_configs(&[config], &rdkafka::admin::AdminOptions::new())
         .await
@@ -134,14 +140,11 @@ pub async fn set_topic_limit_on(base: &ClientConfig, topic: &str, bytes: usize) 
             .unwrap();
         read.into_iter()
             .filter_map(Result::ok)
-            .find_map(|c| c.get("max.message.bytes")?.value.clone())
+            .find_map(|c| c.get(key)?.value.clone())
     };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while described().await.as_deref() != Some(bytes.as_str()) {
-        assert!(
-            Instant::now() < deadline,
-            "{topic}'s max.message.bytes stays unchanged"
-        );
+    while described().await.as_deref() != Some(value) {
+        assert!(Instant::now() < deadline, "{topic}'s {key} stays unchanged");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -399,4 +402,38 @@ pub fn read_dlq(
         source_topic,
         originals,
     )
+}
+
+/// Every message of `sent` (on `topic`, of so many partitions) stored in `blob_dir` or on `dlq`,
+/// and `group` committed to the end of every partition. Dead letters are at least once: one a
+/// kill interrupted may be there twice.
+pub async fn everything_landed(
+    base: &ClientConfig,
+    sent: &[Sent],
+    (topic, partitions): (&str, i32),
+    dlq: &str,
+    group: &str,
+    blob_dir: &std::path::Path,
+) {
+    let (blobs, dead) = outcomes(sent);
+    wait_for("every blob", Duration::from_secs(120), || {
+        blobs_under(blob_dir) == blobs
+    })
+    .await;
+    let end = high_watermarks_on(base, topic, partitions);
+    assert_eq!(end.values().sum::<i64>(), sent.len() as i64);
+    wait_for(
+        "the group commits to the end",
+        Duration::from_secs(60),
+        || committed_on(base, group, topic, partitions) == end,
+    )
+    .await;
+    let letters = read_messages_on(base, dlq, dead.len(), Duration::from_secs(30));
+    let letters = check_dead_letters(letters, topic, &originals(sent));
+    assert_eq!(
+        letters
+            .into_iter()
+            .collect::<std::collections::BTreeSet<_>>(),
+        dead
+    );
 }

@@ -2,6 +2,7 @@
 //! (`REPLAY_INGEST_TEST_BROKERS`). Every test makes its own topics and consumer group.
 
 pub mod acl;
+pub mod cluster;
 pub mod fixtures;
 pub mod hostile;
 pub mod kafka;

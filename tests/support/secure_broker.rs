@@ -291,7 +291,7 @@ impl SecureBroker {
 
 /// `java` with the broker's settings (a small heap, the serial collector, the client compiler
 /// only), running `main` from the jars under `home`.
-fn java(home: &str, main: &str) -> Command {
+pub(super) fn java(home: &str, main: &str) -> Command {
     let mut command = Command::new("java");
     command
         .args([
@@ -309,13 +309,26 @@ fn java(home: &str, main: &str) -> Command {
 
 /// Starts the broker on `config`, its output in `log` (truncated), and waits until it serves.
 fn launch(home: &str, config: &Path, log: &Path) -> Child {
-    let mut child = java(home, "kafka.Kafka")
+    let mut child = spawn(home, config, log);
+    wait_started(&mut child, log);
+    child
+}
+
+/// Starts a broker on `config`, its output in `log` (truncated), without waiting for it: the
+/// nodes of a cluster serve only once a majority of their controllers is up.
+pub(super) fn spawn(home: &str, config: &Path, log: &Path) -> Child {
+    java(home, "kafka.Kafka")
         .arg(config)
         .stdout(std::fs::File::create(log).unwrap())
         .stderr(Stdio::null())
         .spawn()
-        .expect("start kafka");
-    let deadline = Instant::now() + Duration::from_secs(60);
+        .expect("start kafka")
+}
+
+/// Waits until the broker `child` serves (its `log` says so); kills it and fails the test if
+/// it exits or has not within two minutes (three JVMs starting at once on a loaded machine).
+pub(super) fn wait_started(child: &mut Child, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
     while !std::fs::read_to_string(log)
         .unwrap_or_default()
         .contains("Kafka Server started")
@@ -329,7 +342,6 @@ fn launch(home: &str, config: &Path, log: &Path) -> Child {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    child
 }
 
 impl Drop for SecureBroker {

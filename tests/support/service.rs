@@ -588,3 +588,8 @@ impl Drop for Service {
         }
     }
 }
+
+/// The level of a line of the service's text log (`<time> <LEVEL> <target>: …`).
+pub fn log_level(line: &str) -> Option<&str> {
+    line.split_whitespace().nth(1)
+}

@@ -45,9 +45,19 @@ pub async fn create_topic_as(
     partitions: i32,
     sentry_topic: &str,
 ) -> Result<(), String> {
+    create_replicated_topic_as(base, name, (partitions, 1), sentry_topic).await
+}
+
+/// [`create_topic_as`] with `replicas` replicas of each partition (a cluster's brokers).
+pub async fn create_replicated_topic_as(
+    base: &ClientConfig,
+    name: &str,
+    (partitions, replicas): (i32, i32),
+    sentry_topic: &str,
+) -> Result<(), String> {
     let admin: AdminClient<DefaultClientContext> =
         base.create().map_err(|e| format!("admin client: {e}"))?;
-    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(replicas));
     for (key, value) in sentry_topic_config(sentry_topic) {
         topic = topic.set(key, value);
     }
