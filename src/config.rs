@@ -1163,6 +1163,12 @@ impl ConsumeArgs {
             ),
             // Consumer lag per partition for the `consumer.lag` gauge.
             (STATISTICS_INTERVAL, "10000".into()),
+            // Partitions added to the topic (an operator scaling out) are seen within 30 s: with
+            // the classic protocol the group's leader rebalances them onto the members only once
+            // its metadata shows them, and at librdkafka's default (5 min) they waited past the
+            // test's two minutes (`partitions_added_while_running…`; in another run something
+            // else refreshed it within seconds). One metadata request per 30 s.
+            ("topic.metadata.refresh.interval.ms", "30000".into()),
         ]);
         // With the consumer protocol the broker assigns (librdkafka refuses an assignor); its
         // rebalances are incremental, as cooperative-sticky's are, through the same callbacks.

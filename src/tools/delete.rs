@@ -1389,15 +1389,6 @@ mod tests {
     /// output was lost.
     #[test]
     fn an_output_gone_mid_run_stops_nothing() {
-        struct Gone;
-        impl Write for Gone {
-            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
-                Err(std::io::ErrorKind::BrokenPipe.into())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let dir = tempfile::tempdir().unwrap();
         let replays = [
             "834f314caae54030a1b0dc52b202f24a",
@@ -1424,7 +1415,9 @@ mod tests {
         ])
         .unwrap();
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        let error = runtime.block_on(run(&args, &mut Gone)).unwrap_err();
+        let error = runtime
+            .block_on(run(&args, &mut crate::tools::BrokenPipe))
+            .unwrap_err();
         assert!(
             error
                 .to_string()

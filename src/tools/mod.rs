@@ -117,6 +117,21 @@ impl<W: Write> Write for Reports<W> {
     }
 }
 
+/// An output a dropped `kubectl exec` session broke: every write fails.
+#[cfg(test)]
+struct BrokenPipe;
+
+#[cfg(test)]
+impl Write for BrokenPipe {
+    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::BrokenPipe.into())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// What the top of a blob store holds of what the service writes there: its retention prefixes
 /// (`90/`), each with its retention, and whether dead-letter copies (`dlq/`) are there; and how
 /// many other entries.
@@ -140,7 +155,8 @@ impl Top {
                 top.retentions.push((prefix, retention));
             } else if crate::sink::dlq::is_copy_key(&prefix) {
                 top.copies = true;
-            } else {
+            } else if name != "lost+found" {
+                // (What a fresh ext4 volume holds.)
                 top.others += 1;
             }
         }

@@ -1131,22 +1131,13 @@ mod tests {
     #[tokio::test]
     async fn an_output_gone_mid_run_still_records_every_letter_delivered() {
         use clap::Parser;
-        struct Gone;
-        impl Write for Gone {
-            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
-                Err(std::io::ErrorKind::BrokenPipe.into())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let cli = Cli::try_parse_from(["x", "--topic", "recordings"]).unwrap();
         let mut in_flight = InFlight {
             letters: (0..5).map(|offset| sent(offset, true)).collect(),
             bytes: 50,
         };
         let mut read = Read::default();
-        let mut out = crate::tools::Reports::new(Gone);
+        let mut out = crate::tools::Reports::new(crate::tools::BrokenPipe);
         in_flight
             .settle(0, &mut read, &cli.args, &mut out)
             .await

@@ -494,18 +494,14 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
     // Steady load through the whole outage: two messages every 250 ms.
     down.store(true, Ordering::SeqCst);
     let producing = Arc::new(AtomicBool::new(true));
-    let load = {
-        let (topic, fixtures, producing) =
-            (names.topic.clone(), fixtures.clone(), producing.clone());
-        tokio::spawn(async move {
-            let mut sent = Vec::new();
-            while producing.load(Ordering::SeqCst) {
-                sent.extend(produce_fixtures(&topic, &fixtures, 2).await.1);
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            sent
-        })
-    };
+    let round = (8, 2, Duration::from_millis(250));
+    let load = steady_load(
+        &kafka(),
+        &names.topic,
+        fixtures.clone(),
+        round,
+        producing.clone(),
+    );
     let outage = std::time::Instant::now();
     wait_for(
         "intake paused behind the failing flush",
@@ -563,17 +559,13 @@ async fn a_member_joining_during_a_long_outage_gets_partitions_at_once_and_nothi
     // Once it has a flush under way (a member stopped before it took anything in has nothing
     // to drain, and exits 0 at once; its outage alone, opened by its startup check, says nothing
     // of that)...
-    wait_for("the joiner flushes", JOIN_AND_FLUSH, || {
-        b.status()
-            .is_some_and(|s| s["flushes_in_flight"].as_u64() >= Some(1))
-    })
-    .await;
     // ...its drain cannot finish (ClickHouse is down): a shutdown's drain waits at most its
     // deadline (an outage that ends within it leaves nothing to read again; a flush that has
     // failed for a whole deadline is given up at once), then leaves the group, and exits 1;
     // three seconds more for leaving the group and ending the process on a loaded machine.
-    b.signal_term();
-    let exit = b.exit_within(DRAIN_DEADLINE + Duration::from_secs(3)).await;
+    let exit = b
+        .stopped_mid_flush(DRAIN_DEADLINE + Duration::from_secs(3))
+        .await;
     let b_said = std::fs::read_to_string(&b_log).unwrap_or_default();
     assert_eq!(
         exit,

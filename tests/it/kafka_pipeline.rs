@@ -962,7 +962,8 @@ async fn a_far_future_received_among_valid_messages_is_dead_lettered_and_no_memb
 }
 
 /// Partitions added to the consumed topic while two members consume it (an operator scaling
-/// out): the members take them in, read them from their start — nothing produced to them before
+/// out): the members take them in (the classic protocol's leader once its metadata shows them:
+/// the service refreshes it every 30 s, librdkafka every 5 min), read them from their start — nothing produced to them before
 /// they were assigned is skipped (`auto.offset.reset=earliest`) — store every segment once and
 /// commit every partition to its end.
 #[tokio::test(flavor = "multi_thread")]
@@ -1020,6 +1021,25 @@ async fn partitions_added_while_running(protocol: &[&str]) {
     for result in added {
         result.unwrap();
     }
+    // The brokers take the new count in a moment after the answer.
+    let reader: rdkafka::consumer::BaseConsumer = kafka().create().unwrap();
+    wait_for(
+        "the brokers to know four partitions",
+        Duration::from_secs(30),
+        || {
+            rdkafka::consumer::Consumer::fetch_metadata(
+                &reader,
+                Some(&topic),
+                Duration::from_secs(5),
+            )
+            .is_ok_and(|m| {
+                m.topics()
+                    .first()
+                    .is_some_and(|t| t.partitions().len() == 4)
+            })
+        },
+    )
+    .await;
     // A producer made now knows four partitions: the keys spread over them.
     let (_, more) = produce_values_with(&producer(), &topic, copies(16)).await;
     assert!(

@@ -814,48 +814,15 @@ async fn letters_that_arrive_during_a_run_are_left_for_the_next() {
     for i in 0..8u8 {
         letter(&dlq, 1, &vec![b'a' + i; 800_000]).await;
     }
-    // Watches the input topic from its start, assigned (no group to join): it sees each
-    // re-driven letter within a fetch.
-    let watcher: rdkafka::consumer::BaseConsumer = kafka()
-        .set("group.id", unique("watcher"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut start = rdkafka::TopicPartitionList::new();
-    start
-        .add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
-        .unwrap();
-    rdkafka::consumer::Consumer::assign(&watcher, &start).unwrap();
-    let run = {
-        let (dlq, topic, group) = (dlq.clone(), topic.clone(), group.clone());
-        // One letter a second: the run lasts about eight seconds.
-        tokio::task::spawn_blocking(move || {
-            redrive_in(
-                &dlq,
-                &topic,
-                &group,
-                &["--blob-sink", "null", "--rate", "1"],
-            )
-        })
-    };
     // Once the run has re-driven partition 0's letter, a new one arrives there.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        use rdkafka::Message;
-        assert!(std::time::Instant::now() < deadline, "the run re-drives");
-        if let Some(Ok(m)) = watcher.poll(Duration::from_millis(100))
-            && m.payload() == Some(b"early".as_slice())
-        {
-            break;
-        }
-    }
+    let run = redriving_one_a_second(&dlq, &topic, &group).await;
     letter(&dlq, 0, b"late").await;
     assert!(
         !run.is_finished(),
         "the late letter arrived while the run still went on"
     );
-    let (ok, said) = run.await.unwrap();
-    assert!(ok, "{said}");
+    let (code, said) = run.await.unwrap();
+    assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("9 letter(s) re-driven"), "{said}");
     assert!(!said.contains(&format!("{dlq}/0/1")), "{said}");
     let (ok, said) = redrive_in(&dlq, &topic, &group, &["--blob-sink", "null"]);
@@ -905,38 +872,7 @@ async fn retention_during_a_run(delete_before: i64) -> (i64, i64) {
     for i in 1..RETAINED_LETTERS {
         letter(&dlq, 0, &vec![b'a' + i as u8; 800_000]).await;
     }
-    let watcher: rdkafka::consumer::BaseConsumer = kafka()
-        .set("group.id", unique("watcher"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut start = rdkafka::TopicPartitionList::new();
-    start
-        .add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
-        .unwrap();
-    rdkafka::consumer::Consumer::assign(&watcher, &start).unwrap();
-    let run = {
-        let (dlq, topic, group) = (dlq.clone(), topic.clone(), group.clone());
-        // One letter a second: the run lasts longer than its read-ahead.
-        tokio::task::spawn_blocking(move || {
-            redrive_for_status(
-                &dlq,
-                &topic,
-                &group,
-                &["--blob-sink", "null", "--rate", "1"],
-            )
-        })
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        use rdkafka::Message;
-        assert!(std::time::Instant::now() < deadline, "the run re-drives");
-        if let Some(Ok(m)) = watcher.poll(Duration::from_millis(100))
-            && m.payload() == Some(b"early".as_slice())
-        {
-            break;
-        }
-    }
+    let run = redriving_one_a_second(&dlq, &topic, &group).await;
     delete_records_before(&dlq, 0, delete_before).await;
     assert!(!run.is_finished(), "the records went while the run read");
     let (code, said) = run.await.unwrap();
@@ -970,6 +906,48 @@ async fn retention_during_a_run(delete_before: i64) -> (i64, i64) {
         [(0, RETAINED_LETTERS)].into_iter().collect()
     );
     (redriven, gone)
+}
+
+/// A run of `group` from `dlq` to `topic` at one letter a second (longer than its read-ahead),
+/// in the background, once it has re-driven the letter `early`, the first on partition 0.
+async fn redriving_one_a_second(
+    dlq: &str,
+    topic: &str,
+    group: &str,
+) -> tokio::task::JoinHandle<(Option<i32>, String)> {
+    // Watches the input topic from its start, assigned (no group to join): it sees each
+    // re-driven letter within a fetch.
+    let watcher: rdkafka::consumer::BaseConsumer = kafka()
+        .set("group.id", unique("watcher"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut start = rdkafka::TopicPartitionList::new();
+    start
+        .add_partition_offset(topic, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    rdkafka::consumer::Consumer::assign(&watcher, &start).unwrap();
+    let run = {
+        let (dlq, topic, group) = (dlq.to_owned(), topic.to_owned(), group.to_owned());
+        tokio::task::spawn_blocking(move || {
+            redrive_for_status(
+                &dlq,
+                &topic,
+                &group,
+                &["--blob-sink", "null", "--rate", "1"],
+            )
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        use rdkafka::Message;
+        assert!(std::time::Instant::now() < deadline, "the run re-drives");
+        if let Some(Ok(m)) = watcher.poll(Duration::from_millis(100))
+            && m.payload() == Some(b"early".as_slice())
+        {
+            return run;
+        }
+    }
 }
 
 /// Dead letters on a broker of its own reached through a relay, and `redrive` runs through it.

@@ -49,8 +49,8 @@ impl Cluster {
         for (i, &(port, controller)) in ports.iter().enumerate() {
             let id = i + 1;
             let data = dir.path().join(format!("node-{id}"));
-            // Fast failure detection: a node killed is fenced within 3 s (9 s by default), and
-            // a member's session can be short.
+            // A node killed is fenced within 6 s (9 s by default); one starved of CPU for a few
+            // seconds on a loaded machine is not.
             let properties = format!(
                 "process.roles=broker,controller\nnode.id={id}\n\
                  controller.quorum.voters={}\n\
@@ -64,7 +64,7 @@ impl Cluster {
                  transaction.state.log.replication.factor=3\ntransaction.state.log.min.isr=2\n\
                  share.coordinator.state.topic.replication.factor=3\nshare.coordinator.state.topic.min.isr=2\n\
                  auto.create.topics.enable=false\n\
-                 broker.session.timeout.ms=3000\nbroker.heartbeat.interval.ms=500\n\
+                 broker.session.timeout.ms=6000\nbroker.heartbeat.interval.ms=1000\n\
                  group.initial.rebalance.delay.ms=0\ngroup.min.session.timeout.ms=1000\n\
                  group.consumer.min.session.timeout.ms=6000\ngroup.consumer.session.timeout.ms=10000\n\
                  group.consumer.min.heartbeat.interval.ms=500\ngroup.consumer.heartbeat.interval.ms=1000\n\
@@ -133,10 +133,11 @@ impl Cluster {
             .status();
         let deadline = Instant::now() + Duration::from_secs(60);
         while child.try_wait().unwrap().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "node {id} did not stop within 60 s"
-            );
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("node {id} did not stop within 60 s");
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }

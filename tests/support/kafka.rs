@@ -156,8 +156,10 @@ pub fn producer() -> FutureProducer {
 /// A producer on `base` that takes messages as large as production's: rust-rdkafka's for test
 /// data, or the service's own for a sink under test.
 pub fn producer_on<P: rdkafka::config::FromClientConfig>(base: &ClientConfig) -> P {
+    // Idempotent: a batch whose answer a leader's crash lost is not written twice by the retry.
     base.clone()
         .set("acks", "all")
+        .set("enable.idempotence", "true")
         .set("message.max.bytes", "16000000")
         .create()
         .expect("producer")
@@ -436,4 +438,30 @@ pub async fn everything_landed(
             .collect::<std::collections::BTreeSet<_>>(),
         dead
     );
+}
+
+/// Produces copies of `fixtures` (each with a key of its own) to `topic` through `base` in the
+/// background, `per_round` of them every `every`, numbered from `from` on, until `producing`
+/// turns false; returns every message's fate.
+pub fn steady_load(
+    base: &ClientConfig,
+    topic: &str,
+    fixtures: Vec<Vec<u8>>,
+    (from, per_round, every): (u64, u64, Duration),
+    producing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<Sent>> {
+    let (producer, topic) = (producer_on::<FutureProducer>(base), topic.to_owned());
+    tokio::spawn(async move {
+        let mut sent = Vec::new();
+        let mut i = from;
+        while producing.load(std::sync::atomic::Ordering::SeqCst) {
+            let round = (i..i + per_round)
+                .map(|i| (load::fixture_copy(&fixtures, i), test_key(i)))
+                .collect();
+            i += per_round;
+            sent.extend(produce_values_with(&producer, &topic, round).await.1);
+            tokio::time::sleep(every).await;
+        }
+        sent
+    })
 }

@@ -464,6 +464,18 @@ impl Service {
         Some((code, response.split("\r\n\r\n").nth(1)?.to_owned()))
     }
 
+    /// Once a flush of its is under way, SIGTERM: its exit status, given `within` to exit
+    /// (`None`: killed when it had not).
+    pub async fn stopped_mid_flush(self, within: Duration) -> Option<i32> {
+        wait_for("a flush under way", JOIN_AND_FLUSH, || {
+            self.status()
+                .is_some_and(|s| s["flushes_in_flight"].as_u64() >= Some(1))
+        })
+        .await;
+        self.signal_term();
+        self.exit_within(within).await
+    }
+
     /// Sends SIGTERM without waiting for the exit.
     pub fn signal_term(&self) {
         self.signal("-TERM");
