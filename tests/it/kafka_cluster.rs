@@ -84,10 +84,11 @@ impl Replicated {
         ] {
             args.extend([flag.to_owned(), topic.clone()]);
         }
+        // A flag given already takes the new value; `--kafka-property` is repeated.
         for pair in extra.chunks(2) {
-            args = match args.iter().position(|a| a == pair[0]) {
-                Some(_) => with_flag(args, pair[0], pair[1]),
-                None => [args, pair.iter().map(|a| a.to_string()).collect()].concat(),
+            args = match args.contains(&pair[0].to_owned()) && pair[0] != "--kafka-property" {
+                true => with_flag(args, pair[0], pair[1]),
+                false => [args, pair.iter().map(|a| a.to_string()).collect()].concat(),
             };
         }
         Service::start_logging_to(&args, &self.log_of(name))
@@ -119,15 +120,32 @@ impl Replicated {
 /// about twenty a second and publish their events: every segment is stored, every invalid one
 /// dead-lettered, every message billed (twice only where a delivery of the events failed and was
 /// sent again, or a partition moved with a flush under way: the documented at-least-once; in
-/// three runs of four, none twice), the group commits to the end, both members stay
+/// four runs of five, none twice), the group commits to the end, both members stay
 /// live and neither exits or logs an ERROR line.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs Apache Kafka's jars and the local stack: scripts/test.sh fetches them and runs every test"]
 async fn a_rolling_restart_and_killed_leaders_lose_nothing() {
     let _stack = uses_stack().await;
+    rolling_restart_and_killed_leaders(&[]).await;
+}
+
+/// The same with the consumer group protocol of KIP-848, where the coordinator moving is the
+/// broker's assignor moving with it.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars and the local stack: scripts/test.sh fetches them and runs every test"]
+async fn with_the_consumer_group_protocol_a_rolling_restart_and_killed_leaders_lose_nothing() {
+    let _stack = uses_stack().await;
+    rolling_restart_and_killed_leaders(&["--kafka-property", "group.protocol=consumer"]).await;
+}
+
+/// The rolling restart and the two kills, `protocol` the members' extra flags.
+async fn rolling_restart_and_killed_leaders(protocol: &[&str]) {
     let _one = ONE_CLUSTER.lock().await;
     let mut replicated = Replicated::start().await;
-    let members = [replicated.member("a", &[]), replicated.member("b", &[])];
+    let members = [
+        replicated.member("a", protocol),
+        replicated.member("b", protocol),
+    ];
     wait_for("both members owning partitions", JOIN_AND_FLUSH, || {
         members.iter().all(|m| m.owned() > 0)
     })
