@@ -124,68 +124,42 @@ struct Produced {
     original: Original,
 }
 
-/// A message whose delivery failed: it may or may not have landed (a record in flight when its
-/// timeout came may still be written), so where it is, if anywhere, is looked up by its key once
-/// production has stopped ([`find_undelivered`]).
+/// A message whose delivery report did not say where it is: a failed delivery, which may or may
+/// not have landed (a record in flight when its timeout came may still be written), or one
+/// reported without its offset, which did (see [`find_by_key`]). Where it is, if anywhere, is
+/// looked up by its key once production has stopped ([`find_undelivered`]).
 struct Undelivered {
     fate: Fate,
     original: Original,
+    /// Delivered, its offset left out of the report.
+    landed: bool,
 }
 
-/// Where the messages whose delivery failed landed, if anywhere: `topic`'s `partitions` read
-/// from their start to their end, by key (each message's key is its own). Every copy found is a
-/// message the members had to handle.
+/// Where the messages of `undelivered` landed in `topic`'s `partitions`: every copy found is a
+/// message the members had to handle. One reported delivered must be found.
 fn find_undelivered(topic: &str, partitions: i32, undelivered: &[Undelivered]) -> Vec<Produced> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::{Message, Offset, TopicPartitionList};
-    if undelivered.is_empty() {
-        return Vec::new();
-    }
-    let consumer: BaseConsumer = kafka()
-        .set("group.id", unique("lookup"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("the lookup's consumer");
-    let (mut ends, mut assignment) = (BTreeMap::new(), TopicPartitionList::new());
-    for partition in 0..partitions {
-        let (_, end) = consumer
-            .fetch_watermarks(topic, partition, Duration::from_secs(30))
-            .expect("the partition's end");
-        if end > 0 {
-            ends.insert(partition, end);
-            assignment
-                .add_partition_offset(topic, partition, Offset::Beginning)
-                .unwrap();
-        }
-    }
-    consumer.assign(&assignment).expect("assign");
     let by_key: BTreeMap<&[u8], &Undelivered> = undelivered
         .iter()
         .filter_map(|u| Some((u.original.key.as_deref()?, u)))
         .collect();
-    let (mut found, deadline) = (Vec::new(), Instant::now() + Duration::from_secs(120));
-    while !ends.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{topic} not read to its end: {ends:?}"
-        );
-        let Some(Ok(message)) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        if let Some(u) = message.key().and_then(|key| by_key.get(key)) {
-            found.push(Produced {
-                partition: message.partition(),
-                offset: message.offset(),
+    let keys = by_key.keys().copied().collect();
+    let found: Vec<Produced> = find_by_key(&kafka(), topic, 0..partitions, &keys)
+        .into_iter()
+        .map(|(key, partition, offset)| {
+            let u = by_key[key.as_slice()];
+            Produced {
+                partition,
+                offset,
                 fate: u.fate.clone(),
                 original: u.original.clone(),
-            });
-        }
-        if ends
-            .get(&message.partition())
-            .is_some_and(|&end| message.offset() + 1 >= end)
-        {
-            ends.remove(&message.partition());
-        }
+            }
+        })
+        .collect();
+    for u in undelivered.iter().filter(|u| u.landed) {
+        assert!(
+            found.iter().any(|p| p.original.key == u.original.key),
+            "a message reported delivered (without its offset) is not on {topic}"
+        );
     }
     found
 }
@@ -252,16 +226,17 @@ async fn produce(
         for (delivery, (value, key, fate)) in deliveries.into_iter().zip(batch) {
             let original = Original::new(Some(key), &value);
             match delivery {
-                Ok(delivery) => out.lock().unwrap().push(Produced {
+                Ok(delivery) if delivery.offset >= 0 => out.lock().unwrap().push(Produced {
                     partition: delivery.partition,
                     offset: delivery.offset,
                     fate,
                     original,
                 }),
-                Err(_) => undelivered
-                    .lock()
-                    .unwrap()
-                    .push(Undelivered { fate, original }),
+                delivery => undelivered.lock().unwrap().push(Undelivered {
+                    fate,
+                    original,
+                    landed: delivery.is_ok(),
+                }),
             }
         }
         // Pace to RATE a second on average.
@@ -1120,7 +1095,8 @@ async fn chaos(own: &OwnStack) {
     let mut produced = std::mem::take(&mut *produced.lock().unwrap());
     let undelivered = std::mem::take(&mut *undelivered.lock().unwrap());
     let found = tokio::task::block_in_place(|| find_undelivered(&names.topic, 4, &undelivered));
-    let landed_anyway = found.len();
+    let without_offset = undelivered.iter().filter(|u| u.landed).count();
+    let landed_anyway = found.len() - without_offset;
     produced.extend(found);
     let mut end: BTreeMap<i32, i64> = BTreeMap::new();
     for p in &produced {
@@ -1219,7 +1195,7 @@ async fn chaos(own: &OwnStack) {
         .collect();
     println!(
         "chaos: {seconds} s of faults ({}), the {} group protocol; {} messages ({valid} valid, {} invalid; deliveries failed {}, \
-         {landed_anyway} of them on the topic all the same); blobs missing {missing_blobs}, \
+         {landed_anyway} of them on the topic all the same; {without_offset} reported without their offset); blobs missing {missing_blobs}, \
          differing {wrong_blobs}; rows missing {missing_rows} of {}, unexpected {extra_rows}, differing {wrong_rows}; billing outcomes missing \
          {missing_outcomes} of {}, unexpected {extra_outcomes} ({} published); dead letters missing \
          {missing_dead} of {}, unexpected {extra_dead}, of the {pointers} in the blob store, objects missing or differing {wrong_pointers}; commits at the end: {} (settled in {:.0} s); members exiting \
@@ -1232,7 +1208,7 @@ async fn chaos(own: &OwnStack) {
         },
         produced.len(),
         produced.len() - valid,
-        undelivered.len(),
+        undelivered.len() - without_offset,
         expected_rows.len(),
         expected_outcomes.len(),
         published.len(),

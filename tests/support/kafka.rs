@@ -440,9 +440,69 @@ pub async fn everything_landed(
     );
 }
 
+/// Where the messages keyed `keys` sit in `partitions` of `topic`, read through `base` from each
+/// partition's start to its end: every copy found, as `(key, partition, offset)`.
+///
+/// A producer's delivery report does not always say where a message is. A failed delivery may
+/// have landed all the same (a record in flight when its timeout came), and an idempotent
+/// producer reports a delivery without its offset (-1) when the broker answers a retry with
+/// DUPLICATE_SEQUENCE_NUMBER: the first send landed, its acknowledgement was lost to a broker
+/// kill (librdkafka's rdkafka_request.c; a chaos run in CI failed on such a message). Those are
+/// looked up here, by key, once production has stopped.
+pub fn find_by_key(
+    base: &ClientConfig,
+    topic: &str,
+    partitions: impl IntoIterator<Item = i32>,
+    keys: &std::collections::BTreeSet<&[u8]>,
+) -> Vec<(Vec<u8>, i32, i64)> {
+    if keys.is_empty() {
+        return Vec::new();
+    }
+    let consumer: BaseConsumer = base
+        .clone()
+        .set("group.id", unique("lookup"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("the lookup's consumer");
+    let (mut ends, mut assignment) = (BTreeMap::new(), TopicPartitionList::new());
+    for partition in partitions {
+        let (_, end) = consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(30))
+            .expect("the partition's end");
+        if end > 0 {
+            ends.insert(partition, end);
+            assignment
+                .add_partition_offset(topic, partition, Offset::Beginning)
+                .unwrap();
+        }
+    }
+    consumer.assign(&assignment).expect("assign");
+    let (mut found, deadline) = (Vec::new(), Instant::now() + Duration::from_secs(120));
+    while !ends.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{topic} not read to its end: {ends:?}"
+        );
+        let Some(Ok(message)) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        if let Some(key) = message.key().filter(|key| keys.contains(key)) {
+            found.push((key.to_vec(), message.partition(), message.offset()));
+        }
+        if ends
+            .get(&message.partition())
+            .is_some_and(|&end| message.offset() + 1 >= end)
+        {
+            ends.remove(&message.partition());
+        }
+    }
+    found
+}
+
 /// Produces copies of `fixtures` (each with a key of its own) to `topic` through `base` in the
 /// background, `per_round` of them every `every`, numbered from `from` on, until `producing`
-/// turns false; returns every message's fate.
+/// turns false; returns every message's fate, with the offsets a delivery report left out
+/// looked up ([`find_by_key`]).
 pub fn steady_load(
     base: &ClientConfig,
     topic: &str,
@@ -450,7 +510,11 @@ pub fn steady_load(
     (from, per_round, every): (u64, u64, Duration),
     producing: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> tokio::task::JoinHandle<Vec<Sent>> {
-    let (producer, topic) = (producer_on::<FutureProducer>(base), topic.to_owned());
+    let (producer, topic, base) = (
+        producer_on::<FutureProducer>(base),
+        topic.to_owned(),
+        base.clone(),
+    );
     tokio::spawn(async move {
         let mut sent = Vec::new();
         let mut i = from;
@@ -461,6 +525,26 @@ pub fn steady_load(
             i += per_round;
             sent.extend(produce_values_with(&producer, &topic, round).await.1);
             tokio::time::sleep(every).await;
+        }
+        let unknown: Vec<&Sent> = sent.iter().filter(|s| s.offset < 0).collect();
+        let keys = unknown
+            .iter()
+            .filter_map(|s| s.original.key.as_deref())
+            .collect();
+        let partitions: std::collections::BTreeSet<i32> =
+            unknown.iter().map(|s| s.partition).collect();
+        let found = tokio::task::block_in_place(|| find_by_key(&base, &topic, partitions, &keys));
+        for s in sent.iter_mut().filter(|s| s.offset < 0) {
+            let mut at = found
+                .iter()
+                .filter(|(key, partition, _)| {
+                    Some(key.as_slice()) == s.original.key.as_deref() && *partition == s.partition
+                })
+                .map(|&(_, _, offset)| offset);
+            s.offset = at.next().unwrap_or_else(|| {
+                panic!("a delivery reported without its offset is not on {topic}")
+            });
+            assert_eq!(at.next(), None, "an idempotent send landed once");
         }
         sent
     })

@@ -27,9 +27,11 @@ pub struct Produced {
     pub messages: u64,
     pub bytes: u64,
     pub seconds: f64,
-    /// Partition → offset of the last message delivered there.
+    /// Partition → offset of the last message delivered there (the highest reported: a
+    /// delivery can be reported without its offset, as -1; see `kafka::find_by_key`).
     pub last_offsets: BTreeMap<i32, i64>,
-    /// Where every message landed, `(partition, offset)`, in production order.
+    /// Where every message landed, `(partition, offset)`, in production order (the offset -1
+    /// when the delivery report left it out).
     #[serde(skip)]
     pub deliveries: Vec<(i32, i64)>,
 }
@@ -117,9 +119,11 @@ pub async fn produce(
         for delivery in join_all(pending).await {
             let delivered = delivery.map_err(|(e, _)| e)?;
             report.messages += 1;
-            report
+            let last = report
                 .last_offsets
-                .insert(delivered.partition, delivered.offset);
+                .entry(delivered.partition)
+                .or_insert(delivered.offset);
+            *last = (*last).max(delivered.offset);
             report
                 .deliveries
                 .push((delivered.partition, delivered.offset));
