@@ -4,7 +4,7 @@
 # and join, ClickHouse stops (once with a member joining half way), GCS hangs or answers late,
 # the broker hangs, is SIGKILLed or restarted cleanly; then every store is checked.
 # Prints one summary line (and the failure, if any).
-# Usage: scripts/chaos.sh [SECONDS]   seconds of faults, default 900 (the test command runs 120)
+# Usage: scripts/chaos.sh [SECONDS]   seconds of faults, default 900 (the test command runs 150)
 #        CHAOS_GROUP_PROTOCOL=consumer scripts/chaos.sh [SECONDS]   every member on KIP-848's group protocol
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -439,12 +439,21 @@ fn only(list: &TopicPartitionList, partitions: &[i32]) -> TopicPartitionList {
 
 pub type IngestConsumer = BaseConsumer<IngestContext>;
 
+/// Why the member must stop consuming, whatever intake is doing.
+#[derive(Debug)]
+pub enum Stop {
+    /// The brokers or librdkafka will never let it consume (see `refusal`).
+    Refused(String),
+    /// Its topic was deleted and created again under it (`topic_id`).
+    Recreated(super::topic_id::Recreated),
+}
+
 /// Polls until `stop` is set or the pipeline is gone, handing messages over tagged with the
 /// generation they were polled in. Returns the thread handle.
 pub fn spawn_poller(
     consumer: Arc<IngestConsumer>,
     events: mpsc::UnboundedSender<Polled>,
-    refusals: mpsc::UnboundedSender<String>,
+    refusals: mpsc::UnboundedSender<Stop>,
     handoff: Arc<Handoff>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
@@ -471,7 +480,7 @@ struct Poller {
     /// Why the brokers or librdkafka will never let this member consume: a channel of its own,
     /// which the pipeline reads whether or not it takes messages (intake paused behind a sink
     /// outage leaves messages waiting, not this).
-    refusals: mpsc::UnboundedSender<String>,
+    refusals: mpsc::UnboundedSender<Stop>,
     handoff: Arc<Handoff>,
     ownership: Arc<Ownership>,
     /// Polled, not yet handed over (in order), with their generations. While anything is held
@@ -558,7 +567,7 @@ impl Poller {
             Some(Err(error)) => {
                 // The pipeline stops on a refusal; this thread is stopped with it.
                 if let Some(refused) = refusal(&error).or_else(|| fatal(&self.consumer)) {
-                    let _ = self.refusals.send(refused);
+                    let _ = self.refusals.send(Stop::Refused(refused));
                 }
                 false
             }

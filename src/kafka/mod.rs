@@ -14,6 +14,7 @@ pub mod producer;
 pub mod record;
 pub mod refetch;
 pub mod refusal;
+pub mod topic_id;
 
 /// How long to wait for what librdkafka should answer within `timeout` (the request and delivery
 /// timeout it was given) before taking the brokers for gone: twice that, and 5 s more, as

@@ -126,6 +126,10 @@ impl Ownership {
         self.owned_mut().partitions.contains(&partition)
     }
 
+    pub fn owns_any(&self) -> bool {
+        !self.owned_mut().partitions.is_empty()
+    }
+
     /// librdkafka's statistics made at `at` (Unix ms): whether the group coordinator is
     /// connected (group state `up`), and for how long the group has been in its state.
     pub fn record_coordinator(&self, up: bool, state_age_ms: u64, at: u64) {

@@ -49,12 +49,13 @@ use tracing::{debug, error, info, warn};
 
 use crate::health::Status;
 use crate::kafka::consumer::{
-    IngestConsumer, IngestContext, Polled, Revoke, close_within, commit_list, commit_within,
+    IngestConsumer, IngestContext, Polled, Revoke, Stop, close_within, commit_list, commit_within,
     leave_group, sends_statistics, spawn_poller,
 };
 use crate::kafka::handoff::{Handoff, Ticket};
 use crate::kafka::ownership::Ownership;
 use crate::kafka::record::Record;
+use crate::kafka::topic_id::{self, Recreated};
 use crate::metrics;
 use crate::recording::{self, Limits, Reason};
 use crate::sink::{Entries, Entry, InvalidMessage, Outcome, SinkError};
@@ -120,6 +121,13 @@ pub enum PipelineError {
         .0.partition, .0.offset, .0.last
     )]
     OffsetWentBack(frontier::WentBack),
+    /// Nothing of the new topic may be committed past its start (`kafka::topic_id`): once the
+    /// pipeline stopped, the start of every partition owned is committed.
+    #[error(
+        "topic {}: deleted and created again while this member consumed it (its id was {}, it is {}, and no rebalance came): librdkafka goes on from the old topic's positions, which skips the new topic's first messages; stopping, to start again from the start of the partitions it owned",
+        .0.topic, .0.was, .0.now
+    )]
+    TopicRecreated(Recreated),
     #[error(
         "everything was flushed, but the last offset commit failed: what was flushed since the last commit is read again on the next start"
     )]
@@ -270,6 +278,18 @@ pub async fn consume(
     status.record_initialised(statistics, settings.consumer_protocol);
     let stop = Arc::new(AtomicBool::new(false));
     let (refusals_tx, refusals_rx) = mpsc::unbounded_channel();
+    let topic_watch = topic_id::watch(
+        Arc::downgrade(&consumer),
+        settings.topic.clone(),
+        consumer.context().ownership(),
+        stop.clone(),
+        {
+            let refusals_tx = refusals_tx.clone();
+            move |recreated| {
+                let _ = refusals_tx.send(Stop::Recreated(recreated));
+            }
+        },
+    );
     let poller = spawn_poller(
         consumer.clone(),
         polled_tx,
@@ -346,6 +366,9 @@ pub async fn consume(
         // the restart.
         consumer.context().ownership().abandon_all();
     }
+    if let Err(PipelineError::TopicRecreated(recreated)) = &result {
+        commit_the_start(&consumer, recreated, settings.commit_timeout).await;
+    }
     let close_budget = CLOSE_RESERVE
         + shutdown_at.get().map_or(settings.drain_deadline, |at| {
             settings.drain_deadline.saturating_sub(at.elapsed())
@@ -362,6 +385,10 @@ pub async fn consume(
     consumer.context().closing();
     let closed = close_within(close_budget, move || {
         let _ = poller.join();
+        // Ends within a step of `stop` (it holds the consumer only while it asks).
+        if let Some(watch) = topic_watch {
+            let _ = watch.join();
+        }
         // Alone, the drop closes it (a close before would make the drop's own fail, and
         // rust-rdkafka log that as an error).
         if let Err(shared) = Arc::try_unwrap(consumer) {
@@ -383,9 +410,9 @@ struct Pipeline {
     topic: String,
     consumer: Arc<IngestConsumer>,
     polled: mpsc::UnboundedReceiver<Polled>,
-    /// Why the member will never consume (`kafka::consumer`): read whether or not intake takes
-    /// messages, so never behind data.
-    refusals: mpsc::UnboundedReceiver<String>,
+    /// Why the member must stop consuming (`kafka::consumer::Stop`): read whether or not intake
+    /// takes messages, so never behind data.
+    refusals: mpsc::UnboundedReceiver<Stop>,
     revokes: mpsc::UnboundedReceiver<Revoke>,
     /// What this member may still commit, per partition.
     revocations: Revocations,
@@ -498,8 +525,9 @@ impl Pipeline {
                 // Read whether or not intake is paused: the polling thread gone (a panic in a
                 // callback it runs) drops its sender, and unnoticed while a sink outage pauses
                 // intake, no one would poll, serve a rebalance or heartbeat the group.
-                refused = self.refusals.recv() => return Err(match refused {
-                    Some(refused) => PipelineError::Refused(refused),
+                stop = self.refusals.recv() => return Err(match stop {
+                    Some(Stop::Refused(refused)) => PipelineError::Refused(refused),
+                    Some(Stop::Recreated(recreated)) => PipelineError::TopicRecreated(recreated),
                     None => PipelineError::PollerGone,
                 }),
                 polled = self.polled.recv(), if self.takes_messages() => match polled {
@@ -1216,6 +1244,42 @@ impl Pipeline {
 /// Whether flushes failing since `oldest` (each one's write failing longest: its sink, since
 /// when) have all been failing for `patience` at `now`: `Ok` with what they fail on, each sink
 /// with its longest (`"clickhouse failing for 25.1 s"`), or `Err` with when they all will have.
+/// The start of every partition of the topic `recreated` that the member owns, committed: the
+/// next start (this member's or the partition's next owner's) reads the new topic from there,
+/// not from the old topic's positions, which the pipeline committed on it meanwhile. Offset 0: a
+/// new topic's partitions start there, and a partition that no longer does is read from its
+/// earliest message (`auto.offset.reset`). Waits at most `wait` for the answer.
+async fn commit_the_start(consumer: &Arc<IngestConsumer>, recreated: &Recreated, wait: Duration) {
+    let consumer = consumer.clone();
+    let topic = recreated.topic.clone();
+    let committed = tokio::task::spawn_blocking(move || {
+        let owned: Vec<(i32, i64)> = consumer
+            .assignment()?
+            .elements_for_topic(&topic)
+            .iter()
+            .map(|p| (p.partition(), 0))
+            .collect();
+        commit_within(&consumer, &commit_list(&topic, &owned), wait)?;
+        Ok::<_, KafkaError>(owned.into_iter().map(|(p, _)| p).collect::<Vec<_>>())
+    })
+    .await;
+    match committed {
+        Ok(Ok(partitions)) => warn!(
+            topic = %recreated.topic,
+            ?partitions,
+            "committed the start of the partitions of the topic created again: the next start reads them from there (what was read of them since is read again)"
+        ),
+        Ok(Err(error)) => error!(
+            topic = %recreated.topic,
+            %error,
+            "the start of the partitions of the topic created again could not be committed: the next start reads them from where the old topic's positions left them, skipping what lies before; reset the group's offsets on the topic to its earliest (kafka-consumer-groups --reset-offsets --to-earliest) with the group stopped"
+        ),
+        Err(error) => {
+            error!(%error, "committing the start of the topic created again did not finish")
+        }
+    }
+}
+
 fn all_failing_for(
     oldest: &[(&'static str, Instant)],
     patience: Duration,

@@ -791,8 +791,9 @@ async fn a_member_cut_off_for_less_than_its_session_commits_once_the_network_ret
     let net = Partitioned::new().await;
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let cut_log = net.log_of("cut");
-    // What it consumes waits 6 s to be flushed: long enough to cut the network first, on a
-    // loaded machine too (a flush and commit before the cut would meet the check below). The
+    // What it consumes waits 10 s to be flushed: long enough to consume all and cut the network
+    // first, on a loaded machine too (a flush and commit before the cut would meet the check
+    // below; a flush before everything was consumed, the wait for a buffered message). The
     // session counts from the last answer the coordinator gave, which can be the assignment, a
     // heartbeat interval before the cut, and the client reconnects with a backoff of up to 10 s
     // after it: 30 s leave room for all of it.
@@ -800,7 +801,7 @@ async fn a_member_cut_off_for_less_than_its_session_commits_once_the_network_ret
         &with_flag(
             net.cut_member_args(dirs[0].path(), SESSION),
             "--buffer-max-age-ms",
-            "6000",
+            "10000",
         ),
         &cut_log,
     );

@@ -268,11 +268,27 @@ async fn rolling_restart_and_killed_leaders(protocol: &[&str]) {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs Apache Kafka's jars and the local stack: scripts/test.sh fetches them and runs every test"]
 async fn an_output_topic_refusing_writes_for_minutes_holds_up_no_join_or_shutdown() {
+    let _stack = uses_stack().await;
+    output_topic_refusing_writes(&[]).await;
+}
+
+/// The same with the consumer group protocol of KIP-848, where the joiner's partitions are
+/// revoked from the first member one by one as the broker's assignor decides, each revoke a
+/// callback in the member that cannot flush.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars and the local stack: scripts/test.sh fetches them and runs every test"]
+async fn with_the_consumer_group_protocol_an_output_topic_refusing_writes_holds_up_no_join_or_shutdown()
+ {
+    let _stack = uses_stack().await;
+    output_topic_refusing_writes(&["--kafka-property", "group.protocol=consumer"]).await;
+}
+
+/// The output outage, `protocol` the members' extra flags.
+async fn output_topic_refusing_writes(protocol: &[&str]) {
     const MAX_POLL_INTERVAL: Duration = Duration::from_secs(20);
     const DRAIN_DEADLINE: Duration = Duration::from_secs(14);
     // Longer than any flush's retries take to reach their cap, and than the poll interval.
     const OUTAGE: Duration = Duration::from_secs(150);
-    let _stack = uses_stack().await;
     let _one = ONE_CLUSTER.lock().await;
     let mut replicated = Replicated::start().await;
     let r = &replicated;
@@ -280,17 +296,21 @@ async fn an_output_topic_refusing_writes_for_minutes_holds_up_no_join_or_shutdow
     let max_poll = format!("max.poll.interval.ms={}", MAX_POLL_INTERVAL.as_millis());
     let drain = DRAIN_DEADLINE.as_millis().to_string();
     let flags = [
-        "--session-timeout-ms",
-        "16000",
-        "--drain-deadline-ms",
-        &drain,
-        "--buffer-max-messages",
-        "4",
-        "--max-flushes-in-flight",
-        "1",
-        "--kafka-property",
-        &max_poll,
-    ];
+        protocol,
+        &[
+            "--session-timeout-ms",
+            "16000",
+            "--drain-deadline-ms",
+            &drain,
+            "--buffer-max-messages",
+            "4",
+            "--max-flushes-in-flight",
+            "1",
+            "--kafka-property",
+            &max_poll,
+        ],
+    ]
+    .concat();
     let a = r.member("a", &flags);
     let files = small_fixtures(true);
     let first = (0..8)

@@ -987,8 +987,6 @@ async fn reading_again_an_offset_the_log_skips_finds_it_gone() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
 async fn a_rejected_message_replaced_at_its_offset_is_not_dead_lettered_as_the_one_found() {
-    use rdkafka::admin::{AdminClient, AdminOptions};
-    use rdkafka::client::DefaultClientContext;
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     use replay_ingest::sink::dlq::{DlqSink, RejectedToDlq};
     use replay_ingest::sink::{DeadLetters, Entry, Outcome, Progress, Rejected, Retry, SinkError};
@@ -1023,22 +1021,8 @@ async fn a_rejected_message_replaced_at_its_offset_is_not_dead_lettered_as_the_o
 
     // The topic deleted (once the deletion is done, its name is free) and made again, another
     // message at offset 0.
-    let admin: AdminClient<DefaultClientContext> = kafka().create().unwrap();
-    for deleted in admin
-        .delete_topics(&[&topic], &AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        deleted.unwrap();
-    }
-    let start = Instant::now();
-    while let Err(e) =
-        crate::support::topics::create_topic_as(&kafka(), &topic, 1, "ingest-replay-recordings")
-            .await
-    {
-        assert!(start.elapsed() < Duration::from_secs(60), "{e}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    delete_topic(&topic).await;
+    create_topic_again(&topic, 1).await;
     produce(other);
 
     let letters = RejectedToDlq {

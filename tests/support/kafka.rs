@@ -79,6 +79,30 @@ pub async fn create_topic(name: &str, partitions: i32) {
     create_topic_on(&kafka(), name, partitions).await
 }
 
+/// Deletes `name` on the stack's broker, as an operator would. The brokers finish the deletion
+/// after they answer: the name is free a moment later ([`create_topic_again`]).
+pub async fn delete_topic(name: &str) {
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        kafka().create().unwrap();
+    for deleted in admin
+        .delete_topics(&[name], &rdkafka::admin::AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        deleted.unwrap();
+    }
+}
+
+/// `create_topic` of a name a deletion may still hold: tried again until the brokers let it go
+/// (60 s at most).
+pub async fn create_topic_again(name: &str, partitions: i32) {
+    let start = Instant::now();
+    while let Err(e) = topics::create_topic_as(&kafka(), name, partitions, stands_for(name)).await {
+        assert!(start.elapsed() < Duration::from_secs(60), "{e}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// The Sentry topic a test's topic stands for, by the prefix `unique` gave its name.
 pub fn stands_for(name: &str) -> &'static str {
     match name.rsplit_once('-').map_or(name, |(prefix, _)| prefix) {
@@ -301,8 +325,9 @@ pub struct Received {
     pub headers: BTreeMap<String, String>,
 }
 
-/// Messages on `topic`, read from the start until at least `count` arrived and then nothing more
-/// for a second (so duplicates are seen too).
+/// Messages on `topic`, read from the start until at least `count` arrived, every partition was
+/// read to where it ended when the read began, and then nothing more came for a second (so
+/// duplicates are seen too).
 pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<Received> {
     read_messages_on(&kafka(), topic, count, timeout)
 }
@@ -343,11 +368,28 @@ pub fn read_messages_on(
         .create()
         .expect("reader");
     consumer.subscribe(&[topic]).expect("subscribe");
+    // Where each partition ends now: `count` can be reached early on a topic holding duplicates
+    // (at least once), and a pause of a second in the fetches must not cut the read short of
+    // the end. (A topic not there yet has no ends: the poll below says so.)
+    let mut ends: BTreeMap<i32, i64> = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .ok()
+        .and_then(|m| Some(m.topics().first()?.partitions().len() as i32))
+        .map_or_else(BTreeMap::new, |partitions| {
+            (0..partitions)
+                .filter_map(|p| {
+                    let (_, end) = consumer
+                        .fetch_watermarks(topic, p, Duration::from_secs(10))
+                        .ok()?;
+                    (end > 0).then_some((p, end))
+                })
+                .collect()
+        });
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
     let mut last_seen = Instant::now();
     while Instant::now() < deadline
-        && (out.len() < count || last_seen.elapsed() < Duration::from_secs(1))
+        && (out.len() < count || !ends.is_empty() || last_seen.elapsed() < Duration::from_secs(1))
     {
         let m = match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => m,
@@ -366,6 +408,12 @@ pub fn read_messages_on(
             _ => continue,
         };
         last_seen = Instant::now();
+        if ends
+            .get(&m.partition())
+            .is_some_and(|&end| m.offset() + 1 >= end)
+        {
+            ends.remove(&m.partition());
+        }
         let headers = m
             .headers()
             .map(|h| {
