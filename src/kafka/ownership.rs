@@ -126,8 +126,13 @@ impl Ownership {
         self.owned_mut().partitions.contains(&partition)
     }
 
-    pub fn owns_any(&self) -> bool {
-        !self.owned_mut().partitions.is_empty()
+    pub fn owned(&self) -> BTreeSet<i32> {
+        self.owned_mut().partitions.clone()
+    }
+
+    /// The generation of the last loss (0: none).
+    pub fn last_loss(&self) -> u64 {
+        self.last_loss.load(Ordering::Acquire)
     }
 
     /// librdkafka's statistics made at `at` (Unix ms): whether the group coordinator is

@@ -34,14 +34,23 @@ pub const EVERY: Duration = Duration::from_secs(10);
 /// How often the thread looks at whether the member owns partitions, and at `stop`.
 const STEP: Duration = Duration::from_millis(250);
 
+/// How soon a first ask that failed is made again (doubling up to [`EVERY`]).
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+
 /// Longest an answer is waited for; a round without one is skipped.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A topic's id, as the brokers give it (a UUID), with its base64 form for the logs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct TopicId {
     bits: (i64, i64),
     pub text: String,
+}
+
+impl PartialEq for TopicId {
+    fn eq(&self, other: &Self) -> bool {
+        self.bits == other.bits
+    }
 }
 
 /// The consumed topic found deleted and created again under the member.
@@ -50,13 +59,18 @@ pub struct Recreated {
     pub topic: String,
     pub was: String,
     pub now: String,
+    /// The partitions the member owned when it found out.
+    pub partitions: Vec<i32>,
 }
 
 /// What the member knows of its topic's id.
 #[derive(Debug, Default)]
 pub struct Watch {
-    /// The id last seen, and the generation of the member's partitions it was seen in.
+    /// The id last seen, and the member's last loss (`Ownership::last_loss`) when it was seen.
     known: Option<(TopicId, u64)>,
+    /// Another id, answered once: only a second answer with it counts (a broker behind on the
+    /// topic's metadata may answer with the id before).
+    other: Option<TopicId>,
 }
 
 impl Watch {
@@ -66,32 +80,33 @@ impl Watch {
 
     /// The member owns no partition: nothing to compare the next id with.
     pub fn forget(&mut self) {
-        self.known = None;
+        *self = Watch::default();
     }
 
-    /// The brokers said `id`; the member's partitions were of generation `asked_in` when it was
-    /// asked for and `answered_in` when the answer came. `Some` when the topic changed under
-    /// partitions the member owned throughout.
-    pub fn answered(
-        &mut self,
-        id: TopicId,
-        asked_in: u64,
-        answered_in: u64,
-    ) -> Option<(String, String)> {
-        if asked_in != answered_in {
-            // A revoke came meanwhile: which topic the answer describes is not known.
-            self.known = None;
+    /// The brokers said `id`, the member's last loss being `loss` throughout. `Some((was, now))`
+    /// when a second answer confirms another id, with no loss since the first was seen. A loss
+    /// (the partitions taken from the member, the classic protocol's way with a topic it saw
+    /// deleted) starts over: what the member owns after it begins at the group's commits, which
+    /// Kafka dropped with the deleted topic. A plain revoke does not: with the classic protocol
+    /// its drain commits the old topic's positions on the new one, and the partitions' next
+    /// owner would begin there.
+    pub fn answered(&mut self, id: TopicId, loss: u64) -> Option<(String, String)> {
+        let Some((known, _)) = self.known.as_ref().filter(|(_, at)| *at == loss) else {
+            *self = Watch {
+                known: Some((id, loss)),
+                other: None,
+            };
+            return None;
+        };
+        if *known == id {
+            self.other = None;
             return None;
         }
-        match self.known.take() {
-            Some((known, generation)) if generation == answered_in && known != id => {
-                Some((known.text, id.text))
-            }
-            _ => {
-                self.known = Some((id, answered_in));
-                None
-            }
+        if self.other.as_ref() == Some(&id) {
+            return Some((known.text.clone(), id.text));
         }
+        self.other = Some(id);
+        None
     }
 }
 
@@ -110,39 +125,59 @@ pub fn watch<C: ConsumerContext + 'static>(
 ) -> Option<thread::JoinHandle<()>> {
     let run = move || {
         let mut watch = Watch::default();
-        let (mut failing, mut asked_at) = (false, None::<Instant>);
+        let (mut failing, mut asked_at, mut next) = (false, None::<Instant>, EVERY);
         while !stop.load(Ordering::Acquire) {
             thread::sleep(STEP);
-            if !ownership.owns_any() {
+            let owned = ownership.owned();
+            if owned.is_empty() {
                 watch.forget();
+                asked_at = None;
                 continue;
             }
-            // Learnt as soon as the member owns partitions, then asked every `EVERY`.
-            if watch.knows() && asked_at.is_some_and(|at| at.elapsed() < EVERY) {
+            // Asked as soon as the member owns partitions, then every `EVERY`.
+            if asked_at.is_some_and(|at| at.elapsed() < next) {
                 continue;
             }
             asked_at = Some(Instant::now());
-            let asked_in = ownership.generation();
+            let loss = ownership.last_loss();
             let Some(consumer) = consumer.upgrade() else {
                 return;
             };
             let answer = topic_id(&consumer, &topic, TIMEOUT, &stop);
             drop(consumer);
             match answer {
+                // A loss meanwhile: which partitions the answer speaks for is not known.
+                Ok(_) if ownership.last_loss() != loss => {
+                    watch.forget();
+                    next = FIRST_RETRY;
+                }
                 Ok(id) => {
-                    failing = false;
-                    if let Some((was, now)) = watch.answered(id, asked_in, ownership.generation()) {
-                        recreated(Recreated { topic, was, now });
+                    (failing, next) = (false, EVERY);
+                    if let Some((was, now)) = watch.answered(id, loss) {
+                        let partitions = owned.into_iter().collect();
+                        recreated(Recreated {
+                            topic,
+                            was,
+                            now,
+                            partitions,
+                        });
                         return;
                     }
                 }
-                // The topic deleted and not there yet, or the brokers out of reach: the next
-                // round asks again.
-                Err(error) if !failing => {
-                    failing = true;
-                    debug!(%error, %topic, "the consumed topic's id not known this round");
+                // The topic deleted and not there yet, or the brokers out of reach: asked again.
+                // Until an id is known, soon (in a second, doubling up to `EVERY`): one first
+                // learnt after the topic was created again would be the new topic's.
+                Err(error) => {
+                    next = match (watch.knows(), failing) {
+                        (true, _) => EVERY,
+                        (false, false) => FIRST_RETRY,
+                        (false, true) => (next * 2).min(EVERY),
+                    };
+                    if !failing {
+                        failing = true;
+                        debug!(%error, %topic, "the consumed topic's id not known this round");
+                    }
                 }
-                Err(_) => {}
             }
         }
     };
@@ -154,7 +189,9 @@ pub fn watch<C: ConsumerContext + 'static>(
 }
 
 /// `topic`'s id, asked of the brokers through `consumer`'s client (DescribeTopics), waiting at
-/// most `wait` for the answer, and no longer once `stop` is set.
+/// most `wait` for the answer, and no longer once `stop` is set. The answer is a Metadata
+/// response, which librdkafka also takes into the consumer's own view of the topic (as its own
+/// refresh would: creating nothing, starting no rebalance).
 pub fn topic_id<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
@@ -235,6 +272,9 @@ unsafe fn described(event: *mut rdsys::rd_kafka_event_t) -> Result<TopicId, Stri
             return Err(format!("{count} topics described"));
         }
         let description = *descriptions;
+        if description.is_null() {
+            return Err("no description".to_owned());
+        }
         let error = rdsys::rd_kafka_TopicDescription_error(description);
         if !error.is_null()
             && rdsys::rd_kafka_error_code(error)
@@ -271,40 +311,55 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_changed_id_under_the_same_partitions_is_a_recreated_topic() {
-        let mut watch = Watch::default();
-        assert_eq!(watch.answered(id(1), 3, 3), None, "the first id is learnt");
-        assert_eq!(watch.answered(id(1), 3, 3), None, "the same id");
-        assert_eq!(
-            watch.answered(id(2), 3, 3),
-            Some(("id1".to_owned(), "id2".to_owned()))
-        );
+    fn changed(was: i64, now: i64) -> Option<(String, String)> {
+        Some((format!("id{was}"), format!("id{now}")))
     }
 
     #[test]
-    fn an_id_changed_across_a_revoke_is_learnt_not_reported() {
+    fn another_id_answered_twice_with_no_loss_between_is_a_recreated_topic() {
         let mut watch = Watch::default();
-        watch.answered(id(1), 3, 3);
-        // Revoked and assigned again (KIP-848's way with a topic created again, or the classic
-        // protocol's once its metadata showed the topic gone): the partitions are the new
-        // topic's, read from their start.
-        assert_eq!(watch.answered(id(2), 4, 4), None);
-        assert_eq!(watch.answered(id(2), 4, 4), None);
-        // A revoke while the answer was awaited: the answer is not compared, nor kept.
-        assert_eq!(watch.answered(id(3), 4, 5), None);
-        assert_eq!(watch.answered(id(3), 5, 5), None, "learnt afresh");
-        assert_eq!(
-            watch.answered(id(4), 5, 5),
-            Some(("id3".to_owned(), "id4".to_owned()))
-        );
+        assert_eq!(watch.answered(id(1), 0), None, "the first id is learnt");
+        assert_eq!(watch.answered(id(1), 0), None, "the same id");
+        assert_eq!(watch.answered(id(2), 0), None, "another, once");
+        assert_eq!(watch.answered(id(2), 0), changed(1, 2));
     }
 
     #[test]
-    fn owning_nothing_forgets_the_id() {
+    fn an_old_id_from_a_broker_behind_is_not_a_change() {
         let mut watch = Watch::default();
-        watch.answered(id(1), 3, 3);
+        watch.answered(id(1), 0);
+        assert_eq!(watch.answered(id(2), 0), None);
+        assert_eq!(watch.answered(id(1), 0), None, "the known id again");
+        assert_eq!(
+            watch.answered(id(2), 0),
+            None,
+            "the other id needs two in a row"
+        );
+        assert_eq!(watch.answered(id(2), 0), changed(1, 2));
+    }
+
+    #[test]
+    fn a_loss_or_owning_nothing_starts_over_and_a_revoke_does_not() {
+        let mut watch = Watch::default();
+        watch.answered(id(1), 0);
+        // Lost (the classic protocol's way with a topic it saw deleted): what the member owns
+        // next begins at the group's commits, which the deletion dropped.
+        assert_eq!(watch.answered(id(2), 3), None);
+        assert_eq!(watch.answered(id(2), 3), None, "learnt afresh");
         watch.forget();
-        assert_eq!(watch.answered(id(2), 3, 3), None);
+        assert_eq!(watch.answered(id(3), 3), None);
+        assert_eq!(watch.answered(id(3), 3), None, "learnt afresh");
+        // A plain revoke leaves the loss where it was: still compared.
+        assert_eq!(watch.answered(id(4), 3), None);
+        assert_eq!(watch.answered(id(4), 3), changed(3, 4));
+    }
+
+    #[test]
+    fn ids_compare_by_their_bits_alone() {
+        let unnamed = TopicId {
+            bits: (1, 1),
+            text: String::new(),
+        };
+        assert_eq!(unnamed, id(1));
     }
 }

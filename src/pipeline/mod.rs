@@ -278,18 +278,29 @@ pub async fn consume(
     status.record_initialised(statistics, settings.consumer_protocol);
     let stop = Arc::new(AtomicBool::new(false));
     let (refusals_tx, refusals_rx) = mpsc::unbounded_channel();
-    let topic_watch = topic_id::watch(
-        Arc::downgrade(&consumer),
-        settings.topic.clone(),
-        consumer.context().ownership(),
-        stop.clone(),
-        {
-            let refusals_tx = refusals_tx.clone();
-            move |recreated| {
-                let _ = refusals_tx.send(Stop::Recreated(recreated));
-            }
-        },
-    );
+    // Under KIP-848's protocol the broker itself revokes a deleted topic's partitions and
+    // assigns the new one's, by topic id; the member learns of it at its next heartbeat, and an
+    // id asked for meanwhile would read as a topic changed under it.
+    let recreated = Arc::new(Mutex::new(None));
+    let topic_watch = if settings.consumer_protocol {
+        None
+    } else {
+        topic_id::watch(
+            Arc::downgrade(&consumer),
+            settings.topic.clone(),
+            consumer.context().ownership(),
+            stop.clone(),
+            {
+                let (refusals_tx, recreated) = (refusals_tx.clone(), recreated.clone());
+                move |found: Recreated| {
+                    // Kept for a drain, which does not read the channel: a shutdown under way
+                    // must not end as if nothing happened.
+                    *recreated.lock().unwrap_or_else(PoisonError::into_inner) = Some(found.clone());
+                    let _ = refusals_tx.send(Stop::Recreated(found));
+                }
+            },
+        )
+    };
     let poller = spawn_poller(
         consumer.clone(),
         polled_tx,
@@ -354,6 +365,18 @@ pub async fn consume(
             let _ = shutdown_at.set(Instant::now());
         })
         .await;
+    // Found while the pipeline drained, or with it stopping on something else: the start is
+    // committed all the same, and the exit says why.
+    let found = recreated
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    let result = match (result, found) {
+        (Err(PipelineError::TopicRecreated(r)), _) | (_, Some(r)) => {
+            Err(PipelineError::TopicRecreated(r))
+        }
+        (result, None) => result,
+    };
     // However it ended, the process is on its way out: not ready while it closes (a member
     // stopping on an error — a flush failed for good, the brokers refused it — read as ready
     // until it exited: to a node drain, and to the disruption budget, one more member up).
@@ -1241,26 +1264,41 @@ impl Pipeline {
     }
 }
 
-/// Whether flushes failing since `oldest` (each one's write failing longest: its sink, since
-/// when) have all been failing for `patience` at `now`: `Ok` with what they fail on, each sink
-/// with its longest (`"clickhouse failing for 25.1 s"`), or `Err` with when they all will have.
-/// The start of every partition of the topic `recreated` that the member owns, committed: the
-/// next start (this member's or the partition's next owner's) reads the new topic from there,
-/// not from the old topic's positions, which the pipeline committed on it meanwhile. Offset 0: a
-/// new topic's partitions start there, and a partition that no longer does is read from its
-/// earliest message (`auto.offset.reset`). Waits at most `wait` for the answer.
+/// The start of every partition of the topic `recreated` that the member owned when it found
+/// out or owns now, committed: the next start (this member's or the partition's next owner's)
+/// reads the new topic from there, not from the old topic's positions, which the pipeline
+/// committed on it meanwhile. Offset 0: a new topic's partitions start there, and a partition
+/// that no longer does is read from its earliest message (`auto.offset.reset`). Three tries at
+/// most, each waiting at most `wait` (a rebalance under way refuses a commit).
 async fn commit_the_start(consumer: &Arc<IngestConsumer>, recreated: &Recreated, wait: Duration) {
+    const TRIES: u32 = 3;
     let consumer = consumer.clone();
-    let topic = recreated.topic.clone();
+    let (topic, mut partitions) = (recreated.topic.clone(), recreated.partitions.clone());
     let committed = tokio::task::spawn_blocking(move || {
-        let owned: Vec<(i32, i64)> = consumer
-            .assignment()?
-            .elements_for_topic(&topic)
-            .iter()
-            .map(|p| (p.partition(), 0))
-            .collect();
-        commit_within(&consumer, &commit_list(&topic, &owned), wait)?;
-        Ok::<_, KafkaError>(owned.into_iter().map(|(p, _)| p).collect::<Vec<_>>())
+        if let Ok(assigned) = consumer.assignment() {
+            partitions.extend(
+                assigned
+                    .elements_for_topic(&topic)
+                    .iter()
+                    .map(|p| p.partition()),
+            );
+        }
+        partitions.sort_unstable();
+        partitions.dedup();
+        let start = commit_list(
+            &topic,
+            &partitions.iter().map(|&p| (p, 0)).collect::<Vec<_>>(),
+        );
+        let mut last = Ok(());
+        for _ in 0..TRIES {
+            last = commit_within(&consumer, &start, wait);
+            match &last {
+                Ok(()) => break,
+                Err(error) => warn!(%error, "committing the start of the topic created again failed: trying again"),
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        last.map(|()| partitions)
     })
     .await;
     match committed {
@@ -1280,6 +1318,9 @@ async fn commit_the_start(consumer: &Arc<IngestConsumer>, recreated: &Recreated,
     }
 }
 
+/// Whether flushes failing since `oldest` (each one's write failing longest: its sink, since
+/// when) have all been failing for `patience` at `now`: `Ok` with what they fail on, each sink
+/// with its longest (`"clickhouse failing for 25.1 s"`), or `Err` with when they all will have.
 fn all_failing_for(
     oldest: &[(&'static str, Instant)],
     patience: Duration,
