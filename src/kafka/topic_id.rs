@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::ownership::Ownership;
 
@@ -153,6 +153,7 @@ pub fn watch<C: ConsumerContext + 'static>(
                 }
                 Ok(id) => {
                     (failing, next) = (false, EVERY);
+                    let (learning, text) = (!watch.knows(), id.text.clone());
                     if let Some((was, now)) = watch.answered(id, loss) {
                         let partitions = owned.into_iter().collect();
                         recreated(Recreated {
@@ -162,6 +163,9 @@ pub fn watch<C: ConsumerContext + 'static>(
                             partitions,
                         });
                         return;
+                    }
+                    if learning && watch.knows() {
+                        info!(%topic, id = %text, "the consumed topic's id, watched: a topic deleted and created again under this member stops it");
                     }
                 }
                 // The topic deleted and not there yet, or the brokers out of reach: asked again.

@@ -293,6 +293,7 @@ pub async fn consume(
             {
                 let (refusals_tx, recreated) = (refusals_tx.clone(), recreated.clone());
                 move |found: Recreated| {
+                    warn!(topic = %found.topic, was = %found.was, now = %found.now, "the consumed topic's id changed under this member's partitions, with no loss between: stopping");
                     // Kept for a drain, which does not read the channel: a shutdown under way
                     // must not end as if nothing happened.
                     *recreated.lock().unwrap_or_else(PoisonError::into_inner) = Some(found.clone());
@@ -372,7 +373,12 @@ pub async fn consume(
         .unwrap_or_else(PoisonError::into_inner)
         .take();
     let result = match (result, found) {
-        (Err(PipelineError::TopicRecreated(r)), _) | (_, Some(r)) => {
+        (Err(PipelineError::TopicRecreated(r)), _) | (Ok(()), Some(r)) => {
+            Err(PipelineError::TopicRecreated(r))
+        }
+        (Err(other), Some(r)) => {
+            // The exit names the topic; what stopped the pipeline first is said here.
+            error!(error = %other, "the pipeline stopped on this too");
             Err(PipelineError::TopicRecreated(r))
         }
         (result, None) => result,
@@ -1269,9 +1275,10 @@ impl Pipeline {
 /// reads the new topic from there, not from the old topic's positions, which the pipeline
 /// committed on it meanwhile. Offset 0: a new topic's partitions start there, and a partition
 /// that no longer does is read from its earliest message (`auto.offset.reset`). Three tries at
-/// most, each waiting at most `wait` (a rebalance under way refuses a commit).
+/// most (a rebalance under way refuses a commit), waiting `wait` in all.
 async fn commit_the_start(consumer: &Arc<IngestConsumer>, recreated: &Recreated, wait: Duration) {
     const TRIES: u32 = 3;
+    const RETRY_PAUSE: Duration = Duration::from_secs(1);
     let consumer = consumer.clone();
     let (topic, mut partitions) = (recreated.topic.clone(), recreated.partitions.clone());
     let committed = tokio::task::spawn_blocking(move || {
@@ -1289,14 +1296,18 @@ async fn commit_the_start(consumer: &Arc<IngestConsumer>, recreated: &Recreated,
             &topic,
             &partitions.iter().map(|&p| (p, 0)).collect::<Vec<_>>(),
         );
-        let mut last = Ok(());
-        for _ in 0..TRIES {
-            last = commit_within(&consumer, &start, wait);
-            match &last {
-                Ok(()) => break,
-                Err(error) => warn!(%error, "committing the start of the topic created again failed: trying again"),
+        // The tries share `wait`: the exit must not outlast the pod's grace period.
+        let deadline = Instant::now() + wait;
+        let mut last = commit_within(&consumer, &start, wait);
+        for _ in 1..TRIES {
+            let Err(error) = &last else { break };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left < RETRY_PAUSE * 2 {
+                break;
             }
-            std::thread::sleep(Duration::from_millis(500));
+            warn!(%error, "committing the start of the topic created again failed: trying again");
+            std::thread::sleep(RETRY_PAUSE);
+            last = commit_within(&consumer, &start, left - RETRY_PAUSE);
         }
         last.map(|()| partitions)
     })
