@@ -291,6 +291,10 @@ impl Sink for Gated {
     fn writes_for(&self, entry: &Entry) -> bool {
         self.sink.writes_for(entry)
     }
+
+    fn topics(&self) -> Vec<String> {
+        self.sink.topics()
+    }
 }
 
 #[cfg(test)]

@@ -1,21 +1,31 @@
-//! Whether the consumed topic is still the topic the member's partitions came from.
+//! Whether the topics the service uses are still the topics its Kafka clients first knew.
 //!
 //! A topic deleted and created again under its name is another topic: an id of its own, offsets
-//! from 0, and no committed offsets (Kafka drops a deleted topic's). Under the consumer group
-//! protocol of KIP-848 the broker revokes the old topic's partitions and assigns the new one's,
-//! read from their start. Under the classic protocol the group's leader compares names and
-//! partition counts only: a topic created again with as many partitions before the member's
-//! metadata showed it gone (refreshed every 30 s) changes nothing it sees, no rebalance comes,
-//! and librdkafka 2.12 goes on fetching the new topic from the old one's positions (its own
-//! FIXME in `rd_kafka_topic_metadata_update`). The new topic's first messages were skipped, and
-//! the positions past them committed, without a word.
+//! from 0, no committed offsets (Kafka drops a deleted topic's), and leader epochs from 0 again.
+//! librdkafka 2.12 keeps what it knew of the old topic's partitions when it never saw the topic
+//! gone (created again within a metadata refresh), and neither group protocol's rebalance
+//! clears it:
+//! - **Positions.** Under the classic protocol the group's leader compares names and partition
+//!   counts only: no rebalance comes, and librdkafka goes on fetching the new topic from the old
+//!   one's positions (its own FIXME in `rd_kafka_topic_metadata_update`). The new topic's first
+//!   messages were skipped, and the positions past them committed, without a word.
+//! - **Leader epochs.** A partition's leader epoch grows with every leader change (a broker
+//!   restarted, a rolling upgrade); the new topic's start at 0, and librdkafka ignores metadata
+//!   whose epoch is older than the one it keeps ("ignoring outdated metadata update", at DEBUG).
+//!   On a cluster whose leaders had moved, a member under KIP-848's protocol, which the broker
+//!   assigned the new topic's partitions by id, asked for their start again and again ("Leader
+//!   epoch is newer than broker epoch") and read nothing, live and in its group; a producer
+//!   writing to a topic created again timed out for ever. Only new clients get past it.
 //!
-//! So a thread of its own asks the brokers for the topic's id (DescribeTopics, which READ on the
-//! topic allows) as soon as the member owns partitions, then every [`EVERY`]. An id that changed while the member owned partitions, with
-//! no revoke in between, stops the member: the pipeline gives everything up unflushed, the start
-//! of every partition it owns is committed, and the next start reads the new topic from there
-//! (what it read of it already is read again: at least once).
+//! So a thread of its own asks the brokers for the ids of the consumed topic and of every topic
+//! the sinks write (DescribeTopics, which READ or WRITE on a topic allows) as soon as the
+//! service starts, then every [`EVERY`]. Another id, answered twice in a row, stops the
+//! service: the pipeline gives everything up unflushed, the start of every partition of the
+//! consumed topic it owns is committed when that topic is the one created again, and the next
+//! start reads the new topic from there with new clients (what it read of it already is read
+//! again: at least once).
 
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -28,13 +38,13 @@ use tracing::{debug, info, warn};
 
 use super::ownership::Ownership;
 
-/// How often the topic's id is asked for.
+/// How often the topics' ids are asked for.
 pub const EVERY: Duration = Duration::from_secs(10);
 
-/// How often the thread looks at whether the member owns partitions, and at `stop`.
+/// How often the thread looks at `stop`.
 const STEP: Duration = Duration::from_millis(250);
 
-/// How soon a first ask that failed is made again (doubling up to [`EVERY`]).
+/// How soon a round that left an id unknown is made again (doubling up to [`EVERY`]).
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// Longest an answer is waited for; a round without one is skipped.
@@ -53,21 +63,25 @@ impl PartialEq for TopicId {
     }
 }
 
-/// The consumed topic found deleted and created again under the member.
+/// One topic's id as the brokers answered, or why it is not known.
+pub type Answer = (String, Result<TopicId, String>);
+
+/// A topic the service uses found deleted and created again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recreated {
     pub topic: String,
     pub was: String,
     pub now: String,
-    /// The partitions the member owned when it found out.
-    pub partitions: Vec<i32>,
+    /// The consumed topic: the partitions of it the member owned when it found out. `None`: a
+    /// topic the sinks write.
+    pub owned: Option<Vec<i32>>,
 }
 
-/// What the member knows of its topic's id.
+/// What the service knows of one topic's id.
 #[derive(Debug, Default)]
 pub struct Watch {
-    /// The id last seen, and the member's last loss (`Ownership::last_loss`) when it was seen.
-    known: Option<(TopicId, u64)>,
+    /// The id first learnt.
+    known: Option<TopicId>,
     /// Another id, answered once: only a second answer with it counts (a broker behind on the
     /// topic's metadata may answer with the id before).
     other: Option<TopicId>,
@@ -78,24 +92,13 @@ impl Watch {
         self.known.is_some()
     }
 
-    /// The member owns no partition: nothing to compare the next id with.
-    pub fn forget(&mut self) {
-        *self = Watch::default();
-    }
-
-    /// The brokers said `id`, the member's last loss being `loss` throughout. `Some((was, now))`
-    /// when a second answer confirms another id, with no loss since the first was seen. A loss
-    /// (the partitions taken from the member, the classic protocol's way with a topic it saw
-    /// deleted) starts over: what the member owns after it begins at the group's commits, which
-    /// Kafka dropped with the deleted topic. A plain revoke does not: with the classic protocol
-    /// its drain commits the old topic's positions on the new one, and the partitions' next
-    /// owner would begin there.
-    pub fn answered(&mut self, id: TopicId, loss: u64) -> Option<(String, String)> {
-        let Some((known, _)) = self.known.as_ref().filter(|(_, at)| *at == loss) else {
-            *self = Watch {
-                known: Some((id, loss)),
-                other: None,
-            };
+    /// The brokers said `id`. `Some((was, now))` when a second answer in a row confirms another
+    /// id than the one first learnt. Nothing starts the watch over — not a loss of partitions,
+    /// not owning none: librdkafka keeps the old topic's partitions (their leader epochs) for as
+    /// long as the client lives, whatever the member owns.
+    pub fn answered(&mut self, id: TopicId) -> Option<(String, String)> {
+        let Some(known) = &self.known else {
+            self.known = Some(id);
             return None;
         };
         if *known == id {
@@ -110,108 +113,121 @@ impl Watch {
     }
 }
 
-/// Starts the thread that asks for `topic`'s id (at once when the member owns partitions and the
-/// id is not known, then every [`EVERY`]) while `consumer` lives and `stop`
-/// is not set, and calls `recreated` (once, then ends) when the topic changed under partitions
-/// the member owned throughout. The thread holds the consumer only while it asks, and ends
-/// within [`STEP`] of `stop`: the consumer's last handle must be dropped where it is closed
-/// (dropped here after a close, rust-rdkafka logs an ERROR).
+/// Starts the thread that asks for the ids of `consumed` and of `written` (at once, then every
+/// [`EVERY`]; sooner while one is not known) while `consumer` lives and `stop` is not set, and
+/// calls `recreated` (once, then ends) when one changed. The thread holds the consumer only
+/// while it asks, and ends within [`STEP`] of `stop`: the consumer's last handle must be dropped
+/// where it is closed (dropped here after a close, rust-rdkafka logs an ERROR).
 pub fn watch<C: ConsumerContext + 'static>(
     consumer: Weak<BaseConsumer<C>>,
-    topic: String,
+    consumed: String,
+    written: Vec<String>,
     ownership: Arc<Ownership>,
     stop: Arc<AtomicBool>,
     recreated: impl FnOnce(Recreated) + Send + 'static,
 ) -> Option<thread::JoinHandle<()>> {
+    let mut topics: Vec<String> = std::iter::once(consumed.clone()).chain(written).collect();
+    topics.sort_unstable();
+    topics.dedup();
     let run = move || {
-        let mut watch = Watch::default();
-        let (mut failing, mut asked_at, mut next) = (false, None::<Instant>, EVERY);
+        let mut watches: BTreeMap<String, Watch> = topics
+            .iter()
+            .map(|t| (t.clone(), Watch::default()))
+            .collect();
+        let (mut failing, mut asked_at, mut next) = (false, None::<Instant>, Duration::ZERO);
         while !stop.load(Ordering::Acquire) {
-            thread::sleep(STEP);
-            let owned = ownership.owned();
-            if owned.is_empty() {
-                watch.forget();
-                asked_at = None;
-                continue;
-            }
-            // Asked as soon as the member owns partitions, then every `EVERY`.
-            if asked_at.is_some_and(|at| at.elapsed() < next) {
+            if asked_at.is_some_and(|at: Instant| at.elapsed() < next) {
+                thread::sleep(STEP);
                 continue;
             }
             asked_at = Some(Instant::now());
-            let loss = ownership.last_loss();
             let Some(consumer) = consumer.upgrade() else {
                 return;
             };
-            let answer = topic_id(&consumer, &topic, TIMEOUT, &stop);
+            let answers = topic_ids(&consumer, &topics, TIMEOUT, &stop);
             drop(consumer);
-            match answer {
-                // A loss meanwhile: which partitions the answer speaks for is not known.
-                Ok(_) if ownership.last_loss() != loss => {
-                    watch.forget();
-                    next = FIRST_RETRY;
-                }
-                Ok(id) => {
-                    (failing, next) = (false, EVERY);
-                    let (learning, text) = (!watch.knows(), id.text.clone());
-                    if let Some((was, now)) = watch.answered(id, loss) {
-                        let partitions = owned.into_iter().collect();
-                        recreated(Recreated {
-                            topic,
-                            was,
-                            now,
-                            partitions,
-                        });
-                        return;
+            let mut unknown = Vec::new();
+            for (topic, answer) in answers {
+                let Some(watch) = watches.get_mut(&topic) else {
+                    continue;
+                };
+                match answer {
+                    Ok(id) => {
+                        let (learning, text) = (!watch.knows(), id.text.clone());
+                        if let Some((was, now)) = watch.answered(id) {
+                            let owned = (topic == consumed)
+                                .then(|| ownership.owned().into_iter().collect());
+                            recreated(Recreated {
+                                topic,
+                                was,
+                                now,
+                                owned,
+                            });
+                            return;
+                        }
+                        if learning {
+                            info!(%topic, id = %text, "a topic's id, watched: the topic deleted and created again under this process stops it");
+                        }
                     }
-                    if learning && watch.knows() {
-                        info!(%topic, id = %text, "the consumed topic's id, watched: a topic deleted and created again under this member stops it");
-                    }
-                }
-                // The topic deleted and not there yet, or the brokers out of reach: asked again.
-                // Until an id is known, soon (in a second, doubling up to `EVERY`): one first
-                // learnt after the topic was created again would be the new topic's.
-                Err(error) => {
-                    next = match (watch.knows(), failing) {
-                        (true, _) => EVERY,
-                        (false, false) => FIRST_RETRY,
-                        (false, true) => (next * 2).min(EVERY),
-                    };
-                    if !failing {
-                        failing = true;
-                        debug!(%error, %topic, "the consumed topic's id not known this round");
-                    }
+                    // The topic deleted and not there yet, not to be described, or the brokers
+                    // out of reach: asked again.
+                    Err(error) => unknown.push(format!("{topic}: {error}")),
                 }
             }
+            // Until every id is known, soon (in a second, doubling up to `EVERY`): one first
+            // learnt after the topic was created again would be the new topic's.
+            let learnt = watches.values().all(Watch::knows);
+            next = match (learnt, failing) {
+                (true, _) => EVERY,
+                (false, false) => FIRST_RETRY,
+                (false, true) => (next * 2).min(EVERY),
+            };
+            if !unknown.is_empty() && !failing {
+                debug!(?unknown, "topic ids not known this round");
+            }
+            failing = !unknown.is_empty();
         }
     };
     thread::Builder::new()
         .name("kafka-topic-id".into())
         .spawn(run)
-        .inspect_err(|error| warn!(%error, "cannot start the watch on the consumed topic's id: a topic deleted and created again under the member is not noticed"))
+        .inspect_err(|error| warn!(%error, "cannot start the watch on the topics' ids: a topic deleted and created again under the service is not noticed"))
         .ok()
 }
 
-/// `topic`'s id, asked of the brokers through `consumer`'s client (DescribeTopics), waiting at
-/// most `wait` for the answer, and no longer once `stop` is set. The answer is a Metadata
-/// response, which librdkafka also takes into the consumer's own view of the topic (as its own
-/// refresh would: creating nothing, starting no rebalance).
-pub fn topic_id<C: ConsumerContext>(
+/// Each of `topics`' ids (or why it is not known), asked of the brokers through `consumer`'s
+/// client in one DescribeTopics, waiting at most `wait` for the answer, and no longer once `stop`
+/// is set. The answer is a Metadata response, which librdkafka also takes into the consumer's
+/// own view of the topics (as its own refresh would: creating nothing, starting no rebalance).
+pub fn topic_ids<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
-    topic: &str,
+    topics: &[String],
     wait: Duration,
     stop: &AtomicBool,
-) -> Result<TopicId, String> {
-    let name = CString::new(topic).map_err(|e| e.to_string())?;
+) -> Vec<Answer> {
+    let unanswered = |why: &str| {
+        topics
+            .iter()
+            .map(|t| (t.clone(), Err(why.to_owned())))
+            .collect()
+    };
+    let Ok(names) = topics
+        .iter()
+        .map(|t| CString::new(t.as_str()))
+        .collect::<Result<Vec<_>, _>>()
+    else {
+        return unanswered("a topic name holds a NUL byte");
+    };
     let client = consumer.client().native_ptr();
     let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
     // SAFETY: every object made here (the collection, the options, the queue, the event) is this
-    // call's own and destroyed before it returns; the client lives as long as `consumer`. What
-    // the result points to (descriptions, the id and its text) lives as long as the event, and
-    // is copied before the event is destroyed.
+    // call's own and destroyed before it returns; the client lives as long as `consumer`, the
+    // names as long as the call. What the result points to (descriptions, the ids and their
+    // text) lives as long as the event, and is copied before the event is destroyed.
     unsafe {
-        let names = [name.as_ptr()];
-        let topics = rdsys::rd_kafka_TopicCollection_of_topic_names(names.as_ptr().cast_mut(), 1);
+        let mut pointers: Vec<*const std::ffi::c_char> = names.iter().map(|n| n.as_ptr()).collect();
+        let collection =
+            rdsys::rd_kafka_TopicCollection_of_topic_names(pointers.as_mut_ptr(), pointers.len());
         let options = rdsys::rd_kafka_AdminOptions_new(
             client,
             rdsys::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
@@ -224,7 +240,7 @@ pub fn topic_id<C: ConsumerContext>(
             errstr.len(),
         );
         let queue = rdsys::rd_kafka_queue_new(client);
-        rdsys::rd_kafka_DescribeTopics(client, topics, options, queue);
+        rdsys::rd_kafka_DescribeTopics(client, collection, options, queue);
         // In steps, so that a member stopping does not wait for the answer. An answer that comes
         // after the queue is destroyed is dropped by librdkafka.
         let asked = Instant::now();
@@ -232,25 +248,26 @@ pub fn topic_id<C: ConsumerContext>(
         while event.is_null() && !stop.load(Ordering::Acquire) && asked.elapsed() < wait + STEP {
             event = rdsys::rd_kafka_queue_poll(queue, STEP.as_millis() as i32);
         }
-        let answer = if event.is_null() {
-            Err("no answer in time".to_owned())
+        let answers = if event.is_null() {
+            unanswered("no answer in time")
         } else {
-            let answer = described(event);
+            let answers = described(event).unwrap_or_else(|why| unanswered(&why));
             rdsys::rd_kafka_event_destroy(event);
-            answer
+            answers
         };
         rdsys::rd_kafka_queue_destroy(queue);
         rdsys::rd_kafka_AdminOptions_destroy(options);
-        rdsys::rd_kafka_TopicCollection_destroy(topics);
-        answer
+        rdsys::rd_kafka_TopicCollection_destroy(collection);
+        answers
     }
 }
 
-/// The id in a DescribeTopics answer of one topic.
+/// Each topic's id in a DescribeTopics answer (or why it has none); `Err` when the whole
+/// request failed.
 ///
 /// # Safety
 /// `event` is a live event of librdkafka's.
-unsafe fn described(event: *mut rdsys::rd_kafka_event_t) -> Result<TopicId, String> {
+unsafe fn described(event: *mut rdsys::rd_kafka_event_t) -> Result<Vec<Answer>, String> {
     let text = |s: *const std::ffi::c_char| {
         if s.is_null() {
             String::new()
@@ -272,35 +289,45 @@ unsafe fn described(event: *mut rdsys::rd_kafka_event_t) -> Result<TopicId, Stri
         }
         let mut count = 0;
         let descriptions = rdsys::rd_kafka_DescribeTopics_result_topics(result, &mut count);
-        if descriptions.is_null() || count != 1 {
-            return Err(format!("{count} topics described"));
+        if descriptions.is_null() {
+            return Err("no descriptions".to_owned());
         }
-        let description = *descriptions;
-        if description.is_null() {
-            return Err("no description".to_owned());
+        let mut answers = Vec::with_capacity(count);
+        for &description in std::slice::from_raw_parts(descriptions, count) {
+            if description.is_null() {
+                continue;
+            }
+            let name = text(rdsys::rd_kafka_TopicDescription_name(description));
+            let error = rdsys::rd_kafka_TopicDescription_error(description);
+            if !error.is_null()
+                && rdsys::rd_kafka_error_code(error)
+                    != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            {
+                answers.push((name, Err(text(rdsys::rd_kafka_error_string(error)))));
+                continue;
+            }
+            let id = rdsys::rd_kafka_TopicDescription_topic_id(description);
+            let bits = (!id.is_null()).then(|| {
+                (
+                    rdsys::rd_kafka_Uuid_most_significant_bits(id),
+                    rdsys::rd_kafka_Uuid_least_significant_bits(id),
+                )
+            });
+            answers.push(match bits {
+                None | Some((0, 0)) => (
+                    name,
+                    Err("no topic id (a broker before Kafka 2.8)".to_owned()),
+                ),
+                Some(bits) => (
+                    name,
+                    Ok(TopicId {
+                        bits,
+                        text: text(rdsys::rd_kafka_Uuid_base64str(id)),
+                    }),
+                ),
+            });
         }
-        let error = rdsys::rd_kafka_TopicDescription_error(description);
-        if !error.is_null()
-            && rdsys::rd_kafka_error_code(error)
-                != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-        {
-            return Err(text(rdsys::rd_kafka_error_string(error)));
-        }
-        let id = rdsys::rd_kafka_TopicDescription_topic_id(description);
-        if id.is_null() {
-            return Err("no topic id".to_owned());
-        }
-        let bits = (
-            rdsys::rd_kafka_Uuid_most_significant_bits(id),
-            rdsys::rd_kafka_Uuid_least_significant_bits(id),
-        );
-        if bits == (0, 0) {
-            return Err("no topic id (a broker before Kafka 2.8)".to_owned());
-        }
-        Ok(TopicId {
-            bits,
-            text: text(rdsys::rd_kafka_Uuid_base64str(id)),
-        })
+        Ok(answers)
     }
 }
 
@@ -320,42 +347,35 @@ mod tests {
     }
 
     #[test]
-    fn another_id_answered_twice_with_no_loss_between_is_a_recreated_topic() {
+    fn another_id_answered_twice_in_a_row_is_a_recreated_topic() {
         let mut watch = Watch::default();
-        assert_eq!(watch.answered(id(1), 0), None, "the first id is learnt");
-        assert_eq!(watch.answered(id(1), 0), None, "the same id");
-        assert_eq!(watch.answered(id(2), 0), None, "another, once");
-        assert_eq!(watch.answered(id(2), 0), changed(1, 2));
+        assert_eq!(watch.answered(id(1)), None, "the first id is learnt");
+        assert_eq!(watch.answered(id(1)), None, "the same id");
+        assert_eq!(watch.answered(id(2)), None, "another, once");
+        assert_eq!(watch.answered(id(2)), changed(1, 2));
     }
 
     #[test]
     fn an_old_id_from_a_broker_behind_is_not_a_change() {
         let mut watch = Watch::default();
-        watch.answered(id(1), 0);
-        assert_eq!(watch.answered(id(2), 0), None);
-        assert_eq!(watch.answered(id(1), 0), None, "the known id again");
+        watch.answered(id(1));
+        assert_eq!(watch.answered(id(2)), None);
+        assert_eq!(watch.answered(id(1)), None, "the known id again");
         assert_eq!(
-            watch.answered(id(2), 0),
+            watch.answered(id(2)),
             None,
             "the other id needs two in a row"
         );
-        assert_eq!(watch.answered(id(2), 0), changed(1, 2));
+        assert_eq!(watch.answered(id(2)), changed(1, 2));
     }
 
     #[test]
-    fn a_loss_or_owning_nothing_starts_over_and_a_revoke_does_not() {
+    fn the_id_first_learnt_is_the_one_compared_with() {
         let mut watch = Watch::default();
-        watch.answered(id(1), 0);
-        // Lost (the classic protocol's way with a topic it saw deleted): what the member owns
-        // next begins at the group's commits, which the deletion dropped.
-        assert_eq!(watch.answered(id(2), 3), None);
-        assert_eq!(watch.answered(id(2), 3), None, "learnt afresh");
-        watch.forget();
-        assert_eq!(watch.answered(id(3), 3), None);
-        assert_eq!(watch.answered(id(3), 3), None, "learnt afresh");
-        // A plain revoke leaves the loss where it was: still compared.
-        assert_eq!(watch.answered(id(4), 3), None);
-        assert_eq!(watch.answered(id(4), 3), changed(3, 4));
+        watch.answered(id(1));
+        watch.answered(id(2));
+        assert_eq!(watch.answered(id(3)), None, "another other: once again");
+        assert_eq!(watch.answered(id(3)), changed(1, 3));
     }
 
     #[test]

@@ -67,6 +67,15 @@ pub struct Sinks {
 }
 
 impl Sinks {
+    /// The Kafka topics the sinks write.
+    pub fn written_topics(&self) -> Vec<String> {
+        self.stages
+            .iter()
+            .flatten()
+            .flat_map(|s| s.topics())
+            .collect()
+    }
+
     /// Sinks whose rejections are fatal.
     pub fn new(stages: Vec<Vec<Box<dyn Sink>>>) -> Self {
         Sinks {

@@ -121,11 +121,13 @@ pub enum PipelineError {
         .0.partition, .0.offset, .0.last
     )]
     OffsetWentBack(frontier::WentBack),
-    /// Nothing of the new topic may be committed past its start (`kafka::topic_id`): once the
-    /// pipeline stopped, the start of every partition owned is committed.
+    /// Only new Kafka clients get past it (`kafka::topic_id`); when it is the consumed topic,
+    /// nothing of the new one may be committed past its start: once the pipeline stopped, the
+    /// start of every partition owned is committed.
     #[error(
-        "topic {}: deleted and created again while this member consumed it (its id was {}, it is {}, and no rebalance came): librdkafka goes on from the old topic's positions, which skips the new topic's first messages; stopping, to start again from the start of the partitions it owned",
-        .0.topic, .0.was, .0.now
+        "topic {}: deleted and created again while this process used it (its id was {}, it is {}): librdkafka keeps the old topic's positions and leader epochs, which skips the new topic's first messages or stalls its reads and writes for good; stopping, to start again with new clients{}",
+        .0.topic, .0.was, .0.now,
+        if .0.owned.is_some() { " from the start of the partitions it owned" } else { "" }
     )]
     TopicRecreated(Recreated),
     #[error(
@@ -278,30 +280,24 @@ pub async fn consume(
     status.record_initialised(statistics, settings.consumer_protocol);
     let stop = Arc::new(AtomicBool::new(false));
     let (refusals_tx, refusals_rx) = mpsc::unbounded_channel();
-    // Under KIP-848's protocol the broker itself revokes a deleted topic's partitions and
-    // assigns the new one's, by topic id; the member learns of it at its next heartbeat, and an
-    // id asked for meanwhile would read as a topic changed under it.
     let recreated = Arc::new(Mutex::new(None));
-    let topic_watch = if settings.consumer_protocol {
-        None
-    } else {
-        topic_id::watch(
-            Arc::downgrade(&consumer),
-            settings.topic.clone(),
-            consumer.context().ownership(),
-            stop.clone(),
-            {
-                let (refusals_tx, recreated) = (refusals_tx.clone(), recreated.clone());
-                move |found: Recreated| {
-                    warn!(topic = %found.topic, was = %found.was, now = %found.now, "the consumed topic's id changed under this member's partitions, with no loss between: stopping");
-                    // Kept for a drain, which does not read the channel: a shutdown under way
-                    // must not end as if nothing happened.
-                    *recreated.lock().unwrap_or_else(PoisonError::into_inner) = Some(found.clone());
-                    let _ = refusals_tx.send(Stop::Recreated(found));
-                }
-            },
-        )
-    };
+    let topic_watch = topic_id::watch(
+        Arc::downgrade(&consumer),
+        settings.topic.clone(),
+        sinks.written_topics(),
+        consumer.context().ownership(),
+        stop.clone(),
+        {
+            let (refusals_tx, recreated) = (refusals_tx.clone(), recreated.clone());
+            move |found: Recreated| {
+                warn!(topic = %found.topic, was = %found.was, now = %found.now, "a topic's id changed under this process: stopping");
+                // Kept for a drain, which does not read the channel: a shutdown under way must
+                // not end as if nothing happened.
+                *recreated.lock().unwrap_or_else(PoisonError::into_inner) = Some(found.clone());
+                let _ = refusals_tx.send(Stop::Recreated(found));
+            }
+        },
+    );
     let poller = spawn_poller(
         consumer.clone(),
         polled_tx,
@@ -395,8 +391,10 @@ pub async fn consume(
         // the restart.
         consumer.context().ownership().abandon_all();
     }
-    if let Err(PipelineError::TopicRecreated(recreated)) = &result {
-        commit_the_start(&consumer, recreated, settings.commit_timeout).await;
+    if let Err(PipelineError::TopicRecreated(recreated)) = &result
+        && let Some(owned) = &recreated.owned
+    {
+        commit_the_start(&consumer, &recreated.topic, owned, settings.commit_timeout).await;
     }
     let close_budget = CLOSE_RESERVE
         + shutdown_at.get().map_or(settings.drain_deadline, |at| {
@@ -1270,18 +1268,25 @@ impl Pipeline {
     }
 }
 
-/// The start of every partition of the topic `recreated` that the member owned when it found
-/// out or owns now, committed: the next start (this member's or the partition's next owner's)
-/// reads the new topic from there, not from the old topic's positions, which the pipeline
-/// committed on it meanwhile. Offset 0: a new topic's partitions start there, and a partition
-/// that no longer does is read from its earliest message (`auto.offset.reset`). Three tries at
-/// most (a rebalance under way refuses a commit), waiting `wait` in all.
-async fn commit_the_start(consumer: &Arc<IngestConsumer>, recreated: &Recreated, wait: Duration) {
+/// The start of every partition of the consumed `topic`, created again, that the member `owned`
+/// when it found out or owns now, committed: the next start (this member's or the partition's
+/// next owner's) reads the new topic from there, not from the old topic's positions, which the
+/// pipeline may have committed on it meanwhile. Offset 0: a new topic's partitions start there,
+/// and a partition that no longer does is read from its earliest message
+/// (`auto.offset.reset`). Three tries at most (a rebalance under way refuses a commit), waiting
+/// `wait` in all.
+async fn commit_the_start(
+    consumer: &Arc<IngestConsumer>,
+    topic: &str,
+    owned: &[i32],
+    wait: Duration,
+) {
     const TRIES: u32 = 3;
     const RETRY_PAUSE: Duration = Duration::from_secs(1);
     let consumer = consumer.clone();
-    let (topic, mut partitions) = (recreated.topic.clone(), recreated.partitions.clone());
+    let (name, mut partitions) = (topic.to_owned(), owned.to_vec());
     let committed = tokio::task::spawn_blocking(move || {
+        let topic = name;
         if let Ok(assigned) = consumer.assignment() {
             partitions.extend(
                 assigned
@@ -1292,6 +1297,9 @@ async fn commit_the_start(consumer: &Arc<IngestConsumer>, recreated: &Recreated,
         }
         partitions.sort_unstable();
         partitions.dedup();
+        if partitions.is_empty() {
+            return Ok(partitions);
+        }
         let start = commit_list(
             &topic,
             &partitions.iter().map(|&p| (p, 0)).collect::<Vec<_>>(),
@@ -1313,13 +1321,16 @@ async fn commit_the_start(consumer: &Arc<IngestConsumer>, recreated: &Recreated,
     })
     .await;
     match committed {
+        Ok(Ok(partitions)) if partitions.is_empty() => {
+            info!(%topic, "the member owned none of the partitions of the topic created again: nothing to commit")
+        }
         Ok(Ok(partitions)) => warn!(
-            topic = %recreated.topic,
+            %topic,
             ?partitions,
             "committed the start of the partitions of the topic created again: the next start reads them from there (what was read of them since is read again)"
         ),
         Ok(Err(error)) => error!(
-            topic = %recreated.topic,
+            %topic,
             %error,
             "the start of the partitions of the topic created again could not be committed: the next start reads them from where the old topic's positions left them, skipping what lies before; reset the group's offsets on the topic to its earliest (kafka-consumer-groups --reset-offsets --to-earliest) with the group stopped"
         ),

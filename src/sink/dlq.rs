@@ -400,6 +400,10 @@ impl Sink for DlqSink {
         "dlq"
     }
 
+    fn topics(&self) -> Vec<String> {
+        vec![self.topic.clone()]
+    }
+
     fn writes_for(&self, entry: &Entry) -> bool {
         matches!(entry.outcome, Outcome::Invalid(_))
     }

@@ -187,6 +187,15 @@ impl Sink for EventsSink {
     fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
         Box::pin(self.publish_events(batch, progress))
     }
+
+    fn topics(&self) -> Vec<String> {
+        let EventTopics {
+            outcomes,
+            analytics,
+            issues,
+        } = &self.topics;
+        vec![outcomes.clone(), analytics.clone(), issues.clone()]
+    }
 }
 
 /// What one pass over a batch published, and what it left out.

@@ -469,6 +469,12 @@ pub trait Sink: Send + Sync {
     fn writes_for(&self, entry: &Entry) -> bool {
         matches!(entry.outcome, Outcome::Valid(_))
     }
+
+    /// The Kafka topics this sink writes (none by default): the service watches their ids
+    /// (`kafka::topic_id`).
+    fn topics(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A sink shared with another user (the blob store also keeps oversized dead letters).
@@ -483,6 +489,10 @@ impl<T: Sink + ?Sized> Sink for std::sync::Arc<T> {
 
     fn writes_for(&self, entry: &Entry) -> bool {
         (**self).writes_for(entry)
+    }
+
+    fn topics(&self) -> Vec<String> {
+        (**self).topics()
     }
 }
 

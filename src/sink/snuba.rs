@@ -29,6 +29,10 @@ impl Sink for SnubaSink {
         "snuba"
     }
 
+    fn topics(&self) -> Vec<String> {
+        vec![self.topic.clone()]
+    }
+
     fn write<'a>(&'a self, batch: &'a [Entry], progress: &'a Progress) -> Writing<'a> {
         let records = batch.iter().flat_map(|entry| {
             let Outcome::Valid(processed) = &entry.outcome else {

@@ -53,6 +53,10 @@ impl Sink for TraceItemsSink {
         "trace_items"
     }
 
+    fn topics(&self) -> Vec<String> {
+        vec![self.topic.clone()]
+    }
+
     fn writes_for(&self, entry: &Entry) -> bool {
         matches!(&entry.outcome, Outcome::Valid(p) if p.trace_items.as_ref().is_some_and(|t| !t.is_empty()))
     }

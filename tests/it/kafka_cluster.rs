@@ -102,11 +102,7 @@ impl Replicated {
     /// outcomes' topic holds (its producers are idempotent and not transactional: each record
     /// is one offset).
     fn billed(&self, sent: &[Sent]) -> (usize, usize) {
-        let billed = sent
-            .iter()
-            .filter(|s| matches!(s.expected, Expected::Blob { .. }))
-            .map(|s| events_of(&s.value, "outcome").len())
-            .sum();
+        let billed = billed_outcomes(sent).len();
         let published: i64 = high_watermarks_on(&self.base, &self.events[0], 1)
             .values()
             .sum();
@@ -256,6 +252,144 @@ async fn rolling_restart_and_killed_leaders(protocol: &[&str]) {
             "member {name}: no ERROR line: {errors:#?}"
         );
     }
+}
+
+/// The consumed topic and the billing outcomes' topic deleted and created again at once, with
+/// the same layout, under a running member, after every node was restarted in turn (each
+/// partition's leader moved: its leader epoch is past the new topic's 0). librdkafka keeps a
+/// partition's leader epoch across a re-creation it did not see and ignores metadata of an
+/// older epoch: before the topic-id watch, a member under KIP-848 asked for the new partitions'
+/// start again and again and read nothing, live and in its group, and the outcomes' producer
+/// timed out for ever. The member stops on the topics' new ids; started again, as Kubernetes
+/// would, it stores every segment of the new topic, its outcomes land on the new outcomes topic,
+/// and the group commits the new topic to its end.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars and the local stack: scripts/test.sh fetches them and runs every test"]
+async fn topics_whose_leaders_moved_deleted_and_created_again_at_once_stop_the_member_once() {
+    let _stack = uses_stack().await;
+    topics_whose_leaders_moved_created_again(&[], true).await;
+}
+
+/// The same with the consumer group protocol of KIP-848, where the broker assigns the new
+/// topic's partitions by its id.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars and the local stack: scripts/test.sh fetches them and runs every test"]
+async fn with_the_consumer_group_protocol_topics_whose_leaders_moved_created_again_stop_it_once() {
+    let _stack = uses_stack().await;
+    topics_whose_leaders_moved_created_again(
+        &["--kafka-property", "group.protocol=consumer"],
+        true,
+    )
+    .await;
+}
+
+/// The billing outcomes' topic alone created again at once after its leader moved: a topic the
+/// service only writes stops it too (its producer timed out for ever before).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars and the local stack: scripts/test.sh fetches them and runs every test"]
+async fn an_output_topic_whose_leader_moved_created_again_at_once_stops_the_member_once() {
+    let _stack = uses_stack().await;
+    topics_whose_leaders_moved_created_again(&[], false).await;
+}
+
+/// The leaders moved, then the billing outcomes' topic and, `consumed_too`, the consumed topic
+/// created again at once; `protocol` the member's flags.
+async fn topics_whose_leaders_moved_created_again(protocol: &[&str], consumed_too: bool) {
+    let _one = ONE_CLUSTER.lock().await;
+    let mut replicated = Replicated::start().await;
+    let (topic, billing) = (replicated.topic.clone(), replicated.events[0].clone());
+    let base = replicated.base.clone();
+    let files = small_fixtures(true);
+    let batch = |from: u64, count: u64| -> Vec<(Vec<u8>, Vec<u8>)> {
+        (from..from + count)
+            .map(|i| (load::fixture_copy(&files, i), test_key(i)))
+            .collect()
+    };
+    let committed_count = || {
+        committed_on(&base, &replicated.group, &topic, 4)
+            .values()
+            .sum::<i64>()
+    };
+    let published = || -> std::collections::BTreeSet<String> {
+        read_all_on(&base, &billing, 1)
+            .into_iter()
+            .map(|m| String::from_utf8(m.value).unwrap())
+            .collect()
+    };
+    let member = replicated.member("a", protocol);
+    let (_, mut sent) = produce_values_with(&producer_on(&base), &topic, batch(0, 16)).await;
+    wait_for("the first batch committed", JOIN_AND_FLUSH, || {
+        committed_count() == 16
+    })
+    .await;
+
+    let in_sync = [
+        topic.as_str(),
+        replicated.dlq.as_str(),
+        billing.as_str(),
+        "__consumer_offsets",
+    ];
+    let cluster = &mut replicated.cluster;
+    cluster.wait_in_sync(&in_sync);
+    for id in 1..=NODES as i32 {
+        cluster.stop(id);
+        cluster.start_again(id);
+        cluster.wait_in_sync(&in_sync);
+    }
+    // Through the moved leaders: the member's clients learn their epochs.
+    let (_, more) = produce_values_with(&producer_on(&base), &topic, batch(16, 16)).await;
+    sent.extend(more);
+    wait_for("the second batch committed", JOIN_AND_FLUSH, || {
+        committed_count() == 32
+    })
+    .await;
+    assert_eq!(
+        published(),
+        billed_outcomes(&sent),
+        "every outcome on the old topic"
+    );
+
+    if consumed_too {
+        delete_topic_on(&base, &topic).await;
+    }
+    delete_topic_on(&base, &billing).await;
+    if consumed_too {
+        create_topic_again_on(&base, &topic, (4, NODES as i32)).await;
+    }
+    create_topic_again_on(&base, &billing, (1, NODES as i32)).await;
+    let (_, again) = produce_values_with(&producer_on(&base), &topic, batch(32, 48)).await;
+    sent.extend(again.iter().cloned());
+    // The watch asks every 10 s, and takes a new id from two answers in a row.
+    let code = member.exit_within(Duration::from_secs(90)).await;
+    let said = std::fs::read_to_string(replicated.log_of("a")).unwrap();
+    assert_eq!(code, Some(1), "the member stops on a new id:\n{said}");
+    assert!(
+        said.contains("deleted and created again while this process used it"),
+        "{said}"
+    );
+    let member = replicated.member("a-restarted", protocol);
+    let end = high_watermarks_on(&base, &topic, 4);
+    let on_topic = if consumed_too { 48 } else { 80 };
+    assert_eq!(end.values().sum::<i64>(), on_topic);
+    let mut probes = Probes::default();
+    wait_for("the topic committed to its end", JOIN_AND_FLUSH, || {
+        member.probe_into(&mut probes, "/health/live", "the member");
+        committed_on(&base, &replicated.group, &topic, 4) == end
+    })
+    .await;
+    assert_eq!(
+        blobs_under(&replicated.blob_dir),
+        outcomes(&sent).0,
+        "every segment stored"
+    );
+    // At least once: what the member read after the topics were created again is read again.
+    assert!(
+        published().is_superset(&billed_outcomes(&again)),
+        "every outcome of the segments sent after the re-creation on the new outcomes topic"
+    );
+    probes.assert_healthy();
+    assert_eq!(member.terminate(), Some(0));
+    assert_no_error_line(&replicated.log_of("a-restarted"));
 }
 
 /// The billing outcomes' topic refusing every write for minutes (`min.insync.replicas` 3 with a

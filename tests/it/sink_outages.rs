@@ -1,8 +1,7 @@
 //! Outages of the sinks other than ClickHouse (tests/it/clickhouse_faults.rs), with the real service
 //! and stack: the blob store hangs (fake-gcs-server under SIGSTOP: it accepts connections and
-//! never answers), and the broker hangs while a flush delivers events or dead letters. (Deleting
-//! a topic makes no outage here: the local broker creates it again on the next delivery.) Each is
-//! ridden out: the flush is retried, nothing is committed past it, and once the sink is back
+//! never answers), the broker hangs while a flush delivers events or dead letters, and a
+//! destination topic is deleted and created again under the running service. Each is ridden out: the flush is retried, nothing is committed past it, and once the sink is back
 //! everything lands: blobs exactly, Kafka deliveries at least once (one that timed out in the hang
 //! may still be written when the broker resumes, beside its retry). That a first-replay event is
 //! marked as sent only once delivered is a unit test in src/sink/events.rs (here the timed-out
@@ -850,4 +849,88 @@ async fn the_producers_do_not_have_a_missing_destination_topic_created() {
         !topics.topics().iter().any(|t| t.name() == topic),
         "the broker created {topic}"
     );
+}
+
+/// A destination topic deleted under the running service and created again as it was (an
+/// operator recreating `outcomes-billing` to change its layout, say; the brokers do not create
+/// topics on demand, nor does the service ask them to): while it is gone the flush's outcome
+/// deliveries fail, and the service rides that out as an events outage — live, its partitions
+/// kept, nothing committed past what was written. Once the topic is back with a new id, the
+/// service stops (exit 1: its producer may keep what it knew of the old topic, which on a
+/// cluster whose leaders had moved timed it out for ever, `kafka_cluster.rs`), and started
+/// again, as Kubernetes would, it lands every outcome of what it consumed meanwhile on the new
+/// topic and commits everything.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local stack: scripts/test.sh starts it and runs every test"]
+async fn a_destination_topic_deleted_and_created_again_is_an_outage_then_a_restart() {
+    let _stack = uses_stack().await;
+    let names = Names::create().await;
+    let (dir, statsd) = (tempfile::tempdir().unwrap(), Statsd::bind());
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("service.log");
+    let args = with_flag(
+        args(&names, &statsd, dir.path()),
+        "--session-timeout-ms",
+        "10000",
+    );
+    let service = assigned(Service::start_logging_to(&args, &log)).await;
+    let files = small_fixtures(true);
+    let published = |read: Vec<Received>| -> std::collections::BTreeSet<String> {
+        read.into_iter()
+            .map(|m| String::from_utf8(m.value).unwrap())
+            .collect()
+    };
+    let (before, sent) = produce_fixtures(&names.topic, &files, files.len() as u64).await;
+    wait_for("the first messages committed", JOIN_AND_FLUSH, || {
+        committed(&names.group, &names.topic, 2) == expected_commits(&before)
+    })
+    .await;
+    let first = billed_outcomes(&sent);
+    assert!(!first.is_empty());
+    assert_eq!(
+        published(read_all(&names.outcomes, 1)),
+        first,
+        "every outcome before the deletion"
+    );
+
+    delete_topic(&names.outcomes).await;
+    let (during, sent) = produce_fixtures(&names.topic, &files, files.len() as u64).await;
+    riding_out(
+        &service,
+        &names,
+        "events",
+        2 * files.len() as u64,
+        &expected_commits(&before),
+    )
+    .await;
+    create_topic_again(&names.outcomes, 1).await;
+    // The watch asks every 10 s, and takes a new id from two answers in a row.
+    let code = service.exit_within(Duration::from_secs(90)).await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(1), "the service stops on the new id:\n{said}");
+    assert!(
+        said.contains("deleted and created again while this process used it"),
+        "{said}"
+    );
+    let log = logs.path().join("restarted.log");
+    let service = assigned(Service::start_logging_to(&args, &log)).await;
+    let mut probes = Probes::default();
+    wait_for(
+        "everything committed after the restart",
+        JOIN_AND_FLUSH,
+        || {
+            service.probe_into(&mut probes, "/health/live", "the service");
+            committed(&names.group, &names.topic, 2) == expected_commits(&during)
+        },
+    )
+    .await;
+    // At least once: what was delivered before the stop is delivered again after it.
+    assert_eq!(
+        published(read_all(&names.outcomes, 1)),
+        billed_outcomes(&sent),
+        "every outcome of what was consumed while the topic was gone, on the new topic"
+    );
+    probes.assert_healthy();
+    assert_eq!(service.terminate(), Some(0));
+    assert_no_error_line(&log);
 }

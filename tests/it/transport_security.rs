@@ -6,8 +6,8 @@
 //!   dead-letters and commits, every client over TLS (the broker's only client listeners are
 //!   SSL and SASL ones); and with client certificates required, presenting its own (key
 //!   encrypted, the passphrase from a mounted file, never printed) — without one it is refused;
-//! - SASL end to end, each way operators set it up: SCRAM-SHA-512 inside TLS, PLAIN inside TLS,
-//!   SCRAM-SHA-512 and PLAIN in the clear — the password from a mounted file, never printed;
+//! - SASL end to end, each way operators set it up: SCRAM-SHA-512, SCRAM-SHA-256
+//!   and PLAIN inside TLS, SCRAM-SHA-512 and PLAIN in the clear — the password from a mounted file, never printed;
 //! - a broker SIGKILLed and started again under a service consuming over SASL_SSL: it connects
 //!   and authenticates again by itself, and nothing is lost;
 //! - a wrong password and an untrusted certificate: one error naming what to fix, exit 1;
@@ -185,6 +185,7 @@ async fn over_sasl_every_mechanism_authenticates_with_the_mounted_password_and_n
     let ca = broker.ca.ca_file();
     for (listener, mechanism) in [
         ("SASL_SSL", "SCRAM-SHA-512"),
+        ("SASL_SSL", "SCRAM-SHA-256"),
         ("SASL_SSL", "PLAIN"),
         ("SASL_PLAINTEXT", "SCRAM-SHA-512"),
         ("SASL_PLAINTEXT", "PLAIN"),

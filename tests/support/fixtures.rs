@@ -274,6 +274,14 @@ pub fn events_of(value: &[u8], kind: &str) -> Vec<String> {
     .collect()
 }
 
+/// The billing outcomes the valid messages of `sent` make, as the service publishes them.
+pub fn billed_outcomes(sent: &[Sent]) -> BTreeSet<String> {
+    sent.iter()
+        .filter(|s| matches!(s.expected, Expected::Blob { .. }))
+        .flat_map(|s| events_of(&s.value, "outcome"))
+        .collect()
+}
+
 /// A row as ClickHouse deduplicates it: project, day, replay id, event hash.
 pub type RowKey = (u64, u32, uuid::Uuid, uuid::Uuid);
 

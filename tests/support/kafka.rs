@@ -82,8 +82,13 @@ pub async fn create_topic(name: &str, partitions: i32) {
 /// Deletes `name` on the stack's broker, as an operator would. The brokers finish the deletion
 /// after they answer: the name is free a moment later ([`create_topic_again`]).
 pub async fn delete_topic(name: &str) {
+    delete_topic_on(&kafka(), name).await;
+}
+
+/// [`delete_topic`] on the cluster `base` points at.
+pub async fn delete_topic_on(base: &ClientConfig, name: &str) {
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-        kafka().create().unwrap();
+        base.create().unwrap();
     for deleted in admin
         .delete_topics(&[name], &rdkafka::admin::AdminOptions::new())
         .await
@@ -96,8 +101,15 @@ pub async fn delete_topic(name: &str) {
 /// `create_topic` of a name a deletion may still hold: tried again until the brokers let it go
 /// (60 s at most).
 pub async fn create_topic_again(name: &str, partitions: i32) {
+    create_topic_again_on(&kafka(), name, (partitions, 1)).await;
+}
+
+/// [`create_topic_again`] on the cluster `base` points at, `layout` its partitions and replicas.
+pub async fn create_topic_again_on(base: &ClientConfig, name: &str, layout: (i32, i32)) {
     let start = Instant::now();
-    while let Err(e) = topics::create_topic_as(&kafka(), name, partitions, stands_for(name)).await {
+    while let Err(e) =
+        topics::create_replicated_topic_as(base, name, layout, stands_for(name)).await
+    {
         assert!(start.elapsed() < Duration::from_secs(60), "{e}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -336,8 +348,15 @@ pub fn read_messages(topic: &str, count: usize, timeout: Duration) -> Vec<Receiv
 /// many is seen without waiting out a deadline for a message that should not be there (a fresh
 /// reader's join on a loaded machine could take that deadline, and the test saw too few).
 pub fn read_all(topic: &str, partitions: i32) -> Vec<Received> {
-    let on_topic = high_watermarks(topic, partitions).values().sum::<i64>() as usize;
-    let read = read_messages(topic, on_topic, Duration::from_secs(60));
+    read_all_on(&kafka(), topic, partitions)
+}
+
+/// [`read_all`] on the cluster `base` points at.
+pub fn read_all_on(base: &ClientConfig, topic: &str, partitions: i32) -> Vec<Received> {
+    let on_topic = high_watermarks_on(base, topic, partitions)
+        .values()
+        .sum::<i64>() as usize;
+    let read = read_messages_on(base, topic, on_topic, Duration::from_secs(60));
     assert_eq!(read.len(), on_topic, "every message on {topic} read back");
     read
 }

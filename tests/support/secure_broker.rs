@@ -1,7 +1,7 @@
 //! An Apache Kafka broker of a test's own, from the jars the stack fetched
 //! (`REPLAY_INGEST_KAFKA_HOME`), with the security listeners the stack's broker does not have:
 //! SSL and SASL_SSL with a certificate the test's CA signs, MTLS (SSL whose clients must present
-//! a certificate that CA signed), SASL_PLAINTEXT, each taking PLAIN
+//! a certificate that CA signed), SASL_PLAINTEXT, each taking PLAIN, SCRAM-SHA-256
 //! and SCRAM-SHA-512 where SASL applies; when asked, a plaintext listener reached through a
 //! relay the test can cut (`RELAYED`), or ACLs enforced (`start_enforcing_acls`). One node,
 //! KRaft combined mode, on 127.0.0.1, its log directory on disk: `kill` and `start_again` bring
@@ -32,7 +32,7 @@ pub struct SecureBroker {
 /// What a broker is started with beyond its listeners.
 #[derive(Default)]
 struct Setup<'a> {
-    /// Users known to PLAIN and SCRAM-SHA-512, with their passwords.
+    /// Users known to PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512, with their passwords.
     users: &'a [(&'a str, &'a str)],
     relay: Option<&'a Relay>,
     /// ACLs enforced (Kafka's `StandardAuthorizer`), this user a super user.
@@ -46,7 +46,7 @@ struct Setup<'a> {
 }
 
 impl SecureBroker {
-    /// Starts the broker with `user` known to PLAIN and SCRAM-SHA-512 with `password`.
+    /// Starts the broker with `user` known to PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 with `password`.
     pub fn start(user: &str, password: &str) -> SecureBroker {
         Self::start_with(Setup {
             users: &[(user, password)],
@@ -66,7 +66,7 @@ impl SecureBroker {
     }
 
     /// Starts the broker enforcing ACLs, as a production cluster with SASL does: `users` (the
-    /// first a super user, for the test's own clients) known to PLAIN and SCRAM-SHA-512; every
+    /// first a super user, for the test's own clients) known to PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512; every
     /// other principal may do only what an ACL allows it (`support::acl`). The PLAINTEXT
     /// listener, which the broker itself uses, is a super user too.
     pub fn start_enforcing_acls(users: &[(&str, &str)]) -> SecureBroker {
@@ -169,8 +169,9 @@ impl SecureBroker {
         );
         for listener in ["sasl_ssl", "sasl_plaintext"] {
             properties += &format!(
-                "listener.name.{listener}.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512\n\
+                "listener.name.{listener}.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512\n\
                  listener.name.{listener}.plain.sasl.jaas.config={plain_login}\n\
+                 listener.name.{listener}.scram-sha-256.sasl.jaas.config={scram_login}\n\
                  listener.name.{listener}.scram-sha-512.sasl.jaas.config={scram_login}\n"
             );
         }
@@ -183,10 +184,14 @@ impl SecureBroker {
         let config = dir.path().join("server.properties");
         std::fs::write(&config, properties).unwrap();
         let scram = setup.users.iter().flat_map(|(user, password)| {
-            [
-                "--add-scram".to_owned(),
-                format!("SCRAM-SHA-512=[name={user},password={password}]"),
-            ]
+            ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+                .into_iter()
+                .flat_map(move |mechanism| {
+                    [
+                        "--add-scram".to_owned(),
+                        format!("{mechanism}=[name={user},password={password}]"),
+                    ]
+                })
         });
         let formatted = java(&home, "kafka.tools.StorageTool")
             .args([

@@ -601,6 +601,20 @@ impl Drop for Service {
     }
 }
 
+/// Asserts that the log at `path` holds no ERROR line.
+pub fn assert_no_error_line(path: &Path) {
+    let said = std::fs::read_to_string(path).unwrap();
+    let errors: Vec<&str> = said
+        .lines()
+        .filter(|l| log_level(l) == Some("ERROR"))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "no ERROR line in {}: {errors:#?}",
+        path.display()
+    );
+}
+
 /// The level of a line of the service's text log (`<time> <LEVEL> <target>: …`).
 pub fn log_level(line: &str) -> Option<&str> {
     line.split_whitespace().nth(1)
