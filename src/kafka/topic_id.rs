@@ -19,11 +19,12 @@
 //!
 //! So a thread of its own asks the brokers for the ids of the consumed topic and of every topic
 //! the sinks write (DescribeTopics, which READ or WRITE on a topic allows) as soon as the
-//! service starts, then every [`EVERY`]. Another id, answered twice in a row, stops the
-//! service: the pipeline gives everything up unflushed, the start of every partition of the
-//! consumed topic it owns is committed when that topic is the one created again, and the next
-//! start reads the new topic from there with new clients (what it read of it already is read
-//! again: at least once).
+//! service starts, then every [`EVERY`]. An id is learnt from two answers in a row, and another
+//! id, answered twice in a row, stops the service: the pipeline gives everything up unflushed,
+//! the start of every partition of the consumed topic it owns is committed when that topic is
+//! among those created again (or answered another id once, beside a written topic's change),
+//! and the next start reads the new topic from there with new clients (what it read of it
+//! already is read again: at least once).
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
@@ -72,19 +73,32 @@ pub struct Recreated {
     pub topic: String,
     pub was: String,
     pub now: String,
-    /// The consumed topic: the partitions of it the member owned when it found out. `None`: a
-    /// topic the sinks write.
+    /// The consumed topic's name.
+    pub consumed: String,
+    /// When the consumed topic was found changed, or answered with another id once: the
+    /// partitions of it the member owned then, whose start is committed. `None`: only a topic
+    /// the sinks write.
     pub owned: Option<Vec<i32>>,
 }
 
 /// What the service knows of one topic's id.
 #[derive(Debug, Default)]
 pub struct Watch {
-    /// The id first learnt.
+    /// The id learnt: the first answered twice in a row.
     known: Option<TopicId>,
-    /// Another id, answered once: only a second answer with it counts (a broker behind on the
-    /// topic's metadata may answer with the id before).
+    /// Another id, answered once: only a second answer with it counts, to learn it or as a
+    /// change (a broker behind on the topic's metadata may answer with the id before).
     other: Option<TopicId>,
+}
+
+/// What an answer told a [`Watch`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Told {
+    Nothing,
+    /// The id, learnt (its text).
+    Learnt(String),
+    /// Another id than the one learnt, answered twice in a row: the old and new ids' text.
+    Changed(String, String),
 }
 
 impl Watch {
@@ -92,26 +106,36 @@ impl Watch {
         self.known.is_some()
     }
 
-    /// The brokers said `id`. `Some((was, now))` when a second answer in a row confirms another
-    /// id than the one first learnt. Nothing starts the watch over — not a loss of partitions,
-    /// not owning none: librdkafka keeps the old topic's partitions (their leader epochs) for as
-    /// long as the client lives, whatever the member owns.
-    pub fn answered(&mut self, id: TopicId) -> Option<(String, String)> {
-        let Some(known) = &self.known else {
-            self.known = Some(id);
-            return None;
-        };
-        if *known == id {
-            self.other = None;
-            return None;
-        }
+    /// An id learnt, and another answered since the last answer with it.
+    pub fn doubts(&self) -> bool {
+        self.known.is_some() && self.other.is_some()
+    }
+
+    /// The brokers said `id`. Nothing starts the watch over — not a loss of partitions, not
+    /// owning none: librdkafka keeps the old topic's partitions (their leader epochs) for as long
+    /// as the client lives, whatever the member owns.
+    pub fn answered(&mut self, id: TopicId) -> Told {
         if self.other.as_ref() == Some(&id) {
-            return Some((known.text.clone(), id.text));
+            return match &self.known {
+                None => {
+                    let text = id.text.clone();
+                    (self.known, self.other) = (Some(id), None);
+                    Told::Learnt(text)
+                }
+                Some(known) => Told::Changed(known.text.clone(), id.text),
+            };
         }
-        self.other = Some(id);
-        None
+        if self.known.as_ref() == Some(&id) {
+            self.other = None;
+        } else {
+            self.other = Some(id);
+        }
+        Told::Nothing
     }
 }
+
+/// How long the ids may stay unknown before a WARN says which topics go unwatched.
+const UNWATCHED_AFTER: Duration = Duration::from_secs(60);
 
 /// Starts the thread that asks for the ids of `consumed` and of `written` (at once, then every
 /// [`EVERY`]; sooner while one is not known) while `consumer` lives and `stop` is not set, and
@@ -126,7 +150,11 @@ pub fn watch<C: ConsumerContext + 'static>(
     stop: Arc<AtomicBool>,
     recreated: impl FnOnce(Recreated) + Send + 'static,
 ) -> Option<thread::JoinHandle<()>> {
-    let mut topics: Vec<String> = std::iter::once(consumed.clone()).chain(written).collect();
+    // A name librdkafka would refuse fails the whole request: left out.
+    let mut topics: Vec<String> = std::iter::once(consumed.clone())
+        .chain(written)
+        .filter(|t| !t.is_empty() && !t.contains('\0'))
+        .collect();
     topics.sort_unstable();
     topics.dedup();
     let run = move || {
@@ -135,6 +163,7 @@ pub fn watch<C: ConsumerContext + 'static>(
             .map(|t| (t.clone(), Watch::default()))
             .collect();
         let (mut failing, mut asked_at, mut next) = (false, None::<Instant>, Duration::ZERO);
+        let (started, mut warned) = (Instant::now(), false);
         while !stop.load(Ordering::Acquire) {
             if asked_at.is_some_and(|at: Instant| at.elapsed() < next) {
                 thread::sleep(STEP);
@@ -146,38 +175,46 @@ pub fn watch<C: ConsumerContext + 'static>(
             };
             let answers = topic_ids(&consumer, &topics, TIMEOUT, &stop);
             drop(consumer);
-            let mut unknown = Vec::new();
+            let (mut unknown, mut changed) = (Vec::new(), Vec::new());
             for (topic, answer) in answers {
                 let Some(watch) = watches.get_mut(&topic) else {
                     continue;
                 };
-                match answer {
-                    Ok(id) => {
-                        let (learning, text) = (!watch.knows(), id.text.clone());
-                        if let Some((was, now)) = watch.answered(id) {
-                            let owned = (topic == consumed)
-                                .then(|| ownership.owned().into_iter().collect());
-                            recreated(Recreated {
-                                topic,
-                                was,
-                                now,
-                                owned,
-                            });
-                            return;
-                        }
-                        if learning {
-                            info!(%topic, id = %text, "a topic's id, watched: the topic deleted and created again under this process stops it");
-                        }
+                match answer.map(|id| watch.answered(id)) {
+                    Ok(Told::Nothing) => {}
+                    Ok(Told::Learnt(id)) => {
+                        info!(%topic, %id, "a topic's id, watched: the topic deleted and created again under this process stops it");
                     }
+                    Ok(Told::Changed(was, now)) => changed.push((topic, was, now)),
                     // The topic deleted and not there yet, not to be described, or the brokers
                     // out of reach: asked again.
                     Err(error) => unknown.push(format!("{topic}: {error}")),
                 }
             }
+            // Every answer of the round read first: the consumed topic, created again with a
+            // written one, may come after it in the answer, or be one answer short of counting.
+            if !changed.is_empty() {
+                let consumed_changed = changed.iter().any(|(t, ..)| *t == consumed)
+                    || watches.get(&consumed).is_some_and(Watch::doubts);
+                let at = changed.iter().position(|(t, ..)| *t == consumed);
+                let (topic, was, now) = changed.swap_remove(at.unwrap_or(0));
+                recreated(Recreated {
+                    topic,
+                    was,
+                    now,
+                    consumed,
+                    owned: consumed_changed.then(|| ownership.owned().into_iter().collect()),
+                });
+                return;
+            }
             // Until every id is known, soon (in a second, doubling up to `EVERY`): one first
             // learnt after the topic was created again would be the new topic's.
-            let learnt = watches.values().all(Watch::knows);
-            next = match (learnt, failing) {
+            let unlearnt: Vec<&String> = watches
+                .iter()
+                .filter(|(_, w)| !w.knows())
+                .map(|(t, _)| t)
+                .collect();
+            next = match (unlearnt.is_empty(), failing) {
                 (true, _) => EVERY,
                 (false, false) => FIRST_RETRY,
                 (false, true) => (next * 2).min(EVERY),
@@ -186,6 +223,10 @@ pub fn watch<C: ConsumerContext + 'static>(
                 debug!(?unknown, "topic ids not known this round");
             }
             failing = !unknown.is_empty();
+            if !unlearnt.is_empty() && !warned && started.elapsed() >= UNWATCHED_AFTER {
+                warned = true;
+                warn!(topics = ?unlearnt, last = ?unknown, "these topics' ids are not known after a minute (DESCRIBE refused on them? a broker before Kafka 2.8?): one of them deleted and created again under the service would not be noticed; asked again every 10 s");
+            }
         }
     };
     thread::Builder::new()
@@ -342,39 +383,64 @@ mod tests {
         }
     }
 
-    fn changed(was: i64, now: i64) -> Option<(String, String)> {
-        Some((format!("id{was}"), format!("id{now}")))
+    fn changed(was: i64, now: i64) -> Told {
+        Told::Changed(format!("id{was}"), format!("id{now}"))
+    }
+
+    fn learnt(watch: &mut Watch, n: i64) {
+        assert_eq!(watch.answered(id(n)), Told::Nothing);
+        assert_eq!(watch.answered(id(n)), Told::Learnt(format!("id{n}")));
+    }
+
+    #[test]
+    fn an_id_is_learnt_from_two_answers_in_a_row() {
+        let mut watch = Watch::default();
+        assert_eq!(watch.answered(id(1)), Told::Nothing);
+        assert_eq!(
+            watch.answered(id(2)),
+            Told::Nothing,
+            "a broker behind answered another"
+        );
+        assert!(!watch.knows());
+        assert_eq!(watch.answered(id(2)), Told::Learnt("id2".into()));
+        assert!(watch.knows());
     }
 
     #[test]
     fn another_id_answered_twice_in_a_row_is_a_recreated_topic() {
         let mut watch = Watch::default();
-        assert_eq!(watch.answered(id(1)), None, "the first id is learnt");
-        assert_eq!(watch.answered(id(1)), None, "the same id");
-        assert_eq!(watch.answered(id(2)), None, "another, once");
+        learnt(&mut watch, 1);
+        assert_eq!(watch.answered(id(1)), Told::Nothing, "the same id");
+        assert_eq!(watch.answered(id(2)), Told::Nothing, "another, once");
+        assert!(watch.doubts());
         assert_eq!(watch.answered(id(2)), changed(1, 2));
     }
 
     #[test]
     fn an_old_id_from_a_broker_behind_is_not_a_change() {
         let mut watch = Watch::default();
-        watch.answered(id(1));
-        assert_eq!(watch.answered(id(2)), None);
-        assert_eq!(watch.answered(id(1)), None, "the known id again");
+        learnt(&mut watch, 1);
+        assert_eq!(watch.answered(id(2)), Told::Nothing);
+        assert_eq!(watch.answered(id(1)), Told::Nothing, "the known id again");
+        assert!(!watch.doubts());
         assert_eq!(
             watch.answered(id(2)),
-            None,
+            Told::Nothing,
             "the other id needs two in a row"
         );
         assert_eq!(watch.answered(id(2)), changed(1, 2));
     }
 
     #[test]
-    fn the_id_first_learnt_is_the_one_compared_with() {
+    fn the_id_learnt_is_the_one_compared_with() {
         let mut watch = Watch::default();
-        watch.answered(id(1));
+        learnt(&mut watch, 1);
         watch.answered(id(2));
-        assert_eq!(watch.answered(id(3)), None, "another other: once again");
+        assert_eq!(
+            watch.answered(id(3)),
+            Told::Nothing,
+            "another other: once again"
+        );
         assert_eq!(watch.answered(id(3)), changed(1, 3));
     }
 

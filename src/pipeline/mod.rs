@@ -121,13 +121,12 @@ pub enum PipelineError {
         .0.partition, .0.offset, .0.last
     )]
     OffsetWentBack(frontier::WentBack),
-    /// Only new Kafka clients get past it (`kafka::topic_id`); when it is the consumed topic,
+    /// Only new Kafka clients get past it (`kafka::topic_id`); when the consumed topic changed,
     /// nothing of the new one may be committed past its start: once the pipeline stopped, the
-    /// start of every partition owned is committed.
+    /// start of every partition of it owned is committed.
     #[error(
-        "topic {}: deleted and created again while this process used it (its id was {}, it is {}): librdkafka keeps the old topic's positions and leader epochs, which skips the new topic's first messages or stalls its reads and writes for good; stopping, to start again with new clients{}",
-        .0.topic, .0.was, .0.now,
-        if .0.owned.is_some() { " from the start of the partitions it owned" } else { "" }
+        "topic {}: deleted and created again while this process used it (its id was {}, it is {}): librdkafka keeps the old topic's positions and leader epochs, which skips the new topic's first messages or stalls its reads and writes for good; stopping, to start again with new clients",
+        .0.topic, .0.was, .0.now
     )]
     TopicRecreated(Recreated),
     #[error(
@@ -281,12 +280,15 @@ pub async fn consume(
     let stop = Arc::new(AtomicBool::new(false));
     let (refusals_tx, refusals_rx) = mpsc::unbounded_channel();
     let recreated = Arc::new(Mutex::new(None));
+    // Stopped apart from the rest, before the pipeline's end is read: a detection while the
+    // pipeline ends is not lost.
+    let watch_stop = Arc::new(AtomicBool::new(false));
     let topic_watch = topic_id::watch(
         Arc::downgrade(&consumer),
         settings.topic.clone(),
         sinks.written_topics(),
         consumer.context().ownership(),
-        stop.clone(),
+        watch_stop.clone(),
         {
             let (refusals_tx, recreated) = (refusals_tx.clone(), recreated.clone());
             move |found: Recreated| {
@@ -363,7 +365,12 @@ pub async fn consume(
         })
         .await;
     // Found while the pipeline drained, or with it stopping on something else: the start is
-    // committed all the same, and the exit says why.
+    // committed all the same, and the exit says why. The watch ends within a step of its stop
+    // (it holds the consumer only while it asks).
+    watch_stop.store(true, Ordering::Release);
+    if let Some(watch) = topic_watch {
+        let _ = tokio::task::spawn_blocking(move || watch.join()).await;
+    }
     let found = recreated
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -394,7 +401,13 @@ pub async fn consume(
     if let Err(PipelineError::TopicRecreated(recreated)) = &result
         && let Some(owned) = &recreated.owned
     {
-        commit_the_start(&consumer, &recreated.topic, owned, settings.commit_timeout).await;
+        commit_the_start(
+            &consumer,
+            &recreated.consumed,
+            owned,
+            settings.commit_timeout,
+        )
+        .await;
     }
     let close_budget = CLOSE_RESERVE
         + shutdown_at.get().map_or(settings.drain_deadline, |at| {
@@ -412,10 +425,6 @@ pub async fn consume(
     consumer.context().closing();
     let closed = close_within(close_budget, move || {
         let _ = poller.join();
-        // Ends within a step of `stop` (it holds the consumer only while it asks).
-        if let Some(watch) = topic_watch {
-            let _ = watch.join();
-        }
         // Alone, the drop closes it (a close before would make the drop's own fail, and
         // rust-rdkafka log that as an error).
         if let Err(shared) = Arc::try_unwrap(consumer) {

@@ -1,7 +1,8 @@
 //! Outages of the sinks other than ClickHouse (tests/it/clickhouse_faults.rs), with the real service
 //! and stack: the blob store hangs (fake-gcs-server under SIGSTOP: it accepts connections and
 //! never answers), the broker hangs while a flush delivers events or dead letters, and a
-//! destination topic is deleted and created again under the running service. Each is ridden out: the flush is retried, nothing is committed past it, and once the sink is back
+//! destination topic is deleted under the running service (once it is created again, the
+//! service stops to start again with new clients: `kafka::topic_id`). Each is ridden out: the flush is retried, nothing is committed past it, and once the sink is back
 //! everything lands: blobs exactly, Kafka deliveries at least once (one that timed out in the hang
 //! may still be written when the broker resumes, beside its retry). That a first-replay event is
 //! marked as sent only once delivered is a unit test in src/sink/events.rs (here the timed-out
