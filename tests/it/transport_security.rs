@@ -120,33 +120,17 @@ async fn over_tls_the_service_consumes_dead_letters_and_commits() {
 async fn over_mutual_tls_the_service_presents_its_certificate_and_without_one_is_refused() {
     let broker = SecureBroker::start(USER, PASSWORD);
     let passphrase = "key-passphrase-5b7e";
-    let (certificate, key) = broker.ca.client_certificate("replay-ingest", passphrase);
     let dir = tempfile::tempdir().unwrap();
-    let passphrase_file = dir.path().join("passphrase");
-    std::fs::write(&passphrase_file, passphrase).unwrap();
-    let ca = broker.ca.ca_file();
-    let tls = [
-        "--kafka-security-protocol",
-        "SSL",
-        "--kafka-ssl-ca-location",
-        ca.to_str().unwrap(),
-    ];
-    let identity = [
-        "--kafka-ssl-certificate-location",
-        certificate.to_str().unwrap(),
-        "--kafka-ssl-key-location",
-        key.to_str().unwrap(),
-        "--kafka-ssl-key-password-file",
-        passphrase_file.to_str().unwrap(),
-    ];
-    let logs = end_to_end(&broker, "MTLS", &[&tls[..], &identity[..]].concat()).await;
+    let (tls, identity) = mutual_tls_flags(&broker, dir.path(), passphrase);
+    let flags: Vec<&str> = tls.iter().chain(&identity).map(String::as_str).collect();
+    let logs = end_to_end(&broker, "MTLS", &flags).await;
     assert!(!logs.contains(passphrase), "{logs}");
 
     // No certificate: the broker ends every connection at the handshake with an alert, which
     // the service takes for what it is — configuration — and stops, naming the flags. (It took
     // it for brokers not reachable yet, and waited for ever, ready, consuming nothing.)
     let (topic, dlq) = (unique("rec"), unique("dlq"));
-    let mut security = tls.to_vec();
+    let mut security: Vec<&str> = tls.iter().map(String::as_str).collect();
     security.extend(["--sink-timeout-ms", "3000"]);
     let args = service_args(
         &broker,
@@ -238,25 +222,39 @@ async fn over_mutual_tls_a_broker_killed_and_started_again_mid_stream_loses_noth
     let broker = SecureBroker::start(USER, PASSWORD);
     broker_killed_mid_stream(broker, "MTLS", |broker, dir| {
         let passphrase = "key-passphrase-3c9d";
-        let (certificate, key) = broker.ca.client_certificate("replay-ingest", passphrase);
-        let passphrase_file = dir.join("passphrase");
-        std::fs::write(&passphrase_file, passphrase).unwrap();
-        let ca = broker.ca.ca_file();
-        let flags = [
-            "--kafka-security-protocol",
-            "SSL",
-            "--kafka-ssl-ca-location",
-            ca.to_str().unwrap(),
-            "--kafka-ssl-certificate-location",
-            certificate.to_str().unwrap(),
-            "--kafka-ssl-key-location",
-            key.to_str().unwrap(),
-            "--kafka-ssl-key-password-file",
-            passphrase_file.to_str().unwrap(),
-        ];
-        (flags.map(str::to_owned).into(), passphrase.into())
+        let (tls, identity) = mutual_tls_flags(broker, dir, passphrase);
+        ([tls, identity].concat(), passphrase.into())
     })
     .await;
+}
+
+/// The service's flags for `broker`'s TLS listeners: trusting its CA, and apart, presenting a
+/// client certificate the CA signed, its key encrypted with `passphrase`, written to a file in
+/// `dir` as a mounted Secret would be.
+fn mutual_tls_flags(
+    broker: &SecureBroker,
+    dir: &Path,
+    passphrase: &str,
+) -> (Vec<String>, Vec<String>) {
+    let (certificate, key) = broker.ca.client_certificate("replay-ingest", passphrase);
+    let passphrase_file = dir.join("passphrase");
+    std::fs::write(&passphrase_file, passphrase).unwrap();
+    let text = |path: &Path| path.to_str().unwrap().to_owned();
+    let tls = vec![
+        "--kafka-security-protocol".into(),
+        "SSL".into(),
+        "--kafka-ssl-ca-location".into(),
+        text(&broker.ca.ca_file()),
+    ];
+    let identity = vec![
+        "--kafka-ssl-certificate-location".into(),
+        text(&certificate),
+        "--kafka-ssl-key-location".into(),
+        text(&key),
+        "--kafka-ssl-key-password-file".into(),
+        text(&passphrase_file),
+    ];
+    (tls, identity)
 }
 
 /// The broker killed and started again under a service reaching it through `listener` with the
