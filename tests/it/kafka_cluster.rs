@@ -242,15 +242,7 @@ async fn rolling_restart_and_killed_leaders(protocol: &[&str]) {
     );
     for (member, name) in members.into_iter().zip(["a", "b"]) {
         assert_eq!(member.terminate(), Some(0), "member {name} exits 0");
-        let log = std::fs::read_to_string(r.log_of(name)).unwrap();
-        let errors: Vec<&str> = log
-            .lines()
-            .filter(|l| log_level(l) == Some("ERROR"))
-            .collect();
-        assert!(
-            errors.is_empty(),
-            "member {name}: no ERROR line: {errors:#?}"
-        );
+        assert_no_error_line(&r.log_of(name));
     }
 }
 
@@ -359,14 +351,7 @@ async fn topics_whose_leaders_moved_created_again(protocol: &[&str], consumed_to
     create_topic_again_on(&base, &billing, (1, NODES as i32)).await;
     let (_, again) = produce_values_with(&producer_on(&base), &topic, batch(32, 48)).await;
     sent.extend(again.iter().cloned());
-    // The watch asks every 10 s, and takes a new id from two answers in a row.
-    let code = member.exit_within(Duration::from_secs(90)).await;
-    let said = std::fs::read_to_string(replicated.log_of("a")).unwrap();
-    assert_eq!(code, Some(1), "the member stops on a new id:\n{said}");
-    assert!(
-        said.contains("deleted and created again while this process used it"),
-        "{said}"
-    );
+    let said = stops_on_a_new_topic_id(member, &replicated.log_of("a")).await;
     // Under the classic protocol nothing took the consumed topic's partitions from the member:
     // it owned them when it found out, and commits their start whichever topic it named.
     if consumed_too && protocol.is_empty() {

@@ -1218,14 +1218,7 @@ async fn consumed_topic_deleted_and_created_again(protocol: &[&str], at_once: bo
         48,
         "the new topic holds the new messages only"
     );
-    // The watch asks every 10 s, and takes a new id from two answers in a row.
-    let code = member.exit_within(Duration::from_secs(90)).await;
-    let said = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(code, Some(1), "the member stops:\n{said}");
-    assert!(
-        said.contains("deleted and created again while this process used it"),
-        "{said}"
-    );
+    let said = stops_on_a_new_topic_id(member, &log).await;
     // Under the classic protocol nothing took the partitions from the member: it owned them
     // when it found out (else it may have owned none).
     if at_once && protocol.is_empty() {

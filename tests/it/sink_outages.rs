@@ -905,14 +905,7 @@ async fn a_destination_topic_deleted_and_created_again_is_an_outage_then_a_resta
     )
     .await;
     create_topic_again(&names.outcomes, 1).await;
-    // The watch asks every 10 s, and takes a new id from two answers in a row.
-    let code = service.exit_within(Duration::from_secs(90)).await;
-    let said = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(code, Some(1), "the service stops on the new id:\n{said}");
-    assert!(
-        said.contains("deleted and created again while this process used it"),
-        "{said}"
-    );
+    stops_on_a_new_topic_id(service, &log).await;
     let log = logs.path().join("restarted.log");
     let service = assigned(Service::start_logging_to(&args, &log)).await;
     let mut probes = Probes::default();

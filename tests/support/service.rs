@@ -601,6 +601,20 @@ impl Drop for Service {
     }
 }
 
+/// Waits for `service` to stop on a topic found deleted and created again (`kafka::topic_id`:
+/// asked every 10 s, a new id taken from two answers in a row): exit 1, the reason in the log at
+/// `path`, which it returns.
+pub async fn stops_on_a_new_topic_id(service: Service, path: &Path) -> String {
+    let code = service.exit_within(Duration::from_secs(90)).await;
+    let said = std::fs::read_to_string(path).unwrap();
+    assert_eq!(code, Some(1), "the service stops on a new id:\n{said}");
+    assert!(
+        said.contains("deleted and created again while this process used it"),
+        "{said}"
+    );
+    said
+}
+
 /// Asserts that the log at `path` holds no ERROR line.
 pub fn assert_no_error_line(path: &Path) {
     let said = std::fs::read_to_string(path).unwrap();
