@@ -678,9 +678,9 @@ impl Status {
 
     /// The broker confirmed a commit of `positions`: those of partitions this member still owns
     /// are shown (a revoke's drain commits partitions the callback already gave away).
-    pub fn record_commit(&self, positions: &[(i32, i64)]) {
+    pub fn record_commit(&self, positions: impl IntoIterator<Item = (i32, i64)>) {
         let owned = lock(&self.partitions);
-        lock(&self.committed).extend(positions.iter().copied().filter(|(p, _)| owned.contains(p)));
+        lock(&self.committed).extend(positions.into_iter().filter(|(p, _)| owned.contains(p)));
         crate::metrics::committed();
     }
 
@@ -1108,15 +1108,15 @@ mod tests {
     fn committed_offsets_of_a_partition_given_away_leave_the_status() {
         let s = Status::default();
         s.record_partitions(BTreeSet::from([0, 1, 2]));
-        s.record_commit(&[(0, 10), (1, 20), (2, 30)]);
+        s.record_commit([(0, 10), (1, 20), (2, 30)]);
         s.record_partitions(BTreeSet::from([1, 3]));
         assert_eq!(s.snapshot().committed, BTreeMap::from([(1, 20)]));
         s.record_partitions(BTreeSet::from([0, 1, 3]));
-        s.record_commit(&[(0, 11)]);
+        s.record_commit([(0, 11)]);
         assert_eq!(s.snapshot().committed, BTreeMap::from([(0, 11), (1, 20)]));
         // A revoke's drain commits what the callback already gave away.
         s.record_partitions(BTreeSet::from([1, 3]));
-        s.record_commit(&[(0, 12), (1, 21)]);
+        s.record_commit([(0, 12), (1, 21)]);
         assert_eq!(s.snapshot().committed, BTreeMap::from([(1, 21)]));
     }
 

@@ -38,6 +38,7 @@ use tracing::{debug, error, info, warn};
 use super::handoff::{Handoff, Reserved};
 use super::ownership::Ownership;
 use super::pause::IntakePause;
+use super::position::{Check, Unchecked, position_list};
 use super::record::Record;
 use crate::health::Status;
 
@@ -147,6 +148,10 @@ pub struct IngestContext {
     /// Partition → its high watermark as the brokers gave it while intake was paused
     /// ([`Poller::ask_watermarks`]); emptied when intake resumes (fetches carry it again).
     asked_highs: Mutex<HashMap<i32, i64>>,
+    /// The assigned partitions' committed positions, until each is checked against the log at
+    /// its first message (`kafka::position`): set by the assign callback, read by the polling
+    /// thread.
+    unchecked: Mutex<Unchecked>,
 }
 
 impl IngestContext {
@@ -170,6 +175,7 @@ impl IngestContext {
             client: AtomicPtr::new(std::ptr::null_mut()),
             closing: AtomicBool::new(false),
             asked_highs: Mutex::default(),
+            unchecked: Mutex::default(),
         }
     }
 
@@ -252,6 +258,25 @@ impl IngestContext {
 
     fn intake(&self) -> MutexGuard<'_, IntakePause> {
         self.intake.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn unchecked(&self) -> MutexGuard<'_, Unchecked> {
+        self.unchecked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reads the committed positions of `partitions`, just assigned, to check each against the
+    /// log at its first message (`kafka::position`).
+    fn read_committed(&self, consumer: &BaseConsumer<Self>, partitions: &TopicPartitionList) {
+        match super::position::committed(consumer, partitions) {
+            Ok(positions) => self.unchecked().assigned(positions),
+            Err(error) => warn!(
+                %error,
+                partitions = ?ids(partitions),
+                "cannot read the committed positions of the partitions assigned: each is read from its committed offset unchecked (a log an unclean leader election cut back below it would have its new messages there skipped)"
+            ),
+        }
     }
 }
 
@@ -354,6 +379,7 @@ impl ConsumerContext for IngestContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
             let ids = ids(partitions);
+            self.unchecked().revoked(&ids);
             let lost = consumer.assignment_lost();
             let generation = self.given_up(&ids, lost);
             if self.closing.load(Ordering::Acquire) {
@@ -405,8 +431,11 @@ impl ConsumerContext for IngestContext {
         }
     }
 
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
+            if partitions.count() > 0 {
+                self.read_committed(consumer, partitions);
+            }
             let ids = ids(partitions);
             // New partitions join intake's pause at their first message (`kafka::pause`).
             self.gained(&ids);
@@ -553,6 +582,7 @@ impl Poller {
     fn poll(&mut self, timeout: Duration) -> bool {
         let before = self.ownership.generation();
         let polled = match self.consumer.poll(timeout) {
+            Some(Ok(message)) if self.seek_to_check(&message) => false,
             Some(Ok(message)) if self.paused_since.is_some() && self.pause_at_first(&message) => {
                 false
             }
@@ -676,6 +706,54 @@ impl Poller {
         }
     }
 
+    /// Checks the committed position of `message`'s partition against the log, if this is its
+    /// first message of the assignment, at that position (`kafka::position`): seeks the
+    /// partition there with the position's leader epoch, and librdkafka asks the leader where
+    /// the epoch ends: `true`, the message is dropped (it comes again, or those from where the
+    /// log was cut back do). A seek that fails leaves the partition unchecked. The first message
+    /// after the check, below the committed offset, says the log was cut back.
+    fn seek_to_check(&self, message: &BorrowedMessage<'_>) -> bool {
+        let (partition, offset) = (message.partition(), message.offset());
+        let position = match self.consumer.context().unchecked().check(partition, offset) {
+            Check::Read => return false,
+            Check::CutBack { committed } => {
+                warn!(
+                    partition,
+                    offset,
+                    committed,
+                    "the partition's log was cut back below the offset the group committed (an unclean leader election): reading it again from where the log and the commit agree"
+                );
+                return false;
+            }
+            Check::Seek(position) => position,
+        };
+        let list = position_list(message.topic(), &[position]);
+        let sought = self
+            .consumer
+            .seek_partitions(list, rdkafka::util::Timeout::Never)
+            .and_then(|list| {
+                list.elements()
+                    .first()
+                    .map_or(Ok(()), |element| element.error())
+            });
+        match sought {
+            Ok(()) => {
+                self.consumer.context().unchecked().sought(position);
+                debug!(
+                    partition,
+                    offset,
+                    leader_epoch = position.leader_epoch,
+                    "checking the committed position against the log"
+                );
+                true
+            }
+            Err(error) => {
+                warn!(%error, partition, offset, "cannot check the committed position against the log: read from it unchecked");
+                false
+            }
+        }
+    }
+
     /// While intake is paused, pauses the partition of `message` if this is its first message
     /// since intake paused (it was looking up where to begin then, or had not been assigned), and
     /// sets it back to the message, which it delivers again once intake resumes: `true`, the
@@ -766,16 +844,6 @@ impl Poller {
     }
 }
 
-/// `(partition, next offset)` pairs as a commit list for `topic`.
-pub fn commit_list(topic: &str, positions: &[(i32, i64)]) -> TopicPartitionList {
-    let mut list = TopicPartitionList::new();
-    for &(partition, offset) in positions {
-        // Only fails for an invalid offset, and these are real message offsets + 1.
-        let _ = list.add_partition_offset(topic, partition, Offset::Offset(offset));
-    }
-    list
-}
-
 /// Commits `positions` for `consumer`'s group and waits for the answer at most `wait`; past it
 /// the commit counts as failed (timed out) and its answer, should one come, is dropped.
 /// librdkafka's own synchronous commit (`CommitMode::Sync`) waits without end: a commit no broker
@@ -850,6 +918,7 @@ pub async fn close_within(budget: Duration, close: impl FnOnce() + Send + 'stati
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kafka::position::Position;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
     fn lag_gauges(
@@ -986,7 +1055,7 @@ mod tests {
             .set("enable.auto.commit", "false")
             .create()
             .unwrap();
-        let positions = commit_list("t", &[(0, 7)]);
+        let positions = position_list("t", &[Position::at(0, 7)]);
         assert_eq!(
             commit_within(&consumer, &positions, Duration::from_millis(300)),
             Err(KafkaError::ConsumerCommit(

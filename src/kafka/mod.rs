@@ -1,8 +1,8 @@
 //! Kafka plumbing: the consumer's polling thread and rebalance callbacks, what the member owns
 //! (and, with the consumer group protocol, whether it can count on it while its coordinator is
 //! out of reach),
-//! the bound on messages in transit to the pipeline, the records it hands over, re-reading single
-//! messages, the producer every sink and tool publishes with, refusals of the credentials, and
+//! the bound on messages in transit to the pipeline, the records it hands over, the positions it
+//! commits and checks against a log cut back, re-reading single messages, the producer every sink and tool publishes with, refusals of the credentials, and
 //! the levels librdkafka's own lines are logged at, and how often its errors are.
 
 pub mod consumer;
@@ -10,6 +10,7 @@ pub mod coordinator;
 pub mod handoff;
 pub mod ownership;
 pub mod pause;
+pub mod position;
 pub mod producer;
 pub mod record;
 pub mod refetch;

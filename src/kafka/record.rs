@@ -37,6 +37,10 @@ pub struct Record {
     /// Its `redriven_from` header: the dead letter `redrive` put it back from. A message that
     /// fails again carries it on to its new dead letter.
     pub redriven_from: Option<Box<str>>,
+    /// The leader epoch it was written in (unknown from a broker that does not say), committed
+    /// with the offset after it: the next owner checks the log was not cut back below it
+    /// (`kafka::consumer`, [`super::epochs`]).
+    pub leader_epoch: Option<i32>,
 }
 
 impl Record {
@@ -58,8 +62,16 @@ impl Record {
             key: message.key().map(<[u8]>::to_vec),
             timestamp: message.timestamp().to_millis(),
             redriven_from: redriven_from(header(message, REDRIVEN_FROM_HEADER)),
+            leader_epoch: leader_epoch(message),
         }
     }
+}
+
+/// The leader epoch `message` was written in, if the broker said.
+fn leader_epoch(message: &BorrowedMessage<'_>) -> Option<i32> {
+    // SAFETY: the message is librdkafka's, alive while borrowed; the call reads a field of it.
+    let epoch = unsafe { rd::rd_kafka_message_leader_epoch(message.ptr()) };
+    (epoch >= 0).then_some(epoch)
 }
 
 /// The value of `message`'s first header named `name` (`None` for a header without a value).

@@ -49,11 +49,12 @@ use tracing::{debug, error, info, warn};
 
 use crate::health::Status;
 use crate::kafka::consumer::{
-    IngestConsumer, IngestContext, Polled, Revoke, Stop, close_within, commit_list, commit_within,
-    leave_group, sends_statistics, spawn_poller,
+    IngestConsumer, IngestContext, Polled, Revoke, Stop, close_within, commit_within, leave_group,
+    sends_statistics, spawn_poller,
 };
 use crate::kafka::handoff::{Handoff, Ticket};
 use crate::kafka::ownership::Ownership;
+use crate::kafka::position::{Position, position_list};
 use crate::kafka::record::Record;
 use crate::kafka::topic_id::{self, Recreated};
 use crate::metrics;
@@ -190,6 +191,8 @@ struct ProcessedEntry {
     thread: usize,
     /// The generation its message was polled in.
     generation: u64,
+    /// The leader epoch its message was written in, committed with the offset after it.
+    leader_epoch: Option<i32>,
 }
 
 /// A finished flush, as the owning task learns of it.
@@ -210,7 +213,7 @@ struct Flushed {
 struct Committed {
     /// The assignment generation it was started in; a revoked partition's result is not ours.
     generation: u64,
-    positions: Vec<(i32, i64)>,
+    positions: Vec<Position>,
     result: Result<(), KafkaError>,
 }
 
@@ -771,12 +774,14 @@ impl Pipeline {
             let processed = group
                 .into_iter()
                 .map(|(record, generation)| {
+                    let leader_epoch = record.leader_epoch;
                     let (entry, bytes) = to_entry(record, &limits, &topic);
                     ProcessedEntry {
                         entry,
                         bytes,
                         thread,
                         generation,
+                        leader_epoch,
                     }
                 })
                 .collect();
@@ -792,6 +797,7 @@ impl Pipeline {
             bytes,
             thread,
             generation,
+            leader_epoch,
         }: ProcessedEntry,
     ) -> Result<(), PipelineError> {
         if self.stale(entry.partition, generation) {
@@ -800,7 +806,7 @@ impl Pipeline {
         }
         let restarted = self
             .frontier
-            .track(entry.partition, entry.offset)
+            .track(entry.partition, entry.offset, leader_epoch)
             .map_err(PipelineError::OffsetWentBack)?;
         if let Some(last) = restarted {
             warn!(
@@ -981,7 +987,7 @@ impl Pipeline {
             let result = if positions.is_empty() {
                 Ok(())
             } else {
-                commit_within(&consumer, &commit_list(&topic, &positions), wait)
+                commit_within(&consumer, &position_list(&topic, &positions), wait)
             };
             Committed {
                 generation,
@@ -1003,13 +1009,14 @@ impl Pipeline {
     ) {
         let positions: Vec<_> = positions
             .into_iter()
-            .filter(|&(p, _)| !self.stale(p, generation))
+            .filter(|p| !self.stale(p.partition, generation))
             .collect();
         match result {
             // Nothing sent: every position was of a partition lost meanwhile.
             Ok(()) if positions.is_empty() => self.commit(),
             Ok(()) => {
-                self.status.record_commit(&positions);
+                self.status
+                    .record_commit(positions.iter().map(|p| (p.partition, p.offset)));
                 self.commit();
             }
             // Not fatal: retried at the next heartbeat (or covered by the next flush's commit),
@@ -1309,9 +1316,12 @@ async fn commit_the_start(
         if partitions.is_empty() {
             return Ok(partitions);
         }
-        let start = commit_list(
+        let start = position_list(
             &topic,
-            &partitions.iter().map(|&p| (p, 0)).collect::<Vec<_>>(),
+            &partitions
+                .iter()
+                .map(|&p| Position::at(p, 0))
+                .collect::<Vec<_>>(),
         );
         // The tries share `wait`: the exit must not outlast the pod's grace period.
         let deadline = Instant::now() + wait;
@@ -1382,11 +1392,11 @@ fn all_failing_for(
 /// lies between is read again: duplicates, never loss). Asked just before the commit is handed
 /// to librdkafka, so what is left is the moment between the two.
 fn not_lost_since(
-    mut positions: Vec<(i32, i64)>,
+    mut positions: Vec<Position>,
     ownership: &Ownership,
     generation: u64,
-) -> Vec<(i32, i64)> {
-    positions.retain(|&(partition, _)| !ownership.lost_since(partition, generation));
+) -> Vec<Position> {
+    positions.retain(|p| !ownership.lost_since(p.partition, generation));
     positions
 }
 
@@ -1529,7 +1539,13 @@ mod tests {
         let ownership = Ownership::default();
         ownership.gain(&[0, 1, 2]);
         let handled = ownership.generation();
-        let positions = vec![(0, 10), (1, 20), (2, 30)];
+        let at = |pairs: &[(i32, i64)]| -> Vec<Position> {
+            pairs
+                .iter()
+                .map(|&(p, offset)| Position::at(p, offset))
+                .collect()
+        };
+        let positions = at(&[(0, 10), (1, 20), (2, 30)]);
         assert_eq!(
             not_lost_since(positions.clone(), &ownership, handled),
             positions
@@ -1538,13 +1554,13 @@ mod tests {
         ownership.revoke(&[1], true);
         assert_eq!(
             not_lost_since(positions.clone(), &ownership, handled),
-            [(0, 10), (2, 30)]
+            at(&[(0, 10), (2, 30)])
         );
         // A revoke (not a loss) whose drain ended in time leaves the offsets to the pipeline.
         ownership.revoke(&[2], false);
         assert_eq!(
             not_lost_since(positions.clone(), &ownership, handled),
-            [(0, 10), (2, 30)]
+            at(&[(0, 10), (2, 30)])
         );
         // Once handled, and assigned again, the partition's later offsets are this member's.
         ownership.gain(&[1]);
@@ -1622,6 +1638,7 @@ mod tests {
             key: Some(vec![b'k'; 1 << 20]),
             timestamp: None,
             redriven_from: None,
+            leader_epoch: None,
         };
         assert_eq!(record.bytes(), 1 << 20);
         let (entry, bytes) = to_entry(record, &Limits::default(), "topic");

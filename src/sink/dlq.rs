@@ -363,6 +363,7 @@ impl RejectedToDlq {
                         key: None,
                         timestamp: None,
                         redriven_from: None,
+                        leader_epoch: None,
                     };
                     let detail = format!("{detail} (original bytes lost: {why})");
                     (missing, detail, true)

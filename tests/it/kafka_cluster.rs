@@ -292,11 +292,7 @@ async fn topics_whose_leaders_moved_created_again(protocol: &[&str], consumed_to
     let (topic, billing) = (replicated.topic.clone(), replicated.events[0].clone());
     let base = replicated.base.clone();
     let files = small_fixtures(true);
-    let batch = |from: u64, count: u64| -> Vec<(Vec<u8>, Vec<u8>)> {
-        (from..from + count)
-            .map(|i| (load::fixture_copy(&files, i), test_key(i)))
-            .collect()
-    };
+    let batch = |from: u64, count: u64| keyed_copies(&files, from..from + count);
     let committed_count = || {
         committed_on(&base, &replicated.group, &topic, 4)
             .values()
@@ -438,9 +434,7 @@ async fn output_topic_refusing_writes(protocol: &[&str]) {
     .concat();
     let a = r.member("a", &flags);
     let files = small_fixtures(true);
-    let first = (0..8)
-        .map(|i| (load::fixture_copy(&files, i), test_key(i)))
-        .collect();
+    let first = keyed_copies(&files, 0..8);
     let (_, mut sent) = produce_values_with(&producer_on(&r.base), &r.topic, first).await;
     wait_for("the first batch committed", JOIN_AND_FLUSH, || {
         committed_on(&r.base, &r.group, &r.topic, 4)
@@ -544,4 +538,132 @@ async fn output_topic_refusing_writes(protocol: &[&str]) {
     let (billed, published) = r.billed(&sent);
     assert_eq!(published, billed, "every message billed exactly once");
     assert_eq!(a.terminate(), Some(0));
+}
+
+/// The consumed topic's only partition on two nodes, its leader the last in sync when it dies,
+/// and the other, out of sync, made leader (`unclean.leader.election.enable`): the log is cut
+/// back below what the member committed, and written again past it. A member started after
+/// the election (a restart, or another member handed the partition) stores every segment
+/// written after it: none skipped between where the log was cut and the committed offset
+/// (before the committed position was checked against the log, 16 of 16 were).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars and the local stack: scripts/test.sh fetches them and runs every test"]
+async fn after_an_unclean_leader_election_a_member_started_skips_nothing_written_again() {
+    let _stack = uses_stack().await;
+    unclean_leader_election(false).await;
+}
+
+/// The same with the member running through the election: librdkafka finds the cut as the
+/// leader's epoch changes, and the member reads the partition again from there.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Apache Kafka's jars and the local stack: scripts/test.sh fetches them and runs every test"]
+async fn through_an_unclean_leader_election_a_running_member_skips_nothing_written_again() {
+    let _stack = uses_stack().await;
+    unclean_leader_election(true).await;
+}
+
+/// The unclean election, the member `running_through` it or started after it.
+async fn unclean_leader_election(running_through: bool) {
+    let _one = ONE_CLUSTER.lock().await;
+    let mut replicated = Replicated::start().await;
+    let base = replicated.base.clone();
+    let topic = unique("unclean");
+    create_on_two_nodes_unclean(&base, &topic).await;
+    replicated.topic = topic.clone();
+    let files = small_fixtures(true);
+    let batch = |from: u64, count: u64| keyed_copies(&files, from..from + count);
+    let committed = || {
+        committed_on(&base, &replicated.group, &topic, 1)
+            .get(&0)
+            .copied()
+            .unwrap_or(-1)
+    };
+
+    let first = replicated.member("a", &[]);
+    let (_, mut sent) = produce_values_with(&producer_on(&base), &topic, batch(0, 16)).await;
+    wait_for("the first batch committed", JOIN_AND_FLUSH, || {
+        committed() == 16
+    })
+    .await;
+    // The follower stops: the leader alone is in sync, and alone holds the second batch.
+    replicated.cluster.stop(2);
+    replicated.cluster.wait_replicas_in_sync(&[&topic], 1);
+    let (_, more) = produce_values_with(&producer_on(&base), &topic, batch(16, 16)).await;
+    sent.extend(more);
+    wait_for("the second batch committed", JOIN_AND_FLUSH, || {
+        committed() == 32
+    })
+    .await;
+    let first = match running_through {
+        true => Some(first),
+        false => {
+            assert_eq!(first.terminate(), Some(0));
+            None
+        }
+    };
+
+    // The leader dies; the follower comes back out of sync and is made leader on its 16.
+    replicated.cluster.kill(1);
+    replicated.cluster.start_again(2);
+    wait_for(
+        "the out-of-sync replica leading",
+        Duration::from_secs(120),
+        || replicated.cluster.leader_of(&topic, 0) == 2,
+    )
+    .await;
+    let (_, again) = produce_values_with(&producer_on(&base), &topic, batch(32, 24)).await;
+    sent.extend(again);
+    let end = high_watermarks_on(&base, &topic, 1);
+    assert_eq!(end[&0], 40, "the log cut back to 16, then 24 written");
+
+    let (member, name) = match first {
+        Some(member) => (member, "a"),
+        None => (replicated.member("a-restarted", &[]), "a-restarted"),
+    };
+    let mut probes = Probes::default();
+    wait_for("the topic committed to its end", JOIN_AND_FLUSH, || {
+        member.probe_into(&mut probes, "/health/live", "the member");
+        committed() == 40
+    })
+    .await;
+    let stored = blobs_under(&replicated.blob_dir);
+    let missing: Vec<String> = outcomes(&sent)
+        .0
+        .into_keys()
+        .filter(|k| !stored.contains_key(k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} segments never stored: {missing:?}",
+        missing.len()
+    );
+    probes.assert_healthy();
+    assert_eq!(member.terminate(), Some(0));
+    let said = std::fs::read_to_string(replicated.log_of(name)).unwrap();
+    let cut = match running_through {
+        // librdkafka's own check, as the leader changed: the partition's offsets went back.
+        true => "offsets went back with nothing of the partition pending",
+        false => "the partition's log was cut back below the offset the group committed",
+    };
+    assert!(said.contains(cut), "{cut:?} in:\n{said}");
+    assert_no_error_line(&replicated.log_of(name));
+    replicated.cluster.start_again(1);
+}
+
+/// `name`, one partition on nodes 1 (its leader) and 2, whose writes need one replica in sync
+/// and which may be led by a replica out of sync.
+async fn create_on_two_nodes_unclean(base: &rdkafka::ClientConfig, name: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = base.create().unwrap();
+    let replicas: &[&[i32]] = &[&[1, 2]];
+    let topic = NewTopic::new(name, 1, TopicReplication::Variable(replicas))
+        .set("min.insync.replicas", "1")
+        .set("unclean.leader.election.enable", "true");
+    for result in admin
+        .create_topics(&[topic], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        result.unwrap();
+    }
 }

@@ -999,11 +999,7 @@ async fn partitions_added_while_running(protocol: &[&str]) {
     create_topic(&topic, 2).await;
     create_topic(&dlq, 1).await;
     let files = small_fixtures(true);
-    let copies = |from: u64| -> Vec<(Vec<u8>, Vec<u8>)> {
-        (from..from + 16)
-            .map(|i| (load::fixture_copy(&files, i), test_key(i)))
-            .collect()
-    };
+    let copies = |from: u64| keyed_copies(&files, from..from + 16);
     let dir = tempfile::tempdir().unwrap();
     let logs = tempfile::tempdir().unwrap();
     let member = |name: &str| {
@@ -1146,11 +1142,7 @@ async fn consumed_topic_deleted_and_created_again(protocol: &[&str], at_once: bo
     let files = small_fixtures(true);
     // The new topic gets more messages per partition than the old one had: an old offset
     // committed on it would skip some.
-    let copies = |from: u64, count: u64| -> Vec<(Vec<u8>, Vec<u8>)> {
-        (from..from + count)
-            .map(|i| (load::fixture_copy(&files, i), test_key(i)))
-            .collect()
-    };
+    let copies = |from: u64, count: u64| keyed_copies(&files, from..from + count);
     let dir = tempfile::tempdir().unwrap();
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("member.log");

@@ -50,7 +50,9 @@ impl Cluster {
             let id = i + 1;
             let data = dir.path().join(format!("node-{id}"));
             // A node killed is fenced within 6 s (9 s by default); one starved of CPU for a few
-            // seconds on a loaded machine is not.
+            // seconds on a loaded machine is not. A partition left without a leader in sync is
+            // given one out of sync within a second where its topic allows it (5 minutes by
+            // default).
             let properties = format!(
                 "process.roles=broker,controller\nnode.id={id}\n\
                  controller.quorum.voters={}\n\
@@ -65,6 +67,7 @@ impl Cluster {
                  share.coordinator.state.topic.replication.factor=3\nshare.coordinator.state.topic.min.isr=2\n\
                  auto.create.topics.enable=false\n\
                  broker.session.timeout.ms=6000\nbroker.heartbeat.interval.ms=1000\n\
+                 unclean.leader.election.interval.ms=1000\n\
                  group.initial.rebalance.delay.ms=0\ngroup.min.session.timeout.ms=1000\n\
                  group.consumer.min.session.timeout.ms=6000\ngroup.consumer.session.timeout.ms=10000\n\
                  group.consumer.min.heartbeat.interval.ms=500\ngroup.consumer.heartbeat.interval.ms=1000\n\
@@ -182,11 +185,16 @@ impl Cluster {
     /// Waits until every partition of `topics` has all [`NODES`] replicas in sync again: a node
     /// started again has caught up, and stopping another leaves two.
     pub fn wait_in_sync(&self, topics: &[&str]) {
+        self.wait_replicas_in_sync(topics, NODES);
+    }
+
+    /// Waits until every partition of `topics` has `replicas` replicas in sync.
+    pub fn wait_replicas_in_sync(&self, topics: &[&str], replicas: usize) {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let synced = topics.iter().all(|topic| {
                 self.partitions(topic).is_some_and(|partitions| {
-                    !partitions.is_empty() && partitions.iter().all(|(_, _, isr)| *isr == NODES)
+                    !partitions.is_empty() && partitions.iter().all(|(_, _, isr)| *isr == replicas)
                 })
             });
             if synced {
@@ -194,7 +202,7 @@ impl Cluster {
             }
             assert!(
                 Instant::now() < deadline,
-                "{topics:?} not in sync on every node within 120 s"
+                "{topics:?} not with {replicas} replicas in sync within 120 s"
             );
             std::thread::sleep(Duration::from_millis(250));
         }

@@ -201,6 +201,14 @@ pub fn producer_on<P: rdkafka::config::FromClientConfig>(base: &ClientConfig) ->
         .expect("producer")
 }
 
+/// Copies `numbers` of the values cycling through `files` (`load::fixture_copy`), each keyed
+/// with its number ([`test_key`]), to produce in order.
+pub fn keyed_copies(files: &[Vec<u8>], numbers: std::ops::Range<u64>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    numbers
+        .map(|i| (super::load::fixture_copy(files, i), test_key(i)))
+        .collect()
+}
+
 /// The key test runs give copy `i`: every message has a distinct one, so the dead-letter copy's
 /// key can be checked.
 pub fn test_key(i: u64) -> Vec<u8> {
