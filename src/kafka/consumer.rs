@@ -433,9 +433,6 @@ impl ConsumerContext for IngestContext {
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
-            if partitions.count() > 0 {
-                self.read_committed(consumer, partitions);
-            }
             let ids = ids(partitions);
             // New partitions join intake's pause at their first message (`kafka::pause`).
             self.gained(&ids);
@@ -443,6 +440,9 @@ impl ConsumerContext for IngestContext {
             self.status.record_joined();
             let generation = self.ownership.generation();
             info!(partitions = ?ids, generation, "partitions assigned");
+            if !ids.is_empty() {
+                self.read_committed(consumer, partitions);
+            }
         }
     }
 }
@@ -721,7 +721,16 @@ impl Poller {
                     partition,
                     offset,
                     committed,
-                    "the partition's log was cut back below the offset the group committed (an unclean leader election): reading it again from where the log and the commit agree"
+                    "the partition's log no longer holds the offset the group committed (an unclean leader election cut it back, or its leader did not know the commit's epoch): reading it again from offset"
+                );
+                return false;
+            }
+            Check::Elsewhere { committed } => {
+                debug!(
+                    partition,
+                    offset,
+                    committed,
+                    "the partition's first message is not at the committed position read as it was assigned (a later commit, or a position reset): not checked"
                 );
                 return false;
             }

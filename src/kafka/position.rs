@@ -19,6 +19,13 @@
 //!   partition there with the epoch ([`Unchecked`]): librdkafka asks the leader, and goes on
 //!   from the committed offset or, the log cut back, from where the epoch ends. The message is
 //!   dropped, and comes again.
+//!
+//! What this does not catch: a committed offset past the end of the cut log when the member
+//! starts (nothing written back up to it yet) is out of range, and librdkafka sets the partition
+//! back to the log's start (`auto.offset.reset`) before any message comes: everything the log
+//! holds is read again (written twice, nothing skipped). A commit made without an epoch (by a
+//! release before this check, or after the partition's offsets went back) is read unchecked,
+//! as before.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -137,9 +144,14 @@ pub enum Check {
     /// partition there, with the epoch, and drop the message ([`Unchecked::sought`] once the
     /// seek is made).
     Seek(Position),
-    /// The first message after the check, below the committed offset: the log was cut back
-    /// there. Read it.
+    /// The first message after the check, below the committed offset: the log no longer holds
+    /// the committed position (cut back there, or the leader did not know the epoch and the
+    /// partition was set back to its start). Read it.
     CutBack { committed: i64 },
+    /// The partition's first message of the assignment, elsewhere than the committed position
+    /// read: a commit came in between (its previous owner's last), or librdkafka reset the
+    /// position (one past the log's end, to its start). Read it, unchecked.
+    Elsewhere { committed: i64 },
 }
 
 impl Unchecked {
@@ -171,10 +183,11 @@ impl Unchecked {
             };
         }
         match self.committed.remove(&partition) {
-            // Elsewhere, the partition did not start at the position read: a commit came in
-            // between (its previous owner's last), or librdkafka reset it. Read unchecked.
             Some(position) if position.offset == offset => Check::Seek(position),
-            _ => Check::Read,
+            Some(position) => Check::Elsewhere {
+                committed: position.offset,
+            },
+            None => Check::Read,
         }
     }
 
@@ -216,7 +229,7 @@ mod tests {
         );
         assert_eq!(unchecked.check(0, 17), Check::Read, "told once");
         // Partition 1 starts elsewhere than its committed position: read, not sought.
-        assert_eq!(unchecked.check(1, 12), Check::Read);
+        assert_eq!(unchecked.check(1, 12), Check::Elsewhere { committed: 10 });
         assert_eq!(unchecked.check(1, 10), Check::Read, "checked once");
     }
 

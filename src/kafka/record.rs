@@ -39,7 +39,7 @@ pub struct Record {
     pub redriven_from: Option<Box<str>>,
     /// The leader epoch it was written in (unknown from a broker that does not say), committed
     /// with the offset after it: the next owner checks the log was not cut back below it
-    /// (`kafka::consumer`, [`super::epochs`]).
+    /// ([`super::position`]).
     pub leader_epoch: Option<i32>,
 }
 
